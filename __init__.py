@@ -1,0 +1,18 @@
+"""lorabind: LoRA/adapter node pack for ComfyUI and a headless runtime.
+
+ComfyUI imports this file by path and reads ``NODE_CLASS_MAPPINGS``, ``NODE_DISPLAY_NAME_MAPPINGS`` and
+``WEB_DIRECTORY``. The node mappings are resolved lazily (PEP 562) so that ``lorabind --help`` and
+``import lorabind`` stay fast: the node modules pull in torch only when ComfyUI or the runtime asks for them.
+"""
+
+WEB_DIRECTORY = "./web"
+
+__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
+
+
+def __getattr__(name):
+    if name in ("NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"):
+        from . import nodes
+
+        return getattr(nodes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

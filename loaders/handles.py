@@ -1,0 +1,151 @@
+"""Immutable handles passed along graph edges.
+
+Why: a graph may use one loaded model in several branches with different LoRAs. Nodes therefore never
+mutate a model; they return new handles that *describe* the wanted state (patch set to fuse, dynamic adapters
+with scales, schedule contracts). The sampler makes the shared model match a handle right before denoising
+("binding"). Handles are cheap (no tensors copied) and compare by identity (``eq=False``): the executor's cache
+must never hash them by value.
+
+Socket type names (see ``SOCKET_*``) are our own so that, inside ComfyUI, they cannot be wired into core nodes
+expecting ComfyUI's MODEL/CONDITIONING/LATENT objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+SOCKET_MODEL = "LORABIND_MODEL"
+SOCKET_CONDITIONING = "LORABIND_CONDITIONING"
+SOCKET_LATENT = "LORABIND_LATENT"
+SOCKET_ADAPTER = "LORABIND_ADAPTER"
+SOCKET_SCHEDULE = "LORABIND_SCHEDULE"
+SOCKET_IMAGE = "IMAGE"  # ComfyUI's own: float [B, H, W, C] in 0..1
+SOCKET_SIGMAS = "SIGMAS"  # ComfyUI's own: 1-D float tensor ending in 0
+SOCKET_AUDIO = "AUDIO"  # ComfyUI's own: {"waveform": [B, C, T], "sample_rate": int}
+
+
+@dataclass(frozen=True)
+class FuseSpec:
+    """One LoRA file to fuse into one component at one strength (LightX2V ``lora_configs`` semantics)."""
+
+    path: str  # absolute, resolved path of the .safetensors file or PEFT folder
+    strength: float
+    component: str  # "transformer", "transformer_2", "transformer_ref", ...
+    name: str = ""  # display name (relative name under the loras root) for messages
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One dynamic (unfused, peft-injected) adapter activated at a scale for a run. Scale 0 means off."""
+
+    path: str
+    scale: float
+    component: str = "transformer"
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ScheduleContract:
+    """A sampling contract declared by an artifact (distill LoRA, Turbo/native adapter, pinned checkpoint).
+
+    ``steps`` counts denoiser evaluations (intervals); ``sigmas`` holds steps + 1 points ending in 0.0.
+    Fields left ``None`` are not constrained by this contract.
+    """
+
+    source: str  # artifact name used in every error message (file name or model folder name)
+    kind: str  # "distill", "turbo", "native", "pinned"
+    family: str  # "wan2.1", "wan2.2_moe", "qwen_image", "minimax_h3"
+    steps: Optional[int] = None
+    sigmas: Optional[tuple[float, ...]] = None
+    shift: Optional[float] = None
+    cfg: Optional[float] = None
+    audio_sigmas: Optional[tuple[float, ...]] = None
+    audio_shift: Optional[float] = None
+    tasks: Optional[tuple[str, ...]] = None
+    partition: Optional[str] = None
+    base_schedule: Optional[tuple[float, ...]] = None
+    alpha: Optional[float] = None
+    rank: Optional[int] = None
+    scale: Optional[float] = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        """One line in words, for UI badges and logs."""
+        parts = [f"{self.source}: {self.kind}"]
+        if self.steps is not None:
+            parts.append(f"steps={self.steps}")
+        if self.shift is not None:
+            parts.append(f"shift={self.shift:g}")
+        if self.audio_shift is not None:
+            parts.append(f"audio_shift={self.audio_shift:g}")
+        if self.cfg is not None:
+            parts.append(f"cfg={self.cfg:g}")
+        if self.tasks:
+            parts.append("tasks=" + ",".join(self.tasks))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelHandle:
+    """A loaded model plus the state a sampler must bind before denoising.
+
+    ``model`` is the shared ``loaders.model_store.LoadedModel`` (loaded once per path). ``fuses`` is the exact
+    patch set to fuse; ``adapters`` the dynamic adapters attached by model-level nodes (MiniMax-H3);
+    ``contracts`` the schedule contracts attached by fuses or pinned by the checkpoint.
+    """
+
+    model: Any
+    fuses: tuple[FuseSpec, ...] = ()
+    adapters: tuple[AdapterSpec, ...] = ()
+    contracts: tuple[ScheduleContract, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def family(self) -> str:
+        return self.model.family
+
+    def with_fuses(self, *fuses: FuseSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "ModelHandle":
+        return replace(self, fuses=self.fuses + tuple(fuses), contracts=self.contracts + tuple(contracts))
+
+    def with_adapters(self, *adapters: AdapterSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "ModelHandle":
+        return replace(self, adapters=self.adapters + tuple(adapters), contracts=self.contracts + tuple(contracts))
+
+
+@dataclass(frozen=True, eq=False)
+class AdapterHandle:
+    """Dynamic adapters (stacked by chaining ``LoadPEFTAdapter`` nodes) and the contracts they declare."""
+
+    adapters: tuple[AdapterSpec, ...] = ()
+    contracts: tuple[ScheduleContract, ...] = ()
+
+    def stacked(self, adapter: AdapterSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "AdapterHandle":
+        return AdapterHandle(self.adapters + (adapter,), self.contracts + tuple(contracts))
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduleHandle:
+    """A SCHEDULE edge: one contract (from ``MiniMaxTurboSchedule`` or a sigma node)."""
+
+    contract: ScheduleContract
+
+
+@dataclass(frozen=True, eq=False)
+class ConditioningHandle:
+    """Encoded prompt for one model family (text-encoder output of that model)."""
+
+    embeds: Any  # torch.Tensor [B, seq, dim]
+    family: str
+    text: str = ""
+    mask: Any = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class LatentHandle:
+    """Latents for one family. ``samples`` is the main (video/image) latent; ``extra`` may hold e.g. audio."""
+
+    samples: Any  # torch.Tensor
+    family: str
+    kind: str = "video"  # "video", "image", "video+audio"
+    extra: dict = field(default_factory=dict)

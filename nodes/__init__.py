@@ -1,0 +1,31 @@
+"""Node registry: every node module exports NODE_CLASS_MAPPINGS / NODE_DISPLAY_NAME_MAPPINGS; merged here.
+
+Nodes are thin declarative adapters over ``loaders``: they declare inputs/outputs/tooltips and translate
+between handles and library calls. Node names carry our prefix (or are unique to us) so they never collide
+with ComfyUI core nodes.
+"""
+
+from importlib import import_module
+
+_NODE_MODULES = (
+    "model_nodes",
+    "conditioning_nodes",
+    "latent_nodes",
+    "sampler_nodes",
+    "output_nodes",
+    "adapter_nodes",
+    "minimax_nodes",
+)
+
+NODE_CLASS_MAPPINGS: dict = {}
+NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+
+for _name in _NODE_MODULES:
+    try:
+        _module = import_module(f".{_name}", __name__)
+    except ModuleNotFoundError as exc:  # a node module not written yet; real import errors still raise
+        if exc.name != f"{__name__}.{_name}":
+            raise
+        continue
+    NODE_CLASS_MAPPINGS.update(_module.NODE_CLASS_MAPPINGS)
+    NODE_DISPLAY_NAME_MAPPINGS.update(getattr(_module, "NODE_DISPLAY_NAME_MAPPINGS", {}))

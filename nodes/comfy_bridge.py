@@ -1,0 +1,74 @@
+"""The one place where the pack touches ComfyUI modules — lazily and optionally.
+
+Inside ComfyUI we use its ``folder_paths``, ``comfy.utils.ProgressBar`` and its interrupt check; headless we
+use the runtime's equivalents (``runtime.folder_paths``, ``runtime.context``). Every node goes through these
+functions so that no node module imports ComfyUI at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def _comfy_modules():
+    """Return (folder_paths, comfy.utils, comfy.model_management) when running inside ComfyUI, else None."""
+    try:
+        folder_paths = importlib.import_module("folder_paths")
+        comfy_utils = importlib.import_module("comfy.utils")
+        model_management = importlib.import_module("comfy.model_management")
+    except Exception:  # not inside ComfyUI (or a broken install): use the runtime's equivalents
+        return None
+    return folder_paths, comfy_utils, model_management
+
+
+def inside_comfyui() -> bool:
+    return _comfy_modules() is not None
+
+
+def folder_paths():
+    """ComfyUI's ``folder_paths`` module, or the runtime's compatible registry."""
+    mods = _comfy_modules()
+    if mods is not None:
+        return mods[0]
+    from ..runtime import folder_paths as runtime_folder_paths
+
+    return runtime_folder_paths
+
+
+def check_interrupted() -> None:
+    """Raise if the user interrupted the running prompt (ComfyUI's or the runtime's interrupt)."""
+    mods = _comfy_modules()
+    if mods is not None:
+        mods[2].throw_exception_if_processing_interrupted()
+        return
+    from ..runtime.context import current_context
+
+    ctx = current_context()
+    if ctx is not None:
+        ctx.check_interrupted()
+
+
+class ProgressBar:
+    """Per-node progress: ComfyUI's ProgressBar inside ComfyUI, the runtime's progress events headless."""
+
+    def __init__(self, total: int):
+        self.total = int(total)
+        self.value = 0
+        mods = _comfy_modules()
+        self._comfy_bar = mods[1].ProgressBar(self.total) if mods is not None else None
+
+    def update_absolute(self, value: int, extra: dict | None = None) -> None:
+        self.value = int(value)
+        if self._comfy_bar is not None:
+            self._comfy_bar.update_absolute(self.value, self.total)
+            return
+        from ..runtime.context import current_context
+
+        ctx = current_context()
+        if ctx is not None:
+            ctx.report_progress(self.value, self.total, extra)
+
+    def update(self, step: int = 1, extra: dict | None = None) -> None:
+        self.update_absolute(self.value + step, extra)

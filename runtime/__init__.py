@@ -1,0 +1,1 @@
+"""Headless runtime: graph executor, workflow conversion, model registry, HTTP/WebSocket server, CLI."""

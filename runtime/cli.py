@@ -1,0 +1,53 @@
+"""``lorabind`` command line: a thin dispatcher over ``runtime.commands``.
+
+Why so thin: ``lorabind --help`` must answer in well under a second, so this module and every command
+module import torch/diffusers only inside their ``run`` function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module under runtime.commands, one-line help)
+COMMANDS = {
+    "run": ("run", "execute a workflow JSON (UI or API format) headless"),
+    "models": ("models", "manage the built-in tiny models (build-tiny)"),
+    "inspect": ("inspect", "describe a LoRA file or PEFT folder: format, rank, contract, key accounting"),
+    "merge": ("merge", "fuse LoRA file(s) into a diffusers model folder and write a new folder"),
+    "extract": ("extract", "extract a LoRA from the difference between a base and a tuned model"),
+    "serve": ("serve", "serve the ComfyUI-compatible HTTP/WebSocket API"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lorabind",
+        description="Exact, contract-enforcing LoRA binding for Wan2.1/2.2, Qwen-Image and MiniMax-H3 "
+        "— headless runtime for ComfyUI workflows.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(f".commands.{module_name}", __package__)
+        cmd_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(cmd_parser)
+        cmd_parser.set_defaults(_command_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._command_module.run(args) or 0)
+    except KeyboardInterrupt:
+        print("lorabind: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""`lorabind extract` (placeholder until its issue lands)."""
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    print("lorabind extract: not implemented yet")
+    return 2

@@ -1,0 +1,10 @@
+"""`lorabind inspect` (placeholder until its issue lands)."""
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    print("lorabind inspect: not implemented yet")
+    return 2

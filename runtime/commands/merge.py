@@ -1,0 +1,10 @@
+"""`lorabind merge` (placeholder until its issue lands)."""
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    print("lorabind merge: not implemented yet")
+    return 2

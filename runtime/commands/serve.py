@@ -1,0 +1,10 @@
+"""`lorabind serve` (placeholder until its issue lands)."""
+
+
+def add_arguments(parser) -> None:
+    pass
+
+
+def run(args) -> int:
+    print("lorabind serve: not implemented yet")
+    return 2
