@@ -1,0 +1,68 @@
+"""The one canonical in-memory LoRA representation every file format converts into.
+
+A file is read into ``LoraFile`` (module names still in the file's own naming, layouts already unified);
+``map_to_model`` turns it into a ``MappedLora`` whose targets use the diffusers module paths of one model
+family. The patcher and the key accounting only ever see ``TargetPatch`` objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class LowRankDelta:
+    """``delta W = scale · up @ down`` on ``<module>.weight``.
+
+    ``down`` is A with shape [rank, in] (conv: [rank, in, *k]); ``up`` is B with shape [out, rank] (conv:
+    [out, rank, 1, ...]). ``alpha`` is what the file declared (None when absent); ``scale`` is the resolved
+    multiplier (alpha/rank, alpha/sqrt(rank) for rsLoRA, 1.0 without alpha, or a family rule).
+    """
+
+    down: Any
+    up: Any
+    alpha: Optional[float]
+    scale: float
+
+    @property
+    def rank(self) -> int:
+        return int(self.down.shape[0])
+
+
+@dataclass
+class TargetPatch:
+    """Everything one LoRA does to one module: a low-rank delta and/or full diffs of its parameters.
+
+    ``param_diffs`` maps a parameter name of the module to a full delta: ``"weight"`` (``.diff``), ``"bias"``
+    (``.diff_b``) or another parameter such as ``"scale_shift_table"`` (Wan ``diff_m`` on ``blocks.N``).
+    """
+
+    module: str
+    low_rank: Optional[LowRankDelta] = None
+    param_diffs: dict = field(default_factory=dict)
+    source_keys: tuple = ()
+
+
+@dataclass
+class LoraFile:
+    """A LoRA file or PEFT folder after reading and layout normalisation (names still as in the file)."""
+
+    path: str
+    name: str  # file/folder name, used in every message
+    format: str  # e.g. "lightx2v-native", "kohya", "diffusers", "peft-folder", "minimax-h3-native"
+    metadata: dict
+    targets: dict  # module name in file naming -> TargetPatch
+    dtype: str = ""
+    identity: tuple = ()  # (size, mtime_ns) of the file(s), for caches
+
+
+@dataclass
+class MappedLora:
+    """A ``LoraFile`` mapped onto one model family's diffusers module paths."""
+
+    source: LoraFile
+    family: str
+    targets: dict  # diffusers module path -> TargetPatch
+    expected_unmatched: dict = field(default_factory=dict)  # raw key -> reason
+    unmatched: list = field(default_factory=list)  # raw keys the family map does not know
