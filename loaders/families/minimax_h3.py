@@ -1,0 +1,28 @@
+"""Family module for minimax_h3 (placeholder interface until its owner fills it in)."""
+
+FAMILY = "minimax_h3"
+MODEL_FAMILIES = ("minimax_h3",)
+
+
+def recognizes(lora):
+    return False
+
+
+def prepare(lora, model_family):
+    return lora
+
+
+def map_target(name):
+    return name
+
+
+def expected_unmatched_reason(name, model_family):
+    return None
+
+
+def declared_contract(file_name, metadata, rank):
+    return None
+
+
+def checkpoint_contract(model_index, model_name):
+    return None
