@@ -1,10 +1,235 @@
-"""`lorabind run` (placeholder until its issue lands)."""
+"""``lorabind run WORKFLOW.json``: execute a ComfyUI workflow (UI or API format) headless.
+
+Module-level imports stay light (no torch): ``lorabind --help`` imports every command module. The node classes
+and the built-in tiny models are loaded inside ``run`` through ``load_node_classes`` / ``ensure_models``,
+two small seams tests replace with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+
+
+class RunError(Exception):
+    """A user-facing problem with the command line or the workflow file."""
 
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow saved from ComfyUI (UI or API format)")
+    parser.add_argument("--models", metavar="DIR", help="models root (default: $LORABIND_MODELS or ./models)")
+    parser.add_argument("--output", metavar="DIR", help="output directory (default: ./output)")
+    parser.add_argument("--input", metavar="DIR", help="input directory (default: ./input)")
+    parser.add_argument("--set", metavar="NODE.INPUT=VALUE", action="append", default=[], dest="overrides",
+                        help="override one node input; VALUE is parsed as JSON, else taken as a string "
+                        "(repeatable), e.g. --set 3.seed=42 --set 6.text=\"a cat\"")
+
+
+def load_node_classes() -> tuple[dict, dict]:
+    """(NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS) of the pack; imports the node modules (and torch)."""
+    from ... import nodes
+
+    return nodes.NODE_CLASS_MAPPINGS, nodes.NODE_DISPLAY_NAME_MAPPINGS
+
+
+def ensure_models(prompt: dict, models_root: str) -> None:
+    """Build any built-in tiny model the prompt names that is missing under ``models_root``."""
+    from ...loaders.tiny_models import ensure_builtin_models
+
+    ensure_builtin_models(prompt, models_root)
 
 
 def run(args) -> int:
-    print("lorabind run: not implemented yet")
-    return 2
+    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach a model hub, whatever a library tries
+    from .. import folder_paths
+    from ..executor import PromptExecutor
+    from ..workflow_format import WorkflowFormatError, to_api_prompt
+
+    folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
+    try:
+        workflow = _load_json(args.workflow)
+        node_classes, display_names = load_node_classes()
+        prompt, kind = to_api_prompt(workflow, node_classes, display_names)
+        if kind == "ui":
+            print(f"{args.workflow}: UI workflow, converted to an API prompt of {len(prompt)} nodes")
+        else:
+            print(f"{args.workflow}: API prompt of {len(prompt)} nodes")
+        apply_overrides(prompt, args.overrides, node_classes)
+    except (RunError, WorkflowFormatError) as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return 1
+    try:
+        ensure_models(prompt, folder_paths.models_dir)
+    except Exception as exc:
+        print(f"lorabind run: cannot prepare the built-in models under {folder_paths.models_dir}: {exc}",
+              file=sys.stderr)
+        return 1
+
+    executor = PromptExecutor(node_classes)
+    validation = executor.validate(prompt)
+    if not validation.ok:
+        print(format_validation_failure(validation.error, validation.node_errors), file=sys.stderr)
+        return 1
+    if validation.node_errors:
+        print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
+
+    extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
+    display = _ProgressDisplay(prompt, validation.outputs)
+    try:
+        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
+                                  execute_outputs=validation.outputs)
+    finally:
+        display.close()
+    if result.interrupted:
+        print("lorabind run: interrupted", file=sys.stderr)
+        return 130
+    if not result.success:
+        print(format_execution_error(result.error), file=sys.stderr)
+        return 1
+    for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
+        print(line)
+    return 0
+
+
+def _load_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise RunError(f"workflow file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"cannot read workflow file '{path}': {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RunError(f"workflow file '{path}' is not valid JSON: {exc}") from None
+
+
+def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> None:
+    """Apply ``NODE.INPUT=VALUE`` overrides in place; unknown node ids and input names are errors."""
+    for item in overrides:
+        target, has_value, raw = item.partition("=")
+        node_id, dot, input_name = target.rpartition(".")
+        if not has_value or not dot or not node_id or not input_name:
+            raise RunError(f"--set '{item}': expected NODE.INPUT=VALUE, e.g. --set 3.seed=42")
+        if node_id not in prompt:
+            raise RunError(f"--set '{item}': the workflow has no node with id '{node_id}' "
+                           f"(node ids: {', '.join(sorted(prompt))})")
+        node = prompt[node_id]
+        inputs = dict(node.get("inputs") or {})
+        known = list(inputs)
+        node_class = node_classes.get(node.get("class_type"))
+        if node_class is not None:
+            declared = node_class.INPUT_TYPES()
+            known += [n for section in ("required", "optional") for n in (declared.get(section) or {})]
+        if input_name not in known:
+            raise RunError(f"--set '{item}': node {node_id} ({node.get('class_type')}) has no input "
+                           f"'{input_name}' (inputs: {', '.join(dict.fromkeys(known))})")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        inputs[input_name] = value
+        prompt[node_id] = {**node, "inputs": inputs}
+
+
+def format_node_errors(node_errors: dict) -> str:
+    lines = []
+    for node_id, entry in node_errors.items():
+        lines.append(f"  node {node_id} ({entry.get('class_type')}):")
+        for error in entry.get("errors", []):
+            lines.append(f"    - {error.get('message')}: {error.get('details')}")
+    return "\n".join(lines)
+
+
+def format_validation_failure(error: dict, node_errors: dict) -> str:
+    header = f"lorabind run: {error.get('message')}"
+    if node_errors:
+        return header + "\n" + format_node_errors(node_errors)
+    details = error.get("details")
+    return f"{header}: {details}" if details else header
+
+
+def format_execution_error(error: dict | None) -> str:
+    if not error:
+        return "lorabind run: execution failed"
+    message = str(error.get("exception_message", "")).strip()
+    return (f"lorabind run: node {error.get('node_id')} ({error.get('node_type')}) failed: "
+            f"{error.get('exception_type')}: {message}")
+
+
+def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
+    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews."""
+    lines = []
+    for node_id, ui in outputs.items():
+        label = f"node {node_id} ({prompt.get(node_id, {}).get('class_type')})"
+        for key, entries in ui.items():
+            for entry in entries if isinstance(entries, list) else []:
+                if isinstance(entry, dict) and "filename" in entry:
+                    root = directory_of(entry.get("type", "output")) or ""
+                    path = os.path.join(root, entry.get("subfolder") or "", entry["filename"])
+                    lines.append(f"{label} wrote {key}: {path}")
+                elif key == "text":
+                    lines.append(f"{label} text: {entry}")
+    if not lines:
+        lines.append("done (no files written)")
+    return lines
+
+
+class _ProgressDisplay:
+    """tqdm bars on stderr: one over the nodes to run, one per node for its ``progress`` events (steps)."""
+
+    def __init__(self, prompt: dict, outputs: list[str]):
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.prompt = prompt
+        self.nodes_bar = tqdm(total=len(_upstream_closure(prompt, outputs)), desc="nodes", unit="node",
+                              file=sys.stderr, position=0)
+        self.step_bar = None
+        self.current: str | None = None
+        self.finished: set[str] = set()
+
+    def on_event(self, name: str, data: dict) -> None:
+        if name == "execution_cached":
+            self.nodes_bar.update(len(data.get("nodes", [])))
+        elif name == "executing":
+            self._finish_current()
+            self.current = data.get("node")
+            if self.current is not None:
+                self.nodes_bar.set_postfix_str(f"{self.current} {self.prompt[self.current]['class_type']}")
+        elif name == "progress":
+            if self.step_bar is None or self.step_bar.total != data["max"]:
+                self._close_step_bar()
+                self.step_bar = self._tqdm(total=data["max"], desc=f"node {data['node']}", unit="step",
+                                           file=sys.stderr, position=1, leave=False)
+            self.step_bar.n = data["value"]
+            self.step_bar.refresh()
+
+    def _finish_current(self) -> None:
+        self._close_step_bar()
+        if self.current is not None and self.current not in self.finished:
+            self.finished.add(self.current)
+            self.nodes_bar.update(1)
+
+    def _close_step_bar(self) -> None:
+        if self.step_bar is not None:
+            self.step_bar.close()
+            self.step_bar = None
+
+    def close(self) -> None:
+        self._close_step_bar()
+        self.nodes_bar.close()
+
+
+def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:
+    seen, stack = set(), list(outputs)
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen or node_id not in prompt:
+            continue
+        seen.add(node_id)
+        for value in (prompt[node_id].get("inputs") or {}).values():
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                stack.append(value[0])
+    return seen

@@ -1,0 +1,18 @@
+"""Headless graph executor with ComfyUI's semantics (validation, scheduling, caching, events).
+
+Split by concern like ComfyUI's ``comfy_execution``: ``definitions`` (reading node classes), ``graph``
+(scheduling, cycles), ``validation``, ``caching``, ``calls`` (list semantics), ``execution`` (PromptExecutor).
+"""
+
+from .execution import ExecutionResult, PromptExecutor, PromptValidationError
+from .graph import DependencyCycleError
+from .validation import ValidationResult, validate_prompt
+
+__all__ = [
+    "DependencyCycleError",
+    "ExecutionResult",
+    "PromptExecutor",
+    "PromptValidationError",
+    "ValidationResult",
+    "validate_prompt",
+]

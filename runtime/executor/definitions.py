@@ -1,0 +1,113 @@
+"""Read a node class's V1 declaration (INPUT_TYPES, RETURN_TYPES, flags) the way ComfyUI's executor does.
+
+Why a separate module: validation, scheduling, caching and execution all ask the same questions ("is this
+input lazy?", "which hidden inputs?", "is it an output node?"). ``INPUT_TYPES()`` may scan model folders, so
+one ``NodeDefinitions`` is built per validate/execute call and memoises it per class for that call only
+(a later prompt sees newly added files, like ComfyUI which calls it again for every prompt).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+# Widget types whose constants ComfyUI casts during validation (execution.py::validate_inputs).
+CASTS = {"INT": int, "FLOAT": float, "STRING": str, "BOOLEAN": bool}
+
+
+def is_link(value: Any) -> bool:
+    """``[node_id, slot]``: a list of length 2 holding a str and an int (ComfyUI's graph_utils.is_link)."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and isinstance(value[1], (int, float))
+        and not isinstance(value[1], bool)
+    )
+
+
+def full_type_name(klass: type) -> str:
+    """``module.Qualname`` unless builtin, as ComfyUI reports ``exception_type``."""
+    module = klass.__module__
+    if module == "builtins":
+        return klass.__qualname__
+    return f"{module}.{klass.__qualname__}"
+
+
+def combo_options(input_type: Any, extra_info: dict) -> list | None:
+    """The allowed values of a COMBO input in either form: a list type, or ``"COMBO"`` with ``options``."""
+    if isinstance(input_type, (list, tuple)):
+        return list(input_type)
+    if input_type == "COMBO":
+        return list(extra_info.get("options", []))
+    return None
+
+
+def accepted_arguments(function) -> tuple[set[str], bool]:
+    """(named parameters, has **kwargs) of a node method, used to filter what VALIDATE_INPUTS receives."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return set(), True
+    names = {
+        name
+        for name, param in signature.parameters.items()
+        if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+    }
+    has_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    return names, has_kwargs
+
+
+class NodeDefinitions:
+    """The node classes of one run, with ``INPUT_TYPES()`` memoised per class for the duration of that run."""
+
+    def __init__(self, node_classes: dict):
+        self.node_classes = node_classes
+        self._input_types: dict[str, dict] = {}
+
+    def get_class(self, class_type: str):
+        return self.node_classes.get(class_type)
+
+    def input_types(self, class_type: str) -> dict:
+        if class_type not in self._input_types:
+            declared = self.node_classes[class_type].INPUT_TYPES()
+            self._input_types[class_type] = declared if isinstance(declared, dict) else {}
+        return self._input_types[class_type]
+
+    def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
+        """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
+        declared = self.input_types(class_type)
+        for category in ("required", "optional", "hidden"):
+            section = declared.get(category) or {}
+            if input_name in section:
+                spec = section[input_name]
+                if category == "hidden":
+                    return spec, category, {}
+                if isinstance(spec, (list, tuple)):
+                    extra = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                    return spec[0], category, extra
+                return spec, category, {}
+        return None, None, None
+
+    def declared_inputs(self, class_type: str) -> list[str]:
+        """Required then optional input names, in declaration order."""
+        declared = self.input_types(class_type)
+        return [*(declared.get("required") or {}), *(declared.get("optional") or {})]
+
+    def hidden_inputs(self, class_type: str) -> dict:
+        return dict(self.input_types(class_type).get("hidden") or {})
+
+    def is_lazy(self, class_type: str, input_name: str) -> bool:
+        _, _, extra = self.input_info(class_type, input_name)
+        return bool(extra and extra.get("lazy", False))
+
+    def is_output_node(self, class_type: str) -> bool:
+        return getattr(self.node_classes[class_type], "OUTPUT_NODE", False) is True
+
+    def return_types(self, class_type: str) -> tuple:
+        return tuple(getattr(self.node_classes[class_type], "RETURN_TYPES", ()))
+
+    def keys_on_node_id(self, class_type: str) -> bool:
+        """Whether the node id enters the cache key: NOT_IDEMPOTENT nodes and nodes taking UNIQUE_ID."""
+        cls = self.node_classes[class_type]
+        return bool(getattr(cls, "NOT_IDEMPOTENT", False)) or "UNIQUE_ID" in self.hidden_inputs(class_type).values()

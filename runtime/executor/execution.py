@@ -1,0 +1,254 @@
+"""PromptExecutor: runs API-format prompts with ComfyUI's semantics and emits ComfyUI's WebSocket events.
+
+One executor persists across prompts (the server and ``lorabind run`` keep it), so its signature cache makes a
+re-run that only changes a seed execute only the nodes downstream of the seed, and node instances persist per
+(node_id, class_type). Events are ``on_event(name, data)`` with ComfyUI's names and payloads; the ones ComfyUI
+keeps in a history entry's ``status.messages`` are also returned in ``ExecutionResult.messages``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..context import ExecutionContext, InterruptedByUser, reset_current_context, set_current_context
+from .caching import CacheEntry, InstanceCache, OutputCache, node_signatures
+from .calls import format_value, gather_inputs, map_over_lists, shape_returns
+from .definitions import NodeDefinitions, full_type_name
+from .graph import DependencyCycleError, ExecutionList
+from .validation import ValidationResult, validate_prompt
+
+EventCallback = Callable[[str, dict], None]
+
+
+@dataclass
+class ExecutionResult:
+    """Outcome of one prompt. ``outputs`` = {node_id: ui dict} (history "outputs"); ``executed`` = node ids
+    that ran, in order; ``cached`` = node ids whose outputs were cache hits; ``error`` = the execution_error
+    payload; ``messages`` = [[event, data]] for ComfyUI's history status; ``meta`` = history "meta"."""
+
+    success: bool
+    outputs: dict = field(default_factory=dict)
+    executed: list = field(default_factory=list)
+    cached: list = field(default_factory=list)
+    error: dict | None = None
+    interrupted: bool = False
+    messages: list = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+
+class PromptValidationError(ValueError):
+    """``execute`` was given a prompt that does not validate; ``.result`` holds the ValidationResult."""
+
+    def __init__(self, result: ValidationResult):
+        error = result.error or {}
+        super().__init__(f"{error.get('message', 'Prompt failed validation')}: {error.get('details', '')}")
+        self.result = result
+
+
+class PromptExecutor:
+    def __init__(self, node_classes: dict, *, cache: bool = True):
+        self.node_classes = node_classes
+        self.output_cache = OutputCache(enabled=cache)
+        self.instances = InstanceCache()
+        self._run_lock = threading.Lock()
+
+    def validate(self, prompt: dict, partial_execution_targets=None) -> ValidationResult:
+        return validate_prompt(self.node_classes, prompt, partial_execution_targets)
+
+    def reset_cache(self) -> None:
+        """Drop cached outputs and node instances (the server's /free)."""
+        with self._run_lock:
+            self.output_cache.clear()
+            self.instances.clear()
+
+    def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None,
+                on_event: EventCallback | None = None, interrupt_event: threading.Event | None = None,
+                execute_outputs: list | None = None) -> ExecutionResult:
+        """Validate (casting constants), then run the valid outputs in ``execute_outputs`` (default: all).
+
+        Raises PromptValidationError if no requested output validates; node failures and interrupts are
+        reported in the result (and as events), never raised.
+        """
+        validation = self.validate(prompt, execute_outputs)
+        if not validation.ok:
+            raise PromptValidationError(validation)
+        with self._run_lock:
+            run = _PromptRun(self, validation.prompt, prompt_id, extra_data or {}, on_event,
+                             interrupt_event if interrupt_event is not None else threading.Event())
+            return run.run(validation.outputs)
+
+
+def _timestamp() -> int:
+    return int(time.time() * 1000)
+
+
+class _PromptRun:
+    """The state of executing one prompt: available outputs, scheduling, events, result."""
+
+    def __init__(self, executor: PromptExecutor, prompt: dict, prompt_id: str, extra_data: dict,
+                 on_event: EventCallback | None, interrupt_event: threading.Event):
+        self.executor = executor
+        self.prompt = prompt
+        self.prompt_id = prompt_id
+        self.extra_data = extra_data
+        self.on_event = on_event
+        self.interrupt_event = interrupt_event
+        self.definitions = NodeDefinitions(executor.node_classes)
+        self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
+        self.keys: dict[str, Any] = {}  # node id -> cache key (None: never cached)
+        self.result = ExecutionResult(success=False)
+
+    # -- events -------------------------------------------------------------------------------------------
+    def emit(self, name: str, data: dict, *, status_message: bool = False) -> None:
+        if status_message:
+            data = {**data, "timestamp": _timestamp()}
+            self.result.messages.append([name, data])
+        if self.on_event is not None:
+            self.on_event(name, data)
+
+    def _on_progress(self, node_id: str, value: int, total: int, extra: dict | None) -> None:
+        """Progress of the running node; like ComfyUI's progress hook it is also an interrupt point."""
+        self.emit("progress", {"value": value, "max": total, "prompt_id": self.prompt_id, "node": node_id})
+        if self.interrupt_event.is_set():
+            raise InterruptedByUser()
+
+    def check_interrupted(self) -> None:
+        if self.interrupt_event.is_set():
+            raise InterruptedByUser()
+
+    # -- the run ------------------------------------------------------------------------------------------
+    def run(self, outputs: list[str]) -> ExecutionResult:
+        self.interrupt_event.clear()  # ComfyUI resets the interrupt flag when a prompt starts
+        self.emit("execution_start", {"prompt_id": self.prompt_id}, status_message=True)
+        self.keys = node_signatures(self.prompt, self.definitions, self._is_changed_values())
+        cache = self.executor.output_cache
+        cache.retain_only(self.keys.values())
+        self.executor.instances.retain_only(self.prompt)
+        for node_id in self.prompt:
+            entry = cache.get(self.keys[node_id])
+            if entry is not None:
+                self.available[node_id] = entry
+        self.result.cached = list(self.available)
+        self.emit("execution_cached", {"nodes": list(self.result.cached), "prompt_id": self.prompt_id},
+                  status_message=True)
+
+        execution_list = ExecutionList(self.prompt, self.definitions, lambda node_id: node_id in self.available)
+        for output_id in outputs:
+            execution_list.add_node(output_id)
+        failed = False
+        while not execution_list.is_empty():
+            try:
+                node_id = execution_list.next_ready()
+            except DependencyCycleError as exc:
+                self._report_failure(next(iter(execution_list.pending)), exc, {}, no_traceback=True)
+                failed = True
+                break
+            if not self._execute_node(node_id, execution_list):
+                failed = True
+                break
+        if not failed:
+            self.result.success = True
+            self.emit("execution_success", {"prompt_id": self.prompt_id}, status_message=True)
+        self.emit("executing", {"node": None, "prompt_id": self.prompt_id})
+        return self.result
+
+    def _is_changed_values(self) -> dict[str, Any]:
+        """IS_CHANGED per node, called on the class with constants only (links are None); an exception means
+        "always changed" (NaN), as in ComfyUI."""
+        values: dict[str, Any] = {}
+        for node_id, node in self.prompt.items():
+            node_class = self.definitions.get_class(node["class_type"])
+            if not hasattr(node_class, "IS_CHANGED"):
+                continue
+            try:
+                inputs, _ = gather_inputs(node_id, node, self.definitions, None, extra_data=self.extra_data)
+                values[node_id] = map_over_lists(node_class, "IS_CHANGED", inputs,
+                                                 input_is_list=bool(getattr(node_class, "INPUT_IS_LIST", False)))
+            except Exception:
+                values[node_id] = float("nan")
+        return values
+
+    def _outputs_of(self, node_id: str) -> list | None:
+        entry = self.available.get(node_id)
+        return entry.outputs if entry is not None else None
+
+    def _execute_node(self, node_id: str, execution_list: ExecutionList) -> bool:
+        """Run (or replay from cache) one node; False when the prompt must stop (error or interrupt)."""
+        node = self.prompt[node_id]
+        class_type = node["class_type"]
+        node_class = self.definitions.get_class(class_type)
+        if node_id in self.available:
+            entry = self.available[node_id]  # a cached output node: replay its UI like ComfyUI
+            self.emit("executed", {"node": node_id, "display_node": node_id, "output": entry.ui,
+                                   "prompt_id": self.prompt_id})
+            if entry.ui:
+                self._record_ui(node_id, entry.ui)
+            execution_list.complete(node_id)
+            return True
+
+        self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
+        values: dict[str, list] = {}
+        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress)
+        token = set_current_context(context)
+        try:
+            values, missing = gather_inputs(node_id, node, self.definitions, self._outputs_of,
+                                            prompt=self.prompt, extra_data=self.extra_data)
+            instance = self.executor.instances.get_or_create(node_id, class_type, node_class)
+            input_is_list = bool(getattr(node_class, "INPUT_IS_LIST", False))
+            if hasattr(instance, "check_lazy_status"):
+                requested = map_over_lists(instance, "check_lazy_status", values, input_is_list=input_is_list,
+                                           before_call=self.check_interrupted)
+                needed = {name for names in requested if isinstance(names, list) for name in names
+                          if isinstance(name, str) and (name not in values or name in missing)}
+                if needed:
+                    for name in sorted(needed):
+                        execution_list.make_input_strong_link(node_id, name)
+                    return True  # pending: runs again once the requested inputs exist
+            function_name = getattr(node_class, "FUNCTION")
+            returns = map_over_lists(instance, function_name, values, input_is_list=input_is_list,
+                                     before_call=self.check_interrupted)
+            outputs, ui = shape_returns(returns, node_class, node_id, class_type)
+        except Exception as exc:
+            self._report_failure(node_id, exc, values)
+            return False
+        finally:
+            reset_current_context(token)
+
+        entry = CacheEntry(outputs, ui or None)
+        self.available[node_id] = entry
+        self.executor.output_cache.put(self.keys[node_id], entry)
+        if ui:
+            self._record_ui(node_id, ui)
+            self.emit("executed", {"node": node_id, "display_node": node_id, "output": ui,
+                                   "prompt_id": self.prompt_id})
+        self.result.executed.append(node_id)
+        execution_list.complete(node_id)
+        return True
+
+    def _record_ui(self, node_id: str, ui: dict) -> None:
+        self.result.outputs[node_id] = ui
+        self.result.meta[node_id] = {"node_id": node_id, "display_node": node_id, "parent_node": None,
+                                     "real_node_id": node_id}
+
+    def _report_failure(self, node_id: str, exc: BaseException, values: dict, *, no_traceback=False) -> None:
+        base = {"prompt_id": self.prompt_id, "node_id": node_id, "node_type": self.prompt[node_id]["class_type"],
+                "executed": list(self.result.executed)}
+        if isinstance(exc, InterruptedByUser):
+            self.result.interrupted = True
+            self.emit("execution_interrupted", base, status_message=True)
+            return
+        exception_type = getattr(exc, "exception_type_name", None) or full_type_name(type(exc))
+        error = {
+            **base,
+            "exception_message": f"{exc}\n",
+            "exception_type": exception_type,
+            "traceback": [] if no_traceback else traceback.format_tb(exc.__traceback__),
+            "current_inputs": {name: [format_value(v) for v in vals] for name, vals in values.items()},
+            "current_outputs": list(self.prompt),
+        }
+        self.emit("execution_error", error, status_message=True)
+        self.result.error = self.result.messages[-1][1]

@@ -1,0 +1,275 @@
+"""Prompt validation with ComfyUI's error shapes (execution.py::validate_prompt / validate_inputs).
+
+Clients (the ComfyUI frontend, scripts) read ``error`` and ``node_errors`` and show them per node, so the
+``type``/``message``/``details``/``extra_info`` texts match ComfyUI's, including its aggregation quirks
+(``dependent_outputs``; downstream nodes of a failing node are invalid but carry no errors of their own).
+Deliberate differences, all stricter or clearer: ``"COMBO"``-typed inputs are checked against their
+``options`` too (ComfyUI 2025-10 checks only list-typed combos); a static dependency cycle is reported as an
+``exception_during_validation`` of type ``graph.DependencyCycleError`` instead of a RecursionError; a link to a
+missing node or slot is a ``bad_linked_input`` instead of a KeyError; ``"*"`` accepts any linked type.
+Constants are cast (INT/FLOAT/STRING/BOOLEAN) and ``{"__value__": [...]}`` unwrapped in the returned copy.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from .calls import gather_inputs, map_over_lists
+from .definitions import CASTS, NodeDefinitions, accepted_arguments, combo_options, full_type_name
+from .graph import DependencyCycleError, find_cycle
+
+
+@dataclass
+class ValidationResult:
+    """``ok``; ``error`` (ComfyUI's {type, message, details, extra_info}) when not ok; ``outputs`` = valid
+    output node ids; ``node_errors`` = {node_id: {errors, dependent_outputs, class_type}}; ``prompt`` = the
+    prompt with constants cast (what the executor runs)."""
+
+    ok: bool
+    error: dict | None = None
+    outputs: list = field(default_factory=list)
+    node_errors: dict = field(default_factory=dict)
+    prompt: dict = field(default_factory=dict)
+
+
+def _error(kind: str, message: str, details: str = "", extra_info: dict | None = None) -> dict:
+    return {"type": kind, "message": message, "details": details, "extra_info": extra_info or {}}
+
+
+def copy_prompt(prompt: dict) -> dict:
+    """Copy the node dicts and their input dicts (values are shared) so casting never edits the caller's."""
+    copied = {}
+    for node_id, node in prompt.items():
+        copied[str(node_id)] = dict(node) if isinstance(node, dict) else node
+        if isinstance(node, dict) and isinstance(node.get("inputs"), dict):
+            copied[str(node_id)]["inputs"] = dict(node["inputs"])
+    return copied
+
+
+def types_compatible(received: Any, expected: Any) -> bool:
+    """ComfyUI's validate_node_input (non-strict): equal, or comma-separated type sets overlapping."""
+    if received == expected or expected == "*" or received == "*":
+        return True
+    if combo_options(expected, {}) is not None and combo_options(received, {}) is not None:
+        return True
+    if not isinstance(received, str) or not isinstance(expected, str):
+        return False
+    received_set = {part.strip() for part in received.split(",")}
+    expected_set = {part.strip() for part in expected.split(",")}
+    return bool(received_set & expected_set)
+
+
+def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=None) -> ValidationResult:
+    if not isinstance(prompt, dict):
+        return ValidationResult(False, _error("invalid_prompt", "Prompt must be an object of nodes.", "", {}))
+    prompt = copy_prompt(prompt)
+    definitions = NodeDefinitions(node_classes)
+    outputs = []
+    for node_id, node in prompt.items():
+        if not isinstance(node, dict) or "class_type" not in node:
+            return ValidationResult(False, _error(
+                "invalid_prompt", "Cannot execute because a node is missing the class_type property.",
+                f"Node ID '#{node_id}'"))
+        class_type = node["class_type"]
+        if definitions.get_class(class_type) is None:
+            return ValidationResult(False, _error(
+                "invalid_prompt", f"Cannot execute because node {class_type} does not exist.",
+                f"Node ID '#{node_id}'"))
+        if definitions.is_output_node(class_type):
+            if partial_execution_targets is None or node_id in partial_execution_targets:
+                outputs.append(node_id)
+    if not outputs:
+        return ValidationResult(False, _error("prompt_no_outputs", "Prompt has no outputs"))
+
+    validator = _InputValidator(prompt, definitions)
+    good_outputs, failed, node_errors = [], [], {}
+    for output_id in outputs:
+        ok, reasons = validator.validate_output(output_id)
+        if ok:
+            good_outputs.append(output_id)
+            continue
+        failed.append((output_id, reasons))
+        for node_id, (node_ok, node_reasons) in validator.validated.items():
+            if node_ok or not node_reasons:
+                continue  # downstream of an error: invalid, but ComfyUI attaches no errors to it
+            if node_id not in node_errors:
+                node_errors[node_id] = {"errors": node_reasons, "dependent_outputs": [],
+                                        "class_type": prompt[node_id]["class_type"]}
+            node_errors[node_id]["dependent_outputs"].append(output_id)
+
+    if not good_outputs:
+        details = "\n".join(f"{r['message']}: {r['details']}" for _, reasons in failed for r in reasons)
+        return ValidationResult(False, _error("prompt_outputs_failed_validation", "Prompt outputs failed validation",
+                                              details), [], node_errors, prompt)
+    return ValidationResult(True, None, good_outputs, node_errors, prompt)
+
+
+class _InputValidator:
+    """Validates nodes upstream from each output, memoising ``validated[node_id] = (ok, errors)``."""
+
+    def __init__(self, prompt: dict, definitions: NodeDefinitions):
+        self.prompt = prompt
+        self.definitions = definitions
+        self.validated: dict[str, tuple[bool, list]] = {}
+
+    def validate_output(self, output_id: str) -> tuple[bool, list]:
+        cycle = find_cycle(self.prompt, [output_id])
+        if cycle is not None:
+            reason = _error("exception_during_validation", "Exception when validating node",
+                            f"Dependency cycle detected: {' -> '.join(cycle)}",
+                            {"exception_type": DependencyCycleError.exception_type_name, "traceback": []})
+            for node_id in cycle[:-1]:
+                self.validated[node_id] = (False, [reason])
+            self.validated.setdefault(output_id, (False, [reason] if output_id in cycle else []))
+            return False, self.validated[output_id][1]
+        try:
+            return self._validate(output_id)
+        except Exception as exc:  # a node's INPUT_TYPES/VALIDATE_INPUTS raised: ComfyUI reports it this way
+            reason = _error("exception_during_validation", "Exception when validating node", str(exc),
+                            {"exception_type": full_type_name(type(exc)),
+                             "traceback": traceback.format_tb(exc.__traceback__)})
+            self.validated[output_id] = (False, [reason])
+            return False, [reason]
+
+    def _validate(self, node_id: str) -> tuple[bool, list]:
+        """Post-order walk (explicit stack: no recursion limit on long chains; cycles were excluded)."""
+        stack = [node_id]
+        while stack:
+            current = stack[-1]
+            if current in self.validated:
+                stack.pop()
+                continue
+            pending = [up for up in self._upstream_ids(current) if up not in self.validated]
+            if pending:
+                stack.extend(pending)
+                continue
+            self.validated[current] = self._validate_node(current)
+            stack.pop()
+        return self.validated[node_id]
+
+    def _upstream_ids(self, node_id: str) -> list[str]:
+        node = self.prompt[node_id]
+        class_type = node["class_type"]
+        ids = []
+        for name in self.definitions.declared_inputs(class_type):
+            value = (node.get("inputs") or {}).get(name)
+            if isinstance(value, list) and len(value) == 2 and value[0] in self.prompt:
+                ids.append(value[0])
+        return ids
+
+    def _validate_node(self, node_id: str) -> tuple[bool, list]:
+        node = self.prompt[node_id]
+        inputs = node.setdefault("inputs", {})
+        class_type = node["class_type"]
+        node_class = self.definitions.get_class(class_type)
+        validate_fn = getattr(node_class, "VALIDATE_INPUTS", None)
+        fn_args, fn_kwargs = accepted_arguments(validate_fn) if validate_fn is not None else (set(), False)
+        errors: list[dict] = []
+        valid = True
+        received_types: dict[str, Any] = {}
+
+        for name in self.definitions.declared_inputs(class_type):
+            input_type, category, extra_info = self.definitions.input_info(class_type, name)
+            config = [input_type, extra_info]
+            if name not in inputs:
+                if category == "required":
+                    errors.append(_error("required_input_missing", "Required input is missing", name,
+                                         {"input_name": name}))
+                continue
+            value = inputs[name]
+            if isinstance(value, list):
+                link_error = self._check_link(name, value, config)
+                if link_error is not None:
+                    errors.append(link_error)
+                    continue
+                received = self.definitions.return_types(self.prompt[value[0]]["class_type"])[int(value[1])]
+                received_types[name] = received
+                if "input_types" not in fn_args and not types_compatible(received, input_type):
+                    errors.append(_error(
+                        "return_type_mismatch", "Return type mismatch between linked nodes",
+                        f"{name}, received_type({received}) mismatch input_type({input_type})",
+                        {"input_name": name, "input_config": config, "received_type": received,
+                         "linked_node": value}))
+                    continue
+                if not self.validated[value[0]][0]:
+                    valid = False
+                continue
+            constant_error = self._check_constant(inputs, name, input_type, extra_info, config,
+                                                  checks_bounds=name not in fn_args and not fn_kwargs)
+            if constant_error is not None:
+                errors.append(constant_error)
+
+        if validate_fn is not None and (fn_args or fn_kwargs):
+            errors.extend(self._custom_validation(node_id, node, node_class, fn_args, fn_kwargs, received_types))
+        return (not errors and valid), errors
+
+    def _check_link(self, name: str, value: list, config: list) -> dict | None:
+        problem = None
+        if len(value) != 2:
+            return _error("bad_linked_input", "Bad linked input, must be a length-2 list of [node_id, slot_index]",
+                          name, {"input_name": name, "input_config": config, "received_value": value})
+        from_id, slot = value
+        if from_id not in self.prompt:
+            problem = f"{name}, linked node '{from_id}' does not exist in the prompt"
+        elif not isinstance(slot, int) or isinstance(slot, bool) or not (
+            0 <= slot < len(self.definitions.return_types(self.prompt[from_id]["class_type"]))
+        ):
+            problem = f"{name}, linked node '{from_id}' has no output slot {slot}"
+        if problem is None:
+            return None
+        return _error("bad_linked_input", "Bad linked input, must be a length-2 list of [node_id, slot_index]",
+                      problem, {"input_name": name, "input_config": config, "received_value": value})
+
+    @staticmethod
+    def _check_constant(inputs, name, input_type, extra_info, config, *, checks_bounds) -> dict | None:
+        value = inputs[name]
+        try:
+            if isinstance(value, dict) and "__value__" in value:
+                value = value["__value__"]
+                inputs[name] = value
+            cast = CASTS.get(input_type) if isinstance(input_type, str) else None
+            if cast is not None:
+                value = cast(value)
+                inputs[name] = value
+        except Exception as exc:
+            return _error("invalid_input_type", f"Failed to convert an input value to a {input_type} value",
+                          f"{name}, {value}, {exc}",
+                          {"input_name": name, "input_config": config, "received_value": value,
+                           "exception_message": str(exc)})
+        if not checks_bounds:
+            return None
+        if "min" in extra_info and value < extra_info["min"]:
+            return _error("value_smaller_than_min", f"Value {value} smaller than min of {extra_info['min']}", name,
+                          {"input_name": name, "input_config": config, "received_value": value})
+        if "max" in extra_info and value > extra_info["max"]:
+            return _error("value_bigger_than_max", f"Value {value} bigger than max of {extra_info['max']}", name,
+                          {"input_name": name, "input_config": config, "received_value": value})
+        options = combo_options(input_type, extra_info)
+        if options is not None and value not in options:
+            if len(options) > 20:  # ComfyUI does not echo huge lists such as scanned model files
+                list_info, config = f"(list of length {len(options)})", None
+            else:
+                list_info = str(options)
+            return _error("value_not_in_list", "Value not in list", f"{name}: '{value}' not in {list_info}",
+                          {"input_name": name, "input_config": config, "received_value": value})
+        return None
+
+    def _custom_validation(self, node_id, node, node_class, fn_args, fn_kwargs, received_types) -> list[dict]:
+        """VALIDATE_INPUTS on the class: linked inputs arrive as None; one error per passed input on failure."""
+        values, _ = gather_inputs(node_id, node, self.definitions, None)
+        passed = {name: v for name, v in values.items() if fn_kwargs or name in fn_args}
+        if "input_types" in fn_args:
+            passed["input_types"] = [received_types]
+        returns = map_over_lists(node_class, "VALIDATE_INPUTS", passed,
+                                 input_is_list=bool(getattr(node_class, "INPUT_IS_LIST", False)))
+        errors = []
+        for name in passed:
+            for returned in returns:
+                if returned is True:
+                    continue
+                details = name if returned is False else f"{name} - {returned}"
+                errors.append(_error("custom_validation_failed", "Custom validation failed for node", details,
+                                     {"input_name": name}))
+        return errors

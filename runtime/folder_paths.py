@@ -1,0 +1,202 @@
+"""ComfyUI-``folder_paths``-compatible model registry for the headless runtime.
+
+Nodes reach this module through ``nodes.comfy_bridge.folder_paths()`` when not running inside ComfyUI, so the
+names and return shapes follow ComfyUI's module: ``folder_names_and_paths[kind] = ([dirs], {extensions})``,
+names relative with ``/``, ``get_full_path_or_raise`` raising ComfyUI's FileNotFoundError text. Differences,
+on purpose: only safetensors are listed (the pack refuses pickle formats); ``diffusers`` lists folders holding
+``model_index.json`` and ``loras`` also lists PEFT folders (``adapter_config.json``); a name containing ``..``
+or an absolute path is refused with an error instead of being silently normalised.
+No torch import here: the CLI imports this module on its fast path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
+FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)
+
+# kind -> sub-directories of the models root (ComfyUI's defaults for the kinds this pack can use)
+_DEFAULT_KINDS = {
+    "diffusers": ["diffusers"],
+    "loras": ["loras"],
+    "checkpoints": ["checkpoints"],
+    "diffusion_models": ["unet", "diffusion_models"],
+    "text_encoders": ["text_encoders", "clip"],
+    "vae": ["vae"],
+}
+
+models_dir = ""
+output_directory = ""
+input_directory = ""
+temp_directory = ""
+folder_names_and_paths: dict[str, tuple[list[str], set[str]]] = {}
+
+
+def configure(models_root: str | None = None, output_dir: str | None = None, input_dir: str | None = None,
+              temp_dir: str | None = None) -> None:
+    """(Re)root the registry. Defaults: models ``$LORABIND_MODELS`` or ``./models``, output ``./output``,
+    input ``./input``, temp ``./temp`` (relative to the current directory, like ComfyUI's base directory)."""
+    global models_dir, output_directory, input_directory, temp_directory
+    models_dir = os.path.abspath(models_root or os.environ.get("LORABIND_MODELS") or "models")
+    output_directory = os.path.abspath(output_dir or "output")
+    input_directory = os.path.abspath(input_dir or "input")
+    temp_directory = os.path.abspath(temp_dir or "temp")
+    folder_names_and_paths.clear()
+    for kind, subdirs in _DEFAULT_KINDS.items():
+        extensions = {FOLDER} if kind == "diffusers" else set(SAFETENSORS_EXTENSIONS)
+        folder_names_and_paths[kind] = ([os.path.join(models_dir, sub) for sub in subdirs], extensions)
+
+
+def add_model_folder_path(folder_name: str, full_folder_path: str, is_default: bool = False) -> None:
+    """Register another directory for a kind (unknown kinds start with no extension filter)."""
+    paths, extensions = folder_names_and_paths.setdefault(folder_name, ([], set()))
+    full_folder_path = os.path.abspath(full_folder_path)
+    if full_folder_path in paths:
+        paths.remove(full_folder_path)
+    if is_default:
+        paths.insert(0, full_folder_path)
+    else:
+        paths.append(full_folder_path)
+
+
+def get_folder_paths(folder_name: str) -> list[str]:
+    return list(_kind(folder_name)[0])
+
+
+def _kind(folder_name: str) -> tuple[list[str], set[str]]:
+    if folder_name not in folder_names_and_paths:
+        known = ", ".join(sorted(folder_names_and_paths))
+        raise KeyError(f"Unknown model folder kind '{folder_name}' (known: {known})")
+    return folder_names_and_paths[folder_name]
+
+
+def safe_relative_name(folder_name: str, filename: str) -> str:
+    """Validate a model name: a relative path with ``/`` that stays inside its root. Returns it normalised.
+
+    Refuses absolute paths, drive letters and ``..`` components with an error naming the kind and the name.
+    """
+    if not isinstance(filename, str) or not filename.strip():
+        raise ValueError(f"Empty model name for folder '{folder_name}'.")
+    name = filename.replace("\\", "/")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or os.path.isabs(filename) or (len(name) > 1 and name[1] == ":"):
+        raise ValueError(
+            f"Refusing model name '{filename}' for folder '{folder_name}': it is an absolute path; names are "
+            f"relative to the '{folder_name}' folder of the models root."
+        )
+    if ".." in parts:
+        raise ValueError(
+            f"Refusing model name '{filename}' for folder '{folder_name}': '..' would leave the "
+            f"'{folder_name}' folder of the models root."
+        )
+    return "/".join(parts)
+
+
+def get_filename_list(folder_name: str) -> list[str]:
+    """Sorted relative names (``/``-separated) of every model of a kind across its directories.
+
+    ``diffusers``: folders containing ``model_index.json``. Otherwise files with an allowed extension, plus,
+    for ``loras``, PEFT folders (``adapter_config.json``), whose inner files are not listed separately.
+    """
+    paths, extensions = _kind(folder_name)
+    names: set[str] = set()
+    for root in paths:
+        if not os.path.isdir(root):
+            continue
+        for current, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            relative = os.path.relpath(current, root).replace(os.sep, "/")
+            prefix = "" if relative == "." else relative + "/"
+            if FOLDER in extensions:
+                if "model_index.json" in files and prefix:
+                    names.add(prefix.rstrip("/"))
+                    dirs[:] = []
+                continue
+            if folder_name == "loras" and "adapter_config.json" in files and prefix:
+                names.add(prefix.rstrip("/"))
+                dirs[:] = []
+                continue
+            for file in files:
+                if not extensions or os.path.splitext(file)[1].lower() in extensions:
+                    names.add(prefix + file)
+    return sorted(names)
+
+
+def get_full_path(folder_name: str, filename: str) -> str | None:
+    """Absolute path of a listed model (file, or folder for diffusers/PEFT), or None if it does not exist."""
+    name = safe_relative_name(folder_name, filename)
+    paths, _ = _kind(folder_name)
+    for root in paths:
+        candidate = os.path.join(root, *name.split("/"))
+        if os.path.isfile(candidate) or os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def get_full_path_or_raise(folder_name: str, filename: str) -> str:
+    path = get_full_path(folder_name, filename)
+    if path is None:
+        raise FileNotFoundError(f"Model in folder '{folder_name}' with filename '{filename}' not found.")
+    return path
+
+
+def get_output_directory() -> str:
+    return output_directory
+
+
+def get_input_directory() -> str:
+    return input_directory
+
+
+def get_temp_directory() -> str:
+    return temp_directory
+
+
+def get_directory_by_type(type_name: str) -> str | None:
+    """Root of a ``{"type": "output"|"input"|"temp"}`` UI file entry, or None for an unknown type."""
+    return {"output": output_directory, "input": input_directory, "temp": temp_directory}.get(type_name)
+
+
+def _expand_prefix_variables(prefix: str, width: int, height: int) -> str:
+    now = time.localtime()
+    replacements = {
+        "%width%": str(width), "%height%": str(height), "%year%": str(now.tm_year),
+        "%month%": f"{now.tm_mon:02d}", "%day%": f"{now.tm_mday:02d}", "%hour%": f"{now.tm_hour:02d}",
+        "%minute%": f"{now.tm_min:02d}", "%second%": f"{now.tm_sec:02d}",
+    }
+    for variable, value in replacements.items():
+        prefix = prefix.replace(variable, value)
+    return prefix
+
+
+def get_save_image_path(filename_prefix: str, output_dir: str, image_width: int = 0, image_height: int = 0
+                        ) -> tuple[str, str, int, str, str]:
+    """(full_output_folder, filename, counter, subfolder, filename_prefix) like ComfyUI: the next free
+    ``<filename>_<counter:05>_`` number in the folder; the prefix may hold a subfolder and %width%-style
+    variables but may not leave ``output_dir``."""
+    if "%" in filename_prefix:
+        filename_prefix = _expand_prefix_variables(filename_prefix, image_width, image_height)
+    normalized = os.path.normpath(filename_prefix)
+    subfolder, filename = os.path.dirname(normalized), os.path.basename(normalized)
+    output_dir = os.path.abspath(output_dir)
+    full_output_folder = os.path.abspath(os.path.join(output_dir, subfolder))
+    if os.path.commonpath((output_dir, full_output_folder)) != output_dir:
+        raise ValueError(
+            f"Saving outside the output folder is not allowed: prefix '{filename_prefix}' resolves to "
+            f"'{full_output_folder}', outside '{output_dir}'."
+        )
+    os.makedirs(full_output_folder, exist_ok=True)
+    counter = 1
+    stem = os.path.normcase(filename) + "_"
+    for existing in os.listdir(full_output_folder):
+        if not os.path.normcase(existing).startswith(stem):
+            continue
+        digits = existing[len(stem):].split("_")[0]
+        if digits.isdigit():
+            counter = max(counter, int(digits) + 1)
+    return full_output_folder, filename, counter, subfolder, filename_prefix
+
+
+configure()

@@ -1,0 +1,315 @@
+"""Workflow JSON formats: detect API vs UI (litegraph) and convert UI -> API prompt like ComfyUI's frontend.
+
+Why our own converter: ``lorabind run`` and the server accept the UI files users save from ComfyUI, and the
+only reference implementation is the frontend's TypeScript (``graphToPrompt`` / ``ExecutableNodeDTO``). We
+reproduce its rules (reference comfyui.md §5): positional ``widgets_values`` mapped through the node
+definitions (with the hidden control value after ``control_after_generate`` / seed widgets, ``forceInput``
+inputs skipped), links resolved by input *name*, ``Reroute`` / ``PrimitiveNode`` resolved, muted nodes (mode 2)
+dropped with the inputs that pointed at them, bypassed nodes (mode 4) passed through by type, ``Note`` /
+``MarkdownNote`` ignored, subgraphs flattened into ``outer:inner`` ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .node_info import node_info
+
+MODE_MUTED = 2
+MODE_BYPASS = 4
+SUBGRAPH_INPUT_ID = -10  # litegraph's id of a subgraph's input boundary node
+SUBGRAPH_OUTPUT_ID = -20  # ... and of its output boundary node
+VIRTUAL_TYPES = {"Reroute", "PrimitiveNode", "Note", "MarkdownNote"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+SEED_NAMES = ("seed", "noise_seed")  # INT widgets that get a control widget when the spec does not say
+
+
+class WorkflowFormatError(ValueError):
+    """The JSON is neither format, or a UI workflow cannot be converted (names the node id and type)."""
+
+
+def detect_format(workflow: Any) -> str:
+    """``"api"`` ({node_id: {class_type, inputs}} or {"prompt": that}) or ``"ui"`` (litegraph with nodes)."""
+    if isinstance(workflow, dict):
+        if isinstance(workflow.get("nodes"), list):
+            return "ui"
+        if _is_api_prompt(workflow.get("prompt")) or _is_api_prompt(workflow):
+            return "api"
+    raise WorkflowFormatError(
+        "Not a ComfyUI workflow: expected an API prompt ({node_id: {\"class_type\", \"inputs\"}}) or a UI "
+        "workflow (an object with a \"nodes\" list)."
+    )
+
+
+def _is_api_prompt(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(node, dict) and "class_type" in node for node in value.values())
+    )
+
+
+def to_api_prompt(workflow: Any, node_classes: dict, display_names: dict | None = None) -> tuple[dict, str]:
+    """(API prompt, detected format ``"api"`` | ``"ui"``). API input is returned as a copy."""
+    kind = detect_format(workflow)
+    if kind == "api":
+        prompt = workflow["prompt"] if _is_api_prompt(workflow.get("prompt")) else workflow
+        return {str(node_id): dict(node) for node_id, node in prompt.items()}, "api"
+    return _UiConverter(workflow, node_classes, display_names or {}).convert(), "ui"
+
+
+@dataclass(frozen=True)
+class _Link:
+    origin_id: Any
+    origin_slot: int
+    target_id: Any
+    target_slot: int
+    type: Any
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A resolved link: output ``slot`` of emitted API node ``node_id``."""
+
+    node_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A link that resolved to a widget value (PrimitiveNode, or a subgraph input's promoted widget)."""
+
+    value: Any
+
+
+_DROP = object()  # the link ends at a muted node: the frontend deletes the input entirely
+
+
+@dataclass
+class _Scope:
+    """One graph level: the root workflow or one instance of a subgraph definition."""
+
+    prefix: str
+    nodes: dict
+    links: dict
+    parent: "_Scope | None" = None
+    instance: dict | None = None
+    definition: dict | None = None
+    children: dict = field(default_factory=dict)
+
+
+def _normalize_links(raw_links) -> dict:
+    links = {}
+    for raw in raw_links or []:
+        if isinstance(raw, dict):
+            links[raw["id"]] = _Link(raw["origin_id"], int(raw["origin_slot"]), raw["target_id"],
+                                     int(raw["target_slot"]), raw.get("type"))
+        elif isinstance(raw, (list, tuple)) and len(raw) >= 5:
+            links[raw[0]] = _Link(raw[1], int(raw[2]), raw[3], int(raw[4]), raw[5] if len(raw) > 5 else None)
+    return links
+
+
+def _collect_subgraphs(container: dict, found: dict) -> dict:
+    for definition in (container.get("definitions") or {}).get("subgraphs", []) or []:
+        found[definition["id"]] = definition
+        _collect_subgraphs(definition, found)
+    return found
+
+
+def _types_compatible(a: Any, b: Any) -> bool:
+    if a == b or a == "*" or b == "*":
+        return True
+    if not isinstance(a, str) or not isinstance(b, str):
+        return False
+    return bool({t.strip() for t in a.split(",")} & {t.strip() for t in b.split(",")})
+
+
+def _wrap(value: Any) -> Any:
+    """Array widget values travel as ``{"__value__": [...]}``: a bare list would read as a link."""
+    return {"__value__": value} if isinstance(value, list) else value
+
+
+def _is_combo(input_type: Any) -> bool:
+    return isinstance(input_type, list) or input_type == "COMBO"
+
+
+def _control_values_after(name: str, input_type: Any, options: dict) -> int:
+    """How many hidden values the frontend stores after this widget's value in ``widgets_values``."""
+    control = options.get("control_after_generate")
+    if input_type == "INT":
+        if control is None:
+            control = name in SEED_NAMES
+        return 1 if control else 0
+    if _is_combo(input_type) and control:
+        return 2  # the control mode and the combo filter-list string
+    return 0
+
+
+class _UiConverter:
+    def __init__(self, workflow: dict, node_classes: dict, display_names: dict):
+        self.workflow = workflow
+        self.node_classes = node_classes
+        self.display_names = display_names
+        self.subgraphs = _collect_subgraphs(workflow, {})
+        self.infos: dict[str, dict] = {}
+        self.prompt: dict[str, dict] = {}
+
+    def convert(self) -> dict:
+        root = _Scope("", {node["id"]: node for node in self.workflow["nodes"]},
+                      _normalize_links(self.workflow.get("links")))
+        self._emit_scope(root)
+        for node in self.prompt.values():  # links into nodes that were not emitted are removed
+            for name, value in list(node["inputs"].items()):
+                if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) \
+                        and value[0] not in self.prompt:
+                    del node["inputs"][name]
+        return self.prompt
+
+    def _info(self, scope: _Scope, node: dict) -> dict:
+        class_type = node["type"]
+        if class_type not in self.infos:
+            if class_type not in self.node_classes:
+                raise WorkflowFormatError(
+                    f"Node {scope.prefix}{node['id']} has type '{class_type}', which is not a known node class: "
+                    "its widgets_values cannot be mapped to inputs (is the node pack installed?)."
+                )
+            self.infos[class_type] = node_info(class_type, self.node_classes[class_type],
+                                               self.display_names.get(class_type))
+        return self.infos[class_type]
+
+    def _child_scope(self, scope: _Scope, instance: dict) -> _Scope:
+        if instance["id"] not in scope.children:
+            definition = self.subgraphs[instance["type"]]
+            scope.children[instance["id"]] = _Scope(
+                f"{scope.prefix}{instance['id']}:", {node["id"]: node for node in definition.get("nodes", [])},
+                _normalize_links(definition.get("links")), scope, instance, definition)
+        return scope.children[instance["id"]]
+
+    def _emit_scope(self, scope: _Scope) -> None:
+        for node in scope.nodes.values():
+            if node.get("mode", 0) in (MODE_MUTED, MODE_BYPASS) or node.get("type") in VIRTUAL_TYPES:
+                continue
+            if node.get("type") in self.subgraphs:
+                self._emit_scope(self._child_scope(scope, node))
+                continue
+            self._emit_node(scope, node)
+
+    def _emit_node(self, scope: _Scope, node: dict) -> None:
+        info = self._info(scope, node)
+        inputs = {name: _wrap(value) for name, value in self._widget_inputs(info, node).items()}
+        for slot in node.get("inputs") or []:
+            if slot.get("link") is None:
+                continue
+            resolved = self._resolve_link(scope, slot["link"])
+            if resolved is _DROP:
+                inputs.pop(slot["name"], None)
+            elif isinstance(resolved, _Value):
+                inputs[slot["name"]] = _wrap(resolved.value)
+            elif isinstance(resolved, _Ref):
+                inputs[slot["name"]] = [resolved.node_id, resolved.slot]
+        self.prompt[f"{scope.prefix}{node['id']}"] = {
+            "inputs": inputs,
+            "class_type": node["type"],
+            "_meta": {"title": node.get("title") or info["display_name"]},
+        }
+
+    def _widget_inputs(self, info: dict, node: dict) -> dict:
+        """Map ``widgets_values`` (a list, or a dict keyed by widget name) onto the widget inputs."""
+        stored = node.get("widgets_values")
+        widgets = []
+        for section in ("required", "optional"):
+            declared = info["input"].get(section) or {}
+            for name in info["input_order"].get(section, []):
+                spec = declared[name]
+                input_type = spec[0]
+                options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                is_widget = _is_combo(input_type) or input_type in WIDGET_TYPES
+                if is_widget and not options.get("forceInput", False):
+                    widgets.append((name, _control_values_after(name, input_type, options)))
+        if isinstance(stored, dict):
+            return {name: stored[name] for name, _ in widgets if name in stored}
+        values, position = {}, 0
+        for name, extra in widgets:
+            if position >= len(stored or []):
+                break
+            values[name] = stored[position]
+            position += 1 + extra
+        return values
+
+    # -- link resolution (the frontend's resolveInput) ----------------------------------------------------
+    def _resolve_link(self, scope: _Scope, link_id) -> Any:
+        link = scope.links.get(link_id)
+        if link is None:
+            return None
+        return self._resolve_output(scope, link.origin_id, link.origin_slot)
+
+    def _resolve_output(self, scope: _Scope, origin_id, slot: int) -> Any:
+        if origin_id == SUBGRAPH_INPUT_ID:
+            return self._resolve_subgraph_input(scope, slot)
+        node = scope.nodes.get(origin_id)
+        if node is None:
+            return None
+        mode, node_type = node.get("mode", 0), node.get("type")
+        if mode == MODE_MUTED:
+            return _DROP
+        if mode == MODE_BYPASS:
+            index = self._bypass_input_index(node, slot)
+            if index is None or node["inputs"][index].get("link") is None:
+                return None
+            return self._resolve_link(scope, node["inputs"][index]["link"])
+        if node_type in self.subgraphs:
+            child = self._child_scope(scope, node)
+            for link in child.links.values():
+                if link.target_id == SUBGRAPH_OUTPUT_ID and link.target_slot == slot:
+                    return self._resolve_output(child, link.origin_id, link.origin_slot)
+            return None
+        if node_type == "Reroute":
+            inputs = node.get("inputs") or []
+            return self._resolve_link(scope, inputs[0].get("link")) if inputs else None
+        if node_type == "PrimitiveNode":
+            values = node.get("widgets_values") or []
+            return _Value(values[0]) if values else None
+        if node_type in VIRTUAL_TYPES:
+            return None
+        return _Ref(f"{scope.prefix}{origin_id}", slot)
+
+    @staticmethod
+    def _bypass_input_index(node: dict, out_slot: int) -> int | None:
+        """Which input a bypassed node passes to its output ``out_slot`` (frontend's getBypassSlotIndex)."""
+        inputs = node.get("inputs") or []
+        outputs = node.get("outputs") or []
+        wanted = outputs[out_slot].get("type") if out_slot < len(outputs) else None
+        if wanted == "*":
+            return out_slot if out_slot < len(inputs) else None
+        if out_slot < len(inputs) and _types_compatible(inputs[out_slot].get("type"), wanted):
+            return out_slot
+        for index, candidate in enumerate(inputs):
+            if candidate.get("type") == wanted:
+                return index
+        for index, candidate in enumerate(inputs):
+            if _types_compatible(candidate.get("type"), wanted):
+                return index
+        return None
+
+    def _resolve_subgraph_input(self, scope: _Scope, slot: int) -> Any:
+        """An inner link from the subgraph's input boundary: follow the instance's input in the parent."""
+        if scope.definition is None or scope.instance is None:
+            return None
+        declared = scope.definition.get("inputs") or []
+        if slot >= len(declared):
+            return None
+        name = declared[slot].get("name")
+        instance_inputs = scope.instance.get("inputs") or []
+        match = next((i for i in instance_inputs if i.get("name") == name), None)
+        if match is None and slot < len(instance_inputs):
+            match = instance_inputs[slot]
+        if match is not None and match.get("link") is not None:
+            return self._resolve_link(scope.parent, match["link"])
+        stored = scope.instance.get("widgets_values")
+        if isinstance(stored, dict):
+            return _Value(stored[name]) if name in stored else None
+        widget_names = [i.get("name") for i in instance_inputs if i.get("widget")]
+        if isinstance(stored, list) and name in widget_names and widget_names.index(name) < len(stored):
+            return _Value(stored[widget_names.index(name)])
+        return None

@@ -1,0 +1,129 @@
+"""UI (litegraph) -> API conversion: widgets, control values, Reroute, PrimitiveNode, bypass, mute, subgraph."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorabind.runtime.executor import PromptExecutor
+from lorabind.runtime.workflow_format import WorkflowFormatError, detect_format, to_api_prompt
+from runtime_fake_nodes import FAKE_NODES
+
+SUBGRAPH_ID = "5f0c2f6e-0000-4000-8000-000000000001"
+
+
+def ui_node(node_id, node_type, *, inputs=(), outputs=(), widgets=None, mode=0, title=None):
+    node = {"id": node_id, "type": node_type, "pos": [0, 0], "size": [200, 80], "flags": {}, "order": node_id,
+            "mode": mode, "inputs": list(inputs), "outputs": list(outputs), "properties": {}}
+    if widgets is not None:
+        node["widgets_values"] = widgets
+    if title is not None:
+        node["title"] = title
+    return node
+
+
+def sock(name, type_, link=None, widget=False):
+    entry = {"name": name, "type": type_, "link": link}
+    if widget:
+        entry["widget"] = {"name": name}
+    return entry
+
+
+def out(type_, links, widget=None):
+    entry = {"name": type_, "type": type_, "links": links}
+    if widget:
+        entry["widget"] = {"name": widget}
+    return entry
+
+
+def hand_made_workflow():
+    nodes = [
+        ui_node(1, "RtInt", outputs=[out("INT", [1, 7])], widgets=[2]),
+        ui_node(10, "Reroute", inputs=[sock("", "*", 1)], outputs=[out("INT", [2])]),
+        ui_node(11, "PrimitiveNode", outputs=[out("INT", [3], widget="seed")], widgets=[4, "fixed"]),
+        ui_node(3, "RtSeeded", title="My seeded",
+                inputs=[sock("base", "INT", 2), sock("seed", "INT", 3, widget=True)],
+                outputs=[out("INT", [4])],
+                # seed, its control value, mode, its control value + filter, style, scale, offset
+                widgets=[123, "randomize", "mul", "increment", "", "plain", 2.0, 1]),
+        ui_node(5, "RtDouble", mode=4, inputs=[sock("value", "INT", 4)], outputs=[out("INT", [5])]),
+        ui_node(6, "RtShow", inputs=[sock("value", "INT,FLOAT", 5)]),
+        ui_node(7, "RtInt", mode=2, outputs=[out("INT", [6])], widgets=[50]),
+        ui_node(8, "RtShow", inputs=[sock("value", "INT,FLOAT", 6)]),
+        ui_node(9, "Note", widgets=["remember to bump the seed"]),
+        ui_node(20, SUBGRAPH_ID, inputs=[sock("x", "INT", 7)], outputs=[out("INT", [8])]),
+        ui_node(21, "RtShow", inputs=[sock("value", "INT,FLOAT", 8)]),
+    ]
+    links = [[1, 1, 0, 10, 0, "INT"], [2, 10, 0, 3, 0, "INT"], [3, 11, 0, 3, 1, "INT"], [4, 3, 0, 5, 0, "INT"],
+             [5, 5, 0, 6, 0, "INT"], [6, 7, 0, 8, 0, "INT"], [7, 1, 0, 20, 0, "INT"], [8, 20, 0, 21, 0, "INT"]]
+    subgraph = {
+        "id": SUBGRAPH_ID, "name": "adder", "version": 1,
+        "inputNode": {"id": -10, "bounding": [0, 0, 10, 10]}, "outputNode": {"id": -20, "bounding": [0, 0, 10, 10]},
+        "inputs": [{"id": "in-x", "name": "x", "type": "INT", "linkIds": [101]}],
+        "outputs": [{"id": "out-y", "name": "y", "type": "INT", "linkIds": [102]}],
+        "widgets": [],
+        "nodes": [ui_node(1, "RtAdd", inputs=[sock("a", "INT", 101), sock("b", "INT", None, widget=True)],
+                          outputs=[out("INT", [102])], widgets=[10])],
+        "links": [{"id": 101, "origin_id": -10, "origin_slot": 0, "target_id": 1, "target_slot": 0, "type": "INT"},
+                  {"id": 102, "origin_id": 1, "origin_slot": 0, "target_id": -20, "target_slot": 0,
+                   "type": "INT"}],
+    }
+    return {"id": "wf", "revision": 0, "last_node_id": 21, "last_link_id": 8, "nodes": nodes, "links": links,
+            "groups": [], "config": {}, "extra": {}, "version": 0.4, "definitions": {"subgraphs": [subgraph]}}
+
+
+def test_ui_workflow_converts_like_the_frontend():
+    prompt, kind = to_api_prompt(hand_made_workflow(), FAKE_NODES)
+    assert kind == "ui"
+    assert sorted(prompt) == ["1", "20:1", "21", "3", "6", "8"]  # no Reroute, Primitive, Note, muted, bypassed
+    assert prompt["1"] == {"inputs": {"value": 2}, "class_type": "RtInt", "_meta": {"title": "RtInt"}}
+    # the PrimitiveNode's value replaces the stale widget value; control values are not inputs
+    assert prompt["3"] == {"inputs": {"base": ["1", 0], "seed": 4, "mode": "mul", "style": "plain", "scale": 2.0,
+                                      "offset": 1},
+                           "class_type": "RtSeeded", "_meta": {"title": "My seeded"}}
+    assert prompt["6"]["inputs"] == {"value": ["3", 0]}  # through the bypassed RtDouble
+    assert prompt["8"]["inputs"] == {}  # its only input came from a muted node
+    assert prompt["20:1"]["inputs"] == {"a": ["1", 0], "b": 10}
+    assert prompt["21"]["inputs"] == {"value": ["20:1", 0]}
+
+
+def test_converted_workflow_runs():
+    prompt, _ = to_api_prompt(hand_made_workflow(), FAKE_NODES)
+    executor = PromptExecutor(FAKE_NODES)
+    validation = executor.validate(prompt)
+    assert sorted(validation.outputs) == ["21", "6"]
+    assert validation.node_errors["8"]["errors"][0]["type"] == "required_input_missing"
+    result = executor.execute(prompt, "ui", execute_outputs=validation.outputs)
+    base, seed, scale, offset = 2, 4, 2.0, 1
+    assert result.outputs["6"] == {"text": [str(int(base * seed * scale) + offset)]}
+    assert result.outputs["21"] == {"text": [str(base + 10)]}
+
+
+def test_widgets_values_as_a_dict_and_array_values_are_wrapped():
+    class Curve:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"points": ("STRING",), "mode": (["linear", "cubic"],)}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+
+    workflow = {"nodes": [ui_node(4, "Curve", widgets={"mode": "cubic", "points": [0.0, 1.0]})], "links": []}
+    prompt, _ = to_api_prompt(workflow, {"Curve": Curve})
+    assert prompt["4"]["inputs"] == {"points": {"__value__": [0.0, 1.0]}, "mode": "cubic"}
+
+
+def test_format_detection():
+    api = {"3": {"class_type": "RtInt", "inputs": {"value": 1}}}
+    assert detect_format(api) == "api"
+    assert to_api_prompt({"prompt": api}, FAKE_NODES) == (api, "api")
+    assert to_api_prompt(api, FAKE_NODES)[1] == "api"
+    assert detect_format(hand_made_workflow()) == "ui"
+    with pytest.raises(WorkflowFormatError, match="Not a ComfyUI workflow"):
+        detect_format({"hello": "world"})
+
+
+def test_unknown_node_type_names_the_node():
+    workflow = {"nodes": [ui_node(12, "SomeoneElsesNode", widgets=[1])], "links": []}
+    with pytest.raises(WorkflowFormatError, match="Node 12 has type 'SomeoneElsesNode'"):
+        to_api_prompt(workflow, FAKE_NODES)
