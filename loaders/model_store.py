@@ -2,12 +2,23 @@
 
 ``LoadedModel`` is the one mutable object behind ``ModelHandle``s: the sampler binds it (via
 ``loaders.binding``) to the state a handle describes. ``binding_state`` belongs to the engine.
+
+Why a cache: a graph (and the executor across prompts) may name one folder from several loader nodes; the
+binding engine relies on there being exactly one pipeline per folder so that patches are never applied to a
+copy. The cache key is the resolved path, the ``model_index.json`` mtime (a rebuilt folder reloads) and the
+dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
+
+from .errors import ModelLoadError
 
 
 @dataclass(eq=False)
@@ -19,3 +30,146 @@ class LoadedModel:
     components: dict = field(default_factory=dict)  # denoiser name -> torch.nn.Module
     model_index: dict = field(default_factory=dict)
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
+
+
+DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
+
+_cache: dict[tuple, LoadedModel] = {}
+_load_counts: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def _is_set(entry) -> bool:
+    """A model_index component entry is set unless it is ``[null, null]`` (diffusers' "absent")."""
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
+
+
+def detect_family(model_index: dict) -> str:
+    """Model family from a ``model_index.json`` dict; raises ``ModelLoadError`` for unsupported pipelines."""
+    class_name = str(model_index.get("_class_name", ""))
+    if "minimax" in class_name.lower() or "_minimax_h3" in model_index:
+        return "minimax_h3"
+    if class_name.startswith("QwenImage"):
+        return "qwen_image"
+    if class_name.startswith("Wan"):
+        return "wan2.2_moe" if _is_set(model_index.get("transformer_2")) else "wan2.1"
+    raise ModelLoadError(
+        f"unsupported pipeline class {class_name!r} in model_index.json: lorabind supports Wan2.1/Wan2.2 "
+        "(WanPipeline), Qwen-Image (QwenImagePipeline) and MiniMax-H3"
+    )
+
+
+def denoiser_names(model_index: dict) -> list[str]:
+    """The denoiser components (``transformer``, ``transformer_2``, ``transformer_ref``...) that are set."""
+    return [key for key, entry in model_index.items() if key.startswith("transformer") and _is_set(entry)]
+
+
+def read_model_index(path) -> dict:
+    index_file = Path(path) / "model_index.json"
+    try:
+        return json.loads(index_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelLoadError(f"{index_file}: not found (a diffusers model folder needs model_index.json)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{index_file}: cannot be read: {exc}") from exc
+
+
+def resolve_dtype(dtype):
+    """``None``/"auto" -> None (the folder's own dtype), a name from ``DTYPE_NAMES`` or a ``torch.dtype``."""
+    import torch
+
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in DTYPE_NAMES:
+        return getattr(torch, dtype)
+    raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {list(DTYPE_NAMES)}")
+
+
+def _dtype_kwargs(dtype) -> dict:
+    """diffusers >= 0.36 takes ``dtype=`` (and warns on ``torch_dtype=``); older releases only ``torch_dtype=``."""
+    if dtype is None:
+        return {}
+    from diffusers.pipelines import pipeline_utils
+
+    # Feature probe: the helper that accepts the new keyword exists only in releases that support it.
+    return {"dtype": dtype} if hasattr(pipeline_utils, "_resolve_dtype") else {"torch_dtype": dtype}
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    """Silence diffusers'/transformers' per-component tqdm bars while loading (the runtime shows its own
+    progress); the previous setting is restored afterwards."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    loggers = [lg for lg in (diffusers_logging, transformers_logging) if lg.is_progress_bar_enabled()]
+    for lg in loggers:
+        lg.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.enable_progress_bar()
+
+
+def _load_pipeline(path: str, family: str, dtype):
+    """The diffusers pipeline for a folder. MiniMax-H3 may provide its own loader (``load_pipeline``)."""
+    if family == "minimax_h3":
+        from . import minimax_h3_sampling
+
+        custom_loader = getattr(minimax_h3_sampling, "load_pipeline", None)
+        if custom_loader is not None:
+            return custom_loader(path, dtype=dtype)
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(path, local_files_only=True, **_dtype_kwargs(dtype))
+
+
+def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
+    """The shared ``LoadedModel`` for a diffusers folder: loaded once per (resolved path, index mtime, dtype).
+
+    Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder.
+    """
+    folder = Path(path).expanduser().resolve()
+    index_file = folder / "model_index.json"
+    model_index = read_model_index(folder)
+    torch_dtype = resolve_dtype(dtype)
+    key = (str(folder), index_file.stat().st_mtime_ns, str(torch_dtype))
+    with _lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            return cached
+        family = detect_family(model_index)
+        try:
+            with _quiet_loading():
+                pipeline = _load_pipeline(str(folder), family, torch_dtype)
+        except Exception as exc:
+            raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc
+        if hasattr(pipeline, "set_progress_bar_config"):
+            pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
+        components = {n: getattr(pipeline, n) for n in denoiser_names(model_index) if getattr(pipeline, n, None)}
+        for module in components.values():
+            module.eval().requires_grad_(False)
+        model = LoadedModel(
+            path=str(folder), name=name or folder.name, family=family, pipeline=pipeline,
+            components=components, model_index=model_index,
+        )
+        # A rebuilt folder (new mtime) replaces the stale entry instead of keeping both pipelines alive.
+        for stale in [k for k in _cache if k[0] == key[0] and k[2] == key[2]]:
+            del _cache[stale]
+        _cache[key] = model
+        _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
+        return model
+
+
+def load_count(path) -> int:
+    """How many times ``path`` was actually loaded from disk (cache misses), for tests and diagnostics."""
+    return _load_counts.get(str(Path(path).expanduser().resolve()), 0)
+
+
+def clear_cache() -> None:
+    """Forget every loaded model (tests; the server's "free memory" request)."""
+    with _lock:
+        _cache.clear()

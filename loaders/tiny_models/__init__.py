@@ -1,0 +1,95 @@
+"""Built-in tiny models: offline, deterministic diffusers folders built from configs with random weights.
+
+They are the default models of every example workflow and test, so a fresh machine runs the README's main
+command with no download: ``lorabind run`` calls ``ensure_builtin_models`` and the model loader node calls
+``build_builtin`` for a missing one; each folder is built in about a second under ``<models_root>/diffusers/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from ._common import diffusers_dir
+from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
+from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
+
+# name -> builder(models_root) -> folder written.
+BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
+    WAN22_NAME: build_tiny_wan22,
+    WAN21_NAME: build_tiny_wan21,
+    QWEN_IMAGE_NAME: build_tiny_qwen_image,
+}
+# Built by ``minimax_h3.build_tiny_minimax_h3`` (its own owner), both folders at once.
+MINIMAX_H3_NAMES = ("tiny-minimax-h3", "tiny-minimax-h3-pinned")
+BUILTIN_NAMES = tuple(BUILTIN_MODELS) + MINIMAX_H3_NAMES
+
+
+def build_builtin(name: str, models_root) -> Path:
+    """Build one built-in model (MiniMax-H3: its whole set) and return its folder."""
+    models_root = Path(models_root)
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name](models_root)
+    if name in MINIMAX_H3_NAMES:
+        from . import minimax_h3
+
+        minimax_h3.build_tiny_minimax_h3(models_root)
+        return diffusers_dir(models_root) / name
+    raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
+
+
+def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]:
+    """(Re)build built-in models and return every path written.
+
+    ``names=None`` builds everything: the models above, the MiniMax-H3 models and the fixture LoRAs (files with
+    the real published names, synthetic weights sized for the tiny models).
+    With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones).
+    """
+    from . import lora_fixtures, minimax_h3
+
+    models_root = Path(models_root)
+    if names is None:
+        written = [build(models_root) for build in BUILTIN_MODELS.values()]
+        written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
+        written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
+        written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
+        return written
+    unknown = sorted(set(names) - set(BUILTIN_NAMES))
+    if unknown:
+        raise KeyError(f"unknown built-in model(s) {unknown}; known: {sorted(BUILTIN_NAMES)}")
+    written: list[Path] = []
+    for name in dict.fromkeys(names):
+        if name in BUILTIN_MODELS:
+            written.append(BUILTIN_MODELS[name](models_root))
+        elif not any(path.name == name for path in written):  # a MiniMax-H3 name: its set is built together
+            written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
+    return written
+
+
+def _strings_in(value) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings_in(item)
+
+
+def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
+    """Build each built-in model that an API prompt names (in any string input) and that is missing.
+
+    Returns the names built. A folder counts as present when its ``model_index.json`` exists.
+    """
+    named = set()
+    for node in prompt.values():
+        if isinstance(node, dict):
+            named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
+    root = diffusers_dir(models_root)
+    built = []
+    for name in BUILTIN_NAMES:
+        if name in named and not (root / name / "model_index.json").exists():
+            build_builtin(name, models_root)
+            built.append(name)
+    return built

@@ -1,10 +1,47 @@
-"""`lorabind models` (placeholder until its issue lands)."""
+"""``lorabind models build-tiny``: (re)build the built-in offline tiny models and fixture LoRAs.
+
+Module-level imports stay light (the CLI's ``--help`` must not load torch); the builders load inside ``run``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_MODELS_ROOT = "./models"
 
 
 def add_arguments(parser) -> None:
-    pass
+    sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
+    build = sub.add_parser(
+        "build-tiny",
+        help="build the built-in tiny models (random weights, offline, deterministic) under MODELS/diffusers",
+        description="Build the built-in tiny models (random weights, offline, deterministic). Without --only, "
+        "also the MiniMax-H3 tiny models and the synthetic fixture LoRAs.",
+    )
+    build.add_argument("--models", metavar="DIR", default=None,
+                       help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
+    build.add_argument("--only", metavar="NAME", nargs="+", default=None,
+                       help="build only these models (e.g. tiny-wan22-t2v)")
 
 
 def run(args) -> int:
-    print("lorabind models: not implemented yet")
-    return 2
+    if getattr(args, "models_command", None) != "build-tiny":
+        print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...]", file=sys.stderr)
+        return 2
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
+    from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny
+
+    if args.only:
+        unknown = sorted(set(args.only) - set(BUILTIN_NAMES))
+        if unknown:
+            print(f"lorabind models build-tiny: unknown model(s) {', '.join(unknown)}; "
+                  f"known: {', '.join(BUILTIN_NAMES)}", file=sys.stderr)
+            return 2
+    written = build_tiny(models_root, args.only)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} item(s) under {models_root.resolve()}")
+    return 0

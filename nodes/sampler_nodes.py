@@ -1,0 +1,114 @@
+"""LoraBindSampler: resolve the sampling contract, bind the model's LoRA state, denoise."""
+
+from __future__ import annotations
+
+from ..loaders import binding, sampling
+from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
+from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
+                               SOCKET_SCHEDULE)
+from .comfy_bridge import ProgressBar, check_interrupted
+
+
+def _contract_view(contract) -> dict:
+    if contract.family == "minimax_h3":
+        from ..loaders.families.minimax_h3_contracts import contract_dict, describe_contract
+
+        return {**contract_dict(contract), "text": describe_contract(contract)}
+    return contract_to_dict(contract)
+
+
+def schedule_report(model, schedule) -> dict:
+    """The resolved schedule as JSON for the UI: what actually runs, step by step."""
+    task_routed = model.family == "minimax_h3"  # its denoiser follows the task, not a sigma boundary
+    return {
+        "steps": schedule.steps,
+        "sigmas": [float(s) for s in schedule.sigmas],
+        "audio_sigmas": [float(s) for s in schedule.audio_sigmas] if schedule.audio_sigmas else None,
+        "shift": schedule.shift,
+        "cfg": list(schedule.cfg) if isinstance(schedule.cfg, (tuple, list)) else schedule.cfg,
+        "boundary": None if task_routed else sampling.effective_boundary(model, schedule),
+        "task": schedule.task,
+        "experts": None if task_routed else sampling.experts_per_step(model, schedule),
+        "contracts": [_contract_view(c) for c in schedule.contracts],
+        "overrides": list(schedule.overrides),
+    }
+
+
+def _report_lines(report: dict) -> list[str]:
+    lines = [
+        f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
+        f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]"
+    ]
+    lines += [f"contract: {c['text']}" for c in report["contracts"]]
+    if report["boundary"] is not None:
+        lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
+    lines += [f"contract override: {text}" for text in report["overrides"]]
+    bound = report["bind"]
+    lines.append(f"bind: {len(bound['fuses'])} fused, {len(bound['adapters'])} adapters, "
+                 f"{bound['written']} tensors written, {bound['restored']} restored")
+    lines += [f"warning: {w}" for w in bound["warnings"]]
+    return lines
+
+
+class LoraBindSampler:
+    DESCRIPTION = (
+        "Flow-matching Euler sampler over an explicit sigma schedule. Before touching any weight it checks the "
+        "request against every sampling contract in the graph (distill LoRAs, Turbo/native adapters, pinned "
+        "checkpoints) and refuses a mismatch; then it binds exactly this branch's LoRAs to the shared model and "
+        "denoises. Wan2.2 switches from the high-noise to the low-noise expert at the boundary."
+    )
+    CATEGORY = "lorabind/sampling"
+    RETURN_TYPES = (SOCKET_LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("The denoised latent (decode it with LoraBind VAE Decode).",)
+    FUNCTION = "sample"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "The model with the LoRAs of this branch."}),
+                "positive": (SOCKET_CONDITIONING, {"tooltip": "What to generate."}),
+                "negative": (SOCKET_CONDITIONING, {"tooltip": "What to avoid (unused when cfg is 1)."}),
+                "latent": (SOCKET_LATENT, {"tooltip": "The start latent (an empty latent for text-to-video)."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFF_FFFF_FFFF_FFFF, "control_after_generate": True,
+                                 "tooltip": "Noise seed; noise is drawn on the CPU so every device gets the same."}),
+                "steps": ("INT", {"default": 4, "min": 1, "max": 1000,
+                                  "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points)."}),
+                "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                                  "tooltip": "Classifier-free guidance; 1.0 skips the negative pass (distilled)."}),
+                "shift": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                    "tooltip": "Flow-matching time shift of the sigma schedule."}),
+                "boundary": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.005,
+                                       "tooltip": "Wan2.2 MoE: sigma at which the low-noise expert takes over; "
+                                                  "0 uses the model's own boundary_ratio."}),
+                "enforce_contract": ("BOOLEAN", {"default": True,
+                                                 "tooltip": "Refuse requests that break an artifact's sampling "
+                                                            "contract; off runs them anyway and reports the "
+                                                            "override."}),
+            },
+            "optional": {
+                "adapter": (SOCKET_ADAPTER, {"tooltip": "Dynamic adapters (PEFT) active for this run only."}),
+                "schedule": (SOCKET_SCHEDULE, {"tooltip": "A schedule contract (e.g. from MiniMax Turbo Schedule)."}),
+            },
+        }
+
+    def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
+               adapter=None, schedule=None):
+        request = SamplingRequest(steps=steps, cfg=cfg, shift=shift, boundary=boundary or None,
+                                  enforce_contract=enforce_contract)
+        resolved = resolve_schedule(model, adapter, schedule, request)  # raises ContractError before any weight
+        adapters = model.adapters + (adapter.adapters if adapter is not None else ())
+        bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted)
+        progress = ProgressBar(resolved.steps)
+        samples = sampling.denoise(
+            model.model, positive, negative, latent, resolved, seed,
+            on_step=lambda done, total: progress.update_absolute(done), check_interrupt=check_interrupted,
+        )
+        report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict()}
+        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report)},
+                "result": (samples,)}
+
+
+NODE_CLASS_MAPPINGS = {"LoraBindSampler": LoraBindSampler}
+NODE_DISPLAY_NAME_MAPPINGS = {"LoraBindSampler": "Sampler (lorabind)"}

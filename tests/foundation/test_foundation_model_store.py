@@ -1,0 +1,75 @@
+"""load_model caching and family detection."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.model_store import detect_family, load_count, load_model
+
+
+def test_second_load_returns_the_same_object_and_loads_once(tiny_models_root, tmp_path):
+    folder = tmp_path / "wan21"
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)
+    first = load_model(folder, name="wan21")
+    second = load_model(str(folder) + "/", name="other name, same folder")
+    assert second is first
+    assert load_count(folder) == 1
+    assert first.pipeline.transformer is first.components["transformer"]
+
+
+def test_a_rebuilt_folder_is_loaded_again(tiny_models_root, tmp_path):
+    folder = tmp_path / "wan21"
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)
+    first = load_model(folder)
+    index = folder / "model_index.json"
+    stat = index.stat()
+    os.utime(index, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    second = load_model(folder)
+    assert second is not first
+    assert load_count(folder) == 2
+
+
+@pytest.mark.parametrize("name, family, components", [
+    ("tiny-wan22-t2v", "wan2.2_moe", ["transformer", "transformer_2"]),
+    ("tiny-wan21-t2v", "wan2.1", ["transformer"]),
+    ("tiny-qwen-image", "qwen_image", ["transformer"]),
+])
+def test_family_and_denoiser_components(load_tiny, name, family, components):
+    model = load_tiny(name)
+    assert model.family == family
+    assert sorted(model.components) == components
+    assert all(isinstance(m, torch.nn.Module) and not m.training for m in model.components.values())
+    assert model.name == name and model.model_index["_class_name"] in ("WanPipeline", "QwenImagePipeline")
+
+
+def test_detect_family_from_model_index_dicts():
+    assert detect_family({"_class_name": "WanPipeline", "transformer": ["diffusers", "X"],
+                          "transformer_2": [None, None]}) == "wan2.1"
+    assert detect_family({"_class_name": "WanPipeline", "transformer_2": ["diffusers", "X"]}) == "wan2.2_moe"
+    assert detect_family({"_class_name": "QwenImagePipeline"}) == "qwen_image"
+    assert detect_family({"_class_name": "MiniMaxH3Pipeline"}) == "minimax_h3"
+    with pytest.raises(ModelLoadError, match="FluxPipeline"):
+        detect_family({"_class_name": "FluxPipeline"})
+
+
+def test_dtype_is_applied_and_cached_separately(tiny_models_root):
+    folder = tiny_models_root / "diffusers" / "tiny-wan21-t2v"
+    bf16 = load_model(folder, dtype="bfloat16")
+    assert bf16.components["transformer"].dtype == torch.bfloat16
+    assert load_model(folder, dtype=torch.bfloat16) is bf16
+    assert load_model(folder) is not bf16
+    with pytest.raises(ModelLoadError, match="float8"):
+        load_model(folder, dtype="float8")
+
+
+def test_missing_folder_names_the_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="model_index.json"):
+        load_model(tmp_path / "nothing-here")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
+    with pytest.raises(ModelLoadError, match="broken"):
+        load_model(tmp_path / "broken")

@@ -1,0 +1,110 @@
+"""Node declarations (tooltips, categories), the model loader's folder handling, the sampler's order of work,
+and the ``lorabind models build-tiny`` command."""
+
+import pytest
+
+from lorabind.loaders import binding
+from lorabind.loaders.errors import ContractError
+from lorabind.loaders.handles import ScheduleContract
+from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.nodes import model_nodes
+from lorabind.nodes.conditioning_nodes import LoraBindTextEncode
+from lorabind.nodes.latent_nodes import LoraBindEmptyLatent
+from lorabind.nodes.model_nodes import LoraBindModelLoader
+from lorabind.nodes.output_nodes import LoraBindSaveImage, LoraBindVAEDecode
+from lorabind.nodes.sampler_nodes import LoraBindSampler
+from lorabind.runtime import folder_paths
+from lorabind.runtime.cli import main as cli_main
+
+FOUNDATION_NODES = (LoraBindModelLoader, LoraBindTextEncode, LoraBindEmptyLatent, LoraBindSampler,
+                    LoraBindVAEDecode, LoraBindSaveImage)
+
+
+@pytest.fixture
+def models_configured(tiny_models_root):
+    folder_paths.configure(models_root=str(tiny_models_root))
+    yield tiny_models_root
+    folder_paths.configure()
+
+
+@pytest.mark.parametrize("node", FOUNDATION_NODES, ids=lambda n: n.__name__)
+def test_every_input_and_output_has_a_tooltip(node, models_configured):
+    spec = node.INPUT_TYPES()
+    for section in ("required", "optional"):
+        for name, (_, options) in spec.get(section, {}).items():
+            assert options.get("tooltip"), f"{node.__name__}.{name} has no tooltip"
+    assert len(getattr(node, "OUTPUT_TOOLTIPS", ())) == len(node.RETURN_TYPES)
+    assert all(getattr(node, "OUTPUT_TOOLTIPS", ()))
+    assert node.CATEGORY.startswith("lorabind/") and node.DESCRIPTION
+    assert callable(getattr(node(), node.FUNCTION))
+
+
+def test_sampler_input_order_is_the_final_form():
+    spec = LoraBindSampler.INPUT_TYPES()
+    assert list(spec["required"]) == ["model", "positive", "negative", "latent", "seed", "steps", "cfg", "shift",
+                                      "boundary", "enforce_contract"]
+    assert list(spec["optional"]) == ["adapter", "schedule"]
+    assert spec["required"]["seed"][1]["control_after_generate"] is True
+    assert spec["required"]["shift"][1]["default"] == 5.0 and spec["required"]["enforce_contract"][1]["default"]
+
+
+def test_loader_lists_built_models_and_refuses_escaping_names(models_configured, tmp_path):
+    names = LoraBindModelLoader.INPUT_TYPES()["required"]["model_name"][0]
+    assert {"tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"} <= set(names)
+    for bad in ("../diffusers/tiny-wan21-t2v", str(tmp_path)):
+        with pytest.raises(ValueError, match="model_name"):
+            model_nodes.resolve_model_folder(bad)
+    with pytest.raises(FileNotFoundError, match="not-a-model"):
+        model_nodes.resolve_model_folder("not-a-model")
+    changed = LoraBindModelLoader.IS_CHANGED("tiny-wan21-t2v", "auto")
+    index = models_configured / "diffusers" / "tiny-wan21-t2v" / "model_index.json"
+    assert changed.endswith(f"{index.stat().st_mtime_ns}:auto")
+
+
+def test_loader_builds_a_missing_builtin_model_on_first_use(tmp_path):
+    folder_paths.configure(models_root=str(tmp_path))
+    try:
+        assert "tiny-wan21-t2v" in LoraBindModelLoader.INPUT_TYPES()["required"]["model_name"][0]
+        assert "missing" in LoraBindModelLoader.IS_CHANGED("tiny-wan21-t2v", "auto")
+        assert not (tmp_path / "diffusers").exists(), "IS_CHANGED must not build anything"
+        (handle,) = LoraBindModelLoader().load("tiny-wan21-t2v", "auto")
+    finally:
+        folder_paths.configure()
+    assert (tmp_path / "diffusers" / "tiny-wan21-t2v" / "model_index.json").is_file()
+    assert handle.family == "wan2.1" and handle.contracts == ()
+
+
+def test_sampler_refuses_a_contract_mismatch_before_binding(models_configured, monkeypatch):
+    (handle,) = LoraBindModelLoader().load("tiny-wan22-t2v", "auto")
+    contract = ScheduleContract(source="distill_4step.safetensors", kind="distill", family="wan2.2_moe", steps=4,
+                                sigmas=shifted_sigmas(4, 5.0), shift=5.0, cfg=1.0)
+    handle = handle.with_fuses(contracts=(contract,))
+    binds = []
+    monkeypatch.setattr(binding, "bind", lambda *a, **k: binds.append(a))
+    encode = LoraBindTextEncode()
+    (pos,), (neg,) = encode.encode(handle, "a cat"), encode.encode(handle, "blurry")
+    (latent,) = LoraBindEmptyLatent().generate(handle, 32, 32, 5, 1)
+    with pytest.raises(ContractError, match="distill_4step.safetensors"):
+        LoraBindSampler().sample(handle, pos, neg, latent, 0, 8, 1.0, 5.0, 0.0, True)
+    assert binds == []
+
+
+def test_sampler_reports_the_resolved_schedule(models_configured):
+    (handle,) = LoraBindModelLoader().load("tiny-wan22-t2v", "auto")
+    encode = LoraBindTextEncode()
+    (pos,), (neg,) = encode.encode(handle, "a cat"), encode.encode(handle, "blurry")
+    (latent,) = LoraBindEmptyLatent().generate(handle, 32, 32, 5, 1)
+    out = LoraBindSampler().sample(handle, pos, neg, latent, 3, 4, 5.0, 3.0, 0.9, True)
+    (report,) = out["ui"]["lorabind_schedule"]
+    assert report["sigmas"] == pytest.approx(shifted_sigmas(4, 3.0))
+    assert report["boundary"] == 0.9 and report["cfg"] == 5.0 and report["steps"] == 4
+    assert report["experts"] == ["transformer" if s >= 0.9 else "transformer_2" for s in report["sigmas"][:-1]]
+    assert out["result"][0].samples.shape == latent.samples.shape
+
+
+def test_build_tiny_command_prints_what_it_wrote(tmp_path, capsys):
+    assert cli_main(["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-wan21-t2v"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'diffusers' / 'tiny-wan21-t2v'}" in printed
+    assert cli_main(["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-nope"]) == 2
+    assert "tiny-nope" in capsys.readouterr().err

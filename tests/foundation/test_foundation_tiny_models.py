@@ -1,0 +1,80 @@
+"""The built-in tiny models: deterministic bytes, no network, the right structure, built on demand."""
+
+import json
+import socket
+
+import pytest
+from safetensors.torch import load_file
+
+from lorabind.loaders.tiny_models import BUILTIN_MODELS, build_tiny, ensure_builtin_models
+
+
+def _files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_builders_are_deterministic_and_offline(name, tiny_models_root, tmp_path, no_network):
+    rebuilt = build_tiny(tmp_path, names=[name])[0]
+    first, second = _files(tiny_models_root / "diffusers" / name), _files(rebuilt)
+    assert sorted(first) == sorted(second)
+    weight_files = [f for f in first if f.endswith(".safetensors")]
+    assert weight_files, "a tiny model must store its weights as safetensors"
+    for rel in first:
+        assert first[rel] == second[rel], f"{name}/{rel} differs between two builds"
+    for rel in weight_files:  # and the tensors themselves are real, finite weights
+        tensors = load_file(str(rebuilt / rel))
+        assert tensors and all(t.isfinite().all() for t in tensors.values())
+    assert sum(len(b) for b in second.values()) < 1_200_000  # small enough to build in every test session
+
+
+def test_wan22_folder_is_a_two_expert_moe(tiny_models_root):
+    index = json.loads((tiny_models_root / "diffusers" / "tiny-wan22-t2v" / "model_index.json").read_text())
+    assert index["_class_name"] == "WanPipeline"
+    assert index["boundary_ratio"] == 0.875
+    assert index["transformer"][1] == index["transformer_2"][1] == "WanTransformer3DModel"
+    folder = tiny_models_root / "diffusers" / "tiny-wan22-t2v"
+    high = load_file(str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
+    low = load_file(str(folder / "transformer_2" / "diffusion_pytorch_model.safetensors"))
+    assert high.keys() == low.keys()
+    assert any(not high[k].equal(low[k]) for k in high), "the two experts must have different weights"
+    wan21 = json.loads((tiny_models_root / "diffusers" / "tiny-wan21-t2v" / "model_index.json").read_text())
+    assert wan21["transformer_2"] == [None, None] and wan21["boundary_ratio"] is None
+
+
+def test_ensure_builtin_models_builds_only_what_the_prompt_names_and_is_missing(tmp_path):
+    prompt = {
+        "1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan21-t2v", "dtype": "auto"}},
+        "2": {"class_type": "LoraBindTextEncode", "inputs": {"model": ["1", 0], "text": "a cat"}},
+    }
+    assert ensure_builtin_models(prompt, tmp_path) == ["tiny-wan21-t2v"]
+    assert sorted(p.name for p in (tmp_path / "diffusers").iterdir()) == ["tiny-wan21-t2v"]
+    assert ensure_builtin_models(prompt, tmp_path) == []  # present now: nothing rebuilt
+
+
+def test_build_tiny_rejects_unknown_names(tmp_path):
+    with pytest.raises(KeyError, match="tiny-wan99"):
+        build_tiny(tmp_path, names=["tiny-wan99"])
+
+
+def test_qwen_tokenizer_system_prefix_has_the_length_the_pipeline_drops(load_tiny):
+    from lorabind.loaders.tiny_models.tokenizers import QWEN_PROMPT_TEMPLATE, QWEN_TEMPLATE_PREFIX_TOKENS
+
+    pipeline = load_tiny("tiny-qwen-image").pipeline
+    assert pipeline.prompt_template_encode_start_idx == QWEN_TEMPLATE_PREFIX_TOKENS
+    tokenizer = pipeline.tokenizer
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer(QWEN_PROMPT_TEMPLATE.format("a cat"))["input_ids"])
+    prompt_start = tokens.index("<|im_start|>", 1) + 3  # "<|im_start|>", "user", "\n" open the user turn
+    assert prompt_start == QWEN_TEMPLATE_PREFIX_TOKENS
+    assert tokens[prompt_start] == "a" and tokens[prompt_start + 2] == "<|im_end|>"
