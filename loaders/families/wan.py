@@ -1,28 +1,152 @@
-"""Family module for wan (placeholder interface until its owner fills it in)."""
+"""Wan2.1 / Wan2.2 key maps and distill contracts.
+
+File names come in two namings. *Native* (the original Wan code, used by LightX2V, ComfyUI and kohya/musubi):
+``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``norm3``, ``head.head``, ``modulation`` ...
+*Diffusers* (``WanTransformer3DModel``): ``blocks.N.attn1.to_q``, ``attn2.add_k_proj``, ``ffn.net.0.proj`` ...
+The diffusers names below were read from ``diffusers/models/transformers/transformer_wan.py`` (0.42) and checked
+on a tiny model: ``WanTransformerBlock`` has ``norm1`` (no affine), ``attn1``, ``attn2``, ``norm2`` (the
+cross-attention norm, affine: native ``norm3``), ``ffn.net.{0.proj,2}``, ``norm3`` (no affine: native ``norm2``)
+and the parameter ``scale_shift_table`` (native ``modulation``); the model has ``patch_embedding`` (Conv3d),
+``condition_embedder.{time_embedder,text_embedder}.linear_{1,2}``, ``condition_embedder.time_proj``,
+``condition_embedder.image_embedder.{norm1,ff.net.0.proj,ff.net.2,norm2}`` (I2V only),
+``proj_out`` and a top-level ``scale_shift_table`` (native ``head.modulation``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+from typing import Optional
+
+from ..handles import ScheduleContract
+from ..lora.canonical import LoraFile, TargetPatch
+from ..lora.layouts import redot
+from ..sigmas import shifted_sigmas
 
 FAMILY = "wan"
 MODEL_FAMILIES = ("wan2.1", "wan2.2_moe")
 
+_PROJ = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj", "v_img": "add_v_proj"}
+_ATTN = {"self_attn": "attn1", "cross_attn": "attn2"}
+_IMAGE_EMBED = "condition_embedder.image_embedder"
 
-def recognizes(lora):
-    return False
+# native name (full match) -> diffusers name; \1 is the block index where there is one
+_NATIVE_RULES = tuple((re.compile(pattern), build) for pattern, build in (
+    (r"blocks\.(\d+)\.(self_attn|cross_attn)\.(q|k|v|o)", lambda m: f"blocks.{m[1]}.{_ATTN[m[2]]}.{_PROJ[m[3]]}"),
+    (r"blocks\.(\d+)\.cross_attn\.(k_img|v_img)", lambda m: f"blocks.{m[1]}.attn2.{_PROJ[m[2]]}"),
+    (r"blocks\.(\d+)\.(self_attn|cross_attn)\.(norm_q|norm_k)", lambda m: f"blocks.{m[1]}.{_ATTN[m[2]]}.{m[3]}"),
+    (r"blocks\.(\d+)\.cross_attn\.norm_k_img", lambda m: f"blocks.{m[1]}.attn2.norm_added_k"),
+    (r"blocks\.(\d+)\.ffn\.0", lambda m: f"blocks.{m[1]}.ffn.net.0.proj"),
+    (r"blocks\.(\d+)\.ffn\.2", lambda m: f"blocks.{m[1]}.ffn.net.2"),
+    # native norm3 is the affine cross-attention norm = diffusers norm2. Native norm2 has no parameters, so a
+    # diff on "norm2" can only be the diffusers name and passes through unchanged (see _DIFFUSERS_NAME).
+    (r"blocks\.(\d+)\.norm3", lambda m: f"blocks.{m[1]}.norm2"),
+    (r"blocks\.(\d+)\.modulation", lambda m: f"blocks.{m[1]}.scale_shift_table"),
+    (r"head\.head", lambda m: "proj_out"),
+    (r"head\.modulation", lambda m: "scale_shift_table"),
+    (r"text_embedding\.(0|2)", lambda m: f"condition_embedder.text_embedder.linear_{1 if m[1] == '0' else 2}"),
+    (r"time_embedding\.(0|2)", lambda m: f"condition_embedder.time_embedder.linear_{1 if m[1] == '0' else 2}"),
+    (r"time_projection\.1", lambda m: "condition_embedder.time_proj"),
+    (r"img_emb\.proj\.(0|1|3|4)",
+     lambda m: f"{_IMAGE_EMBED}.{ {'0': 'norm1', '1': 'ff.net.0.proj', '3': 'ff.net.2', '4': 'norm2'}[m[1]] }"),
+))
+
+_DIFFUSERS_NAME = re.compile(
+    r"blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0|norm_q|norm_k)"
+    r"|attn2\.(to_q|to_k|to_v|to_out\.0|norm_q|norm_k|add_k_proj|add_v_proj|norm_added_k)"
+    r"|ffn\.net\.0\.proj|ffn\.net\.2|norm2|scale_shift_table)"
+    r"|condition_embedder\.((time|text)_embedder\.linear_[12]|time_proj"
+    r"|image_embedder\.(norm1|norm2|ff\.net\.0\.proj|ff\.net\.2))"
+    r"|proj_out|patch_embedding|scale_shift_table")
+
+# multi-word name parts, so kohya/musubi "blocks_0_cross_attn_k_img" can be re-dotted
+_NAME_TOKENS = frozenset({
+    "self_attn", "cross_attn", "k_img", "v_img", "norm_k_img", "norm_q", "norm_k", "text_embedding",
+    "time_embedding", "time_projection", "patch_embedding", "img_emb", "to_q", "to_k", "to_v",
+    "to_out", "add_k_proj", "add_v_proj", "norm_added_k", "condition_embedder", "time_embedder", "text_embedder",
+    "image_embedder", "time_proj", "linear_1", "linear_2", "proj_out", "scale_shift_table"})
+
+_IMAGE_BRANCH = re.compile(
+    r"(^|.*\.)(k_img|v_img|norm_k_img|add_k_proj|add_v_proj|norm_added_k)$"
+    r"|^(img_emb|condition_embedder\.image_embedder)\.")
+IMAGE_BRANCH_REASON = ("Wan2.1 I2V image-branch key (CLIP image cross-attention / img_emb); this model has no "
+                       "image branch (Wan2.2 experts and Wan2.1 T2V have none), so it has nothing to act on")
 
 
-def prepare(lora, model_family):
-    return lora
-
-
-def map_target(name):
-    return name
-
-
-def expected_unmatched_reason(name, model_family):
+def _to_diffusers(name: str) -> Optional[str]:
+    if _DIFFUSERS_NAME.fullmatch(name):
+        return name
+    for pattern, build in _NATIVE_RULES:
+        match = pattern.fullmatch(name)
+        if match:
+            return build(match)
     return None
 
 
-def declared_contract(file_name, metadata, rank):
+def map_target(name: str) -> Optional[str]:
+    """Native or diffusers Wan name (kohya-flattened too) -> diffusers ``WanTransformer3DModel`` path."""
+    return _to_diffusers(name) or _to_diffusers(redot(name, _NAME_TOKENS))
+
+
+# diffusers names other families share (Qwen-Image also has proj_out); they alone do not make a file Wan's
+_SHARED_NAMES = frozenset({"proj_out", "patch_embedding", "scale_shift_table"})
+
+
+def recognizes(lora: LoraFile) -> bool:
+    return any(map_target(name) not in (None, *_SHARED_NAMES) for name in lora.targets)
+
+
+def prepare(lora: LoraFile, model_family: str) -> LoraFile:
+    """kijai's WanVideoWrapper rewrites ``blocks.N.diff_m`` as ``blocks.N.modulation.diff``: fold it back into
+    a ``modulation`` parameter diff of ``blocks.N`` so it maps to ``scale_shift_table``. Absent alpha stays 1.0
+    (LightX2V semantics: alpha-free x2v files have alpha folded into the factors)."""
+    rewritten, changed = {}, False
+    for name, patch in lora.targets.items():
+        if name.endswith(".modulation") and patch.low_rank is None and set(patch.param_diffs) == {"weight"}:
+            parent = name[: -len(".modulation")]
+            if parent in lora.targets:
+                return lora  # both spellings in one file: leave it, the mapping reports the clash
+            rewritten[parent] = TargetPatch(module=parent, param_diffs={"modulation": patch.param_diffs["weight"]},
+                                            source_keys=patch.source_keys)
+            changed = True
+        else:
+            rewritten[name] = patch
+    return replace(lora, targets=rewritten) if changed else lora
+
+
+def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
+    if _IMAGE_BRANCH.match(name) or _IMAGE_BRANCH.match(redot(name, _NAME_TOKENS)):
+        return IMAGE_BRANCH_REASON
     return None
 
 
-def checkpoint_contract(model_index, model_name):
+# Distill artifacts: LightX2V / Lightning / Seko names carry the step count ("4step", "4steps", "8-steps").
+_DISTILL_MARKER = re.compile(r"lightx2v|lightning|distill|seko", re.IGNORECASE)
+_OTHER_FAMILY = re.compile(r"qwen|minimax", re.IGNORECASE)  # their Lightning/lightx2v files are not Wan's
+_STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
+_WAN22 = re.compile(r"wan[-_ .]?2[._]?2|a14b|high[-_]?noise|low[-_]?noise|moe|(?<![a-z])(high|low)(?![a-z])",
+                    re.IGNORECASE)
+# LightX2V configs (configs/distill/wan21|wan22/*.json) and the Wan2.2-Lightning reference configs all use
+# sample_shift=5 with cfg off for these artifacts (reference §2.5, §2.9).
+DISTILL_SHIFT = 5.0
+
+
+def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
+    """``…lightx2v_4step…`` / ``…Lightning…8steps…`` -> N steps at shift 5, cfg 1. ``file_name`` may include
+    its folder (Lightning ships ``<release>-4steps-.../high_noise_model.safetensors``). Names without a step
+    count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts."""
+    if not _DISTILL_MARKER.search(file_name) or _OTHER_FAMILY.search(file_name):
+        return None
+    steps_match = _STEPS.search(file_name)
+    if steps_match is None or int(steps_match[1]) < 1:
+        return None
+    steps = int(steps_match[1])
+    # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
+    family = "wan2.2_moe" if _WAN22.search(file_name) else "wan2.1"
+    return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, steps=steps,
+                            sigmas=shifted_sigmas(steps, DISTILL_SHIFT), shift=DISTILL_SHIFT, cfg=1.0, rank=rank)
+
+
+def checkpoint_contract(model_index: dict, model_name: str) -> Optional[ScheduleContract]:
     return None

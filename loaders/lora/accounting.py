@@ -1,0 +1,197 @@
+"""Key accounting: check a ``MappedLora`` against a real module tree before anything is patched.
+
+Every tensor of the file is counted exactly once as *applied*, *expected unmatched* (with a reason, e.g. the
+Wan2.1 I2V image branch on a model without one) or *unmatched*. Shape mismatches always raise; unmatched keys
+raise unless ``lenient``. The patcher consumes ``KeyAccounting.applied`` only, so it never sees a target that
+does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import KeyMatchError
+from .. import families as family_registry  # module import: families imports lora.canonical
+from .canonical import MappedLora, TargetPatch
+from .layouts import parse_key
+from .mapping import split_source_keys
+
+_SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
+
+
+@dataclass
+class KeyAccounting:
+    file: str
+    format: str
+    family: str
+    component: str
+    applied: dict = field(default_factory=dict)  # module path -> TargetPatch (only the parts that fit)
+    expected_unmatched: dict = field(default_factory=dict)  # raw key -> reason
+    unmatched: list = field(default_factory=list)  # raw keys
+    counts: dict = field(default_factory=dict)  # {"applied", "expected_unmatched", "unmatched"} in tensors
+    rank: Optional[int] = None  # None when mixed (see ranks) or no low-rank pair
+    ranks: set = field(default_factory=set)
+    alpha: Optional[float] = None  # None when absent or mixed
+    scale: Optional[float] = None  # None when mixed
+    dtype: str = ""
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-able report for nodes and the CLI."""
+        return {
+            "file": self.file, "format": self.format, "family": self.family, "component": self.component,
+            "counts": dict(self.counts), "modules": len(self.applied), "rank": self.rank,
+            "ranks": sorted(self.ranks), "alpha": self.alpha, "scale": self.scale, "dtype": self.dtype,
+            "expected_unmatched": dict(self.expected_unmatched), "unmatched": list(self.unmatched),
+            "warnings": list(self.warnings),
+        }
+
+
+def account(mapped: MappedLora, component_module, *, lenient: bool = False,
+            component: str = "transformer") -> KeyAccounting:
+    """Check every target of ``mapped`` against ``component_module`` (e.g. ``pipeline.transformer``)."""
+    lora = mapped.source
+    family = family_registry.for_model_family(mapped.family)
+    file_names = _file_names_by_key(mapped)
+    modules = dict(component_module.named_modules())
+    acc = KeyAccounting(file=lora.name, format=lora.format, family=mapped.family, component=component,
+                        expected_unmatched=dict(mapped.expected_unmatched), unmatched=list(mapped.unmatched),
+                        dtype=lora.dtype)
+    where = f"{component} ({mapped.family})"
+
+    for dest, patch in mapped.targets.items():
+        module = modules.get(dest)
+        if module is None:
+            _not_in_model(acc, family, mapped.family, file_names, patch.source_keys)
+            continue
+        params = _own_parameters(module)
+        fitting = TargetPatch(module=dest)
+        keys_of = _keys_by_part(patch)
+        if patch.low_rank is not None:
+            keys = keys_of["low_rank"]
+            if "weight" in params:
+                _check_low_rank(lora.name, where, dest, patch, params["weight"], keys)
+                fitting.low_rank = patch.low_rank
+                fitting.source_keys += tuple(keys)
+            else:
+                acc.unmatched.extend(keys)
+        for param, diff in patch.param_diffs.items():
+            keys = keys_of[param]
+            if param not in params:
+                acc.unmatched.extend(keys)
+                continue
+            if tuple(diff.shape) != tuple(params[param].shape):
+                raise KeyMatchError(
+                    f"{lora.name}: {keys[0] if keys else dest!r} does not fit {where} parameter {dest}.{param}: "
+                    f"expected shape {tuple(params[param].shape)}, got {tuple(diff.shape)}")
+            fitting.param_diffs[param] = diff
+            fitting.source_keys += tuple(keys)
+        if fitting.low_rank is not None or fitting.param_diffs:
+            acc.applied[dest] = fitting
+
+    _summarise(acc)
+    if acc.unmatched and not lenient:
+        raise KeyMatchError(f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
+                            f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family)}"
+                            f"Check that the LoRA is for this model (or load it leniently to ignore these keys)")
+    return acc
+
+
+def _family_hint(lora, model_family: str) -> str:
+    """Name the family a wrong-model LoRA seems to be for: the most common cause of unmatched keys."""
+    guessed = family_registry.guess_family(lora)
+    if guessed is None or model_family in guessed.MODEL_FAMILIES:
+        return ""
+    return f"Its module names look like a {'/'.join(guessed.MODEL_FAMILIES)} LoRA. "
+
+
+def _own_parameters(module) -> dict:
+    """A module's own parameters, seen through a peft wrapper (a dynamic adapter injected into the same model
+    moves ``weight``/``bias`` to ``<module>.base_layer``; peft's ``weight``/``bias`` properties forward there)."""
+    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    return dict(base.named_parameters(recurse=False))
+
+
+def _keys_by_part(patch: TargetPatch) -> dict:
+    """{"low_rank" | parameter name: raw keys}; keys whose role names no part join the first part."""
+    module_keys, param_keys = split_source_keys(patch)
+    parts = (["low_rank"] if patch.low_rank is not None else []) + [
+        p for p in ("weight", "bias") if p in patch.param_diffs]
+    keys_of = {part: [] for part in parts}
+    keys_of.update(param_keys)
+    for raw in module_keys:
+        role = _role(raw)
+        part = "low_rank" if role in ("down", "up", "alpha") else role
+        keys_of[part if part in parts else parts[0]].append(raw)
+    return keys_of
+
+
+def _role(raw: str) -> str:
+    parsed = parse_key(raw)
+    return parsed.role if parsed is not None else ""
+
+
+def _file_names_by_key(mapped: MappedLora) -> dict:
+    """raw key -> the file-side name the family's ``expected_unmatched_reason`` understands."""
+    names = {}
+    for name, patch in mapped.source.targets.items():
+        module_keys, param_keys = split_source_keys(patch)
+        names.update({raw: name for raw in module_keys})
+        for param, keys in param_keys.items():
+            names.update({raw: f"{name}.{param}" for raw in keys})
+    return names
+
+
+def _not_in_model(acc, family, model_family, file_names, keys) -> None:
+    """A mapped module the model lacks: expected when the family can say why (e.g. no image branch)."""
+    for raw in keys:
+        reason = family.expected_unmatched_reason(file_names.get(raw, raw), model_family)
+        if reason is None:
+            acc.unmatched.append(raw)
+        else:
+            acc.expected_unmatched[raw] = reason
+
+
+def _check_low_rank(file_name, where, dest, patch, weight, keys) -> None:
+    """``up @ down`` must have the weight's shape (conv: ``[out, r, 1, ..] @ [r, in, *k]``)."""
+    down, up = patch.low_rank.down, patch.low_rank.up
+    if weight.dim() == 2 and down.dim() == 2 and up.dim() == 2:
+        got = (up.shape[0], down.shape[1])
+    elif weight.dim() > 2 and down.dim() == weight.dim() and up.dim() == weight.dim() and all(
+            s == 1 for s in up.shape[2:]):
+        got = (up.shape[0], *down.shape[1:])
+    else:
+        got = None
+    if got is None or tuple(got) != tuple(weight.shape):
+        factors = " and ".join(repr(k) for k in keys if _role(k) in ("down", "up")) or repr(dest)
+        raise KeyMatchError(
+            f"{file_name}: {factors} do not fit {where} parameter {dest}.weight: expected shape "
+            f"{tuple(weight.shape)}, got {tuple(got) if got else 'no matching layout'} "
+            f"(lora_up {tuple(up.shape)} @ lora_down {tuple(down.shape)})")
+
+
+def _summarise(acc: KeyAccounting) -> None:
+    acc.counts = {"applied": sum(len(p.source_keys) for p in acc.applied.values()),
+                  "expected_unmatched": len(acc.expected_unmatched), "unmatched": len(acc.unmatched)}
+    deltas = [p.low_rank for p in acc.applied.values() if p.low_rank is not None]
+    acc.ranks = {d.rank for d in deltas}
+    acc.rank = next(iter(acc.ranks)) if len(acc.ranks) == 1 else None
+    alphas = {d.alpha for d in deltas}
+    acc.alpha = next(iter(alphas)) if len(alphas) == 1 else None
+    scales = {d.scale for d in deltas}
+    acc.scale = next(iter(scales)) if len(scales) == 1 else None
+    by_reason: dict = {}
+    for raw, reason in acc.expected_unmatched.items():
+        by_reason.setdefault(reason, []).append(raw)
+    for reason, keys in by_reason.items():
+        acc.warnings.append(f"{acc.file}: {len(keys)} key(s) not applied to the {acc.component}, as expected: "
+                            f"{reason} ({_first(keys)})")
+    if acc.unmatched:
+        acc.warnings.append(f"{acc.file}: {len(acc.unmatched)} key(s) match nothing in the {acc.component} "
+                            f"({acc.family}) and are ignored: {_first(acc.unmatched)}")
+
+
+def _first(keys: list) -> str:
+    shown = ", ".join(keys[:_SHOWN_KEYS])
+    return shown + (f" ... and {len(keys) - _SHOWN_KEYS} more" if len(keys) > _SHOWN_KEYS else "")

@@ -1,0 +1,123 @@
+"""Group a file's parsed keys into one ``TargetPatch`` per module and resolve each pair's scale.
+
+Scale rules (``canonical.LowRankDelta.scale``), in order of precedence:
+1. a per-pair ``.alpha`` tensor: ``alpha / rank`` (``alpha / sqrt(rank)`` when the config says rsLoRA);
+2. a PEFT config (``adapter_config.json`` or diffusers' embedded ``lora_adapter_metadata``): ``lora_alpha`` /
+   ``alpha_pattern`` over ``r`` / ``rank_pattern`` (or its square root for rsLoRA);
+3. nothing declared: 1.0 (LightX2V / x2v files have alpha folded in; a family's ``prepare`` may override).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import LoraFileError
+from .canonical import LowRankDelta, TargetPatch
+
+
+@dataclass(frozen=True)
+class PeftScaling:
+    """The scaling part of a PEFT ``LoraConfig`` (only what decides ``scale``)."""
+
+    r: int
+    lora_alpha: float
+    rank_pattern: dict = field(default_factory=dict)
+    alpha_pattern: dict = field(default_factory=dict)
+    use_rslora: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict, source: str) -> "PeftScaling":
+        """Read a PEFT/diffusers LoRA config; ``source`` names the file for errors."""
+        if config.get("use_dora"):
+            raise LoraFileError(f"{source}: DoRA adapters (use_dora=true) are not supported; use a plain LoRA")
+        try:
+            r = int(config.get("r", 8))  # LoraConfig's defaults: r=8, lora_alpha=8
+            alpha = float(config.get("lora_alpha", 8))
+            rank_pattern = {str(k): int(v) for k, v in (config.get("rank_pattern") or {}).items()}
+            alpha_pattern = {str(k): float(v) for k, v in (config.get("alpha_pattern") or {}).items()}
+            for pattern in (*rank_pattern, *alpha_pattern):
+                re.compile(pattern)
+        except (TypeError, ValueError, re.error) as exc:
+            raise LoraFileError(f"{source}: adapter config has an invalid r/lora_alpha/pattern ({exc})") from exc
+        if r < 1 or any(v < 1 for v in rank_pattern.values()):
+            raise LoraFileError(f"{source}: adapter config rank must be at least 1 "
+                                f"(r={r}, rank_pattern={rank_pattern})")
+        return cls(r, alpha, rank_pattern, alpha_pattern, bool(config.get("use_rslora", False)))
+
+    def rank_and_alpha(self, module: str) -> tuple[int, float]:
+        return (_pattern_value(self.rank_pattern, module, self.r),
+                _pattern_value(self.alpha_pattern, module, self.lora_alpha))
+
+
+def _pattern_value(patterns: dict, module: str, default):
+    """PEFT's rule: the first pattern ``p`` with ``re.match(rf"(.*\\.)?({p})$", module)`` wins."""
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[PeftScaling]) -> dict:
+    """``parsed``: ParsedKey list; ``tensors``: mapping raw key -> tensor. Returns module -> TargetPatch.
+
+    Errors name the file and key: a factor without its other half, an alpha without a pair, two keys for the
+    same role of one module (e.g. both ``lora_A`` and ``lora_down``), factor shapes that do not chain.
+    """
+    groups: dict = {}  # module -> {role: raw key}
+    for key in parsed:
+        roles = groups.setdefault(key.module, {})
+        if key.role in roles:
+            raise LoraFileError(f"{display_name}: keys {roles[key.role]!r} and {key.raw!r} both give the "
+                                f"{key.role} of module {key.module!r}")
+        roles[key.role] = key.raw
+
+    targets = {}
+    for module, roles in groups.items():
+        patch = TargetPatch(module=module, source_keys=tuple(roles.values()))
+        if "down" in roles or "up" in roles:
+            patch.low_rank = _low_rank(module, roles, tensors, display_name, peft)
+        elif "alpha" in roles:
+            raise LoraFileError(f"{display_name}: {roles['alpha']!r} has no lora_down/lora_up (lora_A/lora_B) "
+                                f"pair for module {module!r}")
+        for role, param in (("weight", "weight"), ("bias", "bias"), ("modulation", "modulation")):
+            if role in roles:
+                patch.param_diffs[param] = tensors[roles[role]]
+        targets[module] = patch
+    return targets
+
+
+def _low_rank(module, roles, tensors, display_name, peft) -> LowRankDelta:
+    for have, need in (("down", "up"), ("up", "down")):
+        if have in roles and need not in roles:
+            raise LoraFileError(f"{display_name}: {roles[have]!r} has no matching {need} factor "
+                                f"(module {module!r} needs both lora_down/lora_A and lora_up/lora_B)")
+    down, up = tensors[roles["down"]], tensors[roles["up"]]
+    if down.dim() < 2 or up.dim() < 2 or up.shape[1] != down.shape[0]:
+        raise LoraFileError(f"{display_name}: factors of module {module!r} do not chain: {roles['down']!r} "
+                            f"{tuple(down.shape)} and {roles['up']!r} {tuple(up.shape)} (need up[:, r] and "
+                            f"down[r, ...] with the same rank r)")
+    rank = int(down.shape[0])
+    if rank < 1:
+        raise LoraFileError(f"{display_name}: {roles['down']!r} has rank 0 (an empty LoRA factor)")
+    if "alpha" in roles:
+        alpha_tensor = tensors[roles["alpha"]]
+        if alpha_tensor.numel() != 1:
+            raise LoraFileError(f"{display_name}: {roles['alpha']!r} must be a scalar, got shape "
+                                f"{tuple(alpha_tensor.shape)}")
+        alpha = float(alpha_tensor.reshape(()).item())
+        rslora = bool(peft and peft.use_rslora)
+    elif peft is not None:
+        declared_rank, alpha = peft.rank_and_alpha(module)
+        if declared_rank != rank:
+            raise LoraFileError(f"{display_name}: adapter config gives module {module!r} rank {declared_rank} but "
+                                f"{roles['down']!r} has rank {rank}")
+        rslora = peft.use_rslora
+    else:
+        return LowRankDelta(down=down, up=up, alpha=None, scale=1.0)
+    if not math.isfinite(alpha):
+        raise LoraFileError(f"{display_name}: alpha of module {module!r} is not finite ({alpha})")
+    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
+    return LowRankDelta(down=down, up=up, alpha=alpha, scale=scale)

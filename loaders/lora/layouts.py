@@ -1,0 +1,129 @@
+"""Key grammar of every LoRA layout seen in the wild, turned into one form: ``(module name, role)``.
+
+A raw key is ``<prefix><module><suffix>``. Prefixes name who wrote the file (``diffusion_model.`` for
+ComfyUI/LightX2V native files, ``transformer.`` for diffusers pipeline saves, ``base_model.model.`` for PEFT,
+``lora_unet_`` for kohya/musubi, ``lora_transformer_`` for OneTrainer and ``lycoris_`` for LyCORIS, which all
+flatten the module dots into underscores). Suffixes name the tensor's role. The module name left in the middle is
+still in the file's own naming; the family modules map it.
+
+Roles: ``down`` / ``up`` (the two low-rank factors), ``alpha`` (scalar), ``weight`` / ``bias`` (full deltas
+``.diff`` / ``.diff_b``, PEFT ``lora_B.bias``), ``modulation`` (Wan ``blocks.N.diff_m``, a delta of the block's
+modulation parameter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# (suffix, role); the first suffix that matches wins, so a more specific spelling comes before a shorter one
+# that could also end the same key (".lora_A.default.weight" before ".lora_A.weight"...).
+_SUFFIX_ROLES = (
+    (".lora_A.default.weight", "down"),
+    (".lora_B.default.weight", "up"),
+    (".lora_B.default.bias", "bias"),
+    (".lora_down.weight", "down"),
+    (".lora_up.weight", "up"),
+    (".lora.down.weight", "down"),
+    (".lora.up.weight", "up"),
+    ("_lora.down.weight", "down"),  # old diffusers attention-processor layout: "...processor.to_q_lora.down.weight"
+    ("_lora.up.weight", "up"),
+    (".lora_A.weight", "down"),
+    (".lora_B.weight", "up"),
+    (".lora_B.bias", "bias"),  # PEFT lora_bias=True: a plain additive bias delta
+    (".lora_linear_layer.down.weight", "down"),  # old diffusers LoRALinearLayer (transformers-style)
+    (".lora_linear_layer.up.weight", "up"),
+    (".alpha", "alpha"),
+    (".diff_b", "bias"),
+    (".diff_m", "modulation"),
+    (".diff", "weight"),
+    (".lora_A", "down"),  # Mochi-style factors without ".weight" (listed by LightX2V's loader)
+    (".lora_B", "up"),
+)
+
+# Prefixes that only say who wrote the file. Checked repeatedly (PEFT wrapping a diffusers save gives
+# "base_model.model.transformer."). "transformer." with its dot never eats Qwen's "transformer_blocks".
+_DOTTED_PREFIXES = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.")
+# kohya/musubi/LyCORIS write the module path with underscores instead of dots.
+_FLATTENED_PREFIXES = ("lora_unet_", "lora_transformer_", "lycoris_")
+
+KNOWN_SUFFIXES = tuple(suffix for suffix, _ in _SUFFIX_ROLES)
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    raw: str
+    module: str  # prefix and suffix removed; underscores still flat for kohya names
+    role: str
+    prefix: str  # the prefixes removed, concatenated ("" when none)
+
+
+def parse_key(raw: str) -> Optional[ParsedKey]:
+    """Split a raw key into module name and role; None when the suffix is not a LoRA tensor suffix."""
+    for suffix, role in _SUFFIX_ROLES:
+        if raw.endswith(suffix):
+            body = raw[: -len(suffix)]
+            break
+    else:
+        return None
+    if suffix.startswith("_lora."):
+        body = _old_diffusers_processor_name(body)
+    prefix = ""
+    stripped = True
+    while stripped:
+        stripped = False
+        for candidate in _DOTTED_PREFIXES + _FLATTENED_PREFIXES:
+            if body.startswith(candidate) and len(body) > len(candidate):
+                prefix += candidate
+                body = body[len(candidate):]
+                stripped = candidate in _DOTTED_PREFIXES
+                break
+    if not body:
+        return None
+    return ParsedKey(raw=raw, module=body, role=role, prefix=prefix)
+
+
+def _old_diffusers_processor_name(body: str) -> str:
+    """``attn1.processor.to_out_lora`` -> ``attn1.to_out.0`` (the module the old processor LoRA wrapped)."""
+    body = body.replace(".processor.", ".")
+    return body + ".0" if body.endswith(".to_out") else body
+
+
+def describe_format(parsed: list, *, peft_folder: bool) -> str:
+    """A short id of the file's layout for reports: ``peft-folder``, ``kohya``, ``lightx2v-native``, ``peft``,
+    ``diffusers`` (lora_A/lora_B without prefix or with ``transformer.``), ``lora-down-up`` otherwise."""
+    if peft_folder:
+        return "peft-folder"
+    prefixes = {p.prefix for p in parsed}
+    if any(p.startswith(_FLATTENED_PREFIXES) for p in prefixes):
+        return "kohya"
+    if any("diffusion_model." in p for p in prefixes):
+        return "lightx2v-native"
+    if any(p.startswith("base_model.model.") for p in prefixes):
+        return "peft"
+    if any(p.raw.endswith((".lora_A.weight", ".lora_A.default.weight")) for p in parsed):
+        return "diffusers"
+    return "lora-down-up"
+
+
+def redot(name: str, tokens: frozenset) -> str:
+    """Re-insert the dots of a kohya/musubi flattened module name using a family's multi-word name parts.
+
+    ``blocks_0_self_attn_q`` with tokens {"self_attn", ...} -> ``blocks.0.self_attn.q``. Each dotted segment
+    is split on ``_`` and the longest run of pieces forming a known token is glued back; unknown runs become
+    separate segments. Idempotent on properly dotted names whose segments are tokens or plain words, so hybrid
+    keys such as ``blocks_22.self_attn.k`` (seen from musubi) come out right too.
+    """
+    longest = max((t.count("_") + 1 for t in tokens), default=1)
+    out = []
+    for segment in name.split("."):
+        pieces = segment.split("_")
+        i = 0
+        while i < len(pieces):
+            for length in range(min(longest, len(pieces) - i), 0, -1):
+                candidate = "_".join(pieces[i:i + length])
+                if length == 1 or candidate in tokens:
+                    out.append(candidate)
+                    i += length
+                    break
+    return ".".join(out)

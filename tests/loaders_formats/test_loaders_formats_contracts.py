@@ -1,0 +1,82 @@
+"""Distill contracts declared by published Wan / Qwen-Image LoRA names (reference §2.6, §2.9, §5.2)."""
+
+import math
+
+import pytest
+
+from lorabind.loaders.families import qwen_image, wan
+from lorabind.loaders.sigmas import shifted_sigmas
+
+# LightX2V / Lightning 4-step timesteps at shift 5: [1000, 937.5, 833.33, 625] -> 0 (reference §2.4, §5.2)
+WAN_4STEP_SIGMAS = (1.0, 0.9375, 0.833333, 0.625, 0.0)
+WAN_8STEP_SIGMAS = (1.0, 0.972222, 0.9375, 0.892857, 0.833333, 0.75, 0.625, 0.416667, 0.0)
+
+
+@pytest.mark.parametrize("name, family", [
+    ("wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors", "wan2.2_moe"),
+    ("wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors", "wan2.2_moe"),
+    ("wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors", "wan2.2_moe"),
+    ("wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", "wan2.2_moe"),
+    ("Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors", "wan2.2_moe"),
+    ("Wan_2_2_I2V_A14B_LOW_lightx2v_4step_lora_260412_rank_64_fp16.safetensors", "wan2.2_moe"),
+    ("Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1/high_noise_model.safetensors", "wan2.2_moe"),
+    ("wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors", "wan2.1"),
+    ("wan2.1_i2v_lora_rank64_lightx2v_4step.safetensors", "wan2.1"),
+])
+def test_wan_4step_distill_names(name, family):
+    contract = wan.declared_contract(name, {}, 64)
+    assert (contract.kind, contract.family, contract.steps, contract.shift, contract.cfg, contract.rank) == (
+        "distill", family, 4, 5.0, 1.0, 64)
+    assert contract.source == name.rsplit("/", 1)[-1]
+    assert contract.sigmas == pytest.approx(WAN_4STEP_SIGMAS, abs=1e-6)
+
+
+def test_wan_8step_name_uses_the_8_step_shift_5_grid():
+    contract = wan.declared_contract("Wan2.2-T2V-A14B-8steps-lightx2v_high_noise.safetensors", {}, None)
+    assert contract.steps == 8 and contract.sigmas == pytest.approx(WAN_8STEP_SIGMAS, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", [
+    "Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors",  # no step count in the name
+    "my_wan_style_lora.safetensors",
+    "Qwen-Image-Lightning-4steps-V1.0.safetensors",
+    "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors",
+])
+def test_names_without_a_wan_distill_contract(name):
+    assert wan.declared_contract(name, {}, 64) is None
+
+
+@pytest.mark.parametrize("name, steps", [
+    ("Qwen-Image-Lightning-4steps-V1.0.safetensors", 4),
+    ("Qwen-Image-Lightning-8steps-V2.0-bf16.safetensors", 8),
+    ("Qwen-Image-Edit-2509-Lightning-4steps-V1.0-bf16.safetensors", 4),
+    ("Qwen-Image-2512-Lightning-8steps-V1.0-fp32.safetensors", 8),
+])
+def test_qwen_lightning_names(name, steps):
+    contract = qwen_image.declared_contract(name, {}, None)
+    assert (contract.kind, contract.family, contract.steps, contract.shift, contract.cfg) == (
+        "distill", "qwen_image", steps, 3.0, 1.0)
+    assert contract.sigmas == shifted_sigmas(steps, 3.0)
+
+
+def test_qwen_lightning_schedule_equals_its_reference_scheduler():
+    """Lightning's published scheduler config (exponential dynamic shift, base_shift = max_shift = log 3) fed the
+    grid QwenImagePipeline builds gives exactly the declared sigmas."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config({
+        "base_image_seq_len": 256, "base_shift": math.log(3), "max_image_seq_len": 8192, "max_shift": math.log(3),
+        "num_train_timesteps": 1000, "shift": 1.0, "shift_terminal": None, "time_shift_type": "exponential",
+        "use_dynamic_shifting": True})
+    for steps in (4, 8):
+        scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=math.log(3))
+        declared = qwen_image.declared_contract(f"Qwen-Image-Lightning-{steps}steps-V1.0.safetensors", {}, None)
+        assert declared.sigmas == pytest.approx(scheduler.sigmas.tolist(), abs=1e-6)
+
+
+def test_qwen_names_without_a_contract_and_no_checkpoint_contracts():
+    assert qwen_image.declared_contract("qwen_style_lora.safetensors", {}, 16) is None
+    assert qwen_image.declared_contract("Qwen-Image-Lightning.safetensors", {}, 16) is None
+    assert qwen_image.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
+    assert wan.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None
