@@ -19,3 +19,14 @@ def test_cli_help_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_requirements_txt_matches_pyproject_dependencies():
+    import pathlib
+    import tomllib
+
+    root = pathlib.Path(lorabind.__file__).parent
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    listed = [line.strip() for line in (root / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert sorted(listed) == sorted(d for d in declared if not d.startswith("torch"))
