@@ -1,15 +1,37 @@
-"""Sampling contracts: collect, enforce, resolve (placeholder: no contracts yet, plain shifted schedule)."""
+"""Sampling contracts: collect them from the handles, enforce them, resolve the sampling schedule.
+
+Why this exists: a step-distilled LoRA (lightx2v 4-step, Qwen-Image Lightning) or a checkpoint that pins its
+schedule only produces the quality it was trained for on exactly one schedule. ComfyUI and diffusers let users
+sample such artifacts at 20 steps / cfg 5 and silently get bad output. Here every artifact states its contract
+(``ScheduleContract``) and the sampler asks ``resolve_schedule`` for the sigmas *before* any weight changes, so a
+mismatch is a clear error naming the artifact and the field, and an override is an explicit, recorded choice.
+
+Rules (Wan / Qwen-Image; MiniMax-H3 has its own resolver, ``families.minimax_h3.resolve_schedule``):
+- contracts come from the model handle (checkpoint-pinned, fuses), the adapter handle and the schedule input;
+  an artifact applied at strength/scale 0 is off and declares nothing;
+- two artifacts that constrain the same field differently conflict (error naming both); artifacts that declare
+  the same values (a Wan2.2 high+low pair) agree;
+- with ``enforce_contract`` the request must match every constrained field; without it the request wins and
+  every difference is recorded in ``ResolvedSchedule.overrides``;
+- the contract's explicit sigma list is used as is; without contracts, ``sigmas.shifted_sigmas(steps, shift)``.
+"""
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Sequence
 
-from .sigmas import shifted_sigmas
+from .errors import ContractError
+from .handles import ScheduleContract
+from .sigmas import shifted_sigmas, validate_schedule
 
 
 @dataclass(frozen=True)
 class SamplingRequest:
+    """What the user asked the sampler for (node widgets). ``boundary`` None = the model's own boundary."""
+
     steps: int
     cfg: float
     shift: float
@@ -21,6 +43,8 @@ class SamplingRequest:
 
 @dataclass(frozen=True)
 class ResolvedSchedule:
+    """The schedule the sampler runs: ``steps`` denoiser evaluations over ``steps + 1`` sigma points."""
+
     sigmas: tuple
     steps: int
     cfg: float
@@ -32,7 +56,89 @@ class ResolvedSchedule:
     overrides: tuple = ()
 
 
+# Fields a Wan/Qwen contract may constrain, in the order they are checked and reported.
+_CHECKED_FIELDS = ("steps", "sigmas", "shift", "cfg")
+_SIGMA_TOLERANCE = 1e-6
+_KIND_NOUNS = {
+    "distill": "distill LoRA",
+    "turbo": "Turbo adapter",
+    "native": "native adapter",
+    "pinned": "checkpoint with a pinned schedule",
+}
+
+
 def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> ResolvedSchedule:
+    """Collect, check and resolve. ``model`` is a ModelHandle, ``adapters`` an AdapterHandle or None,
+    ``schedule`` a ScheduleHandle or None. Raises ContractError before anything touches a weight."""
+    contracts = collect_contracts(model, adapters, schedule)
+    if model.family == "minimax_h3":
+        from .families import minimax_h3
+
+        return minimax_h3.resolve_schedule(contracts, request, model)
+    if not contracts:
+        return _plain_schedule(request)
+    agreed, conflicts = _merge_contracts(contracts)
+    if conflicts and request.enforce_contract:
+        raise ContractError(conflicts[0])
+    overrides = [f"{text}; the request's values are used (enforce_contract is off)" for text in conflicts]
+    _check_tasks(contracts, request, overrides)
+    return _resolve_against(agreed, contracts, request, overrides)
+
+
+def collect_contracts(model, adapters=None, schedule=None) -> tuple:
+    """Every contract in force: the model handle's (pinned + fuses + model-level adapters), the adapter
+    handle's and the schedule input's. A contract whose artifact is only applied at strength/scale 0 is dropped:
+    an adapter that is off must not constrain sampling (reference §5.3 pitfall 7)."""
+    specs = tuple(model.fuses) + tuple(model.adapters)
+    found = list(model.contracts)
+    if adapters is not None:
+        specs += tuple(adapters.adapters)
+        found += list(adapters.contracts)
+    if schedule is not None:
+        found.append(schedule.contract)
+    active = [c for c in found if c.kind == "pinned" or not _switched_off(c.source, specs)]
+    unique = []
+    for contract in active:  # the same contract object reached twice (shared upstream) counts once
+        if not any(contract is seen for seen in unique):
+            unique.append(contract)
+    return tuple(unique)
+
+
+def contract_to_dict(contract: Optional[ScheduleContract]) -> dict:
+    """JSON-able view of a Wan/Qwen contract for node UI output and ``inspect --json`` ({} when None)."""
+    if contract is None:
+        return {}
+    return {
+        "source": contract.source,
+        "kind": contract.kind,
+        "family": contract.family,
+        "steps": contract.steps,
+        "sigma_points": len(contract.sigmas) if contract.sigmas is not None else None,
+        "sigmas": list(contract.sigmas) if contract.sigmas is not None else None,
+        "shift": contract.shift,
+        "cfg": contract.cfg,
+        "tasks": list(contract.tasks) if contract.tasks else None,
+        "rank": contract.rank,
+        "alpha": contract.alpha,
+        "scale": contract.scale,
+        "text": contract.describe(),
+    }
+
+
+def describe_artifact(contract: ScheduleContract) -> str:
+    """"X is a 4-step distill LoRA" — the subject of every contract message."""
+    noun = _KIND_NOUNS.get(contract.kind, f"{contract.kind} artifact")
+    steps = _contract_value(contract, "steps")
+    if steps is None:
+        return f"{contract.source} is a {noun}"
+    return f"{contract.source} is a {steps}-step {noun}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# internals
+
+
+def _plain_schedule(request: SamplingRequest) -> ResolvedSchedule:
     return ResolvedSchedule(
         sigmas=shifted_sigmas(request.steps, request.shift),
         steps=request.steps,
@@ -41,3 +147,129 @@ def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> Res
         boundary=request.boundary,
         task=request.task,
     )
+
+
+def _switched_off(source: str, specs: Sequence) -> bool:
+    """True when the artifact named ``source`` is attached only at strength/scale 0."""
+    strengths = [_spec_strength(spec) for spec in specs if source in _spec_names(spec)]
+    return bool(strengths) and all(value == 0 for value in strengths)
+
+
+def _spec_names(spec) -> set:
+    names = {os.path.basename(spec.path.rstrip("/\\"))}
+    if spec.name:
+        names |= {spec.name, os.path.basename(spec.name.rstrip("/\\"))}
+    return names
+
+
+def _spec_strength(spec) -> float:
+    return float(spec.strength if hasattr(spec, "strength") else spec.scale)
+
+
+def _contract_value(contract: ScheduleContract, field: str) -> Any:
+    """A contract's constraint on one field; explicit sigmas imply their step count."""
+    if field == "steps" and contract.steps is None and contract.sigmas is not None:
+        return len(contract.sigmas) - 1
+    return getattr(contract, field)
+
+
+def _same(field: str, a: Any, b: Any) -> bool:
+    if field == "sigmas":
+        return len(a) == len(b) and all(abs(float(x) - float(y)) <= _SIGMA_TOLERANCE for x, y in zip(a, b))
+    if field == "steps":
+        return int(a) == int(b)
+    return math.isclose(float(a), float(b), rel_tol=0.0, abs_tol=1e-6)
+
+
+def _fmt(field: str, value: Any) -> str:
+    if field == "sigmas":
+        return "[" + ", ".join(f"{float(v):g}" for v in value) + "]"
+    if field == "steps":
+        return str(int(value))
+    return f"{float(value):g}"
+
+
+def _merge_contracts(contracts: Sequence[ScheduleContract]) -> tuple[dict, list]:
+    """Per field: (value, first contract declaring it). Conflicting declarations become messages naming both."""
+    agreed: dict = {}
+    conflicts: list = []
+    for field in _CHECKED_FIELDS:
+        for contract in contracts:
+            value = _contract_value(contract, field)
+            if value is None:
+                continue
+            if field not in agreed:
+                agreed[field] = (value, contract)
+                continue
+            first_value, first = agreed[field]
+            if not _same(field, first_value, value):
+                conflicts.append(
+                    f"conflicting sampling contracts: {first.source} requires {field}={_fmt(field, first_value)} "
+                    f"but {contract.source} requires {field}={_fmt(field, value)}; remove one of them"
+                )
+    return agreed, conflicts
+
+
+def _check_tasks(contracts: Sequence[ScheduleContract], request: SamplingRequest, overrides: list) -> None:
+    if request.task is None:
+        return
+    for contract in contracts:
+        if contract.tasks and request.task not in contract.tasks:
+            text = f"{describe_artifact(contract)} and serves tasks {list(contract.tasks)}, got task={request.task}"
+            if request.enforce_contract:
+                raise ContractError(text)
+            overrides.append(f"task={request.task} overrides {contract.source} (serves {list(contract.tasks)})")
+
+
+def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, overrides: list) -> ResolvedSchedule:
+    requested = {"steps": request.steps, "shift": request.shift, "cfg": request.cfg}
+    for field in ("steps", "shift", "cfg"):
+        if field not in agreed:
+            continue
+        value, contract = agreed[field]
+        if _same(field, value, requested[field]):
+            continue
+        if request.enforce_contract:
+            raise ContractError(
+                f"{describe_artifact(contract)}: {field} must be {_fmt(field, value)}, "
+                f"got {_fmt(field, requested[field])} (set enforce_contract off to override it explicitly)"
+            )
+        overrides.append(
+            f"{field}={_fmt(field, requested[field])} overrides {contract.source} "
+            f"({field}={_fmt(field, value)} in its contract)"
+        )
+
+    steps = request.steps
+    shift = float(agreed["shift"][0]) if "shift" in agreed and request.enforce_contract else float(request.shift)
+    cfg = float(agreed["cfg"][0]) if "cfg" in agreed and request.enforce_contract else float(request.cfg)
+    sigmas = _contract_sigmas(agreed, steps, shift)
+    if "sigmas" in agreed and not _same("sigmas", agreed["sigmas"][0], sigmas):
+        value, contract = agreed["sigmas"]
+        overrides.append(
+            f"sigmas={_fmt('sigmas', sigmas)} override {contract.source} (sigmas={_fmt('sigmas', value)} in its "
+            f"contract)"
+        )
+    return ResolvedSchedule(
+        sigmas=sigmas,
+        steps=steps,
+        cfg=cfg,
+        shift=shift,
+        boundary=request.boundary,
+        task=request.task,
+        contracts=tuple(contracts),
+        overrides=tuple(overrides),
+    )
+
+
+def _contract_sigmas(agreed: dict, steps: int, shift: float) -> tuple:
+    """The contract's explicit list when it fits the (possibly overridden) steps and shift, else the shifted grid."""
+    if "sigmas" in agreed:
+        value, contract = agreed["sigmas"]
+        try:
+            explicit = validate_schedule(value, contract.source)
+        except ValueError as exc:
+            raise ContractError(str(exc)) from None
+        shift_agrees = "shift" not in agreed or _same("shift", agreed["shift"][0], shift)
+        if len(explicit) - 1 == steps and shift_agrees:
+            return explicit
+    return shifted_sigmas(steps, shift)

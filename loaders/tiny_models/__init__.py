@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from . import lora_fixtures
 from ._common import diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
@@ -45,7 +46,7 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
     the real published names, synthetic weights sized for the tiny models).
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones).
     """
-    from . import lora_fixtures, minimax_h3
+    from . import minimax_h3
 
     models_root = Path(models_root)
     if names is None:
@@ -92,4 +93,5 @@ def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
         if name in named and not (root / name / "model_index.json").exists():
             build_builtin(name, models_root)
             built.append(name)
+    built += lora_fixtures.ensure_fixture_loras(named, Path(models_root))
     return built

@@ -1,10 +1,152 @@
-"""`lorabind inspect` (placeholder until its issue lands)."""
+"""`lorabind inspect FILE_OR_DIR [--model DIFFUSERS_DIR] [--json]`: what a LoRA file or PEFT folder is.
+
+Reports the detected layout and model family, rank/alpha/scale, tensor counts by kind, the file's metadata, the
+sampling contract its name/metadata declares, and with ``--model`` the key accounting against that model (the
+same check the fuse nodes run). A file the engine would refuse (pickle format, broken header, keys that do not
+fit, a refused contract) exits 1 with the reason, which names the file. Module-level imports stay light: the
+CLI's ``--help`` must not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+EXIT_REFUSED = 1
 
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("path", metavar="FILE_OR_DIR", help="a .safetensors LoRA file or a PEFT adapter folder")
+    parser.add_argument("--model", metavar="DIFFUSERS_DIR",
+                        help="diffusers model folder to account the keys against (applied / expected-unmatched / "
+                             "unmatched)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
 def run(args) -> int:
-    print("lorabind inspect: not implemented yet")
-    return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ...loaders.errors import LoraBindError
+
+    try:
+        report = inspect_lora(args.path, model_dir=args.model)
+    except LoraBindError as exc:
+        print(f"lorabind inspect: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
+    """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
+    from ...loaders import families
+    from ...loaders.lora import read_lora
+
+    lora = read_lora(path)
+    family_module = families.guess_family(lora)
+    model = None
+    if model_dir:
+        from ...loaders.model_store import load_model
+
+        model = load_model(model_dir)
+        family_module = family_module or families.for_model_family(model.family)
+    # rank/alpha/scale as the engine applies them: after the family's rewrites (e.g. the MiniMax-H3 Turbo
+    # alpha-8 default for files that declare none)
+    prepared = family_module.prepare(lora, family_module.MODEL_FAMILIES[0]) if family_module else lora
+    lows = [patch.low_rank for patch in prepared.targets.values() if patch.low_rank is not None]
+    rank = _uniform(delta.rank for delta in lows)
+    contract = family_module.declared_contract(lora.name, lora.metadata, rank) if family_module else None
+    return {
+        "file": lora.name,
+        "path": os.path.abspath(path),
+        "format": lora.format,
+        "family": family_module.FAMILY if family_module else None,
+        "rank": rank,
+        "alpha": _uniform(delta.alpha for delta in lows),
+        "scale": _uniform(delta.scale for delta in lows),
+        "counts": _tensor_counts(lora),
+        "metadata": dict(lora.metadata),
+        "contract": _contract_dict(family_module, contract),
+        "accounting": _accounting(lora, model) if model is not None else None,
+    }
+
+
+def format_report(report: dict) -> str:
+    lines = [
+        f"{report['file']}",
+        f"  format:   {report['format']}",
+        f"  family:   {report['family'] or 'unknown (names of no known family)'}",
+        f"  rank:     {report['rank']}   alpha: {report['alpha']}   scale: {report['scale']}",
+        "  tensors:  " + ", ".join(f"{kind} {count}" for kind, count in report["counts"].items()),
+    ]
+    if report["metadata"]:
+        lines.append("  metadata:")
+        lines.extend(f"    {key}: {_shorten(value)}" for key, value in sorted(report["metadata"].items()))
+    contract = report["contract"]
+    lines.append("  contract: " + (contract.get("text") or json.dumps(contract) if contract else "none declared"))
+    accounting = report["accounting"]
+    if accounting is not None:
+        counts = accounting.get("counts", {})
+        lines.append(
+            f"  accounting against {accounting['model']} ({accounting['component']}): "
+            f"{counts.get('applied', 0)} applied, {counts.get('expected_unmatched', 0)} expected-unmatched, "
+            f"{counts.get('unmatched', 0)} unmatched"
+        )
+        for key, reason in (accounting.get("expected_unmatched") or {}).items():
+            lines.append(f"    expected-unmatched {key}: {reason}")
+    return "\n".join(lines)
+
+
+def _uniform(values):
+    """The value when every target agrees, a sorted list when they differ, None when there is none."""
+    distinct = {value for value in values if value is not None}
+    if not distinct:
+        return None
+    if len(distinct) == 1:
+        return distinct.pop()
+    return sorted(distinct)
+
+
+def _tensor_counts(lora) -> dict:
+    """Tensors of the file by kind: down/up factors, alpha scalars, full weight/bias/modulation diffs."""
+    from ...loaders.lora.layouts import parse_key
+
+    counts: dict = {}
+    for patch in lora.targets.values():
+        for raw in patch.source_keys:
+            parsed = parse_key(raw)
+            kind = parsed.role if parsed is not None else "other"
+            counts[kind] = counts.get(kind, 0) + 1
+    order = ("down", "up", "alpha", "weight", "bias", "modulation", "other")
+    ordered = {kind: counts[kind] for kind in order if kind in counts}
+    ordered["total"] = sum(counts.values())
+    return ordered
+
+
+def _contract_dict(family_module, contract):
+    if contract is None:
+        return None
+    if family_module.FAMILY == "minimax_h3":
+        return family_module.contract_dict(contract)
+    from ...loaders.contracts import contract_to_dict
+
+    return contract_to_dict(contract)
+
+
+def _accounting(lora, model) -> dict:
+    """Strict accounting (as the fuse nodes do) on the component the file targets: for a Wan2.2 MoE model the
+    expert its name says (low-noise files -> transformer_2), else the main transformer."""
+    from ...loaders.lora import account, map_to_model
+    from ...nodes.adapter_nodes import expert_role
+
+    component = "transformer"
+    if "transformer_2" in model.components and expert_role(lora.name) == "low":
+        component = "transformer_2"
+    accounting = account(map_to_model(lora, model.family), model.components[component], component=component)
+    return {"model": model.name or model.path, "model_family": model.family, "component": component,
+            **accounting.to_dict()}
+
+
+def _shorten(value, limit: int = 120) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,178 @@
+"""The issue-4 example workflows run headless through PromptExecutor and the real nodes, plus the graph-level
+guarantees: exact branches, no re-fuse on a seed-only re-run, MoE expert routing, refusal before any write."""
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_same_state, state_snapshot
+
+import lorabind
+from lorabind.loaders.binding import binding_state, unbind
+from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.nodes import NODE_CLASS_MAPPINGS
+from lorabind.runtime.executor import PromptExecutor
+from lorabind.runtime.workflow_format import to_api_prompt
+
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches"]
+PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
+MISMATCH_MESSAGE = f"{F.WAN22_HIGH} is a 4-step distill LoRA: steps must be 4, got 20"
+
+
+def load(name):
+    return json.loads((WORKFLOWS / f"{name}.api.json").read_text())
+
+
+def sampler_ids(prompt):
+    return [nid for nid, node in prompt.items() if node["class_type"] == "LoraBindSampler"]
+
+
+class CaptureLatent:
+    """Test-only output node: keeps the sampled latent so branches can be compared bit for bit."""
+
+    captured: dict = {}
+    CATEGORY = "tests"
+    FUNCTION = "capture"
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"latent": ("LORABIND_LATENT",), "key": ("STRING", {"default": ""})}}
+
+    def capture(self, latent, key):
+        CaptureLatent.captured[key] = latent.samples.clone()
+        return {"ui": {"text": [key]}}
+
+
+@pytest.fixture
+def executor(registry):
+    return PromptExecutor(dict(NODE_CLASS_MAPPINGS, CaptureLatent=CaptureLatent))
+
+
+@pytest.mark.parametrize("name", RUNNABLE + ["wan22_mismatched_contract"])
+def test_ui_form_converts_to_the_api_form(name, registry):
+    ui = json.loads((WORKFLOWS / f"{name}.json").read_text())
+    converted, detected = to_api_prompt(ui, NODE_CLASS_MAPPINGS)
+    api = load(name)
+    assert detected == "ui"
+    assert {k: (v["class_type"], v["inputs"]) for k, v in converted.items()} == {
+        k: (v["class_type"], v["inputs"]) for k, v in api.items()}
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_example_workflow_runs_headless_and_saves_its_outputs(name, executor, registry):
+    prompt = load(name)
+    result = executor.execute(prompt, f"run-{name}")
+    assert result.success, result.error
+    saves = [nid for nid, node in prompt.items() if node["class_type"] == "LoraBindSaveImage"]
+    for nid in saves:
+        (image,) = result.outputs[nid]["images"]
+        saved = Path(registry.get_output_directory()) / image["subfolder"] / image["filename"]
+        assert saved.is_file() and saved.stat().st_size > 0
+    for nid in sampler_ids(prompt):
+        (schedule,) = result.outputs[nid]["lorabind_schedule"]
+        assert schedule["overrides"] == [] and schedule["steps"] == prompt[nid]["inputs"]["steps"]
+
+
+def test_wan22_pair_runs_on_the_contract_schedule_with_high_then_low_expert(executor, loaded):
+    prompt = load("wan22_lightx2v_4step")
+    model = loaded["tiny-wan22-t2v"]
+    calls = []
+    hooks = [model.components[name].register_forward_pre_hook(
+        lambda module, args, kwargs, name=name: calls.append((name, float(kwargs["timestep"].flatten()[0]))),
+        with_kwargs=True) for name in ("transformer", "transformer_2")]
+    try:
+        result = executor.execute(prompt, "hooks")
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert result.success, result.error
+    (schedule,) = result.outputs[sampler_ids(prompt)[0]]["lorabind_schedule"]
+    assert schedule["sigmas"] == pytest.approx(PUBLISHED_4STEP, abs=1e-6)
+    boundary = model.model_index["boundary_ratio"]
+    expected = [("transformer" if s >= boundary else "transformer_2", s * 1000) for s in PUBLISHED_4STEP[:-1]]
+    assert [name for name, _ in calls] == [name for name, _ in expected]  # cfg 1: one forward per step
+    assert [t for _, t in calls] == pytest.approx([t for _, t in expected], abs=1e-3)
+    assert [name for name, _ in expected].count("transformer") == 2  # the published 2 high + 2 low split
+
+
+def test_mismatched_contract_fails_naming_the_file_before_any_weight_changes(executor, loaded):
+    model = loaded["tiny-wan22-t2v"]
+    unbind(model)
+    before = state_snapshot(model)
+    binds_before = binding_state(model).stats.bind_calls
+    result = executor.execute(load("wan22_mismatched_contract"), "mismatch")
+    assert not result.success
+    assert result.error["node_type"] == "LoraBindSampler"
+    assert result.error["exception_message"].startswith(MISMATCH_MESSAGE)
+    assert binding_state(model).stats.bind_calls == binds_before
+    assert_same_state(before, model)
+    note = next(n for n in json.loads((WORKFLOWS / "wan22_mismatched_contract.json").read_text())["nodes"]
+                if n["type"] == "Note")
+    assert MISMATCH_MESSAGE in note["widgets_values"][0]
+
+
+def test_enforce_contract_off_runs_the_mismatch_and_reports_the_override(executor):
+    prompt = load("wan22_mismatched_contract")
+    sampler = sampler_ids(prompt)[0]
+    prompt[sampler]["inputs"].update(enforce_contract=False, steps=6)
+    result = executor.execute(prompt, "override")
+    assert result.success, result.error
+    (schedule,) = result.outputs[sampler]["lorabind_schedule"]
+    assert schedule["steps"] == 6 and len(schedule["sigmas"]) == 7
+    assert f"steps=6 overrides {F.WAN22_HIGH} (steps=4 in its contract)" in schedule["overrides"]
+
+
+def test_seed_only_rerun_reexecutes_only_the_sampler_and_downstream_without_refusing(executor, loaded):
+    prompt = load("wan22_lightx2v_4step")
+    first = executor.execute(prompt, "first")
+    assert first.success, first.error
+    state = binding_state(loaded["tiny-wan22-t2v"])
+    fuse_passes, written = state.stats.fuse_passes, state.stats.tensors_written
+    sampler = sampler_ids(prompt)[0]
+    second_prompt = copy.deepcopy(prompt)
+    second_prompt[sampler]["inputs"]["seed"] += 1
+    second = executor.execute(second_prompt, "second")
+    assert second.success, second.error
+    downstream = {sampler} | {nid for nid, node in prompt.items()
+                              if node["class_type"] in ("LoraBindVAEDecode", "LoraBindSaveImage")}
+    assert set(second.executed) == downstream
+    assert (state.stats.fuse_passes, state.stats.tensors_written) == (fuse_passes, written)
+    assert state.patcher.last_written == set()
+
+
+def _branch_prompt(model_name, strengths):
+    """wan21 + FuseDistillLoRA at each strength, one sampler + CaptureLatent per branch (same seed)."""
+    prompt = {k: v for k, v in load("wan21_distill").items() if k in ("1", "2", "3", "4")}
+    prompt["1"]["inputs"]["model_name"] = model_name
+    for i, strength in enumerate(strengths):
+        fuse, sample, capture = f"f{i}", f"s{i}", f"c{i}"
+        prompt[fuse] = {"class_type": "FuseDistillLoRA", "inputs": {
+            "model": ["1", 0], "lora_name": F.WAN21_DISTILL, "strength": strength, "component": "auto"}}
+        prompt[sample] = {"class_type": "LoraBindSampler", "inputs": {
+            "model": [fuse, 0], "positive": ["2", 0], "negative": ["3", 0], "latent": ["4", 0], "seed": 7,
+            "steps": 4, "cfg": 1.0, "shift": 5.0, "boundary": 0.0, "enforce_contract": True}}
+        prompt[capture] = {"class_type": "CaptureLatent", "inputs": {"latent": [sample, 0],
+                                                                   "key": f"{model_name}@{strength}"}}
+    return prompt
+
+
+def test_two_branches_equal_fresh_models_with_each_single_fuse(executor, models_root, registry):
+    for copy_name in ("tiny-wan21-fresh-a", "tiny-wan21-fresh-b"):
+        target = models_root / "diffusers" / copy_name
+        if not target.exists():
+            shutil.copytree(models_root / "diffusers" / "tiny-wan21-t2v", target)
+    CaptureLatent.captured.clear()
+    result = executor.execute(_branch_prompt("tiny-wan21-t2v", (1.0, 0.5)), "branches")
+    assert result.success, result.error
+    assert executor.execute(_branch_prompt("tiny-wan21-fresh-a", (1.0,)), "fresh-a").success
+    assert executor.execute(_branch_prompt("tiny-wan21-fresh-b", (0.5,)), "fresh-b").success
+    got = CaptureLatent.captured
+    assert torch.equal(got["tiny-wan21-t2v@1.0"], got["tiny-wan21-fresh-a@1.0"])
+    assert torch.equal(got["tiny-wan21-t2v@0.5"], got["tiny-wan21-fresh-b@0.5"])
+    assert not torch.equal(got["tiny-wan21-t2v@1.0"], got["tiny-wan21-t2v@0.5"])
