@@ -105,6 +105,11 @@ class ModelHandle:
     def family(self) -> str:
         return self.model.family
 
+    def __repr__(self) -> str:  # short: error payloads (execution_error.current_inputs) show it to users
+        fuses = ", ".join(f"{f.name or f.path}@{f.strength:g}->{f.component}" for f in self.fuses)
+        adapters = ", ".join(f"{a.name or a.path}@{a.scale:g}" for a in self.adapters)
+        return f"ModelHandle({self.model.name!r}, {self.family}, fuses=[{fuses}], adapters=[{adapters}])"
+
     def with_fuses(self, *fuses: FuseSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "ModelHandle":
         return replace(self, fuses=self.fuses + tuple(fuses), contracts=self.contracts + tuple(contracts))
 
@@ -122,12 +127,18 @@ class AdapterHandle:
     def stacked(self, adapter: AdapterSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "AdapterHandle":
         return AdapterHandle(self.adapters + (adapter,), self.contracts + tuple(contracts))
 
+    def __repr__(self) -> str:
+        return "AdapterHandle([" + ", ".join(f"{a.name or a.path}@{a.scale:g}" for a in self.adapters) + "])"
+
 
 @dataclass(frozen=True, eq=False)
 class ScheduleHandle:
     """A SCHEDULE edge: one contract (from ``MiniMaxTurboSchedule`` or a sigma node)."""
 
     contract: ScheduleContract
+
+    def __repr__(self) -> str:
+        return f"ScheduleHandle({self.contract.describe()})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,6 +151,9 @@ class ConditioningHandle:
     mask: Any = None
     extra: dict = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        return f"ConditioningHandle({self.family}, {self.text!r}, shape={_shape(self.embeds)})"
+
 
 @dataclass(frozen=True, eq=False)
 class LatentHandle:
@@ -149,3 +163,10 @@ class LatentHandle:
     family: str
     kind: str = "video"  # "video", "image", "video+audio"
     extra: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"LatentHandle({self.family}, {self.kind}, shape={_shape(self.samples)})"
+
+
+def _shape(tensor) -> list:
+    return list(getattr(tensor, "shape", ()))
