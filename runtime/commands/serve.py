@@ -1,10 +1,39 @@
-"""`lorabind serve` (placeholder until its issue lands)."""
+"""``lorabind serve``: run the ComfyUI-compatible HTTP/WebSocket API.
+
+Flag names are ComfyUI's so scripts that start ComfyUI can start us the same way. aiohttp and the executor
+are imported only inside ``run`` (``lorabind --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import os
 
 
 def add_arguments(parser) -> None:
-    pass
+    parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
+                        help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
+    parser.add_argument("--port", type=int, default=8188, help="port (default 8188)")
+    parser.add_argument("--models", default=os.environ.get("LORABIND_MODELS", "models"), metavar="DIR",
+                        help="models root (default ./models or $LORABIND_MODELS)")
+    parser.add_argument("--output", default="output", metavar="DIR", help="output folder (default ./output)")
+    parser.add_argument("--input", default="input", metavar="DIR", help="input/upload folder (default ./input)")
+    parser.add_argument("--temp", default="temp", metavar="DIR", help="temp folder (default ./temp)")
+    parser.add_argument("--enable-cors-header", nargs="?", const="*", default=None, metavar="ORIGIN",
+                        help="send CORS headers for ORIGIN (bare flag: '*') instead of refusing cross-origin "
+                        "browser requests")
+    parser.add_argument("--max-upload-size", type=float, default=100.0, metavar="MB",
+                        help="largest accepted request body in MB (default 100)")
 
 
 def run(args) -> int:
-    print("lorabind serve: not implemented yet")
-    return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from ..server import ServerConfig, run_server
+
+    if args.max_upload_size <= 0:
+        print("lorabind serve: --max-upload-size must be a positive number of MB")
+        return 2
+    config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
+                          input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
+                          max_upload_mb=args.max_upload_size)
+    run_server(config)
+    return 0

@@ -1,0 +1,162 @@
+"""aiohttp application factory and middlewares for ``lorabind serve``.
+
+Security posture mirrors ComfyUI's so that existing clients behave the same (comfyui.md §4.1): a browser page
+on another origin may not drive a loopback server (403) unless ``--enable-cors-header`` is given; bodies over
+``--max-upload-size`` get 413; malformed JSON gets 400 (ComfyUI answers 500 there — we do better); every route
+exists as ``/path`` and ``/api/path``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import urllib.parse
+
+from aiohttp import web
+
+from .state import STATE_KEY, ServerConfig, ServerState
+
+log = logging.getLogger("lorabind.server")
+
+
+def _is_loopback_literal(host: str) -> bool | None:
+    """True/False for IP literals and localhost names; None when the name needs resolving."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+
+
+async def _is_loopback(host: str | None) -> bool:
+    """Does every address of ``host`` resolve to loopback? (ComfyUI resolves names the same way.)"""
+    if not host:
+        return False
+    literal = _is_loopback_literal(host)
+    if literal is not None:
+        return literal
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def _split_host(netloc: str) -> tuple[str, int | None]:
+    parts = urllib.parse.urlsplit("//" + netloc.lower())
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.hostname or "", port
+
+
+def origin_only_middleware():
+    """403 for a browser request whose Origin differs from a loopback Host (cross-site POSTs to 127.0.0.1).
+
+    As in ComfyUI, the ports are ignored only when the Host header has none (browsers that omit it); a page
+    served from another port of the same machine is another origin.
+    """
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        host_header, origin_header = request.headers.get("Host"), request.headers.get("Origin")
+        if host_header and origin_header:
+            host, host_port = _split_host(host_header)
+            origin, origin_port = _split_host(urllib.parse.urlsplit(origin_header).netloc)
+            same = host == origin and (host_port is None or host_port == origin_port)
+            if not same and await _is_loopback(host):
+                log.warning("refused cross-origin request from %s to %s %s", origin_header, request.method,
+                            request.path)
+                return web.json_response(
+                    {"error": {"type": "forbidden_origin",
+                               "message": f"Cross-origin request from {origin_header!r} refused; start the "
+                                          "server with --enable-cors-header to allow it.",
+                               "details": "", "extra_info": {}}}, status=403)
+        return await handler(request)
+
+    return middleware
+
+
+def cors_middleware(allowed_origin: str):
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        response = web.Response() if request.method == "OPTIONS" else await handler(request)
+        response.headers["Access-Control-Allow-Origin"] = allowed_origin
+        response.headers["Access-Control-Allow-Methods"] = "POST, GET, DELETE, PUT, OPTIONS"
+        response.headers["Access-Control-Allow-Headers"] = "Content-Type, Authorization"
+        response.headers["Access-Control-Allow-Credentials"] = "true"
+        return response
+
+    return middleware
+
+
+@web.middleware
+async def json_errors_middleware(request: web.Request, handler):
+    """Unexpected exceptions become a logged 500 with a JSON body instead of aiohttp's bare text page."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as exc:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": {"type": "server_error", "message": f"{type(exc).__name__}: {exc}",
+                                            "details": request.path, "extra_info": {}}}, status=500)
+
+
+def create_app(config: ServerConfig, *, node_classes: dict | None = None, display_names: dict | None = None,
+               executor=None, validator=None) -> web.Application:
+    """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
+    ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
+    cache-less one for request validation, so validating never touches the state of a running prompt."""
+    from . import routes_files, routes_info, routes_prompt
+
+    middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
+                   json_errors_middleware]
+    app = web.Application(client_max_size=config.max_upload_bytes, middlewares=middlewares)
+    state = ServerState(config, node_classes=node_classes, display_names=display_names, executor=executor,
+                        validator=validator)
+    app[STATE_KEY] = state
+
+    routes = web.RouteTableDef()
+    routes_prompt.register(routes)
+    routes_files.register(routes)
+    routes_info.register(routes)
+    routes.get("/ws")(state.clients.handle)
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+        app.router.add_route(route.method, "/api" + route.path, route.handler)
+    routes_info.add_static_routes(app, state)
+
+    app.on_startup.append(_on_startup)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+async def _on_startup(app: web.Application) -> None:
+    state: ServerState = app[STATE_KEY]
+    state.clients.bind_loop(asyncio.get_running_loop())
+    state.worker.start()
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    state: ServerState = app[STATE_KEY]
+    await state.clients.close_all()
+    await asyncio.to_thread(state.shutdown)
+
+
+def run_server(config: ServerConfig) -> None:
+    """Serve until Ctrl-C (used by ``lorabind serve``)."""
+    app = create_app(config)
+    hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
+    for host in hosts:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"lorabind serve: http://{shown}:{config.port}")
+    print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
+    web.run_app(app, host=hosts, port=config.port, print=None, access_log=None)
+

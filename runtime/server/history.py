@@ -1,0 +1,120 @@
+"""Prompt history in ComfyUI's shape, persisted so a restarted server still answers ``GET /history``.
+
+One JSON file per entry (``<seq>-<hash of prompt id>.json`` in the history folder) rather than one big file:
+entries carry the whole UI workflow in ``extra_data``, so rewriting every entry after every prompt would grow
+without bound. Each file is written atomically (temp file in the same folder + ``os.replace``), so a crash
+leaves either the old or the new entry, never half of one; an unreadable file is moved aside as ``.corrupt``
+(and logged) instead of stopping the server. ``seq`` keeps ComfyUI's insertion order across restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+log = logging.getLogger("lorabind.server")
+
+MAXIMUM_HISTORY_SIZE = 10000  # ComfyUI's limit; the oldest entries are dropped first
+SENSITIVE_EXTRA_DATA_KEYS = ("auth_token_comfy_org", "api_key_comfy_org")
+
+
+class HistoryStore:
+    def __init__(self, folder: str | os.PathLike, max_size: int = MAXIMUM_HISTORY_SIZE):
+        self.folder = Path(folder)
+        self.max_size = max_size
+        self._lock = threading.Lock()
+        self._entries: dict[str, dict] = {}
+        self._files: dict[str, Path] = {}
+        self._seq = 0
+        self._load()
+
+    def _load(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        records = []
+        for path in self.folder.glob("*.json"):
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+                records.append((int(record["seq"]), str(record["prompt_id"]), record["entry"], path))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                aside = path.with_suffix(".corrupt")
+                os.replace(path, aside)
+                log.warning("history entry %s is unreadable (%s); moved to %s", path, exc, aside)
+        for seq, prompt_id, entry, path in sorted(records, key=lambda r: r[0]):
+            self._entries[prompt_id] = entry
+            self._files[prompt_id] = path
+            self._seq = seq + 1
+
+    def _write_locked(self, prompt_id: str, entry: dict) -> Path:
+        name = f"{self._seq:012d}-{hashlib.sha1(prompt_id.encode()).hexdigest()[:16]}.json"
+        record = {"seq": self._seq, "prompt_id": prompt_id, "entry": entry}
+        self._seq += 1
+        fd, tmp = tempfile.mkstemp(prefix=".entry-", suffix=".tmp", dir=self.folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(record, f, default=str)
+            os.replace(tmp, self.folder / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.folder / name
+
+    def _remove_locked(self, prompt_id: str) -> None:
+        self._entries.pop(prompt_id, None)
+        path = self._files.pop(prompt_id, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    def add(self, prompt_id: str, entry: dict) -> None:
+        with self._lock:
+            self._remove_locked(prompt_id)
+            self._files[prompt_id] = self._write_locked(prompt_id, entry)
+            self._entries[prompt_id] = entry
+            while len(self._entries) > self.max_size:
+                self._remove_locked(next(iter(self._entries)))
+
+    def get(self, prompt_id: str) -> dict:
+        """``{prompt_id: entry}`` or ``{}`` — ComfyUI's answer for ``GET /history/{id}``."""
+        with self._lock:
+            entry = self._entries.get(prompt_id)
+            return {prompt_id: entry} if entry is not None else {}
+
+    def list(self, max_items: int | None = None, offset: int = -1) -> dict:
+        """Entries in insertion order; ComfyUI's default offset -1 means "the last max_items"."""
+        with self._lock:
+            items = list(self._entries.items())
+        if offset < 0 and max_items is not None:
+            offset = max(len(items) - max_items, 0)
+        offset = max(offset, 0)
+        end = offset + max_items if max_items is not None else None
+        return dict(items[offset:end])
+
+    def clear(self) -> None:
+        with self._lock:
+            for prompt_id in list(self._entries):
+                self._remove_locked(prompt_id)
+
+    def delete(self, prompt_ids) -> None:
+        with self._lock:
+            for prompt_id in prompt_ids:
+                self._remove_locked(str(prompt_id))
+
+
+def history_entry(item, outputs: dict, status_str: str, completed: bool, messages: list, meta: dict) -> dict:
+    """Build ComfyUI's history entry for a finished queue item (sensitive extra_data keys already removed).
+
+    ``meta`` comes from the executor; nodes it does not describe get ComfyUI's plain entry."""
+    return {
+        "prompt": item.as_list(),
+        "outputs": outputs,
+        "status": {"status_str": status_str, "completed": completed, "messages": messages},
+        "meta": {
+            node_id: meta.get(node_id) or {"node_id": node_id, "display_node": node_id, "parent_node": None,
+                                           "real_node_id": node_id}
+            for node_id in outputs
+        },
+    }

@@ -1,0 +1,131 @@
+"""The prompt queue: a thread-safe priority heap shared by the HTTP handlers and the worker thread.
+
+Ordering is ComfyUI's: an item's priority is its ``number`` (lower runs first; ``front`` negates the counter,
+an explicit ``number`` is used as given), ties broken by arrival. Items are the 5-element lists ComfyUI
+clients read from ``GET /queue``: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+@dataclass
+class QueueItem:
+    number: float
+    prompt_id: str
+    prompt: dict
+    extra_data: dict
+    outputs_to_execute: list
+    sensitive: dict = field(default_factory=dict)  # keys stripped from extra_data (kept for the run, not shown)
+
+    def as_list(self) -> list:
+        return [self.number, self.prompt_id, self.prompt, self.extra_data, self.outputs_to_execute]
+
+    @property
+    def client_id(self) -> Optional[str]:
+        return self.extra_data.get("client_id")
+
+
+class PromptQueue:
+    """Pending items in a heap plus the one running item; ``on_change`` fires after every mutation.
+
+    ``on_change`` is how the WebSocket layer broadcasts ``status``; it is called outside the lock so a slow
+    listener never blocks the worker.
+    """
+
+    def __init__(self, on_change: Callable[[], None] | None = None):
+        self._heap: list[tuple[float, int, QueueItem]] = []
+        self._arrival = itertools.count()
+        self._counter = 0
+        self._running: Optional[QueueItem] = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self.on_change = on_change
+
+    def next_number(self, explicit: float | None = None, front: bool = False) -> float:
+        """ComfyUI's numbering: an explicit number is used as is; otherwise the counter (negated for front)."""
+        if explicit is not None:
+            return float(explicit)
+        with self._cond:
+            number = self._counter
+            self._counter += 1
+        return -number if front else number
+
+    def put(self, item: QueueItem) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (item.number, next(self._arrival), item))
+            self._cond.notify()
+        self._changed()
+
+    def get(self, timeout: float | None = None) -> Optional[QueueItem]:
+        """Block until an item is pending (or ``close``/timeout), mark it running and return it."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._heap or self._closed, timeout=timeout):
+                return None
+            if self._closed:
+                return None
+            _, _, item = heapq.heappop(self._heap)
+            self._running = item
+        self._changed()
+        return item
+
+    def task_done(self) -> None:
+        with self._cond:
+            self._running = None
+        self._changed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    @property
+    def running(self) -> Optional[QueueItem]:
+        with self._cond:
+            return self._running
+
+    def snapshot(self) -> tuple[list[list], list[list]]:
+        """(running, pending) as ComfyUI's lists; pending in run order."""
+        with self._cond:
+            running = [self._running.as_list()] if self._running is not None else []
+            pending = [entry[2].as_list() for entry in sorted(self._heap, key=lambda e: (e[0], e[1]))]
+        return running, pending
+
+    def remaining(self) -> int:
+        with self._cond:
+            return len(self._heap) + (1 if self._running is not None else 0)
+
+    def clear(self) -> int:
+        with self._cond:
+            removed = len(self._heap)
+            self._heap.clear()
+        if removed:
+            self._changed()
+        return removed
+
+    def delete(self, prompt_ids) -> int:
+        """Remove pending items by id; the running prompt is not touched (``/interrupt`` stops that one)."""
+        wanted = {str(p) for p in prompt_ids}
+        with self._cond:
+            kept = [entry for entry in self._heap if entry[2].prompt_id not in wanted]
+            removed = len(self._heap) - len(kept)
+            if removed:
+                heapq.heapify(kept)
+                self._heap = kept
+        if removed:
+            self._changed()
+        return removed
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()

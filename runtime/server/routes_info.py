@@ -1,0 +1,155 @@
+"""Read-only info routes (``/object_info``, ``/system_stats``, ``/extensions``, ``/models``, ...) and the static
+folders: frontend extensions at ``/extensions/<name>/`` and example workflows at ``/workflow_templates``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from aiohttp import web
+
+from .http_json import dumps
+from .state import PACK_NAME, STATE_KEY, ServerState
+
+
+def register(routes: web.RouteTableDef) -> None:
+    routes.get("/")(get_index)
+    routes.get("/object_info")(get_object_info)
+    routes.get("/object_info/{node_class}")(get_object_info_one)
+    routes.get("/system_stats")(get_system_stats)
+    routes.get("/embeddings")(get_embeddings)
+    routes.get("/extensions")(get_extensions)
+    routes.get("/features")(get_features)
+    routes.get("/models")(get_model_folders)
+    routes.get("/models/{folder}")(get_model_files)
+    routes.get("/workflow_templates")(get_workflow_templates)
+
+
+def add_static_routes(app: web.Application, state: ServerState) -> None:
+    for name, directory in state.config.web_extensions.items():
+        if Path(directory).is_dir():
+            app.router.add_static(f"/extensions/{name}", directory, append_version=False)
+    workflows = Path(state.config.workflows_dir)
+    if workflows.is_dir():
+        app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", workflows)
+
+
+async def get_index(request: web.Request) -> web.Response:
+    """No bundled web UI (ComfyUI serves its frontend here): say what this is, for people and health checks."""
+    return web.Response(text="lorabind serve: ComfyUI-compatible HTTP/WebSocket API (POST /prompt, /ws, "
+                             "/object_info, /history, /view). Point a ComfyUI client or frontend at this address.\n")
+
+
+async def get_object_info(request: web.Request) -> web.Response:
+    from ..node_info import object_info
+
+    state: ServerState = request.app[STATE_KEY]
+    info = await asyncio.to_thread(object_info, state.node_classes, state.display_names)
+    return web.json_response(info, dumps=dumps)
+
+
+async def get_object_info_one(request: web.Request) -> web.Response:
+    from ..node_info import node_info
+
+    state: ServerState = request.app[STATE_KEY]
+    name = request.match_info["node_class"]
+    if name not in state.node_classes:
+        return web.json_response({})
+    info = await asyncio.to_thread(node_info, name, state.node_classes[name], state.display_names.get(name))
+    return web.json_response({name: info}, dumps=dumps)
+
+
+def _package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _memory() -> tuple[int, int]:
+    """(total, available) bytes from /proc/meminfo; zeros where that file does not exist."""
+    values = {}
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return values.get("MemTotal", 0), values.get("MemAvailable", values.get("MemFree", 0))
+
+
+def _devices(ram_total: int, ram_free: int) -> list[dict]:
+    """CUDA devices when torch is already loaded and sees one (never import torch just for this)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        devices = []
+        for index in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(index)
+            devices.append({"name": f"cuda:{index} {torch.cuda.get_device_name(index)}", "type": "cuda",
+                            "index": index, "vram_total": total, "vram_free": free,
+                            "torch_vram_total": torch.cuda.memory_reserved(index),
+                            "torch_vram_free": torch.cuda.memory_reserved(index)
+                            - torch.cuda.memory_allocated(index)})
+        return devices
+    return [{"name": "cpu", "type": "cpu", "index": None, "vram_total": ram_total, "vram_free": ram_free,
+             "torch_vram_total": ram_total, "torch_vram_free": ram_free}]
+
+
+async def get_system_stats(request: web.Request) -> web.Response:
+    ram_total, ram_free = _memory()
+    version = _package_version("lorabind")
+    return web.json_response({
+        "system": {"os": os.name, "ram_total": ram_total, "ram_free": ram_free,
+                   # Clients read comfyui_version; we answer with ours so they can tell the servers apart.
+                   "comfyui_version": f"lorabind-{version}", "lorabind_version": version,
+                   "python_version": sys.version, "pytorch_version": _package_version("torch"),
+                   "platform": platform.platform(), "embedded_python": False, "argv": sys.argv},
+        "devices": _devices(ram_total, ram_free),
+    })
+
+
+async def get_embeddings(request: web.Request) -> web.Response:
+    """Always empty: none of our model families uses textual-inversion embeddings."""
+    return web.json_response([])
+
+
+async def get_extensions(request: web.Request) -> web.Response:
+    state: ServerState = request.app[STATE_KEY]
+    urls = []
+    for name, directory in state.config.web_extensions.items():
+        root = Path(directory)
+        if root.is_dir():
+            urls += [f"/extensions/{name}/{p.relative_to(root).as_posix()}" for p in sorted(root.rglob("*.js"))]
+    return web.json_response(urls)
+
+
+async def get_features(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE_KEY].feature_flags())
+
+
+async def get_model_folders(request: web.Request) -> web.Response:
+    from .. import folder_paths
+
+    return web.json_response(sorted(folder_paths.folder_names_and_paths))
+
+
+async def get_model_files(request: web.Request) -> web.Response:
+    from .. import folder_paths
+
+    folder = request.match_info["folder"]
+    if folder not in folder_paths.folder_names_and_paths:
+        raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
+    return web.json_response(await asyncio.to_thread(folder_paths.get_filename_list, folder))
+
+
+async def get_workflow_templates(request: web.Request) -> web.Response:
+    """``{pack: [names]}`` of the UI-format workflows; the ``*.api.json`` twins are for scripts, not the browser."""
+    workflows = Path(request.app[STATE_KEY].config.workflows_dir)
+    names = sorted(p.name[:-len(".json")] for p in workflows.glob("*.json") if not p.name.endswith(".api.json")) \
+        if workflows.is_dir() else []
+    return web.json_response({PACK_NAME: names} if names else {})

@@ -1,0 +1,167 @@
+"""Queue and history routes: ``/prompt``, ``/queue``, ``/interrupt``, ``/history``, ``/free``.
+
+Payload shapes are ComfyUI's (comfyui.md §4.2) so its Python clients and frontend work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from aiohttp import web
+
+from .http_json import bad_request, dumps, read_json_body
+from .history import SENSITIVE_EXTRA_DATA_KEYS
+from .queue import QueueItem
+from .state import STATE_KEY, ServerState
+
+
+def register(routes: web.RouteTableDef) -> None:
+    routes.post("/prompt")(post_prompt)
+    routes.get("/prompt")(get_prompt)
+    routes.get("/queue")(get_queue)
+    routes.post("/queue")(post_queue)
+    routes.post("/interrupt")(post_interrupt)
+    routes.get("/history")(get_history)
+    routes.get("/history/{prompt_id}")(get_history_item)
+    routes.post("/history")(post_history)
+    routes.post("/free")(post_free)
+
+
+def _state(request: web.Request) -> ServerState:
+    return request.app[STATE_KEY]
+
+
+def _is_ui_workflow(prompt) -> bool:
+    return isinstance(prompt, dict) and isinstance(prompt.get("nodes"), list)
+
+
+def _to_api_prompt(state: ServerState, workflow: dict) -> dict:
+    from ..workflow_format import WorkflowFormatError, to_api_prompt
+
+    try:
+        prompt, _ = to_api_prompt(workflow, state.node_classes, state.display_names)
+    except WorkflowFormatError as exc:  # names the node id and type
+        raise bad_request("invalid_prompt", f"Cannot convert the UI workflow to an API prompt: {exc}")
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # a malformed workflow is the client's error
+        raise bad_request("invalid_prompt", f"Malformed UI workflow ({type(exc).__name__}: {exc}); expected "
+                          "ComfyUI's workflow JSON with 'nodes' (each with id, type, widgets_values) and 'links'.")
+    return prompt
+
+
+async def post_prompt(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await read_json_body(request)
+    if "prompt" not in body:
+        raise bad_request("no_prompt", "No prompt provided")
+    prompt = body["prompt"]
+    loop = asyncio.get_running_loop()
+    if _is_ui_workflow(prompt):
+        prompt = await loop.run_in_executor(state.validation_pool, _to_api_prompt, state, prompt)
+    if not isinstance(prompt, dict) or not all(isinstance(node, dict) for node in prompt.values()):
+        raise bad_request("invalid_prompt", "Field 'prompt' must be an object mapping node ids to "
+                          "{class_type, inputs} objects (API format) or a UI workflow.")
+
+    prompt_id = body.get("prompt_id") or str(uuid.uuid4())
+    if not isinstance(prompt_id, str):
+        raise bad_request("invalid_prompt", f"Field 'prompt_id' must be a string, got {prompt_id!r}.")
+    extra_data = body.get("extra_data") or {}
+    if not isinstance(extra_data, dict):
+        raise bad_request("invalid_prompt", "Field 'extra_data' must be an object.")
+    targets = body.get("partial_execution_targets")
+    if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise bad_request("invalid_prompt", "Field 'partial_execution_targets' must be a list of node ids.")
+    try:
+        explicit = float(body["number"]) if "number" in body else None
+    except (TypeError, ValueError):
+        raise bad_request("invalid_prompt", f"Field 'number' must be a number, got {body['number']!r}.")
+    number = state.queue.next_number(explicit, front=bool(body.get("front")))
+
+    result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, targets)
+    if not result.ok:
+        return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
+
+    extra_data = dict(extra_data)
+    if body.get("client_id"):
+        extra_data["client_id"] = str(body["client_id"])
+    sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
+    state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
+    return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": result.node_errors})
+
+
+def _validate(state: ServerState, prompt: dict, targets):
+    """Build any missing built-in tiny model the prompt names (as ``lorabind run`` does, so the example
+    workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
+    from ...loaders.tiny_models import ensure_builtin_models
+
+    ensure_builtin_models(prompt, state.config.models_root)
+    return state.validator.validate(prompt, targets)
+
+
+async def get_prompt(request: web.Request) -> web.Response:
+    return web.json_response(_state(request).status_payload())
+
+
+async def get_queue(request: web.Request) -> web.Response:
+    running, pending = _state(request).queue.snapshot()
+    return web.json_response({"queue_running": running, "queue_pending": pending})
+
+
+async def post_queue(request: web.Request) -> web.Response:
+    state = _state(request)
+    body = await read_json_body(request)
+    if body.get("clear"):
+        state.queue.clear()
+    if "delete" in body:
+        state.queue.delete(_id_list(body["delete"], "delete"))
+    return web.Response(status=200)
+
+
+async def post_interrupt(request: web.Request) -> web.Response:
+    """Interrupt the running prompt, or only ``prompt_id`` if given. An empty body is the global interrupt."""
+    body = await read_json_body(request, default={})
+    prompt_id = body.get("prompt_id")
+    _state(request).worker.interrupt(str(prompt_id) if prompt_id else None)
+    return web.Response(status=200)
+
+
+async def get_history(request: web.Request) -> web.Response:
+    max_items = _int_query(request, "max_items", None)
+    offset = _int_query(request, "offset", -1)
+    return web.json_response(_state(request).history.list(max_items, offset), dumps=dumps)
+
+
+async def get_history_item(request: web.Request) -> web.Response:
+    return web.json_response(_state(request).history.get(request.match_info["prompt_id"]), dumps=dumps)
+
+
+async def post_history(request: web.Request) -> web.Response:
+    history = _state(request).history
+    body = await read_json_body(request)
+    if body.get("clear"):
+        await asyncio.to_thread(history.clear)
+    if "delete" in body:
+        await asyncio.to_thread(history.delete, _id_list(body["delete"], "delete"))
+    return web.Response(status=200)
+
+
+async def post_free(request: web.Request) -> web.Response:
+    body = await read_json_body(request, default={})
+    _state(request).worker.request_free(body.get("unload_models", False), body.get("free_memory", False))
+    return web.Response(status=200)
+
+
+def _id_list(value, field: str) -> list[str]:
+    if not isinstance(value, list):
+        raise bad_request("invalid_request", f"Field '{field}' must be a list of prompt ids.")
+    return [str(v) for v in value]
+
+
+def _int_query(request: web.Request, name: str, default):
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise bad_request("invalid_request", f"Query parameter '{name}' must be an integer, got {raw!r}.")

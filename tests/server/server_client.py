@@ -1,0 +1,80 @@
+"""A ComfyUI-style test client (real aiohttp HTTP + WebSocket) and a helper starting a real loopback server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.background import BackgroundServer
+from server_fake_nodes import FAKE_NODES
+
+
+def start_server(tmp_path, **config_kwargs) -> BackgroundServer:
+    config = ServerConfig(listen="127.0.0.1", port=0, models_root=str(tmp_path / "models"),
+                          output_dir=str(tmp_path / "output"), input_dir=str(tmp_path / "input"),
+                          temp_dir=str(tmp_path / "temp"), **config_kwargs)
+    return BackgroundServer(config, node_classes=FAKE_NODES).start()
+
+
+class Client:
+    """A ComfyUI-style client: one session, one WebSocket with a clientId, helpers that await messages."""
+
+    def __init__(self, base_url: str, client_id: str = "client-a"):
+        self.base_url = base_url
+        self.client_id = client_id
+        self.session = aiohttp.ClientSession()
+        self.ws = None
+        self.messages: list[dict] = []
+
+    async def connect(self) -> dict:
+        self.ws = await self.session.ws_connect(f"{self.base_url}/ws?clientId={self.client_id}")
+        return await self.receive()
+
+    async def receive(self, timeout: float = 30.0) -> dict:
+        msg = await self.ws.receive_str(timeout=timeout)
+        message = json.loads(msg)
+        self.messages.append(message)
+        return message
+
+    async def post(self, path: str, body, **kwargs):
+        data = body if isinstance(body, (bytes, str, aiohttp.FormData)) else json.dumps(body)
+        async with self.session.post(self.base_url + path, data=data, **kwargs) as resp:
+            text = await resp.text()
+            return resp.status, (json.loads(text) if text and resp.content_type == "application/json" else text)
+
+    async def get(self, path: str, **kwargs):
+        async with self.session.get(self.base_url + path, **kwargs) as resp:
+            body = await resp.read()
+            if resp.content_type == "application/json":
+                return resp.status, json.loads(body)
+            return resp.status, body
+
+    async def queue_prompt(self, prompt: dict, **extra) -> dict:
+        status, body = await self.post("/prompt", {"prompt": prompt, "client_id": self.client_id, **extra})
+        assert status == 200, body
+        return body
+
+    async def wait_done(self, prompt_id: str, timeout: float = 60.0) -> list[dict]:
+        """Messages for ``prompt_id`` up to and including the final ``executing {node: null}``."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while True:
+            message = await self.receive(timeout=max(deadline - time.monotonic(), 0.1))
+            data = message.get("data", {})
+            if data.get("prompt_id") == prompt_id:
+                seen.append(message)
+                if message["type"] == "executing" and data.get("node") is None:
+                    return seen
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+        await self.session.close()
+
+
+def run_async(coro_fn, *args):
+    """Run one async test body to completion (pytest-asyncio is not a dependency)."""
+    return asyncio.run(coro_fn(*args))

@@ -1,0 +1,149 @@
+"""End to end through the real nodes: the tiny Wan2.2 example workflow, the same with the lightx2v-style LoRA
+pair (contract + key accounting in the ``executed`` payloads the web extension reads), a contract violation,
+and model / LoRA names that try to leave the models root."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.background import BackgroundServer
+from lorabind.runtime.server.state import PACK_DIR
+from server_client import Client, run_async
+
+WORKFLOW = PACK_DIR / "workflows" / "wan22_tiny_t2v.api.json"
+pytestmark = pytest.mark.skipif(not WORKFLOW.is_file(), reason=f"{WORKFLOW.name} not present")
+
+
+@pytest.fixture(scope="module")
+def wan_server(tmp_path_factory):
+    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+
+    root = tmp_path_factory.mktemp("wan22")
+    build_tiny(root / "models", names=["tiny-wan22-t2v"])
+    lora_fixtures.write_fixture_loras(root / "models")
+    config = ServerConfig(port=0, models_root=str(root / "models"), output_dir=str(root / "output"),
+                          input_dir=str(root / "input"), temp_dir=str(root / "temp"))
+    srv = BackgroundServer(config).start()
+    yield srv
+    srv.stop()
+
+
+def _example() -> dict:
+    return json.loads(WORKFLOW.read_text(encoding="utf-8"))
+
+
+def _with_pair(steps: int) -> dict:
+    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+
+    prompt = _example()
+    sampler = next(k for k, n in prompt.items() if n["class_type"] == "LoraBindSampler")
+    prompt["100"] = {"class_type": "WanMoELoRAPair",
+                     "inputs": {"model": copy.deepcopy(prompt[sampler]["inputs"]["model"]),
+                                "high_noise_lora": WAN22_HIGH, "high_noise_strength": 1.0,
+                                "low_noise_lora": WAN22_LOW, "low_noise_strength": 1.0}}
+    prompt[sampler]["inputs"].update(model=["100", 0], steps=steps, cfg=1.0)
+    return prompt
+
+
+def test_example_workflow_and_lora_pair_over_http(wan_server):
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            await client.connect()
+            pid = (await client.queue_prompt(_example()))["prompt_id"]
+            seen = await client.wait_done(pid, timeout=300)
+            assert [m["type"] for m in seen][0] == "execution_start"
+            assert seen[-2]["type"] == "execution_success" and seen[-1]["data"]["node"] is None
+            _, history = await client.get(f"/history/{pid}")
+            images = [img for out in history[pid]["outputs"].values() for img in out.get("images", [])]
+            assert len(images) == 1
+            status, data = await client.get("/view", params=images[0])
+            assert status == 200 and len(data) > 100
+
+            pid = (await client.queue_prompt(_with_pair(steps=4)))["prompt_id"]
+            seen = await client.wait_done(pid, timeout=300)
+            executed = {m["data"]["node"]: m["data"]["output"] for m in seen if m["type"] == "executed"}
+            pair = executed["100"]
+            assert [a["component"] for a in pair["lorabind_accounting"]] == ["transformer", "transformer_2"]
+            assert all(a["counts"]["applied"] > 0 and a["counts"]["unmatched"] == 0
+                       for a in pair["lorabind_accounting"])
+            assert [c["steps"] for c in pair["lorabind_contract"]] == [4, 4]
+            schedule = next(out["lorabind_schedule"][0] for out in executed.values() if "lorabind_schedule" in out)
+            assert schedule["steps"] == 4 and len(schedule["sigmas"]) == 5 and schedule["contracts"]
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_contract_violation_is_an_execution_error_naming_the_file(wan_server):
+    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH
+
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            await client.connect()
+            pid = (await client.queue_prompt(_with_pair(steps=8)))["prompt_id"]
+            seen = await client.wait_done(pid, timeout=300)
+            errors = [m["data"] for m in seen if m["type"] == "execution_error"]
+            assert len(errors) == 1 and errors[0]["node_type"] == "LoraBindSampler"
+            assert WAN22_HIGH in errors[0]["exception_message"] and "8" in errors[0]["exception_message"]
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_model_and_lora_names_outside_the_models_root_are_refused(wan_server):
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            bad_model = _example()
+            loader = next(k for k, n in bad_model.items() if n["class_type"] == "LoraBindModelLoader")
+            bad_model[loader]["inputs"]["model_name"] = "../../../etc"
+            status, reply = await client.post("/prompt", {"prompt": bad_model})
+            assert status == 400
+            errors = reply["node_errors"][loader]["errors"]
+            assert errors[0]["type"] == "value_not_in_list" and "../../../etc" in errors[0]["details"]
+
+            bad_lora = _with_pair(steps=4)
+            bad_lora["100"]["inputs"]["high_noise_lora"] = "/etc/passwd"
+            status, reply = await client.post("/prompt", {"prompt": bad_lora})
+            assert status == 400
+            assert reply["node_errors"]["100"]["errors"][0]["extra_info"]["input_name"] == "high_noise_lora"
+            assert (await client.get("/queue"))[1]["queue_pending"] == []
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_free_unload_models_reloads_the_model_on_the_next_prompt(wan_server):
+    from lorabind.loaders import model_store
+
+    model_dir = f"{wan_server.config.models_root}/diffusers/tiny-wan22-t2v"
+
+    async def run_example(client, seed):
+        prompt = _example()
+        sampler = next(k for k, n in prompt.items() if n["class_type"] == "LoraBindSampler")
+        prompt[sampler]["inputs"]["seed"] = seed
+        pid = (await client.queue_prompt(prompt))["prompt_id"]
+        assert "execution_success" in [m["type"] for m in await client.wait_done(pid, timeout=300)]
+
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            await client.connect()
+            await run_example(client, 1)
+            loads = model_store.load_count(model_dir)
+            assert (await client.post("/free", {"unload_models": True}))[0] == 200
+            await run_example(client, 2)
+            assert model_store.load_count(model_dir) == loads + 1
+        finally:
+            await client.close()
+
+    run_async(body)
