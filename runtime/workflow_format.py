@@ -56,7 +56,26 @@ def to_api_prompt(workflow: Any, node_classes: dict, display_names: dict | None 
     if kind == "api":
         prompt = workflow["prompt"] if _is_api_prompt(workflow.get("prompt")) else workflow
         return {str(node_id): dict(node) for node_id, node in prompt.items()}, "api"
-    return _UiConverter(workflow, node_classes, display_names or {}).convert(), "ui"
+    _check_ui_nodes(workflow.get("nodes"), "the workflow")
+    for definition in _collect_subgraphs(workflow, {}).values():
+        _check_ui_nodes(definition.get("nodes"), f"subgraph {definition.get('id')!r}")
+    try:
+        return _UiConverter(workflow, node_classes, display_names or {}).convert(), "ui"
+    except WorkflowFormatError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError) as exc:  # malformed links, slots, definitions
+        raise WorkflowFormatError(f"malformed UI workflow: {type(exc).__name__}: {exc}") from exc
+
+
+def _check_ui_nodes(nodes: Any, where: str) -> None:
+    """Every UI node needs an ``id`` and a ``type``; say which one lacks them instead of a KeyError."""
+    if not isinstance(nodes, list):
+        raise WorkflowFormatError(f"{where} has no 'nodes' list")
+    for index, node in enumerate(nodes):
+        if not isinstance(node, dict) or "id" not in node:
+            raise WorkflowFormatError(f"{where}: node #{index} has no 'id'")
+        if not isinstance(node.get("type"), str):
+            raise WorkflowFormatError(f"{where}: node {node['id']} has no 'type' (its node class)")
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,17 @@ def test_unknown_node_type_names_the_node():
     workflow = {"nodes": [ui_node(12, "SomeoneElsesNode", widgets=[1])], "links": []}
     with pytest.raises(WorkflowFormatError, match="Node 12 has type 'SomeoneElsesNode'"):
         to_api_prompt(workflow, FAKE_NODES)
+
+
+def test_node_without_type_is_named_not_a_key_error():
+    workflow = {"nodes": [ui_node(12, "SomeoneElsesNode", widgets=[1])], "links": []}
+    del workflow["nodes"][0]["type"]
+    with pytest.raises(WorkflowFormatError, match=r"node 12 has no 'type'"):
+        to_api_prompt(workflow, FAKE_NODES)
+
+
+def test_malformed_link_is_a_workflow_format_error():
+    workflow = hand_made_workflow()
+    workflow["links"].append({"id": 999})  # a link object without origin/target
+    with pytest.raises(WorkflowFormatError, match="malformed UI workflow: KeyError"):
+        to_api_prompt(workflow, FAKE_NODES)
