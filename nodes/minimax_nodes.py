@@ -1,0 +1,215 @@
+"""MiniMax-H3 nodes: attach a Turbo/native adapter with its sampling contract; decode and save the soundtrack."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..loaders import minimax_h3_sampling
+from ..loaders.contracts import SamplingRequest
+from ..loaders.errors import LoraBindError
+from ..loaders.families import minimax_h3 as family
+from ..loaders.families.minimax_h3_contracts import TASKS, TURBO_GRAMMAR, checkpoint_shifts, file_contract
+from ..loaders.handles import (
+    SOCKET_AUDIO,
+    SOCKET_IMAGE,
+    SOCKET_LATENT,
+    SOCKET_MODEL,
+    SOCKET_SCHEDULE,
+    SOCKET_SIGMAS,
+    AdapterSpec,
+    ScheduleHandle,
+)
+from ..loaders.sigmas import shift_schedule
+from ..loaders.wav_files import write_wav
+from .comfy_bridge import folder_paths
+
+CATEGORY = "lorabind/minimax_h3"
+
+
+def _lora_path(lora_name: str) -> str:
+    path = folder_paths().get_full_path("loras", lora_name)
+    if not path or not os.path.isfile(path):
+        raise LoraBindError(f"MiniMaxTurboSchedule: LoRA file {lora_name!r} is not in the loras folder")
+    return path
+
+
+def _own_sigmas(contract, model_index) -> tuple:
+    """The artifact's own video schedule, shown even when it is switched off (scale 0)."""
+    if contract.sigmas is not None:
+        return contract.sigmas
+    return shift_schedule(contract.base_schedule, checkpoint_shifts(model_index)[0])
+
+
+class MiniMaxTurboSchedule:
+    DESCRIPTION = (
+        "Attaches a MiniMax-H3 LightX2V Turbo adapter (contract read from its published file name) or a native "
+        "FlashGen adapter (contract read from its metadata) to the model, and outputs the schedule the sampler "
+        "must follow. Mismatched steps, flow shifts, task or partition are refused before any weight changes."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "attach"
+    RETURN_TYPES = (SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS)
+    RETURN_NAMES = ("model", "schedule", "sigmas")
+    OUTPUT_TOOLTIPS = (
+        "The model with the adapter attached (bound dynamically by the sampler at this scale).",
+        "The adapter's sampling contract; connect it to the sampler's schedule input.",
+        "The video sigma schedule the contract implies (steps + 1 points ending in 0).",
+    )
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "A MiniMax-H3 model (e.g. tiny-minimax-h3)."}),
+                "lora_name": (folder_paths().get_filename_list("loras"), {
+                    "tooltip": "A Turbo file with its published name (minimax_h3_<fl2v|ref2v>_turbo_<N>step_v<x.y>"
+                               "[_768p][_bf16].safetensors) or a native FlashGen file.",
+                }),
+                "scale": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 4.0, "step": 0.01,
+                                    "tooltip": "Multiplier on top of the file's alpha/rank; 0 turns the adapter "
+                                               "and its contract off."}),
+                "task": (["auto", *TASKS], {"default": "auto",
+                                            "tooltip": "t2va / fl2va run on transformer, ref2va on "
+                                                       "transformer_ref; auto = the artifact's first task."}),
+            }
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, model, lora_name, scale, task):
+        try:
+            stat = os.stat(_lora_path(lora_name))
+        except LoraBindError:
+            return float("nan")
+        return f"{stat.st_size}:{stat.st_mtime_ns}"  # the contract is read from the file: re-run when it changes
+
+    def attach(self, model, lora_name, scale, task):
+        if model.family != family.FAMILY:
+            raise LoraBindError(
+                f"MiniMaxTurboSchedule: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
+                f"{model.family}"
+            )
+        path = _lora_path(lora_name)
+        contract = file_contract(path)
+        if contract is None:
+            raise LoraBindError(
+                f"MiniMaxTurboSchedule: {lora_name} declares no MiniMax-H3 contract: its name does not follow "
+                f"{TURBO_GRAMMAR} and its metadata has no key_format='minimax-h3-native'. Use LoadPEFTAdapter for "
+                f"other LoRAs."
+            )
+        chosen = contract.tasks[0] if task == "auto" else task
+        contract = family.with_scale(contract, scale, chosen)
+        handle = model.with_adapters(
+            AdapterSpec(path, float(scale), component=contract.partition, name=lora_name), contracts=(contract,)
+        )
+        words = [family.describe_contract(contract)]
+        if scale == 0:
+            sigmas = _own_sigmas(contract, model.model.model_index)
+            words.append("scale 0: the adapter is off and its contract is not applied")
+        else:
+            request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
+            resolved = family.resolve_schedule(handle.contracts, request, handle)
+            sigmas = resolved.sigmas
+            words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
+                         f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
+        sigma_tensor = torch.tensor(sigmas, dtype=torch.float32)
+        return {
+            "ui": {"lorabind_contract": [family.contract_dict(contract)], "text": words},
+            "result": (handle, ScheduleHandle(contract), sigma_tensor),
+        }
+
+
+class MiniMaxDecodeAudio:
+    DESCRIPTION = "Decodes the soundtrack of a MiniMax-H3 latent with the model's audio VAE (stereo)."
+    CATEGORY = CATEGORY
+    FUNCTION = "decode"
+    RETURN_TYPES = (SOCKET_AUDIO,)
+    RETURN_NAMES = ("audio",)
+    OUTPUT_TOOLTIPS = ("Stereo waveform {waveform [B, 2, samples], sample_rate}.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "The MiniMax-H3 model whose audio VAE decodes the latent."}),
+                "latent": (SOCKET_LATENT, {"tooltip": "A sampled MiniMax-H3 latent (video + audio)."}),
+            }
+        }
+
+    def decode(self, model, latent):
+        if "audio" not in latent.extra:
+            raise LoraBindError(f"MiniMaxDecodeAudio: the latent ({latent.family}) carries no MiniMax-H3 audio")
+        return (minimax_h3_sampling.decode_audio(model.model, latent),)
+
+
+class MiniMaxFirstFrame:
+    DESCRIPTION = ("Anchors a MiniMax-H3 latent on a first frame (FL2VA): the image is encoded by the model's VAE "
+                   "and held just short of clean while the rest of the video and the soundtrack are generated.")
+    CATEGORY = CATEGORY
+    FUNCTION = "anchor"
+    RETURN_TYPES = (SOCKET_LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("The latent with the first-frame keyframe; sample it with task fl2va.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "The MiniMax-H3 model whose VAE encodes the frame."}),
+                "latent": (SOCKET_LATENT, {"tooltip": "An empty MiniMax-H3 latent of the same size as the image."}),
+                "image": (SOCKET_IMAGE, {"tooltip": "The first frame (its first image is used)."}),
+            }
+        }
+
+    def anchor(self, model, latent, image):
+        if model.family != family.FAMILY:
+            raise LoraBindError(f"MiniMaxFirstFrame: model {model.model.name} is {model.family}, not MiniMax-H3")
+        return (minimax_h3_sampling.with_first_frame(model.model, latent, image),)
+
+
+class LoraBindSaveAudio:
+    DESCRIPTION = "Saves audio as 16-bit WAV with the prompt and workflow embedded (LIST/INFO ICMT chunk)."
+    CATEGORY = CATEGORY
+    FUNCTION = "save"
+    RETURN_TYPES = ()
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "audio": (SOCKET_AUDIO, {"tooltip": "Audio to save, one WAV per batch item."}),
+                "filename_prefix": ("STRING", {"default": "lorabind/audio",
+                                               "tooltip": "File name prefix; may contain subfolders (a/b)."}),
+            },
+            "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"},
+        }
+
+    def save(self, audio, filename_prefix="lorabind/audio", prompt=None, extra_pnginfo=None):
+        registry = folder_paths()
+        full_folder, filename, counter, subfolder, _ = registry.get_save_image_path(
+            filename_prefix, registry.get_output_directory()
+        )
+        os.makedirs(full_folder, exist_ok=True)
+        comment = {"prompt": prompt, **(extra_pnginfo or {})} if prompt is not None or extra_pnginfo else None
+        saved = []
+        for index, waveform in enumerate(audio["waveform"]):
+            file = f"{filename}_{counter + index:05}_.wav"
+            write_wav(os.path.join(full_folder, file), waveform, audio["sample_rate"], comment)
+            saved.append({"filename": file, "subfolder": subfolder, "type": "output"})
+        return {"ui": {"audio": saved}}
+
+
+NODE_CLASS_MAPPINGS = {
+    "MiniMaxTurboSchedule": MiniMaxTurboSchedule,
+    "MiniMaxDecodeAudio": MiniMaxDecodeAudio,
+    "MiniMaxFirstFrame": MiniMaxFirstFrame,
+    "LoraBindSaveAudio": LoraBindSaveAudio,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "MiniMaxTurboSchedule": "MiniMax-H3 Turbo / Native Schedule (lorabind)",
+    "MiniMaxDecodeAudio": "MiniMax-H3 Decode Audio (lorabind)",
+    "MiniMaxFirstFrame": "MiniMax-H3 First Frame (lorabind)",
+    "LoraBindSaveAudio": "Save Audio WAV (lorabind)",
+}
