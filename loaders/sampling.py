@@ -151,6 +151,15 @@ def _guided(velocity, expert: str, x: torch.Tensor, sigma: float, cfg: float, re
     return guided
 
 
+def implied_task(model, latent: LatentHandle) -> Optional[str]:
+    """The task a latent implies (MiniMax-H3: a latent anchored on a first frame means ``fl2va``), else None."""
+    if model.family == "minimax_h3":
+        from . import minimax_h3_sampling
+
+        return minimax_h3_sampling.implied_task(latent)
+    return None
+
+
 def denoise(
     model: LoadedModel,
     positive: ConditioningHandle,

@@ -96,7 +96,7 @@ class LoraBindSampler:
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
                adapter=None, schedule=None):
         request = SamplingRequest(steps=steps, cfg=cfg, shift=shift, boundary=boundary or None,
-                                  enforce_contract=enforce_contract)
+                                  task=sampling.implied_task(model.model, latent), enforce_contract=enforce_contract)
         resolved = resolve_schedule(model, adapter, schedule, request)  # raises ContractError before any weight
         adapters = model.adapters + (adapter.adapters if adapter is not None else ())
         bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted)

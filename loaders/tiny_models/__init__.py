@@ -93,5 +93,24 @@ def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
         if name in named and not (root / name / "model_index.json").exists():
             build_builtin(name, models_root)
             built.append(name)
-    built += lora_fixtures.ensure_fixture_loras(named, Path(models_root))
+    built += ensure_fixture_loras(named, models_root)
     return built
+
+
+def ensure_fixture_loras(named, models_root) -> list[str]:
+    """Write the fixture LoRA sets a prompt names (``named``: its string values) when a file is missing.
+
+    Call it after the named tiny models are built: the Wan/Qwen fixtures take their shapes from them.
+    Returns the fixture names that were missing and are now written.
+    """
+    from . import minimax_h3
+
+    lora_dir = Path(models_root) / "loras"
+    written = []
+    for names, write in ((lora_fixtures.FIXTURE_NAMES, lora_fixtures.write_fixture_loras),
+                         (minimax_h3.FIXTURE_NAMES, minimax_h3.write_minimax_fixture_loras)):
+        missing = [name for name in names if name in named and not (lora_dir / name).exists()]
+        if missing:
+            write(models_root)
+            written += [name for name in missing if (lora_dir / name).exists()]
+    return written

@@ -57,20 +57,6 @@ def write_fixture_loras(models_root) -> list:
     return written
 
 
-def ensure_fixture_loras(named, models_root) -> list:
-    """Write the fixtures when a prompt names one that is missing (``named``: the prompt's string values).
-
-    For ``ensure_builtin_models``: call it after the named tiny models are built, since the shapes come from them.
-    Returns the fixture names that were missing and are now written.
-    """
-    lora_dir = Path(models_root) / "loras"
-    missing = [name for name in FIXTURE_NAMES if name in named and not (lora_dir / name).exists()]
-    if not missing:
-        return []
-    write_fixture_loras(models_root)
-    return [name for name in missing if (lora_dir / name).exists()]
-
-
 def _config(model_dir: Path, component: str) -> dict:
     return json.loads((model_dir / component / "config.json").read_text(encoding="utf-8"))
 

@@ -59,7 +59,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     return {
         "file": lora.name,
         "path": os.path.abspath(path),
-        "format": lora.format,
+        "format": prepared.format,
         "family": family_module.FAMILY if family_module else None,
         "rank": rank,
         "alpha": _uniform(delta.alpha for delta in lows),

@@ -40,17 +40,3 @@ def loaded(models_root):
     from lorabind.loaders.model_store import load_model
 
     return {name: load_model(str(models_root / "diffusers" / name), name=name) for name in ADAPTER_TEST_MODELS}
-
-
-def state_snapshot(loaded_model) -> dict:
-    """Exact copy of every denoiser parameter, to assert that nothing was written."""
-    return {f"{component}:{key}": value.detach().clone()
-            for component, module in loaded_model.components.items()
-            for key, value in module.state_dict().items()}
-
-
-def assert_same_state(before: dict, loaded_model) -> None:
-    after = state_snapshot(loaded_model)
-    assert after.keys() == before.keys()
-    changed = [key for key in before if not before[key].equal(after[key])]
-    assert changed == []

@@ -82,7 +82,7 @@ def test_models_that_are_not_built_get_no_fixture(tmp_path):
 def test_ensure_writes_the_fixtures_a_prompt_names_once_its_model_exists(tmp_path, models_root):
     import shutil
 
-    from lorabind.loaders.tiny_models.lora_fixtures import ensure_fixture_loras
+    from lorabind.loaders.tiny_models import ensure_fixture_loras
 
     shutil.copytree(models_root / "diffusers" / "tiny-wan21-t2v", tmp_path / "diffusers" / "tiny-wan21-t2v")
     named = {"tiny-wan21-t2v", lora_fixtures.WAN21_DISTILL, "a cat"}
@@ -91,3 +91,13 @@ def test_ensure_writes_the_fixtures_a_prompt_names_once_its_model_exists(tmp_pat
         models_root / "loras" / lora_fixtures.WAN21_DISTILL).read_bytes()
     assert ensure_fixture_loras(named, tmp_path) == []
     assert ensure_fixture_loras({lora_fixtures.QWEN_LIGHTNING}, tmp_path) == []  # its model is not built
+
+
+def test_ensure_writes_minimax_fixtures_a_prompt_names(tmp_path):
+    from lorabind.loaders.lora import read_lora
+    from lorabind.loaders.tiny_models import ensure_fixture_loras, minimax_h3
+
+    named = {minimax_h3.NATIVE_FIXTURE_NAME}
+    assert ensure_fixture_loras(named, tmp_path) == [minimax_h3.NATIVE_FIXTURE_NAME]
+    assert read_lora(tmp_path / "loras" / minimax_h3.NATIVE_FIXTURE_NAME).metadata["key_format"] == "minimax-h3-native"
+    assert ensure_fixture_loras(named, tmp_path) == []

@@ -3,7 +3,7 @@
 import os
 
 import pytest
-from conftest import assert_same_state, state_snapshot
+from adapters_helpers import assert_same_state, state_snapshot
 
 from lorabind.loaders.errors import KeyMatchError, LoraBindError
 from lorabind.loaders.handles import AdapterHandle, ModelHandle

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_state, state_snapshot
+from adapters_helpers import assert_same_state, state_snapshot
 
 import lorabind
 from lorabind.loaders.binding import binding_state, unbind
