@@ -1,15 +1,212 @@
-"""Bind a shared LoadedModel to the state a handle asks for (placeholder: plain state only, until the engine lands)."""
+"""Bind a shared ``LoadedModel`` to exactly the state a handle asks for: base weights + fuses + active adapters.
+
+Why "binding" at sampling time: handles only *describe* a patch set (several graph branches can share one
+loaded model with different LoRAs), so right before denoising the sampler makes the model match its handle.
+Binding is incremental (the patcher rewrites only parameters whose set of contributions changed — re-running
+the same patch set writes nothing) and transactional (every file, key and shape is validated before the first
+weight is written; an error or interrupt part-way restores everything touched, then re-raises).
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+import copy
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from .errors import KeyMatchError
+from .patching import ApplyResult, PatchLayer, WeightPatcher
+from .peft_adapters import AdapterCache, adapters_hidden, cache_key, file_identity, to_peft_groups
+
+DEFAULT_MAX_CACHED_ADAPTERS = 4
+MAX_MEMOISED_ACCOUNTINGS = 16
+_state_creation_lock = threading.Lock()
 
 
-def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False):
-    if fuses or adapters:
-        raise NotImplementedError("LoRA binding is not implemented yet")
-    return None
+@dataclass
+class BindStats:
+    """Cumulative engine work on one model (tests assert that a repeated bind does no work)."""
+
+    bind_calls: int = 0
+    fuse_passes: int = 0  # binds that wrote or restored at least one tensor
+    tensors_written: int = 0
+    tensors_restored: int = 0
+
+
+@dataclass
+class BindingState:
+    """What the engine keeps on ``LoadedModel.binding_state``."""
+
+    patcher: WeightPatcher
+    adapters: AdapterCache
+    stats: BindStats = field(default_factory=BindStats)
+    fuses: tuple = ()  # the FuseSpecs currently fused
+    # one bind at a time per model: two graph branches binding the same shared model must not interleave
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    # (content key, component, lenient) -> (targets, accounting dict): a sampler re-binds the same files on every
+    # run; mapping and accounting them again would cost more than the (empty) incremental fuse
+    accounted: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)
+
+
+@dataclass
+class BindReport:
+    fuses: list = field(default_factory=list)  # per fuse: name, path, component, strength, accounting dict
+    adapters: list = field(default_factory=list)  # per active adapter: name, path, component, scale, accounting
+    written: int = 0  # tensors (re)patched by this bind
+    restored: int = 0  # tensors returned to their original by this bind
+    unchanged: int = 0  # patched tensors left as they were (same contributions)
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "fuses": self.fuses,
+            "adapters": self.adapters,
+            "written": self.written,
+            "restored": self.restored,
+            "unchanged": self.unchanged,
+            "warnings": list(self.warnings),
+        }
+
+
+def binding_state(model) -> BindingState:
+    """The engine state of a loaded model, created on first use."""
+    with _state_creation_lock:
+        if model.binding_state is None:
+            model.binding_state = BindingState(
+                patcher=WeightPatcher(model.components),
+                adapters=AdapterCache(model.components, max_size=DEFAULT_MAX_CACHED_ADAPTERS),
+            )
+    return model.binding_state
+
+
+def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False,
+         check_interrupt: Optional[Callable[[], None]] = None) -> BindReport:
+    """Bring ``model.components`` to base weights + ``fuses`` and activate exactly ``adapters``.
+
+    ``fuses`` are ``FuseSpec``s, ``adapters`` ``AdapterSpec``s (scale 0 = off: not even read). Raises
+    ``LoraBindError`` subclasses naming the file/key; on any error the model is left as it was before the call.
+    """
+    state = binding_state(model)
+    with state.lock:
+        return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt)
+
+
+def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_interrupt) -> BindReport:
+    state.stats.bind_calls += 1
+    report = BindReport()
+
+    # 1. read, map and account everything; validate every shape. No weight is written yet.
+    layers = []
+    for spec in fuses:
+        targets, accounting = _accounted_targets(model, state, spec, lenient)
+        layers.append(PatchLayer(key=_content_key(spec.path), component=spec.component,
+                                 strength=float(spec.strength), targets=targets, name=_label(spec)))
+        report.fuses.append({"name": _label(spec), "path": spec.path, "component": spec.component,
+                             "strength": float(spec.strength), "accounting": copy.deepcopy(accounting)})
+    state.patcher.plan(layers)
+    wanted_adapters = []
+    for spec in adapters:
+        if float(spec.scale) == 0:
+            continue  # off: no weights, no contract, nothing to validate
+        targets, accounting = _accounted_targets(model, state, spec, lenient)
+        key = cache_key(spec.path, spec.component)
+        groups = None if key in state.adapters.entries else to_peft_groups(targets, _label(spec))
+        wanted_adapters.append((key, spec, groups))
+        report.adapters.append({"name": _label(spec), "path": spec.path, "component": spec.component,
+                                "scale": float(spec.scale), "accounting": copy.deepcopy(accounting)})
+
+    # 2. adapters first: injecting and activating never writes a base weight, so undoing it is exact.
+    cache = state.adapters
+    previous_active = dict(cache.active)
+    warnings_before = len(cache.warnings)
+    try:
+        in_use = {key for key, _, _ in wanted_adapters}
+        scales: dict = {}
+        for key, spec, groups in wanted_adapters:
+            cache.ensure(key, spec.component, groups, _label(spec), in_use=in_use)
+            scales[key] = scales.get(key, 0.0) + float(spec.scale)
+        cache.activate(scales)
+    except BaseException:
+        cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
+        raise
+    report.warnings.extend(cache.warnings[warnings_before:])
+
+    # 3. fuse: incremental and transactional inside the patcher.
+    try:
+        result: ApplyResult = state.patcher.apply(layers, check_interrupt=check_interrupt)
+    except BaseException:
+        cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
+        raise
+    state.fuses = tuple(fuses)
+    report.written, report.restored, report.unchanged = result.written, result.restored, result.unchanged
+    if result.written or result.restored:
+        state.stats.fuse_passes += 1
+    state.stats.tensors_written += result.written
+    state.stats.tensors_restored += result.restored
+    return report
 
 
 def unbind(model) -> None:
-    return None
+    """Restore every base weight bit-exactly and deactivate every adapter (they stay cached)."""
+    state = model.binding_state
+    if state is None:
+        return
+    with state.lock:
+        state.adapters.activate({})
+        result = state.patcher.restore_all()
+        state.fuses = ()
+        state.stats.tensors_restored += result.restored
+
+
+def pin_adapter(model, path: str, component: str = "transformer", pinned: bool = True) -> None:
+    """Never evict this adapter file from ``model``'s adapter cache once loaded (``pinned=False`` undoes it)."""
+    state = binding_state(model)
+    with state.lock:
+        state.adapters.pin(path, component, pinned)
+
+
+def release_adapters(model) -> None:
+    """Delete every cached adapter from the model (its state dict is then bit-identical to before)."""
+    state = model.binding_state
+    if state is not None:
+        with state.lock:
+            state.adapters.remove_all()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _label(spec) -> str:
+    return spec.name or os.path.basename(spec.path.rstrip("/\\"))
+
+
+def _content_key(path: str) -> str:
+    """Same file content ⇒ same key: resolved path plus size and mtime of the file(s)."""
+    resolved = os.path.realpath(path)
+    return f"{resolved}|{file_identity(resolved)}"
+
+
+def _accounted_targets(model, state: BindingState, spec, lenient: bool):
+    """Read (cached), map to the model family, and account one LoRA on its component (memoised per content)."""
+    from .lora import account, map_to_model, read_lora
+
+    component = spec.component
+    if component not in model.components:
+        raise KeyMatchError(
+            f"'{_label(spec)}' is meant for component '{component}', which model '{model.name or model.path}' "
+            f"does not have (components: {', '.join(sorted(model.components)) or 'none'})."
+        )
+    memo_key = (_content_key(spec.path), component, bool(lenient))
+    hit = state.accounted.get(memo_key)
+    if hit is not None:
+        state.accounted.move_to_end(memo_key)
+        return hit
+    mapped = map_to_model(read_lora(spec.path), model.family)
+    with adapters_hidden(model.components[component]):  # cached peft wrappers must not hide parameters
+        acc = account(mapped, model.components[component], lenient=lenient, component=component)
+    state.accounted[memo_key] = (acc.applied, acc.to_dict())
+    while len(state.accounted) > MAX_MEMOISED_ACCOUNTINGS:
+        state.accounted.popitem(last=False)
+    return state.accounted[memo_key]

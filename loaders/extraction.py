@@ -1,0 +1,172 @@
+"""Extract a LoRA from the difference between a base and a tuned model component (``lorabind extract``).
+
+Per parameter: a 2-D ``weight`` becomes a low-rank pair from the SVD of ``tuned - base`` (rank capped per layer
+at min(out, in); √S split evenly between up and down, so neither factor dwarfs the other in low precision);
+any other changed tensor (biases, norms, conv kernels, modulation tables) is stored whole as a diff, so
+nothing the tuning changed is lost. Identical tensors are skipped. Every key and shape is checked before any
+SVD runs, and the file is written to a temporary name and renamed, so a failure never leaves a partial file.
+
+Output keys use diffusers module names with the ``transformer.`` prefix (what diffusers' Wan/Qwen pipelines
+write): ``<module>.lora_A.weight`` (down), ``<module>.lora_B.weight`` (up), ``<module>.alpha`` when an alpha is
+requested, ``<module>.diff`` / ``<module>.diff_b`` and ``<module>.<param>.diff`` for other parameters.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .errors import LoraBindError
+
+OUTPUT_PREFIX = "transformer."
+
+
+class ExtractionError(LoraBindError):
+    """Base and tuned components do not correspond (missing layer, shape mismatch) or cannot be read."""
+
+
+class ComponentWeights:
+    """Lazy, read-only view of a diffusers component folder's safetensors weights (one tensor at a time)."""
+
+    def __init__(self, model_dir: str, component: str):
+        self.folder = os.path.join(model_dir, component)
+        files = sorted(glob.glob(os.path.join(self.folder, "*.safetensors")))
+        if not files:
+            others = os.listdir(self.folder) if os.path.isdir(self.folder) else []
+            hint = " (only pickle weights found: convert them to safetensors)" if any(
+                f.endswith((".bin", ".pt", ".ckpt", ".pth")) for f in others) else ""
+            raise ExtractionError(f"{self.folder}: no .safetensors weights for component '{component}'{hint}")
+        from safetensors import safe_open
+
+        self._handles = {}
+        self.key_file: dict[str, str] = {}
+        self.shapes: dict[str, tuple] = {}
+        self.dtypes: dict[str, str] = {}
+        for path in files:
+            handle = safe_open(path, framework="pt")
+            self._handles[path] = handle
+            for key in handle.keys():
+                self.key_file[key] = path
+                sliced = handle.get_slice(key)
+                self.shapes[key] = tuple(sliced.get_shape())
+                self.dtypes[key] = sliced.get_dtype()
+
+    def keys(self):
+        return self.key_file.keys()
+
+    def tensor(self, key: str) -> torch.Tensor:
+        return self._handles[self.key_file[key]].get_tensor(key)
+
+    def files(self) -> list:
+        return list(self._handles)
+
+
+@dataclass
+class ExtractionResult:
+    tensors: dict = field(default_factory=dict)  # output key -> tensor
+    low_rank: dict = field(default_factory=dict)  # module -> rank used
+    diffs: list = field(default_factory=list)  # parameter names stored whole
+    identical: int = 0  # parameters skipped because base == tuned
+    max_abs_error: float = 0.0  # largest |reconstruction - diff| over the low-rank layers (truncation error)
+
+    def summary(self) -> dict:
+        ranks = sorted(set(self.low_rank.values()))
+        return {"low_rank_layers": len(self.low_rank), "ranks": ranks, "diff_tensors": len(self.diffs),
+                "identical_skipped": self.identical, "tensors_written": len(self.tensors),
+                "max_abs_error": self.max_abs_error}
+
+
+def check_correspondence(base: ComponentWeights, tuned: ComponentWeights) -> None:
+    """Same keys, same shapes — or an error listing what differs (nothing is computed before this passes)."""
+    missing = sorted(set(base.keys()) - set(tuned.keys()))
+    extra = sorted(set(tuned.keys()) - set(base.keys()))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing in the tuned model ({len(missing)}): {', '.join(missing[:5])}")
+        if extra:
+            parts.append(f"only in the tuned model ({len(extra)}): {', '.join(extra[:5])}")
+        raise ExtractionError(f"{tuned.folder} does not have the layers of {base.folder}: " + "; ".join(parts))
+    mismatched = [k for k in sorted(base.keys()) if base.shapes[k] != tuned.shapes[k]]
+    if mismatched:
+        k = mismatched[0]
+        raise ExtractionError(
+            f"shape mismatch on '{k}': base {list(base.shapes[k])}, tuned {list(tuned.shapes[k])}"
+            + (f" (and {len(mismatched) - 1} more)" if len(mismatched) > 1 else ""))
+
+
+def low_rank_factors(diff: torch.Tensor, rank: int, alpha: Optional[float]) -> tuple:
+    """(down, up, used rank, max abs error) with ``scale · up @ down ≈ diff``, scale = alpha/rank or 1."""
+    used = max(1, min(int(rank), diff.shape[0], diff.shape[1]))
+    u, s, vh = torch.linalg.svd(diff, full_matrices=False)
+    root = s[:used].sqrt()
+    up = u[:, :used] * root
+    down = root[:, None] * vh[:used]
+    error = (up @ down - diff).abs().max().item()
+    if alpha is not None:  # the reader will multiply by alpha/rank: pre-divide, evenly between the factors
+        correction = (used / float(alpha)) ** 0.5
+        up, down = up * correction, down * correction
+    return down, up, used, error
+
+
+def extract_lora(base: ComponentWeights, tuned: ComponentWeights, *, rank: int, alpha: Optional[float] = None,
+                 dtype: Optional[torch.dtype] = None, device: str = "cpu",
+                 on_progress: Optional[Callable[[int, int], None]] = None) -> ExtractionResult:
+    """The LoRA tensors turning ``base`` into ``tuned`` (see the module docstring for the key layout)."""
+    if rank < 1:
+        raise ExtractionError(f"--rank must be at least 1 (got {rank})")
+    if alpha is not None and alpha <= 0:
+        raise ExtractionError(f"--alpha must be positive (got {alpha})")
+    check_correspondence(base, tuned)
+    result = ExtractionResult()
+    keys = sorted(base.keys())
+    for index, key in enumerate(keys):
+        before, after = base.tensor(key), tuned.tensor(key)
+        if torch.equal(before, after):
+            result.identical += 1
+        elif not before.is_floating_point():
+            raise ExtractionError(f"'{key}' is not a float tensor ({before.dtype}) but differs between the models")
+        else:
+            diff = after.to(device, torch.float32) - before.to(device, torch.float32)
+            out_dtype = dtype or after.dtype
+            module, _, param = key.rpartition(".")
+            if param == "weight" and diff.dim() == 2:
+                down, up, used, error = low_rank_factors(diff, rank, alpha)
+                result.tensors[f"{OUTPUT_PREFIX}{module}.lora_A.weight"] = down.to(out_dtype).cpu().contiguous()
+                result.tensors[f"{OUTPUT_PREFIX}{module}.lora_B.weight"] = up.to(out_dtype).cpu().contiguous()
+                if alpha is not None:
+                    result.tensors[f"{OUTPUT_PREFIX}{module}.alpha"] = torch.tensor(float(alpha))
+                result.low_rank[module] = used
+                result.max_abs_error = max(result.max_abs_error, error)
+            else:
+                name = {"weight": f"{module}.diff", "bias": f"{module}.diff_b"}.get(param, f"{key}.diff")
+                result.tensors[f"{OUTPUT_PREFIX}{name}"] = diff.to(out_dtype).cpu().contiguous()
+                result.diffs.append(key)
+        if on_progress is not None:
+            on_progress(index + 1, len(keys))
+    if not result.tensors:
+        raise ExtractionError(f"{tuned.folder} is identical to {base.folder}: there is nothing to extract")
+    return result
+
+
+def save_safetensors_atomically(tensors: dict, out_path: str, metadata: dict) -> None:
+    """Write to a temporary file in the destination folder, then rename: never a partial file at ``out_path``."""
+    from safetensors.torch import save_file
+
+    folder = os.path.dirname(os.path.abspath(out_path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".lorabind-", suffix=".safetensors.tmp", dir=folder)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

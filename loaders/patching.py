@@ -1,0 +1,310 @@
+"""Exact, transactional, incremental weight patching ("fusing") of LoRA patch sets.
+
+Why our own patcher instead of diffusers' ``fuse_lora``/``unfuse_lora``: peft unfuses by subtraction
+(``W -= delta``), which drifts (1 bf16 ulp per fuse/unfuse cycle, see the team's feasibility notes), silently
+drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stacked LoRA. Here:
+
+* every patched parameter keeps its exact original (on CPU by default), so restoring is a copy, bit-exact in
+  any dtype;
+* a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
+  (``strength · scale · up @ down`` and ``strength · diff``) — and cast back once, so stacking LoRAs never
+  re-rounds in between and the result does not depend on the order in which they were applied;
+* a patch set is a value: applying a new one only rewrites the parameters whose set of contributions changed
+  (changing one LoRA's strength rewrites only that LoRA's parameters);
+* an apply is a transaction: if anything raises part-way (a bad tensor, an interrupt raised by the
+  ``check_interrupt`` callback between layers, a KeyboardInterrupt), every parameter written in this call is
+  brought back to its pre-call state before the error propagates;
+* work is done layer by layer (one module's parameters at a time), so the extra memory is the backups plus
+  one layer's float32 temporaries, never a second copy of the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .errors import KeyMatchError
+from .lora.canonical import LowRankDelta, TargetPatch
+
+
+@dataclass(frozen=True)
+class PatchLayer:
+    """One LoRA fused into one component at one strength.
+
+    ``key`` identifies the LoRA's *content* (e.g. resolved path plus file size and mtime): two layers with the
+    same key and strength contribute the same delta, which is what makes incremental re-application possible.
+    """
+
+    key: str
+    component: str
+    strength: float
+    targets: Mapping[str, TargetPatch]  # diffusers module path -> TargetPatch
+    name: str = ""  # for messages
+
+    @property
+    def label(self) -> str:
+        return self.name or self.key
+
+
+@dataclass(frozen=True, eq=False)  # never compared by value: that would compare tensors
+class _Contribution:
+    """What one PatchLayer adds to one parameter: a low-rank delta (weights only) and/or a full diff."""
+
+    key: str
+    strength: float
+    low_rank: Optional[LowRankDelta]
+    diff: Optional[torch.Tensor]
+
+    @property
+    def signature(self) -> tuple:
+        return (self.key, self.strength)
+
+
+@dataclass
+class PatchStats:
+    """Cumulative counters, so callers and tests can see how much work the engine really did."""
+
+    apply_calls: int = 0
+    tensors_written: int = 0  # parameters written with a patched value
+    tensors_restored: int = 0  # parameters copied back from their original
+
+
+@dataclass
+class ApplyResult:
+    written: int = 0  # parameters (re)patched in this call
+    restored: int = 0  # parameters returned to their original in this call
+    unchanged: int = 0  # parameters patched before and after with the same contributions (not touched)
+
+
+def param_id(component: str, module_path: str, param_name: str) -> str:
+    """The "component:module.param" id used in ``last_written`` and error messages."""
+    return f"{component}:{module_path}.{param_name}" if module_path else f"{component}:{param_name}"
+
+
+def base_module(module: nn.Module) -> nn.Module:
+    """The module holding the real parameters: peft wraps targeted layers and keeps the original as base_layer."""
+    get_base = getattr(module, "get_base_layer", None)
+    return get_base() if callable(get_base) else module
+
+
+def low_rank_delta_shape(delta: LowRankDelta) -> tuple:
+    """Shape of ``up @ down`` folded back to the weight's layout (linear [out, in]; conv [out, in, *k])."""
+    return (int(delta.up.shape[0]),) + tuple(int(s) for s in delta.down.shape[1:])
+
+
+class WeightPatcher:
+    """Brings ``{component name: nn.Module}`` to "originals + a patch set", exactly and incrementally."""
+
+    def __init__(self, components: Mapping[str, nn.Module], *, backup_device: str | torch.device = "cpu"):
+        self.components = components
+        self.backup_device = torch.device(backup_device)
+        self._originals: dict[str, torch.Tensor] = {}  # param id -> exact copy of the unpatched tensor
+        self._applied: dict[str, tuple[_Contribution, ...]] = {}  # param id -> contributions now in the tensor
+        self._locations: dict[str, tuple[str, str, str]] = {}  # param id -> (component, module path, param)
+        self.last_written: set[str] = set()
+        self.stats = PatchStats()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def patched(self) -> set[str]:
+        """Parameter ids currently holding a patched value."""
+        return set(self._applied)
+
+    def backup_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._originals.values())
+
+    # ------------------------------------------------------------------ planning (no writes)
+
+    def plan(self, layers: Sequence[PatchLayer]) -> dict[str, tuple[_Contribution, ...]]:
+        """Validate every target of every layer against the modules and return the wanted contributions.
+
+        Nothing is written, so a bad LoRA (unknown module, missing parameter, wrong shape) is refused before
+        any weight changes.
+        """
+        wanted: dict[str, list[_Contribution]] = {}
+        for layer in layers:
+            if layer.component not in self.components:
+                raise KeyMatchError(
+                    f"LoRA '{layer.label}' targets component '{layer.component}', which this model does not have "
+                    f"(components: {', '.join(sorted(self.components)) or 'none'})."
+                )
+            if layer.strength == 0:
+                continue  # strength 0 contributes nothing: those parameters stay (or become) original
+            root = self.components[layer.component]
+            for module_path, target in layer.targets.items():
+                module = self._module(root, layer, module_path)
+                parts: dict[str, tuple[Optional[LowRankDelta], Optional[torch.Tensor]]] = {}
+                if target.low_rank is not None:
+                    self._check_shape(layer, module, module_path, "weight", low_rank_delta_shape(target.low_rank))
+                    self._check_low_rank_layout(layer, module_path, target.low_rank)
+                    parts["weight"] = (target.low_rank, None)
+                for name, diff in target.param_diffs.items():
+                    self._check_shape(layer, module, module_path, name, tuple(diff.shape))
+                    low_rank = parts.get(name, (None, None))[0]
+                    parts[name] = (low_rank, diff)
+                for name, (low_rank, diff) in parts.items():
+                    pid = param_id(layer.component, module_path, name)
+                    self._locations[pid] = (layer.component, module_path, name)
+                    wanted.setdefault(pid, []).append(_Contribution(layer.key, float(layer.strength), low_rank, diff))
+        # canonical order: the float32 sum (and so the result's bits) does not depend on the order of the layers
+        return {pid: tuple(sorted(c, key=lambda x: x.signature)) for pid, c in wanted.items()}
+
+    # ------------------------------------------------------------------ applying
+
+    def apply(
+        self,
+        layers: Sequence[PatchLayer],
+        *,
+        check_interrupt: Optional[Callable[[], None]] = None,
+        on_progress: Optional[Callable[[int, int], None]] = None,
+    ) -> ApplyResult:
+        """Make the components hold exactly originals + ``layers``; touch only parameters that must change.
+
+        ``check_interrupt`` and ``on_progress(done, total)`` are called between layers; whatever they raise
+        aborts the call, and every parameter written so far is brought back to its pre-call value first.
+        """
+        wanted = self.plan(layers)
+        changed = [
+            pid
+            for pid in sorted(set(wanted) | set(self._applied), key=self._locations.__getitem__)
+            if _signature(wanted.get(pid, ())) != _signature(self._applied.get(pid, ()))
+        ]
+        result = ApplyResult(unchanged=len((set(wanted) & set(self._applied)) - set(changed)))
+        self.stats.apply_calls += 1
+        self.last_written = set()
+        before = dict(self._applied)
+        touched: list[str] = []
+        groups = _group_by_module(changed, self._locations)
+        try:
+            for index, group in enumerate(groups):
+                if check_interrupt is not None:
+                    check_interrupt()
+                with torch.no_grad():
+                    for pid in group:
+                        touched.append(pid)
+                        self._write(pid, wanted.get(pid, ()))
+                if on_progress is not None:
+                    on_progress(index + 1, len(groups))
+        except BaseException:
+            self._roll_back(touched, before)
+            raise
+        for pid in touched:
+            if pid in self._applied:
+                result.written += 1
+            else:
+                result.restored += 1
+        self.stats.tensors_written += result.written
+        self.stats.tensors_restored += result.restored
+        self.last_written = set(touched)
+        self._drop_unused_originals()
+        return result
+
+    def restore_all(self, *, check_interrupt: Optional[Callable[[], None]] = None) -> ApplyResult:
+        """Bring every patched parameter back to its original (bit-exact)."""
+        return self.apply((), check_interrupt=check_interrupt)
+
+    # ------------------------------------------------------------------ internals
+
+    def _module(self, root: nn.Module, layer: PatchLayer, module_path: str) -> nn.Module:
+        try:
+            module = root.get_submodule(module_path) if module_path else root
+        except AttributeError:
+            raise KeyMatchError(
+                f"LoRA '{layer.label}': module '{module_path}' does not exist in component '{layer.component}'."
+            ) from None
+        return base_module(module)
+
+    def _check_shape(self, layer: PatchLayer, module: nn.Module, module_path: str, name: str, got: tuple) -> None:
+        tensor = _param_or_none(module, name)
+        where = f"{module_path}.{name}" if module_path else name
+        if tensor is None:
+            raise KeyMatchError(
+                f"LoRA '{layer.label}': component '{layer.component}' has no parameter '{where}'."
+            )
+        if tuple(tensor.shape) != tuple(got):
+            raise KeyMatchError(
+                f"LoRA '{layer.label}': shape mismatch on '{layer.component}:{where}': the model has "
+                f"{list(tensor.shape)}, the LoRA delta is {list(got)}."
+            )
+
+    @staticmethod
+    def _check_low_rank_layout(layer: PatchLayer, module_path: str, delta: LowRankDelta) -> None:
+        if int(delta.up.shape[1]) != int(delta.down.shape[0]) or any(int(s) != 1 for s in delta.up.shape[2:]):
+            raise KeyMatchError(
+                f"LoRA '{layer.label}': '{module_path}' has up {list(delta.up.shape)} and down "
+                f"{list(delta.down.shape)}, which do not form a rank-{delta.rank} product."
+            )
+
+    def _tensor(self, pid: str) -> torch.Tensor:
+        component, module_path, name = self._locations[pid]
+        root = self.components[component]
+        module = base_module(root.get_submodule(module_path) if module_path else root)
+        return _param_or_none(module, name)
+
+    def _write(self, pid: str, contributions: tuple[_Contribution, ...]) -> None:
+        tensor = self._tensor(pid)
+        original = self._originals.get(pid)
+        if original is None:
+            original = tensor.detach().to(self.backup_device, copy=True)
+            self._originals[pid] = original
+        if contributions:
+            tensor.copy_(_patched_value(original, contributions, tensor.device))  # copy_ casts (rounds) once
+            self._applied[pid] = contributions
+        else:
+            tensor.copy_(original)
+            self._applied.pop(pid, None)
+
+    def _roll_back(self, touched: Iterable[str], before: dict) -> None:
+        """Recompute each touched parameter's pre-call value (deterministic, so bit-identical) or copy it back."""
+        with torch.no_grad():
+            for pid in touched:
+                self._write(pid, before.get(pid, ()))
+        self._applied = before
+        self._drop_unused_originals()
+
+    def _drop_unused_originals(self) -> None:
+        for pid in [p for p in self._originals if p not in self._applied]:
+            del self._originals[pid]
+
+
+def _signature(contributions: tuple[_Contribution, ...]) -> tuple:
+    return tuple(c.signature for c in contributions)
+
+
+def _param_or_none(module: nn.Module, name: str) -> Optional[torch.Tensor]:
+    tensor = module._parameters.get(name)
+    if tensor is None:
+        tensor = module._buffers.get(name)
+    return tensor
+
+
+def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str, str]]) -> list[list[str]]:
+    """Consecutive parameter ids of the same module form one "layer" (the unit between interrupt checks)."""
+    groups: list[list[str]] = []
+    last = None
+    for pid in pids:
+        owner = locations[pid][:2]
+        if owner != last:
+            groups.append([])
+            last = owner
+        groups[-1].append(pid)
+    return groups
+
+
+def _patched_value(original: torch.Tensor, contributions: Sequence[_Contribution], device) -> torch.Tensor:
+    """``original + Σ strength·scale·(up @ down) + Σ strength·diff`` computed in float32 on ``device``."""
+    value = torch.empty(original.shape, dtype=torch.float32, device=device)  # contiguous, so ``flat`` is a view
+    value.copy_(original)
+    flat = value.view(value.shape[0], -1) if value.dim() >= 2 else None
+    for c in contributions:
+        if c.low_rank is not None:
+            up = c.low_rank.up.to(device=device, dtype=torch.float32).reshape(c.low_rank.up.shape[0], -1)
+            down = c.low_rank.down.to(device=device, dtype=torch.float32).reshape(c.low_rank.down.shape[0], -1)
+            flat.addmm_(up, down, alpha=c.strength * float(c.low_rank.scale))
+        if c.diff is not None:
+            value.add_(c.diff.to(device=device, dtype=torch.float32).reshape(value.shape), alpha=c.strength)
+    return value

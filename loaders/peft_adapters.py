@@ -1,0 +1,352 @@
+"""Dynamic (unfused) adapters injected with peft, and a per-model LRU cache of them.
+
+Why peft layers and not fusing: switching adapters per run must not write a single base weight (milliseconds,
+and the base stays bit-exact). Why not diffusers' ``load_lora_adapter``/``load_lora_weights``: diffusers drops
+``lora_alpha`` of PEFT folders when given a path (the adapter then runs at alpha=r, i.e. the wrong scale) and
+drops full diffs silently. So every adapter — PEFT folder or single LoRA file — first goes through our reader
+(``MappedLora``: every pair already carries its exact resolved ``scale``), and we hand peft a state dict in
+which that scale is folded into B with ``lora_alpha = r``: each layer then runs at exactly ``scale · run scale``.
+
+Each cached adapter is injected once into its component (one peft adapter per rank present in the file, so
+mixed-rank files need no ``rank_pattern``, whose matching rules differ between peft versions). A run activates
+a set of adapters with scales; scale 0 means off. Files carrying full diffs (``diff`` on weights, ``diff_m``,
+norm diffs) cannot be dynamic: they are refused with a pointer to the fuse node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .errors import LoraBindError
+
+FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs support full diffs)"
+
+
+class AdapterError(LoraBindError):
+    """An adapter cannot be used dynamically (full diffs, unsupported peft version, peft refused the weights)."""
+
+
+def file_identity(path: str) -> tuple:
+    """(size, mtime_ns) of a file, or of every file of a folder: a changed file is a different adapter."""
+    if os.path.isdir(path):
+        entries = sorted((e for e in os.scandir(path) if e.is_file()), key=lambda e: e.name)
+        return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries)
+    st = os.stat(path)
+    return (st.st_size, st.st_mtime_ns)
+
+
+def cache_key(path: str, component: str) -> tuple:
+    """Cache key of an adapter on one component: resolved path + file identity + component."""
+    resolved = os.path.realpath(path)
+    return (resolved, file_identity(resolved), component)
+
+
+# ---------------------------------------------------------------------------------------------- conversion
+
+
+@dataclass
+class PeftRankGroup:
+    """One peft adapter to inject: every target of one rank, scales folded into B (``lora_alpha == r``)."""
+
+    rank: int
+    modules: tuple  # exact module paths
+    state_dict: dict  # "<module>.lora_A.weight" / "<module>.lora_B.weight" (/ "<module>.lora_B.bias")
+    with_bias: bool
+
+
+def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGroup]:
+    """Convert canonical ``TargetPatch``es into peft state dicts, one per rank.
+
+    ``B' = scale · up`` (float32) so that peft with ``lora_alpha = r`` (scaling 1) reproduces exactly the
+    delta our fuse path applies. A ``diff_b`` (bias diff) on a low-rank target becomes peft's ``lora_B.bias``;
+    any other full diff cannot be expressed by a LoRA layer and is refused.
+    """
+    by_rank: dict[int, dict] = {}
+    biased_ranks: set[int] = set()
+    for module_path, target in sorted(targets.items()):
+        extra = sorted(set(target.param_diffs) - {"bias"})
+        if extra or (target.param_diffs and target.low_rank is None):
+            what = ", ".join(f"{module_path}.{p}" for p in (extra or sorted(target.param_diffs)))
+            raise AdapterError(
+                f"'{label}' carries full diffs ({what}); a dynamic adapter can only add low-rank deltas — "
+                f"{FUSE_NODE_HINT}."
+            )
+        if target.low_rank is None:
+            continue
+        delta = target.low_rank
+        if delta.down.dim() != 2:
+            raise AdapterError(
+                f"'{label}': '{module_path}' is a convolution LoRA (down {list(delta.down.shape)}); dynamic "
+                f"adapters support linear layers only — {FUSE_NODE_HINT}."
+            )
+        rank = delta.rank
+        sd = by_rank.setdefault(rank, {})
+        sd[f"{module_path}.lora_A.weight"] = delta.down.to(torch.float32)
+        sd[f"{module_path}.lora_B.weight"] = delta.up.to(torch.float32) * float(delta.scale)
+        if "bias" in target.param_diffs:
+            sd[f"{module_path}.lora_B.bias"] = target.param_diffs["bias"].to(torch.float32)
+            biased_ranks.add(rank)
+    groups = []
+    for rank, sd in sorted(by_rank.items()):
+        modules = tuple(sorted({k.rsplit(".lora_", 1)[0] for k in sd}))
+        with_bias = rank in biased_ranks
+        if with_bias:  # peft gives every layer of a lora_bias adapter a bias: zeros where the file has none
+            for m in modules:
+                if f"{m}.lora_B.bias" not in sd:
+                    sd[f"{m}.lora_B.bias"] = torch.zeros(sd[f"{m}.lora_B.weight"].shape[0])
+        groups.append(PeftRankGroup(rank, modules, sd, with_bias))
+    if not groups:
+        raise AdapterError(f"'{label}' has no low-rank targets on this component; nothing to attach dynamically.")
+    return groups
+
+
+def _lora_config(group: PeftRankGroup, label: str):
+    from peft import LoraConfig
+
+    kwargs = dict(
+        r=group.rank,
+        lora_alpha=group.rank,  # scaling 1: the exact per-pair scale is already folded into B
+        # a regex string is matched with re.fullmatch by peft: exact module paths, no suffix surprises
+        target_modules="^(?:" + "|".join(re.escape(m) for m in group.modules) + ")$",
+        lora_dropout=0.0,
+        init_lora_weights=False,  # the weights are set right after injection
+    )
+    if group.with_bias:
+        if "lora_bias" not in getattr(LoraConfig, "__dataclass_fields__", {}):
+            raise AdapterError(
+                f"'{label}' has bias diffs (diff_b); attaching them dynamically needs peft >= 0.14 (lora_bias) — "
+                f"upgrade peft or {FUSE_NODE_HINT}."
+            )
+        kwargs["lora_bias"] = True
+    return LoraConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+@dataclass
+class CachedAdapter:
+    key: tuple  # cache_key(path, component)
+    label: str
+    component: str
+    peft_names: tuple  # peft adapter names injected into the component (one per rank)
+
+
+@dataclass
+class AdapterCache:
+    """LRU cache of adapters injected into one model's components.
+
+    Eviction (deleting the peft layers) never drops an adapter that is pinned or in use (requested by the
+    bind in progress); when everything is in use the cache grows past ``max_size`` and says so in ``warnings``
+    instead of failing the run.
+    """
+
+    components: Mapping[str, nn.Module]
+    max_size: int = 4
+    entries: "OrderedDict[tuple, CachedAdapter]" = field(default_factory=OrderedDict)
+    active: dict = field(default_factory=dict)  # cache key -> scale
+    pinned: set = field(default_factory=set)  # (resolved path, component): never evicted, whatever its identity
+    warnings: list = field(default_factory=list)
+    injections: int = 0  # how many adapters were injected (tests: a cached adapter is not re-injected)
+    _counter: int = 0
+    _had_peft_config: dict = field(default_factory=dict)
+
+    # -- loading
+
+    def ensure(self, key: tuple, component: str, groups: Sequence[PeftRankGroup], label: str,
+               in_use: Optional[Iterable[tuple]] = None) -> CachedAdapter:
+        """Return the cached adapter for ``key``, injecting ``groups`` (``to_peft_groups``) if it is not cached.
+
+        ``in_use``: the keys that must survive eviction — the set the caller is about to activate (a bind that
+        replaces the active set passes it); by default the adapters active now.
+        """
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries.move_to_end(key)
+            return entry
+        if not groups:
+            raise AdapterError(f"'{label}' is not cached on '{component}' and no peft weights were given")
+        protected = set(self.active if in_use is None else in_use) | {key}
+        self._drop_stale(key, protected)
+        self._evict_for_one_more(protected)
+        entry = self._inject(key, component, groups, label)
+        self.entries[key] = entry
+        return entry
+
+    def pin(self, path: str, component: str = "transformer", pinned: bool = True) -> None:
+        """Keep this file's adapter on ``component`` cached once loaded (the file need not be loaded yet)."""
+        ident = (os.path.realpath(path), component)
+        if pinned:
+            self.pinned.add(ident)
+        else:
+            self.pinned.discard(ident)
+
+    def is_pinned(self, key: tuple) -> bool:
+        return (key[0], key[2]) in self.pinned
+
+    def _drop_stale(self, key: tuple, protected: set) -> None:
+        """An older identity of the same file on the same component is dead weight: remove it (if unused)."""
+        for old in [k for k in self.entries if k[0] == key[0] and k[2] == key[2] and k not in protected]:
+            self._remove(old)
+
+    def _evict_for_one_more(self, in_use: set) -> None:
+        while len(self.entries) >= self.max_size:
+            victim = next((k for k in self.entries if k not in in_use and not self.is_pinned(k)), None)
+            if victim is None:
+                self.warnings.append(
+                    f"adapter cache full ({len(self.entries)}/{self.max_size}) but every cached adapter is pinned "
+                    f"or in use; keeping them all"
+                )
+                return
+            self._remove(victim)
+
+    def _inject(self, key: tuple, component: str, groups: Sequence[PeftRankGroup], label: str) -> CachedAdapter:
+        from peft import inject_adapter_in_model, set_peft_model_state_dict
+
+        module = self.components[component]
+        if component not in self._had_peft_config:
+            self._had_peft_config[component] = hasattr(module, "peft_config")
+        self._counter += 1
+        names = []
+        try:
+            for group in groups:
+                name = f"lorabind{self._counter}_r{group.rank}"
+                config = _lora_config(group, label)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # peft's false "invalid shape" warning for lora_B.bias
+                    inject_adapter_in_model(config, module, adapter_name=name)
+                    names.append(name)
+                    result = set_peft_model_state_dict(module, group.state_dict, adapter_name=name)
+                unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+                if unexpected:
+                    raise AdapterError(f"peft did not accept {len(unexpected)} tensors of '{label}': {unexpected[:5]}")
+        except BaseException:
+            for name in names:
+                _delete_peft_adapter(module, name)
+            _unwrap_empty_peft_layers(module)
+            self._apply_activation()
+            raise
+        self.injections += 1
+        entry = CachedAdapter(key, label, component, tuple(names))
+        self._apply_activation()  # a fresh peft adapter starts active: keep exactly the wanted set active
+        return entry
+
+    def _remove(self, key: tuple) -> None:
+        entry = self.entries.pop(key)
+        self.active.pop(key, None)
+        module = self.components[entry.component]
+        for name in entry.peft_names:
+            _delete_peft_adapter(module, name)
+        _unwrap_empty_peft_layers(module)
+        if not any(e.component == entry.component for e in self.entries.values()):
+            if not self._had_peft_config.pop(entry.component, True) and hasattr(module, "peft_config"):
+                del module.peft_config
+        self._apply_activation()  # peft re-activates a remaining adapter when the active one is deleted
+
+    def remove_all(self) -> None:
+        """Delete every cached adapter: the components' state dicts are then bit-identical to before."""
+        for key in list(self.entries):
+            self._remove(key)
+
+    # -- activation
+
+    def activate(self, scales: Mapping[tuple, float]) -> None:
+        """Make exactly these cached adapters active with these scales (0 = off); base weights untouched."""
+        missing = [k for k in scales if k not in self.entries]
+        if missing:
+            raise AdapterError(f"adapter(s) not loaded: {[k[0] for k in missing]}")
+        self.active = {k: float(s) for k, s in scales.items() if s != 0}
+        for key in self.active:
+            self.entries.move_to_end(key)
+        self._apply_activation()
+
+    def _apply_activation(self) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        per_component: dict[str, dict[str, float]] = {}
+        for key, scale in self.active.items():
+            entry = self.entries[key]
+            for name in entry.peft_names:
+                per_component.setdefault(entry.component, {})[name] = scale
+        for component, module in self.components.items():
+            wanted = per_component.get(component, {})
+            for layer in module.modules():
+                if not isinstance(layer, BaseTunerLayer):
+                    continue
+                present = [n for n in wanted if n in getattr(layer, "scaling", {})]
+                layer.set_adapter(present)
+                for name in present:
+                    layer.set_scale(name, wanted[name])
+                for layer_name in layer.adapter_layer_names:  # inference only: no autograd on adapter weights
+                    for sub in getattr(layer, layer_name).values():
+                        sub.requires_grad_(False)
+
+
+def _delete_peft_adapter(module: nn.Module, name: str) -> None:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for layer in module.modules():
+        if isinstance(layer, BaseTunerLayer) and name in getattr(layer, "scaling", {}):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                layer.delete_adapter(name)
+    config = getattr(module, "peft_config", None)
+    if isinstance(config, dict):
+        config.pop(name, None)
+
+
+def _unwrap_empty_peft_layers(module: nn.Module) -> None:
+    """Put the original layer back where a peft wrapper has no adapter left.
+
+    peft's functional ``delete_adapter`` keeps the wrapper (state-dict keys then read ``….base_layer.weight``)
+    and only ``PeftModel.unload`` unwraps; we use bare models, so we unwrap ourselves.
+    """
+    from peft.tuners.lora import LoraLayer
+
+    for path, layer in list(module.named_modules()):
+        if not isinstance(layer, LoraLayer) or len(layer.lora_A) > 0:
+            continue
+        parent_path, _, child = path.rpartition(".")
+        parent = module.get_submodule(parent_path) if parent_path else module
+        setattr(parent, child, layer.get_base_layer())
+
+
+@contextmanager
+def adapters_hidden(module: nn.Module):
+    """Temporarily put the original layers back in place of peft wrappers (no weight is copied or changed).
+
+    Why: key accounting looks parameters up on the module at each path, and a peft wrapper holds its layer's
+    parameters one level down (``base_layer``); an adapter cached from an earlier run must not make a later
+    LoRA's keys look unmatched. The wrappers are re-installed on exit, whatever happens inside.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    swapped = []
+    for path, layer in list(module.named_modules()):
+        if isinstance(layer, BaseTunerLayer) and path:
+            parent_path, _, child = path.rpartition(".")
+            parent = module.get_submodule(parent_path) if parent_path else module
+            swapped.append((parent, child, layer))
+    try:
+        for parent, child, layer in swapped:
+            setattr(parent, child, layer.get_base_layer())
+        yield module
+    finally:
+        for parent, child, layer in reversed(swapped):
+            setattr(parent, child, layer)
+
+
+def active_adapters_of(cache: Optional[AdapterCache]) -> list:
+    """Labels and scales of the active adapters (for reports)."""
+    if cache is None:
+        return []
+    return [{"name": cache.entries[k].label, "component": k[2], "scale": s} for k, s in cache.active.items()]

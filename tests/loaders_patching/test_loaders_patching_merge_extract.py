@@ -1,0 +1,193 @@
+"""`lorabind merge` then `lorabind extract` on the tiny Wan2.2 folder: exact merge, lossless round trip, refusals."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+from patching_helpers import expected_value, lightx2v_lora
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from lorabind.loaders.binding import bind
+from lorabind.loaders.extraction import low_rank_factors
+from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
+from lorabind.loaders.model_store import LoadedModel
+from lorabind.runtime.cli import main
+
+COMPONENT = "transformer_2"
+
+
+@pytest.fixture(scope="session")
+def tiny_wan22_folder(tmp_path_factory):
+    from lorabind.loaders.tiny_models.wan import build_tiny_wan22
+
+    return str(build_tiny_wan22(tmp_path_factory.mktemp("models")))
+
+
+def file_hashes(folder):
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+def component_state(folder, component=COMPONENT):
+    return load_file(os.path.join(folder, component, "diffusion_pytorch_model.safetensors"))
+
+
+def load_transformer(folder, component=COMPONENT):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel.from_pretrained(folder, subfolder=component, local_files_only=True).eval()
+
+
+@pytest.fixture(scope="session")
+def merged(tiny_wan22_folder, tmp_path_factory):
+    """The tiny model merged with a LightX2V-style LoRA at strength 0.8: low-rank pairs (alpha and not), diff_b,
+    norm diffs, a full-rank diff, global layers."""
+    work = tmp_path_factory.mktemp("merge")
+    tensors, expected = lightx2v_lora(load_transformer(tiny_wan22_folder), seed=5, full=True, modulation=False)
+    lora = str(work / "wan22_style.safetensors")
+    save_file(tensors, lora)
+    source_before = file_hashes(tiny_wan22_folder)
+    out = str(work / "merged")
+    rc = main(["merge", "--model", tiny_wan22_folder, "--lora", f"{lora}:0.8", "--component", COMPONENT,
+               "--out", out])
+    return {"rc": rc, "out": out, "lora": lora, "expected": expected, "source_before": source_before, "work": work}
+
+
+def test_merge_writes_a_complete_folder_with_exact_fused_weights(tiny_wan22_folder, merged):
+    assert merged["rc"] == 0
+    out = merged["out"]
+    # the source is untouched; every other file is copied byte for byte; same files in the new folder
+    assert file_hashes(tiny_wan22_folder) == merged["source_before"]
+    after = file_hashes(out)
+    assert set(after) == set(merged["source_before"])
+    changed = {name for name in after if after[name] != merged["source_before"][name]}
+    assert changed == {f"{COMPONENT}/diffusion_pytorch_model.safetensors"}
+    base, fused = component_state(tiny_wan22_folder), component_state(out)
+    for name, spec in merged["expected"].items():
+        assert (fused[name].double() - expected_value(base[name], spec, 0.8)).abs().max().item() <= 1e-6
+    assert all(torch.equal(base[k], fused[k]) for k in base if k not in merged["expected"])
+    # and the merged folder loads as a normal diffusers pipeline, offline
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(out, local_files_only=True)
+    assert torch.equal(pipe.transformer_2.state_dict()["blocks.0.attn1.to_q.weight"],
+                       fused["blocks.0.attn1.to_q.weight"])
+
+
+@pytest.mark.parametrize("alpha", [None, 16.0])
+def test_extract_at_full_rank_reproduces_the_merged_deltas(tiny_wan22_folder, merged, alpha):
+    assert merged["rc"] == 0
+    out_file = str(merged["work"] / f"extracted_{alpha}.safetensors")
+    args = ["extract", "--base", tiny_wan22_folder, "--tuned", merged["out"], "--rank", "64",
+            "--component", COMPONENT, "--out", out_file]
+    if alpha is not None:
+        args += ["--alpha", str(alpha)]
+    assert main(args) == 0
+    clear_lora_cache()
+    lora = read_lora(out_file)
+    base_module = load_transformer(tiny_wan22_folder)
+    acc = account(map_to_model(lora, "wan2.2_moe"), base_module, component=COMPONENT)
+    base = component_state(tiny_wan22_folder)
+    # every merged delta comes back: low-rank on 2-D weights (rank capped at min(out, in)), diffs on the rest
+    assert {f"{m}.weight" for m, t in acc.applied.items() if t.low_rank is not None} | {
+        f"{m}.{p}" for m, t in acc.applied.items() for p in t.param_diffs} == set(merged["expected"])
+    for name, spec in merged["expected"].items():
+        module, param = name.rsplit(".", 1)
+        target = acc.applied[module]
+        want = expected_value(base[name], spec, 0.8) - base[name].double()
+        if param == "weight" and base[name].dim() == 2:
+            lr = target.low_rank
+            assert lr.rank == min(base[name].shape)
+            got = lr.scale * (lr.up.double() @ lr.down.double())
+        else:
+            got = target.param_diffs[param].double()
+        assert (got - want).abs().max().item() <= 1e-5
+    # fusing the extracted LoRA into the base gives the merged weights back
+    model = LoadedModel(path=tiny_wan22_folder, name="tiny", family="wan2.2_moe", pipeline=None,
+                        components={COMPONENT: base_module})
+    bind(model, [FuseSpec(out_file, 1.0, COMPONENT)], [])
+    merged_state = component_state(merged["out"])
+    rebuilt = base_module.state_dict()
+    assert max((rebuilt[k].double() - merged_state[k].double()).abs().max().item() for k in merged["expected"]) <= 1e-5
+
+
+def test_low_rank_factors_truncate_to_the_best_rank_r_approximation():
+    g = torch.Generator().manual_seed(3)
+    exact = torch.randn(20, 3, generator=g) @ torch.randn(3, 12, generator=g)
+    down, up, used, error = low_rank_factors(exact, 8, alpha=4.0)
+    assert used == 8 and (4.0 / 8 * up @ down - exact).abs().max().item() < 1e-5
+    noisy = exact + 0.01 * torch.randn(20, 12, generator=g)
+    down, up, used, error = low_rank_factors(noisy, 3, alpha=None)
+    s = torch.linalg.svdvals(noisy)
+    # Eckart–Young: the spectral error of the best rank-3 approximation is the 4th singular value
+    assert abs(torch.linalg.matrix_norm(noisy - up @ down, ord=2).item() - s[3].item()) < 1e-4
+    assert error > 0 and down.shape == (3, 12) and up.shape == (20, 3)
+
+
+def fake_component(root, name, tensors):
+    folder = root / name / "transformer"
+    folder.mkdir(parents=True)
+    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"))
+    return str(root / name)
+
+
+def test_extract_refuses_mismatched_models_and_writes_nothing(tmp_path, capsys):
+    base = fake_component(tmp_path, "base", {"a.weight": torch.zeros(4, 4), "b.weight": torch.zeros(3, 3)})
+    wrong_shape = fake_component(tmp_path, "shape", {"a.weight": torch.ones(4, 5), "b.weight": torch.ones(3, 3)})
+    missing = fake_component(tmp_path, "missing", {"a.weight": torch.ones(4, 4)})
+    out = tmp_path / "out.safetensors"
+    assert main(["extract", "--base", base, "--tuned", wrong_shape, "--rank", "2", "--out", str(out)]) == 1
+    assert "shape mismatch on 'a.weight': base [4, 4], tuned [4, 5]" in capsys.readouterr().err
+    assert main(["extract", "--base", base, "--tuned", missing, "--rank", "2", "--out", str(out)]) == 1
+    assert "missing in the tuned model (1): b.weight" in capsys.readouterr().err
+    assert main(["extract", "--base", base, "--tuned", base, "--rank", "2", "--out", str(out)]) == 1
+    assert "nothing to extract" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["base", "missing", "shape"]  # no output, no temporary file
+
+
+def test_merge_refusals(tiny_wan22_folder, merged, tmp_path, capsys):
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", merged["lora"], "--component", COMPONENT,
+                 "--out", merged["out"]]) == 1
+    assert "already exists" in capsys.readouterr().err
+    out = tmp_path / "never"
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", merged["lora"], "--component", "transformer_9",
+                 "--out", str(out)]) == 1
+    assert "no component 'transformer_9'" in capsys.readouterr().err
+    bad = tmp_path / "bad.safetensors"
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.zeros(2, 7),
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.zeros(24, 2)}, str(bad))
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{bad}:0.5", "--component", COMPONENT,
+                 "--out", str(out)]) == 1
+    assert "bad.safetensors" in capsys.readouterr().err
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".lorabind-merge-")]
+    with safe_open(os.path.join(tiny_wan22_folder, COMPONENT, "diffusion_pytorch_model.safetensors"), "pt") as f:
+        assert "blocks.0.attn1.to_q.weight" in f.keys()
+
+
+def test_merge_stacks_loras_in_fp32_and_casts_once(tiny_wan22_folder, tmp_path):
+    module = load_transformer(tiny_wan22_folder, "transformer")
+    first, expected_first = lightx2v_lora(module, seed=7)
+    second, expected_second = lightx2v_lora(module, seed=8, rank=2, alpha=1.0)
+    paths = [str(tmp_path / "first.safetensors"), str(tmp_path / "second.safetensors")]
+    save_file(first, paths[0])
+    save_file(second, paths[1])
+    out = str(tmp_path / "stacked")
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{paths[0]}:0.5", "--lora", f"{paths[1]}:-1",
+                 "--out", out, "--dtype", "bf16"]) == 0
+    base, fused = component_state(tiny_wan22_folder, "transformer"), component_state(out, "transformer")
+    assert {t.dtype for t in fused.values() if t.is_floating_point()} == {torch.bfloat16}
+    for name in expected_first:
+        exact = (expected_value(base[name], expected_first[name], 0.5)
+                 + expected_value(base[name], expected_second[name], -1.0) - base[name].double())
+        # one rounding of the exact sum to bf16: within half a bf16 step (relative 2^-9), never a double rounding
+        assert bool(((fused[name].double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-30).all()), name
+    assert file_hashes(os.path.join(out, COMPONENT)) == file_hashes(os.path.join(tiny_wan22_folder, COMPONENT))
