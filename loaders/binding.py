@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from .errors import KeyMatchError
 from .patching import ApplyResult, PatchLayer, WeightPatcher
-from .peft_adapters import AdapterCache, adapters_hidden, cache_key, file_identity, to_peft_groups
+from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
 
 DEFAULT_MAX_CACHED_ADAPTERS = 4
 MAX_MEMOISED_ACCOUNTINGS = 16
@@ -204,8 +204,7 @@ def _accounted_targets(model, state: BindingState, spec, lenient: bool):
         state.accounted.move_to_end(memo_key)
         return hit
     mapped = map_to_model(read_lora(spec.path), model.family)
-    with adapters_hidden(model.components[component]):  # cached peft wrappers must not hide parameters
-        acc = account(mapped, model.components[component], lenient=lenient, component=component)
+    acc = account(mapped, model.components[component], lenient=lenient, component=component)
     state.accounted[memo_key] = (acc.applied, acc.to_dict())
     while len(state.accounted) > MAX_MEMOISED_ACCOUNTINGS:
         state.accounted.popitem(last=False)

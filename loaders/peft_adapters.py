@@ -19,7 +19,6 @@ import os
 import re
 import warnings
 from collections import OrderedDict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
 
@@ -318,31 +317,6 @@ def _unwrap_empty_peft_layers(module: nn.Module) -> None:
         parent_path, _, child = path.rpartition(".")
         parent = module.get_submodule(parent_path) if parent_path else module
         setattr(parent, child, layer.get_base_layer())
-
-
-@contextmanager
-def adapters_hidden(module: nn.Module):
-    """Temporarily put the original layers back in place of peft wrappers (no weight is copied or changed).
-
-    Why: key accounting looks parameters up on the module at each path, and a peft wrapper holds its layer's
-    parameters one level down (``base_layer``); an adapter cached from an earlier run must not make a later
-    LoRA's keys look unmatched. The wrappers are re-installed on exit, whatever happens inside.
-    """
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    swapped = []
-    for path, layer in list(module.named_modules()):
-        if isinstance(layer, BaseTunerLayer) and path:
-            parent_path, _, child = path.rpartition(".")
-            parent = module.get_submodule(parent_path) if parent_path else module
-            swapped.append((parent, child, layer))
-    try:
-        for parent, child, layer in swapped:
-            setattr(parent, child, layer.get_base_layer())
-        yield module
-    finally:
-        for parent, child, layer in reversed(swapped):
-            setattr(parent, child, layer)
 
 
 def active_adapters_of(cache: Optional[AdapterCache]) -> list:

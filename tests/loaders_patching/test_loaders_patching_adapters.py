@@ -239,3 +239,24 @@ def test_convolution_loras_cannot_be_dynamic(make_model):
                                            random_low_rank(model.components["transformer"].patch_embedding, 2, 1))}
     with pytest.raises(AdapterError, match="convolution LoRA .*FuseDistillLoRA"):
         to_peft_groups(conv, "conv.safetensors")
+
+
+def test_a_lora_first_fused_after_an_adapter_is_cached_is_accounted_through_the_peft_wrappers(
+        make_model, make_transformer, peft_folder, tmp_path):
+    folder, _ = peft_folder
+    fused = write_diffusers_lora(tmp_path / "later.safetensors",
+                                 make_targets(make_transformer(), block_modules(), seed=61), alpha=8.0)
+    model = make_model()
+    base = snapshot(model.components["transformer"])
+    bind(model, [], [AdapterSpec(folder, 1.0, "transformer")])  # wraps the block linears in peft layers
+    report = bind(model, [FuseSpec(fused, 1.0, "transformer")], [])
+    counts = report.fuses[0]["accounting"]["counts"]
+    from safetensors import safe_open
+
+    with safe_open(str(fused), "pt") as fh:
+        tensors_in_file = len(list(fh.keys()))
+    assert counts["unmatched"] == 0 and counts["applied"] == tensors_in_file
+    assert report.written == len(block_modules())
+    unbind(model)
+    release_adapters(model)
+    assert_bit_identical(base, model.components["transformer"])
