@@ -61,6 +61,7 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
     where = f"{component} ({mapped.family})"
 
     for dest, patch in mapped.targets.items():
+        dest, patch = _as_parameter_diff(modules, dest, patch)
         module = modules.get(dest)
         if module is None:
             _not_in_model(acc, family, mapped.family, file_names, patch.source_keys)
@@ -88,7 +89,11 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
             fitting.param_diffs[param] = diff
             fitting.source_keys += tuple(keys)
         if fitting.low_rank is not None or fitting.param_diffs:
-            acc.applied[dest] = fitting
+            if dest in acc.applied:  # a parameter diff re-targeted onto a module that has other parts
+                acc.applied[dest].param_diffs.update(fitting.param_diffs)
+                acc.applied[dest].source_keys += fitting.source_keys
+            else:
+                acc.applied[dest] = fitting
 
     _summarise(acc)
     if acc.unmatched and not lenient:
@@ -104,6 +109,17 @@ def _family_hint(lora, model_family: str) -> str:
     if guessed is None or model_family in guessed.MODEL_FAMILIES:
         return ""
     return f"Its module names look like a {'/'.join(guessed.MODEL_FAMILIES)} LoRA. "
+
+
+def _as_parameter_diff(modules: dict, dest: str, patch: TargetPatch) -> tuple:
+    """``<module>.<param>.diff`` names a parameter, not a module (e.g. ``blocks.0.scale_shift_table.diff``, as
+    ``lorabind extract`` writes it): re-target that full diff onto ``<param>`` of ``<module>``."""
+    owner, _, name = dest.rpartition(".")
+    if dest in modules or patch.low_rank is not None or set(patch.param_diffs) != {"weight"} \
+            or owner not in modules or name not in _own_parameters(modules[owner]):
+        return dest, patch
+    return owner, TargetPatch(module=owner, param_diffs={name: patch.param_diffs["weight"]},
+                              source_keys=patch.source_keys)
 
 
 def _own_parameters(module) -> dict:

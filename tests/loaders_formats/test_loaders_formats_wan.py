@@ -215,3 +215,17 @@ def test_modules_wrapped_by_a_peft_adapter_still_account(tmp_path, wan22_expert)
     assert acc.counts == {"applied": len(sd), "expected_unmatched": 0, "unmatched": 0}
     assert torch.equal(acc.applied["blocks.0.attn1.to_q"].param_diffs["bias"],
                        sd["diffusion_model.blocks.0.self_attn.q.diff_b"])
+
+
+def test_diffusers_named_diff_on_a_non_weight_parameter_targets_that_parameter(tmp_path, wan22_expert):
+    """``<module>.<param>.diff`` (what ``lorabind extract`` writes for e.g. a changed modulation table) names a
+    parameter, not a module: it applies as a diff of that parameter."""
+    table = torch.randn(wan22_expert.blocks[0].scale_shift_table.shape)
+    bias = torch.randn(wan22_expert.blocks[0].attn1.to_q.bias.shape)
+    sd = {"transformer.blocks.0.scale_shift_table.diff": table, "transformer.blocks.0.attn1.to_q.diff_b": bias,
+          "transformer.scale_shift_table.diff": torch.randn(wan22_expert.scale_shift_table.shape)}
+    acc = _account(save(sd, tmp_path / "extracted.safetensors"), wan22_expert)
+    assert acc.counts == {"applied": 3, "expected_unmatched": 0, "unmatched": 0}
+    assert torch.equal(acc.applied["blocks.0"].param_diffs["scale_shift_table"], table)
+    assert torch.equal(acc.applied["blocks.0.attn1.to_q"].param_diffs["bias"], bias)
+    assert set(acc.applied[""].param_diffs) == {"scale_shift_table"}

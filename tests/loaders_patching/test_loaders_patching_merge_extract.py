@@ -50,9 +50,9 @@ def load_transformer(folder, component=COMPONENT):
 @pytest.fixture(scope="session")
 def merged(tiny_wan22_folder, tmp_path_factory):
     """The tiny model merged with a LightX2V-style LoRA at strength 0.8: low-rank pairs (alpha and not), diff_b,
-    norm diffs, a full-rank diff, global layers."""
+    norm diffs, a full-rank diff, modulation (diff_m), global layers."""
     work = tmp_path_factory.mktemp("merge")
-    tensors, expected = lightx2v_lora(load_transformer(tiny_wan22_folder), seed=5, full=True, modulation=False)
+    tensors, expected = lightx2v_lora(load_transformer(tiny_wan22_folder), seed=5, full=True)
     lora = str(work / "wan22_style.safetensors")
     save_file(tensors, lora)
     source_before = file_hashes(tiny_wan22_folder)
