@@ -1,0 +1,157 @@
+"""Fuse, switch, strength change and peak memory: diffusers vs lorabind on the same file and model.
+
+Metrics (issue 7): 1. fuse speed-up vs diffusers (load_lora_adapter + fuse_lora; the model-level equivalent
+of the pipeline's load_lora_weights, which only adds the key conversion we also time) and vs the floor (a plain
+loop: upcast to fp32, addmm of the already-loaded factors, cast back); 2. switch A -> B and a strength change
+1.0 -> 0.5 (diffusers: unfuse + unload + load + fuse; lorabind: incremental re-bind, restore bit-exact);
+(3. peak memory is measured in a fresh process: see bench_memory.py.)
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from lorabind.loaders import binding
+from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.lora import clear_lora_cache, map_to_model, read_lora
+from lorabind.loaders.model_store import LoadedModel
+
+from .measure import alternate, timed
+from .workload import build_transformer
+
+
+def _lorabind_model(transformer) -> LoadedModel:
+    return LoadedModel(path="<bench>", name="bench", family="wan2.1", pipeline=None,
+                       components={"transformer": transformer})
+
+
+def _fuse(path: str, strength: float = 1.0) -> FuseSpec:
+    return FuseSpec(path=path, strength=strength, component="transformer", name=path.rsplit("/", 1)[-1])
+
+
+def _diffusers_state(path: str) -> dict:
+    from diffusers.loaders import WanLoraLoaderMixin
+
+    state = WanLoraLoaderMixin.lora_state_dict(path)
+    return {k.removeprefix("transformer."): v for k, v in state.items()}
+
+
+class DiffusersSide:
+    """diffusers' own path on its own copy of the model."""
+
+    def __init__(self, transformer):
+        self.model = transformer
+
+    def load_and_fuse(self, path: str, scale: float = 1.0) -> None:
+        self.model.load_lora_adapter(_diffusers_state(path), adapter_name="bench", prefix=None)
+        self.model.fuse_lora(lora_scale=scale)
+
+    def unload(self) -> None:
+        self.model.unfuse_lora()
+        self.model.unload_lora()
+
+    def switch(self, path: str, scale: float = 1.0) -> None:
+        self.unload()
+        self.load_and_fuse(path, scale)
+
+
+class Floor:
+    """The least any exact fuse must do: fp32 upcast, addmm of factors already in memory, cast back."""
+
+    def __init__(self, transformer, lora_path: str):
+        mapped = read_lora_mapped(lora_path)
+        modules = dict(transformer.named_modules())
+        self.items = []
+        for module_path, target in mapped.items():
+            module = modules[module_path]
+            lr = target.low_rank
+            up = lr.up.float() * lr.scale
+            self.items.append((module.weight, up, lr.down.float(), module.bias, target.param_diffs.get("bias")))
+        self.originals = [(w.detach().clone(), None if b is None else b.detach().clone())
+                          for w, _, _, b, _ in self.items]
+
+    def run(self) -> None:
+        with torch.no_grad():
+            for weight, up, down, bias, diff_b in self.items:
+                w32 = weight.float()
+                w32.addmm_(up, down)
+                weight.copy_(w32)
+                if diff_b is not None:
+                    bias.copy_(bias.float() + diff_b.float())
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for (weight, _, _, bias, _), (w0, b0) in zip(self.items, self.originals):
+                weight.copy_(w0)
+                if b0 is not None:
+                    bias.copy_(b0)
+
+
+def read_lora_mapped(path: str) -> dict:
+    return map_to_model(read_lora(path), "wan2.1").targets
+
+
+def _drop_file_cache() -> None:
+    """Make every lorabind fuse re-read its file, as diffusers does, so both sides pay for reading."""
+    clear_lora_cache()
+
+
+def _state_equal(model, reference: dict) -> bool:
+    current = model.state_dict()
+    return all(torch.equal(current[k], v) for k, v in reference.items())
+
+
+def run(size, lora_a: str, lora_b: str, reps: int) -> dict:
+    ours_t = build_transformer(size, seed=0)
+    theirs = DiffusersSide(build_transformer(size, seed=0))
+    base_state = {k: v.clone() for k, v in ours_t.state_dict().items()}
+    model = _lorabind_model(ours_t)
+
+    def ours_fuse() -> float:
+        _drop_file_cache()
+        return timed(lambda: binding.bind(model, [_fuse(lora_a)], []), teardown=lambda: binding.unbind(model))
+
+    def theirs_fuse() -> float:
+        return timed(lambda: theirs.load_and_fuse(lora_a), teardown=theirs.unload)
+
+    fuse = alternate("diffusers load+fuse", theirs_fuse, "lorabind fuse", ours_fuse, reps)
+
+    floor = Floor(build_transformer(size, seed=0), lora_a)
+    floor_pair = alternate("floor", lambda: timed(floor.run, teardown=floor.restore),
+                           "lorabind fuse", ours_fuse, reps)
+    del floor
+    gc.collect()
+
+    # switch A -> B with both sides starting fused with A
+    def ours_switch() -> float:
+        binding.bind(model, [_fuse(lora_a)], [])
+        _drop_file_cache()
+        return timed(lambda: binding.bind(model, [_fuse(lora_b)], []))
+
+    def theirs_switch() -> float:
+        theirs.load_and_fuse(lora_a)
+        elapsed = timed(lambda: theirs.switch(lora_b), teardown=theirs.unload)
+        return elapsed
+
+    switch = alternate("diffusers unfuse+unload+load+fuse", theirs_switch, "lorabind re-bind", ours_switch, reps)
+    binding.unbind(model)
+    switch_exact = _state_equal(ours_t, base_state)
+
+    def ours_strength() -> float:
+        binding.bind(model, [_fuse(lora_a, 1.0)], [])
+        return timed(lambda: binding.bind(model, [_fuse(lora_a, 0.5)], []))
+
+    def theirs_strength() -> float:
+        theirs.load_and_fuse(lora_a, 1.0)
+        return timed(lambda: theirs.switch(lora_a, 0.5), teardown=theirs.unload)
+
+    strength = alternate("diffusers re-fuse at 0.5", theirs_strength, "lorabind strength change",
+                         ours_strength, reps)
+    binding.unbind(model)
+    strength_exact = _state_equal(ours_t, base_state)
+
+    return {"fuse": fuse, "floor": floor_pair, "switch": switch, "strength": strength,
+            "restore_bit_exact": switch_exact and strength_exact}
+

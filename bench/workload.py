@@ -1,0 +1,88 @@
+"""The bench workload: a synthetic Wan transformer and two lightx2v-layout LoRAs for it.
+
+Full size is Wan2.1-1.3B width (dim 1536, ffn 8960, 12 heads, text_dim 4096) with 4 blocks in bf16; ``quick``
+shrinks everything so the smoke test runs in seconds. Weights are random and built from a config: nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import save_file
+
+# native Wan module name -> (in_features, out_features) as a function of (dim, ffn)
+_BLOCK_LINEARS = {
+    "self_attn.q": lambda d, f: (d, d),
+    "self_attn.k": lambda d, f: (d, d),
+    "self_attn.v": lambda d, f: (d, d),
+    "self_attn.o": lambda d, f: (d, d),
+    "cross_attn.q": lambda d, f: (d, d),
+    "cross_attn.k": lambda d, f: (d, d),
+    "cross_attn.v": lambda d, f: (d, d),
+    "cross_attn.o": lambda d, f: (d, d),
+    "ffn.0": lambda d, f: (d, f),
+    "ffn.2": lambda d, f: (f, d),
+}
+
+
+@dataclass(frozen=True)
+class WorkloadSize:
+    dim: int
+    heads: int
+    ffn: int
+    text_dim: int
+    layers: int
+    rank: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+FULL = WorkloadSize(dim=1536, heads=12, ffn=8960, text_dim=4096, layers=4, rank=64)
+QUICK = WorkloadSize(dim=96, heads=4, ffn=192, text_dim=64, layers=2, rank=8)
+
+
+def build_transformer(size: WorkloadSize, dtype=torch.bfloat16, seed: int = 0):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # build directly in the target dtype: no fp32 copy of the model
+    try:
+        model = WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=size.heads, attention_head_dim=size.head_dim,
+            in_channels=16, out_channels=16, text_dim=size.text_dim, freq_dim=256, ffn_dim=size.ffn,
+            num_layers=size.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        )
+    finally:
+        torch.set_default_dtype(previous)
+    return model.eval().requires_grad_(False)
+
+
+def write_lora(path: str, size: WorkloadSize, seed: int, *, bias_diffs: bool = True) -> str:
+    """A lightx2v-layout LoRA (``diffusion_model.`` native names, lora_down/up, .alpha, diff_b) for all block linears.
+
+    ``bias_diffs=False`` leaves out ``diff_b``: a purely low-rank file, usable as a dynamic (peft) adapter."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for block in range(size.layers):
+        for name, shape_of in _BLOCK_LINEARS.items():
+            fin, fout = shape_of(size.dim, size.ffn)
+            prefix = f"diffusion_model.blocks.{block}.{name}"
+            tensors[f"{prefix}.lora_down.weight"] = (torch.randn(size.rank, fin, generator=g) * 0.01).to(torch.bfloat16)
+            tensors[f"{prefix}.lora_up.weight"] = (torch.randn(fout, size.rank, generator=g) * 0.01).to(torch.bfloat16)
+            tensors[f"{prefix}.alpha"] = torch.tensor(float(size.rank))
+            if bias_diffs:
+                tensors[f"{prefix}.diff_b"] = (torch.randn(fout, generator=g) * 0.001).to(torch.bfloat16)
+    save_file(tensors, path)
+    return path
+
+
+def write_lora_pair(directory: str, size: WorkloadSize) -> tuple[str, str]:
+    os.makedirs(directory, exist_ok=True)
+    return (write_lora(os.path.join(directory, "bench_lora_a.safetensors"), size, seed=1),
+            write_lora(os.path.join(directory, "bench_lora_b.safetensors"), size, seed=2))

@@ -1,0 +1,33 @@
+"""Keep the bench scripts from rotting: ``bench/run_all.py --quick`` runs and writes every summary figure.
+
+No timing is asserted here (timing goals live in bench/ as printed ratios); only that each metric was
+measured, and the two correctness facts the bench proves along the way.
+"""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+SUMMARY_KEYS = {
+    "fuse_speedup_vs_diffusers", "fuse_vs_floor", "switch_speedup_vs_diffusers",
+    "strength_change_speedup_vs_diffusers", "peak_mem_ratio", "peft_switch_ms", "rerun_overhead",
+    "help_seconds", "import_seconds",
+}
+
+
+def test_run_all_quick_writes_every_metric(tmp_path):
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(root / "bench" / "run_all.py"), "--quick", "--json", str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert SUMMARY_KEYS <= set(result)
+    assert all(math.isfinite(result[key]) and result[key] > 0 for key in SUMMARY_KEYS)
+    assert result["restore_bit_exact"] is True
+    assert result["peft_base_weights_untouched"] is True
+    assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
+    summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
+    assert len(summary_lines) == len(SUMMARY_KEYS)
