@@ -21,11 +21,6 @@ NODE_CLASS_MAPPINGS: dict = {}
 NODE_DISPLAY_NAME_MAPPINGS: dict = {}
 
 for _name in _NODE_MODULES:
-    try:
-        _module = import_module(f".{_name}", __name__)
-    except ModuleNotFoundError as exc:  # a node module not written yet; real import errors still raise
-        if exc.name != f"{__name__}.{_name}":
-            raise
-        continue
+    _module = import_module(f".{_name}", __name__)
     NODE_CLASS_MAPPINGS.update(_module.NODE_CLASS_MAPPINGS)
     NODE_DISPLAY_NAME_MAPPINGS.update(getattr(_module, "NODE_DISPLAY_NAME_MAPPINGS", {}))
