@@ -223,6 +223,22 @@ def _velocity(transformer, cond: ConditioningHandle, layout, video_rows, audio_r
     return video_v.float().cpu(), audio_v.float().cpu()
 
 
+def check_inputs(model, positive, negative, latent: LatentHandle, schedule) -> None:
+    """Refuse a request this loop cannot run, naming the input; cheap and weight-free, so a sampler can call it
+    before binding (``denoise`` calls it again for library callers)."""
+    if "audio" not in latent.extra:
+        raise LoraBindError(f"{model.name}: the latent carries no MiniMax-H3 audio latents; make it with this model")
+    audio_sigmas = schedule.audio_sigmas or schedule.sigmas
+    if len(schedule.sigmas) != len(audio_sigmas):
+        raise LoraBindError(
+            f"{model.name}: video and audio schedules differ in length ({list(schedule.sigmas)} vs "
+            f"{list(audio_sigmas)})"
+        )
+    if negative is None and float(schedule.cfg) != 1.0:
+        raise LoraBindError(f"{model.name}: cfg={float(schedule.cfg):g} needs a negative conditioning")
+    _check_task(model, schedule.task or "t2va", latent)
+
+
 def _check_task(model, task: str, latent: LatentHandle) -> None:
     anchored = latent.extra.get("keyframes") is not None
     if task == "fl2va" and not anchored:
@@ -243,12 +259,10 @@ def denoise(model, positive, negative, latent: LatentHandle, schedule, seed: int
     step (two with cfg != 1 and a negative prompt); T2VA/FL2VA on ``transformer``, Ref2VA on ``transformer_ref``."""
     import torch
 
+    check_inputs(model, positive, negative, latent, schedule)
     task = schedule.task or "t2va"
-    _check_task(model, task, latent)
     transformer = _part(model, DENOISER_BY_TASK[task])
     sigmas, audio_sigmas = list(schedule.sigmas), list(schedule.audio_sigmas or schedule.sigmas)
-    if len(sigmas) != len(audio_sigmas):
-        raise LoraBindError(f"{model.name}: video and audio schedules differ in length ({sigmas} vs {audio_sigmas})")
     patch = transformer.config.patch_size
     generator = torch.Generator("cpu").manual_seed(int(seed))  # CPU noise: the same result on every device
     video_shape, audio_start = latent.samples.shape, latent.extra["audio"].float()

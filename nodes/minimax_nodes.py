@@ -10,7 +10,7 @@ from ..loaders import minimax_h3_sampling
 from ..loaders.contracts import SamplingRequest
 from ..loaders.errors import LoraBindError
 from ..loaders.families import minimax_h3 as family
-from ..loaders.families.minimax_h3_contracts import TASKS, TURBO_GRAMMAR, checkpoint_shifts, file_contract
+from ..loaders.families.minimax_h3_contracts import TASKS, TURBO_GRAMMAR, file_contract
 from ..loaders.handles import (
     SOCKET_AUDIO,
     SOCKET_IMAGE,
@@ -21,7 +21,6 @@ from ..loaders.handles import (
     AdapterSpec,
     ScheduleHandle,
 )
-from ..loaders.sigmas import shift_schedule
 from ..loaders.wav_files import write_wav
 from .comfy_bridge import folder_paths
 
@@ -33,13 +32,6 @@ def _lora_path(lora_name: str) -> str:
     if not path or not os.path.isfile(path):
         raise LoraBindError(f"MiniMaxTurboSchedule: LoRA file {lora_name!r} is not in the loras folder")
     return path
-
-
-def _own_sigmas(contract, model_index) -> tuple:
-    """The artifact's own video schedule, shown even when it is switched off (scale 0)."""
-    if contract.sigmas is not None:
-        return contract.sigmas
-    return shift_schedule(contract.base_schedule, checkpoint_shifts(model_index)[0])
 
 
 class MiniMaxTurboSchedule:
@@ -99,13 +91,13 @@ class MiniMaxTurboSchedule:
                 f"other LoRAs."
             )
         chosen = contract.tasks[0] if task == "auto" else task
-        contract = family.with_scale(contract, scale, chosen)
+        contract = family.with_scale(family.on_checkpoint(contract, model.model.model_index), scale, chosen)
         handle = model.with_adapters(
             AdapterSpec(path, float(scale), component=contract.partition, name=lora_name), contracts=(contract,)
         )
         words = [family.describe_contract(contract)]
         if scale == 0:
-            sigmas = _own_sigmas(contract, model.model.model_index)
+            sigmas = contract.sigmas  # the artifact's own schedule, shown even though it is switched off
             words.append("scale 0: the adapter is off and its contract is not applied")
         else:
             request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)

@@ -28,7 +28,9 @@ from .minimax_h3_contracts import (  # noqa: F401  (family interface, re-exporte
     declared_contract,
     describe_contract,
     native_contract,
+    on_checkpoint,
     parse_turbo_name,
+    refuse_unverifiable,
     turbo_alpha,
     with_scale,
 )
@@ -168,7 +170,10 @@ def _default_alpha(lora: LoraFile, kind: Optional[str]) -> Optional[float]:
 
 def prepare(lora: LoraFile, model_family: str) -> LoraFile:
     """Apply the family alpha rules and split fused native layers; returns a new ``LoraFile`` (the input may be
-    cached by the reader, so it is never modified)."""
+    cached by the reader, so it is never modified). ComfyUI fused-QKV Turbo exports and renamed Turbo files are
+    refused here too (ContractError naming the file), so they are never bound with a guessed layout or alpha."""
+    if (lora.metadata or {}).get("key_format") != NATIVE_KEY_FORMAT:
+        refuse_unverifiable(lora.name, lora.metadata)
     kind = _artifact_kind(lora)
     alpha = _default_alpha(lora, kind)
     grouped = (lora.metadata or {}).get("qkv_layout") == NATIVE_QKV_LAYOUT

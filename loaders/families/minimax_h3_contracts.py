@@ -95,19 +95,28 @@ def turbo_alpha(file_name: str, metadata: dict) -> float:
     return TURBO_DEFAULT_ALPHA if raw in (None, "") else _positive_number(raw, file_name, "alpha")
 
 
+def refuse_unverifiable(file_name: str, metadata: dict) -> None:
+    """ContractError for a Turbo-family file whose contract or layout cannot be known: a ComfyUI fused-QKV export
+    (refused by name) or a file with Turbo metadata under a name outside the grammar. Called when reading a
+    contract AND when preparing keys for binding, so no path (fuse, adapter, merge) binds such a file."""
+    if parse_turbo_name(file_name) is not None:
+        return
+    _refuse_comfy_export(file_name)
+    if (metadata or {}).get("key_format") == TURBO_KEY_FORMAT:
+        raise ContractError(
+            f"{file_name!r} carries MiniMax-H3 Turbo metadata (key_format={TURBO_KEY_FORMAT!r}) but its name "
+            f"does not follow {TURBO_GRAMMAR}, so its sampler contract (steps, flow_shift) cannot be "
+            f"determined. Keep the published file name."
+        )
+
+
 def turbo_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
     """The contract a LightX2V Turbo artifact declares by its name; None when the file is not a Turbo artifact."""
     metadata = metadata or {}
     key_format = metadata.get("key_format")
+    refuse_unverifiable(file_name, metadata)
     spec = parse_turbo_name(file_name)
     if spec is None:
-        _refuse_comfy_export(file_name)
-        if key_format == TURBO_KEY_FORMAT:
-            raise ContractError(
-                f"{file_name!r} carries MiniMax-H3 Turbo metadata (key_format={TURBO_KEY_FORMAT!r}) but its name "
-                f"does not follow {TURBO_GRAMMAR}, so its sampler contract (steps, flow_shift) cannot be "
-                f"determined. Keep the published file name."
-            )
         return None
     if key_format not in (None, "", TURBO_KEY_FORMAT):
         raise ContractError(
@@ -183,7 +192,12 @@ def native_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Sche
 
 
 def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
-    """Turbo (by name) or native (by ``key_format``) contract; None for other files; ContractError if refused."""
+    """Turbo (by name) or native (by ``key_format``) contract; None for other files; ContractError if refused.
+
+    ``file_name`` may be relative to the loras root (``turbo/minimax_h3_….safetensors``): the published grammar
+    is about the file's own name, so only that is parsed and named in messages.
+    """
+    file_name = os.path.basename(str(file_name).replace("\\", "/"))
     if (metadata or {}).get("key_format") == NATIVE_KEY_FORMAT:
         return native_contract(file_name, metadata, rank)
     return turbo_contract(file_name, metadata, rank)
@@ -224,6 +238,22 @@ def checkpoint_contract(model_index: dict, model_name: str) -> Optional[Schedule
     )
 
 
+def on_checkpoint(contract: ScheduleContract, model_index: dict) -> ScheduleContract:
+    """A native contract completed for one checkpoint: its ``base_schedule`` shifted by that checkpoint's
+    ``sigma_shift_scales``, so the SCHEDULE a node outputs carries both sigma lists and shifts. Other contracts
+    already carry their own and are returned as they are."""
+    if contract.kind != "native" or contract.sigmas is not None:
+        return contract
+    video_shift, audio_shift = checkpoint_shifts(model_index)
+    return replace(
+        contract,
+        shift=video_shift,
+        sigmas=shift_schedule(contract.base_schedule, video_shift),
+        audio_shift=audio_shift,
+        audio_sigmas=shift_schedule(contract.base_schedule, audio_shift),
+    )
+
+
 def with_scale(contract: ScheduleContract, scale: float, task: Optional[str] = None) -> ScheduleContract:
     """The contract as attached by a node: the adapter's scale and, optionally, the task the user picked."""
     extra = tuple(kv for kv in contract.extra if kv[0] != "task")
@@ -232,9 +262,22 @@ def with_scale(contract: ScheduleContract, scale: float, task: Optional[str] = N
     return replace(contract, scale=float(scale), extra=extra)
 
 
+def file_scale(contract: ScheduleContract) -> Optional[float]:
+    """alpha / rank: the factor the file's own ``B @ A`` is applied at before any request scale."""
+    if contract.alpha is None or not contract.rank:
+        return None
+    return contract.alpha / contract.rank
+
+
 def contract_dict(contract: ScheduleContract) -> dict:
-    """JSON-able view for ``inspect --json`` and node UIs."""
+    """JSON-able view for ``inspect --json`` and node UIs.
+
+    ``scale`` is the artifact's own alpha / rank (what ``inspect`` reports for the file); ``request_scale`` is the
+    multiplier a node attached it at (None when only inspected) and ``effective_scale`` their product.
+    """
     steps = contract.steps
+    scale = file_scale(contract)
+    effective = None if scale is None or contract.scale is None else scale * contract.scale
     return {
         "source": contract.source,
         "kind": contract.kind,
@@ -246,7 +289,9 @@ def contract_dict(contract: ScheduleContract) -> dict:
         "partition": contract.partition,
         "alpha": contract.alpha,
         "rank": contract.rank,
-        "scale": contract.scale,
+        "scale": scale,
+        "request_scale": contract.scale,
+        "effective_scale": effective,
         "base_schedule": None if contract.base_schedule is None else list(contract.base_schedule),
         "sigmas": None if contract.sigmas is None else list(contract.sigmas),
         "audio_sigmas": None if contract.audio_sigmas is None else list(contract.audio_sigmas),
@@ -264,10 +309,17 @@ def describe_contract(contract: ScheduleContract) -> str:
     words += f", tasks={','.join(contract.tasks or ())} on {contract.partition}"
     if contract.alpha is not None:
         words += f", alpha={contract.alpha:g}"
-        if contract.rank:
-            words += f" (rank {contract.rank}: delta scale {contract.alpha / contract.rank:g}"
+        scale = file_scale(contract)
+        if scale is not None:
+            words += f" (rank {contract.rank}: delta scale {scale:g}"
             words += f" x {contract.scale:g})" if contract.scale is not None else ")"
     return words
+
+
+def step_count_words(steps: int) -> str:
+    """"a 4-step", "an 8-step", "an 11-step": the article a spoken number takes."""
+    spoken_vowel = str(steps).startswith("8") or steps in (11, 18)
+    return f"{'an' if spoken_vowel else 'a'} {steps}-step"
 
 
 def file_contract(path) -> Optional[ScheduleContract]:

@@ -22,6 +22,7 @@ from .minimax_h3_contracts import (
     PARTITION_BY_TASK,
     TASKS,
     checkpoint_shifts,
+    step_count_words,
 )
 
 
@@ -72,11 +73,17 @@ def _check_task_and_partition(contract, task, partition, model_handle, checks: _
         checks.violation(
             f"{contract.source} binds to the {contract.partition} partition, but task={task!r} runs on {partition}"
         )
-    for spec in getattr(model_handle, "adapters", ()):
-        if os.path.basename(spec.path) == contract.source and spec.component != contract.partition:
+    # the file may reach the model as a dynamic adapter (MiniMaxTurboSchedule) or as a fuse (FuseDistillLoRA,
+    # whose component defaults to transformer): either way its weights must land on the partition it serves
+    attached = [(spec.component, "attached to") for spec in getattr(model_handle, "adapters", ())
+                if os.path.basename(spec.path) == contract.source]
+    attached += [(spec.component, "fused into") for spec in getattr(model_handle, "fuses", ())
+                 if os.path.basename(spec.path) == contract.source]
+    for component, verb in attached:
+        if component != contract.partition:
             checks.violation(
-                f"{contract.source} is attached to {spec.component}, but its contract binds it to "
-                f"{contract.partition}"
+                f"{contract.source} is {verb} {component}, but its contract binds it to {contract.partition} "
+                f"(the partition that runs {', '.join(contract.tasks)})"
             )
 
 
@@ -112,13 +119,14 @@ def _steps_message(owner: ScheduleContract, requested: int) -> str:
     n = owner.steps
     if owner.kind == "turbo":
         return (
-            f"{owner.source} is a {n}-step artifact and requires steps={n} ({n + 1} sigma points produce {n} "
-            f"denoiser evaluations), got steps={requested}"
+            f"{owner.source} is {step_count_words(n)} artifact and requires steps={n} ({n + 1} sigma points produce "
+            f"{n} denoiser evaluations), got steps={requested}"
         )
     if owner.kind == "pinned":
         return (
             f"{owner.source} pins a distilled sigma schedule (base_schedule {list(owner.base_schedule)}); steps must "
-            f"be {n} or omitted, got {requested}"
+            f"be {n} or omitted, got {requested}: steps counts intervals, and its {n + 1} sigma points produce {n} "
+            f"denoiser evaluations"
         )
     if requested == n + 1:
         return (
@@ -147,7 +155,11 @@ def resolve(contracts: Sequence[ScheduleContract], request: SamplingRequest, mod
     task = _requested_task(active, request)
     partition = PARTITION_BY_TASK[task]
     if partition not in model.components:
-        raise ContractError(f"{model.name} has no {partition} partition, which task={task!r} runs on")
+        wanted_by = [c.source for c in active if c.kind in ("turbo", "native") and task in (c.tasks or ())]
+        raise ContractError(
+            f"{model.name} has no {partition} partition, which task={task!r} runs on"
+            + (f" (the task {', '.join(wanted_by)} serves)" if wanted_by else "")
+        )
     for contract in active:
         if contract.kind in ("turbo", "native"):
             _check_task_and_partition(contract, task, partition, model_handle, checks)

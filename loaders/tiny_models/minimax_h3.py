@@ -237,8 +237,11 @@ def native_fixture_shapes() -> dict:
     return shapes
 
 
-def lora_tensors(shapes: dict, seed: int, *, rank: int = FIXTURE_RANK, dtype=None, std: float = 0.05) -> dict:
-    """``transformer.<target>.lora_{A,B}.default.weight`` pairs (the published key grammar) with random values."""
+def lora_tensors(shapes: dict, seed: int, *, rank: int = FIXTURE_RANK, dtype=None, std: float = 0.05,
+                 prefix: str = "transformer.") -> dict:
+    """``<prefix><target>.lora_{A,B}.default.weight`` pairs with random values. The published key grammars: the
+    FlashGen native file prefixes ``transformer.``; the LightX2V Turbo files have no prefix
+    (``transformer_blocks.N.attn.to_q.lora_A.default.weight``)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -246,8 +249,8 @@ def lora_tensors(shapes: dict, seed: int, *, rank: int = FIXTURE_RANK, dtype=Non
     for name, (out_features, in_features) in shapes.items():
         down = torch.randn(rank, in_features, generator=generator) * std
         up = torch.randn(out_features, rank, generator=generator) * std
-        tensors[f"transformer.{name}.lora_A.default.weight"] = down.to(dtype or torch.float32).contiguous()
-        tensors[f"transformer.{name}.lora_B.default.weight"] = up.to(dtype or torch.float32).contiguous()
+        tensors[f"{prefix}{name}.lora_A.default.weight"] = down.to(dtype or torch.float32).contiguous()
+        tensors[f"{prefix}{name}.lora_B.default.weight"] = up.to(dtype or torch.float32).contiguous()
     return tensors
 
 
@@ -272,7 +275,8 @@ def write_minimax_fixture_loras(models_root) -> list[Path]:
     written = []
     for seed, (name, metadata) in enumerate(sorted(TURBO_FIXTURES.items()), start=10):
         dtype = torch.bfloat16 if "_bf16" in name else torch.float32
-        save_file(lora_tensors(turbo_fixture_shapes(), seed, dtype=dtype), str(loras / name), metadata=metadata)
+        tensors = lora_tensors(turbo_fixture_shapes(), seed, dtype=dtype, prefix="")
+        save_file(tensors, str(loras / name), metadata=metadata)
         written.append(loras / name)
     native = lora_tensors(native_fixture_shapes(), 99, dtype=torch.bfloat16)
     save_file(native, str(loras / NATIVE_FIXTURE_NAME), metadata=native_metadata())

@@ -72,6 +72,8 @@ def test_names_outside_the_grammar_declare_no_contract(name):
     ("minimax_h3_ref2v_turbo_8step_v1.0_768p_comfyui_bf16.safetensors",
      "minimax_h3_ref2v_turbo_8step_v1.0_768p_bf16.safetensors"),
     ("minimax_h3_fl2v_turbo_8step_v1.0_comfyui_bf16.safetensors", "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors"),
+    ("minimax_h3_ref2v_turbo_4step_v0.1_comfyui_bf16.safetensors",
+     "minimax_h3_ref2v_turbo_4step_v0.1_bf16.safetensors"),
     ("minimax_h3_fl2v_lightx2v_turbo_4step_v0.1_comfy.safetensors", "minimax_h3_fl2v_turbo_4step_v0.1.safetensors"),
 ])
 def test_comfyui_fused_qkv_exports_are_refused_pointing_to_the_diffusers_export(name, suggestion):
@@ -131,15 +133,43 @@ def test_checkpoint_pinned_schedule_is_shifted_by_the_checkpoint_scales():
     assert mm.checkpoint_contract({"_class_name": "MiniMaxH3ModularPipeline"}, "tiny-minimax-h3") is None
 
 
+INSPECT_KEYS = {"kind", "steps", "sigma_points", "flow_shift", "audio_flow_shift", "tasks", "alpha", "rank", "scale",
+                "base_schedule"}
+
+
 def test_contract_dict_has_the_inspect_fields():
     native = mm.contract_dict(mm.with_scale(mm.declared_contract(NATIVE_NAME, NATIVE_META, 64), 0.5))
-    assert {k: native[k] for k in ("kind", "steps", "sigma_points", "tasks", "alpha", "rank", "scale")} == {
-        "kind": "native", "steps": 4, "sigma_points": 5, "tasks": ["t2va"], "alpha": 64.0, "rank": 64, "scale": 0.5}
+    assert INSPECT_KEYS <= native.keys()
+    assert {k: native[k] for k in ("kind", "steps", "sigma_points", "tasks", "alpha", "rank")} == {
+        "kind": "native", "steps": 4, "sigma_points": 5, "tasks": ["t2va"], "alpha": 64.0, "rank": 64}
+    # scale is the file's alpha / rank; the node's multiplier is reported beside it
+    assert (native["scale"], native["request_scale"], native["effective_scale"]) == (1.0, 0.5, 0.5)
     assert native["base_schedule"] == [1.0, 0.7, 0.4, 0.15, 0.0]
     turbo = mm.contract_dict(mm.declared_contract(TURBO_MATRIX[1][0], TURBO_MATRIX[1][1], 128))
     assert (turbo["kind"], turbo["sigma_points"], turbo["flow_shift"], turbo["audio_flow_shift"]) == (
         "turbo", 5, 6.0, 3.0)
     assert turbo["base_schedule"] is None and turbo["tasks"] == ["t2va", "fl2va"]
+    assert (turbo["scale"], turbo["request_scale"], turbo["effective_scale"]) == (1.0, None, None)
+    v01 = mm.contract_dict(mm.with_scale(mm.declared_contract(TURBO_MATRIX[0][0], {}, 128), 2.0))
+    assert (v01["alpha"], v01["scale"], v01["effective_scale"]) == (8.0, 8.0 / 128, 2.0 * 8.0 / 128)
+
+
+def test_native_contract_on_a_checkpoint_carries_its_shifted_schedules():
+    native = mm.declared_contract(NATIVE_NAME, NATIVE_META, 64)
+    assert native.sigmas is None  # without a model its shifts are the checkpoint's, unknown yet
+    index = {"_minimax_h3": {"sigma_shift_scales": {"video": 6, "audio": 2}}}
+    placed = mm.on_checkpoint(native, index)
+    assert (placed.shift, placed.audio_shift) == (6.0, 2.0)
+    _close(placed.sigmas, [6 * u / (1 + 5 * u) for u in (1.0, 0.7, 0.4, 0.15, 0.0)])
+    _close(placed.audio_sigmas, [2 * u / (1 + u) for u in (1.0, 0.7, 0.4, 0.15, 0.0)])
+    _close(mm.on_checkpoint(native, {}).sigmas, PINNED_VIDEO_12)
+    turbo = mm.declared_contract(TURBO_MATRIX[1][0], {}, 128)
+    assert mm.on_checkpoint(turbo, index) is turbo
+
+
+def test_contract_reads_the_file_name_of_a_path_under_the_loras_root():
+    contract = mm.declared_contract("turbo/" + TURBO_MATRIX[1][0], {}, 128)
+    assert (contract.source, contract.steps, contract.shift) == (TURBO_MATRIX[1][0], 4, 6.0)
 
 
 @pytest.mark.parametrize("schedule, message", [
@@ -153,3 +183,18 @@ def test_invalid_pinned_schedule_is_refused_naming_the_checkpoint(schedule, mess
     with pytest.raises(ContractError) as err:
         mm.checkpoint_contract(index, "my-merged-h3")
     assert "my-merged-h3" in str(err.value) and message in str(err.value)
+
+
+def test_fixture_files_carry_the_published_matrix(mm_root):
+    """The files ``build-tiny`` writes (published names and metadata, tiny rank) read back to the matrix."""
+    from lorabind.loaders.families.minimax_h3_contracts import file_contract
+    from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_RANK
+
+    for name, _, steps, shift, tasks, alpha in TURBO_MATRIX:
+        contract = file_contract(mm_root / "loras" / name)
+        assert (contract.steps, contract.shift, contract.audio_shift, contract.tasks, contract.alpha) == (
+            steps, shift, 3.0, tasks, alpha), name
+        assert contract.rank == FIXTURE_RANK
+    native = file_contract(mm_root / "loras" / NATIVE_NAME)
+    assert (native.kind, native.steps, native.base_schedule, native.rank) == (
+        "native", 4, (1.0, 0.7, 0.4, 0.15, 0.0), FIXTURE_RANK)

@@ -144,8 +144,8 @@ def test_turbo_without_alpha_binds_at_alpha_8_not_rank(mm_models, mm_root):
     name = "minimax_h3_fl2v_turbo_4step_v0.1.safetensors"
     path = mm_root / "loras" / name
     tensors = load_file(str(path))
-    down = tensors["transformer.transformer_blocks.1.attn.to_out.0.lora_A.default.weight"].float()
-    up = tensors["transformer.transformer_blocks.1.attn.to_out.0.lora_B.default.weight"].float()
+    down = tensors["transformer_blocks.1.attn.to_out.0.lora_A.default.weight"].float()
+    up = tensors["transformer_blocks.1.attn.to_out.0.lora_B.default.weight"].float()
     layer = model.components["transformer"].transformer_blocks[1].attn.to_out[0]
     before = layer.weight.detach().clone()
     binding.bind(model, [FuseSpec(str(path), 0.5, "transformer", name=name)], [])
@@ -154,3 +154,42 @@ def test_turbo_without_alpha_binds_at_alpha_8_not_rank(mm_models, mm_root):
     finally:
         binding.unbind(model)
     torch.testing.assert_close(delta, 0.5 * (8.0 / down.shape[0]) * (up @ down), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("copy_as", ["minimax_h3_fl2v_turbo_4step_v1.0_768p_comfyui_bf16.safetensors",
+                                     "minimax_h3_fl2v_lightx2v_turbo_4step_v0.1_comfy.safetensors",
+                                     "my_renamed_turbo.safetensors"])
+def test_files_with_unknowable_contract_are_never_mapped_for_binding(copy_as, mm_root, tmp_path):
+    """Not only the contract reader refuses them: the key map does too, so no fuse/adapter/merge path binds them."""
+    import shutil
+
+    from lorabind.loaders.errors import ContractError
+    from lorabind.loaders.lora import map_to_model
+
+    path = tmp_path / copy_as
+    shutil.copy(mm_root / "loras" / "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", path)
+    with pytest.raises(ContractError, match=copy_as.replace(".", r"\.")):
+        map_to_model(read_lora(str(path)), "minimax_h3")
+
+
+def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
+    """An independent oracle: diffusers' ``_convert_non_diffusers_minimax_h3_lora_to_diffusers`` de-interleaves a
+    per-head fused QKV (its DiffSynth path, recognised by the ``.default.`` infix) and swaps the fc1 halves. Our
+    grouped reorder and SwiGLU swap must give the same ``lora_B`` rows for every target of the native fixture."""
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_minimax_h3_lora_to_diffusers
+    from safetensors.torch import load_file
+
+    from lorabind.loaders.lora import map_to_model
+    from lorabind.loaders.tiny_models.minimax_h3 import NATIVE_FIXTURE_NAME
+
+    path = mm_root / "loras" / NATIVE_FIXTURE_NAME
+    raw = {k.removeprefix("transformer."): v.float() for k, v in load_file(str(path)).items()}
+    theirs = _convert_non_diffusers_minimax_h3_lora_to_diffusers(raw)
+    ours = map_to_model(read_lora(str(path)), "minimax_h3").targets
+    assert {f"transformer.{name}.lora_B.weight" for name in ours} == {k for k in theirs if ".lora_B." in k}
+    for name, patch in ours.items():
+        assert patch.low_rank.scale == 1.0  # lora_alpha / lora_rank = 1: diffusers applies B @ A as is
+        torch.testing.assert_close(patch.low_rank.up.float(), theirs[f"transformer.{name}.lora_B.weight"],
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(patch.low_rank.down.float(), theirs[f"transformer.{name}.lora_A.weight"],
+                                   rtol=0, atol=0)

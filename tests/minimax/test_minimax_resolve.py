@@ -7,7 +7,7 @@ import pytest
 from lorabind.loaders.contracts import SamplingRequest
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import minimax_h3 as mm
-from lorabind.loaders.handles import AdapterSpec
+from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.sigmas import shift_schedule, shifted_sigmas
 
 T4_768 = "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors"
@@ -46,9 +46,11 @@ def test_pinned_checkpoint_uses_its_schedule_and_steps_default_to_the_interval_c
 def test_pinned_checkpoint_rejects_other_step_counts(fake_model):
     handle = fake_model(PINNED_INDEX, name="tiny-minimax-h3-pinned")
     pinned = mm.checkpoint_contract(PINNED_INDEX, "tiny-minimax-h3-pinned")
-    with pytest.raises(ContractError, match=r"tiny-minimax-h3-pinned pins a distilled sigma schedule .*"
-                                            r"steps must be 4 or omitted, got 5"):
+    with pytest.raises(ContractError) as err:
         mm.resolve_schedule((pinned,), req(steps=5), handle)
+    assert str(err.value) == ("tiny-minimax-h3-pinned pins a distilled sigma schedule (base_schedule "
+                              "[1.0, 0.7, 0.4, 0.15, 0.0]); steps must be 4 or omitted, got 5: steps counts "
+                              "intervals, and its 5 sigma points produce 4 denoiser evaluations")
 
 
 def test_pinned_schedule_does_not_force_ref2va_on_transformer_ref(fake_model):
@@ -89,7 +91,8 @@ def test_ref2v_turbo_serves_ref2va_on_transformer_ref_only(fake_model):
     assert resolved.task == "ref2va" and resolved.steps == 4
     with pytest.raises(ContractError, match=r"ref2v Turbo artifact and serves tasks \['ref2va'\], got task='t2va'"):
         mm.resolve_schedule((turbo(R4),), req(task="t2va"), fake_model())
-    with pytest.raises(ContractError, match="has no transformer_ref partition, which task='ref2va' runs on"):
+    with pytest.raises(ContractError, match=f"has no transformer_ref partition, which task='ref2va' runs on "
+                                            f"\\(the task {R4} serves\\)"):
         mm.resolve_schedule((turbo(R4, task="ref2va"),), req(), fake_model(partitions=("transformer",)))
 
 
@@ -99,6 +102,26 @@ def test_adapter_attached_to_the_wrong_partition_is_rejected(fake_model):
     with pytest.raises(ContractError, match=f"{R4} is attached to transformer, but its contract binds it to "
                                             f"transformer_ref"):
         mm.resolve_schedule((turbo(R4, task="ref2va"),), req(), handle)
+
+
+def test_ref2v_file_fused_into_transformer_is_rejected(fake_model):
+    """FuseDistillLoRA puts a file on transformer unless told otherwise; a Ref2VA artifact there binds nothing
+    Ref2VA runs on."""
+    handle = fake_model()
+    handle.fuses = (FuseSpec(f"/loras/turbo/{R4}", 1.0, component="transformer", name=f"turbo/{R4}"),)
+    with pytest.raises(ContractError) as err:
+        mm.resolve_schedule((turbo(f"turbo/{R4}", task="ref2va"),), req(), handle)
+    assert str(err.value) == (f"{R4} is fused into transformer, but its contract binds it to transformer_ref "
+                              f"(the partition that runs ref2va)")
+    handle.fuses = (FuseSpec(f"/loras/{R4}", 1.0, component="transformer_ref", name=R4),)
+    assert mm.resolve_schedule((turbo(R4, task="ref2va"),), req(), handle).task == "ref2va"
+
+
+def test_eight_step_message_reads_an_8_step(fake_model):
+    with pytest.raises(ContractError) as err:
+        mm.resolve_schedule((turbo(T8_544),), req(steps=9), fake_model())
+    assert str(err.value).startswith(f"{T8_544} is an 8-step artifact and requires steps=8 (9 sigma points produce "
+                                     f"8 denoiser evaluations), got steps=9")
 
 
 def test_native_overrides_the_default_schedule_and_steps_are_intervals(fake_model):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import wave
 from pathlib import Path
 
@@ -104,6 +105,27 @@ def test_fl2va_keyframe_rows_are_held_near_clean(mm_models, prompts):
         S.with_first_frame(model, latent, torch.rand(1, 16, 16, 3))
 
 
+def test_check_inputs_refuses_before_any_forward(mm_models, prompts):
+    """The weight-free checks a sampler runs before binding: each names what is wrong, and no forward happens."""
+    model = mm_models["plain"]
+    latent = S.empty_latents(model, 32, 32, 1)
+    no_audio = dataclasses.replace(latent, extra={k: v for k, v in latent.extra.items() if k != "audio"})
+    cases = [
+        (prompts[0], None, latent, dataclasses.replace(SCHEDULE, cfg=4.0), "cfg=4 needs a negative conditioning"),
+        (prompts[0], None, no_audio, SCHEDULE, "the latent carries no MiniMax-H3 audio latents"),
+        (prompts[0], None, latent, dataclasses.replace(SCHEDULE, audio_sigmas=(1.0, 0.0)),
+         "video and audio schedules differ in length"),
+        (prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="fl2va"), "task fl2va needs a first-frame"),
+    ]
+    with Forwards(model) as seen:
+        for positive, negative, lat, schedule, message in cases:
+            with pytest.raises(LoraBindError, match=message):
+                S.check_inputs(model, positive, negative, lat, schedule)
+            with pytest.raises(LoraBindError, match=message):
+                S.denoise(model, positive, negative, lat, schedule, 0)
+    assert seen.calls == []
+
+
 def test_progress_and_interrupt_between_steps(mm_models, prompts):
     model = mm_models["plain"]
     steps_seen = []
@@ -143,6 +165,11 @@ def test_wav_round_trip_keeps_samples_and_comment(tmp_path):
         data = torch.frombuffer(bytearray(wav.readframes(50)), dtype=torch.int16).reshape(50, 2).t()
     torch.testing.assert_close(data.float() / 32767, waveform, atol=1 / 32767, rtol=0)
     assert read_wav_comment(str(path)) == {"prompt": {"1": {"class_type": "X"}}, "workflow": {"nodes": []}}
+    umask = os.umask(0)
+    os.umask(umask)
+    # written through a 0600 temp file, but readable like any file ``open`` creates
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in tmp_path.iterdir()] == ["a.wav"]  # no temp file left behind
 
 
 def test_ref2v_turbo_workflow_runs_on_transformer_ref(mm_registry, mm_models):

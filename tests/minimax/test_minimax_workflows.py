@@ -94,8 +94,9 @@ def test_turbo_node_reports_its_contract_in_words(executor, mm_registry):
     ui = result.outputs[node_id(prompt, "MiniMaxTurboSchedule")]
     (contract,) = ui["lorabind_contract"]
     assert (contract["kind"], contract["steps"], contract["sigma_points"], contract["flow_shift"],
-            contract["audio_flow_shift"], contract["alpha"], contract["rank"], contract["scale"]) == (
-        "turbo", 4, 5, 6.0, 3.0, 128.0, 4, 1.0)
+            contract["audio_flow_shift"], contract["alpha"], contract["rank"]) == ("turbo", 4, 5, 6.0, 3.0, 128.0, 4)
+    # the fixture's rank is 4: alpha 128 / rank 4, times the node's scale 1
+    assert (contract["scale"], contract["request_scale"], contract["effective_scale"]) == (32.0, 1.0, 32.0)
     assert "4 denoiser evaluations (5 sigma points), flow_shift=6, audio_flow_shift=3" in ui["text"][0]
 
 
@@ -106,7 +107,9 @@ MISMATCHES = [
      "(5 sigma points produce 4 denoiser evaluations), got steps=5"),
     ("minimax_h3_turbo_4step_768p", {"shift": 12.0},
      "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors requires flow_shift=6, got flow_shift=12"),
-    ("minimax_h3_turbo_8step", {"steps": 4}, "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors is a 8-step"),
+    ("minimax_h3_turbo_8step", {"steps": 4},
+     "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors is an 8-step artifact and requires steps=8 "
+     "(9 sigma points produce 8 denoiser evaluations), got steps=4"),
     ("minimax_h3_native", {"steps": 5}, "uses the distilled interval-count contract: steps must be 4 or omitted, "
                                         "not 5"),
 ]
@@ -191,13 +194,16 @@ def test_fl2va_first_frame_workflow_holds_the_keyframe_rows(mm_registry, mm_mode
     assert schedule["task"] == "fl2va"
 
 
-@pytest.mark.parametrize("lora_name, scale, expected_sigmas, expected_words", [
-    ("minimax_h3_fl2v_turbo_8step_v1.0_768p_bf16.safetensors", 1.0, shifted_sigmas(8, 6.0), "task=t2va"),
-    ("minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors", 1.0, shift_schedule(BASE, 12.0), "task=t2va"),
-    ("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", 0.0, shifted_sigmas(4, 6.0),
+@pytest.mark.parametrize("lora_name, scale, expected_sigmas, expected_audio, expected_words", [
+    ("minimax_h3_fl2v_turbo_8step_v1.0_768p_bf16.safetensors", 1.0, shifted_sigmas(8, 6.0), shifted_sigmas(8, 3.0),
+     "task=t2va"),
+    ("minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors", 1.0, shift_schedule(BASE, 12.0),
+     shift_schedule(BASE, 3.0), "task=t2va"),
+    ("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", 0.0, shifted_sigmas(4, 6.0), shifted_sigmas(4, 3.0),
      "scale 0: the adapter is off and its contract is not applied"),
 ])
-def test_schedule_node_outputs(lora_name, scale, expected_sigmas, expected_words, mm_registry, mm_models):
+def test_schedule_node_outputs(lora_name, scale, expected_sigmas, expected_audio, expected_words, mm_registry,
+                               mm_models):
     from lorabind.loaders.families import checkpoint_contracts
     from lorabind.loaders.handles import ModelHandle
     from lorabind.nodes.minimax_nodes import MiniMaxTurboSchedule
@@ -208,6 +214,9 @@ def test_schedule_node_outputs(lora_name, scale, expected_sigmas, expected_words
     new_handle, schedule, sigmas = out["result"]
     assert sigmas.dtype == torch.float32 and sigmas.tolist() == pytest.approx(list(expected_sigmas), abs=1e-6)
     assert schedule.contract.source == lora_name and schedule.contract.scale == scale
+    # the SCHEDULE carries both modalities' sigmas (a native file's base_schedule shifted by the checkpoint's 12/3)
+    assert schedule.contract.sigmas == pytest.approx(list(expected_sigmas), abs=1e-12)
+    assert schedule.contract.audio_sigmas == pytest.approx(list(expected_audio), abs=1e-12)
     (spec,) = new_handle.adapters
     assert (spec.name, spec.scale, spec.component) == (lora_name, scale, "transformer")
     assert handle.adapters == () and new_handle.model is model  # the input handle is not modified
