@@ -9,18 +9,21 @@ mismatch is a clear error naming the artifact and the field, and an override is 
 Rules (Wan / Qwen-Image; MiniMax-H3 has its own resolver, ``families.minimax_h3.resolve_schedule``):
 - contracts come from the model handle (checkpoint-pinned, fuses), the adapter handle and the schedule input;
   an artifact applied at strength/scale 0 is off and declares nothing;
+- a contract made for another model family is refused (Wan2.1 and Wan2.2 count as one family);
 - two artifacts that constrain the same field differently conflict (error naming both); artifacts that declare
   the same values (a Wan2.2 high+low pair) agree;
 - with ``enforce_contract`` the request must match every constrained field; without it the request wins and
   every difference is recorded in ``ResolvedSchedule.overrides``;
-- the contract's explicit sigma list is used as is; without contracts, ``sigmas.shifted_sigmas(steps, shift)``.
+- the contract's explicit sigma list is used as is; without contracts, ``sigmas.shifted_sigmas(steps, shift)``;
+- on Wan2.2 MoE an explicit ``boundary`` may not change a Wan2.2 contract's expert split (the model's
+  ``boundary_ratio`` on the contract sigmas: 2 high-noise + 2 low-noise steps for lightx2v 4-step).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence
 
 from .errors import ContractError
@@ -30,10 +33,11 @@ from .sigmas import shifted_sigmas, validate_schedule
 
 @dataclass(frozen=True)
 class SamplingRequest:
-    """What the user asked the sampler for (node widgets). ``boundary`` None = the model's own boundary."""
+    """What the user asked the sampler for (node widgets). ``boundary`` None = the model's own boundary.
+    ``cfg`` is one value, or a (high-noise, low-noise) pair for the two Wan2.2 experts."""
 
     steps: int
-    cfg: float
+    cfg: Any
     shift: float
     boundary: Optional[float] = None
     task: Optional[str] = None
@@ -47,7 +51,7 @@ class ResolvedSchedule:
 
     sigmas: tuple
     steps: int
-    cfg: float
+    cfg: Any  # one value, or the request's (high-noise, low-noise) pair
     shift: float
     boundary: Optional[float] = None
     task: Optional[str] = None
@@ -77,12 +81,17 @@ def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> Res
         return minimax_h3.resolve_schedule(contracts, request, model)
     if not contracts:
         return _plain_schedule(request)
+    foreign = _foreign_contracts(model, contracts)
+    if foreign and request.enforce_contract:
+        raise ContractError(foreign[0])
     agreed, conflicts = _merge_contracts(contracts)
     if conflicts and request.enforce_contract:
         raise ContractError(conflicts[0])
-    overrides = [f"{text}; the request's values are used (enforce_contract is off)" for text in conflicts]
+    overrides = [f"{text}; the request's values are used (enforce_contract is off)" for text in foreign + conflicts]
     _check_tasks(contracts, request, overrides)
-    return _resolve_against(agreed, contracts, request, overrides)
+    resolved = _resolve_against(agreed, contracts, request, overrides)
+    _check_expert_split(model, resolved, request, overrides)
+    return replace(resolved, overrides=tuple(overrides))
 
 
 def collect_contracts(model, adapters=None, schedule=None) -> tuple:
@@ -147,6 +156,22 @@ def _plain_schedule(request: SamplingRequest) -> ResolvedSchedule:
         boundary=request.boundary,
         task=request.task,
     )
+
+
+def _family_group(family: str) -> str:
+    """Wan2.1 and Wan2.2 share the schedule space (a Wan2.1 distill LoRA on a Wan2.2 expert is common use)."""
+    return "wan" if family in ("wan2.1", "wan2.2_moe") else family
+
+
+def _foreign_contracts(model, contracts: Sequence[ScheduleContract]) -> list:
+    """Messages for contracts made for another model family (e.g. a MiniMax-H3 schedule wired into a Wan
+    sampler: its sigmas and shift mean nothing for this model)."""
+    return [
+        f"{contract.source} is a {contract.family} {_KIND_NOUNS.get(contract.kind, contract.kind + ' artifact')}; "
+        f"its sampling contract does not apply to the {model.family} model {model.model.name}"
+        for contract in contracts
+        if contract.family and _family_group(contract.family) != _family_group(model.family)
+    ]
 
 
 def _switched_off(source: str, specs: Sequence) -> bool:
@@ -222,26 +247,28 @@ def _check_tasks(contracts: Sequence[ScheduleContract], request: SamplingRequest
 
 
 def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, overrides: list) -> ResolvedSchedule:
-    requested = {"steps": request.steps, "shift": request.shift, "cfg": request.cfg}
-    for field in ("steps", "shift", "cfg"):
+    for field, input_name, requested in _requested_fields(request):
         if field not in agreed:
             continue
         value, contract = agreed[field]
-        if _same(field, value, requested[field]):
+        if _same(field, value, requested):
             continue
         if request.enforce_contract:
             raise ContractError(
-                f"{describe_artifact(contract)}: {field} must be {_fmt(field, value)}, "
-                f"got {_fmt(field, requested[field])} (set enforce_contract off to override it explicitly)"
+                f"{describe_artifact(contract)}: {input_name} must be {_fmt(field, value)}, "
+                f"got {_fmt(field, requested)} (set enforce_contract off to override it explicitly)"
             )
         overrides.append(
-            f"{field}={_fmt(field, requested[field])} overrides {contract.source} "
+            f"{input_name}={_fmt(field, requested)} overrides {contract.source} "
             f"({field}={_fmt(field, value)} in its contract)"
         )
 
     steps = request.steps
     shift = float(agreed["shift"][0]) if "shift" in agreed and request.enforce_contract else float(request.shift)
-    cfg = float(agreed["cfg"][0]) if "cfg" in agreed and request.enforce_contract else float(request.cfg)
+    if "cfg" in agreed and request.enforce_contract:
+        cfg = float(agreed["cfg"][0])
+    else:
+        cfg = tuple(map(float, request.cfg)) if isinstance(request.cfg, (tuple, list)) else float(request.cfg)
     sigmas = _contract_sigmas(agreed, steps, shift)
     if "sigmas" in agreed and not _same("sigmas", agreed["sigmas"][0], sigmas):
         value, contract = agreed["sigmas"]
@@ -259,6 +286,39 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
         contracts=tuple(contracts),
         overrides=tuple(overrides),
     )
+
+
+def _check_expert_split(model, resolved: ResolvedSchedule, request: SamplingRequest, overrides: list) -> None:
+    """A Wan2.2 distill pair is trained on a fixed expert split (lightx2v 4-step: 2 high-noise + 2 low-noise
+    steps, reference §2.9), which the model's own ``boundary_ratio`` gives on the contract's sigmas. An explicit
+    ``boundary`` input that moves a step to the other expert breaks the contract like a wrong step count."""
+    model_boundary = getattr(model.model, "model_index", {}).get("boundary_ratio")
+    if model.family != "wan2.2_moe" or request.boundary is None or model_boundary is None:
+        return
+    split_by = [c for c in resolved.contracts if c.family == "wan2.2_moe" and _contract_value(c, "sigmas")]
+    if not split_by:
+        return
+    steps = [float(s) * 1000.0 for s in resolved.sigmas[:-1]]
+    wanted = sum(t >= float(model_boundary) * 1000.0 for t in steps)
+    got = sum(t >= float(request.boundary) * 1000.0 for t in steps)
+    if wanted == got:
+        return
+    text = (f"boundary={request.boundary:g} runs {got} of {len(steps)} steps on the high-noise expert, but the "
+            f"model's boundary_ratio {float(model_boundary):g} runs {wanted}")
+    if request.enforce_contract:
+        raise ContractError(f"{describe_artifact(split_by[0])}: {text} (set boundary to 0 to use the model's, or "
+                            f"enforce_contract off to override it explicitly)")
+    overrides.append(f"{text}; overrides {split_by[0].source}")
+
+
+def _requested_fields(request: SamplingRequest) -> list:
+    """(contract field, sampler input name, requested value): a per-expert cfg pair is checked value by value,
+    so a contract's cfg=1 binds both Wan2.2 experts and the error names the input that differs."""
+    fields = [("steps", "steps", request.steps), ("shift", "shift", request.shift)]
+    if isinstance(request.cfg, (tuple, list)):
+        high, low = request.cfg
+        return fields + [("cfg", "cfg", high), ("cfg", "cfg_low_noise", low)]
+    return fields + [("cfg", "cfg", request.cfg)]
 
 
 def _contract_sigmas(agreed: dict, steps: int, shift: float) -> tuple:

@@ -99,7 +99,6 @@ class ModelHandle:
     fuses: tuple[FuseSpec, ...] = ()
     adapters: tuple[AdapterSpec, ...] = ()
     contracts: tuple[ScheduleContract, ...] = ()
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def family(self) -> str:

@@ -17,6 +17,7 @@ import torch
 from .handles import ConditioningHandle, LatentHandle
 from .model_store import LoadedModel
 
+MOE_FAMILY = "wan2.2_moe"
 HIGH_NOISE_EXPERT = "transformer"
 LOW_NOISE_EXPERT = "transformer_2"
 
@@ -24,12 +25,12 @@ LOW_NOISE_EXPERT = "transformer_2"
 def model_boundary(model: LoadedModel) -> Optional[float]:
     """The checkpoint's own MoE boundary (``boundary_ratio`` in model_index.json), None for single-expert models."""
     value = model.model_index.get("boundary_ratio")
-    return float(value) if value is not None and model.family == "wan2.2_moe" else None
+    return float(value) if value is not None and model.family == MOE_FAMILY else None
 
 
 def effective_boundary(model: LoadedModel, schedule) -> Optional[float]:
     """``schedule.boundary`` when set, else the model's ``boundary_ratio``; None when there is one expert."""
-    if model.family != "wan2.2_moe":
+    if model.family != MOE_FAMILY:
         return None
     return float(schedule.boundary) if schedule.boundary is not None else model_boundary(model)
 
@@ -160,6 +161,27 @@ def implied_task(model, latent: LatentHandle) -> Optional[str]:
     return None
 
 
+def check_inputs(model: LoadedModel, positive: ConditioningHandle, negative: Optional[ConditioningHandle],
+                 latent: LatentHandle, schedule) -> None:
+    """Refuse inputs that cannot be sampled together, naming the input; cheap, so the sampler node calls it
+    before binding (a refused run must not touch a weight). ``denoise`` calls it again for library callers."""
+    for input_name, handle in (("positive", positive), ("negative", negative), ("latent", latent)):
+        if handle is not None and handle.family != model.family:
+            raise ValueError(f"{input_name} was made for a {handle.family} model but the model {model.name!r} is "
+                             f"{model.family}; encode the prompt / make the latent with this model")
+    if model.family == "minimax_h3":
+        return  # its own loop checks its task routing and audio latents
+    if model.family == MOE_FAMILY and effective_boundary(model, schedule) is None:
+        raise ValueError(f"model {model.name!r} has two experts but its model_index.json has no boundary_ratio; "
+                         "set the sampler's boundary input (0.875 for T2V, 0.9 for I2V)")
+    experts = experts_per_step(model, schedule)
+    missing = sorted(set(experts) - set(model.components))
+    if missing:
+        raise ValueError(f"model {model.name!r} has no denoiser {missing} needed by the schedule")
+    if negative is None and any(guidance_for(schedule.cfg, e) != 1.0 for e in experts):
+        raise ValueError("cfg != 1 needs a negative conditioning")
+
+
 def denoise(
     model: LoadedModel,
     positive: ConditioningHandle,
@@ -182,16 +204,9 @@ def denoise(
 
         return minimax_h3_sampling.denoise(model, positive, negative, latent, schedule, seed,
                                            on_step=on_step, check_interrupt=check_interrupt)
-    if latent.family != model.family:
-        raise ValueError(f"latent was made for {latent.family!r} but the model {model.name!r} is {model.family!r}")
+    check_inputs(model, positive, negative, latent, schedule)
     sigmas = [float(s) for s in schedule.sigmas]
     experts = experts_per_step(model, schedule)
-    missing = sorted(set(experts) - set(model.components))
-    if missing:
-        raise ValueError(f"model {model.name!r} has no denoiser {missing} needed by the schedule")
-    needs_negative = any(guidance_for(schedule.cfg, e) != 1.0 for e in experts)
-    if needs_negative and negative is None:
-        raise ValueError("cfg != 1 needs a negative conditioning")
 
     samples = latent.samples.float()
     noise = initial_noise(samples.shape, seed)

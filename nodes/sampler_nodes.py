@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..loaders import binding, sampling
 from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
 from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
-                               SOCKET_SCHEDULE)
+                               SOCKET_SCHEDULE, SOCKET_SIGMAS)
 from .comfy_bridge import ProgressBar, check_interrupted
 
 
@@ -55,12 +57,17 @@ class LoraBindSampler:
         "Flow-matching Euler sampler over an explicit sigma schedule. Before touching any weight it checks the "
         "request against every sampling contract in the graph (distill LoRAs, Turbo/native adapters, pinned "
         "checkpoints) and refuses a mismatch; then it binds exactly this branch's LoRAs to the shared model and "
-        "denoises. Wan2.2 switches from the high-noise to the low-noise expert at the boundary."
+        "denoises. Wan2.2 switches from the high-noise to the low-noise expert at the boundary (each expert with "
+        "its own guidance when cfg_low_noise is set). The sigmas that ran are also output as ComfyUI SIGMAS."
     )
     CATEGORY = "lorabind/sampling"
-    RETURN_TYPES = (SOCKET_LATENT,)
-    RETURN_NAMES = ("latent",)
-    OUTPUT_TOOLTIPS = ("The denoised latent (decode it with LoraBind VAE Decode).",)
+    RETURN_TYPES = (SOCKET_LATENT, SOCKET_SIGMAS)
+    RETURN_NAMES = ("latent", "sigmas")
+    OUTPUT_TOOLTIPS = (
+        "The denoised latent (decode it with LoraBind VAE Decode).",
+        "The sigma schedule that actually ran (contract-resolved), as ComfyUI SIGMAS: a 1-D float tensor of "
+        "steps + 1 points ending in 0, usable by ComfyUI's custom-sampling nodes.",
+    )
     FUNCTION = "sample"
 
     @classmethod
@@ -90,14 +97,24 @@ class LoraBindSampler:
             "optional": {
                 "adapter": (SOCKET_ADAPTER, {"tooltip": "Dynamic adapters (PEFT) active for this run only."}),
                 "schedule": (SOCKET_SCHEDULE, {"tooltip": "A schedule contract (e.g. from MiniMax Turbo Schedule)."}),
+                "cfg_low_noise": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                                            "tooltip": "Wan2.2 MoE: guidance of the low-noise expert "
+                                                       "(transformer_2), like diffusers' guidance_scale_2; 0 uses "
+                                                       "cfg for both experts. Contracts check both values."}),
             },
         }
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
-               adapter=None, schedule=None):
-        request = SamplingRequest(steps=steps, cfg=cfg, shift=shift, boundary=boundary or None,
-                                  task=sampling.implied_task(model.model, latent), enforce_contract=enforce_contract)
-        resolved = resolve_schedule(model, adapter, schedule, request)  # raises ContractError before any weight
+               adapter=None, schedule=None, cfg_low_noise=0.0):
+        if cfg_low_noise and model.family != sampling.MOE_FAMILY:
+            raise ValueError(f"cfg_low_noise is only for Wan2.2 MoE models (two experts); {model.model.name} is "
+                             f"{model.family}: set cfg_low_noise to 0 and use cfg")
+        request = SamplingRequest(steps=steps, cfg=(cfg, cfg_low_noise) if cfg_low_noise else cfg, shift=shift,
+                                  boundary=boundary or None, task=sampling.implied_task(model.model, latent),
+                                  enforce_contract=enforce_contract)
+        # Everything that can refuse the run happens here, before bind() writes a single weight.
+        resolved = resolve_schedule(model, adapter, schedule, request)
+        sampling.check_inputs(model.model, positive, negative, latent, resolved)
         adapters = model.adapters + (adapter.adapters if adapter is not None else ())
         bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted)
         progress = ProgressBar(resolved.steps)
@@ -106,8 +123,9 @@ class LoraBindSampler:
             on_step=lambda done, total: progress.update_absolute(done), check_interrupt=check_interrupted,
         )
         report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict()}
+        sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report)},
-                "result": (samples,)}
+                "result": (samples, sigmas)}
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindSampler": LoraBindSampler}

@@ -87,6 +87,33 @@ def test_conflicting_contracts_name_both_artifacts():
     assert f"{HIGH} requires steps=4" in message and f"{eight} requires steps=8" in message
 
 
+def test_two_stacked_adapters_with_conflicting_contracts_name_both():
+    four, eight = "Qwen-Image-Lightning-4steps-V1.0.safetensors", "Qwen-Image-Lightning-8steps-V1.1.safetensors"
+    adapters = AdapterHandle()
+    for name, steps in ((four, 4), (eight, 8)):
+        adapters = adapters.stacked(AdapterSpec(path=f"/l/{name}", scale=1.0, name=name),
+                                    (distill(name, steps=steps, shift=3.0, family="qwen_image"),))
+    handle = ModelHandle(model=SimpleNamespace(family="qwen_image", name="tiny-qwen-image"))
+    with pytest.raises(ContractError, match=rf"^conflicting sampling contracts: {four} requires steps=4 but {eight} "
+                                            r"requires steps=8; remove one of them$"):
+        resolve_schedule(handle, adapters, None, SamplingRequest(steps=4, cfg=1.0, shift=3.0))
+
+
+def test_a_contract_of_another_family_is_refused_and_wan21_fits_wan22():
+    h3 = ScheduleContract(source="minimax_h3_t2va_turbo_4step.safetensors", kind="turbo", family="minimax_h3",
+                          steps=4, sigmas=shifted_sigmas(4, 6.0), shift=6.0)
+    handle = ModelHandle(model=SimpleNamespace(family="wan2.2_moe", name="tiny-wan22-t2v"))
+    with pytest.raises(ContractError, match=r"^minimax_h3_t2va_turbo_4step.safetensors is a minimax_h3 Turbo "
+                                            r"adapter; its sampling contract does not apply to the wan2.2_moe "
+                                            r"model tiny-wan22-t2v$"):
+        resolve_schedule(handle, None, ScheduleHandle(h3), SamplingRequest(steps=4, cfg=1.0, shift=6.0))
+    off = resolve_schedule(handle, None, ScheduleHandle(h3), SamplingRequest(4, 1.0, 6.0, enforce_contract=False))
+    assert off.overrides[0].endswith("model tiny-wan22-t2v; the request's values are used (enforce_contract is off)")
+    wan21 = distill("wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors", family="wan2.1")
+    wan22_with_wan21_lora = wan22_handle((("wan21.safetensors", "transformer", 1.0), wan21))
+    assert resolve_schedule(wan22_with_wan21_lora, None, None, SamplingRequest(4, 1.0, 5.0)).overrides == ()
+
+
 def test_schedule_input_with_other_sigmas_conflicts_on_the_sigmas_field():
     manual = ScheduleContract(source="ManualSigmas node 12", kind="manual", family="wan2.2_moe",
                               sigmas=(1.0, 0.8, 0.5, 0.2, 0.0))
@@ -145,6 +172,34 @@ def test_enforce_contract_off_records_each_override_and_uses_the_request():
     assert resolved.overrides[2].startswith("sigmas=[1, ")
     assert resolved.overrides[2].endswith(f"override {HIGH} (sigmas=[1, 0.9375, 0.833333, 0.625, 0] in its contract)")
     assert len(resolved.overrides) == 3
+
+
+def test_a_per_expert_cfg_pair_is_checked_value_by_value():
+    with pytest.raises(ContractError, match=rf"^{HIGH} is a 4-step distill LoRA: cfg_low_noise must be 1, got 3 "):
+        resolve_schedule(pair_handle(), None, None, SamplingRequest(steps=4, cfg=(1.0, 3.0), shift=5.0))
+    assert resolve_schedule(pair_handle(), None, None, SamplingRequest(4, (1.0, 1.0), 5.0)).cfg == 1.0
+    off = resolve_schedule(pair_handle(), None, None, SamplingRequest(4, (1.0, 3.0), 5.0, enforce_contract=False))
+    assert off.cfg == (1.0, 3.0)
+    assert off.overrides == (f"cfg_low_noise=3 overrides {HIGH} (cfg=1 in its contract)",)
+    assert resolve_schedule(wan22_handle(), None, None, SamplingRequest(4, (4.0, 3.0), 5.0)).cfg == (4.0, 3.0)
+
+
+@pytest.mark.parametrize("boundary, high_steps", [(0.9, None), (0.95, 1), (0.5, 4)])
+def test_an_explicit_boundary_may_not_change_the_pairs_expert_split(boundary, high_steps):
+    handle = pair_handle()
+    handle = ModelHandle(model=SimpleNamespace(family="wan2.2_moe", name="tiny-wan22-t2v",
+                                               model_index={"boundary_ratio": 0.875}),
+                         fuses=handle.fuses, contracts=handle.contracts)
+    request = SamplingRequest(steps=4, cfg=1.0, shift=5.0, boundary=boundary)
+    if high_steps is None:  # 0.9 splits the published sigmas 2 + 2 like 0.875 does
+        assert resolve_schedule(handle, None, None, request).boundary == 0.9
+        return
+    text = (f"boundary={boundary:g} runs {high_steps} of 4 steps on the high-noise expert, but the model's "
+            f"boundary_ratio 0.875 runs 2")
+    with pytest.raises(ContractError, match=rf"^{HIGH} is a 4-step distill LoRA: {text} \(set boundary to 0"):
+        resolve_schedule(handle, None, None, request)
+    off = resolve_schedule(handle, None, None, SamplingRequest(4, 1.0, 5.0, boundary=boundary, enforce_contract=False))
+    assert off.overrides == (f"{text}; overrides {HIGH}",) and off.boundary == boundary
 
 
 def test_enforce_contract_off_turns_a_conflict_into_a_recorded_override():

@@ -176,3 +176,30 @@ def test_two_branches_equal_fresh_models_with_each_single_fuse(executor, models_
     assert torch.equal(got["tiny-wan21-t2v@1.0"], got["tiny-wan21-fresh-a@1.0"])
     assert torch.equal(got["tiny-wan21-t2v@0.5"], got["tiny-wan21-fresh-b@0.5"])
     assert not torch.equal(got["tiny-wan21-t2v@1.0"], got["tiny-wan21-t2v@0.5"])
+
+
+def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(executor, loaded):
+    import threading
+
+    prompt = load("wan22_lightx2v_4step")
+    sampler = sampler_ids(prompt)[0]
+    model = loaded["tiny-wan22-t2v"]
+    interrupt, progress, forwards = threading.Event(), [], []
+
+    def on_event(name, data):
+        if name == "progress" and data["node"] == sampler:
+            progress.append((data["value"], data["max"]))
+            if data["value"] == 2:
+                interrupt.set()
+
+    hooks = [model.components[name].register_forward_pre_hook(lambda *_, name=name: forwards.append(name))
+             for name in ("transformer", "transformer_2")]
+    try:
+        result = executor.execute(prompt, "interrupt-sampler", on_event=on_event, interrupt_event=interrupt)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert not result.success and result.interrupted
+    assert progress == [(1, 4), (2, 4)]
+    assert forwards == ["transformer", "transformer"]  # the two high-noise steps; nothing after the interrupt
+    assert sampler not in result.executed

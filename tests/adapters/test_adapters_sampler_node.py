@@ -1,0 +1,113 @@
+"""LoraBindSampler called directly on the tiny models: its SIGMAS output, per-expert guidance (cfg_low_noise)
+under contracts, and input mismatches refused before bind() writes anything."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from lorabind.loaders import binding, sampling
+from lorabind.loaders.contracts import ResolvedSchedule
+from lorabind.loaders.encoding import empty_latent, encode_text
+from lorabind.loaders.errors import ContractError
+from lorabind.loaders.handles import ModelHandle
+from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.nodes.adapter_nodes import WanMoELoRAPair
+from lorabind.nodes.sampler_nodes import LoraBindSampler
+
+PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
+
+
+@pytest.fixture(scope="module")
+def inputs(loaded):
+    """model name -> (ModelHandle, positive, negative, 32x32 latent), encoded once."""
+    out = {}
+    for name in ("tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"):
+        model = loaded[name]
+        out[name] = (ModelHandle(model), encode_text(model, "a cat"), encode_text(model, "blurry"),
+                     empty_latent(model, 32, 32, 5))
+    return out
+
+
+def _sample(handle, pos, neg, latent, steps=4, cfg=1.0, shift=5.0, **optional):
+    return LoraBindSampler().sample(handle, pos, neg, latent, 0, steps, cfg, shift, 0.0, True, **optional)
+
+
+def _forwards(model, run):
+    """Run ``run()`` with hooks on every denoiser; return [(component, timestep)] per forward."""
+    calls = []
+    hooks = [module.register_forward_pre_hook(
+        lambda mod, args, kwargs, name=name: calls.append((name, round(float(kwargs["timestep"].flatten()[0]), 3))),
+        with_kwargs=True) for name, module in model.components.items()]
+    try:
+        run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return calls
+
+
+def test_sigmas_output_is_comfyui_sigmas_of_the_schedule_that_ran(inputs, registry):
+    handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
+    (paired,) = WanMoELoRAPair().pair(handle, F.WAN22_HIGH, 1.0, F.WAN22_LOW, 1.0)["result"]
+    out = _sample(paired, pos, neg, latent)
+    samples, sigmas = out["result"]
+    assert LoraBindSampler.RETURN_TYPES == ("LORABIND_LATENT", "SIGMAS")
+    assert sigmas.dtype == torch.float32 and sigmas.dim() == 1 and sigmas[-1].item() == 0.0
+    assert sigmas.tolist() == pytest.approx(PUBLISHED_4STEP, abs=1e-6)
+    assert sigmas.tolist() == pytest.approx(out["ui"]["lorabind_schedule"][0]["sigmas"])
+    assert samples.samples.shape == latent.samples.shape
+
+
+def test_cfg_low_noise_guides_each_wan22_expert_separately(inputs):
+    handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
+    model = handle.model
+    calls = _forwards(model, lambda: _sample(handle, pos, neg, latent, cfg=1.0, cfg_low_noise=3.0))
+    per_step = {}
+    for name, t in calls:
+        per_step.setdefault(t, []).append(name)
+    # shift 5, 4 steps: t = 1000, 937.5 on the high-noise expert (cfg 1: one pass), 833.3, 625 on the low one
+    # (cfg 3: conditional + unconditional passes)
+    assert list(per_step.values()) == [["transformer"], ["transformer"], ["transformer_2"] * 2,
+                                       ["transformer_2"] * 2]
+    report = _sample(handle, pos, neg, latent, cfg=1.0, cfg_low_noise=3.0)["ui"]["lorabind_schedule"][0]
+    assert report["cfg"] == [1.0, 3.0]
+
+
+def test_a_distill_pair_refuses_a_low_noise_cfg_naming_the_input(inputs, registry, monkeypatch):
+    handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
+    (paired,) = WanMoELoRAPair().pair(handle, F.WAN22_HIGH, 1.0, F.WAN22_LOW, 1.0)["result"]
+    monkeypatch.setattr(binding, "bind", lambda *a, **k: pytest.fail("bind() ran before the refusal"))
+    with pytest.raises(ContractError, match=rf"{F.WAN22_HIGH} is a 4-step distill LoRA: cfg_low_noise must be 1, "
+                                            r"got 3 "):
+        _sample(paired, pos, neg, latent, cfg=1.0, cfg_low_noise=3.0)
+
+
+def test_cfg_low_noise_on_a_single_expert_model_is_refused(inputs):
+    handle, pos, neg, latent = inputs["tiny-wan21-t2v"]
+    with pytest.raises(ValueError, match="cfg_low_noise is only for Wan2.2 MoE models.*tiny-wan21-t2v is wan2.1"):
+        _sample(handle, pos, neg, latent, cfg_low_noise=2.0)
+
+
+@pytest.mark.parametrize("field", ["positive", "latent"])
+def test_inputs_of_another_family_are_refused_before_binding(inputs, monkeypatch, field):
+    handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
+    _, qwen_pos, _, qwen_latent = inputs["tiny-qwen-image"]
+    mixed = {"positive": pos, "negative": neg, "latent": latent,
+             field: qwen_pos if field == "positive" else qwen_latent}
+    monkeypatch.setattr(binding, "bind", lambda *a, **k: pytest.fail("bind() ran before the refusal"))
+    with pytest.raises(ValueError, match=rf"^{field} was made for a qwen_image model but the model "
+                                         r"'tiny-wan22-t2v' is wan2.2_moe"):
+        _sample(handle, mixed["positive"], mixed["negative"], mixed["latent"])
+
+
+def test_a_moe_model_without_boundary_ratio_needs_an_explicit_boundary(inputs):
+    handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
+    index = {k: v for k, v in handle.model.model_index.items() if k != "boundary_ratio"}
+    no_boundary = dataclasses.replace(handle.model, model_index=index)
+    schedule = ResolvedSchedule(sigmas=tuple(PUBLISHED_4STEP), steps=4, cfg=1.0, shift=5.0)
+    with pytest.raises(ValueError, match="no boundary_ratio; set the sampler's boundary input"):
+        sampling.check_inputs(no_boundary, pos, neg, latent, schedule)
+    explicit = dataclasses.replace(schedule, boundary=0.9)
+    sampling.check_inputs(no_boundary, pos, neg, latent, explicit)
+    assert sampling.experts_per_step(no_boundary, explicit) == ["transformer"] * 2 + ["transformer_2"] * 2
