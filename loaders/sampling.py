@@ -170,7 +170,10 @@ def check_inputs(model: LoadedModel, positive: ConditioningHandle, negative: Opt
             raise ValueError(f"{input_name} was made for a {handle.family} model but the model {model.name!r} is "
                              f"{model.family}; encode the prompt / make the latent with this model")
     if model.family == "minimax_h3":
-        return  # its own loop checks its task routing and audio latents
+        from . import minimax_h3_sampling
+
+        minimax_h3_sampling.check_inputs(model, positive, negative, latent, schedule)  # task, audio latents
+        return
     if model.family == MOE_FAMILY and effective_boundary(model, schedule) is None:
         raise ValueError(f"model {model.name!r} has two experts but its model_index.json has no boundary_ratio; "
                          "set the sampler's boundary input (0.875 for T2V, 0.9 for I2V)")

@@ -101,17 +101,23 @@ class LoraBindSampler:
                                             "tooltip": "Wan2.2 MoE: guidance of the low-noise expert "
                                                        "(transformer_2), like diffusers' guidance_scale_2; 0 uses "
                                                        "cfg for both experts. Contracts check both values."}),
+                "audio_flow_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                               "tooltip": "MiniMax-H3: time shift of the audio schedule; 0 takes "
+                                                          "it from the contract or checkpoint (Turbo: 3)."}),
             },
         }
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
-               adapter=None, schedule=None, cfg_low_noise=0.0):
+               adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0):
         if cfg_low_noise and model.family != sampling.MOE_FAMILY:
             raise ValueError(f"cfg_low_noise is only for Wan2.2 MoE models (two experts); {model.model.name} is "
                              f"{model.family}: set cfg_low_noise to 0 and use cfg")
+        if audio_flow_shift and model.family != "minimax_h3":
+            raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
+                             "set audio_flow_shift to 0")
         request = SamplingRequest(steps=steps, cfg=(cfg, cfg_low_noise) if cfg_low_noise else cfg, shift=shift,
                                   boundary=boundary or None, task=sampling.implied_task(model.model, latent),
-                                  enforce_contract=enforce_contract)
+                                  audio_shift=audio_flow_shift or None, enforce_contract=enforce_contract)
         # Everything that can refuse the run happens here, before bind() writes a single weight.
         resolved = resolve_schedule(model, adapter, schedule, request)
         sampling.check_inputs(model.model, positive, negative, latent, resolved)

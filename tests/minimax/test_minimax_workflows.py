@@ -107,6 +107,8 @@ MISMATCHES = [
      "(5 sigma points produce 4 denoiser evaluations), got steps=5"),
     ("minimax_h3_turbo_4step_768p", {"shift": 12.0},
      "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors requires flow_shift=6, got flow_shift=12"),
+    ("minimax_h3_turbo_4step_768p", {"audio_flow_shift": 5.0},
+     "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors requires audio_flow_shift=3"),
     ("minimax_h3_turbo_8step", {"steps": 4},
      "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors is an 8-step artifact and requires steps=8 "
      "(9 sigma points produce 8 denoiser evaluations), got steps=4"),
