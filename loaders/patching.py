@@ -252,7 +252,7 @@ class WeightPatcher:
             original = tensor.detach().to(self.backup_device, copy=True)
             self._originals[pid] = original
         if contributions:
-            tensor.copy_(_patched_value(original, contributions, tensor.device))  # copy_ casts (rounds) once
+            tensor.copy_(patched_value(original, contributions, tensor.device))  # copy_ casts (rounds) once
             self._applied[pid] = contributions
         else:
             tensor.copy_(original)
@@ -269,6 +269,22 @@ class WeightPatcher:
     def _drop_unused_originals(self) -> None:
         for pid in [p for p in self._originals if p not in self._applied]:
             del self._originals[pid]
+
+
+def plan_state_keys(component: str, module: nn.Module, layers: Sequence[PatchLayer]) -> dict[str, tuple]:
+    """``{state-dict key: contributions}`` of ``layers`` on one component, validated like ``apply``; writes nothing.
+
+    For tools that stream a model's weight files instead of patching a loaded module (``lorabind merge``): the
+    module may live on the ``meta`` device, only its structure and shapes are used. Each value is turned into
+    the fused tensor with ``patched_value(stored tensor, contributions, device)``.
+    """
+    patcher = WeightPatcher({component: module})
+    wanted = patcher.plan(layers)
+    keys = {}
+    for pid, contributions in wanted.items():
+        _, module_path, name = patcher._locations[pid]
+        keys[f"{module_path}.{name}" if module_path else name] = contributions
+    return keys
 
 
 def _signature(contributions: tuple[_Contribution, ...]) -> tuple:
@@ -295,8 +311,10 @@ def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str
     return groups
 
 
-def _patched_value(original: torch.Tensor, contributions: Sequence[_Contribution], device) -> torch.Tensor:
-    """``original + Σ strength·scale·(up @ down) + Σ strength·diff`` computed in float32 on ``device``."""
+def patched_value(original: torch.Tensor, contributions: Sequence[_Contribution], device) -> torch.Tensor:
+    """``original + Σ strength·scale·(up @ down) + Σ strength·diff`` computed in float32 on ``device``.
+
+    The caller casts the result to the parameter's dtype exactly once (``copy_`` here, ``.to`` in merge)."""
     value = torch.empty(original.shape, dtype=torch.float32, device=device)  # contiguous, so ``flat`` is a view
     value.copy_(original)
     flat = value.view(value.shape[0], -1) if value.dim() >= 2 else None

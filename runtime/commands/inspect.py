@@ -3,8 +3,9 @@
 Reports the detected layout and model family, rank/alpha/scale, tensor counts by kind, the file's metadata, the
 sampling contract its name/metadata declares, and with ``--model`` the key accounting against that model (the
 same check the fuse nodes run). A file the engine would refuse (pickle format, broken header, keys that do not
-fit, a refused contract) exits 1 with the reason, which names the file. Module-level imports stay light: the
-CLI's ``--help`` must not import torch.
+fit, a refused contract) exits 1 with the reason, which names the file; keys that match nothing in ``--model``
+are listed in the report's accounting (so the user sees which) and also exit 1, as the engine would refuse
+them. Module-level imports stay light: the CLI's ``--help`` must not import torch.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 
 EXIT_REFUSED = 1
+_SHOWN_UNMATCHED = 10  # the text report lists this many unmatched keys; --json lists them all
 
 
 def add_arguments(parser) -> None:
@@ -34,6 +36,10 @@ def run(args) -> int:
         print(f"lorabind inspect: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(json.dumps(report, indent=2) if args.json else format_report(report))
+    refusal = (report["accounting"] or {}).get("refusal")
+    if refusal:  # unmatched keys: listed in the report above, and refused as the fuse nodes and merge would
+        print(f"lorabind inspect: refused: {refusal}", file=sys.stderr)
+        return EXIT_REFUSED
     return 0
 
 
@@ -94,17 +100,22 @@ def format_report(report: dict) -> str:
         )
         for key, reason in (accounting.get("expected_unmatched") or {}).items():
             lines.append(f"    expected-unmatched {key}: {reason}")
+        unmatched = accounting.get("unmatched") or []
+        lines.extend(f"    unmatched {key}" for key in unmatched[:_SHOWN_UNMATCHED])
+        if len(unmatched) > _SHOWN_UNMATCHED:
+            lines.append(f"    ... and {len(unmatched) - _SHOWN_UNMATCHED} more unmatched (--json lists all)")
     return "\n".join(lines)
 
 
 def _uniform(values):
-    """The value when every target agrees, a sorted list when they differ, None when there is none."""
-    distinct = {value for value in values if value is not None}
-    if not distinct:
-        return None
-    if len(distinct) == 1:
-        return distinct.pop()
-    return sorted(distinct)
+    """The value when every target agrees, a sorted list when they differ, None when there is none.
+
+    None is a value too: a file where only some pairs carry ``.alpha`` (LightX2V's global layers have none)
+    reports ``[alpha, None]``, not the alpha of some pairs as if it applied to all."""
+    distinct = set(values)
+    if len(distinct) <= 1:
+        return distinct.pop() if distinct else None
+    return sorted(v for v in distinct if v is not None) + ([None] if None in distinct else [])
 
 
 def _tensor_counts(lora) -> dict:
@@ -134,17 +145,24 @@ def _contract_dict(family_module, contract):
 
 
 def _accounting(lora, model) -> dict:
-    """Strict accounting (as the fuse nodes do) on the component the file targets: for a Wan2.2 MoE model the
-    expert its name says (low-noise files -> transformer_2), else the main transformer."""
+    """The key accounting on the component the file targets: for a Wan2.2 MoE model the expert its name says
+    (low-noise files -> transformer_2), else the main transformer."""
+    from ...loaders.errors import KeyMatchError
     from ...loaders.lora import account, map_to_model
     from ...nodes.adapter_nodes import expert_role
 
     component = "transformer"
     if "transformer_2" in model.components and expert_role(lora.name) == "low":
         component = "transformer_2"
-    accounting = account(map_to_model(lora, model.family), model.components[component], component=component)
+    mapped = map_to_model(lora, model.family)
+    refusal = None
+    try:
+        accounting = account(mapped, model.components[component], component=component)
+    except KeyMatchError as exc:  # unmatched keys (a shape mismatch raises again below): report them all
+        refusal = str(exc)
+        accounting = account(mapped, model.components[component], lenient=True, component=component)
     return {"model": model.name or model.path, "model_family": model.family, "component": component,
-            **accounting.to_dict()}
+            **accounting.to_dict(), "refusal": refusal}
 
 
 def _shorten(value, limit: int = 120) -> str:

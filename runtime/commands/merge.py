@@ -1,10 +1,12 @@
 """``lorabind merge --model DIR --lora FILE[:STRENGTH] [--lora ...] [--component NAME] --out DIR [--dtype ...]``.
 
-Writes a complete diffusers folder with the LoRA(s) fused into one denoiser component. The fuse is the
-engine's own (``loaders.binding``: exact float32 sum of every LoRA from the original weights, cast back once,
-every key accounted for). Only the patched component is loaded — in float32, an exact upcast of any stored
-dtype — not the whole pipeline: text encoders and VAE are copied byte for byte. The new folder is assembled
-under a temporary name next to ``--out`` and renamed at the end; the source folder is never written.
+Writes a complete diffusers folder with the LoRA(s) fused into one denoiser component. The arithmetic is the
+engine's own (``loaders.patching``: the exact float32 sum of every LoRA on the stored weight, cast back once,
+every key accounted for), but the model is never loaded: the component is built on the ``meta`` device for the
+key accounting and its weight files are streamed one shard at a time, so a 14B expert merges in about one
+shard of memory (loading it and keeping the patcher's restore backups would hold the model several times).
+Text encoders, VAE and every other file are copied byte for byte. The new folder is assembled under a
+temporary name next to ``--out`` and renamed at the end; the source folder is never written.
 Module-level imports stay light: ``lorabind --help`` must not import torch.
 """
 
@@ -63,9 +65,10 @@ def run(args) -> int:
 def merge_to_folder(model_dir: str, loras: list, out_dir: str, *, component: str = "transformer",
                     dtype: str | None = None, lenient: bool = False) -> dict:
     """Fuse ``loras`` [(path, strength)] into ``component`` of ``model_dir`` and write ``out_dir``."""
-    from ...loaders.binding import bind
     from ...loaders.errors import ModelLoadError
-    from ...loaders.handles import FuseSpec
+    from ...loaders.lora import account, map_to_model, read_lora
+    from ...loaders.model_store import detect_family, read_model_index
+    from ...loaders.patching import PatchLayer, plan_state_keys
 
     source = os.path.realpath(model_dir)
     target = os.path.abspath(out_dir)
@@ -73,34 +76,45 @@ def merge_to_folder(model_dir: str, loras: list, out_dir: str, *, component: str
         raise FileExistsError(f"--out {out_dir} already exists; choose a new folder")
     if target == source or target.startswith(source + os.sep):
         raise ModelLoadError(f"--out {out_dir} must not be inside the source folder {model_dir}")
-    model = _load_component(source, component)
-    fuses = [FuseSpec(os.path.realpath(path), strength, component, os.path.basename(path.rstrip("/\\")))
-             for path, strength in loras]
-    report = bind(model, fuses, [], lenient=lenient)
+    model_index = read_model_index(source)
+    family = detect_family(model_index)
+    module = _structure_of(source, component, model_index)
+    layers, fuses, warnings = [], [], []
+    for path, strength in loras:
+        name = os.path.basename(path.rstrip("/\\"))
+        accounting = account(map_to_model(read_lora(path), family), module, lenient=lenient, component=component)
+        layers.append(PatchLayer(key=os.path.realpath(path), component=component, strength=float(strength),
+                                 targets=accounting.applied, name=name))
+        fuses.append({"name": name, "path": path, "component": component, "strength": float(strength),
+                      "accounting": accounting.to_dict()})
+        warnings.extend(accounting.warnings)
+    plan = plan_state_keys(component, module, layers)  # every shape checked before anything is written
 
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".lorabind-merge-", dir=parent)
     try:
         folder = os.path.join(staging, "model")
-        shutil.copytree(source, folder)
-        written = _rewrite_component(folder, component, model, dtype)
+        weights = os.path.realpath(os.path.join(source, component))
+        shutil.copytree(source, folder, ignore=lambda where, names: [
+            n for n in names if os.path.realpath(where) == weights and n.endswith(".safetensors")])
+        written = _write_component(source, folder, component, plan, dtype)
         os.replace(folder, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"model": os.path.basename(source), "component": component, "out": target,
-            "tensors_rewritten": written, "patched_tensors": report.written, "fuses": report.fuses,
-            "warnings": report.warnings}
+            "tensors_rewritten": written, "patched_tensors": len(plan), "fuses": fuses, "warnings": warnings}
 
 
-def _load_component(folder: str, component: str):
-    """A ``LoadedModel`` holding just ``component`` (float32), with the folder's family for key mapping."""
+def _structure_of(folder: str, component: str, model_index: dict):
+    """The component's module tree on the ``meta`` device: names and shapes for the key accounting, no weights
+    (the weights are streamed from the files one shard at a time by ``_write_component``)."""
     import importlib
 
-    from ...loaders.errors import ModelLoadError
-    from ...loaders.model_store import LoadedModel, detect_family, read_model_index
+    import torch
 
-    model_index = read_model_index(folder)
+    from ...loaders.errors import ModelLoadError
+
     entry = model_index.get(component)
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
         present = sorted(k for k, v in model_index.items() if isinstance(v, list) and v and v[0])
@@ -109,16 +123,17 @@ def _load_component(folder: str, component: str):
     library, class_name = entry
     try:
         cls = getattr(importlib.import_module(library), class_name)
-        module = cls.from_pretrained(folder, subfolder=component, local_files_only=True)
+        config = cls.load_config(folder, subfolder=component, local_files_only=True)
+        with torch.device("meta"):
+            return cls.from_config(config).eval()
     except Exception as exc:
-        raise ModelLoadError(f"{folder}: cannot load component '{component}' ({class_name}): {exc}") from exc
-    module = module.float().eval().requires_grad_(False)
-    return LoadedModel(path=folder, name=os.path.basename(folder), family=detect_family(model_index),
-                       pipeline=None, components={component: module}, model_index=model_index)
+        raise ModelLoadError(f"{folder}: cannot build component '{component}' ({class_name}): {exc}") from exc
 
 
-def _rewrite_component(folder: str, component: str, model, dtype: str | None) -> int:
-    """Rewrite every safetensors file of ``folder/component`` with the merged tensors (same keys and shards)."""
+def _write_component(source: str, folder: str, component: str, plan: dict, dtype: str | None) -> int:
+    """Write ``folder/component``'s safetensors files (same names, keys and shards as the source's) with every
+    planned tensor fused: float32 from the stored value, cast once to the stored (or ``--dtype``) type. Peak
+    memory is one shard plus one layer's float32 temporary, never the whole model."""
     import glob
 
     import torch
@@ -126,25 +141,43 @@ def _rewrite_component(folder: str, component: str, model, dtype: str | None) ->
     from safetensors.torch import save_file
 
     from ...loaders.errors import ModelLoadError
+    from ...loaders.patching import patched_value
 
-    state = model.components[component].state_dict()
     out_dtype = getattr(torch, _DTYPES[dtype]) if dtype else None
-    patched = {pid.split(":", 1)[1] for pid in model.binding_state.patcher.patched}
-    found, written = set(), 0
-    for path in sorted(glob.glob(os.path.join(folder, component, "*.safetensors"))):
+    found, written, total_bytes = set(), 0, 0
+    files = sorted(glob.glob(os.path.join(source, component, "*.safetensors")))
+    for path in files:
         tensors = {}
         with safe_open(path, framework="pt") as handle:
             metadata = handle.metadata()
             for key in handle.keys():
-                stored = handle.get_tensor(key)
-                value = state.get(key, stored)
-                if value.is_floating_point():
-                    value = value.to(out_dtype or stored.dtype)
+                value = handle.get_tensor(key)
+                stored_dtype = value.dtype
+                if key in plan:
+                    value = patched_value(value, plan[key], value.device).to(out_dtype or stored_dtype)
+                elif out_dtype is not None and value.is_floating_point():
+                    value = value.to(out_dtype)
                 tensors[key] = value.contiguous()
+                total_bytes += value.numel() * value.element_size()
                 found.add(key)
-        save_file(tensors, path, metadata=metadata)
+        save_file(tensors, os.path.join(folder, component, os.path.basename(path)), metadata=metadata)
         written += len(tensors)
-    lost = sorted(patched - found)
+        del tensors
+    lost = sorted(set(plan) - found)
     if lost:
-        raise ModelLoadError(f"{folder}/{component}: patched tensors not found in its weight files: {lost[:5]}")
+        raise ModelLoadError(f"{source}/{component}: patched tensors not found in its weight files: {lost[:5]}")
+    _update_shard_index(os.path.join(folder, component), total_bytes)
     return written
+
+
+def _update_shard_index(component_folder: str, total_bytes: int) -> None:
+    """A sharded component's ``*.safetensors.index.json`` states the total size; ``--dtype`` changes it."""
+    import glob
+
+    for index_path in glob.glob(os.path.join(component_folder, "*.safetensors.index.json")):
+        with open(index_path, encoding="utf-8") as handle:
+            index = json.load(handle)
+        if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
+            index["metadata"]["total_size"] = total_bytes
+            with open(index_path, "w", encoding="utf-8") as handle:
+                json.dump(index, handle, indent=2)

@@ -170,3 +170,51 @@ def expected_value(base, spec, strength):
         _, up, down, scale = spec
         return base.double() + strength * scale * (up.double() @ down.double())
     return base.double() + strength * spec[1].double().reshape(base.shape)
+
+
+class LiveTensorBytes:
+    """Peak bytes of tensor storage allocated (and still alive) inside a ``with`` block.
+
+    A ``TorchDispatchMode`` sees every tensor an op returns; a storage the op allocated (not one of its inputs':
+    in-place ops and views such as ``detach``/``reshape`` return those) is counted until its tensor is
+    garbage-collected. This measures what a fuse or merge really holds at once (backups, float32 temporaries,
+    loaded shards), independent of the process's allocator and RSS noise.
+    """
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        self.live = self.peak = 0
+        self._sizes: dict = {}
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                          if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+                for tensor in tree_leaves(out):
+                    if isinstance(tensor, torch.Tensor) and tensor.device.type != "meta":
+                        storage = tensor.untyped_storage()
+                        pointer = storage.data_ptr()
+                        if pointer and pointer not in inputs and pointer not in tracker._sizes:
+                            tracker._sizes[pointer] = storage.nbytes()
+                            tracker.live += storage.nbytes()
+                            tracker.peak = max(tracker.peak, tracker.live)
+                            weakref.finalize(tensor, tracker._free, pointer)
+                return out
+
+        self._mode = _Mode()
+
+    def _free(self, pointer):
+        self.live -= self._sizes.pop(pointer, 0)
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)

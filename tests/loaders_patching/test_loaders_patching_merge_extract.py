@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import pytest
@@ -191,3 +192,77 @@ def test_merge_stacks_loras_in_fp32_and_casts_once(tiny_wan22_folder, tmp_path):
         # one rounding of the exact sum to bf16: within half a bf16 step (relative 2^-9), never a double rounding
         assert bool(((fused[name].double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-30).all()), name
     assert file_hashes(os.path.join(out, COMPONENT)) == file_hashes(os.path.join(tiny_wan22_folder, COMPONENT))
+
+
+def test_merge_never_loads_the_model_and_keeps_shards(tiny_wan22_folder, tmp_path, monkeypatch):
+    """The component is built on the meta device and its files streamed shard by shard: loading it (and the
+    patcher's restore backups) would hold the model several times. A sharded component keeps its shard names,
+    keys and index, and the fused values are exact."""
+    from diffusers import ModelMixin
+
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    for name in os.listdir(tiny_wan22_folder):  # the other components as symlinks (HF-cache style)
+        if name != COMPONENT:
+            os.symlink(os.path.join(tiny_wan22_folder, name), folder / name)
+    module = load_transformer(tiny_wan22_folder)
+    module.save_pretrained(str(folder / COMPONENT), max_shard_size="40KB")
+    shards = sorted(f for f in os.listdir(folder / COMPONENT) if f.endswith(".safetensors"))
+    assert len(shards) > 1
+    tensors, expected = lightx2v_lora(module, seed=11, full=True)
+    lora = str(tmp_path / "streamed.safetensors")
+    save_file(tensors, lora)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("merge loaded the model's weights")
+
+    monkeypatch.setattr(ModelMixin, "from_pretrained", classmethod(refuse))
+    out = tmp_path / "out"
+    assert main(["merge", "--model", str(folder), "--lora", f"{lora}:0.5", "--component", COMPONENT,
+                 "--out", str(out), "--dtype", "bf16"]) == 0
+    assert sorted(f for f in os.listdir(out / COMPONENT) if f.endswith(".safetensors")) == shards
+    assert not (out / "transformer").is_symlink() and (out / "model_index.json").is_file()
+    index = json.loads((out / COMPONENT / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    fused = {k: v for shard in shards for k, v in load_file(str(out / COMPONENT / shard)).items()}
+    assert set(index["weight_map"]) == set(fused)
+    assert index["metadata"]["total_size"] == sum(t.numel() * 2 for t in fused.values())  # bf16 now
+    base = module.state_dict()
+    for name, spec in expected.items():
+        exact = expected_value(base[name], spec, 0.5)
+        assert bool(((fused[name].double() - exact).abs() <= exact.abs() * 2.0 ** -8 + 1e-30).all()), name
+
+
+def test_inspect_lists_unmatched_keys_and_still_refuses(tiny_wan22_folder, merged, tmp_path, capsys):
+    """``inspect --model`` shows the whole accounting (which keys match nothing), then exits 1 as the engine
+    would refuse the file; a file that fits reports its counts and exits 0."""
+    tensors = load_file(merged["lora"])
+    unknown = {f"diffusion_model.vace_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
+               for i in range(6) for s in ("down", "up")}
+    path = tmp_path / "with_vace.safetensors"
+    save_file({**tensors, **unknown}, str(path))
+    assert main(["inspect", str(path), "--model", tiny_wan22_folder, "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert {"format", "family", "rank", "alpha", "scale", "counts", "metadata", "contract", "accounting"} <= set(
+        report)
+    accounting = report["accounting"]
+    assert sorted(accounting["unmatched"]) == sorted(unknown)
+    assert accounting["counts"] == {"applied": len(tensors), "expected_unmatched": 0, "unmatched": len(unknown)}
+    assert captured.err.startswith("lorabind inspect: refused: with_vace.safetensors: 12 key(s) match nothing")
+    assert main(["inspect", merged["lora"], "--model", tiny_wan22_folder, "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)["accounting"]
+    assert clean["refusal"] is None and clean["counts"]["unmatched"] == 0
+
+
+def test_inspect_reports_mixed_alpha_and_scale_per_pair(merged, capsys):
+    """The LightX2V-style file has alpha on block pairs and ``head.head`` but none on the other global layers:
+    alpha is reported as both, never as if every pair declared it."""
+    tensors = load_file(merged["lora"])
+    alphas = {float(v) for k, v in tensors.items() if k.endswith(".alpha")}
+    ranks = {v.shape[0] for k, v in tensors.items() if k.endswith(".lora_down.weight")}
+    assert len(alphas) == len(ranks) == 1
+    assert main(["inspect", merged["lora"], "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (alpha,), (rank,) = alphas, ranks
+    assert report["alpha"] == [alpha, None]
+    assert report["scale"] == sorted([alpha / rank, 1.0])

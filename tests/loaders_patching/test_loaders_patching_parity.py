@@ -94,3 +94,58 @@ def test_block_linears_match_diffusers_fuse(make_model, make_transformer, tmp_pa
                 magnitude = magnitude + 0.7 * spec[1].double().abs()
             assert bool((diff <= 2 * magnitude * 2.0 ** -8).all()), name
         assert not torch.equal(ours[name], base[name])
+
+
+def tiny_qwen_transformer():
+    from diffusers import QwenImageTransformer2DModel
+
+    torch.manual_seed(0)
+    return QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4)).eval()
+
+
+QWEN_MODULES = ("transformer_blocks.{b}.attn.to_q", "transformer_blocks.{b}.attn.to_out.0",
+                "transformer_blocks.{b}.attn.add_k_proj", "transformer_blocks.{b}.attn.to_add_out",
+                "transformer_blocks.{b}.img_mod.1", "transformer_blocks.{b}.txt_mlp.net.0.proj",
+                "transformer_blocks.{b}.img_mlp.net.2")
+
+
+def test_kohya_qwen_file_matches_diffusers_fuse(tmp_path):
+    """musubi/kohya ``lora_unet_`` names with per-pair alpha: diffusers' Qwen converter supports them, so both
+    fuses must agree (diffusers splits alpha/rank between the factors; the product is the same)."""
+    from diffusers import QwenImagePipeline
+
+    from lorabind.loaders.model_store import LoadedModel
+
+    g = torch.Generator().manual_seed(4)
+    tensors, modules = {}, [m.format(b=b) for b in range(2) for m in QWEN_MODULES]
+    ours = tiny_qwen_transformer()
+    for path in modules:
+        weight = ours.get_submodule(path).weight
+        flat = "lora_unet_" + path.replace(".", "_")
+        tensors[f"{flat}.lora_down.weight"] = torch.randn(4, weight.shape[1], generator=g) * 0.1
+        tensors[f"{flat}.lora_up.weight"] = torch.randn(weight.shape[0], 4, generator=g) * 0.1
+        tensors[f"{flat}.alpha"] = torch.tensor(2.0)
+    path = tmp_path / "qwen_kohya.safetensors"
+    save_file(tensors, str(path))
+    base = snapshot(ours)
+    model = LoadedModel(path="tiny-qwen", name="tiny-qwen", family="qwen_image", pipeline=None,
+                        components={"transformer": ours})
+    report = bind(model, [FuseSpec(str(path), 0.8, "transformer")], [])
+    assert report.fuses[0]["accounting"]["counts"]["applied"] == len(tensors) and report.written == len(modules)
+
+    reference = tiny_qwen_transformer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        converted = QwenImagePipeline.lora_state_dict(str(path))
+        converted = converted[0] if isinstance(converted, tuple) else converted
+        reference.load_lora_adapter(converted, prefix="transformer", adapter_name="reference")
+        reference.fuse_lora(lora_scale=0.8)
+    theirs = {k.replace(".base_layer.", "."): v for k, v in reference.state_dict().items() if "lora_" not in k}
+    state = ours.state_dict()
+    for module in modules:
+        name = f"{module}.weight"
+        assert not torch.equal(state[name], base[name])
+        assert (state[name] - theirs[name]).abs().max().item() <= 1e-6, name
+    assert all(torch.equal(state[k], base[k]) for k in base if k[: -len(".weight")] not in modules)

@@ -192,3 +192,52 @@ def test_bad_target_is_refused_before_any_write(make_transformer):
         patcher.apply([PatchLayer("x", "transformer_2", 1.0, good)])
     assert_bit_identical(base, model)
     assert patcher.stats.tensors_written == 0
+
+
+def test_peak_memory_is_the_backups_plus_one_layer(make_transformer):
+    """No whole-model copy: while fusing every linear of the model, the tensors alive at once are the exact
+    backups plus one layer's float32 temporaries (the in-flight parameter and its delta)."""
+    from patching_helpers import LiveTensorBytes
+
+    model = make_transformer(torch.bfloat16)
+    modules = block_modules() + ["proj_out", "condition_embedder.time_proj", "patch_embedding"]
+    targets = make_targets(model, modules, rank=4, seed=9, bias=True, dtype=torch.bfloat16)
+    patched = [p for m in modules for p in (model.get_submodule(m).weight, model.get_submodule(m).bias)]
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    patcher = WeightPatcher({"transformer": model})
+    with LiveTensorBytes() as tracked:
+        patcher.apply([PatchLayer("lora", "transformer", 1.0, targets)])
+    backups = sum(p.numel() * p.element_size() for p in patched)
+    assert patcher.backup_bytes() == backups  # exactly the originals of what was written, nothing more
+    largest_fp32 = max(p.numel() for p in patched) * 4
+    factors_fp32 = max((t.low_rank.up.numel() + t.low_rank.down.numel()) * 4 for t in targets.values())
+    assert backups <= tracked.peak <= backups + 2 * largest_fp32 + factors_fp32
+    assert backups + 2 * largest_fp32 + factors_fp32 < backups + model_bytes  # the bound excludes a model copy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dtype):
+    """A failure while computing a parameter (e.g. out of memory), after earlier parameters of the same call and
+    of the same module were written, leaves every weight bit-identical to before the call."""
+    from lorabind.loaders import patching
+
+    model = make_transformer(dtype)
+    patcher = WeightPatcher({"transformer": model})
+    ta = make_targets(model, block_modules(), seed=13, bias=True, dtype=dtype)
+    patcher.apply([PatchLayer("a", "transformer", 1.0, ta)])
+    patched = snapshot(model)
+    real, calls = patching.patched_value, {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:  # the bias of the third module: its weight was just written
+            raise MemoryError("simulated out of memory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(patching, "patched_value", failing)
+    with pytest.raises(MemoryError):
+        patcher.apply([PatchLayer("a", "transformer", 0.3, ta)])
+    assert_bit_identical(patched, model)
+    monkeypatch.setattr(patching, "patched_value", real)
+    patcher.restore_all()
+    assert patcher.patched == set() and patcher.backup_bytes() == 0
