@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from . import compat
 from .errors import ModelLoadError
 
 
@@ -142,6 +143,7 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
         if cached is not None:
             return cached
         family = detect_family(model_index)
+        compat.require(family, f"{folder.name} ({family})")
         try:
             with _quiet_loading():
                 pipeline = _load_pipeline(str(folder), family, torch_dtype)
@@ -150,6 +152,10 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
         if hasattr(pipeline, "set_progress_bar_config"):
             pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
         components = {n: getattr(pipeline, n) for n in denoiser_names(model_index) if getattr(pipeline, n, None)}
+        dropped = sorted(set(denoiser_names(model_index)) - set(components))
+        if dropped:  # e.g. an older diffusers ignores transformer_2 with only a warning
+            raise ModelLoadError(f"{folder}: model_index.json lists {dropped} but the installed diffusers did not "
+                                 f"load them; {family} needs a newer diffusers")
         for module in components.values():
             module.eval().requires_grad_(False)
         model = LoadedModel(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from .. import compat
 from . import lora_fixtures
 from ._common import diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
@@ -24,11 +25,22 @@ BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
 # Built by ``minimax_h3.build_tiny_minimax_h3`` (its own owner), both folders at once.
 MINIMAX_H3_NAMES = ("tiny-minimax-h3", "tiny-minimax-h3-pinned")
 BUILTIN_NAMES = tuple(BUILTIN_MODELS) + MINIMAX_H3_NAMES
+# the model family of each built-in, for the library versions it needs (loaders.compat)
+BUILTIN_FAMILIES = {WAN22_NAME: "wan2.2_moe", WAN21_NAME: "wan2.1", QWEN_IMAGE_NAME: "qwen_image",
+                    **{name: "minimax_h3" for name in MINIMAX_H3_NAMES}}
+
+
+def unavailable_builtins() -> dict[str, str]:
+    """{name: why} for built-ins whose family needs newer libraries than the installed ones."""
+    unmet = {name: compat.unmet_requirements(family) for name, family in BUILTIN_FAMILIES.items()}
+    return {name: "needs " + " and ".join(reqs) for name, reqs in unmet.items() if reqs}
 
 
 def build_builtin(name: str, models_root) -> Path:
     """Build one built-in model (MiniMax-H3: its whole set) and return its folder."""
     models_root = Path(models_root)
+    if name in BUILTIN_FAMILIES:
+        compat.require(BUILTIN_FAMILIES[name], f"the built-in {name}")
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name](models_root)
     if name in MINIMAX_H3_NAMES:
@@ -42,18 +54,22 @@ def build_builtin(name: str, models_root) -> Path:
 def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]:
     """(Re)build built-in models and return every path written.
 
-    ``names=None`` builds everything: the models above, the MiniMax-H3 models and the fixture LoRAs (files with
-    the real published names, synthetic weights sized for the tiny models).
-    With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones).
+    ``names=None`` builds everything the installed libraries support (``unavailable_builtins`` names what is
+    skipped and why): the models above, the MiniMax-H3 models and the fixture LoRAs (files with the real
+    published names, synthetic weights sized for the tiny models).
+    With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
+    family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
     from . import minimax_h3
 
     models_root = Path(models_root)
     if names is None:
-        written = [build(models_root) for build in BUILTIN_MODELS.values()]
-        written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
+        skipped = unavailable_builtins()
+        written = [build(models_root) for name, build in BUILTIN_MODELS.items() if name not in skipped]
+        if not set(MINIMAX_H3_NAMES) & set(skipped):
+            written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
+            written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
-        written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         return written
     unknown = sorted(set(names) - set(BUILTIN_NAMES))
     if unknown:

@@ -16,6 +16,8 @@ import json
 import shutil
 from pathlib import Path
 
+from ..compat import require
+
 TINY_NAME = "tiny-minimax-h3"
 TINY_PINNED_NAME = "tiny-minimax-h3-pinned"
 PINNED_RELEASE = {
@@ -160,6 +162,7 @@ def _write_base(folder: Path) -> None:
 
 def build_tiny_minimax_h3(models_root) -> list[Path]:
     """Build both tiny MiniMax-H3 folders under ``models_root/diffusers``; return the folders written."""
+    require("minimax_h3", "the built-in tiny MiniMax-H3 model")  # before any folder is removed or created
     root = Path(models_root) / "diffusers"
     plain, pinned = root / TINY_NAME, root / TINY_PINNED_NAME
     for folder in (plain, pinned):

@@ -67,15 +67,12 @@ def build_wan_pipeline(two_experts: bool):
         vae = _vae()
     with seeded(2):
         transformer = _transformer()
-    transformer_2 = None
-    if two_experts:
+    experts = {}
+    if two_experts:  # only then: WanPipeline before diffusers 0.35 takes neither argument
         with seeded(3):
-            transformer_2 = _transformer()
-    return WanPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(),
-        transformer=transformer, transformer_2=transformer_2,
-        boundary_ratio=WAN22_BOUNDARY_RATIO if two_experts else None,
-    )
+            experts = {"transformer_2": _transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(),
+                       transformer=transformer, **experts)
 
 
 def build_tiny_wan22(models_root) -> Path:

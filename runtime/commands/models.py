@@ -32,7 +32,8 @@ def run(args) -> int:
         return 2
     os.environ["HF_HUB_OFFLINE"] = "1"
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
-    from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny
+    from ...loaders.errors import ModelLoadError
+    from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins
 
     if args.only:
         unknown = sorted(set(args.only) - set(BUILTIN_NAMES))
@@ -40,7 +41,14 @@ def run(args) -> int:
             print(f"lorabind models build-tiny: unknown model(s) {', '.join(unknown)}; "
                   f"known: {', '.join(BUILTIN_NAMES)}", file=sys.stderr)
             return 2
-    written = build_tiny(models_root, args.only)
+    try:
+        written = build_tiny(models_root, args.only)
+    except ModelLoadError as exc:
+        print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
+        return 1
+    if not args.only:
+        for name, why in unavailable_builtins().items():
+            print(f"skipped {name}: {why}")
     for path in written:
         print(f"wrote {path}")
     print(f"{len(written)} item(s) under {models_root.resolve()}")

@@ -1,0 +1,33 @@
+"""Built-ins and model folders whose family needs newer libraries say which versions, and touch nothing."""
+
+import shutil
+
+import pytest
+
+from lorabind.loaders import compat
+from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.model_store import load_model
+from lorabind.loaders.tiny_models import build_builtin, unavailable_builtins
+
+
+@pytest.fixture
+def diffusers_0_35(monkeypatch):
+    monkeypatch.setattr(compat, "installed_version", lambda name: {"diffusers": "0.35.2"}.get(name, "9.0"))
+
+
+def test_unavailable_builtins_name_the_version_they_need(diffusers_0_35):
+    needs = "needs diffusers >= 0.42 (installed 0.35.2)"
+    assert unavailable_builtins() == {"tiny-minimax-h3": needs, "tiny-minimax-h3-pinned": needs}
+
+
+def test_building_an_unavailable_builtin_is_refused_before_any_folder_is_made(diffusers_0_35, tmp_path):
+    with pytest.raises(ModelLoadError, match=r"the built-in tiny-minimax-h3 needs diffusers >= 0\.42"):
+        build_builtin("tiny-minimax-h3", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_loading_a_folder_of_a_newer_family_names_the_version(tiny_models_root, tmp_path, monkeypatch):
+    folder = shutil.copytree(tiny_models_root / "diffusers" / "tiny-qwen-image", tmp_path / "my-qwen")
+    monkeypatch.setattr(compat, "installed_version", lambda name: {"transformers": "4.46.3"}.get(name, "9.0"))
+    with pytest.raises(ModelLoadError, match=r"my-qwen \(qwen_image\) needs transformers >= 4\.49 \(installed 4\.46\.3\)"):
+        load_model(folder)
