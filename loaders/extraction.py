@@ -16,12 +16,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
+from .atomic_files import write_atomically
 from .errors import LoraBindError
 
 OUTPUT_PREFIX = "transformer."
@@ -159,14 +159,6 @@ def save_safetensors_atomically(tensors: dict, out_path: str, metadata: dict) ->
     """Write to a temporary file in the destination folder, then rename: never a partial file at ``out_path``."""
     from safetensors.torch import save_file
 
-    folder = os.path.dirname(os.path.abspath(out_path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".lorabind-", suffix=".safetensors.tmp", dir=folder)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    text_metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+    write_atomically(out_path, lambda temp_path: save_file(tensors, temp_path, metadata=text_metadata))

@@ -8,9 +8,9 @@ holds a JSON object (e.g. ``{"prompt": ..., "workflow": ...}``), the WAV analogu
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
+
+from .atomic_files import write_atomically
 
 
 def _chunk(tag: bytes, payload: bytes) -> bytes:
@@ -34,31 +34,14 @@ def wav_bytes(waveform, sample_rate: int, comment: dict | None = None) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
-def _current_umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-# Read once at import (the node registry imports this early): os.umask can only be read by setting it, which is
-# process-wide, so doing it per write could race with another thread creating a file.
-_FILE_MODE = 0o666 & ~_current_umask()
-
-
 def write_wav(path: str, waveform, sample_rate: int, comment: dict | None = None) -> None:
-    """Write via a temp file + rename so a reader never sees a half-written file. ``mkstemp`` creates the file
-    0600; it gets the mode a plain ``open`` would give (0666 minus the umask) so outputs stay shareable."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".wav.tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(wav_bytes(waveform, sample_rate, comment))
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    data = wav_bytes(waveform, sample_rate, comment)
+
+    def write(temp_path: str) -> None:
+        with open(temp_path, "wb") as handle:
+            handle.write(data)
+
+    write_atomically(path, write)
 
 
 def read_wav_comment(path: str) -> dict | None:

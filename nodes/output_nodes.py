@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from ..loaders.atomic_files import write_atomically
 from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
 from ..loaders.sampling import decode
 from .comfy_bridge import folder_paths
@@ -47,20 +47,6 @@ class LoraBindVAEDecode:
 def _to_pil(frame) -> Image.Image:
     array = np.clip(frame.float().cpu().numpy() * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return Image.fromarray(array)
-
-
-def _write_atomically(path: str, write) -> None:
-    """Write through a temp file in the same folder and rename, so no reader ever sees a partial image."""
-    folder, name = os.path.split(path)
-    fd, temp_path = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-    os.close(fd)
-    try:
-        write(temp_path)
-        os.replace(temp_path, path)
-    except BaseException:
-        if os.path.exists(temp_path):
-            os.unlink(temp_path)
-        raise
 
 
 def png_metadata(prompt, extra_pnginfo) -> PngInfo:
@@ -117,14 +103,14 @@ class LoraBindSaveImage:
         if animated:
             file = f"{filename}_{counter:05}_.webp"
             exif = webp_exif(frames[0], prompt, extra_pnginfo)
-            _write_atomically(os.path.join(full_folder, file), lambda path: frames[0].save(
+            write_atomically(os.path.join(full_folder, file), lambda path: frames[0].save(
                 path, format="WEBP", save_all=True, append_images=frames[1:], duration=int(1000.0 / fps),
                 loop=0, exif=exif, lossless=False, quality=90, method=4,
             ))
         else:
             file = f"{filename}_{counter:05}_.png"
             info = png_metadata(prompt, extra_pnginfo)
-            _write_atomically(os.path.join(full_folder, file), lambda path: frames[0].save(
+            write_atomically(os.path.join(full_folder, file), lambda path: frames[0].save(
                 path, format="PNG", pnginfo=info, compress_level=4,
             ))
         image = {"filename": file, "subfolder": subfolder, "type": "output"}

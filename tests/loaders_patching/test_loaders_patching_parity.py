@@ -56,7 +56,7 @@ def diffusers_fused(make_transformer, path, dtype, strength):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            converted = WanPipeline.lora_state_dict(str(path))
+            converted = WanPipeline.lora_state_dict(str(path.parent), weight_name=path.name)
             converted = converted[0] if isinstance(converted, tuple) else converted
             reference.load_lora_adapter(converted, prefix="transformer", adapter_name="reference")
             reference.fuse_lora(lora_scale=strength)
@@ -138,7 +138,7 @@ def test_kohya_qwen_file_matches_diffusers_fuse(tmp_path):
     reference = tiny_qwen_transformer()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        converted = QwenImagePipeline.lora_state_dict(str(path))
+        converted = QwenImagePipeline.lora_state_dict(str(path.parent), weight_name=path.name)
         converted = converted[0] if isinstance(converted, tuple) else converted
         reference.load_lora_adapter(converted, prefix="transformer", adapter_name="reference")
         reference.fuse_lora(lora_scale=0.8)
