@@ -21,8 +21,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def node_info(class_type: str, cls, display_name: str | None = None) -> dict:
-    """The ``/object_info`` entry of one V1 node class; ``display_name`` defaults to the class key."""
+def node_info(class_type: str, cls, display_name: str | None = None, python_module: str | None = None) -> dict:
+    """The ``/object_info`` entry of one V1 node class; ``display_name`` defaults to the class key.
+
+    ``python_module`` is what ComfyUI would have put in the class's ``RELATIVE_PYTHON_MODULE`` when loading it
+    (``custom_nodes.<pack folder>``); the frontend reads it to tell a pack's nodes from core ones (``nodes``)."""
     input_types = cls.INPUT_TYPES()
     return_types = tuple(getattr(cls, "RETURN_TYPES", ()))
     info: dict[str, Any] = {
@@ -34,7 +37,7 @@ def node_info(class_type: str, cls, display_name: str | None = None) -> dict:
         "name": class_type,
         "display_name": display_name or class_type,
         "description": getattr(cls, "DESCRIPTION", ""),
-        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", "nodes"),
+        "python_module": getattr(cls, "RELATIVE_PYTHON_MODULE", None) or python_module or "nodes",
         "category": getattr(cls, "CATEGORY", "sd"),
         "output_node": getattr(cls, "OUTPUT_NODE", False) is True,
     }
@@ -49,14 +52,14 @@ def node_info(class_type: str, cls, display_name: str | None = None) -> dict:
     return info
 
 
-def object_info(node_classes: dict, display_names: dict | None = None) -> dict:
+def object_info(node_classes: dict, display_names: dict | None = None, python_module: str | None = None) -> dict:
     """``{class_type: node_info}`` for every class; a class whose INPUT_TYPES raises is logged and skipped
     (ComfyUI does the same so one broken node cannot take the whole endpoint down)."""
     display_names = display_names or {}
     result = {}
     for class_type, cls in node_classes.items():
         try:
-            result[class_type] = node_info(class_type, cls, display_names.get(class_type))
+            result[class_type] = node_info(class_type, cls, display_names.get(class_type), python_module)
         except Exception:
             log.exception("object_info: skipping node %s", class_type)
     return result

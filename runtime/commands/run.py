@@ -86,7 +86,7 @@ def run(args) -> int:
         print("lorabind run: interrupted", file=sys.stderr)
         return 130
     if not result.success:
-        print(format_execution_error(result.error), file=sys.stderr)
+        print(format_execution_error(result.error, prompt), file=sys.stderr)
         return 1
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
@@ -134,12 +134,31 @@ def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> N
 
 
 def format_node_errors(node_errors: dict) -> str:
+    """One block per node (id and class), one line per error, each naming the input field it is about."""
     lines = []
     for node_id, entry in node_errors.items():
         lines.append(f"  node {node_id} ({entry.get('class_type')}):")
         for error in entry.get("errors", []):
-            lines.append(f"    - {error.get('message')}: {error.get('details')}")
+            lines.append(f"    - {describe_error(error)}")
     return "\n".join(lines)
+
+
+def describe_error(error: dict) -> str:
+    """``input 'steps': Value -3 smaller than min of 1`` from a ComfyUI validation error.
+
+    ComfyUI's ``details`` often just repeat the input name (``"steps"``) or start with it (``"steps, abc, ..."``);
+    the name moves to the front and the repetition is dropped."""
+    message, details = str(error.get("message", "")), str(error.get("details") or "")
+    input_name = (error.get("extra_info") or {}).get("input_name")
+    if not input_name:
+        return f"{message}: {details}" if details else message
+    for separator in (": ", ", ", " - "):
+        if details.startswith(f"{input_name}{separator}"):
+            details = details[len(input_name) + len(separator):]
+            break
+    if details == input_name:
+        details = ""
+    return f"input '{input_name}': {message}" + (f": {details}" if details else "")
 
 
 def format_validation_failure(error: dict, node_errors: dict) -> str:
@@ -150,11 +169,16 @@ def format_validation_failure(error: dict, node_errors: dict) -> str:
     return f"{header}: {details}" if details else header
 
 
-def format_execution_error(error: dict | None) -> str:
+def format_execution_error(error: dict | None, prompt: dict | None = None) -> str:
+    """``node 6 "Sampler" (LoraBindSampler) failed: Type: message`` — the title is what the user sees in the
+    ComfyUI canvas, so it is shown when the workflow has one."""
     if not error:
         return "lorabind run: execution failed"
     message = str(error.get("exception_message", "")).strip()
-    return (f"lorabind run: node {error.get('node_id')} ({error.get('node_type')}) failed: "
+    node_id = error.get("node_id")
+    title = ((prompt or {}).get(node_id, {}).get("_meta") or {}).get("title")
+    shown_title = f' "{title}"' if title else ""
+    return (f"lorabind run: node {node_id}{shown_title} ({error.get('node_type')}) failed: "
             f"{error.get('exception_type')}: {message}")
 
 

@@ -73,12 +73,15 @@ class PromptExecutor:
         Raises PromptValidationError if no requested output validates; node failures and interrupts are
         reported in the result (and as events), never raised.
         """
+        interrupt_event = interrupt_event if interrupt_event is not None else threading.Event()
+        # ComfyUI resets the interrupt flag when a prompt starts. Done before validating, not after: an
+        # interrupt sent while this prompt validates (INPUT_TYPES may scan model folders) must still stop it.
+        interrupt_event.clear()
         validation = self.validate(prompt, execute_outputs)
         if not validation.ok:
             raise PromptValidationError(validation)
         with self._run_lock:
-            run = _PromptRun(self, validation.prompt, prompt_id, extra_data or {}, on_event,
-                             interrupt_event if interrupt_event is not None else threading.Event())
+            run = _PromptRun(self, validation.prompt, prompt_id, extra_data or {}, on_event, interrupt_event)
             return run.run(validation.outputs)
 
 
@@ -122,7 +125,6 @@ class _PromptRun:
 
     # -- the run ------------------------------------------------------------------------------------------
     def run(self, outputs: list[str]) -> ExecutionResult:
-        self.interrupt_event.clear()  # ComfyUI resets the interrupt flag when a prompt starts
         self.emit("execution_start", {"prompt_id": self.prompt_id}, status_message=True)
         self.keys = node_signatures(self.prompt, self.definitions, self._is_changed_values())
         cache = self.executor.output_cache

@@ -6,7 +6,8 @@ Clients (the ComfyUI frontend, scripts) read ``error`` and ``node_errors`` and s
 Deliberate differences, all stricter or clearer: ``"COMBO"``-typed inputs are checked against their
 ``options`` too (ComfyUI 2025-10 checks only list-typed combos); a static dependency cycle is reported as an
 ``exception_during_validation`` of type ``graph.DependencyCycleError`` instead of a RecursionError; a link to a
-missing node or slot is a ``bad_linked_input`` instead of a KeyError; ``"*"`` accepts any linked type.
+missing node or slot is a ``bad_linked_input`` instead of a KeyError; a non-string ``class_type`` or non-object
+``inputs`` is an ``invalid_prompt`` naming the node instead of a crash; ``"*"`` accepts any linked type.
 Constants are cast (INT/FLOAT/STRING/BOOLEAN) and ``{"__value__": [...]}`` unwrapped in the returned copy.
 """
 
@@ -73,6 +74,11 @@ def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=
                 "invalid_prompt", "Cannot execute because a node is missing the class_type property.",
                 f"Node ID '#{node_id}'"))
         class_type = node["class_type"]
+        if not isinstance(class_type, str) or not isinstance(node.get("inputs", {}), dict):
+            field_name = "class_type" if not isinstance(class_type, str) else "inputs"
+            return ValidationResult(False, _error(
+                "invalid_prompt", f"Cannot execute because a node's {field_name} property is malformed "
+                "(class_type must be a string, inputs an object).", f"Node ID '#{node_id}'"))
         if definitions.get_class(class_type) is None:
             return ValidationResult(False, _error(
                 "invalid_prompt", f"Cannot execute because node {class_type} does not exist.",
@@ -113,6 +119,8 @@ class _InputValidator:
         self.prompt = prompt
         self.definitions = definitions
         self.validated: dict[str, tuple[bool, list]] = {}
+        # Upstream nodes whose INPUT_TYPES/VALIDATE_INPUTS raised, until the node linking to them reports it.
+        self.raised: dict[str, BaseException] = {}
 
     def validate_output(self, output_id: str) -> tuple[bool, list]:
         cycle = find_cycle(self.prompt, [output_id])
@@ -141,13 +149,30 @@ class _InputValidator:
             if current in self.validated:
                 stack.pop()
                 continue
-            pending = [up for up in self._upstream_ids(current) if up not in self.validated]
-            if pending:
-                stack.extend(pending)
-                continue
-            self.validated[current] = self._validate_node(current)
+            try:
+                pending = [up for up in self._upstream_ids(current) if up not in self.validated]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                self.validated[current] = self._validate_node(current)
+            except Exception as exc:
+                if current == node_id:
+                    raise  # the output itself: exception_during_validation (validate_output)
+                # ComfyUI reports an upstream node's exception through the node that links to it, as an
+                # exception_during_inner_validation error filed under the raising node (see _inner_error).
+                self.raised[current] = exc
+                self.validated[current] = (False, [])
             stack.pop()
         return self.validated[node_id]
+
+    def _inner_error(self, name: str, value: list, config: list) -> None:
+        """File the exception of the upstream node ``value[0]`` under that node, as ComfyUI does."""
+        exc = self.raised.pop(value[0])
+        reason = _error("exception_during_inner_validation", "Exception when validating inner node", str(exc),
+                        {"input_name": name, "input_config": config, "exception_message": str(exc),
+                         "exception_type": full_type_name(type(exc)),
+                         "traceback": traceback.format_tb(exc.__traceback__), "linked_node": value})
+        self.validated[value[0]] = (False, [reason])
 
     def _upstream_ids(self, node_id: str) -> list[str]:
         node = self.prompt[node_id]
@@ -193,6 +218,8 @@ class _InputValidator:
                         {"input_name": name, "input_config": config, "received_type": received,
                          "linked_node": value}))
                     continue
+                if value[0] in self.raised:
+                    self._inner_error(name, value, config)
                 if not self.validated[value[0]][0]:
                     valid = False
                 continue
@@ -211,7 +238,9 @@ class _InputValidator:
             return _error("bad_linked_input", "Bad linked input, must be a length-2 list of [node_id, slot_index]",
                           name, {"input_name": name, "input_config": config, "received_value": value})
         from_id, slot = value
-        if from_id not in self.prompt:
+        if not isinstance(from_id, str):
+            problem = f"{name}, linked node id {from_id!r} must be a string (prompt node ids are strings)"
+        elif from_id not in self.prompt:
             problem = f"{name}, linked node '{from_id}' does not exist in the prompt"
         elif not isinstance(slot, int) or isinstance(slot, bool) or not (
             0 <= slot < len(self.definitions.return_types(self.prompt[from_id]["class_type"]))

@@ -82,13 +82,21 @@ def origin_only_middleware():
 
 
 def cors_middleware(allowed_origin: str):
+    """ComfyUI's CORS headers, also on error answers (400/404/413 are raised as HTTPException): without them a
+    page on the allowed origin could not read why its request was refused. (ComfyUI omits them there.)"""
+    headers = {"Access-Control-Allow-Origin": allowed_origin,
+               "Access-Control-Allow-Methods": "POST, GET, DELETE, PUT, OPTIONS",
+               "Access-Control-Allow-Headers": "Content-Type, Authorization",
+               "Access-Control-Allow-Credentials": "true"}
+
     @web.middleware
     async def middleware(request: web.Request, handler):
-        response = web.Response() if request.method == "OPTIONS" else await handler(request)
-        response.headers["Access-Control-Allow-Origin"] = allowed_origin
-        response.headers["Access-Control-Allow-Methods"] = "POST, GET, DELETE, PUT, OPTIONS"
-        response.headers["Access-Control-Allow-Headers"] = "Content-Type, Authorization"
-        response.headers["Access-Control-Allow-Credentials"] = "true"
+        try:
+            response = web.Response() if request.method == "OPTIONS" else await handler(request)
+        except web.HTTPException as exc:
+            exc.headers.update(headers)
+            raise
+        response.headers.update(headers)
         return response
 
     return middleware

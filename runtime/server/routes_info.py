@@ -48,7 +48,7 @@ async def get_object_info(request: web.Request) -> web.Response:
     from ..node_info import object_info
 
     state: ServerState = request.app[STATE_KEY]
-    info = await asyncio.to_thread(object_info, state.node_classes, state.display_names)
+    info = await asyncio.to_thread(object_info, state.node_classes, state.display_names, state.python_module)
     return web.json_response(info, dumps=dumps)
 
 
@@ -59,7 +59,8 @@ async def get_object_info_one(request: web.Request) -> web.Response:
     name = request.match_info["node_class"]
     if name not in state.node_classes:
         return web.json_response({})
-    info = await asyncio.to_thread(node_info, name, state.node_classes[name], state.display_names.get(name))
+    info = await asyncio.to_thread(node_info, name, state.node_classes[name], state.display_names.get(name),
+                                   state.python_module)
     return web.json_response({name: info}, dumps=dumps)
 
 

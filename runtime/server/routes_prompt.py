@@ -6,6 +6,7 @@ Payload shapes are ComfyUI's (comfyui.md §4.2) so its Python clients and fronte
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 
 from aiohttp import web
@@ -74,7 +75,9 @@ async def post_prompt(request: web.Request) -> web.Response:
     try:
         explicit = float(body["number"]) if "number" in body else None
     except (TypeError, ValueError):
-        raise bad_request("invalid_prompt", f"Field 'number' must be a number, got {body['number']!r}.")
+        explicit = math.nan
+    if explicit is not None and not math.isfinite(explicit):  # inf/nan would break the queue order and JSON
+        raise bad_request("invalid_prompt", f"Field 'number' must be a finite number, got {body['number']!r}.")
     number = state.queue.next_number(explicit, front=bool(body.get("front")))
 
     result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, targets)

@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Optional
 
+from ..executor.definitions import full_type_name
 from .history import HistoryStore, history_entry
 from .queue import PromptQueue, QueueItem
 from .websocket import ClientRegistry
@@ -147,7 +148,7 @@ def _execution_failure(item: QueueItem, exc: Exception) -> dict:
     """ComfyUI's execution_error payload for a prompt that failed before any node ran."""
     return {
         "prompt_id": item.prompt_id, "node_id": None, "node_type": None, "executed": [],
-        "exception_message": str(exc), "exception_type": type(exc).__name__,
+        "exception_message": f"{exc}\n", "exception_type": full_type_name(type(exc)),
         "traceback": traceback.format_tb(exc.__traceback__), "current_inputs": {}, "current_outputs": [],
         "timestamp": int(time.time() * 1000),
     }

@@ -81,13 +81,32 @@ def test_set_value_falls_back_to_a_string(fake_pack, tmp_path, capsys):
     assert run(tmp_path, api_workflow(tmp_path), "--set", "2.mode=not json") == 1
     err = capsys.readouterr().err
     assert "node 2 (RtSeeded):" in err
-    assert "Value not in list: mode: 'not json' not in ['add', 'mul']" in err
+    assert "input 'mode': Value not in list: 'not json' not in ['add', 'mul']" in err
+
+
+@pytest.mark.parametrize("override, line", [
+    ("1.value=-5", "node 1 (RtInt):\n    - input 'value': Value -5 smaller than min of 0\n"),
+    ("1.value=abc", "node 1 (RtInt):\n    - input 'value': Failed to convert an input value to a INT value: abc, "),
+    ('3.value=["9", 0]', "node 3 (RtSaveText):\n    - input 'value': Bad linked input, must be a length-2 list of "
+                         "[node_id, slot_index]: linked node '9' does not exist in the prompt\n"),
+])
+def test_validation_failure_names_node_class_and_input(fake_pack, tmp_path, capsys, override, line):
+    assert run(tmp_path, api_workflow(tmp_path), "--set", override) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("lorabind run: Prompt outputs failed validation\n") and line in err
 
 
 def test_failing_node_exits_non_zero_naming_node_and_class(fake_pack, tmp_path, capsys):
     assert run(tmp_path, api_workflow(tmp_path, middle="RtFail")) == 1
     err = capsys.readouterr().err
     assert "node 2 (RtFail) failed: ValueError: cannot handle value 5" in err
+    # with a title (what the ComfyUI canvas shows) the message carries it too
+    path = api_workflow(tmp_path, middle="RtFail")
+    prompt = json.loads((tmp_path / "workflow.json").read_text())
+    prompt["2"]["_meta"] = {"title": "Picky node"}
+    (tmp_path / "workflow.json").write_text(json.dumps(prompt))
+    assert run(tmp_path, path) == 1
+    assert 'node 2 "Picky node" (RtFail) failed: ValueError: cannot handle value 5' in capsys.readouterr().err
 
 
 def test_unreadable_workflow_file(fake_pack, tmp_path, capsys):

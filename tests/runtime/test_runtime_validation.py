@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lorabind.runtime.executor import PromptExecutor
-from runtime_fake_nodes import FAKE_NODES, RtEven, RtInt, RtSeeded
+from runtime_fake_nodes import FAKE_NODES, RtEven, RtInt, RtSeeded, RtShow
 
 
 def validate(prompt, targets=None):
@@ -64,6 +64,14 @@ def test_missing_class_type_and_unknown_class_name_the_node():
                              "message": "Cannot execute because node NoSuchNode does not exist.",
                              "details": "Node ID '#9'", "extra_info": {}}
     assert not unknown.ok and unknown.node_errors == {} and unknown.outputs == []
+    for node in ({"class_type": ["RtInt"], "inputs": {}}, {"class_type": "RtInt", "inputs": None}):
+        malformed = validate({"4": node})
+        assert malformed.error["type"] == "invalid_prompt" and malformed.error["details"] == "Node ID '#4'"
+    # a link written with an integer node id (a common scripting slip) says what is wrong with it
+    int_link = validate({"1": {"class_type": "RtInt", "inputs": {"value": 1}},
+                         "2": {"class_type": "RtShow", "inputs": {"value": [1, 0]}}})
+    assert single_error(int_link, "2")["details"] == (
+        "value, linked node id 1 must be a string (prompt node ids are strings)")
 
 
 def test_prompt_without_outputs_and_partial_targets():
@@ -259,3 +267,43 @@ def test_validate_inputs_with_input_types_replaces_the_type_check():
            "2": {"class_type": "AnyNumber", "inputs": {"value": ["1", 0]}}}
     errors = PromptExecutor(nodes).validate(bad).node_errors["2"]["errors"]
     assert [e["details"] for e in errors] == ["value - got STRING", "input_types - got STRING"]
+
+
+class _Exploding:
+    """VALIDATE_INPUTS raises: ComfyUI files that under the raising node, not under the output."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"value": ("INT", {"default": 0})}}
+
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, value):
+        raise RuntimeError(f"cannot check {value}")
+
+
+def test_exception_in_an_upstream_node_is_filed_under_that_node():
+    nodes = {**FAKE_NODES, "Exploding": _Exploding}
+    prompt = {"1": {"class_type": "Exploding", "inputs": {"value": 3}},
+              "2": {"class_type": "RtShow", "inputs": {"value": ["1", 0]}}}
+    result = PromptExecutor(nodes).validate(prompt)
+    assert not result.ok and sorted(result.node_errors) == ["1"]
+    assert result.node_errors["1"]["dependent_outputs"] == ["2"]
+    error = single_error(result, "1")
+    assert error["type"] == "exception_during_inner_validation"
+    assert error["message"] == "Exception when validating inner node" and error["details"] == "cannot check 3"
+    extra = error["extra_info"]
+    assert (extra["input_name"], extra["linked_node"], extra["exception_type"]) == ("value", ["1", 0], "RuntimeError")
+    assert extra["input_config"] == ["INT,FLOAT", {}]  # ComfyUI's (input_type, extra_info)
+    assert result.error["details"] == ""  # the output carries no error of its own (ComfyUI's aggregation)
+
+    # the output node itself raising is an exception_during_validation on the output
+    prompt = {"1": {"class_type": "RtInt", "inputs": {"value": 1}},
+              "2": {"class_type": "RtShow", "inputs": {"value": ["1", 0]}}}
+    broken = type("BrokenShow", (RtShow,), {"INPUT_TYPES": classmethod(lambda cls: 1 / 0)})
+    result = PromptExecutor({**FAKE_NODES, "RtShow": broken}).validate(prompt)
+    error = single_error(result, "2")
+    assert error["type"] == "exception_during_validation" and error["details"] == "division by zero"
+    assert error["extra_info"]["exception_type"] == "ZeroDivisionError"

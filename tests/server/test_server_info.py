@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from server_client import Client, run_async
 from server_fake_nodes import FAKE_NODES, count_and_save
 
@@ -186,3 +188,20 @@ def test_serve_cli_flags_parse_like_comfyui():
     assert (args.max_upload_size, args.models, args.output) == (5.0, "m", "o")
     args = parser.parse_args(["serve", "--enable-cors-header", "http://a.example"])
     assert args.enable_cors_header == "http://a.example"
+
+
+def test_serve_command_builds_the_config_and_forces_offline(monkeypatch, tmp_path):
+    from lorabind.runtime import server as server_package
+    from lorabind.runtime.cli import main
+
+    started = []
+    monkeypatch.setattr(server_package, "run_server", started.append)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert main(["serve", "--port", "0", "--models", str(tmp_path / "m"), "--output", str(tmp_path / "o"),
+                 "--enable-cors-header", "--max-upload-size", "2.5"]) == 0
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    (config,) = started
+    assert (config.listen, config.port, config.cors_origin) == ("127.0.0.1", 0, "*")
+    assert (config.models_root, config.output_dir) == (str(tmp_path / "m"), str(tmp_path / "o"))
+    assert config.max_upload_bytes == round(2.5 * 1024 * 1024)
+    assert main(["serve", "--max-upload-size", "0"]) == 2 and len(started) == 1

@@ -20,7 +20,13 @@ def test_prompt_runs_with_comfyui_message_sequence(server):
             pid = queued["prompt_id"]
             seen = await client.wait_done(pid)
             types = [m["type"] for m in seen]
-            assert types[0] == "execution_start" and "execution_success" in types
+            assert types == ["execution_start", "execution_cached", "executing", "progress", "progress", "progress",
+                             "executing", "executed", "execution_success", "executing"]
+            start, cached, success = seen[0]["data"], seen[1]["data"], seen[-2]["data"]
+            assert set(start) == {"prompt_id", "timestamp"} and isinstance(start["timestamp"], int)
+            assert cached == {"nodes": [], "prompt_id": pid, "timestamp": cached["timestamp"]}
+            assert set(success) == {"prompt_id", "timestamp"} and success["prompt_id"] == pid
+            assert seen[2]["data"] == {"node": "1", "display_node": "1", "prompt_id": pid}
             assert [m["data"]["node"] for m in seen if m["type"] == "executing"] == ["1", "2", None]
             progress = [(m["data"]["value"], m["data"]["max"], m["data"]["node"]) for m in seen
                         if m["type"] == "progress"]
@@ -56,6 +62,34 @@ def test_prompt_runs_with_comfyui_message_sequence(server):
             assert set(Image.open(BytesIO(alpha)).getdata()) == {255}
             status, annotated = await client.get("/view", params={"filename": f"{image['filename']} [output]"})
             assert status == 200 and annotated == png
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_resubmission_replays_cached_nodes_and_a_change_reruns_only_downstream(server):
+    async def body():
+        client = Client(server.url)
+        try:
+            await client.connect()
+            first = await client.wait_done((await client.queue_prompt(count_and_save(steps=2)))["prompt_id"])
+            first_output = next(m["data"]["output"] for m in first if m["type"] == "executed")
+            pid = (await client.queue_prompt(count_and_save(steps=2)))["prompt_id"]
+            seen = await client.wait_done(pid)
+            # everything cached: no `executing` for any node, the output node's ui is replayed
+            assert [m["type"] for m in seen] == ["execution_start", "execution_cached", "executed",
+                                                 "execution_success", "executing"]
+            assert seen[1]["data"]["nodes"] == ["1", "2"]
+            assert seen[2]["data"] == {"node": "2", "display_node": "2", "output": first_output, "prompt_id": pid}
+            _, history = await client.get(f"/history/{pid}")
+            assert history[pid]["outputs"]["2"] == first_output
+
+            pid = (await client.queue_prompt(count_and_save(steps=2, prefix="other")))["prompt_id"]
+            seen = await client.wait_done(pid)
+            assert seen[1]["data"]["nodes"] == ["1"]
+            assert [m["data"]["node"] for m in seen if m["type"] == "executing"] == ["2", None]
+            assert "progress" not in [m["type"] for m in seen]
         finally:
             await client.close()
 
@@ -251,3 +285,58 @@ def test_restart_keeps_history(tmp_path):
         assert history[pid]["status"]["status_str"] == "success"
     finally:
         second.stop()
+
+
+class _Pick:
+    """Output node whose COMBO options can change while a prompt naming one waits in the queue."""
+
+    OPTIONS = ["a", "b"]
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"name": (list(cls.OPTIONS),)}}
+
+    def run(self, name):
+        return {"ui": {"text": [name]}}
+
+
+def test_prompt_invalid_by_the_time_it_runs_is_an_execution_error_not_a_dead_worker(tmp_path):
+    from server_fake_nodes import FAKE_NODES
+
+    from lorabind.runtime.server import BackgroundServer, ServerConfig
+
+    config = ServerConfig(port=0, models_root=str(tmp_path / "m"), output_dir=str(tmp_path / "o"),
+                          input_dir=str(tmp_path / "i"), temp_dir=str(tmp_path / "t"))
+    srv = BackgroundServer(config, node_classes={**FAKE_NODES, "Pick": _Pick}).start()
+
+    async def body():
+        client = Client(srv.url)
+        try:
+            await client.connect()
+            busy = (await client.queue_prompt(count_and_save(steps=2000, delay=0.01)))["prompt_id"]
+            while (await client.receive())["type"] != "progress":
+                pass
+            pid = (await client.queue_prompt({"1": {"class_type": "Pick", "inputs": {"name": "a"}}}))["prompt_id"]
+            _Pick.OPTIONS = ["b"]  # e.g. the LoRA file was deleted while the prompt waited
+            await client.post("/interrupt", {"prompt_id": busy})
+            seen = await client.wait_done(pid)
+            error = next(m["data"] for m in seen if m["type"] == "execution_error")
+            assert error["node_id"] is None and error["prompt_id"] == pid
+            assert error["exception_type"].endswith("PromptValidationError")
+            assert "name: 'a' not in ['b']" in error["exception_message"]
+            _, history = await client.get(f"/history/{pid}")
+            assert history[pid]["status"]["status_str"] == "error"
+            _Pick.OPTIONS = ["a", "b"]
+            again = (await client.queue_prompt({"1": {"class_type": "Pick", "inputs": {"name": "a"}}}))["prompt_id"]
+            assert "execution_success" in [m["type"] for m in await client.wait_done(again)]
+        finally:
+            _Pick.OPTIONS = ["a", "b"]
+            await client.close()
+
+    try:
+        run_async(body)
+    finally:
+        srv.stop()

@@ -149,6 +149,11 @@ def test_cors_flag_allows_the_configured_origin(tmp_path):
             async with session.options(f"{srv.url}/prompt", headers=headers) as resp:
                 assert resp.status == 200
                 assert "POST" in resp.headers["Access-Control-Allow-Methods"]
+            # a refusal is readable by the allowed page too: the CORS headers come with the 400 body
+            async with session.post(f"{srv.url}/prompt", data="{not json", headers=headers) as resp:
+                assert resp.status == 400
+                assert resp.headers["Access-Control-Allow-Origin"] == "http://studio.example"
+                assert (await resp.json())["error"]["type"] == "invalid_json"
 
     try:
         run_async(body)
@@ -216,6 +221,16 @@ def test_malformed_and_invalid_prompts_get_comfyui_400_shapes(server):
                 assert status == 400 and reply["error"]["type"] == "invalid_prompt", reply
             status, reply = await client.post("/prompt", {"prompt": "not a graph"})
             assert status == 400 and reply["error"]["type"] == "invalid_prompt"
+            # shapes no client should send: each a 400 naming the problem, never a 500
+            for bad_node in ({"class_type": ["SrvSaveImage"], "inputs": {}},
+                             {"class_type": "SrvSaveImage", "inputs": ["value", 1]}):
+                status, reply = await client.post("/prompt", {"prompt": {"7": bad_node}})
+                assert status == 400 and reply["error"]["type"] == "invalid_prompt", reply
+                assert reply["error"]["details"] == "Node ID '#7'"
+            for number in ("soon", "Infinity", "NaN"):
+                raw = b'{"prompt": {}, "number": ' + (f'"{number}"' if number == "soon" else number).encode() + b"}"
+                status, reply = await client.post("/prompt", raw)
+                assert status == 400 and "Field 'number' must be a finite number" in reply["error"]["message"]
             status, reply = await client.post("/queue", b"{{")
             assert status == 400 and reply["error"]["type"] == "invalid_json"
             assert (await client.get("/queue"))[1] == {"queue_running": [], "queue_pending": []}
