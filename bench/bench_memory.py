@@ -1,7 +1,7 @@
 """Peak extra memory of one lorabind fuse, in a fresh process (so no earlier run's freed memory hides it).
 
-Budget = backups of every tensor the fuse patches (kept for the bit-exact restore) + one fp32 working copy of
-the largest patched layer. Run as ``python -m bench.bench_memory SIZE LORA_PATH``; prints one JSON object.
+Budget = backups of every tensor the fuse patches (kept for the bit-exact restore) + the largest patched layer
+(in its own dtype). Run as ``python -m bench.bench_memory SIZE LORA_PATH``; prints one JSON object.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def measure(size, lora_path: str) -> dict:
         backup += module.weight.numel() * module.weight.element_size()
         if "bias" in target.param_diffs and module.bias is not None:
             backup += module.bias.numel() * module.bias.element_size()
-        largest = max(largest, module.weight.numel() * 4)
+        largest = max(largest, module.weight.numel() * module.weight.element_size())
     for target in targets.values():  # fault the file's pages in first: we measure the fuse, not the read
         if target.low_rank is not None:
             target.low_rank.up.sum(), target.low_rank.down.sum()

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                      f"{pair.ratio:.2f}x"))
     print_table("Fuse / switch (median seconds, A vs B)", rows)
     print_table("Memory", [("peak extra RSS during fuse", f"{memory['peak_extra_bytes'] / 2**20:.1f} MiB"),
-                           ("backups + largest fp32 layer", f"{memory['peak_budget_bytes'] / 2**20:.1f} MiB"),
+                           ("backups + largest layer", f"{memory['peak_budget_bytes'] / 2**20:.1f} MiB"),
                            ("restore bit-exact after switch", str(fuse["restore_bit_exact"]))])
     print_table("PEFT activation switch", [(k, v) for k, v in peft.items()])
     print_table("Re-run (seed change only)", [(k, v) for k, v in rerun.items()])

@@ -14,8 +14,9 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
 * an apply is a transaction: if anything raises part-way (a bad tensor, an interrupt raised by the
   ``check_interrupt`` callback between layers, a KeyboardInterrupt), every parameter written in this call is
   brought back to its pre-call state before the error propagates;
-* work is done layer by layer (one module's parameters at a time), so the extra memory is the backups plus
-  one layer's float32 temporaries, never a second copy of the model.
+* work is done layer by layer (one module's parameters at a time), each parameter in row chunks of about
+  ``CHUNK_BYTES``, so the extra memory is the backups plus one small float32 buffer, never a second copy of
+  the model (nor a float32 copy of its largest layer).
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ class WeightPatcher:
         self._locations: dict[str, tuple[str, str, str]] = {}  # param id -> (component, module path, param)
         self.last_written: set[str] = set()
         self.stats = PatchStats()
+        self._workspace = Workspace()
 
     # ------------------------------------------------------------------ queries
 
@@ -252,7 +254,7 @@ class WeightPatcher:
             original = tensor.detach().to(self.backup_device, copy=True)
             self._originals[pid] = original
         if contributions:
-            tensor.copy_(patched_value(original, contributions, tensor.device))  # copy_ casts (rounds) once
+            write_patched(tensor, original, contributions, self._workspace)
             self._applied[pid] = contributions
         else:
             tensor.copy_(original)
@@ -276,7 +278,7 @@ def plan_state_keys(component: str, module: nn.Module, layers: Sequence[PatchLay
 
     For tools that stream a model's weight files instead of patching a loaded module (``lorabind merge``): the
     module may live on the ``meta`` device, only its structure and shapes are used. Each value is turned into
-    the fused tensor with ``patched_value(stored tensor, contributions, device)``.
+    the fused tensor with ``write_patched(new tensor, stored tensor, contributions)``.
     """
     patcher = WeightPatcher({component: module})
     wanted = patcher.plan(layers)
@@ -311,18 +313,63 @@ def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str
     return groups
 
 
-def patched_value(original: torch.Tensor, contributions: Sequence[_Contribution], device) -> torch.Tensor:
-    """``original + Σ strength·scale·(up @ down) + Σ strength·diff`` computed in float32 on ``device``.
+# Rows per float32 work chunk are chosen so one chunk stays around this size: the fused value is computed and
+# written chunk by chunk, so the extra memory of a fuse is the backups plus this buffer (not a float32 copy of the
+# largest layer) and the work stays in cache instead of page-faulting a fresh full-size temporary per layer.
+CHUNK_BYTES = 8 * 1024 * 1024
 
-    The caller casts the result to the parameter's dtype exactly once (``copy_`` here, ``.to`` in merge)."""
-    value = torch.empty(original.shape, dtype=torch.float32, device=device)  # contiguous, so ``flat`` is a view
-    value.copy_(original)
-    flat = value.view(value.shape[0], -1) if value.dim() >= 2 else None
-    for c in contributions:
-        if c.low_rank is not None:
-            up = c.low_rank.up.to(device=device, dtype=torch.float32).reshape(c.low_rank.up.shape[0], -1)
-            down = c.low_rank.down.to(device=device, dtype=torch.float32).reshape(c.low_rank.down.shape[0], -1)
-            flat.addmm_(up, down, alpha=c.strength * float(c.low_rank.scale))
-        if c.diff is not None:
-            value.add_(c.diff.to(device=device, dtype=torch.float32).reshape(value.shape), alpha=c.strength)
-    return value
+
+class Workspace:
+    """float32 work buffers reused across parameters, one per device, grown to the largest chunk needed (at most
+    about ``CHUNK_BYTES``). Why: a fuse allocates backups between these temporaries, and a fresh buffer per
+    parameter would leave freed holes between the backups that the allocator keeps resident."""
+
+    def __init__(self):
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    def take(self, numel: int, device: torch.device) -> torch.Tensor:
+        buffer = self._buffers.get(device)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._buffers[device] = torch.empty(numel, dtype=torch.float32, device=device)
+        return buffer[:numel]
+
+
+def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
+                  workspace: Optional[Workspace] = None) -> None:
+    """``dest = original + Σ strength·scale·(up @ down) + Σ strength·diff``, computed in float32 and rounded to
+    ``dest``'s dtype exactly once per element.
+
+    ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
+    another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
+    the shape, so recomputing a value (roll-back) gives the same bits. A patcher passes its ``Workspace``.
+    """
+    device = dest.device
+    if not dest.is_contiguous():  # rows of a non-contiguous tensor are not views of one flat buffer
+        staged = torch.empty(dest.shape, dtype=dest.dtype, device=device)
+        write_patched(staged, original, contributions, workspace)
+        dest.copy_(staged)
+        return
+    rows = dest.shape[0] if dest.dim() >= 1 else 1
+    source = original.reshape(rows, -1)
+    target = dest.view(rows, -1)
+    factors = [
+        (c.low_rank.up.to(device=device, dtype=torch.float32).reshape(c.low_rank.up.shape[0], -1),
+         c.low_rank.down.to(device=device, dtype=torch.float32).reshape(c.low_rank.down.shape[0], -1),
+         c.strength * float(c.low_rank.scale)) if c.low_rank is not None else None
+        for c in contributions
+    ]
+    diffs = [c.diff.reshape(rows, -1) if c.diff is not None else None for c in contributions]
+    cols = source.shape[1]
+    step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
+    buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        chunk = buffer[: stop - start]
+        chunk.copy_(source[start:stop])
+        for c, factor, diff in zip(contributions, factors, diffs):
+            if factor is not None:
+                up, down, alpha = factor
+                chunk.addmm_(up[start:stop], down, alpha=alpha)
+            if diff is not None:
+                chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
+        target[start:stop].copy_(chunk)  # the one rounding to dest's dtype

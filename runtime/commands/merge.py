@@ -141,7 +141,7 @@ def _write_component(source: str, folder: str, component: str, plan: dict, dtype
     from safetensors.torch import save_file
 
     from ...loaders.errors import ModelLoadError
-    from ...loaders.patching import patched_value
+    from ...loaders.patching import write_patched
 
     out_dtype = getattr(torch, _DTYPES[dtype]) if dtype else None
     found, written, total_bytes = set(), 0, 0
@@ -154,7 +154,9 @@ def _write_component(source: str, folder: str, component: str, plan: dict, dtype
                 value = handle.get_tensor(key)
                 stored_dtype = value.dtype
                 if key in plan:
-                    value = patched_value(value, plan[key], value.device).to(out_dtype or stored_dtype)
+                    fused = torch.empty(value.shape, dtype=out_dtype or stored_dtype)
+                    write_patched(fused, value, plan[key])
+                    value = fused
                 elif out_dtype is not None and value.is_floating_point():
                     value = value.to(out_dtype)
                 tensors[key] = value.contiguous()

@@ -226,7 +226,7 @@ def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dt
     ta = make_targets(model, block_modules(), seed=13, bias=True, dtype=dtype)
     patcher.apply([PatchLayer("a", "transformer", 1.0, ta)])
     patched = snapshot(model)
-    real, calls = patching.patched_value, {"n": 0}
+    real, calls = patching.write_patched, {"n": 0}
 
     def failing(*args, **kwargs):
         calls["n"] += 1
@@ -234,10 +234,31 @@ def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dt
             raise MemoryError("simulated out of memory")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(patching, "patched_value", failing)
+    monkeypatch.setattr(patching, "write_patched", failing)
     with pytest.raises(MemoryError):
         patcher.apply([PatchLayer("a", "transformer", 0.3, ta)])
     assert_bit_identical(patched, model)
-    monkeypatch.setattr(patching, "patched_value", real)
+    monkeypatch.setattr(patching, "write_patched", real)
     patcher.restore_all()
     assert patcher.patched == set() and patcher.backup_bytes() == 0
+
+
+@pytest.mark.parametrize("chunk_bytes", [64, 1 << 20])
+def test_row_chunked_fuse_matches_a_float64_reference_for_linear_and_conv(make_transformer, monkeypatch, chunk_bytes):
+    """64 bytes forces many row chunks per parameter (a few rows each); the result must not depend on it."""
+    from lorabind.loaders import patching
+
+    monkeypatch.setattr(patching, "CHUNK_BYTES", chunk_bytes)
+    model = make_transformer()
+    base = snapshot(model)
+    paths = ["blocks.0.ffn.net.0.proj", "blocks.1.attn2.to_out.0", "patch_embedding"]
+    targets = make_targets(model, paths, seed=21, bias=True)
+    WeightPatcher({"transformer": model}).apply([PatchLayer("a", "transformer", 0.7, targets)])
+    for path, target in targets.items():
+        module = model.get_submodule(path)
+        lr = target.low_rank
+        delta = (lr.up.double().reshape(lr.up.shape[0], -1) @ lr.down.double().reshape(lr.down.shape[0], -1))
+        want_w = base[f"{path}.weight"].double() + 0.7 * lr.scale * delta.reshape(module.weight.shape)
+        want_b = base[f"{path}.bias"].double() + 0.7 * target.param_diffs["bias"].double()
+        assert (module.weight.double() - want_w).abs().max().item() <= 1e-6
+        assert (module.bias.double() - want_b).abs().max().item() <= 1e-6
