@@ -135,8 +135,7 @@ def run(size, lora_a: str, lora_b: str, reps: int) -> dict:
 
     def theirs_switch() -> float:
         theirs.load_and_fuse(lora_a)
-        elapsed = timed(lambda: theirs.switch(lora_b), teardown=theirs.unload)
-        return elapsed
+        return timed(lambda: theirs.switch(lora_b), teardown=theirs.unload)
 
     switch = alternate("diffusers unfuse+unload+load+fuse", theirs_switch, "lorabind re-bind", ours_switch, reps)
     binding.unbind(model)

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# name -> (module under runtime.commands, one-line help)
+# name (= module under runtime.commands) -> one-line help
 COMMANDS = {
-    "run": ("run", "execute a workflow JSON (UI or API format) headless"),
-    "models": ("models", "manage the built-in tiny models (build-tiny)"),
-    "inspect": ("inspect", "describe a LoRA file or PEFT folder: format, rank, contract, key accounting"),
-    "merge": ("merge", "fuse LoRA file(s) into a diffusers model folder and write a new folder"),
-    "extract": ("extract", "extract a LoRA from the difference between a base and a tuned model"),
-    "serve": ("serve", "serve the ComfyUI-compatible HTTP/WebSocket API"),
+    "run": "execute a workflow JSON (UI or API format) headless",
+    "models": "manage the built-in tiny models (build-tiny)",
+    "inspect": "describe a LoRA file or PEFT folder: format, rank, contract, key accounting",
+    "merge": "fuse LoRA file(s) into a diffusers model folder and write a new folder",
+    "extract": "extract a LoRA from the difference between a base and a tuned model",
+    "serve": "serve the ComfyUI-compatible HTTP/WebSocket API",
 }
 
 
@@ -28,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         "— headless runtime for ComfyUI workflows.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(f".commands.{module_name}", __package__)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f".commands.{name}", __package__)
         cmd_parser = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(cmd_parser)
         cmd_parser.set_defaults(_command_module=module)
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    # Every command: never reach a model hub, whatever a library or the environment says. Set before the
+    # command imports huggingface_hub, which reads it once at import.
+    os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         return int(args._command_module.run(args) or 0)
     except KeyboardInterrupt:

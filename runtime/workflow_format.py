@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .executor.validation import types_compatible
 from .node_info import node_info
 
 MODE_MUTED = 2
@@ -134,14 +135,6 @@ def _collect_subgraphs(container: dict, found: dict) -> dict:
         found[definition["id"]] = definition
         _collect_subgraphs(definition, found)
     return found
-
-
-def _types_compatible(a: Any, b: Any) -> bool:
-    if a == b or a == "*" or b == "*":
-        return True
-    if not isinstance(a, str) or not isinstance(b, str):
-        return False
-    return bool({t.strip() for t in a.split(",")} & {t.strip() for t in b.split(",")})
 
 
 def _wrap(value: Any) -> Any:
@@ -301,13 +294,13 @@ class _UiConverter:
         wanted = outputs[out_slot].get("type") if out_slot < len(outputs) else None
         if wanted == "*":
             return out_slot if out_slot < len(inputs) else None
-        if out_slot < len(inputs) and _types_compatible(inputs[out_slot].get("type"), wanted):
+        if out_slot < len(inputs) and types_compatible(inputs[out_slot].get("type"), wanted):
             return out_slot
         for index, candidate in enumerate(inputs):
             if candidate.get("type") == wanted:
                 return index
         for index, candidate in enumerate(inputs):
-            if _types_compatible(candidate.get("type"), wanted):
+            if types_compatible(candidate.get("type"), wanted):
                 return index
         return None
 

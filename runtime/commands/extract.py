@@ -11,8 +11,9 @@ import json
 import os
 import sys
 
+from . import DTYPE_ARGUMENTS
+
 EXIT_REFUSED = 1
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def add_arguments(parser) -> None:
@@ -25,12 +26,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
     parser.add_argument("--component", default="transformer", metavar="NAME",
                         help="denoiser component folder to compare (default: transformer)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+    parser.add_argument("--dtype", choices=sorted(DTYPE_ARGUMENTS), default=None,
                         help="dtype of the written tensors (default: the tuned model's dtype per tensor)")
 
 
 def run(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ...loaders.errors import LoraBindError
 
     if not args.out.endswith(".safetensors"):
@@ -56,7 +56,7 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, rank: int, alpha
     base = ComponentWeights(base_dir, component)
     tuned = ComponentWeights(tuned_dir, component)
     result = extract_lora(base, tuned, rank=rank, alpha=alpha,
-                          dtype=getattr(torch, _DTYPES[dtype]) if dtype else None)
+                          dtype=getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None)
     metadata = {"format": "lorabind-extract", "base": os.path.basename(os.path.abspath(base_dir)),
                 "tuned": os.path.basename(os.path.abspath(tuned_dir)), "component": component,
                 "extract_rank": str(rank)}  # not "rank"/"alpha": readers treat those as scaling metadata

@@ -27,7 +27,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ...loaders.errors import LoraBindError
 
     try:

@@ -18,8 +18,9 @@ import shutil
 import sys
 import tempfile
 
+from . import DTYPE_ARGUMENTS
+
 EXIT_REFUSED = 1
-_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def add_arguments(parser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(parser) -> None:
                         help="denoiser component to fuse into (default: transformer; Wan2.2 low-noise: "
                              "transformer_2)")
     parser.add_argument("--out", required=True, metavar="DIR", help="new model folder to write (must not exist)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
+    parser.add_argument("--dtype", choices=sorted(DTYPE_ARGUMENTS), default=None,
                         help="dtype of the merged component's tensors (default: as stored in the source)")
     parser.add_argument("--lenient", action="store_true",
                         help="ignore LoRA keys that match nothing in the model (reported) instead of refusing")
@@ -48,7 +49,6 @@ def parse_lora_argument(value: str) -> tuple[str, float]:
 
 
 def run(args) -> int:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from ...loaders.errors import LoraBindError
 
     try:
@@ -143,7 +143,7 @@ def _write_component(source: str, folder: str, component: str, plan: dict, dtype
     from ...loaders.errors import ModelLoadError
     from ...loaders.patching import write_patched
 
-    out_dtype = getattr(torch, _DTYPES[dtype]) if dtype else None
+    out_dtype = getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None
     found, written, total_bytes = set(), 0, 0
     files = sorted(glob.glob(os.path.join(source, component, "*.safetensors")))
     for path in files:

@@ -30,7 +30,6 @@ def run(args) -> int:
     if getattr(args, "models_command", None) != "build-tiny":
         print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...]", file=sys.stderr)
         return 2
-    os.environ["HF_HUB_OFFLINE"] = "1"
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
     from ...loaders.errors import ModelLoadError
     from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins

@@ -42,7 +42,6 @@ def ensure_models(prompt: dict, models_root: str) -> None:
 
 
 def run(args) -> int:
-    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach a model hub, whatever a library tries
     from .. import folder_paths
     from ..executor import PromptExecutor
     from ..workflow_format import WorkflowFormatError, to_api_prompt
@@ -247,13 +246,13 @@ class _ProgressDisplay:
 
 
 def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:
+    from ..executor.graph import linked_inputs
+
     seen, stack = set(), list(outputs)
     while stack:
         node_id = stack.pop()
         if node_id in seen or node_id not in prompt:
             continue
         seen.add(node_id)
-        for value in (prompt[node_id].get("inputs") or {}).values():
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
-                stack.append(value[0])
+        stack.extend(upstream for _, upstream, _ in linked_inputs(prompt[node_id]))
     return seen

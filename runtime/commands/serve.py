@@ -26,7 +26,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    os.environ["HF_HUB_OFFLINE"] = "1"  # never reach a model hub, whatever a library or the environment says
     from ..server import ServerConfig, run_server
 
     if args.max_upload_size <= 0:

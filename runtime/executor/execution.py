@@ -77,11 +77,14 @@ class PromptExecutor:
         # ComfyUI resets the interrupt flag when a prompt starts. Done before validating, not after: an
         # interrupt sent while this prompt validates (INPUT_TYPES may scan model folders) must still stop it.
         interrupt_event.clear()
-        validation = self.validate(prompt, execute_outputs)
+        # One INPUT_TYPES() per class for validating and running (it may scan model folders).
+        definitions = NodeDefinitions(self.node_classes)
+        validation = validate_prompt(self.node_classes, prompt, execute_outputs, definitions)
         if not validation.ok:
             raise PromptValidationError(validation)
         with self._run_lock:
-            run = _PromptRun(self, validation.prompt, prompt_id, extra_data or {}, on_event, interrupt_event)
+            run = _PromptRun(self, definitions, validation.prompt, prompt_id, extra_data or {}, on_event,
+                             interrupt_event)
             return run.run(validation.outputs)
 
 
@@ -89,18 +92,23 @@ def _timestamp() -> int:
     return int(time.time() * 1000)
 
 
+def node_meta(node_id: str) -> dict:
+    """ComfyUI's history ``meta`` entry of a node that is not part of an expansion (we have none)."""
+    return {"node_id": node_id, "display_node": node_id, "parent_node": None, "real_node_id": node_id}
+
+
 class _PromptRun:
     """The state of executing one prompt: available outputs, scheduling, events, result."""
 
-    def __init__(self, executor: PromptExecutor, prompt: dict, prompt_id: str, extra_data: dict,
-                 on_event: EventCallback | None, interrupt_event: threading.Event):
+    def __init__(self, executor: PromptExecutor, definitions: NodeDefinitions, prompt: dict, prompt_id: str,
+                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event):
         self.executor = executor
         self.prompt = prompt
         self.prompt_id = prompt_id
         self.extra_data = extra_data
         self.on_event = on_event
         self.interrupt_event = interrupt_event
-        self.definitions = NodeDefinitions(executor.node_classes)
+        self.definitions = definitions
         self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
         self.keys: dict[str, Any] = {}  # node id -> cache key (None: never cached)
         self.result = ExecutionResult(success=False)
@@ -116,8 +124,7 @@ class _PromptRun:
     def _on_progress(self, node_id: str, value: int, total: int, extra: dict | None) -> None:
         """Progress of the running node; like ComfyUI's progress hook it is also an interrupt point."""
         self.emit("progress", {"value": value, "max": total, "prompt_id": self.prompt_id, "node": node_id})
-        if self.interrupt_event.is_set():
-            raise InterruptedByUser()
+        self.check_interrupted()
 
     def check_interrupted(self) -> None:
         if self.interrupt_event.is_set():
@@ -233,8 +240,7 @@ class _PromptRun:
 
     def _record_ui(self, node_id: str, ui: dict) -> None:
         self.result.outputs[node_id] = ui
-        self.result.meta[node_id] = {"node_id": node_id, "display_node": node_id, "parent_node": None,
-                                     "real_node_id": node_id}
+        self.result.meta[node_id] = node_meta(node_id)
 
     def _report_failure(self, node_id: str, exc: BaseException, values: dict, *, no_traceback=False) -> None:
         base = {"prompt_id": self.prompt_id, "node_id": node_id, "node_type": self.prompt[node_id]["class_type"],

@@ -62,11 +62,14 @@ def types_compatible(received: Any, expected: Any) -> bool:
     return bool(received_set & expected_set)
 
 
-def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=None) -> ValidationResult:
+def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=None,
+                    definitions: NodeDefinitions | None = None) -> ValidationResult:
+    """``definitions``: the run's memo of ``INPUT_TYPES()``, when the caller goes on to execute the prompt."""
     if not isinstance(prompt, dict):
         return ValidationResult(False, _error("invalid_prompt", "Prompt must be an object of nodes.", "", {}))
     prompt = copy_prompt(prompt)
-    definitions = NodeDefinitions(node_classes)
+    if definitions is None:
+        definitions = NodeDefinitions(node_classes)
     outputs = []
     for node_id, node in prompt.items():
         if not isinstance(node, dict) or "class_type" not in node:

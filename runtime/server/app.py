@@ -107,9 +107,7 @@ async def json_errors_middleware(request: web.Request, handler):
     """Unexpected exceptions become a logged 500 with a JSON body instead of aiohttp's bare text page."""
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
-    except (asyncio.CancelledError, ConnectionError):
+    except (web.HTTPException, ConnectionError):
         raise
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)

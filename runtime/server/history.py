@@ -2,7 +2,7 @@
 
 One JSON file per entry (``<seq>-<hash of prompt id>.json`` in the history folder) rather than one big file:
 entries carry the whole UI workflow in ``extra_data``, so rewriting every entry after every prompt would grow
-without bound. Each file is written atomically (temp file in the same folder + ``os.replace``), so a crash
+without bound. Each file is written atomically (``loaders.atomic_files.write_atomically``), so a crash
 leaves either the old or the new entry, never half of one; an unreadable file is moved aside as ``.corrupt``
 (and logged) instead of stopping the server. ``seq`` keeps ComfyUI's insertion order across restarts.
 """
@@ -13,9 +13,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
+
+from ...loaders.atomic_files import write_atomically
+from ..executor.execution import node_meta
 
 log = logging.getLogger("lorabind.server")
 
@@ -53,15 +55,10 @@ class HistoryStore:
         name = f"{self._seq:012d}-{hashlib.sha1(prompt_id.encode()).hexdigest()[:16]}.json"
         record = {"seq": self._seq, "prompt_id": prompt_id, "entry": entry}
         self._seq += 1
-        fd, tmp = tempfile.mkstemp(prefix=".entry-", suffix=".tmp", dir=self.folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(record, f, default=str)
-            os.replace(tmp, self.folder / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return self.folder / name
+        path = self.folder / name
+        text = json.dumps(record, default=str)
+        write_atomically(str(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"))
+        return path
 
     def _remove_locked(self, prompt_id: str) -> None:
         self._entries.pop(prompt_id, None)
@@ -112,9 +109,5 @@ def history_entry(item, outputs: dict, status_str: str, completed: bool, message
         "prompt": item.as_list(),
         "outputs": outputs,
         "status": {"status_str": status_str, "completed": completed, "messages": messages},
-        "meta": {
-            node_id: meta.get(node_id) or {"node_id": node_id, "display_node": node_id, "parent_node": None,
-                                           "real_node_id": node_id}
-            for node_id in outputs
-        },
+        "meta": {node_id: meta.get(node_id) or node_meta(node_id) for node_id in outputs},
     }

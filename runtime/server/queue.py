@@ -98,7 +98,7 @@ class PromptQueue:
         """(running, pending) as ComfyUI's lists; pending in run order."""
         with self._cond:
             running = [self._running.as_list()] if self._running is not None else []
-            pending = [entry[2].as_list() for entry in sorted(self._heap, key=lambda e: (e[0], e[1]))]
+            pending = [item.as_list() for _, _, item in sorted(self._heap)]  # arrival is unique: items never compared
         return running, pending
 
     def remaining(self) -> int:

@@ -8,7 +8,6 @@ escaping the root nor a symlink pointing outside can reach other files. Names ar
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import mimetypes
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ...loaders.atomic_files import write_atomically
 from .http_json import bad_request
 from .state import STATE_KEY, ServerState
 
@@ -149,11 +149,9 @@ def _store_upload(folder: Path, filename: str, data: bytes, overwrite: bool) -> 
             return name
         name = f"{stem} ({counter}){ext}"
         counter += 1
-    tmp = folder / f".{name}.upload"
-    tmp.write_bytes(data)
-    os.replace(tmp, folder / name)
+    write_atomically(str(folder / name), lambda temp: Path(temp).write_bytes(data))
     return name
 
 
 def _same_content(path: Path, data: bytes) -> bool:
-    return path.is_file() and hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(data).digest()
+    return path.is_file() and path.read_bytes() == data

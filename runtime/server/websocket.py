@@ -22,6 +22,11 @@ log = logging.getLogger("lorabind.server")
 _CLOSE = object()  # outbox sentinel: stop the writer task
 
 
+def _message(event: str, data: dict) -> str:
+    """ComfyUI's WebSocket text frame; values from node ui dicts that JSON cannot hold are rendered with str."""
+    return json.dumps({"type": event, "data": data}, default=str)
+
+
 class _Client:
     def __init__(self, ws: web.WebSocketResponse):
         self.ws = ws
@@ -46,9 +51,8 @@ class ClientRegistry:
         """Send to one client; ``sid=None`` means every connected client (ComfyUI's broadcast)."""
         if self._loop is None or self._loop.is_closed():
             return
-        message = json.dumps({"type": event, "data": data}, default=str)
         try:
-            self._loop.call_soon_threadsafe(self._enqueue, message, sid)
+            self._loop.call_soon_threadsafe(self._enqueue, _message(event, data), sid)
         except RuntimeError:  # loop shut down between the check and the call (server stopping)
             pass
 
@@ -72,11 +76,10 @@ class ClientRegistry:
         self._clients[sid] = client
         writer = asyncio.ensure_future(self._write_loop(client))
         try:
-            client.outbox.put_nowait(json.dumps({"type": "status", "data": {"status": self._status_payload(),
-                                                                             "sid": sid}}))
+            client.outbox.put_nowait(_message("status", {"status": self._status_payload(), "sid": sid}))
             node = self.running_node(sid)
             if node is not None:
-                client.outbox.put_nowait(json.dumps({"type": "executing", "data": {"node": node}}))
+                client.outbox.put_nowait(_message("executing", {"node": node}))
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     self._on_client_message(client, msg.data)
@@ -96,7 +99,7 @@ class ClientRegistry:
         except ValueError:
             return
         if isinstance(message, dict) and message.get("type") == "feature_flags":
-            client.outbox.put_nowait(json.dumps({"type": "feature_flags", "data": self._feature_flags()}))
+            client.outbox.put_nowait(_message("feature_flags", self._feature_flags()))
 
     async def _write_loop(self, client: _Client) -> None:
         while True:
