@@ -18,12 +18,12 @@ from ..loaders.errors import KeyMatchError, LoraBindError, LoraFileError
 from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, AdapterSpec, FuseSpec
 from ..loaders.lora import account, map_to_model, read_lora
 from ..loaders.peft_adapters import file_identity, to_peft_groups
+from ..loaders.sampling import MOE_FAMILY
 from . import comfy_bridge
 
 CATEGORY = "lorabind/adapters"
 NONE_CHOICE = "None"
 AUTO_COMPONENT = "auto"
-MOE_FAMILY = "wan2.2_moe"
 HIGH_EXPERT, LOW_EXPERT = "transformer", "transformer_2"
 
 _STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
@@ -114,6 +114,19 @@ def accounting_text(report: dict) -> str:
     )
 
 
+def contract_text(contract) -> list:
+    """The UI line of a declared contract ([] when there is none)."""
+    return [] if contract is None else ["contract: " + contract.describe()]
+
+
+def prepare_fuse(model_handle, family_module, name: str, path: str, strength: float, component: str, node: str):
+    """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines)."""
+    lf, report = validate_fuse(model_handle, name, path, component, node)
+    contract = _declared_contract(family_module, lf, name, strength)
+    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name)
+    return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
+
+
 def _ui(result, accounting: list, contracts: list, text: list) -> dict:
     return {
         "ui": {"lorabind_accounting": accounting, "lorabind_contract": contracts, "text": text},
@@ -170,9 +183,7 @@ class LoadPEFTAdapter:
         contract = _declared_contract(families.guess_family(lf), lf, lora_name, scale)
         spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name)
         handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
-        text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}"]
-        if contract is not None:
-            text.append("contract: " + contract.describe())
+        text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]
         return _ui(handle, [], [contract_to_dict(contract)], text)
 
 
@@ -214,13 +225,9 @@ class FuseDistillLoRA:
     def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT):
         path = resolve_lora(lora_name, "lora_name", "FuseDistillLoRA")
         component = self._component(model, lora_name, component)
-        lf, report = validate_fuse(model, lora_name, path, component, "FuseDistillLoRA")
-        contract = _declared_contract(families.for_model_family(model.family), lf, lora_name, strength)
-        spec = FuseSpec(path=path, strength=float(strength), component=component, name=lora_name)
+        spec, report, contract, text = prepare_fuse(model, families.for_model_family(model.family), lora_name, path,
+                                                    strength, component, "FuseDistillLoRA")
         handle = model.with_fuses(spec, contracts=(contract,) if contract else ())
-        text = [accounting_text(report) + f" at strength {strength:g}"]
-        if contract is not None:
-            text.append("contract: " + contract.describe())
         return _ui(handle, [report], [contract_to_dict(contract)], text)
 
     @staticmethod
@@ -288,15 +295,14 @@ class WanMoELoRAPair:
                 text.append(f"{input_name}: none")
                 continue
             path = resolve_lora(name, input_name, "WanMoELoRAPair")
-            lf, report = validate_fuse(model, name, path, component, "WanMoELoRAPair")
-            contract = _declared_contract(family_module, lf, name, strength)
-            specs.append(FuseSpec(path=path, strength=float(strength), component=component, name=name))
+            spec, report, contract, lines = prepare_fuse(model, family_module, name, path, strength, component,
+                                                         "WanMoELoRAPair")
+            specs.append(spec)
             reports.append(report)
             contract_dicts.append(contract_to_dict(contract))
-            text.append(accounting_text(report) + f" at strength {strength:g}")
+            text += lines
             if contract is not None:
                 contracts.append(contract)
-                text.append("contract: " + contract.describe())
         handle = model.with_fuses(*specs, contracts=tuple(contracts)) if specs else model
         return _ui(handle, reports, contract_dicts, text)
 

@@ -23,10 +23,6 @@ def _comfy_modules():
     return folder_paths, comfy_utils, model_management
 
 
-def inside_comfyui() -> bool:
-    return _comfy_modules() is not None
-
-
 def folder_paths():
     """ComfyUI's ``folder_paths`` module, or the runtime's compatible registry."""
     mods = _comfy_modules()
@@ -69,6 +65,3 @@ class ProgressBar:
         ctx = current_context()
         if ctx is not None:
             ctx.report_progress(self.value, self.total, extra)
-
-    def update(self, step: int = 1, extra: dict | None = None) -> None:
-        self.update_absolute(self.value + step, extra)

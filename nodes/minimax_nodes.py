@@ -22,7 +22,9 @@ from ..loaders.handles import (
     ScheduleHandle,
 )
 from ..loaders.wav_files import write_wav
+from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
+from .output_nodes import output_target
 
 CATEGORY = "lorabind/minimax_h3"
 
@@ -55,7 +57,7 @@ class MiniMaxTurboSchedule:
         return {
             "required": {
                 "model": (SOCKET_MODEL, {"tooltip": "A MiniMax-H3 model (e.g. tiny-minimax-h3)."}),
-                "lora_name": (folder_paths().get_filename_list("loras"), {
+                "lora_name": (lora_choices(), {
                     "tooltip": "A Turbo file with its published name (minimax_h3_<fl2v|ref2v>_turbo_<N>step_v<x.y>"
                                "[_768p][_bf16].safetensors) or a native FlashGen file.",
                 }),
@@ -70,11 +72,7 @@ class MiniMaxTurboSchedule:
 
     @classmethod
     def IS_CHANGED(cls, model, lora_name, scale, task):
-        try:
-            stat = os.stat(_lora_path(lora_name))
-        except LoraBindError:
-            return float("nan")
-        return f"{stat.st_size}:{stat.st_mtime_ns}"  # the contract is read from the file: re-run when it changes
+        return lora_inputs_identity(lora_name)  # the contract is read from the file: re-run when it changes
 
     def attach(self, model, lora_name, scale, task):
         if model.family != family.FAMILY:
@@ -179,11 +177,7 @@ class LoraBindSaveAudio:
         }
 
     def save(self, audio, filename_prefix="lorabind/audio", prompt=None, extra_pnginfo=None):
-        registry = folder_paths()
-        full_folder, filename, counter, subfolder, _ = registry.get_save_image_path(
-            filename_prefix, registry.get_output_directory()
-        )
-        os.makedirs(full_folder, exist_ok=True)
+        full_folder, filename, counter, subfolder = output_target(filename_prefix)
         comment = {"prompt": prompt, **(extra_pnginfo or {})} if prompt is not None or extra_pnginfo else None
         saved = []
         for index, waveform in enumerate(audio["waveform"]):

@@ -44,6 +44,17 @@ class LoraBindVAEDecode:
         return (decode(model.model, latent),)
 
 
+def output_target(filename_prefix: str, width: int = 0, height: int = 0) -> tuple[str, str, int, str]:
+    """(folder, file stem, first free counter, subfolder) of a save under the output directory, ComfyUI's way;
+    the folder is created."""
+    registry = folder_paths()
+    full_folder, filename, counter, subfolder, _ = registry.get_save_image_path(
+        filename_prefix, registry.get_output_directory(), width, height
+    )
+    os.makedirs(full_folder, exist_ok=True)
+    return full_folder, filename, counter, subfolder
+
+
 def _to_pil(frame) -> Image.Image:
     array = np.clip(frame.float().cpu().numpy() * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return Image.fromarray(array)
@@ -95,10 +106,7 @@ class LoraBindSaveImage:
     def save(self, images, filename_prefix="lorabind", fps=16.0, prompt=None, extra_pnginfo=None):
         frames = [_to_pil(frame) for frame in images]
         width, height = frames[0].size
-        full_folder, filename, counter, subfolder, _ = folder_paths().get_save_image_path(
-            filename_prefix, folder_paths().get_output_directory(), width, height
-        )
-        os.makedirs(full_folder, exist_ok=True)
+        full_folder, filename, counter, subfolder = output_target(filename_prefix, width, height)
         animated = len(frames) > 1
         if animated:
             file = f"{filename}_{counter:05}_.webp"

@@ -6,22 +6,21 @@ import torch
 
 from ..loaders import binding, sampling
 from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
+from ..loaders.families import minimax_h3
 from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
                                SOCKET_SCHEDULE, SOCKET_SIGMAS)
 from .comfy_bridge import ProgressBar, check_interrupted
 
 
 def _contract_view(contract) -> dict:
-    if contract.family == "minimax_h3":
-        from ..loaders.families.minimax_h3_contracts import contract_dict, describe_contract
-
-        return {**contract_dict(contract), "text": describe_contract(contract)}
+    if contract.family == minimax_h3.FAMILY:
+        return {**minimax_h3.contract_dict(contract), "text": minimax_h3.describe_contract(contract)}
     return contract_to_dict(contract)
 
 
 def schedule_report(model, schedule) -> dict:
     """The resolved schedule as JSON for the UI: what actually runs, step by step."""
-    task_routed = model.family == "minimax_h3"  # its denoiser follows the task, not a sigma boundary
+    task_routed = model.family == minimax_h3.FAMILY  # its denoiser follows the task, not a sigma boundary
     return {
         "steps": schedule.steps,
         "sigmas": [float(s) for s in schedule.sigmas],
@@ -112,7 +111,7 @@ class LoraBindSampler:
         if cfg_low_noise and model.family != sampling.MOE_FAMILY:
             raise ValueError(f"cfg_low_noise is only for Wan2.2 MoE models (two experts); {model.model.name} is "
                              f"{model.family}: set cfg_low_noise to 0 and use cfg")
-        if audio_flow_shift and model.family != "minimax_h3":
+        if audio_flow_shift and model.family != minimax_h3.FAMILY:
             raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
                              "set audio_flow_shift to 0")
         request = SamplingRequest(steps=steps, cfg=(cfg, cfg_low_noise) if cfg_low_noise else cfg, shift=shift,

@@ -115,21 +115,15 @@ function badgeOf(node) {
 }
 
 function renderLines(node, lines, warnings) {
-    const element = badgeOf(node);
-    element.replaceChildren();
-    for (const text of lines) {
+    const rows = [...lines.map((text) => ["lorabind-line", text]),
+        ...warnings.map((text) => ["lorabind-warning", `⚠ ${text}`])];
+    badgeOf(node).replaceChildren(...rows.map(([className, text]) => {
         const line = document.createElement("div");
-        line.className = "lorabind-line";
+        line.className = className;
         line.textContent = text;
-        element.appendChild(line);
-    }
-    for (const text of warnings) {
-        const line = document.createElement("div");
-        line.className = "lorabind-warning";
-        line.textContent = `⚠ ${text}`;
-        element.appendChild(line);
-    }
-    node.lorabindLines = [...lines, ...warnings.map((w) => `⚠ ${w}`)];
+        return line;
+    }));
+    node.lorabindLines = rows.map(([, text]) => text);
     node.lorabindWarning = warnings.length > 0;
     node.setDirtyCanvas?.(true, true);
 }
@@ -177,19 +171,19 @@ function drawOnCanvas(node, ctx) {
     ctx.restore();
 }
 
+/** Wrap `nodeType.prototype[method]`: the original (if any) runs first, then `after(node, ...args)`. */
+function chain(nodeType, method, after) {
+    const original = nodeType.prototype[method];
+    nodeType.prototype[method] = function (...args) {
+        const result = original?.apply(this, args);
+        after(this, ...args);
+        return result;
+    };
+}
+
 function hookNodeType(nodeType, render) {
-    const onNodeCreated = nodeType.prototype.onNodeCreated;
-    nodeType.prototype.onNodeCreated = function () {
-        const result = onNodeCreated?.apply(this, arguments);
-        render(this);
-        return result;
-    };
-    const onDrawForeground = nodeType.prototype.onDrawForeground;
-    nodeType.prototype.onDrawForeground = function (ctx) {
-        const result = onDrawForeground?.apply(this, arguments);
-        drawOnCanvas(this, ctx);
-        return result;
-    };
+    chain(nodeType, "onNodeCreated", render);
+    chain(nodeType, "onDrawForeground", drawOnCanvas);
 }
 
 app.registerExtension({
@@ -202,35 +196,23 @@ app.registerExtension({
     async beforeRegisterNodeDef(nodeType, nodeData) {
         if (CONTRACT_NODES.includes(nodeData.name)) {
             hookNodeType(nodeType, renderContractNode);
-            const onExecuted = nodeType.prototype.onExecuted;
-            nodeType.prototype.onExecuted = function (output) {
-                onExecuted?.apply(this, arguments);
-                this.lorabind = {
+            chain(nodeType, "onExecuted", (node, output) => {
+                node.lorabind = {
                     contracts: (output?.lorabind_contract || []).filter((c) => c && c.source),
                     accounting: output?.lorabind_accounting || [],
                 };
-                renderContractNode(this);
-                refreshSamplers(this.graph || app.graph);
-            };
+                renderContractNode(node);
+                refreshSamplers(node.graph || app.graph);
+            });
         } else if (nodeData.name === SAMPLER_NODE) {
-            hookNodeType(nodeType, (node) => renderSampler(node, node.graph || app.graph));
-            const onExecuted = nodeType.prototype.onExecuted;
-            nodeType.prototype.onExecuted = function (output) {
-                onExecuted?.apply(this, arguments);
-                const schedule = output?.lorabind_schedule?.[0];
-                this.lorabind = { contracts: [], schedule };
-                renderSampler(this, this.graph || app.graph);
-            };
-            const onWidgetChanged = nodeType.prototype.onWidgetChanged;
-            nodeType.prototype.onWidgetChanged = function () {
-                onWidgetChanged?.apply(this, arguments);
-                renderSampler(this, this.graph || app.graph);
-            };
-            const onConnectionsChange = nodeType.prototype.onConnectionsChange;
-            nodeType.prototype.onConnectionsChange = function () {
-                onConnectionsChange?.apply(this, arguments);
-                renderSampler(this, this.graph || app.graph);
-            };
+            const render = (node) => renderSampler(node, node.graph || app.graph);
+            hookNodeType(nodeType, render);
+            chain(nodeType, "onExecuted", (node, output) => {
+                node.lorabind = { contracts: [], schedule: output?.lorabind_schedule?.[0] };
+                render(node);
+            });
+            chain(nodeType, "onWidgetChanged", render);
+            chain(nodeType, "onConnectionsChange", render);
         }
     },
 });

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 import torch
+from adapters_helpers import recorded_forwards
 
 from lorabind.loaders import binding, sampling
 from lorabind.loaders.contracts import ResolvedSchedule
@@ -35,16 +36,9 @@ def _sample(handle, pos, neg, latent, steps=4, cfg=1.0, shift=5.0, **optional):
 
 def _forwards(model, run):
     """Run ``run()`` with hooks on every denoiser; return [(component, timestep)] per forward."""
-    calls = []
-    hooks = [module.register_forward_pre_hook(
-        lambda mod, args, kwargs, name=name: calls.append((name, round(float(kwargs["timestep"].flatten()[0]), 3))),
-        with_kwargs=True) for name, module in model.components.items()]
-    try:
+    with recorded_forwards(model) as calls:
         run()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return calls
+    return [(name, round(t, 3)) for name, t in calls]
 
 
 def test_sigmas_output_is_comfyui_sigmas_of_the_schedule_that_ran(inputs, registry):

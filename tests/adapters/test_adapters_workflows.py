@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from adapters_helpers import assert_same_state, state_snapshot
+from adapters_helpers import assert_same_state, recorded_forwards, state_snapshot
 
 import lorabind
 from lorabind.loaders.binding import binding_state, unbind
@@ -82,15 +82,8 @@ def test_example_workflow_runs_headless_and_saves_its_outputs(name, executor, re
 def test_wan22_pair_runs_on_the_contract_schedule_with_high_then_low_expert(executor, loaded):
     prompt = load("wan22_lightx2v_4step")
     model = loaded["tiny-wan22-t2v"]
-    calls = []
-    hooks = [model.components[name].register_forward_pre_hook(
-        lambda module, args, kwargs, name=name: calls.append((name, float(kwargs["timestep"].flatten()[0]))),
-        with_kwargs=True) for name in ("transformer", "transformer_2")]
-    try:
+    with recorded_forwards(model) as calls:
         result = executor.execute(prompt, "hooks")
-    finally:
-        for hook in hooks:
-            hook.remove()
     assert result.success, result.error
     (schedule,) = result.outputs[sampler_ids(prompt)[0]]["lorabind_schedule"]
     assert schedule["sigmas"] == pytest.approx(PUBLISHED_4STEP, abs=1e-6)
@@ -184,7 +177,7 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
     prompt = load("wan22_lightx2v_4step")
     sampler = sampler_ids(prompt)[0]
     model = loaded["tiny-wan22-t2v"]
-    interrupt, progress, forwards = threading.Event(), [], []
+    interrupt, progress = threading.Event(), []
 
     def on_event(name, data):
         if name == "progress" and data["node"] == sampler:
@@ -192,14 +185,9 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
             if data["value"] == 2:
                 interrupt.set()
 
-    hooks = [model.components[name].register_forward_pre_hook(lambda *_, name=name: forwards.append(name))
-             for name in ("transformer", "transformer_2")]
-    try:
+    with recorded_forwards(model) as calls:
         result = executor.execute(prompt, "interrupt-sampler", on_event=on_event, interrupt_event=interrupt)
-    finally:
-        for hook in hooks:
-            hook.remove()
     assert not result.success and result.interrupted
     assert progress == [(1, 4), (2, 4)]
-    assert forwards == ["transformer", "transformer"]  # the two high-noise steps; nothing after the interrupt
+    assert [name for name, _ in calls] == ["transformer", "transformer"]  # the two high-noise steps; nothing after the interrupt
     assert sampler not in result.executed
