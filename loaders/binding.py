@@ -100,8 +100,9 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     # 1. read, map and account everything; validate every shape. No weight is written yet.
     layers = []
     for spec in fuses:
-        targets, accounting = _accounted_targets(model, state, spec, lenient)
-        layers.append(PatchLayer(key=_content_key(spec.path), component=spec.component,
+        content_key = _content_key(spec.path)
+        targets, accounting = _accounted_targets(model, state, spec, lenient, content_key)
+        layers.append(PatchLayer(key=content_key, component=spec.component,
                                  strength=float(spec.strength), targets=targets, name=_label(spec)))
         report.fuses.append({"name": _label(spec), "path": spec.path, "component": spec.component,
                              "strength": float(spec.strength), "accounting": copy.deepcopy(accounting)})
@@ -110,35 +111,30 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     for spec in adapters:
         if float(spec.scale) == 0:
             continue  # off: no weights, no contract, nothing to validate
-        targets, accounting = _accounted_targets(model, state, spec, lenient)
+        targets, accounting = _accounted_targets(model, state, spec, lenient, _content_key(spec.path))
         key = cache_key(spec.path, spec.component)
         groups = None if key in state.adapters.entries else to_peft_groups(targets, _label(spec))
         wanted_adapters.append((key, spec, groups))
         report.adapters.append({"name": _label(spec), "path": spec.path, "component": spec.component,
                                 "scale": float(spec.scale), "accounting": copy.deepcopy(accounting)})
 
-    # 2. adapters first: injecting and activating never writes a base weight, so undoing it is exact.
     cache = state.adapters
     previous_active = dict(cache.active)
     warnings_before = len(cache.warnings)
     try:
+        # 2. adapters first: injecting and activating never writes a base weight, so undoing it is exact.
         in_use = {key for key, _, _ in wanted_adapters}
         scales: dict = {}
         for key, spec, groups in wanted_adapters:
             cache.ensure(key, spec.component, groups, _label(spec), in_use=in_use)
             scales[key] = scales.get(key, 0.0) + float(spec.scale)
         cache.activate(scales)
-    except BaseException:
-        cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
-        raise
-    report.warnings.extend(cache.warnings[warnings_before:])
-
-    # 3. fuse: incremental and transactional inside the patcher.
-    try:
+        # 3. fuse: incremental and transactional inside the patcher.
         result: ApplyResult = state.patcher.apply(layers, check_interrupt=check_interrupt)
     except BaseException:
         cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
         raise
+    report.warnings.extend(cache.warnings[warnings_before:])
     state.fuses = tuple(fuses)
     report.written, report.restored, report.unchanged = result.written, result.restored, result.unchanged
     if result.written or result.restored:
@@ -188,8 +184,9 @@ def _content_key(path: str) -> str:
     return f"{resolved}|{file_identity(resolved)}"
 
 
-def _accounted_targets(model, state: BindingState, spec, lenient: bool):
-    """Read (cached), map to the model family, and account one LoRA on its component (memoised per content)."""
+def _accounted_targets(model, state: BindingState, spec, lenient: bool, content_key: str):
+    """Read (cached), map to the model family, and account one LoRA on its component (memoised per
+    ``content_key``, the caller's ``_content_key(spec.path)``)."""
     from .lora import account, map_to_model, read_lora
 
     component = spec.component
@@ -198,7 +195,7 @@ def _accounted_targets(model, state: BindingState, spec, lenient: bool):
             f"'{_label(spec)}' is meant for component '{component}', which model '{model.name or model.path}' "
             f"does not have (components: {', '.join(sorted(model.components)) or 'none'})."
         )
-    memo_key = (_content_key(spec.path), component, bool(lenient))
+    memo_key = (content_key, component, bool(lenient))
     hit = state.accounted.get(memo_key)
     if hit is not None:
         state.accounted.move_to_end(memo_key)

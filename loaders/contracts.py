@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 from .errors import ContractError
 from .handles import ScheduleContract
-from .sigmas import shifted_sigmas, validate_schedule
+from .sigmas import on_high_noise_expert, shifted_sigmas, validate_schedule
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> Res
     _check_tasks(contracts, request, overrides)
     resolved = _resolve_against(agreed, contracts, request, overrides)
     _check_expert_split(model, resolved, request, overrides)
-    return replace(resolved, overrides=tuple(overrides))
+    return replace(resolved, overrides=tuple(overrides))  # overrides is complete only after the expert check
 
 
 def collect_contracts(model, adapters=None, schedule=None) -> tuple:
@@ -136,7 +136,7 @@ def contract_to_dict(contract: Optional[ScheduleContract]) -> dict:
 
 def describe_artifact(contract: ScheduleContract) -> str:
     """"X is a 4-step distill LoRA" — the subject of every contract message."""
-    noun = _KIND_NOUNS.get(contract.kind, f"{contract.kind} artifact")
+    noun = _kind_noun(contract)
     steps = _contract_value(contract, "steps")
     if steps is None:
         return f"{contract.source} is a {noun}"
@@ -158,6 +158,10 @@ def _plain_schedule(request: SamplingRequest) -> ResolvedSchedule:
     )
 
 
+def _kind_noun(contract: ScheduleContract) -> str:
+    return _KIND_NOUNS.get(contract.kind, f"{contract.kind} artifact")
+
+
 def _family_group(family: str) -> str:
     """Wan2.1 and Wan2.2 share the schedule space (a Wan2.1 distill LoRA on a Wan2.2 expert is common use)."""
     return "wan" if family in ("wan2.1", "wan2.2_moe") else family
@@ -167,7 +171,7 @@ def _foreign_contracts(model, contracts: Sequence[ScheduleContract]) -> list:
     """Messages for contracts made for another model family (e.g. a MiniMax-H3 schedule wired into a Wan
     sampler: its sigmas and shift mean nothing for this model)."""
     return [
-        f"{contract.source} is a {contract.family} {_KIND_NOUNS.get(contract.kind, contract.kind + ' artifact')}; "
+        f"{contract.source} is a {contract.family} {_kind_noun(contract)}; "
         f"its sampling contract does not apply to the {model.family} model {model.model.name}"
         for contract in contracts
         if contract.family and _family_group(contract.family) != _family_group(model.family)
@@ -284,7 +288,6 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
         boundary=request.boundary,
         task=request.task,
         contracts=tuple(contracts),
-        overrides=tuple(overrides),
     )
 
 
@@ -298,9 +301,9 @@ def _check_expert_split(model, resolved: ResolvedSchedule, request: SamplingRequ
     split_by = [c for c in resolved.contracts if c.family == "wan2.2_moe" and _contract_value(c, "sigmas")]
     if not split_by:
         return
-    steps = [float(s) * 1000.0 for s in resolved.sigmas[:-1]]
-    wanted = sum(t >= float(model_boundary) * 1000.0 for t in steps)
-    got = sum(t >= float(request.boundary) * 1000.0 for t in steps)
+    steps = [float(s) for s in resolved.sigmas[:-1]]
+    wanted = sum(on_high_noise_expert(s, float(model_boundary)) for s in steps)
+    got = sum(on_high_noise_expert(s, float(request.boundary)) for s in steps)
     if wanted == got:
         return
     text = (f"boundary={request.boundary:g} runs {got} of {len(steps)} steps on the high-noise expert, but the "

@@ -18,11 +18,11 @@ Needs diffusers with MiniMax-H3 (0.42+); imported lazily so older diffusers stil
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import LoraBindError, ModelLoadError
+from .families.minimax_h3_contracts import DEFAULT_TASK, PARTITION_BY_TASK
 from .handles import ConditioningHandle, LatentHandle
 
 FAMILY = "minimax_h3"
@@ -33,7 +33,6 @@ VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
 KEYFRAME_T = 0.999  # keyframe anchors are held just short of clean, as the released model was trained
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-DENOISER_BY_TASK = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
 
 
 class MiniMaxH3Components:
@@ -46,16 +45,16 @@ class MiniMaxH3Components:
             setattr(self, name, module)
 
 
-def load_pipeline(path, *, dtype=None) -> MiniMaxH3Components:
-    """Every ``[library, class]`` entry of ``model_index.json`` loaded from its subfolder, offline.
+def load_pipeline(path, model_index: dict, *, dtype=None) -> MiniMaxH3Components:
+    """Every ``[library, class]`` entry of ``model_index`` (the folder's ``model_index.json``) loaded from its
+    subfolder, offline.
 
     MiniMax-H3 ships as a modular pipeline (no ``DiffusionPipeline`` class to instantiate), so the model store
     calls this instead; ``dtype`` applies to the DiTs only (the VAEs stay float32 as released).
     """
     folder = Path(path)
-    index = json.loads((folder / "model_index.json").read_text())
     components = {}
-    for name, entry in index.items():
+    for name, entry in model_index.items():
         if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2 or entry[0] is None:
             continue
         library, class_name = entry
@@ -236,7 +235,7 @@ def check_inputs(model, positive, negative, latent: LatentHandle, schedule) -> N
         )
     if negative is None and float(schedule.cfg) != 1.0:
         raise LoraBindError(f"{model.name}: cfg={float(schedule.cfg):g} needs a negative conditioning")
-    _check_task(model, schedule.task or "t2va", latent)
+    _check_task(model, schedule.task or DEFAULT_TASK, latent)
 
 
 def _check_task(model, task: str, latent: LatentHandle) -> None:
@@ -260,8 +259,8 @@ def denoise(model, positive, negative, latent: LatentHandle, schedule, seed: int
     import torch
 
     check_inputs(model, positive, negative, latent, schedule)
-    task = schedule.task or "t2va"
-    transformer = _part(model, DENOISER_BY_TASK[task])
+    task = schedule.task or DEFAULT_TASK
+    transformer = _part(model, PARTITION_BY_TASK[task])
     sigmas, audio_sigmas = list(schedule.sigmas), list(schedule.audio_sigmas or schedule.sigmas)
     patch = transformer.config.patch_size
     generator = torch.Generator("cpu").manual_seed(int(seed))  # CPU noise: the same result on every device

@@ -16,7 +16,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from . import compat
 from .errors import ModelLoadError
@@ -115,14 +115,12 @@ def _quiet_loading():
             lg.enable_progress_bar()
 
 
-def _load_pipeline(path: str, family: str, dtype):
-    """The diffusers pipeline for a folder. MiniMax-H3 may provide its own loader (``load_pipeline``)."""
+def _load_pipeline(path: str, family: str, model_index: dict, dtype):
+    """The diffusers pipeline for a folder; MiniMax-H3 (a modular pipeline) has its own loader."""
     if family == "minimax_h3":
         from . import minimax_h3_sampling
 
-        custom_loader = getattr(minimax_h3_sampling, "load_pipeline", None)
-        if custom_loader is not None:
-            return custom_loader(path, dtype=dtype)
+        return minimax_h3_sampling.load_pipeline(path, model_index, dtype=dtype)
     from diffusers import DiffusionPipeline
 
     return DiffusionPipeline.from_pretrained(path, local_files_only=True, **_dtype_kwargs(dtype))
@@ -146,13 +144,14 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
         compat.require(family, f"{folder.name} ({family})")
         try:
             with _quiet_loading():
-                pipeline = _load_pipeline(str(folder), family, torch_dtype)
+                pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc
         if hasattr(pipeline, "set_progress_bar_config"):
             pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
-        components = {n: getattr(pipeline, n) for n in denoiser_names(model_index) if getattr(pipeline, n, None)}
-        dropped = sorted(set(denoiser_names(model_index)) - set(components))
+        listed = denoiser_names(model_index)
+        components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
+        dropped = sorted(set(listed) - set(components))
         if dropped:  # e.g. an older diffusers ignores transformer_2 with only a warning
             raise ModelLoadError(f"{folder}: model_index.json lists {dropped} but the installed diffusers did not "
                                  f"load them; {family} needs a newer diffusers")

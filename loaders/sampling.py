@@ -16,6 +16,7 @@ import torch
 
 from .handles import ConditioningHandle, LatentHandle
 from .model_store import LoadedModel
+from .sigmas import on_high_noise_expert
 
 MOE_FAMILY = "wan2.2_moe"
 HIGH_NOISE_EXPERT = "transformer"
@@ -41,7 +42,7 @@ def experts_per_step(model: LoadedModel, schedule) -> list[str]:
     boundary = effective_boundary(model, schedule)
     if boundary is None:
         return [HIGH_NOISE_EXPERT] * len(sigmas)
-    return [HIGH_NOISE_EXPERT if s * 1000.0 >= boundary * 1000.0 else LOW_NOISE_EXPERT for s in sigmas]
+    return [HIGH_NOISE_EXPERT if on_high_noise_expert(s, boundary) else LOW_NOISE_EXPERT for s in sigmas]
 
 
 def guidance_for(cfg, expert: str) -> float:

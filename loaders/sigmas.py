@@ -29,6 +29,12 @@ def shift_schedule(points: Sequence[float], shift: float) -> tuple[float, ...]:
     return tuple(shift_sigma(float(p), shift) for p in points)
 
 
+def on_high_noise_expert(sigma: float, boundary: float) -> bool:
+    """Wan2.2 MoE: a step runs on the high-noise expert when its timestep ``σ·1000`` is at least
+    ``boundary·1000`` (the pipeline's rule, compared on the timestep scale as the pipeline does)."""
+    return sigma * 1000.0 >= boundary * 1000.0
+
+
 def validate_schedule(points: Sequence[float], source: str) -> tuple[float, ...]:
     """A schedule must be finite, start at 1.0, end at 0.0 and strictly decrease. ``source`` names the artifact."""
     values = tuple(float(p) for p in points)

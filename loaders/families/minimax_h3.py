@@ -139,9 +139,7 @@ def _swap_swiglu_halves(tensor):
 
 def _swap_fc1(name: str, patch: TargetPatch) -> TargetPatch:
     low_rank = None if patch.low_rank is None else replace(patch.low_rank, up=_swap_swiglu_halves(patch.low_rank.up))
-    diffs = {k: (_swap_swiglu_halves(v) if k == "weight" else v) for k, v in patch.param_diffs.items()}
-    if "bias" in diffs:
-        diffs["bias"] = _swap_swiglu_halves(diffs["bias"])
+    diffs = {k: (_swap_swiglu_halves(v) if k in ("weight", "bias") else v) for k, v in patch.param_diffs.items()}
     return TargetPatch(module=name, low_rank=low_rank, param_diffs=diffs, source_keys=patch.source_keys)
 
 

@@ -11,14 +11,13 @@ rewrite needed is re-dotting kohya/musubi ``lora_unet_transformer_blocks_0_attn_
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Optional
 
 from ..handles import ScheduleContract
 from ..lora.canonical import LoraFile
 from ..lora.layouts import redot
-from ..sigmas import shifted_sigmas
+from ._common import distill_contract
 
 FAMILY = "qwen_image"
 MODEL_FAMILIES = ("qwen_image",)
@@ -57,7 +56,6 @@ def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
 
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
-_STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
 # Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with
 # exponential dynamic shifting and base_shift = max_shift = log(3): mu = log(3) whatever the image size, and the
 # exponential shift exp(mu) / (exp(mu) + 1/t - 1) equals the rectified-flow shift k·t / (1 + (k-1)·t) with k=3.
@@ -71,13 +69,7 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Op
     shift 3, cfg 1."""
     if not _LIGHTNING.search(file_name):
         return None
-    steps_match = _STEPS.search(file_name)
-    if steps_match is None or int(steps_match[1]) < 1:
-        return None
-    steps = int(steps_match[1])
-    return ScheduleContract(source=os.path.basename(file_name), kind="distill", family="qwen_image", steps=steps,
-                            sigmas=shifted_sigmas(steps, LIGHTNING_SHIFT), shift=LIGHTNING_SHIFT, cfg=1.0,
-                            rank=rank)
+    return distill_contract(file_name, "qwen_image", LIGHTNING_SHIFT, rank)
 
 
 def checkpoint_contract(model_index: dict, model_name: str) -> Optional[ScheduleContract]:

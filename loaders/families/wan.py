@@ -14,7 +14,6 @@ and the parameter ``scale_shift_table`` (native ``modulation``); the model has `
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from typing import Optional
@@ -22,7 +21,7 @@ from typing import Optional
 from ..handles import ScheduleContract
 from ..lora.canonical import LoraFile, TargetPatch
 from ..lora.layouts import redot
-from ..sigmas import shifted_sigmas
+from ._common import distill_contract
 
 FAMILY = "wan"
 MODEL_FAMILIES = ("wan2.1", "wan2.2_moe")
@@ -124,7 +123,6 @@ def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
 # Distill artifacts: LightX2V / Lightning / Seko names carry the step count ("4step", "4steps", "8-steps").
 _DISTILL_MARKER = re.compile(r"lightx2v|lightning|distill|seko", re.IGNORECASE)
 _OTHER_FAMILY = re.compile(r"qwen|minimax", re.IGNORECASE)  # their Lightning/lightx2v files are not Wan's
-_STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2|a14b|high[-_]?noise|low[-_]?noise|moe|(?<![a-z])(high|low)(?![a-z])",
                     re.IGNORECASE)
 # LightX2V configs (configs/distill/wan21|wan22/*.json) and the Wan2.2-Lightning reference configs all use
@@ -138,14 +136,9 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Op
     count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts."""
     if not _DISTILL_MARKER.search(file_name) or _OTHER_FAMILY.search(file_name):
         return None
-    steps_match = _STEPS.search(file_name)
-    if steps_match is None or int(steps_match[1]) < 1:
-        return None
-    steps = int(steps_match[1])
     # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
     family = "wan2.2_moe" if _WAN22.search(file_name) else "wan2.1"
-    return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, steps=steps,
-                            sigmas=shifted_sigmas(steps, DISTILL_SHIFT), shift=DISTILL_SHIFT, cfg=1.0, rank=rank)
+    return distill_contract(file_name, family, DISTILL_SHIFT, rank)
 
 
 def checkpoint_contract(model_index: dict, model_name: str) -> Optional[ScheduleContract]:

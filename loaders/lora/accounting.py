@@ -14,7 +14,7 @@ from typing import Optional
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
 from .canonical import MappedLora, TargetPatch
-from .layouts import parse_key
+from .layouts import key_role
 from .mapping import split_source_keys
 
 _SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
@@ -137,15 +137,10 @@ def _keys_by_part(patch: TargetPatch) -> dict:
     keys_of = {part: [] for part in parts}
     keys_of.update(param_keys)
     for raw in module_keys:
-        role = _role(raw)
+        role = key_role(raw)
         part = "low_rank" if role in ("down", "up", "alpha") else role
         keys_of[part if part in parts else parts[0]].append(raw)
     return keys_of
-
-
-def _role(raw: str) -> str:
-    parsed = parse_key(raw)
-    return parsed.role if parsed is not None else ""
 
 
 def _file_names_by_key(mapped: MappedLora) -> dict:
@@ -180,7 +175,7 @@ def _check_low_rank(file_name, where, dest, patch, weight, keys) -> None:
     else:
         got = None
     if got is None or tuple(got) != tuple(weight.shape):
-        factors = " and ".join(repr(k) for k in keys if _role(k) in ("down", "up")) or repr(dest)
+        factors = " and ".join(repr(k) for k in keys if key_role(k) in ("down", "up")) or repr(dest)
         raise KeyMatchError(
             f"{file_name}: {factors} do not fit {where} parameter {dest}.weight: expected shape "
             f"{tuple(weight.shape)}, got {tuple(got) if got else 'no matching layout'} "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
 from .canonical import LoraFile, MappedLora, TargetPatch
-from .layouts import parse_key
+from .layouts import key_role
 
 _LOW_RANK_ROLES = frozenset({"down", "up", "alpha"})
 _MODULE_ROLES = _LOW_RANK_ROLES | {"weight", "bias"}
@@ -29,8 +29,8 @@ def map_to_model(lora: LoraFile, model_family: str) -> MappedLora:
     mapped = MappedLora(source=prepared, family=model_family, targets={})
     for name, patch in prepared.targets.items():
         module_keys, param_keys = split_source_keys(patch)
-        if patch.low_rank is not None or "weight" in patch.param_diffs or "bias" in patch.param_diffs:
-            own_diffs = {p: patch.param_diffs[p] for p in ("weight", "bias") if p in patch.param_diffs}
+        own_diffs = {p: patch.param_diffs[p] for p in ("weight", "bias") if p in patch.param_diffs}
+        if patch.low_rank is not None or own_diffs:
             _place(mapped, family, prepared, name, family.map_target(name),
                    TargetPatch(module=name, low_rank=patch.low_rank, param_diffs=own_diffs,
                                source_keys=tuple(module_keys)))
@@ -55,8 +55,7 @@ def split_source_keys(patch: TargetPatch) -> tuple[list, dict]:
     has_module_part = patch.low_rank is not None or "weight" in patch.param_diffs or "bias" in patch.param_diffs
     module_keys, param_keys = [], {param: [] for param in extra_params}
     for raw in patch.source_keys:
-        parsed = parse_key(raw)
-        role = parsed.role if parsed is not None else ""
+        role = key_role(raw)
         if (role in _LOW_RANK_ROLES and patch.low_rank is not None) or role in ("weight", "bias") and (
                 role in patch.param_diffs):
             module_keys.append(raw)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .. import compat
-from . import lora_fixtures
+from . import lora_fixtures, minimax_h3
 from ._common import diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
@@ -23,7 +23,7 @@ BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
     QWEN_IMAGE_NAME: build_tiny_qwen_image,
 }
 # Built by ``minimax_h3.build_tiny_minimax_h3`` (its own owner), both folders at once.
-MINIMAX_H3_NAMES = ("tiny-minimax-h3", "tiny-minimax-h3-pinned")
+MINIMAX_H3_NAMES = (minimax_h3.TINY_NAME, minimax_h3.TINY_PINNED_NAME)
 BUILTIN_NAMES = tuple(BUILTIN_MODELS) + MINIMAX_H3_NAMES
 # the model family of each built-in, for the library versions it needs (loaders.compat)
 BUILTIN_FAMILIES = {WAN22_NAME: "wan2.2_moe", WAN21_NAME: "wan2.1", QWEN_IMAGE_NAME: "qwen_image",
@@ -44,8 +44,6 @@ def build_builtin(name: str, models_root) -> Path:
     if name in BUILTIN_MODELS:
         return BUILTIN_MODELS[name](models_root)
     if name in MINIMAX_H3_NAMES:
-        from . import minimax_h3
-
         minimax_h3.build_tiny_minimax_h3(models_root)
         return diffusers_dir(models_root) / name
     raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
@@ -60,8 +58,6 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
     family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
-    from . import minimax_h3
-
     models_root = Path(models_root)
     if names is None:
         skipped = unavailable_builtins()
@@ -77,7 +73,7 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
     written: list[Path] = []
     for name in dict.fromkeys(names):
         if name in BUILTIN_MODELS:
-            written.append(BUILTIN_MODELS[name](models_root))
+            written.append(build_builtin(name, models_root))
         elif not any(path.name == name for path in written):  # a MiniMax-H3 name: its set is built together
             written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
     return written
@@ -119,8 +115,6 @@ def ensure_fixture_loras(named, models_root) -> list[str]:
     Call it after the named tiny models are built: the Wan/Qwen fixtures take their shapes from them.
     Returns the fixture names that were missing and are now written.
     """
-    from . import minimax_h3
-
     lora_dir = Path(models_root) / "loras"
     written = []
     for names, write in ((lora_fixtures.FIXTURE_NAMES, lora_fixtures.write_fixture_loras),

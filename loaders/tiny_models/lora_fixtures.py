@@ -14,6 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..atomic_files import write_atomically
+from ._common import diffusers_dir
+from .qwen_image import QWEN_IMAGE_NAME
+from .wan import WAN21_NAME, WAN22_NAME
+
 WAN22_HIGH = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 WAN22_LOW = "wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 WAN21_DISTILL = "wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
@@ -33,27 +38,27 @@ def write_fixture_loras(models_root) -> list:
 
     Each fixture needs its model's config for the shapes, so a model that was not built gets no fixture.
     """
-    root = Path(models_root)
-    lora_dir = root / "loras"
+    lora_dir = Path(models_root) / "loras"
     lora_dir.mkdir(parents=True, exist_ok=True)
-    diffusers_dir = root / "diffusers"
+    models = diffusers_dir(models_root)
     written = []
 
-    wan22 = diffusers_dir / "tiny-wan22-t2v"
+    wan22 = models / WAN22_NAME
     if (wan22 / "transformer" / "config.json").is_file():
-        written.append(_save(lora_dir / WAN22_HIGH, _wan_native_lora(_config(wan22, "transformer"), seed=101)))
+        written.append(save_fixture(lora_dir / WAN22_HIGH, _wan_native_lora(_config(wan22, "transformer"), seed=101)))
         low_component = "transformer_2" if (wan22 / "transformer_2" / "config.json").is_file() else "transformer"
-        written.append(_save(lora_dir / WAN22_LOW, _wan_native_lora(_config(wan22, low_component), seed=102)))
+        written.append(save_fixture(lora_dir / WAN22_LOW, _wan_native_lora(_config(wan22, low_component), seed=102)))
 
-    wan21 = diffusers_dir / "tiny-wan21-t2v"
+    wan21 = models / WAN21_NAME
     if (wan21 / "transformer" / "config.json").is_file():
         config = _config(wan21, "transformer")
-        written.append(_save(lora_dir / WAN21_DISTILL, _wan_native_lora(config, seed=103)))
+        written.append(save_fixture(lora_dir / WAN21_DISTILL, _wan_native_lora(config, seed=103)))
         written.extend(_save_peft_folder(lora_dir / PEFT_FOLDER, config, seed=104))
 
-    qwen = diffusers_dir / "tiny-qwen-image"
+    qwen = models / QWEN_IMAGE_NAME
     if (qwen / "transformer" / "config.json").is_file():
-        written.append(_save(lora_dir / QWEN_LIGHTNING, _qwen_lightning_lora(_config(qwen, "transformer"), seed=105)))
+        lightning = _qwen_lightning_lora(_config(qwen, "transformer"), seed=105)
+        written.append(save_fixture(lora_dir / QWEN_LIGHTNING, lightning))
     return written
 
 
@@ -152,19 +157,20 @@ def _save_peft_folder(folder: Path, config: dict, seed: int) -> list:
         "lora_dropout": 0.0,
         "bias": "none",
         "use_rslora": False,
-        "base_model_name_or_path": "tiny-wan21-t2v",
+        "base_model_name_or_path": WAN21_NAME,
     }
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "adapter_config.json"
     _write_if_changed(config_path, (json.dumps(adapter_config, indent=2, sort_keys=True) + "\n").encode("utf-8"))
-    return [_save(folder / "adapter_model.safetensors", sd), config_path]
+    return [save_fixture(folder / "adapter_model.safetensors", sd), config_path]
 
 
-def _save(path: Path, state_dict: dict) -> Path:
+def save_fixture(path: Path, state_dict: dict, metadata: dict = _METADATA) -> Path:
+    """Write a fixture safetensors file (atomically, and only when its bytes change); return ``path``."""
     from safetensors.torch import save
 
     tensors = {key: value.contiguous() for key, value in state_dict.items()}
-    _write_if_changed(path, save(tensors, metadata=_METADATA))
+    _write_if_changed(path, save(tensors, metadata=metadata))
     return path
 
 
@@ -172,6 +178,4 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     """Atomic write (temp file + rename) skipped when the file already holds exactly these bytes."""
     if path.is_file() and path.read_bytes() == data:
         return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    write_atomically(str(path), lambda temp_path: Path(temp_path).write_bytes(data))

@@ -17,6 +17,8 @@ import shutil
 from pathlib import Path
 
 from ..compat import require
+from ._common import diffusers_dir, seeded
+from .lora_fixtures import save_fixture
 
 TINY_NAME = "tiny-minimax-h3"
 TINY_PINNED_NAME = "tiny-minimax-h3-pinned"
@@ -113,13 +115,6 @@ def _text_encoder(vocab_size: int):
     return Qwen3Model(config).eval()
 
 
-def _seeded(seed: int, factory):
-    import torch
-
-    torch.manual_seed(seed)
-    return factory()
-
-
 def _component_entries() -> dict:
     return {
         "transformer": ["diffusers", "MiniMaxH3Transformer3DModel"],
@@ -143,14 +138,16 @@ def _write_base(folder: Path) -> None:
     )
 
     tokenizer = _tokenizer()
-    parts = {
-        "transformer": _seeded(0, lambda: MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)),
-        "transformer_ref": _seeded(1, lambda: MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)),
-        "vae": _seeded(2, lambda: AutoencoderKLMiniMaxH3(**VIDEO_VAE_CONFIG)),
-        "audio_vae": _seeded(3, lambda: AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG)),
-        "text_encoder": _seeded(4, lambda: _text_encoder(len(tokenizer))),
+    factories = {
+        "transformer": lambda: MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG),
+        "transformer_ref": lambda: MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG),
+        "vae": lambda: AutoencoderKLMiniMaxH3(**VIDEO_VAE_CONFIG),
+        "audio_vae": lambda: AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG),
+        "text_encoder": lambda: _text_encoder(len(tokenizer)),
     }
-    for name, module in parts.items():
+    for seed, (name, factory) in enumerate(factories.items()):  # seeds 0..4, in this order
+        with seeded(seed):
+            module = factory()
         module.save_pretrained(folder / name, safe_serialization=True)
     MiniMaxH3Scheduler(shift=12.0).save_pretrained(folder / "scheduler")
     MiniMaxH3Scheduler(shift=3.0).save_pretrained(folder / "audio_scheduler")
@@ -163,7 +160,7 @@ def _write_base(folder: Path) -> None:
 def build_tiny_minimax_h3(models_root) -> list[Path]:
     """Build both tiny MiniMax-H3 folders under ``models_root/diffusers``; return the folders written."""
     require("minimax_h3", "the built-in tiny MiniMax-H3 model")  # before any folder is removed or created
-    root = Path(models_root) / "diffusers"
+    root = diffusers_dir(models_root)
     plain, pinned = root / TINY_NAME, root / TINY_PINNED_NAME
     for folder in (plain, pinned):
         if folder.exists():
@@ -271,7 +268,6 @@ def native_metadata(rank: int = FIXTURE_RANK) -> dict:
 def write_minimax_fixture_loras(models_root) -> list[Path]:
     """Write the 8 published Turbo names and the FlashGen native name into ``<models_root>/loras``."""
     import torch
-    from safetensors.torch import save_file
 
     loras = Path(models_root) / "loras"
     loras.mkdir(parents=True, exist_ok=True)
@@ -279,11 +275,9 @@ def write_minimax_fixture_loras(models_root) -> list[Path]:
     for seed, (name, metadata) in enumerate(sorted(TURBO_FIXTURES.items()), start=10):
         dtype = torch.bfloat16 if "_bf16" in name else torch.float32
         tensors = lora_tensors(turbo_fixture_shapes(), seed, dtype=dtype, prefix="")
-        save_file(tensors, str(loras / name), metadata=metadata)
-        written.append(loras / name)
+        written.append(save_fixture(loras / name, tensors, metadata))
     native = lora_tensors(native_fixture_shapes(), 99, dtype=torch.bfloat16)
-    save_file(native, str(loras / NATIVE_FIXTURE_NAME), metadata=native_metadata())
-    written.append(loras / NATIVE_FIXTURE_NAME)
+    written.append(save_fixture(loras / NATIVE_FIXTURE_NAME, native, native_metadata()))
     return written
 
 
