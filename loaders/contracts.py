@@ -114,9 +114,16 @@ def collect_contracts(model, adapters=None, schedule=None) -> tuple:
 
 
 def contract_to_dict(contract: Optional[ScheduleContract]) -> dict:
-    """JSON-able view of a Wan/Qwen contract for node UI output and ``inspect --json`` ({} when None)."""
+    """JSON-able view of a contract for node UI output and ``inspect --json`` ({} when None).
+
+    MiniMax-H3 contracts have their own keys (``flow_shift``, ``audio_flow_shift``, ``base_schedule``...), so
+    every caller gets the right view for any family from here."""
     if contract is None:
         return {}
+    if contract.family == "minimax_h3":
+        from .families import minimax_h3
+
+        return {**minimax_h3.contract_dict(contract), "text": minimax_h3.describe_contract(contract)}
     return {
         "source": contract.source,
         "kind": contract.kind,

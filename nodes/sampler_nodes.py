@@ -12,12 +12,6 @@ from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATEN
 from .comfy_bridge import ProgressBar, check_interrupted
 
 
-def _contract_view(contract) -> dict:
-    if contract.family == minimax_h3.FAMILY:
-        return {**minimax_h3.contract_dict(contract), "text": minimax_h3.describe_contract(contract)}
-    return contract_to_dict(contract)
-
-
 def schedule_report(model, schedule) -> dict:
     """The resolved schedule as JSON for the UI: what actually runs, step by step."""
     task_routed = model.family == minimax_h3.FAMILY  # its denoiser follows the task, not a sigma boundary
@@ -30,7 +24,7 @@ def schedule_report(model, schedule) -> dict:
         "boundary": None if task_routed else sampling.effective_boundary(model, schedule),
         "task": schedule.task,
         "experts": None if task_routed else sampling.experts_per_step(model, schedule),
-        "contracts": [_contract_view(c) for c in schedule.contracts],
+        "contracts": [contract_to_dict(c) for c in schedule.contracts],
         "overrides": list(schedule.overrides),
     }
 

@@ -45,6 +45,7 @@ def run(args) -> int:
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
     from ...loaders import families
+    from ...loaders.contracts import contract_to_dict
     from ...loaders.lora import read_lora
 
     lora = read_lora(path)
@@ -71,7 +72,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
         "scale": _uniform(delta.scale for delta in lows),
         "counts": _tensor_counts(lora),
         "metadata": dict(lora.metadata),
-        "contract": _contract_dict(family_module, contract),
+        "contract": contract_to_dict(contract) or None,
         "accounting": _accounting(lora, model) if model is not None else None,
     }
 
@@ -131,16 +132,6 @@ def _tensor_counts(lora) -> dict:
     ordered = {kind: counts[kind] for kind in order if kind in counts}
     ordered["total"] = sum(counts.values())
     return ordered
-
-
-def _contract_dict(family_module, contract):
-    if contract is None:
-        return None
-    if family_module.FAMILY == "minimax_h3":
-        return family_module.contract_dict(contract)
-    from ...loaders.contracts import contract_to_dict
-
-    return contract_to_dict(contract)
 
 
 def _accounting(lora, model) -> dict:

@@ -198,3 +198,14 @@ def test_fixture_files_carry_the_published_matrix(mm_root):
     native = file_contract(mm_root / "loras" / NATIVE_NAME)
     assert (native.kind, native.steps, native.base_schedule, native.rank) == (
         "native", 4, (1.0, 0.7, 0.4, 0.15, 0.0), FIXTURE_RANK)
+
+
+def test_the_generic_contract_view_uses_the_minimax_keys_for_every_caller():
+    """Node UIs (LoadPEFTAdapter, the sampler) and inspect all go through contracts.contract_to_dict."""
+    from lorabind.loaders.contracts import contract_to_dict
+
+    contract = mm.declared_contract("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", {}, 4)
+    view = contract_to_dict(contract)
+    assert {key: view[key] for key in ("kind", "steps", "sigma_points", "flow_shift", "audio_flow_shift")} == {
+        "kind": "turbo", "steps": 4, "sigma_points": 5, "flow_shift": 6.0, "audio_flow_shift": 3.0}
+    assert view["text"] == mm.describe_contract(contract)
