@@ -82,18 +82,20 @@ def binding_state(model) -> BindingState:
 
 
 def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False,
-         check_interrupt: Optional[Callable[[], None]] = None) -> BindReport:
+         check_interrupt: Optional[Callable[[], None]] = None,
+         on_progress: Optional[Callable[[int, int], None]] = None) -> BindReport:
     """Bring ``model.components`` to base weights + ``fuses`` and activate exactly ``adapters``.
 
     ``fuses`` are ``FuseSpec``s, ``adapters`` ``AdapterSpec``s (scale 0 = off: not even read). Raises
     ``LoraBindError`` subclasses naming the file/key; on any error the model is left as it was before the call.
+    ``on_progress(done, total)`` follows the layers being (re)patched: fusing a 14B expert takes minutes on a CPU.
     """
     state = binding_state(model)
     with state.lock:
-        return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt)
+        return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt, on_progress)
 
 
-def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_interrupt) -> BindReport:
+def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_interrupt, on_progress) -> BindReport:
     state.stats.bind_calls += 1
     report = BindReport()
 
@@ -130,7 +132,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
             scales[key] = scales.get(key, 0.0) + float(spec.scale)
         cache.activate(scales)
         # 3. fuse: incremental and transactional inside the patcher.
-        result: ApplyResult = state.patcher.apply(layers, check_interrupt=check_interrupt)
+        result: ApplyResult = state.patcher.apply(layers, check_interrupt=check_interrupt, on_progress=on_progress)
     except BaseException:
         cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
         raise

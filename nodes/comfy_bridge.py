@@ -55,8 +55,11 @@ class ProgressBar:
         mods = _comfy_modules()
         self._comfy_bar = mods[1].ProgressBar(self.total) if mods is not None else None
 
-    def update_absolute(self, value: int, extra: dict | None = None) -> None:
+    def update_absolute(self, value: int, extra: dict | None = None, total: int | None = None) -> None:
+        """Set the progress to ``value`` (of ``total``, which may change: e.g. fuse layers, then steps)."""
         self.value = int(value)
+        if total is not None:
+            self.total = int(total)
         if self._comfy_bar is not None:
             self._comfy_bar.update_absolute(self.value, self.total)
             return

@@ -180,7 +180,7 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
     interrupt, progress = threading.Event(), []
 
     def on_event(name, data):
-        if name == "progress" and data["node"] == sampler:
+        if name == "progress" and data["node"] == sampler and data["max"] == 4:  # steps (not fuse layers)
             progress.append((data["value"], data["max"]))
             if data["value"] == 2:
                 interrupt.set()
@@ -191,3 +191,19 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
     assert progress == [(1, 4), (2, 4)]
     assert [name for name, _ in calls] == ["transformer", "transformer"]  # the two high-noise steps; nothing after the interrupt
     assert sampler not in result.executed
+
+
+def test_sampler_reports_fuse_progress_per_layer_before_the_steps(executor, loaded):
+    from lorabind.loaders.binding import unbind
+
+    prompt = load("wan21_distill")
+    sampler = sampler_ids(prompt)[0]
+    unbind(loaded["tiny-wan21-t2v"])  # a cold fuse: every layer of the LoRA is patched in this run
+    progress = []
+    result = executor.execute(prompt, "fuse-progress", on_event=lambda name, data: progress.append(
+        (data["value"], data["max"])) if name == "progress" and data["node"] == sampler else None)
+    assert result.success
+    layers = progress[:-4]
+    assert progress[-4:] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    total = layers[-1][1]
+    assert total > 4 and layers == [(i, total) for i in range(1, total + 1)]
