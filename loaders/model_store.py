@@ -99,9 +99,9 @@ def _dtype_kwargs(dtype) -> dict:
 
 
 @contextlib.contextmanager
-def _quiet_loading():
-    """Silence diffusers'/transformers' per-component tqdm bars while loading (the runtime shows its own
-    progress); the previous setting is restored afterwards."""
+def quiet_library_progress():
+    """Silence diffusers'/transformers' per-component tqdm bars while loading or saving (the runtime shows its
+    own progress); the previous setting is restored afterwards."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -143,7 +143,7 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
         family = detect_family(model_index)
         compat.require(family, f"{folder.name} ({family})")
         try:
-            with _quiet_loading():
+            with quiet_library_progress():
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc

@@ -7,6 +7,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..model_store import quiet_library_progress
+
 
 @contextlib.contextmanager
 def seeded(seed: int):
@@ -32,7 +34,8 @@ def save_pipeline_atomically(pipeline, folder: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     staging.chmod(0o755)  # mkdtemp creates 0700; the model folder should read like any other
     try:
-        pipeline.save_pretrained(staging, safe_serialization=True)
+        with quiet_library_progress():  # no "Writing model shards" bar in the middle of `lorabind run`
+            pipeline.save_pretrained(staging, safe_serialization=True)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
