@@ -102,9 +102,10 @@ class LoraBindSampler:
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
                adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0):
-        if cfg_low_noise and model.family != sampling.MOE_FAMILY:
-            raise ValueError(f"cfg_low_noise is only for Wan2.2 MoE models (two experts); {model.model.name} is "
-                             f"{model.family}: set cfg_low_noise to 0 and use cfg")
+        for name, value in (("cfg_low_noise", cfg_low_noise), ("boundary", boundary)):
+            if value and model.family != sampling.MOE_FAMILY:
+                raise ValueError(f"{name} is only for Wan2.2 MoE models (two experts); {model.model.name} is "
+                                 f"{model.family}: set {name} to 0")
         if audio_flow_shift and model.family != minimax_h3.FAMILY:
             raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
                              "set audio_flow_shift to 0")

@@ -30,8 +30,8 @@ def inputs(loaded):
     return out
 
 
-def _sample(handle, pos, neg, latent, steps=4, cfg=1.0, shift=5.0, **optional):
-    return LoraBindSampler().sample(handle, pos, neg, latent, 0, steps, cfg, shift, 0.0, True, **optional)
+def _sample(handle, pos, neg, latent, steps=4, cfg=1.0, shift=5.0, boundary=0.0, **optional):
+    return LoraBindSampler().sample(handle, pos, neg, latent, 0, steps, cfg, shift, boundary, True, **optional)
 
 
 def _forwards(model, run):
@@ -77,10 +77,12 @@ def test_a_distill_pair_refuses_a_low_noise_cfg_naming_the_input(inputs, registr
         _sample(paired, pos, neg, latent, cfg=1.0, cfg_low_noise=3.0)
 
 
-def test_cfg_low_noise_on_a_single_expert_model_is_refused(inputs):
+@pytest.mark.parametrize("field, value", [("cfg_low_noise", 2.0), ("boundary", 0.9)])
+def test_expert_inputs_on_a_single_expert_model_are_refused(inputs, field, value):
     handle, pos, neg, latent = inputs["tiny-wan21-t2v"]
-    with pytest.raises(ValueError, match="cfg_low_noise is only for Wan2.2 MoE models.*tiny-wan21-t2v is wan2.1"):
-        _sample(handle, pos, neg, latent, cfg_low_noise=2.0)
+    with pytest.raises(ValueError, match=rf"{field} is only for Wan2.2 MoE models.*tiny-wan21-t2v is wan2.1: "
+                                         rf"set {field} to 0"):
+        _sample(handle, pos, neg, latent, **{field: value})
 
 
 @pytest.mark.parametrize("field", ["positive", "latent"])
