@@ -117,12 +117,14 @@ class LoraBindSampler:
         sampling.check_inputs(model.model, positive, negative, latent, resolved)
         adapters = model.adapters + (adapter.adapters if adapter is not None else ())
         progress = ProgressBar(resolved.steps)  # first the layers being (re)fused, if any, then the steps
+
+        def report_progress(done: int, total: int) -> None:
+            progress.update_absolute(done, total=total)
+
         bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted,
-                                   on_progress=lambda done, total: progress.update_absolute(done, total=total))
-        samples = sampling.denoise(
-            model.model, positive, negative, latent, resolved, seed,
-            on_step=lambda done, total: progress.update_absolute(done, total=total), check_interrupt=check_interrupted,
-        )
+                                   on_progress=report_progress)
+        samples = sampling.denoise(model.model, positive, negative, latent, resolved, seed,
+                                   on_step=report_progress, check_interrupt=check_interrupted)
         report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict()}
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report)},
