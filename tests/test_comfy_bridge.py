@@ -1,0 +1,80 @@
+"""Inside ComfyUI the pack uses ComfyUI's folder_paths, ProgressBar and interrupt; ComfyUI imports it by path.
+
+ComfyUI is not installed here, so its three modules are stood in by fakes that record how they are called.
+"""
+
+import importlib.util
+import pathlib
+import sys
+import types
+
+import pytest
+
+from lorabind.nodes import comfy_bridge
+
+
+@pytest.fixture
+def fake_comfyui(monkeypatch, tmp_path):
+    calls = []
+
+    class FakeProgressBar:
+        def __init__(self, total):
+            calls.append(("ProgressBar", total))
+
+        def update_absolute(self, value, total=None):
+            calls.append(("update_absolute", value, total))
+
+    folder_paths = types.SimpleNamespace(
+        get_filename_list=lambda kind: [f"{kind}-from-comfyui.safetensors"],
+        get_full_path=lambda kind, name: str(tmp_path / name),
+        get_folder_paths=lambda kind: [str(tmp_path / kind)],
+    )
+    comfy = types.ModuleType("comfy")
+    comfy.utils = types.SimpleNamespace(ProgressBar=FakeProgressBar)
+    comfy.model_management = types.SimpleNamespace(
+        throw_exception_if_processing_interrupted=lambda: calls.append(("interrupt-check",)))
+    for name, module in (("folder_paths", folder_paths), ("comfy", comfy), ("comfy.utils", comfy.utils),
+                         ("comfy.model_management", comfy.model_management)):
+        monkeypatch.setitem(sys.modules, name, module)
+    comfy_bridge._comfy_modules.cache_clear()
+    yield folder_paths, calls
+    comfy_bridge._comfy_modules.cache_clear()
+
+
+def test_bridge_uses_comfyui_modules_when_present(fake_comfyui):
+    folder_paths, calls = fake_comfyui
+    assert comfy_bridge.folder_paths() is folder_paths
+    bar = comfy_bridge.ProgressBar(4)
+    bar.update_absolute(2)
+    bar.update_absolute(3, total=9)
+    comfy_bridge.check_interrupted()
+    assert calls == [("ProgressBar", 4), ("update_absolute", 2, 4), ("update_absolute", 3, 9), ("interrupt-check",)]
+
+
+def test_bridge_falls_back_to_the_runtime_without_comfyui():
+    from lorabind.runtime import folder_paths as runtime_folder_paths
+
+    comfy_bridge._comfy_modules.cache_clear()
+    assert comfy_bridge.folder_paths() is runtime_folder_paths
+
+
+def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_comfyui):
+    """ComfyUI loads custom_nodes/<pack>/__init__.py by path, naming the module after the full path with every
+    "." replaced by "_x_" (so only relative imports can work)."""
+    root = pathlib.Path(comfy_bridge.__file__).resolve().parents[1]
+    module_name = str(root).replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(module_name, root / "__init__.py",
+                                                  submodule_search_locations=[str(root)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        mappings = module.NODE_CLASS_MAPPINGS
+        assert module.WEB_DIRECTORY == "./web"
+        assert {"LoadPEFTAdapter", "FuseDistillLoRA", "WanMoELoRAPair", "MiniMaxTurboSchedule",
+                "LoraBindSampler"} <= set(mappings)
+        loras = mappings["LoadPEFTAdapter"].INPUT_TYPES()["required"]["lora_name"][0]
+        assert loras == ["loras-from-comfyui.safetensors"]
+    finally:
+        for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
+            del sys.modules[name]
