@@ -116,7 +116,7 @@ def accounting_text(report: dict) -> str:
 
 def contract_text(contract) -> list:
     """The UI line of a declared contract ([] when there is none)."""
-    return [] if contract is None else ["contract: " + contract.describe()]
+    return [] if contract is None else ["contract: " + contract_to_dict(contract)["text"]]
 
 
 def prepare_fuse(model_handle, family_module, name: str, path: str, strength: float, component: str, node: str):

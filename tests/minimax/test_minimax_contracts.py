@@ -209,3 +209,11 @@ def test_the_generic_contract_view_uses_the_minimax_keys_for_every_caller():
     assert {key: view[key] for key in ("kind", "steps", "sigma_points", "flow_shift", "audio_flow_shift")} == {
         "kind": "turbo", "steps": 4, "sigma_points": 5, "flow_shift": 6.0, "audio_flow_shift": 3.0}
     assert view["text"] == mm.describe_contract(contract)
+
+
+def test_adapter_node_ui_words_a_minimax_contract_in_its_own_terms():
+    from lorabind.nodes.adapter_nodes import contract_text
+
+    contract = mm.declared_contract("minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors", {}, 4)
+    assert contract_text(contract) == ["contract: " + mm.describe_contract(contract)]
+    assert "flow_shift=12" in contract_text(contract)[0]
