@@ -1,0 +1,132 @@
+"""Component sizes from configs, built on the meta device: no weight is read, nothing is allocated.
+
+Why build the module instead of reading the safetensors headers: ``lorabind plan`` must answer for a folder
+that holds only configs (the real configurations shipped in the pack) and for a dtype other than the stored
+one; a module built on the meta device has exactly the parameters diffusers/transformers would load, and its
+repeated blocks (``_no_split_modules``) tell how large one streamed block is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelLoadError
+from ..model_store import read_model_index
+
+DENOISER_ROLES = ("denoiser", "high_noise_expert", "low_noise_expert")
+EXPERT_ROLES = ("high_noise_expert", "low_noise_expert")
+ENCODER_ROLES = ("text_encoder", "image_encoder")
+
+
+@dataclass(frozen=True)
+class ComponentSize:
+    name: str  # the model_index component: "transformer", "transformer_2", "text_encoder", "vae", ...
+    role: str  # "denoiser", "high_noise_expert", "low_noise_expert", "text_encoder", "image_encoder", "vae"
+    bytes: int  # weights at the dtype the component runs in
+    largest_layer_bytes: int  # the largest single module holding parameters directly (e.g. one Linear)
+    largest_block_bytes: int = 0  # the largest repeated block (the unit block-level offload streams)
+    blocks_bytes: int = 0  # all repeated blocks together (the rest stays put under block offload)
+    parameters: int = 0  # parameter count (published model sizes are quoted in parameters)
+
+
+def component_role(name: str, model_index: dict) -> str | None:
+    """The role of a ``model_index`` component, or None for one without weights (tokenizer, scheduler).
+
+    The diffusers convention decides: a pipeline with ``transformer_2`` set is a two-expert model whose
+    ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``).
+    """
+    entry = model_index.get(name)
+    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
+        return None
+    if name.startswith("transformer"):
+        two_experts = bool((model_index.get("transformer_2") or [None])[0])
+        if not two_experts:
+            return "denoiser"
+        return {"transformer": "high_noise_expert", "transformer_2": "low_noise_expert"}.get(name, "denoiser")
+    if name.startswith("text_encoder"):
+        return "text_encoder"
+    if name.startswith("image_encoder"):
+        return "image_encoder"
+    if name.endswith("vae") or name.startswith("vae"):
+        return "vae"
+    return None
+
+
+def _component_class(library: str, class_name: str, where: Path):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(library), class_name)
+    except (ImportError, AttributeError):
+        raise ModelLoadError(f"{where}: {library}.{class_name} is not available in the installed {library}") from None
+
+
+def _build_on_meta(cls, folder: Path):
+    """The module of ``cls`` configured from ``folder/config.json``, every tensor on the meta device."""
+    import torch
+
+    config_file = folder / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config_file}: cannot be read: {exc}") from exc
+    with torch.device("meta"):
+        if hasattr(cls, "from_config") and hasattr(cls, "load_config"):  # a diffusers ModelMixin
+            return cls.from_config(config)
+        config_obj = cls.config_class.from_dict(config)
+        return cls._from_config(config_obj) if hasattr(cls, "_from_config") else cls(config_obj)
+
+
+def _measure(module, dtype, keep_fp32: tuple) -> dict:
+    """Byte counts of ``module`` at ``dtype``; parameters named by ``keep_fp32`` stay float32 (as diffusers
+    loads them)."""
+    import torch
+
+    run_bytes = torch.empty((), dtype=dtype, device="meta").element_size()
+
+    def nbytes(name: str, tensor) -> int:
+        if not tensor.is_floating_point():
+            return tensor.numel() * tensor.element_size()
+        fp32 = any(part in keep_fp32 for part in name.split("."))
+        return tensor.numel() * (4 if fp32 else run_bytes)
+
+    total = sum(nbytes(n, p) for n, p in module.named_parameters())
+    total += sum(nbytes(n, b) for n, b in module.named_buffers())
+    parameters = sum(p.numel() for p in module.parameters())
+    largest_layer = 0
+    for prefix, sub in module.named_modules():
+        own = sum(nbytes(f"{prefix}.{n}", p) for n, p in sub.named_parameters(recurse=False))
+        largest_layer = max(largest_layer, own)
+    block_classes = set(getattr(module, "_no_split_modules", None) or ())
+    blocks = []
+    seen = set()
+    for prefix, sub in module.named_modules():
+        if type(sub).__name__ in block_classes and not any(prefix.startswith(s + ".") for s in seen):
+            seen.add(prefix)
+            blocks.append(sum(nbytes(f"{prefix}.{n}", p) for n, p in sub.named_parameters()))
+    return {"bytes": total, "largest_layer_bytes": largest_layer, "largest_block_bytes": max(blocks, default=0),
+            "blocks_bytes": sum(blocks), "parameters": parameters}
+
+
+def component_sizes(model_source, dtype="bfloat16") -> list[ComponentSize]:
+    """Sizes of every weighted component of a diffusers folder (``model_index.json`` + per-component
+    ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on the meta device."""
+    import torch
+
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    folder = Path(model_source)
+    model_index = read_model_index(folder)
+    sizes = []
+    for name, entry in model_index.items():
+        role = component_role(name, model_index)
+        if role is None:
+            continue
+        library, class_name = entry
+        cls = _component_class(library, class_name, folder / name)
+        module = _build_on_meta(cls, folder / name)
+        keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
+        sizes.append(ComponentSize(name=name, role=role, **_measure(module, torch_dtype, keep)))
+        del module
+    return sizes
