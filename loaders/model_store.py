@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat
+from . import compat, json_limits
 from .errors import ModelLoadError
 
 
@@ -68,7 +68,7 @@ def denoiser_names(model_index: dict) -> list[str]:
 def read_model_index(path) -> dict:
     index_file = Path(path) / "model_index.json"
     try:
-        return json.loads(index_file.read_text(encoding="utf-8"))
+        return json_limits.loads(index_file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelLoadError(f"{index_file}: not found (a diffusers model folder needs model_index.json)") from None
     except (OSError, json.JSONDecodeError) as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 
+from . import json_limits
 from .atomic_files import write_atomically
 
 
@@ -54,6 +55,6 @@ def read_wav_comment(path: str) -> dict | None:
         payload = blob[pos + 8:pos + 8 + size]
         if tag == b"LIST" and payload[:4] == b"INFO" and payload[4:8] == b"ICMT":
             text_size = struct.unpack("<I", payload[8:12])[0]
-            return json.loads(payload[12:12 + text_size].rstrip(b"\x00").decode("utf-8"))
+            return json_limits.loads(payload[12:12 + text_size].rstrip(b"\x00").decode("utf-8"))
         pos += 8 + size + (size % 2)
     return None

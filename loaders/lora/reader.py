@@ -14,6 +14,7 @@ import os
 import threading
 from collections import OrderedDict
 
+from .. import json_limits
 from ..errors import LoraFileError
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
@@ -135,7 +136,7 @@ def _read_uncached(resolved: str, display_name: str, identity: tuple) -> LoraFil
 def _read_json(path: str, display_name: str) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            data = json_limits.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LoraFileError(f"{display_name}: cannot read {os.path.basename(path)} ({exc})") from exc
     if not isinstance(data, dict):
@@ -149,7 +150,7 @@ def _embedded_config(metadata: dict, display_name: str):
     if not raw:
         return None
     try:
-        config = json.loads(raw)
+        config = json_limits.loads(raw)
     except json.JSONDecodeError as exc:
         raise LoraFileError(f"{display_name}: metadata {DIFFUSERS_CONFIG_METADATA_KEY} is not JSON ({exc})") from exc
     if not isinstance(config, dict):

@@ -18,6 +18,7 @@ import shutil
 import sys
 import tempfile
 
+from ...loaders import json_limits
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -178,7 +179,7 @@ def _update_shard_index(component_folder: str, total_bytes: int) -> None:
 
     for index_path in glob.glob(os.path.join(component_folder, "*.safetensors.index.json")):
         with open(index_path, encoding="utf-8") as handle:
-            index = json.load(handle)
+            index = json_limits.load(handle)
         if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
             index["metadata"]["total_size"] = total_bytes
             with open(index_path, "w", encoding="utf-8") as handle:

@@ -12,6 +12,8 @@ import os
 import sys
 import uuid
 
+from ...loaders import json_limits
+
 
 class RunError(Exception):
     """A user-facing problem with the command line or the workflow file."""
@@ -95,7 +97,7 @@ def run(args) -> int:
 def _load_json(path: str):
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return json_limits.load(handle)
     except FileNotFoundError:
         raise RunError(f"workflow file '{path}' does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:

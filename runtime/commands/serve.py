@@ -18,6 +18,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--output", default="output", metavar="DIR", help="output folder (default ./output)")
     parser.add_argument("--input", default="input", metavar="DIR", help="input/upload folder (default ./input)")
     parser.add_argument("--temp", default="temp", metavar="DIR", help="temp folder (default ./temp)")
+    parser.add_argument("--state-dir", default=None, metavar="DIR",
+                        help="server state (history); default: .lorabind-state beside the output folder. Must not "
+                        "be inside the output, input or temp folders")
+    parser.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                        help="comma-separated Host names a loopback-bound server also answers to (default: "
+                        "loopback names only, which blocks DNS rebinding); '*' allows any")
     parser.add_argument("--enable-cors-header", nargs="?", const="*", default=None, metavar="ORIGIN",
                         help="send CORS headers for ORIGIN (bare flag: '*') instead of refusing cross-origin "
                         "browser requests")
@@ -33,6 +39,11 @@ def run(args) -> int:
         return 2
     config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
                           input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
-                          max_upload_mb=args.max_upload_size)
-    run_server(config)
+                          max_upload_mb=args.max_upload_size, state_dir=args.state_dir,
+                          allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
+    try:
+        run_server(config)
+    except ValueError as exc:  # a configuration the server refuses (e.g. a state folder uploads could reach)
+        print(f"lorabind serve: {exc}")
+        return 2
     return 0

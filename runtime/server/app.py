@@ -81,6 +81,38 @@ def origin_only_middleware():
     return middleware
 
 
+def host_check_middleware(config: ServerConfig):
+    """403 for a request whose Host header is not a loopback name, when the server listens on loopback only.
+
+    DNS rebinding: a page on evil.com re-points its name at 127.0.0.1; the browser then sends same-origin requests
+    (``Host: evil.com``, ``Origin: http://evil.com``) that the origin check cannot tell apart from our own page.
+    A loopback-bound server has no business answering to other names, so only ``localhost``, ``*.localhost``
+    and loopback IP literals are accepted (or no Host at all: browsers always send one), plus whatever ``--allowed-hosts`` names (``*``: any). ComfyUI does
+    not check this (it passes the request above). Not applied when listening on other addresses, where
+    clients reach us under names we cannot know.
+    """
+    allowed = {h.lower() for h in config.allowed_hosts}
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        host, _ = _split_host(request.headers.get("Host", ""))
+        if host and "*" not in allowed and host not in allowed and not _is_loopback_literal(host):
+            log.warning("refused request for Host %r (not a loopback name; see --allowed-hosts)", host)
+            return web.json_response(
+                {"error": {"type": "forbidden_host",
+                           "message": f"Host {host!r} is not a loopback name; start the server with "
+                                      f"--allowed-hosts {host or 'NAME'} to allow it.",
+                           "details": "", "extra_info": {}}}, status=403)
+        return await handler(request)
+
+    return middleware
+
+
+def _listens_on_loopback_only(config: ServerConfig) -> bool:
+    hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
+    return bool(hosts) and all(_is_loopback_literal(h) for h in hosts)
+
+
 def cors_middleware(allowed_origin: str):
     """ComfyUI's CORS headers, also on error answers (400/404/413 are raised as HTTPException): without them a
     page on the allowed origin could not read why its request was refused. (ComfyUI omits them there.)"""
@@ -124,6 +156,8 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
 
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
                    json_errors_middleware]
+    if _listens_on_loopback_only(config):
+        middlewares.insert(0, host_check_middleware(config))
     app = web.Application(client_max_size=config.max_upload_bytes, middlewares=middlewares)
     state = ServerState(config, node_classes=node_classes, display_names=display_names, executor=executor,
                         validator=validator)

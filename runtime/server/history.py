@@ -16,6 +16,7 @@ import os
 import threading
 from pathlib import Path
 
+from ...loaders import json_limits
 from ...loaders.atomic_files import write_atomically
 from ..executor.execution import node_meta
 
@@ -36,16 +37,18 @@ class HistoryStore:
         self._load()
 
     def _load(self) -> None:
+        """Read every entry file; any file that is not a well-formed entry is moved aside and logged.
+
+        The folder is ours (``ServerConfig.state_dir``, out of reach of uploads and ``/view``), but a file in it
+        can still be damaged or edited by hand, and no content may stop the server from starting: JSON parsing
+        is depth-bounded, and ``seq`` must be a real integer (``1e400`` parses as infinity)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         records = []
         for path in self.folder.glob("*.json"):
             try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-                records.append((int(record["seq"]), str(record["prompt_id"]), record["entry"], path))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                aside = path.with_suffix(".corrupt")
-                os.replace(path, aside)
-                log.warning("history entry %s is unreadable (%s); moved to %s", path, exc, aside)
+                records.append((*_parse_record(path.read_text(encoding="utf-8")), path))
+            except (OSError, ValueError) as exc:
+                _move_aside(path, exc)
         for seq, prompt_id, entry, path in sorted(records, key=lambda r: r[0]):
             self._entries[prompt_id] = entry
             self._files[prompt_id] = path
@@ -99,6 +102,28 @@ class HistoryStore:
         with self._lock:
             for prompt_id in prompt_ids:
                 self._remove_locked(str(prompt_id))
+
+
+def _parse_record(text: str) -> tuple[int, str, dict]:
+    record = json_limits.loads(text)
+    if not isinstance(record, dict):
+        raise ValueError(f"expected an object, got {type(record).__name__}")
+    seq, prompt_id, entry = record.get("seq"), record.get("prompt_id"), record.get("entry")
+    if type(seq) is not int or not 0 <= seq < 10**15:
+        raise ValueError(f"'seq' must be a non-negative integer, got {str(seq)[:40]!r}")
+    if not isinstance(prompt_id, str) or not isinstance(entry, dict):
+        raise ValueError("'prompt_id' must be a string and 'entry' an object")
+    return seq, prompt_id, entry
+
+
+def _move_aside(path: Path, reason: Exception) -> None:
+    aside = path.with_suffix(".corrupt")
+    try:
+        os.replace(path, aside)
+    except OSError as exc:
+        log.warning("history entry %s is unreadable (%s) and cannot be moved aside (%s); skipped", path, reason, exc)
+        return
+    log.warning("history entry %s is unreadable (%s); moved to %s", path, reason, aside)
 
 
 def history_entry(item, outputs: dict, status_str: str, completed: bool, messages: list, meta: dict) -> dict:

@@ -6,6 +6,8 @@ import json
 
 from aiohttp import web
 
+from ...loaders import json_limits
+
 
 async def read_json_body(request: web.Request, *, default=None):
     """Parse the JSON body; malformed JSON or a non-object raises a 400 naming the problem."""
@@ -15,7 +17,7 @@ async def read_json_body(request: web.Request, *, default=None):
             return default
         raise bad_request("invalid_json", "Request body is empty; expected a JSON object.")
     try:
-        data = json.loads(raw)
+        data = json_limits.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise bad_request("invalid_json", f"Request body is not valid JSON: {exc}")
     if not isinstance(data, dict):

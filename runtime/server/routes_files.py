@@ -12,9 +12,11 @@ import io
 import mimetypes
 import os
 import re
+import urllib.parse
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ...loaders.atomic_files import write_atomically
 from .http_json import bad_request
@@ -24,6 +26,15 @@ from .state import STATE_KEY, ServerState
 DANGEROUS_MIMETYPES = {"text/html", "text/javascript", "application/javascript", "application/xhtml+xml",
                        "image/svg+xml", "text/xml", "application/xml", "text/css"}
 _ANNOTATION = re.compile(r"^(?P<name>.*?)\s*\[(?P<kind>output|input|temp)\]$")
+_CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
+MAX_NAME_BYTES = 255  # the longest file name (one path component) common file systems store
+# Largest image /view decodes for a preview or channel conversion (8192 x 8192). The header is read first, so a
+# small file declaring a huge canvas (a 164 KB PNG of 13000 x 13000) is refused before any pixel is decoded.
+MAX_PREVIEW_PIXELS = 8192 * 8192
+
+
+class _TooLarge(Exception):
+    pass
 
 
 def register(routes: web.RouteTableDef) -> None:
@@ -32,15 +43,26 @@ def register(routes: web.RouteTableDef) -> None:
 
 
 def _check_name(name: str, field: str) -> None:
-    """A bare file name: no separators, no '..', not absolute, not empty (400 otherwise)."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or ".." in name or "\x00" in name \
-            or os.path.isabs(name):
-        raise bad_request("invalid_path", f"Field '{field}' must be a plain file name, got {name!r}.")
+    """A bare file name: no separators, no '..', not absolute, not empty, no control characters (CR/LF would
+    also end up in headers), at most 255 bytes (400 otherwise)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or ".." in name \
+            or _CONTROL_CHARACTERS.search(name) or os.path.isabs(name):
+        raise bad_request("invalid_path", f"Field '{field}' must be a plain file name, got {name[:300]!r}.")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise bad_request("invalid_path", f"Field '{field}' is longer than {MAX_NAME_BYTES} bytes.")
+
+
+def content_disposition(filename: str) -> str:
+    """RFC 6266: an ASCII fallback ``filename`` plus the exact name as RFC 5987 ``filename*`` (quotes, non-ASCII
+    and control characters in a name can neither break the header nor be misread)."""
+    fallback = "".join(c if " " <= c <= "~" and c not in '"\\%' else "_" for c in filename)
+    return f"filename=\"{fallback}\"; filename*=UTF-8''{urllib.parse.quote(filename, safe='')}"
 
 
 def confined_dir(root: str, subfolder: str, field: str = "subfolder") -> Path:
     """``root/subfolder`` as a real path inside ``root`` — 403 if it escapes (ComfyUI's status for this)."""
-    if "\x00" in subfolder or os.path.isabs(subfolder):
+    if _CONTROL_CHARACTERS.search(subfolder) or os.path.isabs(subfolder) \
+            or any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for part in re.split(r"[/\\]", subfolder)):
         raise bad_request("invalid_path", f"Field '{field}' must be a relative folder, got {subfolder!r}.", status=403)
     real_root = Path(root).resolve()
     target = (real_root / subfolder).resolve()
@@ -77,7 +99,7 @@ async def get_view(request: web.Request) -> web.StreamResponse:
     if content_type in DANGEROUS_MIMETYPES:
         content_type = "application/octet-stream"
     return web.FileResponse(path, headers={"Content-Type": content_type,
-                                           "Content-Disposition": f'filename="{path.name}"'})
+                                           "Content-Disposition": content_disposition(path.name)})
 
 
 async def _converted_image(path: Path, preview: str | None, channel: str) -> web.Response:
@@ -93,10 +115,13 @@ async def _converted_image(path: Path, preview: str | None, channel: str) -> web
                               f"got {fmt!r}.")
         quality = int(q) if q.isdigit() else 90
 
-    def convert() -> bytes:
-        from PIL import Image
+    from PIL import Image
 
+    def convert() -> bytes:
         with Image.open(path) as img:
+            if img.width * img.height > MAX_PREVIEW_PIXELS:
+                raise _TooLarge(f"{path.name} is {img.width}x{img.height} pixels; previews are made of images up "
+                                f"to {MAX_PREVIEW_PIXELS} pixels (request it without 'preview'/'channel')")
             img = img.convert("RGBA")
             if channel == "rgb":
                 img = img.convert("RGB")
@@ -110,10 +135,12 @@ async def _converted_image(path: Path, preview: str | None, channel: str) -> web
 
     try:
         data = await asyncio.to_thread(convert)
-    except OSError as exc:
+    except _TooLarge as exc:
+        raise bad_request("image_too_large", str(exc))
+    except (OSError, Image.DecompressionBombError) as exc:
         raise bad_request("invalid_image", f"{path.name} is not an image that can be converted: {exc}")
     return web.Response(body=data, content_type=f"image/{fmt}",
-                        headers={"Content-Disposition": f'filename="{path.stem}.{fmt}"'})
+                        headers={"Content-Disposition": content_disposition(f"{path.stem}.{fmt}")})
 
 
 async def post_upload_image(request: web.Request) -> web.Response:
@@ -125,7 +152,7 @@ async def post_upload_image(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE_KEY]
     try:
         form = await request.post()
-    except ValueError as exc:
+    except (ValueError, HttpProcessingError) as exc:  # HttpProcessingError: a part header broken by CR/LF
         raise bad_request("invalid_request", f"Expected a multipart/form-data body: {exc}")
     image = form.get("image")
     if image is None or not hasattr(image, "file"):

@@ -28,6 +28,12 @@ class ServerConfig:
     output_dir: str = "output"
     input_dir: str = "input"
     temp_dir: str = "temp"
+    # Server state (history). None: ``.lorabind-state`` beside the output folder. It must not lie inside the
+    # output/input/temp folders, which uploads and /view reach (a forged history entry, or a file that stops
+    # the next start, must not be one upload away).
+    state_dir: Optional[str] = None
+    # Host names (besides loopback ones) a loopback-bound server answers to; see app.host_check_middleware.
+    allowed_hosts: tuple = ()
     cors_origin: Optional[str] = None  # None: origin check on; "*" or an origin: CORS headers instead
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     # Frontend extension folders served at /extensions/<name>/ and listed by GET /extensions.
@@ -44,6 +50,14 @@ class ServerConfig:
             path = Path(getattr(self, name)).expanduser().resolve()
             path.mkdir(parents=True, exist_ok=True)
             setattr(self, name, str(path))
+        state = Path(self.state_dir or Path(self.output_dir).parent / ".lorabind-state").expanduser().resolve()
+        for name in ("output_dir", "input_dir", "temp_dir"):
+            reachable = Path(getattr(self, name))
+            if state == reachable or reachable in state.parents:
+                raise ValueError(f"the state folder {state} lies inside the {name.split('_')[0]} folder {reachable}, "
+                                 f"where uploads could reach it; choose another with --state-dir")
+        state.mkdir(parents=True, exist_ok=True)
+        self.state_dir = str(state)
         return self
 
     def directory_for(self, kind: str) -> Optional[str]:
@@ -78,7 +92,7 @@ class ServerState:
         self.validation_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lorabind-validate")
         self.clients = ClientRegistry(self.status_payload, self.feature_flags)
         self.queue = PromptQueue(on_change=self.clients.broadcast_status)
-        self.history = HistoryStore(os.path.join(self.config.output_dir, ".lorabind", "history"))
+        self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
         self.worker = PromptWorker(self.queue, self.history, self.clients, executor)
         self.clients.running_node = self.worker.running_node
 

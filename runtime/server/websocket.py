@@ -17,6 +17,8 @@ from typing import Callable, Optional
 
 from aiohttp import WSMsgType, web
 
+from ...loaders import json_limits
+
 log = logging.getLogger("lorabind.server")
 
 _CLOSE = object()  # outbox sentinel: stop the writer task
@@ -95,7 +97,7 @@ class ClientRegistry:
     def _on_client_message(self, client: _Client, text: str) -> None:
         """Clients may announce feature flags; we answer with ours. Anything else is ignored, as ComfyUI does."""
         try:
-            message = json.loads(text)
+            message = json_limits.loads(text)
         except ValueError:
             return
         if isinstance(message, dict) and message.get("type") == "feature_flags":
