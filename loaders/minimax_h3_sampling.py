@@ -69,10 +69,18 @@ def load_pipeline(path, model_index: dict, *, dtype=None) -> MiniMaxH3Components
             components[name] = cls.from_pretrained(str(folder / name))
             continue
         kwargs = {"torch_dtype": dtype} if dtype is not None and name.startswith("transformer") else {}
+        if _is_weights_module(cls):  # safetensors only; tokenizers and processors take no such option
+            kwargs["use_safetensors"] = True
         components[name] = cls.from_pretrained(str(folder / name), local_files_only=True, **kwargs)
         if hasattr(components[name], "eval"):
             components[name].eval()
     return MiniMaxH3Components(components)
+
+
+def _is_weights_module(cls) -> bool:
+    import torch
+
+    return isinstance(cls, type) and issubclass(cls, torch.nn.Module)
 
 
 def _part(model, name: str):

@@ -123,7 +123,26 @@ def _load_pipeline(path: str, family: str, model_index: dict, dtype):
         return minimax_h3_sampling.load_pipeline(path, model_index, dtype=dtype)
     from diffusers import DiffusionPipeline
 
-    return DiffusionPipeline.from_pretrained(path, local_files_only=True, **_dtype_kwargs(dtype))
+    return DiffusionPipeline.from_pretrained(path, local_files_only=True, use_safetensors=True,
+                                             **_dtype_kwargs(dtype))
+
+
+def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
+    """A component whose weights exist only in a pickle format (``diffusion_pytorch_model.bin``...) is refused,
+    naming the file: unpickling runs code. ``use_safetensors=True`` makes the libraries refuse it too, but
+    with a message about a missing ``.safetensors`` file that does not say why."""
+    from .lora.reader import PICKLE_SUFFIXES
+
+    for name in model_index:
+        component = folder / name
+        if name.startswith("_") or not component.is_dir():
+            continue
+        files = sorted(p.name for p in component.iterdir())
+        pickled = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
+        if pickled and not any(f.endswith(".safetensors") for f in files):
+            raise ModelLoadError(
+                f"{folder.name}/{name}/{pickled[0]}: pickle weights are not loaded (unpickling runs code); "
+                "convert the component to .safetensors")
 
 
 def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
@@ -142,6 +161,7 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
             return cached
         family = detect_family(model_index)
         compat.require(family, f"{folder.name} ({family})")
+        refuse_pickle_weights(folder, model_index)
         try:
             with quiet_library_progress():
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)

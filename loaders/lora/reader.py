@@ -25,7 +25,7 @@ PEFT_CONFIG_NAME = "adapter_config.json"
 PEFT_WEIGHTS_NAME = "adapter_model.safetensors"
 # diffusers' save_lora_weights/save_lora_adapter embed the LoraConfig as JSON under this metadata key
 DIFFUSERS_CONFIG_METADATA_KEY = "lora_adapter_metadata"
-_PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle")
+PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle")
 _TORCH_DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
@@ -79,7 +79,7 @@ def _weight_files(resolved: str, display_name: str) -> list:
         config = os.path.join(resolved, PEFT_CONFIG_NAME)
         weights = os.path.join(resolved, PEFT_WEIGHTS_NAME)
         if not os.path.isfile(weights):
-            pickled = [n for n in sorted(os.listdir(resolved)) if n.endswith(_PICKLE_SUFFIXES)]
+            pickled = [n for n in sorted(os.listdir(resolved)) if n.endswith(PICKLE_SUFFIXES)]
             if pickled:
                 raise LoraFileError(
                     f"{display_name}: the PEFT folder holds only {pickled[0]} (a pickle checkpoint); lorabind loads "
@@ -92,7 +92,7 @@ def _weight_files(resolved: str, display_name: str) -> list:
                                 f"so its lora_alpha and rank are unknown")
         return [config, weights]
     lowered = resolved.lower()
-    if lowered.endswith(_PICKLE_SUFFIXES):
+    if lowered.endswith(PICKLE_SUFFIXES):
         raise LoraFileError(
             f"{display_name}: pickle checkpoints ({os.path.splitext(lowered)[1]}) are refused because loading them "
             f"can run arbitrary code; convert the file to .safetensors (e.g. safetensors.torch.save_file on "
