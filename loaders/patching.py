@@ -254,7 +254,10 @@ class WeightPatcher:
             original = tensor.detach().to(self.backup_device, copy=True)
             self._originals[pid] = original
         if contributions:
-            write_patched(tensor, original, contributions, self._workspace)
+            try:
+                write_patched(tensor, original, contributions, self._workspace)
+            except NonFiniteResultError as exc:
+                raise NonFiniteResultError(f"{pid}: {exc} (LoRA {', '.join(c.key for c in contributions)})") from None
             self._applied[pid] = contributions
         else:
             tensor.copy_(original)
@@ -334,6 +337,10 @@ class Workspace:
         return buffer[:numel]
 
 
+class NonFiniteResultError(KeyMatchError):
+    """A fused value overflows the parameter's dtype (finite factors, e.g. 1e38 scaled past bf16's range)."""
+
+
 def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
                   workspace: Optional[Workspace] = None) -> None:
     """``dest = original + Σ strength·scale·(up @ down) + Σ strength·diff``, computed in float32 and rounded to
@@ -373,3 +380,7 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
             if diff is not None:
                 chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
         target[start:stop].copy_(chunk)  # the one rounding to dest's dtype
+        if not bool(torch.isfinite(target[start:stop]).all()) and bool(torch.isfinite(source[start:stop]).all()):
+            raise NonFiniteResultError(
+                f"the fused value is not finite in {str(dest.dtype).replace('torch.', '')}: strength x scale x "
+                f"up @ down (or a diff) exceeds the dtype's range")

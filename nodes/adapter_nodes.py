@@ -35,12 +35,12 @@ _STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
 
 def lora_choices() -> list:
     """LoRA files and PEFT folders under the loras root (ComfyUI's list inside ComfyUI)."""
-    return list(comfy_bridge.folder_paths().get_filename_list("loras"))
+    return comfy_bridge.lora_names()
 
 
 def resolve_lora(name: str, input_name: str, node: str) -> str:
     """Absolute path of a loras-root name; the error names the node and the input."""
-    path = comfy_bridge.folder_paths().get_full_path("loras", name) if name else None
+    path = comfy_bridge.lora_full_path(name) if name else None
     if not path or not os.path.exists(path):
         raise LoraFileError(f"{node}: {input_name} '{name}' is not in the loras folder")
     return path
@@ -55,7 +55,7 @@ def lora_inputs_identity(*names: str) -> str:
             parts.append(NONE_CHOICE)
             continue
         try:
-            path = comfy_bridge.folder_paths().get_full_path("loras", name)
+            path = comfy_bridge.lora_full_path(name)
         except ValueError:  # a name escaping the loras root: validation refuses it with the registry's message
             path = None
         parts.append(repr(file_identity(path)) if path and os.path.exists(path) else f"missing:{name}")

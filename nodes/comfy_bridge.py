@@ -33,6 +33,29 @@ def folder_paths():
     return runtime_folder_paths
 
 
+def lora_names() -> list[str]:
+    """LoRA files and PEFT adapter folders under the loras folders. ComfyUI's own list has files only, so inside
+    ComfyUI the PEFT folders under its loras folders are added."""
+    paths = folder_paths()
+    names = list(paths.get_filename_list("loras"))
+    if _comfy_modules() is not None:
+        from ..runtime.folder_paths import peft_folder_names
+
+        names = sorted(set(names) | set(peft_folder_names(paths.get_folder_paths("loras"))))
+    return names
+
+
+def lora_full_path(name: str) -> str | None:
+    """Absolute path of a name from ``lora_names`` (ComfyUI's ``get_full_path`` finds files only)."""
+    paths = folder_paths()
+    path = paths.get_full_path("loras", name)
+    if path is None and _comfy_modules() is not None:
+        from ..runtime.folder_paths import find_peft_folder
+
+        path = find_peft_folder(paths.get_folder_paths("loras"), name)
+    return path
+
+
 def check_interrupted() -> None:
     """Raise if the user interrupted the running prompt (ComfyUI's or the runtime's interrupt)."""
     mods = _comfy_modules()

@@ -15,6 +15,7 @@ import os
 import time
 
 SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
+PEFT_CONFIG = "adapter_config.json"
 FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)
 
 # kind -> sub-directories of the models root (ComfyUI's defaults for the kinds this pack can use)
@@ -102,26 +103,65 @@ def get_filename_list(folder_name: str) -> list[str]:
     """
     paths, extensions = _kind(folder_name)
     names: set[str] = set()
-    for root in paths:
+    for prefix, dirs, files in _walk(paths):
+        if FOLDER in extensions:
+            if "model_index.json" in files and prefix:
+                names.add(prefix.rstrip("/"))
+                dirs[:] = []
+            continue
+        if folder_name == "loras" and PEFT_CONFIG in files and prefix:
+            names.add(prefix.rstrip("/"))
+            dirs[:] = []
+            continue
+        for file in files:
+            if not extensions or os.path.splitext(file)[1].lower() in extensions:
+                names.add(prefix + file)
+    return sorted(names)
+
+
+def peft_folder_names(roots: list[str]) -> list[str]:
+    """PEFT adapter folders (holding ``adapter_config.json``) under ``roots``, as relative names. For ComfyUI,
+    whose own ``loras`` list has files only."""
+    names = set()
+    for prefix, dirs, files in _walk(roots):
+        if PEFT_CONFIG in files and prefix:
+            names.add(prefix.rstrip("/"))
+            dirs[:] = []
+    return sorted(names)
+
+
+def find_peft_folder(roots: list[str], name: str) -> str | None:
+    """The PEFT folder ``name`` under one of ``roots`` (ComfyUI's ``get_full_path`` finds files only)."""
+    relative = safe_relative_name("loras", name)
+    for root in roots:
+        candidate = os.path.join(root, *relative.split("/"))
+        if os.path.isfile(os.path.join(candidate, PEFT_CONFIG)):
+            return candidate
+    return None
+
+
+def _walk(roots: list[str]):
+    """``(prefix, dirs, files)`` of every folder under ``roots``; ``prefix`` is the relative name plus ``/``
+    ("" at a root). Hidden folders are skipped; clearing ``dirs`` prunes. Linked folders are followed (models often
+    live on another disk), each real folder once: a link to an ancestor (``ln -s . loop``) would otherwise make
+    the walk endless."""
+    visited: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
+    for root in roots:
         if not os.path.isdir(root):
             continue
         for current, dirs, files in os.walk(root, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            relative = os.path.relpath(current, root).replace(os.sep, "/")
-            prefix = "" if relative == "." else relative + "/"
-            if FOLDER in extensions:
-                if "model_index.json" in files and prefix:
-                    names.add(prefix.rstrip("/"))
-                    dirs[:] = []
-                continue
-            if folder_name == "loras" and "adapter_config.json" in files and prefix:
-                names.add(prefix.rstrip("/"))
+            try:
+                stat = os.stat(current)
+            except OSError:
                 dirs[:] = []
                 continue
-            for file in files:
-                if not extensions or os.path.splitext(file)[1].lower() in extensions:
-                    names.add(prefix + file)
-    return sorted(names)
+            if (stat.st_dev, stat.st_ino) in visited:
+                dirs[:] = []
+                continue
+            visited.add((stat.st_dev, stat.st_ino))
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            relative = os.path.relpath(current, root).replace(os.sep, "/")
+            yield ("" if relative == "." else relative + "/"), dirs, files
 
 
 def get_full_path(folder_name: str, filename: str) -> str | None:

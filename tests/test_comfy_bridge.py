@@ -78,3 +78,31 @@ def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_
     finally:
         for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
             del sys.modules[name]
+
+
+def test_peft_folders_are_offered_and_resolved_inside_comfyui(monkeypatch, tmp_path):
+    """ComfyUI lists and finds only files under models/loras; PEFT adapter folders are added by the pack."""
+    from lorabind.nodes import adapter_nodes
+
+    loras = tmp_path / "loras"
+    (loras / "styles" / "ink").mkdir(parents=True)
+    (loras / "styles" / "ink" / "adapter_config.json").write_text("{}")
+    (loras / "styles" / "ink" / "adapter_model.safetensors").write_bytes(b"x")
+    (loras / "plain.safetensors").write_bytes(b"x")
+    files_only = types.SimpleNamespace(
+        get_filename_list=lambda kind: ["plain.safetensors"],
+        get_full_path=lambda kind, name: str(loras / name) if (loras / name).is_file() else None,
+        get_folder_paths=lambda kind: [str(loras)])
+    comfy = types.ModuleType("comfy")
+    comfy.utils, comfy.model_management = types.SimpleNamespace(), types.SimpleNamespace()
+    for name, module in (("folder_paths", files_only), ("comfy", comfy), ("comfy.utils", comfy.utils),
+                         ("comfy.model_management", comfy.model_management)):
+        monkeypatch.setitem(sys.modules, name, module)
+    comfy_bridge._comfy_modules.cache_clear()
+    try:
+        assert adapter_nodes.lora_choices() == ["plain.safetensors", "styles/ink"]
+        assert adapter_nodes.resolve_lora("styles/ink", "lora_name", "LoadPEFTAdapter") == str(loras / "styles" / "ink")
+        with pytest.raises(ValueError, match="'..' would leave"):
+            comfy_bridge.lora_full_path("../loras/styles/ink")
+    finally:
+        comfy_bridge._comfy_modules.cache_clear()

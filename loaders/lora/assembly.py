@@ -9,13 +9,25 @@ Scale rules (``canonical.LowRankDelta.scale``), in order of precedence:
 
 from __future__ import annotations
 
+import functools
 import math
-import re
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import regex
+
 from ..errors import LoraFileError
 from .canonical import LowRankDelta, TargetPatch
+
+
+# PEFT's rank_pattern/alpha_pattern keys are regexes from a file: their matching time must be bounded. A
+# pattern like "(x+x+)+y" backtracks exponentially in Python's re (11.8 s for 26-character names), and re has no
+# timeout; the ``regex`` module (a transformers dependency) matches the same syntax with a ``timeout``. A config
+# whose patterns need more than this in total over all of a file's modules is refused as pathological.
+PATTERN_MATCH_BUDGET_S = 1.0
+MAX_PATTERN_CHARS = 1000
+_LORA_B_BIAS_SUFFIXES = (".lora_B.bias", ".lora_B.default.bias")
 
 
 @dataclass(frozen=True)
@@ -27,6 +39,8 @@ class PeftScaling:
     rank_pattern: dict = field(default_factory=dict)
     alpha_pattern: dict = field(default_factory=dict)
     use_rslora: bool = False
+    source: str = ""
+    _spent: list = field(default_factory=lambda: [0.0], compare=False, repr=False)  # seconds spent matching
 
     @classmethod
     def from_config(cls, config: dict, source: str) -> "PeftScaling":
@@ -39,25 +53,43 @@ class PeftScaling:
             rank_pattern = {str(k): int(v) for k, v in (config.get("rank_pattern") or {}).items()}
             alpha_pattern = {str(k): float(v) for k, v in (config.get("alpha_pattern") or {}).items()}
             for pattern in (*rank_pattern, *alpha_pattern):
-                re.compile(pattern)
-        except (TypeError, ValueError, re.error) as exc:
+                if len(pattern) > MAX_PATTERN_CHARS:
+                    raise ValueError(f"pattern longer than {MAX_PATTERN_CHARS} characters: {pattern[:40]!r}...")
+                _compiled(pattern)
+        except (TypeError, ValueError, AttributeError, regex.error) as exc:
             raise LoraFileError(f"{source}: adapter config has an invalid r/lora_alpha/pattern ({exc})") from exc
         if r < 1 or any(v < 1 for v in rank_pattern.values()):
             raise LoraFileError(f"{source}: adapter config rank must be at least 1 "
                                 f"(r={r}, rank_pattern={rank_pattern})")
-        return cls(r, alpha, rank_pattern, alpha_pattern, bool(config.get("use_rslora", False)))
+        return cls(r, alpha, rank_pattern, alpha_pattern, bool(config.get("use_rslora", False)), source)
 
     def rank_and_alpha(self, module: str) -> tuple[int, float]:
-        return (_pattern_value(self.rank_pattern, module, self.r),
-                _pattern_value(self.alpha_pattern, module, self.lora_alpha))
+        return (self._pattern_value(self.rank_pattern, module, self.r),
+                self._pattern_value(self.alpha_pattern, module, self.lora_alpha))
+
+    def _pattern_value(self, patterns: dict, module: str, default):
+        """PEFT's rule (``peft.utils.other.get_pattern_key``): the first pattern ``p`` with
+        ``re.match(rf"(.*\\.)?({p})$", module)`` wins; here within ``PATTERN_MATCH_BUDGET_S`` in total."""
+        for pattern, value in patterns.items():
+            left = PATTERN_MATCH_BUDGET_S - self._spent[0]
+            start = time.monotonic()
+            try:
+                matched = left > 0 and _compiled(pattern).match(module, timeout=left)
+            except TimeoutError:
+                matched = None
+            self._spent[0] += time.monotonic() - start
+            if self._spent[0] >= PATTERN_MATCH_BUDGET_S:
+                raise LoraFileError(
+                    f"{self.source}: adapter config pattern {pattern[:80]!r} takes too long to match module names "
+                    f"(over {PATTERN_MATCH_BUDGET_S:g} s; a regex with nested repetition); simplify the pattern")
+            if matched:
+                return value
+        return default
 
 
-def _pattern_value(patterns: dict, module: str, default):
-    """PEFT's rule: the first pattern ``p`` with ``re.match(rf"(.*\\.)?({p})$", module)`` wins."""
-    for pattern, value in patterns.items():
-        if re.match(rf"(.*\.)?({pattern})$", module):
-            return value
-    return default
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str):
+    return regex.compile(rf"(.*\.)?({pattern})$")
 
 
 def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[PeftScaling]) -> dict:
@@ -85,6 +117,10 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
         for role, param in (("weight", "weight"), ("bias", "bias"), ("modulation", "modulation")):
             if role in roles:
                 patch.param_diffs[param] = tensors[roles[role]]
+        if patch.low_rank is not None and roles.get("bias", "").endswith(_LORA_B_BIAS_SUFFIXES):
+            # PEFT lora_bias: the bias of lora_B is part of the adapter's output, ``lora_B(lora_A(x)) * scaling``,
+            # so it is scaled like the weights (peft merges ``bias + lora_B.bias * scaling``); a diff_b is not.
+            patch.param_diffs["bias"] = patch.param_diffs["bias"] * patch.low_rank.scale
         targets[module] = patch
     return targets
 

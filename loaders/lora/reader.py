@@ -97,7 +97,7 @@ def _weight_files(resolved: str, display_name: str) -> list:
             f"{display_name}: pickle checkpoints ({os.path.splitext(lowered)[1]}) are refused because loading them "
             f"can run arbitrary code; convert the file to .safetensors (e.g. safetensors.torch.save_file on "
             f"torch.load(path, weights_only=True)).")
-    if not lowered.endswith(".safetensors"):
+    if not lowered.endswith((".safetensors", ".sft")):  # ".sft": ComfyUI's short spelling, listed with them
         raise LoraFileError(f"{display_name}: not a .safetensors file; lorabind reads LoRAs in safetensors only")
     return [resolved]
 
@@ -164,9 +164,23 @@ def _load_tensors(weights_path: str, display_name: str, keys: list) -> dict:
 
     try:
         with safe_open(weights_path, framework="pt", device="cpu") as handle:
-            return {key: handle.get_tensor(key) for key in keys}
+            tensors = {key: handle.get_tensor(key) for key in keys}
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise LoraFileError(f"{display_name}: safetensors could not load the tensors ({exc})") from exc
+    _refuse_non_finite(tensors, display_name)
+    return tensors
+
+
+def _refuse_non_finite(tensors: dict, display_name: str) -> None:
+    """NaN/Inf in a factor spreads through every fused weight it touches (a black image, non-finite merged
+    files); name the tensors instead. (The header check already refused non-float dtypes.)"""
+    import torch
+
+    bad = [key for key, tensor in tensors.items() if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise LoraFileError(f"{display_name}: tensor {bad[0]!r} holds NaN or infinite values"
+                            + (f" ({len(bad) - 1} more tensors too)" if len(bad) > 1 else "")
+                            + "; the file is broken")
 
 
 def _remember(cache_key: tuple, lora: LoraFile) -> None:

@@ -18,6 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 
+from .. import json_limits
 from ..errors import LoraFileError
 
 # bytes per element of every dtype the format defines
@@ -63,7 +64,10 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
     except OSError as exc:
         raise LoraFileError(f"{display_name}: cannot read the file ({exc})") from exc
     try:
-        header = json.loads(raw_header.decode("utf-8"))
+        header = json_limits.loads(raw_header.decode("utf-8"), object_pairs_hook=_refuse_duplicate_keys)
+    except _DuplicateKey as exc:
+        raise LoraFileError(f"{display_name}: safetensors header lists {exc.args[0]!r} twice; which entry is meant "
+                            "is ambiguous (readers disagree), so the file is refused") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise LoraFileError(f"{display_name}: safetensors header is not valid JSON ({exc}); "
                             f"the file is damaged or not a safetensors file") from exc
@@ -87,6 +91,20 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
         spans.append((begin, end, key))
     _check_tiling(spans, data_size, display_name)
     return SafetensorsHeader(metadata=dict(metadata), tensors=tensors)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _refuse_duplicate_keys(pairs: list) -> dict:
+    """``object_pairs_hook``: plain ``json.loads`` keeps the last of two equal keys without a word."""
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
 
 
 def _validate_entry(key, entry, display_name, allow_integer_scalars) -> TensorEntry:

@@ -142,7 +142,7 @@ def _write_component(source: str, folder: str, component: str, plan: dict, dtype
     from safetensors.torch import save_file
 
     from ...loaders.errors import ModelLoadError
-    from ...loaders.patching import write_patched
+    from ...loaders.patching import NonFiniteResultError, write_patched
 
     out_dtype = getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None
     found, written, total_bytes = set(), 0, 0
@@ -156,7 +156,10 @@ def _write_component(source: str, folder: str, component: str, plan: dict, dtype
                 stored_dtype = value.dtype
                 if key in plan:
                     fused = torch.empty(value.shape, dtype=out_dtype or stored_dtype)
-                    write_patched(fused, value, plan[key])
+                    try:
+                        write_patched(fused, value, plan[key])
+                    except NonFiniteResultError as exc:  # nothing is moved into --out: the staging is removed
+                        raise NonFiniteResultError(f"{component}:{key}: {exc}") from None
                     value = fused
                 elif out_dtype is not None and value.is_floating_point():
                     value = value.to(out_dtype)
@@ -178,8 +181,15 @@ def _update_shard_index(component_folder: str, total_bytes: int) -> None:
     import glob
 
     for index_path in glob.glob(os.path.join(component_folder, "*.safetensors.index.json")):
-        with open(index_path, encoding="utf-8") as handle:
-            index = json_limits.load(handle)
+        try:
+            with open(index_path, encoding="utf-8") as handle:
+                index = json_limits.load(handle)
+        except (OSError, ValueError) as exc:
+            from ...loaders.errors import ModelLoadError
+
+            raise ModelLoadError(f"{index_path}: cannot be read ({exc})") from None
+        if not isinstance(index, dict):
+            continue
         if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
             index["metadata"]["total_size"] = total_bytes
             with open(index_path, "w", encoding="utf-8") as handle:

@@ -58,8 +58,11 @@ def run(args) -> int:
         else:
             print(f"{args.workflow}: API prompt of {len(prompt)} nodes")
         apply_overrides(prompt, args.overrides, node_classes)
-    except (RunError, WorkflowFormatError) as exc:
+    except RunError as exc:
         print(f"lorabind run: {exc}", file=sys.stderr)
+        return 1
+    except WorkflowFormatError as exc:
+        print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
         return 1
     try:
         ensure_models(prompt, folder_paths.models_dir)

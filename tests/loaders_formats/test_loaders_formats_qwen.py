@@ -103,7 +103,8 @@ def test_peft_folder_scales_match_peft_itself(tmp_path, qwen_transformer, use_rs
         layer = peft_modules[module]
         assert patch.low_rank.scale == pytest.approx(layer.scaling["default"]), module
         assert torch.equal(patch.low_rank.down, layer.lora_A["default"].weight)
-        assert torch.equal(patch.param_diffs["bias"], layer.lora_B["default"].bias)
+        # peft's merge adds lora_B.bias * scaling (issue #13: it was added unscaled)
+        assert torch.equal(patch.param_diffs["bias"], layer.lora_B["default"].bias * layer.scaling["default"])
     # and against the formula: alpha/r (rsLoRA: alpha/sqrt(r)) with the per-module patterns
     root = math.sqrt if use_rslora else (lambda r: r)
     assert acc.applied["transformer_blocks.0.attn.to_q"].low_rank.scale == pytest.approx(16 / root(4))
