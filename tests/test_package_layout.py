@@ -1,5 +1,6 @@
 """The pack imports without ComfyUI, fast, and exposes what ComfyUI reads."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -7,9 +8,15 @@ import lorabind
 
 
 def test_pack_exports_comfyui_entry_points():
+    from lorabind import nodes
+
     assert lorabind.WEB_DIRECTORY == "./web"
-    assert isinstance(lorabind.NODE_CLASS_MAPPINGS, dict)
-    assert set(lorabind.NODE_DISPLAY_NAME_MAPPINGS) <= set(lorabind.NODE_CLASS_MAPPINGS)
+    assert (pathlib.Path(lorabind.__file__).parent / "web").is_dir()
+    assert lorabind.NODE_CLASS_MAPPINGS is nodes.NODE_CLASS_MAPPINGS
+    # the core nodes every example workflow uses are registered, and each node has a display name
+    assert {"LoraBindModelLoader", "LoraBindSampler", "WanMoELoRAPair"} <= set(lorabind.NODE_CLASS_MAPPINGS)
+    assert set(lorabind.NODE_DISPLAY_NAME_MAPPINGS) == set(lorabind.NODE_CLASS_MAPPINGS)
+    assert all(isinstance(cls, type) for cls in lorabind.NODE_CLASS_MAPPINGS.values())
 
 
 def test_cli_help_does_not_import_torch():
@@ -22,7 +29,6 @@ def test_cli_help_does_not_import_torch():
 
 
 def test_requirements_txt_matches_pyproject_dependencies():
-    import pathlib
     import tomllib
 
     root = pathlib.Path(lorabind.__file__).parent

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from lorabind.loaders.contracts import SamplingRequest
@@ -19,6 +21,18 @@ NATIVE_META = {"key_format": "minimax-h3-native", "qkv_layout": "grouped", "lora
 BASE = (1.0, 0.7, 0.4, 0.15, 0.0)
 PINNED_INDEX = {"_minimax_h3": {"tasks": ["t2va", "fl2va"], "sigma_shift_scales": {"video": 12, "audio": 3},
                                 "base_schedule": list(BASE)}}
+
+
+@pytest.fixture
+def fake_model():
+    """A model stand-in for resolver tests: name, model_index, components (the partitions that exist)."""
+
+    def make(model_index=None, partitions=("transformer", "transformer_ref"), name="tiny-minimax-h3"):
+        model = SimpleNamespace(name=name, family="minimax_h3", model_index=model_index or {},
+                                components={p: object() for p in partitions})
+        return SimpleNamespace(model=model, family="minimax_h3", adapters=(), contracts=())
+
+    return make
 
 
 def turbo(name, scale=1.0, task=None):

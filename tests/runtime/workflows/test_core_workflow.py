@@ -8,23 +8,20 @@ import pytest
 import torch
 from PIL import Image
 
+import lorabind
 from lorabind.nodes import NODE_CLASS_MAPPINGS
-from lorabind.runtime import folder_paths
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
 
-WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 API_PROMPT = json.loads((WORKFLOWS / "wan22_tiny_t2v.api.json").read_text())
 UI_WORKFLOW = json.loads((WORKFLOWS / "wan22_tiny_t2v.json").read_text())
 EXIF_PROMPT_TAG, EXIF_FIRST_EXTRA_TAG = 0x0110, 0x010F
 
 
 @pytest.fixture
-def output_dir(tiny_models_root, tmp_path):
-    out = tmp_path / "output"
-    folder_paths.configure(models_root=str(tiny_models_root), output_dir=str(out))
-    yield out
-    folder_paths.configure()
+def output_dir(registry):
+    return Path(registry.output_directory)
 
 
 def _run(prompt):

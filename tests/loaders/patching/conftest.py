@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from patching_helpers import build_tiny_wan_transformer  # noqa: E402
+from patching_helpers import build_tiny_wan_transformer
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +22,6 @@ def make_transformer(tiny_wan_state):
         return model.to(dtype) if dtype is not None else model
 
     return make
-
-
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ def tensor_names(path):
         return list(handle.keys())
 
 
-def test_json_report_of_a_lightx2v_file(models_root, capsys):
-    path = models_root / "loras" / F.WAN22_HIGH
+def test_json_report_of_a_lightx2v_file(tiny_models_root, capsys):
+    path = tiny_models_root / "loras" / F.WAN22_HIGH
     report = inspect_json(capsys, str(path))
     assert set(report) == REPORT_KEYS
     assert (report["file"], report["format"], report["family"], report["rank"]) == (
@@ -42,30 +42,30 @@ def test_json_report_of_a_lightx2v_file(models_root, capsys):
     assert report["accounting"] is None
 
 
-def test_accounting_against_a_model_uses_the_expert_the_name_says(models_root, capsys):
-    path = models_root / "loras" / F.WAN22_LOW
-    report = inspect_json(capsys, str(path), "--model", str(models_root / "diffusers" / "tiny-wan22-t2v"))
+def test_accounting_against_a_model_uses_the_expert_the_name_says(tiny_models_root, capsys):
+    path = tiny_models_root / "loras" / F.WAN22_LOW
+    report = inspect_json(capsys, str(path), "--model", str(tiny_models_root / "diffusers" / "tiny-wan22-t2v"))
     accounting = report["accounting"]
     assert accounting["component"] == "transformer_2" and accounting["model_family"] == "wan2.2_moe"
     assert accounting["counts"] == {"applied": len(tensor_names(path)), "expected_unmatched": 0, "unmatched": 0}
 
 
-def test_peft_folder_reports_its_alpha_and_scale(models_root, capsys):
-    report = inspect_json(capsys, str(models_root / "loras" / F.PEFT_FOLDER))
+def test_peft_folder_reports_its_alpha_and_scale(tiny_models_root, capsys):
+    report = inspect_json(capsys, str(tiny_models_root / "loras" / F.PEFT_FOLDER))
     assert (report["format"], report["rank"], report["alpha"]) == ("peft-folder", F.PEFT_RANK, F.PEFT_ALPHA)
     assert report["scale"] == pytest.approx(F.PEFT_ALPHA / F.PEFT_RANK)
     assert report["contract"] is None
 
 
-def test_qwen_lightning_contract_from_the_file_name(models_root, capsys):
-    report = inspect_json(capsys, str(models_root / "loras" / F.QWEN_LIGHTNING))
+def test_qwen_lightning_contract_from_the_file_name(tiny_models_root, capsys):
+    report = inspect_json(capsys, str(tiny_models_root / "loras" / F.QWEN_LIGHTNING))
     assert report["family"] == "qwen_image"
     assert (report["contract"]["steps"], report["contract"]["cfg"]) == (4, 1.0)
     assert report["scale"] == pytest.approx(F.FIXTURE_ALPHA / F.FIXTURE_RANK)
 
 
-def test_text_report(models_root, capsys):
-    assert main(["inspect", str(models_root / "loras" / F.WAN21_DISTILL)]) == 0
+def test_text_report(tiny_models_root, capsys):
+    assert main(["inspect", str(tiny_models_root / "loras" / F.WAN21_DISTILL)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == F.WAN21_DISTILL
     assert "format:   lightx2v-native" in out
@@ -85,9 +85,9 @@ def test_a_refused_file_exits_non_zero_naming_it(tmp_path, capsys, name, data):
     assert captured.err.startswith("lorabind inspect: refused: ") and name in captured.err
 
 
-def test_keys_that_do_not_fit_the_model_are_refused(models_root, capsys):
-    path = models_root / "loras" / F.QWEN_LIGHTNING
-    assert main(["inspect", str(path), "--model", str(models_root / "diffusers" / "tiny-wan21-t2v")]) == 1
+def test_keys_that_do_not_fit_the_model_are_refused(tiny_models_root, capsys):
+    path = tiny_models_root / "loras" / F.QWEN_LIGHTNING
+    assert main(["inspect", str(path), "--model", str(tiny_models_root / "diffusers" / "tiny-wan21-t2v")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("lorabind inspect: refused: ") and F.QWEN_LIGHTNING in err
 

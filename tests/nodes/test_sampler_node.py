@@ -20,11 +20,11 @@ PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N
 
 
 @pytest.fixture(scope="module")
-def inputs(loaded):
+def inputs(load_tiny):
     """model name -> (ModelHandle, positive, negative, 32x32 latent), encoded once."""
     out = {}
     for name in ("tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"):
-        model = loaded[name]
+        model = load_tiny(name)
         out[name] = (ModelHandle(model), encode_text(model, "a cat"), encode_text(model, "blurry"),
                      empty_latent(model, 32, 32, 5))
     return out

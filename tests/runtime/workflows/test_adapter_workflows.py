@@ -79,9 +79,9 @@ def test_example_workflow_runs_headless_and_saves_its_outputs(name, executor, re
         assert schedule["overrides"] == [] and schedule["steps"] == prompt[nid]["inputs"]["steps"]
 
 
-def test_wan22_pair_runs_on_the_contract_schedule_with_high_then_low_expert(executor, loaded):
+def test_wan22_pair_runs_on_the_contract_schedule_with_high_then_low_expert(executor, load_tiny):
     prompt = load("wan22_lightx2v_4step")
-    model = loaded["tiny-wan22-t2v"]
+    model = load_tiny("tiny-wan22-t2v")
     with recorded_forwards(model) as calls:
         result = executor.execute(prompt, "hooks")
     assert result.success, result.error
@@ -94,8 +94,8 @@ def test_wan22_pair_runs_on_the_contract_schedule_with_high_then_low_expert(exec
     assert [name for name, _ in expected].count("transformer") == 2  # the published 2 high + 2 low split
 
 
-def test_mismatched_contract_fails_naming_the_file_before_any_weight_changes(executor, loaded):
-    model = loaded["tiny-wan22-t2v"]
+def test_mismatched_contract_fails_naming_the_file_before_any_weight_changes(executor, load_tiny):
+    model = load_tiny("tiny-wan22-t2v")
     unbind(model)
     before = state_snapshot(model)
     binds_before = binding_state(model).stats.bind_calls
@@ -121,11 +121,11 @@ def test_enforce_contract_off_runs_the_mismatch_and_reports_the_override(executo
     assert f"steps=6 overrides {F.WAN22_HIGH} (steps=4 in its contract)" in schedule["overrides"]
 
 
-def test_seed_only_rerun_reexecutes_only_the_sampler_and_downstream_without_refusing(executor, loaded):
+def test_seed_only_rerun_reexecutes_only_the_sampler_and_downstream_without_refusing(executor, load_tiny):
     prompt = load("wan22_lightx2v_4step")
     first = executor.execute(prompt, "first")
     assert first.success, first.error
-    state = binding_state(loaded["tiny-wan22-t2v"])
+    state = binding_state(load_tiny("tiny-wan22-t2v"))
     fuse_passes, written = state.stats.fuse_passes, state.stats.tensors_written
     sampler = sampler_ids(prompt)[0]
     second_prompt = copy.deepcopy(prompt)
@@ -155,11 +155,11 @@ def _branch_prompt(model_name, strengths):
     return prompt
 
 
-def test_two_branches_equal_fresh_models_with_each_single_fuse(executor, models_root, registry):
+def test_two_branches_equal_fresh_models_with_each_single_fuse(executor, tiny_models_root, registry):
     for copy_name in ("tiny-wan21-fresh-a", "tiny-wan21-fresh-b"):
-        target = models_root / "diffusers" / copy_name
+        target = tiny_models_root / "diffusers" / copy_name
         if not target.exists():
-            shutil.copytree(models_root / "diffusers" / "tiny-wan21-t2v", target)
+            shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", target)
     CaptureLatent.captured.clear()
     result = executor.execute(_branch_prompt("tiny-wan21-t2v", (1.0, 0.5)), "branches")
     assert result.success, result.error
@@ -171,12 +171,12 @@ def test_two_branches_equal_fresh_models_with_each_single_fuse(executor, models_
     assert not torch.equal(got["tiny-wan21-t2v@1.0"], got["tiny-wan21-t2v@0.5"])
 
 
-def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(executor, loaded):
+def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(executor, load_tiny):
     import threading
 
     prompt = load("wan22_lightx2v_4step")
     sampler = sampler_ids(prompt)[0]
-    model = loaded["tiny-wan22-t2v"]
+    model = load_tiny("tiny-wan22-t2v")
     interrupt, progress = threading.Event(), []
 
     def on_event(name, data):
@@ -193,12 +193,12 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
     assert sampler not in result.executed
 
 
-def test_sampler_reports_fuse_progress_per_layer_before_the_steps(executor, loaded):
+def test_sampler_reports_fuse_progress_per_layer_before_the_steps(executor, load_tiny):
     from lorabind.loaders.binding import unbind
 
     prompt = load("wan21_distill")
     sampler = sampler_ids(prompt)[0]
-    unbind(loaded["tiny-wan21-t2v"])  # a cold fuse: every layer of the LoRA is patched in this run
+    unbind(load_tiny("tiny-wan21-t2v"))  # a cold fuse: every layer of the LoRA is patched in this run
     progress = []
     result = executor.execute(prompt, "fuse-progress", on_event=lambda name, data: progress.append(
         (data["value"], data["max"])) if name == "progress" and data["node"] == sampler else None)

@@ -1,10 +1,6 @@
 """Tiny transformers (random weights, built from configs, once per session) for the key-accounting tests."""
 
-import os
-
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _tiny_wan(*, image_branch: bool):

@@ -1,9 +1,8 @@
-"""Fixtures for the server tests: a real server on an ephemeral loopback port with the fake test nodes."""
+"""The server tests' own fixture: a real server on an ephemeral loopback port with the fake test nodes."""
 
 from __future__ import annotations
 
 import pytest
-
 from server_client import start_server
 
 

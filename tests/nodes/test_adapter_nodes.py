@@ -1,4 +1,4 @@
-"""The adapter nodes called directly: declarations, validation without fusing, refusals, IS_CHANGED."""
+"""The adapter nodes called directly: validation without fusing, refusals, IS_CHANGED."""
 
 import os
 
@@ -11,37 +11,19 @@ from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import (
     FuseDistillLoRA,
     LoadPEFTAdapter,
-    NODE_CLASS_MAPPINGS,
-    NODE_DISPLAY_NAME_MAPPINGS,
     WanMoELoRAPair,
     expert_role,
 )
 
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN"}
+
+@pytest.fixture
+def wan22(load_tiny, registry):
+    return ModelHandle(load_tiny("tiny-wan22-t2v"))
 
 
 @pytest.fixture
-def wan22(loaded, registry):
-    return ModelHandle(loaded["tiny-wan22-t2v"])
-
-
-@pytest.fixture
-def wan21(loaded, registry):
-    return ModelHandle(loaded["tiny-wan21-t2v"])
-
-
-@pytest.mark.parametrize("name", sorted(NODE_CLASS_MAPPINGS))
-def test_declarations_have_tooltips_category_and_description(name, registry):
-    cls = NODE_CLASS_MAPPINGS[name]
-    spec = cls.INPUT_TYPES()
-    for group in ("required", "optional"):
-        for input_name, (input_type, *options) in spec.get(group, {}).items():
-            assert options and options[0].get("tooltip"), f"{name}.{input_name} has no tooltip"
-            if isinstance(input_type, list):
-                assert input_type, f"{name}.{input_name} COMBO is empty"
-    assert len(cls.OUTPUT_TOOLTIPS) == len(cls.RETURN_TYPES) == len(cls.RETURN_NAMES)
-    assert cls.CATEGORY.startswith("lorabind/") and len(cls.DESCRIPTION) > 40
-    assert NODE_DISPLAY_NAME_MAPPINGS[name]
+def wan21(load_tiny, registry):
+    return ModelHandle(load_tiny("tiny-wan21-t2v"))
 
 
 def test_lora_combos_list_the_fixture_files_and_none(registry):
@@ -61,8 +43,8 @@ def test_expert_role_from_published_file_names(name, role):
     assert expert_role(name) == role
 
 
-def test_fuse_records_the_fuse_and_contract_without_touching_weights(wan21, loaded):
-    before = state_snapshot(loaded["tiny-wan21-t2v"])
+def test_fuse_records_the_fuse_and_contract_without_touching_weights(wan21, load_tiny):
+    before = state_snapshot(load_tiny("tiny-wan21-t2v"))
     out = FuseDistillLoRA().fuse(wan21, F.WAN21_DISTILL, 0.8)
     handle = out["result"][0]
     assert wan21.fuses == () and wan21.contracts == ()  # the input handle is unchanged
@@ -75,7 +57,7 @@ def test_fuse_records_the_fuse_and_contract_without_touching_weights(wan21, load
     (contract,) = out["ui"]["lorabind_contract"]
     assert (contract["steps"], contract["shift"], contract["cfg"]) == (4, 5.0, 1.0)
     assert out["ui"]["text"][0].startswith(f"{F.WAN21_DISTILL} -> transformer: {report['counts']['applied']} tensors")
-    assert_same_state(before, loaded["tiny-wan21-t2v"])
+    assert_same_state(before, load_tiny("tiny-wan21-t2v"))
 
 
 def test_fuse_at_strength_zero_declares_no_contract(wan21):
@@ -92,14 +74,14 @@ def test_fuse_auto_component_follows_the_file_name_on_wan22(wan22):
     assert forced.fuses[0].component == "transformer"
 
 
-def test_fuse_refuses_a_lora_of_another_family_naming_the_file(registry, loaded):
-    qwen = ModelHandle(loaded["tiny-qwen-image"])
+def test_fuse_refuses_a_lora_of_another_family_naming_the_file(registry, load_tiny):
+    qwen = ModelHandle(load_tiny("tiny-qwen-image"))
     with pytest.raises(KeyMatchError, match=F.WAN21_DISTILL):
         FuseDistillLoRA().fuse(qwen, F.WAN21_DISTILL, 1.0)
 
 
-def test_wan_pair_puts_high_on_transformer_and_low_on_transformer_2(wan22, loaded):
-    before = state_snapshot(loaded["tiny-wan22-t2v"])
+def test_wan_pair_puts_high_on_transformer_and_low_on_transformer_2(wan22, load_tiny):
+    before = state_snapshot(load_tiny("tiny-wan22-t2v"))
     out = WanMoELoRAPair().pair(wan22, F.WAN22_HIGH, 1.0, F.WAN22_LOW, 0.7)
     handle = out["result"][0]
     assert [(s.name, s.component, s.strength) for s in handle.fuses] == [
@@ -107,7 +89,7 @@ def test_wan_pair_puts_high_on_transformer_and_low_on_transformer_2(wan22, loade
     assert [c.source for c in handle.contracts] == [F.WAN22_HIGH, F.WAN22_LOW]
     assert all(c.steps == 4 and c.shift == 5.0 and c.cfg == 1.0 for c in handle.contracts)
     assert [r["component"] for r in out["ui"]["lorabind_accounting"]] == ["transformer", "transformer_2"]
-    assert_same_state(before, loaded["tiny-wan22-t2v"])
+    assert_same_state(before, load_tiny("tiny-wan22-t2v"))
 
 
 def test_wan_pair_with_one_side_none(wan22):
@@ -140,17 +122,17 @@ def test_peft_adapters_stack_and_keep_their_scales(registry):
     assert second.contracts == ()
 
 
-def test_peft_loader_accepts_a_single_lora_file(registry, models_root):
+def test_peft_loader_accepts_a_single_lora_file(registry, tiny_models_root):
     from safetensors.torch import load_file, save_file
 
-    folder = models_root / "loras" / F.PEFT_FOLDER
+    folder = tiny_models_root / "loras" / F.PEFT_FOLDER
     tensors = load_file(str(folder / "adapter_model.safetensors"))
     single = "tiny_single_file_lora.safetensors"
     save_file({k.replace("base_model.model.", "transformer."): v for k, v in tensors.items()},
-              str(models_root / "loras" / single))
+              str(tiny_models_root / "loras" / single))
     out = LoadPEFTAdapter().load(single, 0.25)
     (spec,) = out["result"][0].adapters
-    assert (spec.name, spec.scale, spec.path) == (single, 0.25, str(models_root / "loras" / single))
+    assert (spec.name, spec.scale, spec.path) == (single, 0.25, str(tiny_models_root / "loras" / single))
     assert out["ui"]["text"] == [f"{single} (diffusers) at scale 0.25 on transformer"]
 
 
@@ -164,8 +146,8 @@ def test_unknown_lora_name_is_refused_naming_node_and_input(wan21):
         FuseDistillLoRA().fuse(wan21, "missing.safetensors", 1.0)
 
 
-def test_is_changed_follows_file_identity(registry, models_root):
-    path = models_root / "loras" / F.WAN21_DISTILL
+def test_is_changed_follows_file_identity(registry, tiny_models_root):
+    path = tiny_models_root / "loras" / F.WAN21_DISTILL
     first = FuseDistillLoRA.IS_CHANGED(lora_name=F.WAN21_DISTILL, strength=1.0)
     assert FuseDistillLoRA.IS_CHANGED(lora_name=F.WAN21_DISTILL, strength=0.5) == first
     stat = path.stat()

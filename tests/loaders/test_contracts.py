@@ -229,7 +229,7 @@ def test_minimax_h3_models_delegate_to_the_family_resolver(monkeypatch):
         seen.update(contracts=contracts, request=request, model=model_handle)
         return sentinel
 
-    monkeypatch.setattr(minimax_h3, "resolve_schedule", fake_resolve, raising=False)
+    monkeypatch.setattr(minimax_h3, "resolve_schedule", fake_resolve)
     pinned = ScheduleContract(source="tiny-minimax-h3-pinned", kind="pinned", family="minimax_h3",
                               base_schedule=(1.0, 0.7, 0.4, 0.15, 0.0))
     handle = ModelHandle(model=SimpleNamespace(family="minimax_h3", name="tiny-minimax-h3-pinned"),

@@ -1,5 +1,5 @@
-"""Node declarations (tooltips, categories), the model loader's folder handling, the sampler's order of work,
-and the ``lorabind models build-tiny`` command."""
+"""The model loader's folder handling, the sampler's order of work, and the ``lorabind models build-tiny``
+command."""
 
 import pytest
 
@@ -11,32 +11,14 @@ from lorabind.nodes import model_nodes
 from lorabind.nodes.conditioning_nodes import LoraBindTextEncode
 from lorabind.nodes.latent_nodes import LoraBindEmptyLatent
 from lorabind.nodes.model_nodes import LoraBindModelLoader
-from lorabind.nodes.output_nodes import LoraBindSaveImage, LoraBindVAEDecode
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main as cli_main
 
-FOUNDATION_NODES = (LoraBindModelLoader, LoraBindTextEncode, LoraBindEmptyLatent, LoraBindSampler,
-                    LoraBindVAEDecode, LoraBindSaveImage)
-
 
 @pytest.fixture
-def models_configured(tiny_models_root):
-    folder_paths.configure(models_root=str(tiny_models_root))
-    yield tiny_models_root
-    folder_paths.configure()
-
-
-@pytest.mark.parametrize("node", FOUNDATION_NODES, ids=lambda n: n.__name__)
-def test_every_input_and_output_has_a_tooltip(node, models_configured):
-    spec = node.INPUT_TYPES()
-    for section in ("required", "optional"):
-        for name, (_, options) in spec.get(section, {}).items():
-            assert options.get("tooltip"), f"{node.__name__}.{name} has no tooltip"
-    assert len(getattr(node, "OUTPUT_TOOLTIPS", ())) == len(node.RETURN_TYPES)
-    assert all(getattr(node, "OUTPUT_TOOLTIPS", ()))
-    assert node.CATEGORY.startswith("lorabind/") and node.DESCRIPTION
-    assert callable(getattr(node(), node.FUNCTION))
+def models_configured(registry, tiny_models_root):
+    return tiny_models_root
 
 
 def test_sampler_input_order_is_the_final_form():
