@@ -56,16 +56,25 @@ def mm_root(tmp_path_factory):
     return root
 
 
-@pytest.fixture
-def mm_models(mm_root):
-    """{"plain": LoadedModel, "pinned": LoadedModel}, shared like the nodes get them. Asked per test, like
-    ``load_tiny``, because a server test's "free memory" request empties the engine's model cache."""
-    from lorabind.loaders.model_store import load_model
+class _MiniMaxModels:
+    """``models["plain"]`` / ``models["pinned"]``: the shared LoadedModel, asked of the engine on every access
+    (like ``load_tiny``), because a server test's "free memory" request empties the engine's model cache."""
 
-    return {
-        "plain": load_model(mm_root / "diffusers" / "tiny-minimax-h3"),
-        "pinned": load_model(mm_root / "diffusers" / "tiny-minimax-h3-pinned"),
-    }
+    FOLDERS = {"plain": "tiny-minimax-h3", "pinned": "tiny-minimax-h3-pinned"}
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __getitem__(self, key: str):
+        from lorabind.loaders.model_store import load_model
+
+        return load_model(self.root / "diffusers" / self.FOLDERS[key])
+
+
+@pytest.fixture(scope="session")
+def mm_models(mm_root):
+    """{"plain": LoadedModel, "pinned": LoadedModel}, shared like the nodes get them."""
+    return _MiniMaxModels(mm_root)
 
 
 @pytest.fixture(autouse=True)
