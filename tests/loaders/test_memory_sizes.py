@@ -1,19 +1,11 @@
 """Component sizes come from configs on the meta device and match what diffusers actually loads."""
 
-import os
-
 import pytest
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="module")
-def wan22_folder(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny
-
-    root = tmp_path_factory.mktemp("memory_sizes_models")
-    build_tiny(root, names=["tiny-wan22-t2v"])
-    return root / "diffusers" / "tiny-wan22-t2v"
+def wan22_folder(tiny_models_root):
+    return tiny_models_root / "diffusers" / "tiny-wan22-t2v"
 
 
 def test_sizes_match_the_loaded_modules_parameter_for_parameter(wan22_folder):

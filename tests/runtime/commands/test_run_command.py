@@ -40,7 +40,8 @@ def run(tmp_path, workflow, *extra):
                  *extra])
 
 
-def test_run_api_workflow_with_set_writes_outputs(fake_pack, tmp_path, capsys):
+def test_run_api_workflow_with_set_writes_outputs(fake_pack, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the root conftest sets it: the command must set it itself
     code = run(tmp_path, api_workflow(tmp_path), "--set", "2.seed=10", "--set", "3.filename_prefix=runs/final")
     captured = capsys.readouterr()
     assert code == 0, captured.err
