@@ -16,7 +16,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .errors import KeyMatchError
 from .patching import ApplyResult, PatchLayer, WeightPatcher
 from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
 
@@ -187,24 +186,17 @@ def _content_key(path: str) -> str:
 
 
 def _accounted_targets(model, state: BindingState, spec, lenient: bool, content_key: str):
-    """Read (cached), map to the model family, and account one LoRA on its component (memoised per
-    ``content_key``, the caller's ``_content_key(spec.path)``)."""
-    from .lora import account, map_to_model, read_lora
+    """``prepare_lora`` for one spec (memoised per ``content_key``, the caller's ``_content_key(spec.path)``):
+    (targets, accounting dict)."""
+    from .lora.preparation import prepare_lora
 
-    component = spec.component
-    if component not in model.components:
-        raise KeyMatchError(
-            f"'{_label(spec)}' is meant for component '{component}', which model '{model.name or model.path}' "
-            f"does not have (components: {', '.join(sorted(model.components)) or 'none'})."
-        )
-    memo_key = (content_key, component, bool(lenient))
+    memo_key = (content_key, spec.component, bool(lenient))
     hit = state.accounted.get(memo_key)
     if hit is not None:
         state.accounted.move_to_end(memo_key)
         return hit
-    mapped = map_to_model(read_lora(spec.path), model.family)
-    acc = account(mapped, model.components[component], lenient=lenient, component=component)
-    state.accounted[memo_key] = (acc.applied, acc.to_dict())
+    prepared = prepare_lora(spec.path, model, spec.component, name=_label(spec), lenient=lenient)
+    state.accounted[memo_key] = (prepared.targets, prepared.accounting.to_dict())
     while len(state.accounted) > MAX_MEMOISED_ACCOUNTINGS:
         state.accounted.popitem(last=False)
     return state.accounted[memo_key]

@@ -9,14 +9,14 @@ re-uses these nodes' cached handles without reading or fusing anything again.
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional
 
 from ..loaders import families
 from ..loaders.contracts import contract_to_dict
-from ..loaders.errors import KeyMatchError, LoraBindError, LoraFileError
+from ..loaders.errors import LoraBindError, LoraFileError
 from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, AdapterSpec, FuseSpec
-from ..loaders.lora import account, map_to_model, read_lora
+from ..loaders.lora import read_lora
+from ..loaders.lora.preparation import declared_contract, expert_role, prepare_lora
 from ..loaders.peft_adapters import file_identity, to_peft_groups
 from ..loaders.sampling import MOE_FAMILY
 from . import comfy_bridge
@@ -62,50 +62,6 @@ def lora_inputs_identity(*names: str) -> str:
     return "|".join(parts)
 
 
-def expert_role(lora_name: str) -> Optional[str]:
-    """"high" / "low" when the file name says which Wan2.2 expert it was trained for (``…high_noise…``,
-    ``…_HIGH_…``, ``low_noise``, ``_LOW_``), None when it does not say (or says both)."""
-    tokens = set(re.split(r"[^a-z0-9]+", lora_name.lower()))
-    high, low = "high" in tokens, "low" in tokens
-    if high == low:
-        return None
-    return "high" if high else "low"
-
-
-def _lora_rank(lf) -> Optional[int]:
-    ranks = {patch.low_rank.rank for patch in lf.targets.values() if patch.low_rank is not None}
-    return ranks.pop() if len(ranks) == 1 else None
-
-
-def _declared_contract(family_module, lf, lora_name: str, spec_strength: float):
-    """The file's contract, or None (no family module, no contract, or applied at strength 0 = off).
-
-    ``lora_name`` is the name relative to the loras root: releases such as Wan2.2-Lightning keep the step
-    count in the folder name (``…-4steps-…/high_noise_model.safetensors``), not in the file name.
-    """
-    if family_module is None or spec_strength == 0:
-        return None
-    return family_module.declared_contract(lora_name, lf.metadata, _lora_rank(lf))
-
-
-def validate_fuse(model_handle, name: str, path: str, component: str, node: str):
-    """Read, map and account one LoRA against one expert of the model WITHOUT fusing.
-
-    Returns (LoraFile, accounting dict). Unmatched keys or shape mismatches raise KeyMatchError (from
-    ``account``); a missing component names the model's components.
-    """
-    loaded = model_handle.model
-    module = loaded.components.get(component)
-    if module is None:
-        raise KeyMatchError(
-            f"{node}: model {loaded.name} ({loaded.family}) has no component '{component}' for {name}; "
-            f"it has {sorted(loaded.components)}"
-        )
-    lf = read_lora(path)
-    accounting = account(map_to_model(lf, loaded.family), module, component=component)
-    return lf, {"lora": name, **accounting.to_dict()}
-
-
 def accounting_text(report: dict) -> str:
     counts = report.get("counts", {})
     return (
@@ -119,10 +75,11 @@ def contract_text(contract) -> list:
     return [] if contract is None else ["contract: " + contract_to_dict(contract)["text"]]
 
 
-def prepare_fuse(model_handle, family_module, name: str, path: str, strength: float, component: str, node: str):
+def prepare_fuse(model_handle, family, name: str, path: str, strength: float, component: str, node: str):
     """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines)."""
-    lf, report = validate_fuse(model_handle, name, path, component, node)
-    contract = _declared_contract(family_module, lf, name, strength)
+    prepared = prepare_lora(path, model_handle.model, component, name=name, where=node)
+    report = prepared.report()
+    contract = declared_contract(family, prepared.lora, name, strength)
     spec = FuseSpec(path=path, strength=float(strength), component=component, name=name)
     return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
 
@@ -180,7 +137,7 @@ class LoadPEFTAdapter:
         # refused at this node, naming it, rather than at sampling time.
         lf = read_lora(path)
         to_peft_groups(lf.targets, lora_name)
-        contract = _declared_contract(families.guess_family(lf), lf, lora_name, scale)
+        contract = declared_contract(families.guess_family(lf), lf, lora_name, scale)
         spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name)
         handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
         text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]

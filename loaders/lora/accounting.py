@@ -36,6 +36,7 @@ class KeyAccounting:
     scale: Optional[float] = None  # None when mixed
     dtype: str = ""
     warnings: list = field(default_factory=list)
+    refusal: str = ""  # why a strict fuse refuses this file (unmatched keys); "" when every key is accounted for
 
     def to_dict(self) -> dict:
         """JSON-able report for nodes and the CLI."""
@@ -50,7 +51,9 @@ class KeyAccounting:
 
 def account(mapped: MappedLora, component_module, *, lenient: bool = False,
             component: str = "transformer") -> KeyAccounting:
-    """Check every target of ``mapped`` against ``component_module`` (e.g. ``pipeline.transformer``)."""
+    """Check every target of ``mapped`` against ``component_module`` (e.g. ``pipeline.transformer``).
+
+    Unmatched keys raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message."""
     lora = mapped.source
     family = family_registry.for_model_family(mapped.family)
     file_names = _file_names_by_key(mapped)
@@ -96,10 +99,12 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
                 acc.applied[dest] = fitting
 
     _summarise(acc)
-    if acc.unmatched and not lenient:
-        raise KeyMatchError(f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
-                            f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family)}"
-                            f"Check that the LoRA is for this model (or load it leniently to ignore these keys)")
+    if acc.unmatched:
+        acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
+                       f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family)}"
+                       f"Check that the LoRA is for this model (or load it leniently to ignore these keys)")
+        if not lenient:
+            raise KeyMatchError(acc.refusal)
     return acc
 
 

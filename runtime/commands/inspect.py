@@ -47,6 +47,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     from ...loaders import families
     from ...loaders.contracts import contract_to_dict
     from ...loaders.lora import read_lora
+    from ...loaders.lora.preparation import declared_contract
 
     lora = read_lora(path)
     family_module = families.guess_family(lora)
@@ -60,14 +61,13 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     # alpha-8 default for files that declare none)
     prepared = family_module.prepare(lora, family_module.MODEL_FAMILIES[0]) if family_module else lora
     lows = [patch.low_rank for patch in prepared.targets.values() if patch.low_rank is not None]
-    rank = _uniform(delta.rank for delta in lows)
-    contract = family_module.declared_contract(lora.name, lora.metadata, rank) if family_module else None
+    contract = declared_contract(family_module, lora, lora.name)
     return {
         "file": lora.name,
         "path": os.path.abspath(path),
         "format": prepared.format,
         "family": family_module.FAMILY if family_module else None,
-        "rank": rank,
+        "rank": _uniform(delta.rank for delta in lows),
         "alpha": _uniform(delta.alpha for delta in lows),
         "scale": _uniform(delta.scale for delta in lows),
         "counts": _tensor_counts(lora),
@@ -135,24 +135,18 @@ def _tensor_counts(lora) -> dict:
 
 
 def _accounting(lora, model) -> dict:
-    """The key accounting on the component the file targets: for a Wan2.2 MoE model the expert its name says
-    (low-noise files -> transformer_2), else the main transformer."""
-    from ...loaders.errors import KeyMatchError
-    from ...loaders.lora import account, map_to_model
-    from ...nodes.adapter_nodes import expert_role
+    """The key accounting on the component the file targets: for a model with a low-noise expert the one its
+    name says (low-noise files -> transformer_2), else the main transformer. Unmatched keys are listed (and
+    exit 1 through ``refusal``); a shape that does not fit raises like a fuse would."""
+    from ...loaders.lora.preparation import expert_role, prepare_lora
 
     component = "transformer"
     if "transformer_2" in model.components and expert_role(lora.name) == "low":
         component = "transformer_2"
-    mapped = map_to_model(lora, model.family)
-    refusal = None
-    try:
-        accounting = account(mapped, model.components[component], component=component)
-    except KeyMatchError as exc:  # unmatched keys (a shape mismatch raises again below): report them all
-        refusal = str(exc)
-        accounting = account(mapped, model.components[component], lenient=True, component=component)
+    prepared = prepare_lora(lora.path, model, component, name=lora.name, lenient=True, where="lorabind inspect")
+    accounting = prepared.accounting
     return {"model": model.name or model.path, "model_family": model.family, "component": component,
-            **accounting.to_dict(), "refusal": refusal}
+            **accounting.to_dict(), "refusal": accounting.refusal or None}
 
 
 def _shorten(value, limit: int = 120) -> str:

@@ -1,24 +1,15 @@
 """``lorabind merge --model DIR --lora FILE[:STRENGTH] [--lora ...] [--component NAME] --out DIR [--dtype ...]``.
 
-Writes a complete diffusers folder with the LoRA(s) fused into one denoiser component. The arithmetic is the
-engine's own (``loaders.patching``: the exact float32 sum of every LoRA on the stored weight, cast back once,
-every key accounted for), but the model is never loaded: the component is built on the ``meta`` device for the
-key accounting and its weight files are streamed one shard at a time, so a 14B expert merges in about one
-shard of memory (loading it and keeping the patcher's restore backups would hold the model several times).
-Text encoders, VAE and every other file are copied byte for byte. The new folder is assembled under a
-temporary name next to ``--out`` and renamed at the end; the source folder is never written.
-Module-level imports stay light: ``lorabind --help`` must not import torch.
+Writes a complete diffusers folder with the LoRA(s) fused into one denoiser component, without loading the
+model; the engine (meta-device build, shard streaming) lives in ``loaders.merging``. Module-level imports stay
+light: ``lorabind --help`` must not import torch.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 
-from ...loaders import json_limits
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -50,147 +41,18 @@ def parse_lora_argument(value: str) -> tuple[str, float]:
 
 
 def run(args) -> int:
+    import torch
+
     from ...loaders.errors import LoraBindError
+    from ...loaders.merging import merge_into_folder
 
     try:
-        report = merge_to_folder(args.model, [parse_lora_argument(v) for v in args.lora], args.out,
-                                 component=args.component, dtype=args.dtype, lenient=args.lenient)
+        report = merge_into_folder(args.model, [parse_lora_argument(v) for v in args.lora], args.out,
+                                   component=args.component, lenient=args.lenient,
+                                   dtype=getattr(torch, DTYPE_ARGUMENTS[args.dtype]) if args.dtype else None)
     except (LoraBindError, FileExistsError) as exc:
         print(f"lorabind merge: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(f"lorabind merge: wrote {args.out}")
     print(json.dumps(report, indent=2))
     return 0
-
-
-def merge_to_folder(model_dir: str, loras: list, out_dir: str, *, component: str = "transformer",
-                    dtype: str | None = None, lenient: bool = False) -> dict:
-    """Fuse ``loras`` [(path, strength)] into ``component`` of ``model_dir`` and write ``out_dir``."""
-    from ...loaders.errors import ModelLoadError
-    from ...loaders.lora import account, map_to_model, read_lora
-    from ...loaders.model_store import detect_family, read_model_index
-    from ...loaders.patching import PatchLayer, plan_state_keys
-
-    source = os.path.realpath(model_dir)
-    target = os.path.abspath(out_dir)
-    if os.path.exists(target):
-        raise FileExistsError(f"--out {out_dir} already exists; choose a new folder")
-    if target == source or target.startswith(source + os.sep):
-        raise ModelLoadError(f"--out {out_dir} must not be inside the source folder {model_dir}")
-    model_index = read_model_index(source)
-    family = detect_family(model_index)
-    module = _structure_of(source, component, model_index)
-    layers, fuses, warnings = [], [], []
-    for path, strength in loras:
-        name = os.path.basename(path.rstrip("/\\"))
-        accounting = account(map_to_model(read_lora(path), family), module, lenient=lenient, component=component)
-        layers.append(PatchLayer(key=os.path.realpath(path), component=component, strength=float(strength),
-                                 targets=accounting.applied, name=name))
-        fuses.append({"name": name, "path": path, "component": component, "strength": float(strength),
-                      "accounting": accounting.to_dict()})
-        warnings.extend(accounting.warnings)
-    plan = plan_state_keys(component, module, layers)  # every shape checked before anything is written
-
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".lorabind-merge-", dir=parent)
-    try:
-        folder = os.path.join(staging, "model")
-        weights = os.path.realpath(os.path.join(source, component))
-        shutil.copytree(source, folder, ignore=lambda where, names: [
-            n for n in names if os.path.realpath(where) == weights and n.endswith(".safetensors")])
-        written = _write_component(source, folder, component, plan, dtype)
-        os.replace(folder, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return {"model": os.path.basename(source), "component": component, "out": target,
-            "tensors_rewritten": written, "patched_tensors": len(plan), "fuses": fuses, "warnings": warnings}
-
-
-def _structure_of(folder: str, component: str, model_index: dict):
-    """The component's module tree on the ``meta`` device: names and shapes for the key accounting, no weights
-    (the weights are streamed from the files one shard at a time by ``_write_component``)."""
-    import importlib
-
-    import torch
-
-    from ...loaders.errors import ModelLoadError
-
-    entry = model_index.get(component)
-    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
-        present = sorted(k for k, v in model_index.items() if isinstance(v, list) and v and v[0])
-        raise ModelLoadError(f"{folder}: no component '{component}' in model_index.json (components: "
-                             f"{', '.join(present)})")
-    library, class_name = entry
-    try:
-        cls = getattr(importlib.import_module(library), class_name)
-        config = cls.load_config(folder, subfolder=component, local_files_only=True)
-        with torch.device("meta"):
-            return cls.from_config(config).eval()
-    except Exception as exc:
-        raise ModelLoadError(f"{folder}: cannot build component '{component}' ({class_name}): {exc}") from exc
-
-
-def _write_component(source: str, folder: str, component: str, plan: dict, dtype: str | None) -> int:
-    """Write ``folder/component``'s safetensors files (same names, keys and shards as the source's) with every
-    planned tensor fused: float32 from the stored value, cast once to the stored (or ``--dtype``) type. Peak
-    memory is one shard plus one layer's float32 temporary, never the whole model."""
-    import glob
-
-    import torch
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from ...loaders.errors import ModelLoadError
-    from ...loaders.patching import NonFiniteResultError, write_patched
-
-    out_dtype = getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None
-    found, written, total_bytes = set(), 0, 0
-    files = sorted(glob.glob(os.path.join(source, component, "*.safetensors")))
-    for path in files:
-        tensors = {}
-        with safe_open(path, framework="pt") as handle:
-            metadata = handle.metadata()
-            for key in handle.keys():
-                value = handle.get_tensor(key)
-                stored_dtype = value.dtype
-                if key in plan:
-                    fused = torch.empty(value.shape, dtype=out_dtype or stored_dtype)
-                    try:
-                        write_patched(fused, value, plan[key])
-                    except NonFiniteResultError as exc:  # nothing is moved into --out: the staging is removed
-                        raise NonFiniteResultError(f"{component}:{key}: {exc}") from None
-                    value = fused
-                elif out_dtype is not None and value.is_floating_point():
-                    value = value.to(out_dtype)
-                tensors[key] = value.contiguous()
-                total_bytes += value.numel() * value.element_size()
-                found.add(key)
-        save_file(tensors, os.path.join(folder, component, os.path.basename(path)), metadata=metadata)
-        written += len(tensors)
-        del tensors
-    lost = sorted(set(plan) - found)
-    if lost:
-        raise ModelLoadError(f"{source}/{component}: patched tensors not found in its weight files: {lost[:5]}")
-    _update_shard_index(os.path.join(folder, component), total_bytes)
-    return written
-
-
-def _update_shard_index(component_folder: str, total_bytes: int) -> None:
-    """A sharded component's ``*.safetensors.index.json`` states the total size; ``--dtype`` changes it."""
-    import glob
-
-    for index_path in glob.glob(os.path.join(component_folder, "*.safetensors.index.json")):
-        try:
-            with open(index_path, encoding="utf-8") as handle:
-                index = json_limits.load(handle)
-        except (OSError, ValueError) as exc:
-            from ...loaders.errors import ModelLoadError
-
-            raise ModelLoadError(f"{index_path}: cannot be read ({exc})") from None
-        if not isinstance(index, dict):
-            continue
-        if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
-            index["metadata"]["total_size"] = total_bytes
-            with open(index_path, "w", encoding="utf-8") as handle:
-                json.dump(index, handle, indent=2)

@@ -12,7 +12,6 @@ from lorabind.nodes.adapter_nodes import (
     FuseDistillLoRA,
     LoadPEFTAdapter,
     WanMoELoRAPair,
-    expert_role,
 )
 
 
@@ -30,17 +29,6 @@ def test_lora_combos_list_the_fixture_files_and_none(registry):
     choices = WanMoELoRAPair.INPUT_TYPES()["required"]["high_noise_lora"][0]
     assert choices[0] == "None" and F.WAN22_HIGH in choices and F.PEFT_FOLDER in choices
     assert FuseDistillLoRA.INPUT_TYPES()["required"]["lora_name"][0] == choices[1:]
-
-
-@pytest.mark.parametrize("name, role", [
-    (F.WAN22_HIGH, "high"), (F.WAN22_LOW, "low"),
-    ("Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors", "high"),
-    ("Wan_2_2_I2V_A14B_LOW_lightx2v_4step_lora_260412_rank_64_fp16.safetensors", "low"),
-    ("wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", "high"),
-    (F.WAN21_DISTILL, None), ("lowres_highlights.safetensors", None),
-])
-def test_expert_role_from_published_file_names(name, role):
-    assert expert_role(name) == role
 
 
 def test_fuse_records_the_fuse_and_contract_without_touching_weights(wan21, load_tiny):

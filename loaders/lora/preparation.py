@@ -1,0 +1,93 @@
+"""``prepare_lora``: THE way a LoRA file becomes validated targets for one denoiser component.
+
+Read (cached) -> map onto the model family's module paths -> account every tensor against the component's real
+module tree. Binding, the adapter nodes, ``lorabind inspect`` and ``lorabind merge`` all call this one function,
+so a file is refused with the same words wherever it is used, and what ``inspect`` reports is exactly what a fuse
+would apply. Also here: the small questions every caller asks about a LoRA file (which Wan2.2 expert its name
+says, its rank, the contract it declares).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import KeyMatchError
+from .accounting import KeyAccounting, account
+from .canonical import LoraFile
+from .mapping import map_to_model
+from .reader import read_lora
+
+@dataclass(frozen=True)
+class PreparedLora:
+    """One LoRA validated against one component: what the patcher consumes plus what reports show."""
+
+    name: str  # the label used in every message (a loras-root name, or the file/folder name)
+    path: str
+    component: str
+    lora: LoraFile  # the file as read (file naming), e.g. for its metadata and rank
+    accounting: KeyAccounting  # every tensor counted; ``accounting.applied`` are the targets that fit
+
+    @property
+    def targets(self) -> dict:
+        """diffusers module path -> TargetPatch, only the parts that fit the component."""
+        return self.accounting.applied
+
+    @property
+    def rank(self) -> Optional[int]:
+        return lora_rank(self.lora)
+
+    def report(self) -> dict:
+        """The JSON-able accounting report nodes and commands show, labelled with the LoRA's name."""
+        return {"lora": self.name, **self.accounting.to_dict()}
+
+
+def prepare_lora(path: str, model, component: str, *, name: str = "", lenient: bool = False,
+                 where: str = "") -> PreparedLora:
+    """Read, map and account the LoRA at ``path`` for ``component`` of ``model`` (anything with ``family``,
+    ``components`` and ``name``: a LoadedModel, or the meta-device structure ``merge`` builds).
+
+    Raises ``LoraFileError`` (unreadable file), ``KeyMatchError`` (no such component, keys that fit nothing
+    unless ``lenient``, shapes that do not fit) with messages naming the file; ``where`` (a node name, a command)
+    prefixes the missing-component message. Nothing is patched.
+    """
+    label = name or os.path.basename(str(path).rstrip("/\\"))
+    module = model.components.get(component)
+    if module is None:
+        prefix = f"{where}: " if where else ""
+        raise KeyMatchError(
+            f"{prefix}{label} is meant for component '{component}', which model {model.name} ({model.family}) "
+            f"does not have (components: {', '.join(sorted(model.components)) or 'none'})")
+    lora = read_lora(path)
+    accounting = account(map_to_model(lora, model.family), module, lenient=lenient, component=component)
+    return PreparedLora(name=label, path=str(path), component=component, lora=lora, accounting=accounting)
+
+
+def expert_role(lora_name: str) -> Optional[str]:
+    """"high" / "low" when the file name says which Wan2.2 expert it was trained for (``…high_noise…``,
+    ``…_HIGH_…``, ``low_noise``, ``_LOW_``), None when it does not say (or says both)."""
+    tokens = set(re.split(r"[^a-z0-9]+", lora_name.lower()))
+    high, low = "high" in tokens, "low" in tokens
+    if high == low:
+        return None
+    return "high" if high else "low"
+
+
+def lora_rank(lora: LoraFile) -> Optional[int]:
+    """The rank shared by every low-rank pair of the file, None when there is none or they differ."""
+    ranks = {patch.low_rank.rank for patch in lora.targets.values() if patch.low_rank is not None}
+    return ranks.pop() if len(ranks) == 1 else None
+
+
+def declared_contract(family, lora: LoraFile, lora_name: str, strength: float = 1.0):
+    """The sampling contract the file declares for ``family`` (a family from ``loaders.families``), or None
+    (no family, no contract, or applied at strength 0 = off).
+
+    ``lora_name`` is the name relative to the loras root: releases such as Wan2.2-Lightning keep the step count
+    in the folder name (``…-4steps-…/high_noise_model.safetensors``), not in the file name.
+    """
+    if family is None or strength == 0:
+        return None
+    return family.declared_contract(lora_name, lora.metadata, lora_rank(lora))

@@ -1,0 +1,77 @@
+"""``prepare_lora``, the one read -> map -> account entry point: what it returns, the one wording of its
+refusals wherever it is called from (binding, nodes, inspect, merge), and the file-name questions beside it."""
+
+import pytest
+
+from lorabind.loaders.binding import bind
+from lorabind.loaders.errors import KeyMatchError
+from lorabind.loaders.families import for_model_family
+from lorabind.loaders.handles import FuseSpec, ModelHandle
+from lorabind.loaders.lora.preparation import declared_contract, expert_role, lora_rank, prepare_lora
+from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.nodes.adapter_nodes import FuseDistillLoRA
+from lorabind.runtime.commands.inspect import inspect_lora
+
+
+def test_prepared_lora_carries_the_targets_that_fit_and_a_named_report(load_tiny, tiny_models_root):
+    model = load_tiny("tiny-wan22-t2v")
+    path = str(tiny_models_root / "loras" / F.WAN22_LOW)
+    prepared = prepare_lora(path, model, "transformer_2", name=F.WAN22_LOW)
+    assert prepared.targets is prepared.accounting.applied and prepared.targets
+    modules = dict(model.components["transformer_2"].named_modules())
+    assert all(dest in modules for dest in prepared.targets)
+    report = prepared.report()
+    assert report["lora"] == F.WAN22_LOW and report["component"] == "transformer_2"
+    assert report["counts"]["applied"] > 0 and report["counts"]["unmatched"] == 0
+    assert prepared.rank == F.FIXTURE_RANK == lora_rank(prepared.lora)
+
+
+def test_a_missing_component_is_refused_in_the_same_words_by_binding_and_nodes(load_tiny, tiny_models_root,
+                                                                                registry):
+    model = load_tiny("tiny-wan21-t2v")
+    path = str(tiny_models_root / "loras" / F.WAN21_DISTILL)
+    words = (f"{F.WAN21_DISTILL} is meant for component 'transformer_2', which model tiny-wan21-t2v (wan2.1) "
+             f"does not have (components: transformer)")
+    with pytest.raises(KeyMatchError) as direct:
+        prepare_lora(path, model, "transformer_2", name=F.WAN21_DISTILL)
+    assert str(direct.value) == words
+    with pytest.raises(KeyMatchError) as bound:
+        bind(model, [FuseSpec(path=path, strength=1.0, component="transformer_2", name=F.WAN21_DISTILL)], [])
+    assert str(bound.value) == words
+    with pytest.raises(KeyMatchError) as node:
+        FuseDistillLoRA().fuse(ModelHandle(model), F.WAN21_DISTILL, 1.0, "transformer_2")
+    assert str(node.value) == "FuseDistillLoRA: " + words
+
+
+def test_lenient_preparation_keeps_the_strict_refusal_text_that_inspect_reports(load_tiny, tiny_models_root):
+    model = load_tiny("tiny-wan21-t2v")
+    path = str(tiny_models_root / "loras" / F.QWEN_LIGHTNING)  # a Qwen-Image file on a Wan model
+    with pytest.raises(KeyMatchError) as strict:
+        prepare_lora(path, model, "transformer")
+    lenient = prepare_lora(path, model, "transformer", lenient=True)
+    assert lenient.accounting.refusal == str(strict.value)
+    assert lenient.accounting.unmatched and "match nothing in the transformer (wan2.1)" in lenient.accounting.refusal
+    report = inspect_lora(path, model_dir=str(tiny_models_root / "diffusers" / "tiny-wan21-t2v"))
+    assert report["accounting"]["refusal"] == str(strict.value)
+    assert report["accounting"]["counts"] == lenient.accounting.counts
+
+
+@pytest.mark.parametrize("name, role", [
+    (F.WAN22_HIGH, "high"), (F.WAN22_LOW, "low"),
+    ("Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors", "high"),
+    ("Wan_2_2_I2V_A14B_LOW_lightx2v_4step_lora_260412_rank_64_fp16.safetensors", "low"),
+    ("wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", "high"),
+    (F.WAN21_DISTILL, None), ("lowres_highlights.safetensors", None),
+])
+def test_expert_role_from_published_file_names(name, role):
+    assert expert_role(name) == role
+
+
+def test_declared_contract_is_off_at_strength_zero_and_without_a_family(load_tiny, tiny_models_root):
+    model = load_tiny("tiny-wan22-t2v")
+    prepared = prepare_lora(str(tiny_models_root / "loras" / F.WAN22_HIGH), model, "transformer")
+    family = for_model_family(model.family)
+    contract = declared_contract(family, prepared.lora, F.WAN22_HIGH, 1.0)
+    assert (contract.steps, contract.family) == (4, "wan2.2_moe")
+    assert declared_contract(family, prepared.lora, F.WAN22_HIGH, 0.0) is None
+    assert declared_contract(None, prepared.lora, F.WAN22_HIGH, 1.0) is None
