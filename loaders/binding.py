@@ -134,7 +134,9 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
         result: ApplyResult = state.patcher.apply(layers, check_interrupt=check_interrupt, on_progress=on_progress)
     except BaseException:
         cache.activate({k: s for k, s in previous_active.items() if k in cache.entries})
+        _keep_under_plan(model, None)  # weights are as before; adapter layers may have been injected
         raise
+    _keep_under_plan(model, state.patcher)
     report.warnings.extend(cache.warnings[warnings_before:])
     state.fuses = tuple(fuses)
     report.written, report.restored, report.unchanged = result.written, result.restored, result.unchanged
@@ -153,6 +155,7 @@ def unbind(model) -> None:
     with state.lock:
         state.adapters.activate({})
         result = state.patcher.restore_all()
+        _keep_under_plan(model, state.patcher)
         state.fuses = ()
         state.stats.tensors_restored += result.restored
 
@@ -170,9 +173,18 @@ def release_adapters(model) -> None:
     if state is not None:
         with state.lock:
             state.adapters.remove_all()
+            _keep_under_plan(model, None)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+def _keep_under_plan(model, patcher) -> None:
+    """Tell the model's memory plan what a bind changed, so no copy of a weight it keeps goes stale
+    (``loaders.placement``: staged copies, group-offload hooks)."""
+    placement = getattr(model, "placement", None)
+    if placement is not None:
+        placement.after_bind(patcher.last_written_tensors() if patcher is not None else {})
 
 
 def _label(spec) -> str:

@@ -5,8 +5,9 @@
 
 Why a cache: a graph (and the executor across prompts) may name one folder from several loader nodes; the
 binding engine relies on there being exactly one pipeline per folder so that patches are never applied to a
-copy. The cache key is the resolved path, the ``model_index.json`` mtime (a rebuilt folder reloads) and the
-dtype.
+copy. The cache key is the resolved path, the ``model_index.json`` mtime (a rebuilt folder reloads), the
+dtype, the device, the memory plan requested and the speed options: a model placed for one device or plan is a
+different pipeline from the same folder placed for another.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class LoadedModel:
     components: dict = field(default_factory=dict)  # denoiser name -> torch.nn.Module
     model_index: dict = field(default_factory=dict)
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
+    placement: Any = None  # loaders.placement.ModelPlacement: where each component lives under its memory plan
 
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -145,23 +147,42 @@ def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
                 "convert the component to .safetensors")
 
 
-def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
-    """The shared ``LoadedModel`` for a diffusers folder: loaded once per (resolved path, index mtime, dtype).
+def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, attention: str = "native",
+               compile: bool = False, on_progress=None, before_device_alloc=None) -> LoadedModel:
+    """The shared ``LoadedModel`` for a diffusers folder, placed on ``device`` under a memory plan.
 
+    Loaded once per (resolved path, index mtime, dtype, device, memory, attention, compile). ``device``/``memory``
+    None or "auto" follow ``loaders.devices`` (session defaults, then the best device / the planner's choice).
+    The plan is chosen from the configs before any weight is read; one that does not fit raises
+    ``ModelLoadError`` saying what is needed, what is free and which plan would work. ``before_device_alloc(bytes,
+    device)`` runs just before our weights take device memory (ComfyUI frees its own models there);
+    ``on_progress(done, total)`` follows loading and placing the components.
     Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder.
     """
+    from . import load_plan, placement, speed
+    from .devices import resolve_device, resolve_memory
+
     folder = Path(path).expanduser().resolve()
     index_file = folder / "model_index.json"
     model_index = read_model_index(folder)
     torch_dtype = resolve_dtype(dtype)
-    key = (str(folder), index_file.stat().st_mtime_ns, str(torch_dtype))
+    torch_device = resolve_device(device)
+    memory_name = resolve_memory(memory)
+    key = (str(folder), index_file.stat().st_mtime_ns, str(torch_dtype), str(torch_device), memory_name,
+           attention, bool(compile))
     with _lock:
         cached = _cache.get(key)
         if cached is not None:
+            if cached.placement is not None:
+                cached.placement.ensure_placed()
             return cached
         family = detect_family(model_index)
         compat.require(family, f"{folder.name} ({family})")
         refuse_pickle_weights(folder, model_index)
+        speed.check_attention(attention, torch_device)
+        plan = load_plan.choose_plan(folder, model_index, device=torch_device, memory=memory_name, dtype=torch_dtype)
+        if before_device_alloc is not None and torch_device.type != "cpu":
+            before_device_alloc(plan.peak_device_bytes, torch_device)
         try:
             with quiet_library_progress():
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
@@ -177,16 +198,34 @@ def load_model(path, *, name: str = "", dtype=None) -> LoadedModel:
                                  f"load them; {family} needs a newer diffusers")
         for module in components.values():
             module.eval().requires_grad_(False)
+        placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device, model_index)
+        placed.apply(on_progress)
+        speed.apply_speed_options(components, attention=attention, compile=compile)
         model = LoadedModel(
             path=str(folder), name=name or folder.name, family=family, pipeline=pipeline,
-            components=components, model_index=model_index,
+            components=components, model_index=model_index, placement=placed,
         )
         # A rebuilt folder (new mtime) replaces the stale entry instead of keeping both pipelines alive.
-        for stale in [k for k in _cache if k[0] == key[0] and k[2] == key[2]]:
-            del _cache[stale]
+        for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
+            _release(_cache.pop(stale))
         _cache[key] = model
         _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
         return model
+
+
+def _release(model: LoadedModel) -> None:
+    if model.placement is not None:
+        model.placement.release()
+
+
+def release_device_memory() -> int:
+    """Give every cached model's device memory back (ComfyUI's "unload models"); they stay loaded on the host
+    and return to the device on their next use. Returns how many models held a placement."""
+    with _lock:
+        models = list(_cache.values())
+    for model in models:
+        _release(model)
+    return sum(1 for m in models if m.placement is not None)
 
 
 def load_count(path) -> int:
@@ -195,6 +234,8 @@ def load_count(path) -> int:
 
 
 def clear_cache() -> None:
-    """Forget every loaded model (tests; the server's "free memory" request)."""
+    """Forget every loaded model (tests; the server's "free memory" request), giving device memory back first."""
     with _lock:
+        for model in _cache.values():
+            _release(model)
         _cache.clear()

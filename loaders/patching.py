@@ -116,6 +116,13 @@ class WeightPatcher:
         """Parameter ids currently holding a patched value."""
         return set(self._applied)
 
+    def last_written_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """{component: the tensors the last ``apply`` wrote or restored} (a memory plan syncs its copies of them)."""
+        written: dict[str, list[torch.Tensor]] = {}
+        for pid in sorted(self.last_written):
+            written.setdefault(self._locations[pid][0], []).append(self._tensor(pid))
+        return written
+
     def backup_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._originals.values())
 

@@ -16,6 +16,7 @@ import torch
 
 from .handles import ConditioningHandle, LatentHandle
 from .model_store import LoadedModel
+from .placement import placement_of
 from .sigmas import on_high_noise_expert
 
 MOE_FAMILY = "wan2.2_moe"
@@ -223,15 +224,20 @@ def denoise(
         velocity = _WanVelocity(model, positive, negative)
 
     total = len(experts)
+    placement = placement_of(model)
     with torch.no_grad():
         for i, expert in enumerate(experts):
             if check_interrupt is not None:
                 check_interrupt()
+            if placement is not None:  # the memory plan brings this expert to the device (a swap at the boundary)
+                placement.activate(expert)
             v = _guided(velocity, expert, x, sigmas[i], guidance_for(schedule.cfg, expert),
                         renormalize=model.family == "qwen_image")
             x = x + (sigmas[i + 1] - sigmas[i]) * v.to(x.device)
             if on_step is not None:
                 on_step(i + 1, total)
+    if placement is not None:
+        placement.end_denoise()
 
     if model.family == "qwen_image":
         x = unpack_qwen_latents(x, *grid)
@@ -248,6 +254,13 @@ def decode(model: LoadedModel, latent: LatentHandle) -> torch.Tensor:
 
         return minimax_h3_sampling.decode(model, latent)
     vae = model.pipeline.vae
+    placement = placement_of(model)
+    if placement is not None:
+        from .memory import default_decode_bytes
+
+        scale = 2 ** len(vae.config.temperal_downsample)  # latent -> pixel factor of the Wan/Qwen VAEs
+        placement.prepare_decode(default_decode_bytes(latent.samples.shape[-1] * scale,
+                                                      latent.samples.shape[-2] * scale))
     device, dtype = _device_and_dtype(vae)
     z = latent.samples.to(device, dtype)
     channels = vae.config.z_dim

@@ -1,8 +1,10 @@
 """The one place where the pack touches ComfyUI modules — lazily and optionally.
 
-Inside ComfyUI we use its ``folder_paths``, ``comfy.utils.ProgressBar`` and its interrupt check; headless we
-use the runtime's equivalents (``runtime.folder_paths``, ``runtime.context``). Every node goes through these
-functions so that no node module imports ComfyUI at import time.
+Inside ComfyUI we use its ``folder_paths``, ``comfy.utils.ProgressBar``, its interrupt check and its
+``model_management`` (the default device; freeing its models before ours take VRAM; releasing ours when it
+unloads); headless we use the runtime's equivalents (``runtime.folder_paths``, ``runtime.context``, the session
+defaults of ``loaders.devices``). Every node goes through these functions so that no node module imports
+ComfyUI at import time.
 """
 
 from __future__ import annotations
@@ -91,3 +93,46 @@ class ProgressBar:
         ctx = current_context()
         if ctx is not None:
             ctx.report_progress(self.value, self.total, extra)
+
+
+def default_device():
+    """ComfyUI's torch device inside ComfyUI (what its own models use), None headless (the session default)."""
+    mods = _comfy_modules()
+    if mods is None:
+        return None
+    return mods[2].get_torch_device()
+
+
+def free_device_memory(nbytes: int, device) -> None:
+    """Before our weights take ``nbytes`` on ``device``, let ComfyUI unload its own models to make room, so the
+    two do not fight over VRAM (a no-op headless)."""
+    mods = _comfy_modules()
+    if mods is not None:
+        mods[2].free_memory(int(nbytes), device)
+
+
+_UNLOAD_HOOK_MARK = "_lorabind_releases_too"
+
+
+def install_unload_hook() -> bool:
+    """Make ComfyUI's "unload models" (its ``/free`` route, the Unload Models button, out-of-memory recovery)
+    release our models' device memory too. ComfyUI has no callback registry for this, so we wrap
+    ``model_management.unload_all_models`` once; the wrapper calls ours, then ComfyUI's. False headless."""
+    mods = _comfy_modules()
+    if mods is None:
+        return False
+    model_management = mods[2]
+    current = model_management.unload_all_models
+    if getattr(current, _UNLOAD_HOOK_MARK, False):
+        return True
+
+    def unload_all_models(*args, **kwargs):
+        from ..loaders import model_store
+
+        model_store.release_device_memory()
+        return current(*args, **kwargs)
+
+    setattr(unload_all_models, _UNLOAD_HOOK_MARK, True)
+    unload_all_models.__wrapped__ = current
+    model_management.unload_all_models = unload_all_models
+    return True

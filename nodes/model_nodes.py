@@ -6,11 +6,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..loaders.devices import MEMORY_NAMES, device_choices
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import SOCKET_MODEL, ModelHandle
 from ..loaders.model_store import DTYPE_NAMES, load_model
+from ..loaders.speed import ATTENTION_NAMES
 from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin
-from .comfy_bridge import folder_paths
+from . import comfy_bridge
+from .comfy_bridge import ProgressBar, folder_paths
 
 MODEL_FOLDER_KIND = "diffusers"
 
@@ -83,11 +86,36 @@ class LoraBindModelLoader:
                     "default": "auto",
                     "tooltip": "Weight dtype: auto keeps the folder's own; bfloat16 halves memory on GPUs.",
                 }),
-            }
+            },
+            # Optional so that API prompts written before these inputs existed still validate and run.
+            "optional": {
+                "device": (device_choices(), {
+                    "default": "auto",
+                    "tooltip": "Where the model runs. auto: ComfyUI's device inside ComfyUI, `lorabind run/serve "
+                               "--device` headless, else CUDA, then MPS, then the CPU.",
+                }),
+                "memory": (list(MEMORY_NAMES), {
+                    "default": "auto",
+                    "tooltip": "Memory plan. auto picks the cheapest that fits the free device memory: full "
+                               "(everything resident), swap_experts (Wan2.2: one expert on the device at a time), "
+                               "offload_model (each component on the device only while used), offload_blocks "
+                               "(stream transformer blocks). A plan that cannot fit is refused before loading.",
+                }),
+                "attention": (list(ATTENTION_NAMES), {
+                    "default": "native",
+                    "tooltip": "Attention kernel (diffusers' attention dispatcher): native is torch SDPA; flash, "
+                               "flash3, sage, xformers need their package and CUDA; cudnn needs CUDA.",
+                }),
+                "compile": ("BOOLEAN", {
+                    "default": False,
+                    "tooltip": "torch.compile the repeated transformer blocks (diffusers' regional compilation): "
+                               "slower first run, faster steps after.",
+                }),
+            },
         }
 
     @classmethod
-    def IS_CHANGED(cls, model_name, dtype):
+    def IS_CHANGED(cls, model_name, dtype, **_options):
         """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself)."""
         try:
             folder = find_model_folder(model_name)
@@ -98,8 +126,14 @@ class LoraBindModelLoader:
         index = folder / "model_index.json"
         return f"{index}:{index.stat().st_mtime_ns}:{dtype}"
 
-    def load(self, model_name, dtype="auto"):
-        model = load_model(resolve_model_folder(model_name), name=model_name, dtype=dtype)
+    def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False):
+        folder = resolve_model_folder(model_name)
+        progress = ProgressBar(1)
+        comfy_bridge.install_unload_hook()
+        model = load_model(folder, name=model_name, dtype=dtype, device=device if device != "auto" else
+                           comfy_bridge.default_device(), memory=memory, attention=attention, compile=compile,
+                           on_progress=lambda done, total: progress.update_absolute(done, total=total),
+                           before_device_alloc=comfy_bridge.free_device_memory)
         return (ModelHandle(model, contracts=checkpoint_contracts(model)),)
 
 

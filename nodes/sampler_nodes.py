@@ -42,6 +42,12 @@ def _report_lines(report: dict) -> list[str]:
     lines.append(f"bind: {len(bound['fuses'])} fused, {len(bound['adapters'])} adapters, "
                  f"{bound['written']} tensors written, {bound['restored']} restored")
     lines += [f"warning: {w}" for w in bound["warnings"]]
+    placed = report.get("placement")
+    if placed:
+        where = ", ".join(f"{name}: {at}" for name, at in placed["components"].items())
+        lines.append(f"memory={placed['memory']} on {placed['device']}"
+                     f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
+                     f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
     return lines
 
 
@@ -125,7 +131,8 @@ class LoraBindSampler:
                                    on_progress=report_progress)
         samples = sampling.denoise(model.model, positive, negative, latent, resolved, seed,
                                    on_step=report_progress, check_interrupt=check_interrupted)
-        report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict()}
+        report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
+                  "placement": model.model.placement.describe() if model.model.placement is not None else None}
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report)},
                 "result": (samples, sigmas)}

@@ -20,6 +20,8 @@ class RunError(Exception):
 
 
 def add_arguments(parser) -> None:
+    from ..device_options import add_device_arguments
+
     parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow saved from ComfyUI (UI or API format)")
     parser.add_argument("--models", metavar="DIR", help="models root (default: $LORABIND_MODELS or ./models)")
     parser.add_argument("--output", metavar="DIR", help="output directory (default: ./output)")
@@ -27,6 +29,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", metavar="NODE.INPUT=VALUE", action="append", default=[], dest="overrides",
                         help="override one node input; VALUE is parsed as JSON, else taken as a string "
                         "(repeatable), e.g. --set 3.seed=42 --set 6.text=\"a cat\"")
+    add_device_arguments(parser)
 
 
 def load_node_classes() -> tuple[dict, dict]:
@@ -45,9 +48,14 @@ def ensure_models(prompt: dict, models_root: str) -> None:
 
 def run(args) -> int:
     from .. import folder_paths
+    from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
     from ..workflow_format import WorkflowFormatError, to_api_prompt
 
+    device_error = apply_device_arguments(args)
+    if device_error:
+        print(f"lorabind run: {device_error}", file=sys.stderr)
+        return 2
     folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
     try:
         workflow = _load_json(args.workflow)

@@ -10,6 +10,8 @@ import os
 
 
 def add_arguments(parser) -> None:
+    from ..device_options import add_device_arguments
+
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
                         help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
     parser.add_argument("--port", type=int, default=8188, help="port (default 8188)")
@@ -29,11 +31,17 @@ def add_arguments(parser) -> None:
                         "browser requests")
     parser.add_argument("--max-upload-size", type=float, default=100.0, metavar="MB",
                         help="largest accepted request body in MB (default 100)")
+    add_device_arguments(parser)
 
 
 def run(args) -> int:
+    from ..device_options import apply_device_arguments
     from ..server import ServerConfig, run_server
 
+    device_error = apply_device_arguments(args)
+    if device_error:
+        print(f"lorabind serve: {device_error}")
+        return 2
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
         return 2

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ...loaders.devices import host_memory
 from .http_json import dumps
 from .state import PACK_NAME, STATE_KEY, ServerState
 
@@ -71,19 +72,6 @@ def _package_version(name: str) -> str:
         return ""
 
 
-def _memory() -> tuple[int, int]:
-    """(total, available) bytes from /proc/meminfo; zeros where that file does not exist."""
-    values = {}
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                values[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    return values.get("MemTotal", 0), values.get("MemAvailable", values.get("MemFree", 0))
-
-
 def _devices(ram_total: int, ram_free: int) -> list[dict]:
     """CUDA devices when torch is already loaded and sees one (never import torch just for this)."""
     torch = sys.modules.get("torch")
@@ -102,7 +90,7 @@ def _devices(ram_total: int, ram_free: int) -> list[dict]:
 
 
 async def get_system_stats(request: web.Request) -> web.Response:
-    ram_total, ram_free = _memory()
+    ram_total, ram_free = host_memory()
     version = _package_version("lorabind")
     return web.json_response({
         "system": {"os": os.name, "ram_total": ram_total, "ram_free": ram_free,
