@@ -30,10 +30,10 @@ copy later loses nothing.
 
 On the CPU, the "device" is the host: every mechanism above still runs (staged copies, group-offload hooks with
 onload device cpu), which is how the tests exercise it without a GPU. One CPU detail: tensors loaded from a
-safetensors file can sit at addresses that are not 64-byte aligned, and the CPU matmul kernels then round
-differently from the same values in a fresh allocation (measured: 3.6e-7 on the tiny Wan time embedder). Every
-device copy is a fresh allocation, so on the CPU every plan first moves misaligned tensors into fresh storage;
-then all plans compute on identically placed weights and give bit-identical results, as they do on a GPU.
+safetensors file can start at addresses that are not 64-byte aligned, and the CPU matmul kernels round
+differently for the same values at a different alignment (measured: 3.6e-7 on the tiny Wan time embedder). So a
+staged "device" copy on the CPU is placed at the same offset modulo 64 bytes as its source, and every plan
+computes exactly what ``full`` computes, as on a GPU (where every plan computes on fresh device allocations).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from torch import nn
 from .memory.sizes import DENOISER_ROLES, ENCODER_ROLES, component_role
 
 CPU = torch.device("cpu")
-_ALIGNMENT = 64  # bytes; torch's CPU allocator aligns every allocation to this
+_ALIGNMENT = 64  # bytes; the CPU kernels' rounding depends on a tensor's address modulo this
 
 
 @dataclass
@@ -66,15 +66,15 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
     return list(module.parameters()) + [b for b in module.buffers() if b is not None]
 
 
-def realign_for_cpu(module: nn.Module) -> int:
-    """Move every tensor not starting on a 64-byte boundary into a fresh allocation (see the module docstring);
-    returns how many moved."""
-    moved = 0
-    for tensor in _tensors(module):
-        if tensor.device.type == "cpu" and tensor.data_ptr() % _ALIGNMENT:
-            tensor.data = tensor.data.clone()
-            moved += 1
-    return moved
+def same_alignment_copy(source: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``source`` starting at the same address modulo 64 bytes (see the module docstring)."""
+    size = source.element_size()
+    pad = _ALIGNMENT // size
+    flat = torch.empty(source.numel() + pad, dtype=source.dtype)
+    shift = ((source.data_ptr() - flat.data_ptr()) % _ALIGNMENT) // size
+    copy = flat[shift:shift + source.numel()].view(source.shape)
+    copy.copy_(source)
+    return copy
 
 
 class _Staged:
@@ -117,8 +117,8 @@ class _Staged:
                 tensor.data = copy
 
     def _device_copy(self, host: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu":
-            return host.clone()  # a separate "device" copy, so the CPU runs the same code path as a GPU
+        if self.device.type == "cpu":  # a separate "device" copy, so the CPU runs the same code path as a GPU
+            return same_alignment_copy(host)
         return host.to(self.device, non_blocking=host.is_pinned())
 
     @property
@@ -194,8 +194,6 @@ class ModelPlacement:
         for index, name in enumerate(names):
             module = self.modules[name]
             place = self.placement[name]
-            if self.device.type == "cpu":
-                realign_for_cpu(module)
             if place == "device":
                 module.to(self.device)
             elif place == "blocks":
