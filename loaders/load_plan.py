@@ -45,9 +45,23 @@ def free_memory(device) -> tuple[int, int | None]:
     return free, None
 
 
+def cpu_plan(model_index: dict):
+    """``auto`` on the CPU: everything stays in RAM. Offloading to the memory it already lives in saves nothing,
+    so no sizes are measured (a config the planner cannot read is then the loader's error, as before)."""
+    from .memory import MemoryPlan
+    from .memory.sizes import component_role
+
+    names = tuple(n for n in model_index if component_role(n, model_index) is not None)
+    return MemoryPlan(memory="full", resident=names, placement={n: "device" for n in names},
+                      reason="auto on the CPU: every component stays in RAM")
+
+
 def choose_plan(folder: Path, model_index: dict, *, device, memory: str, dtype=None):
     """The ``MemoryPlan`` for loading ``folder`` onto ``device``; raises ``ModelLoadError`` when it does not fit."""
     from .memory import component_sizes, plan_memory
+
+    if device.type == "cpu" and memory == "auto":
+        return cpu_plan(model_index)
 
     dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(folder, model_index)
     sizes = component_sizes(folder, dtype_name)
