@@ -1,6 +1,7 @@
 """Run every benchmark and print side-by-side ratios (issue 7).
 
     python bench/run_all.py [--quick] [--json FILE]
+    python bench/run_all.py --device cuda [--json FILE]     # the device figures (bench_cuda), on a GPU
 
 Every figure is a ratio measured in one process, alternating A and B, median of >= 5 repetitions after a
 warm-up (``--quick``: tiny sizes, 2 repetitions — a smoke mode that keeps the scripts from rotting).
@@ -54,9 +55,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (smoke mode)")
     parser.add_argument("--json", metavar="FILE", help="also write the summary as one JSON object")
+    parser.add_argument("--device", default="cpu", help="cpu (default): the CPU figures; cuda or cuda:N: the "
+                        "device figures of bench_cuda (fuse, expert swap, s/step, peak VRAM next to their floors)")
     args = parser.parse_args(argv)
 
     import torch
+
+    if args.device != "cpu":
+        return _device_figures(args.device, args.json)
 
     size, size_name = (QUICK, "quick") if args.quick else (FULL, "full")
     reps = 2 if args.quick else 5
@@ -106,6 +112,31 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             json.dump(payload, fh, indent=2)
         print(f"wrote {args.json}")
+    return 0
+
+
+def _device_figures(device: str, json_path) -> int:
+    """``--device cuda``: the bench_cuda entries on the real 14B configuration; a clean exit without CUDA."""
+    import torch
+
+    from . import bench_cuda
+
+    if not torch.cuda.is_available():
+        print(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; the device figures are "
+              "skipped (run them on a GPU machine)")
+        return 0
+    result = bench_cuda.run(bench_cuda.REAL_CONFIGS / "wan2.2-t2v-a14b" / "transformer", device)
+    bench_cuda.print_report(result)
+    summary = {k: v for k, v in result.items() if k != "details"}
+    print("\nsummary")
+    for name, value in summary.items():
+        print(f"{name}: {value:.3f}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(dict(summary, machine=machine_description(), device=device, details=result["details"],
+                           date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+                      fh, indent=2, default=str)
+        print(f"wrote {json_path}")
     return 0
 
 

@@ -210,10 +210,16 @@ class ModelPlacement:
             self._stream = torch.cuda.Stream(self.device)
 
     def _enable_group_offload(self, name: str, module: nn.Module) -> None:
+        """Block level where the module's repeated blocks are a direct ``ModuleList`` child (diffusers'
+        transformers); leaf level otherwise (a transformers text encoder keeps its layers one level down, where
+        block level would put the whole encoder in one group)."""
         from diffusers.hooks import apply_group_offloading
 
-        apply_group_offloading(module, onload_device=self.device, offload_device=CPU, offload_type="block_level",
-                               num_blocks_per_group=1, use_stream=self.device.type == "cuda")
+        by_blocks = any(isinstance(child, (nn.ModuleList, nn.Sequential)) for child in module.children())
+        kwargs = {"offload_type": "block_level", "num_blocks_per_group": 1} if by_blocks else \
+            {"offload_type": "leaf_level"}
+        apply_group_offloading(module, onload_device=self.device, offload_device=CPU,
+                               use_stream=self.device.type == "cuda", **kwargs)
         self._offload_params[name] = frozenset(_tensors(module))
 
     def _install_hooks(self, name: str, module: nn.Module) -> None:

@@ -3,7 +3,6 @@ restore the base weights bit-exactly, and the expert swap follows its policy (on
 that ends a run stays resident, a bind on a resident expert is written back to its host copy)."""
 
 import dataclasses
-import os
 import types
 
 import pytest
@@ -16,21 +15,13 @@ from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.sampling import denoise
 from lorabind.loaders.tiny_models import lora_fixtures as F
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 PLANS = ["full", "swap_experts", "offload_model", "offload_blocks"]
 SCHEDULE = types.SimpleNamespace(sigmas=(1.0, 0.9375, 0.833333, 0.625, 0.0), cfg=1.0, boundary=None, steps=4)
 
 
 @pytest.fixture(scope="module")
-def models_root(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny
-    from lorabind.loaders.tiny_models.lora_fixtures import write_fixture_loras
-
-    root = tmp_path_factory.mktemp("placement_binding_models")
-    build_tiny(root, names=["tiny-wan22-t2v", "tiny-wan21-t2v"])
-    write_fixture_loras(root)
-    return root
+def models_root(tiny_models_root):
+    return tiny_models_root
 
 
 def _load(root, name, memory):
@@ -142,3 +133,30 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(models_root, monkeyp
     assert "memory=offload_blocks needs" in message and "0.1 GiB free" in message
     assert message.endswith("Nothing was loaded.")
     assert model_store.load_count(folder) == loads
+
+
+def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_root):
+    """The planner streams a text encoder too large for the device even alone (umt5-xxl on 8 GiB); its layers sit
+    one level down, so it is offloaded leaf by leaf (block level would make it one group)."""
+    from diffusers.hooks.group_offloading import _is_group_offload_enabled
+
+    from lorabind.loaders.placement import ModelPlacement
+
+    full = _load(models_root, "tiny-wan21-t2v", "full")
+    expected = encode_text(full, "a red fox").embeds
+    model_store.clear_cache()
+    try:
+        model = _load(models_root, "tiny-wan21-t2v", "offload_model")
+        plan = dataclasses.replace(model.placement.plan, placement={**model.placement.plan.placement,
+                                                                    "text_encoder": "blocks"})
+        encoder = model.pipeline.text_encoder
+        model.placement.remove()
+        model.placement = ModelPlacement(dict(model.pipeline.components), plan, torch.device("cpu"),
+                                         model.model_index)
+        model.placement.apply()
+        assert _is_group_offload_enabled(encoder)
+        hooked = [m for m in encoder.modules() if getattr(m, "_diffusers_hook", None) is not None]
+        assert len(hooked) > 10  # one group per leaf module, not one for the whole encoder
+        assert torch.equal(encode_text(model, "a red fox").embeds, expected)
+    finally:
+        model_store.clear_cache()

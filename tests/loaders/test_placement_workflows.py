@@ -18,7 +18,7 @@ from lorabind.loaders.tiny_models import unavailable_builtins
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
-RUNNABLE = ["wan22_tiny_t2v", "wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches",
+RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches",
             "minimax_h3_native"]
 OFFLOAD_PLANS = ["swap_experts", "offload_model", "offload_blocks"]
 
