@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 
 import pytest
 import torch
@@ -109,17 +108,15 @@ def _modules(*names):
 def test_nested_repetition_patterns_match_in_bounded_time(tmp_path):
     name = "blocks.0." + "x" * 26  # Python's re needs ~12 s for this one match
     folder = _peft_folder(tmp_path, {"rank_pattern": {"(x+x+)+y": 4}}, _modules(name))
-    start = time.monotonic()
+    # Within the matching budget (a 12 s match would have been refused), so no wall-clock assertion: on a
+    # loaded machine that measures the machine, and timing goals belong in bench/.
     assert read_lora(folder).targets[name].low_rank.scale == 1.0  # no match: r=2, lora_alpha=2
-    assert time.monotonic() - start < 5
 
 
 def test_a_pattern_too_costly_to_match_is_refused_naming_it(tmp_path):
     folder = _peft_folder(tmp_path, {"alpha_pattern": {"(a|aa)+b": 4}}, _modules("blocks.0." + "a" * 34))
-    start = time.monotonic()
     with pytest.raises(LoraFileError, match=r"adapter: adapter config pattern '\(a\|aa\)\+b' takes too long"):
         read_lora(folder)
-    assert time.monotonic() - start < 5
 
 
 def test_rank_and_alpha_patterns_match_like_peft(tmp_path):
