@@ -29,18 +29,22 @@ def schedule_report(model, schedule) -> dict:
     }
 
 
-def _report_lines(report: dict) -> list[str]:
+def _report_lines(report: dict, enforced: bool) -> list[str]:
+    """The sampler's text output (``lorabind run`` prints it): schedule, contracts, expert switch, what bound."""
     lines = [
         f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
         f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]"
     ]
-    lines += [f"contract: {c['text']}" for c in report["contracts"]]
+    lines += [f"contract{' enforced' if enforced else ''}: {c['text']}" for c in report["contracts"]]
     if report["boundary"] is not None:
         lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
+        lines += _expert_switch_lines(report)
     lines += [f"contract override: {text}" for text in report["overrides"]]
     bound = report["bind"]
     lines.append(f"bind: {len(bound['fuses'])} fused, {len(bound['adapters'])} adapters, "
                  f"{bound['written']} tensors written, {bound['restored']} restored")
+    lines += [f"bind: {fuse['name']} fused into {fuse['component']} at strength {fuse['strength']:g} "
+              f"({fuse['accounting']['counts']['applied']} tensors applied)" for fuse in bound["fuses"]]
     lines += [f"warning: {w}" for w in bound["warnings"]]
     placed = report.get("placement")
     if placed:
@@ -49,6 +53,15 @@ def _report_lines(report: dict) -> list[str]:
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
     return lines
+
+
+def _expert_switch_lines(report: dict) -> list[str]:
+    """Where a two-expert model hands over, e.g. ``expert switch at step 2 (σ=0.8333 < boundary 0.875):
+    transformer -> transformer_2``; steps count from 0, step i runs from sigma i to sigma i+1."""
+    experts, sigmas = report["experts"], report["sigmas"]
+    return [f"expert switch at step {step} (σ={sigmas[step]:.4f} < boundary {report['boundary']:g}): "
+            f"{experts[step - 1]} -> {experts[step]}"
+            for step in range(1, len(experts)) if experts[step] != experts[step - 1]]
 
 
 class LoraBindSampler:
@@ -134,7 +147,7 @@ class LoraBindSampler:
         report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
                   "placement": model.model.placement.describe() if model.model.placement is not None else None}
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
-        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report)},
+        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
                 "result": (samples, sigmas)}
 
 

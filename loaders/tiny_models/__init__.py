@@ -54,7 +54,7 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
 
     ``names=None`` builds everything the installed libraries support (``unavailable_builtins`` names what is
     skipped and why): the models above, the MiniMax-H3 models and the fixture LoRAs (files with the real
-    published names, synthetic weights sized for the tiny models).
+    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models).
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
     family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
@@ -112,8 +112,10 @@ def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
 def ensure_fixture_loras(named, models_root) -> list[str]:
     """Write the fixture LoRA sets a prompt names (``named``: its string values) when a file is missing.
 
-    Call it after the named tiny models are built: the Wan/Qwen fixtures take their shapes from them.
-    Returns the fixture names that were missing and are now written.
+    Only names inside the fixture folder count (``lorabind-tiny/<published name>``): a published name anywhere
+    else is the user's own download, so a missing one is never created here; the prompt then fails validation
+    with the list of choices like any missing file. Call it after the named tiny models are built: the Wan/Qwen
+    fixtures take their shapes from them. Returns the fixture names that were missing and are now written.
     """
     lora_dir = Path(models_root) / "loras"
     written = []

@@ -28,6 +28,17 @@ def diffusers_dir(models_root) -> Path:
     return Path(models_root) / "diffusers"
 
 
+# The built-in fixture LoRAs live in their own folder under the loras root, never beside a user's files: they
+# keep the real published basenames (the file-name contract grammar reads them), so outside this folder a
+# random-weight fixture could pass for a missing download.
+FIXTURE_LORA_FOLDER = "lorabind-tiny"
+
+
+def fixture_lora_dir(models_root) -> Path:
+    """``<models_root>/loras/lorabind-tiny``: where the fixture LoRAs are written."""
+    return Path(models_root) / "loras" / FIXTURE_LORA_FOLDER
+
+
 def save_pipeline_atomically(pipeline, folder: Path) -> Path:
     """``save_pretrained`` into a sibling temp folder, then swap it in, so a reader never sees half a model."""
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -15,15 +15,16 @@ import json
 from pathlib import Path
 
 from ..atomic_files import write_atomically
-from ._common import diffusers_dir
+from ._common import FIXTURE_LORA_FOLDER, diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME
 from .wan import WAN21_NAME, WAN22_NAME
 
-WAN22_HIGH = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
-WAN22_LOW = "wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"
-WAN21_DISTILL = "wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
-QWEN_LIGHTNING = "Qwen-Image-Lightning-4steps-V1.0.safetensors"
-PEFT_FOLDER = "tiny-wan21-style-peft"  # a user-trained PEFT adapter: no published name to mirror
+# Names relative to the loras root, as a workflow names them: the fixture folder + the published basename.
+WAN22_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
+WAN22_LOW = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"
+WAN21_DISTILL = f"{FIXTURE_LORA_FOLDER}/wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
+QWEN_LIGHTNING = f"{FIXTURE_LORA_FOLDER}/Qwen-Image-Lightning-4steps-V1.0.safetensors"
+PEFT_FOLDER = f"{FIXTURE_LORA_FOLDER}/tiny-wan21-style-peft"  # a user-trained PEFT adapter: no published name
 FIXTURE_NAMES = (WAN22_HIGH, WAN22_LOW, WAN21_DISTILL, QWEN_LIGHTNING, PEFT_FOLDER)
 
 FIXTURE_RANK = 4
@@ -34,7 +35,8 @@ _METADATA = {"lorabind_fixture": "synthetic weights shaped for the lorabind tiny
 
 
 def write_fixture_loras(models_root) -> list:
-    """Write the fixtures into ``<models_root>/loras/`` for each tiny model folder that exists; return the paths.
+    """Write the fixtures into ``<models_root>/loras/lorabind-tiny/`` for each tiny model folder that exists;
+    return the paths.
 
     Each fixture needs its model's config for the shapes, so a model that was not built gets no fixture.
     """
@@ -178,4 +180,5 @@ def _write_if_changed(path: Path, data: bytes) -> None:
     """Atomic write (temp file + rename) skipped when the file already holds exactly these bytes."""
     if path.is_file() and path.read_bytes() == data:
         return
+    path.parent.mkdir(parents=True, exist_ok=True)  # the fixture folder (or a PEFT folder) inside the loras root
     write_atomically(str(path), lambda temp_path: Path(temp_path).write_bytes(data))

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from ..compat import require
-from ._common import diffusers_dir, seeded
+from ._common import FIXTURE_LORA_FOLDER, diffusers_dir, fixture_lora_dir, seeded
 from .lora_fixtures import save_fixture
 
 TINY_NAME = "tiny-minimax-h3"
@@ -266,10 +266,10 @@ def native_metadata(rank: int = FIXTURE_RANK) -> dict:
 
 
 def write_minimax_fixture_loras(models_root) -> list[Path]:
-    """Write the 8 published Turbo names and the FlashGen native name into ``<models_root>/loras``."""
+    """Write the 8 published Turbo names and the FlashGen native name into ``<models_root>/loras/lorabind-tiny``."""
     import torch
 
-    loras = Path(models_root) / "loras"
+    loras = fixture_lora_dir(models_root)
     loras.mkdir(parents=True, exist_ok=True)
     written = []
     for seed, (name, metadata) in enumerate(sorted(TURBO_FIXTURES.items()), start=10):
@@ -281,5 +281,6 @@ def write_minimax_fixture_loras(models_root) -> list[Path]:
     return written
 
 
-# Every file ``write_minimax_fixture_loras`` writes (so a runner can tell when a prompt needs them).
-FIXTURE_NAMES = (*sorted(TURBO_FIXTURES), NATIVE_FIXTURE_NAME)
+# Every file ``write_minimax_fixture_loras`` writes, relative to the loras root as a prompt names it (so a runner
+# can tell when a prompt needs them).
+FIXTURE_NAMES = tuple(f"{FIXTURE_LORA_FOLDER}/{name}" for name in (*sorted(TURBO_FIXTURES), NATIVE_FIXTURE_NAME))

@@ -191,11 +191,11 @@ def test_fixture_files_carry_the_published_matrix(mm_root):
     from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_RANK
 
     for name, _, steps, shift, tasks, alpha in TURBO_MATRIX:
-        contract = file_contract(mm_root / "loras" / name)
+        contract = file_contract(mm_root / "loras" / "lorabind-tiny" / name)
         assert (contract.steps, contract.shift, contract.audio_shift, contract.tasks, contract.alpha) == (
             steps, shift, 3.0, tasks, alpha), name
         assert contract.rank == FIXTURE_RANK
-    native = file_contract(mm_root / "loras" / NATIVE_NAME)
+    native = file_contract(mm_root / "loras" / "lorabind-tiny" / NATIVE_NAME)
     assert (native.kind, native.steps, native.base_schedule, native.rank) == (
         "native", 4, (1.0, 0.7, 0.4, 0.15, 0.0), FIXTURE_RANK)
 

@@ -40,7 +40,7 @@ def test_map_target(name, target):
 def test_fixture_files_are_recognized_and_map_with_zero_unmatched(mm_root):
     from lorabind.loaders.lora import map_to_model
 
-    for path in sorted((mm_root / "loras").glob("minimax_h3_*.safetensors")):
+    for path in sorted((mm_root / "loras" / "lorabind-tiny" / "lorabind-tiny").glob("minimax_h3_*.safetensors")):
         lf = read_lora(str(path))
         assert mm.recognizes(lf), path.name
         mapped = map_to_model(lf, "minimax_h3")
@@ -142,7 +142,7 @@ def test_turbo_without_alpha_binds_at_alpha_8_not_rank(mm_models, mm_root):
 
     model = mm_models["plain"]
     name = "minimax_h3_fl2v_turbo_4step_v0.1.safetensors"
-    path = mm_root / "loras" / name
+    path = mm_root / "loras" / "lorabind-tiny" / name
     tensors = load_file(str(path))
     down = tensors["transformer_blocks.1.attn.to_out.0.lora_A.default.weight"].float()
     up = tensors["transformer_blocks.1.attn.to_out.0.lora_B.default.weight"].float()
@@ -167,7 +167,7 @@ def test_files_with_unknowable_contract_are_never_mapped_for_binding(copy_as, mm
     from lorabind.loaders.lora import map_to_model
 
     path = tmp_path / copy_as
-    shutil.copy(mm_root / "loras" / "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", path)
+    shutil.copy(mm_root / "loras" / "lorabind-tiny" / "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", path)
     with pytest.raises(ContractError, match=copy_as.replace(".", r"\.")):
         map_to_model(read_lora(str(path)), "minimax_h3")
 
@@ -182,7 +182,7 @@ def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
     from lorabind.loaders.lora import map_to_model
     from lorabind.loaders.tiny_models.minimax_h3 import NATIVE_FIXTURE_NAME
 
-    path = mm_root / "loras" / NATIVE_FIXTURE_NAME
+    path = mm_root / "loras" / "lorabind-tiny" / NATIVE_FIXTURE_NAME
     raw = {k.removeprefix("transformer."): v.float() for k, v in load_file(str(path)).items()}
     theirs = _convert_non_diffusers_minimax_h3_lora_to_diffusers(raw)
     ours = map_to_model(read_lora(str(path)), "minimax_h3").targets

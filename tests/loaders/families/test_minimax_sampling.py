@@ -175,7 +175,7 @@ def test_wav_round_trip_keeps_samples_and_comment(tmp_path):
 def test_ref2v_turbo_workflow_runs_on_transformer_ref(mm_registry, mm_models):
     workflows = Path(lorabind.__file__).parent / "workflows"
     prompt = json.loads((workflows / "minimax_h3_turbo_4step_768p.api.json").read_text())
-    prompt["2"]["inputs"]["lora_name"] = "minimax_h3_ref2v_turbo_4step_v0.1_bf16.safetensors"
+    prompt["2"]["inputs"]["lora_name"] = "lorabind-tiny/minimax_h3_ref2v_turbo_4step_v0.1_bf16.safetensors"
     prompt["6"]["inputs"]["shift"] = 12.0
     with Forwards(mm_models["plain"]) as seen:
         result = PromptExecutor(dict(NODE_CLASS_MAPPINGS)).execute(prompt, "ref2v")
@@ -204,8 +204,8 @@ def test_tiny_builders_are_deterministic_small_and_pinned(tmp_path, mm_root):
         assert _digest(folder) == _digest(mm_root / "diffusers" / folder.name)
         assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) < 2 * 1024 * 1024
     # safetensors writes metadata from a Rust HashMap (key order varies per process): compare content, not bytes
-    for path in sorted((tmp_path / "loras").iterdir()):
-        again, first = _lora_content(path), _lora_content(mm_root / "loras" / path.name)
+    for path in sorted((tmp_path / "loras" / "lorabind-tiny").iterdir()):
+        again, first = _lora_content(path), _lora_content(mm_root / "loras" / "lorabind-tiny" / path.name)
         assert again[0] == first[0] and again[1].keys() == first[1].keys()
         assert all(torch.equal(again[1][k], first[1][k]) for k in first[1])
     pinned = json.loads((folders[1] / "model_index.json").read_text())["_minimax_h3"]

@@ -22,7 +22,7 @@ def _keys(path):
 
 
 def test_fixtures_carry_the_published_names_and_stay_tiny(tiny_models_root):
-    loras = tiny_models_root / "loras"
+    loras = tiny_models_root / "loras" / "lorabind-tiny"
     files = {p.name for p in loras.iterdir() if p.is_file()}
     assert PUBLISHED_NAMES <= files
     assert all((loras / name).stat().st_size < 200_000 for name in PUBLISHED_NAMES)
@@ -97,7 +97,19 @@ def test_ensure_writes_minimax_fixtures_a_prompt_names(tmp_path):
     from lorabind.loaders.lora import read_lora
     from lorabind.loaders.tiny_models import ensure_fixture_loras, minimax_h3
 
-    named = {minimax_h3.NATIVE_FIXTURE_NAME}
-    assert ensure_fixture_loras(named, tmp_path) == [minimax_h3.NATIVE_FIXTURE_NAME]
-    assert read_lora(tmp_path / "loras" / minimax_h3.NATIVE_FIXTURE_NAME).metadata["key_format"] == "minimax-h3-native"
+    named = {f"lorabind-tiny/{minimax_h3.NATIVE_FIXTURE_NAME}"}
+    assert ensure_fixture_loras(named, tmp_path) == [f"lorabind-tiny/{minimax_h3.NATIVE_FIXTURE_NAME}"]
+    assert read_lora(tmp_path / "loras" / "lorabind-tiny" / minimax_h3.NATIVE_FIXTURE_NAME).metadata["key_format"] == "minimax-h3-native"
     assert ensure_fixture_loras(named, tmp_path) == []
+
+
+def test_a_published_name_outside_the_fixture_folder_is_never_written(tmp_path, tiny_models_root):
+    """A prompt naming the real lightx2v or MiniMax-H3 file (a user's missing download) gets no random stand-in."""
+    import shutil
+
+    from lorabind.loaders.tiny_models import ensure_fixture_loras, minimax_h3
+
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan22-t2v", tmp_path / "diffusers" / "tiny-wan22-t2v")
+    published = {name.split("/", 1)[1] for name in (*lora_fixtures.FIXTURE_NAMES, *minimax_h3.FIXTURE_NAMES)}
+    assert ensure_fixture_loras(published | {"tiny-wan22-t2v"}, tmp_path) == []
+    assert not (tmp_path / "loras").exists()

@@ -35,7 +35,7 @@ def contract_of(capsys, path):
       "tasks": ["t2va"], "alpha": float(FIXTURE_RANK), "base_schedule": [1.0, 0.7, 0.4, 0.15, 0.0]}),
 ])
 def test_inspect_json_reports_the_contract(name, expected, mm_root, capsys):
-    report, contract = contract_of(capsys, mm_root / "loras" / name)
+    report, contract = contract_of(capsys, mm_root / "loras" / "lorabind-tiny" / name)
     assert {key: contract[key] for key in expected} == expected
     assert contract["rank"] == report["rank"] == FIXTURE_RANK
     # the contract's scale is the one the engine applies the file at (alpha / rank), as the report's
@@ -50,7 +50,7 @@ def test_inspect_json_reports_the_contract(name, expected, mm_root, capsys):
 ])
 def test_inspect_refuses_files_whose_contract_cannot_be_known(copy_as, reason, mm_root, tmp_path, capsys):
     path = tmp_path / copy_as
-    shutil.copy(mm_root / "loras" / T4_768, path)  # declares key_format=minimax-h3-diffusers
+    shutil.copy(mm_root / "loras" / "lorabind-tiny" / T4_768, path)  # declares key_format=minimax-h3-diffusers
     assert main(["inspect", str(path), "--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -92,7 +92,7 @@ def test_contract_violation_is_an_execution_error_naming_the_file(wan_server):
             seen = await client.wait_done(pid, timeout=300)
             errors = [m["data"] for m in seen if m["type"] == "execution_error"]
             assert len(errors) == 1 and errors[0]["node_type"] == "LoraBindSampler"
-            assert WAN22_HIGH in errors[0]["exception_message"] and "8" in errors[0]["exception_message"]
+            assert Path(WAN22_HIGH).name in errors[0]["exception_message"] and "8" in errors[0]["exception_message"]
         finally:
             await client.close()
 
@@ -121,6 +121,34 @@ def test_model_and_lora_names_outside_the_models_root_are_refused(wan_server):
             await client.close()
 
     run_async(body)
+
+
+def test_a_missing_published_lora_fails_validation_with_the_choices_and_writes_nothing(wan_server):
+    """The published lightx2v names outside ``lorabind-tiny/`` are the user's downloads: a missing one is the
+    normal "not in list" validation error naming the file and the choices, never a random stand-in."""
+    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+
+    loras = Path(wan_server.config.models_root) / "loras"
+    before = sorted(str(p.relative_to(loras)) for p in loras.rglob("*"))
+    prompt = _with_pair(steps=4)
+    published = {name: name.split("/", 1)[1] for name in (WAN22_HIGH, WAN22_LOW)}
+    prompt["100"]["inputs"].update(high_noise_lora=published[WAN22_HIGH], low_noise_lora=published[WAN22_LOW])
+
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            return await client.post("/prompt", {"prompt": prompt})
+        finally:
+            await client.close()
+
+    status, reply = run_async(body)
+    assert status == 400 and reply["error"]["type"] == "prompt_outputs_failed_validation"
+    errors = {e["extra_info"]["input_name"]: e for e in reply["node_errors"]["100"]["errors"]}
+    assert set(errors) == {"high_noise_lora", "low_noise_lora"}
+    high = errors["high_noise_lora"]
+    assert high["type"] == "value_not_in_list" and published[WAN22_HIGH] in high["details"]
+    assert WAN22_HIGH in high["details"] and WAN22_LOW in high["details"]  # the choices, the fixtures among them
+    assert sorted(str(p.relative_to(loras)) for p in loras.rglob("*")) == before
 
 
 def test_free_unload_models_reloads_the_model_on_the_next_prompt(wan_server):

@@ -3,6 +3,7 @@ guarantees: exact branches, no re-fuse on a seed-only re-run, MoE expert routing
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from lorabind.runtime.workflow_format import to_api_prompt
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches"]
 PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
-MISMATCH_MESSAGE = f"{F.WAN22_HIGH} is a 4-step distill LoRA: steps must be 4, got 20"
+MISMATCH_MESSAGE = f"{os.path.basename(F.WAN22_HIGH)} is a 4-step distill LoRA: steps must be 4, got 20"
 
 
 def load(name):
@@ -118,7 +119,7 @@ def test_enforce_contract_off_runs_the_mismatch_and_reports_the_override(executo
     assert result.success, result.error
     (schedule,) = result.outputs[sampler]["lorabind_schedule"]
     assert schedule["steps"] == 6 and len(schedule["sigmas"]) == 7
-    assert f"steps=6 overrides {F.WAN22_HIGH} (steps=4 in its contract)" in schedule["overrides"]
+    assert f"steps=6 overrides {os.path.basename(F.WAN22_HIGH)} (steps=4 in its contract)" in schedule["overrides"]
 
 
 def test_seed_only_rerun_reexecutes_only_the_sampler_and_downstream_without_refusing(executor, load_tiny):

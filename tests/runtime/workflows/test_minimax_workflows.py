@@ -212,7 +212,7 @@ def test_schedule_node_outputs(lora_name, scale, expected_sigmas, expected_audio
 
     model = mm_models["plain"]
     handle = ModelHandle(model, contracts=checkpoint_contracts(model))
-    out = MiniMaxTurboSchedule().attach(handle, lora_name, scale, "auto")
+    out = MiniMaxTurboSchedule().attach(handle, f"lorabind-tiny/{lora_name}", scale, "auto")
     new_handle, schedule, sigmas = out["result"]
     assert sigmas.dtype == torch.float32 and sigmas.tolist() == pytest.approx(list(expected_sigmas), abs=1e-6)
     assert schedule.contract.source == lora_name and schedule.contract.scale == scale
@@ -220,7 +220,7 @@ def test_schedule_node_outputs(lora_name, scale, expected_sigmas, expected_audio
     assert schedule.contract.sigmas == pytest.approx(list(expected_sigmas), abs=1e-12)
     assert schedule.contract.audio_sigmas == pytest.approx(list(expected_audio), abs=1e-12)
     (spec,) = new_handle.adapters
-    assert (spec.name, spec.scale, spec.component) == (lora_name, scale, "transformer")
+    assert (spec.name, spec.scale, spec.component) == (f"lorabind-tiny/{lora_name}", scale, "transformer")
     assert handle.adapters == () and new_handle.model is model  # the input handle is not modified
     assert expected_words in out["ui"]["text"][1]
 
@@ -230,7 +230,7 @@ def test_schedule_node_refuses_files_without_a_contract_and_other_families(mm_re
     from lorabind.loaders.handles import ModelHandle
     from lorabind.nodes.minimax_nodes import MiniMaxTurboSchedule
 
-    source = mm_root / "loras" / "minimax_h3_fl2v_turbo_4step_v0.1.safetensors"
+    source = mm_root / "loras" / "lorabind-tiny" / "minimax_h3_fl2v_turbo_4step_v0.1.safetensors"
     plain = mm_root / "loras" / "my_style_lora.safetensors"
     plain.write_bytes(source.read_bytes())
     try:
@@ -245,4 +245,4 @@ def test_schedule_node_refuses_files_without_a_contract_and_other_families(mm_re
 
 def test_turbo_schedule_lists_the_published_turbo_names(mm_registry):
     spec = NODE_CLASS_MAPPINGS["MiniMaxTurboSchedule"].INPUT_TYPES()
-    assert "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors" in spec["required"]["lora_name"][0]
+    assert "lorabind-tiny/minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors" in spec["required"]["lora_name"][0]

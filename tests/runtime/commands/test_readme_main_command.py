@@ -1,0 +1,57 @@
+"""The README's first command is the product in one line: ``lorabind run`` on the lightx2v high/low pair
+workflow. Its output must say what happened: a fuse on each expert, the 4-step contract enforced, and the switch
+from the high-noise to the low-noise expert at the boundary. A published LoRA name outside ``lorabind-tiny/``
+that is missing fails validation with the choices and writes no file."""
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import lorabind
+from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.runtime.cli import main
+
+PACK = Path(lorabind.__file__).parent
+
+
+def readme_main_command() -> list:
+    """The arguments after ``lorabind`` of the Quick start's first ``lorabind run`` command."""
+    quick_start = PACK.joinpath("README.md").read_text(encoding="utf-8").split("## Quick start", 1)[1]
+    line = next(line for line in quick_start.splitlines() if "lorabind run " in line)
+    return shlex.split(line.split("lorabind run ", 1)[1])
+
+
+def test_readme_main_command_runs_the_lightx2v_pair_and_says_so(tiny_models_root, tmp_path, capsys):
+    (workflow,) = readme_main_command()
+    assert workflow == "workflows/wan22_lightx2v_4step.json"
+    code = main(["run", str(PACK / workflow), "--models", str(tiny_models_root), "--output", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    sampler = [line.split(" text: ", 1)[1] for line in out.splitlines() if "(LoraBindSampler) text: " in line]
+    high, low = (Path(name).name for name in (WAN22_HIGH, WAN22_LOW))
+    assert f"contract enforced: {high}: distill steps=4 shift=5 cfg=1" in sampler
+    assert f"contract enforced: {low}: distill steps=4 shift=5 cfg=1" in sampler
+    assert "steps=4 shift=5 cfg=1.0 sigmas=[1.0000, 0.9375, 0.8333, 0.6250, 0.0000]" in sampler
+    assert "expert switch at step 2 (σ=0.8333 < boundary 0.875): transformer -> transformer_2" in sampler
+    fused = [line for line in sampler if line.startswith("bind: ") and " fused into " in line]
+    assert [re.sub(r" \(\d+ tensors applied\)$", "", line) for line in fused] == [
+        f"bind: {WAN22_HIGH} fused into transformer at strength 1",
+        f"bind: {WAN22_LOW} fused into transformer_2 at strength 1"]
+    assert all(not line.endswith("(0 tensors applied)") for line in fused)
+    assert re.search(r"wrote images: .*wan22_lightx2v_4step_00001_\.webp$", out, re.MULTILINE)
+
+
+def test_a_missing_published_lora_is_a_validation_error_and_no_file_is_written(tmp_path, capsys):
+    prompt = json.loads((PACK / "workflows" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
+    text = json.dumps(prompt).replace("lorabind-tiny/", "")  # the real published names, not the fixtures
+    workflow = tmp_path / "published.api.json"
+    workflow.write_text(text, encoding="utf-8")
+    models = tmp_path / "models"
+    (models / "loras").mkdir(parents=True)
+    code = main(["run", str(workflow), "--models", str(models), "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    high = Path(WAN22_HIGH).name
+    assert f"input 'high_noise_lora': Value not in list: '{high}' not in ['None']" in err
+    assert list((models / "loras").iterdir()) == []
