@@ -19,6 +19,7 @@ COMMANDS = {
     "merge": "fuse LoRA file(s) into a diffusers model folder and write a new folder",
     "extract": "extract a LoRA from the difference between a base and a tuned model",
     "serve": "serve the ComfyUI-compatible HTTP/WebSocket API",
+    "plan": "print the memory plan for a model on a given GPU, from its configs (no weights loaded)",
 }
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .sizes import DENOISER_ROLES, ENCODER_ROLES, EXPERT_ROLES, ComponentSize
+from .sizes import ALTERNATE_ROLE, DENOISER_ROLES, ENCODER_ROLES, EXPERT_ROLES, ComponentSize
 
 MEMORY_PLANS = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")
 PLACEMENTS = ("device", "host", "swap", "blocks", "on_demand")
@@ -117,13 +117,16 @@ def _encoder_placement(inputs: _Inputs, size: ComponentSize, persistent: int) ->
 
 def _placements(plan: str, inputs: _Inputs) -> dict | None:
     """component -> placement for ``plan``; None when the plan does not apply to this model."""
+    alternates = {s.name: "host" for s in inputs.by_role((ALTERNATE_ROLE,))}
     if plan == "full":
-        return {s.name: "device" for s in inputs.sizes}
+        return {**{s.name: "device" for s in inputs.sizes}, **alternates}
     if plan == "swap_experts" and len(inputs.by_role(EXPERT_ROLES)) < 2:
         return None
     denoiser_place = {"swap_experts": "swap", "offload_model": "on_demand", "offload_blocks": "blocks"}[plan]
-    placement = {}
+    placement = dict(alternates)
     for s in inputs.sizes:
+        if s.role == ALTERNATE_ROLE:
+            continue
         if s.role in DENOISER_ROLES:
             placement[s.name] = denoiser_place if s.role in EXPERT_ROLES or plan != "swap_experts" else "on_demand"
         elif s.role not in ENCODER_ROLES:
@@ -155,7 +158,7 @@ def _evaluate(plan: str, inputs: _Inputs, placement: dict) -> MemoryPlan:
     vae_tiling = always + inputs.decode > inputs.device_free
     decode_peak = always + (inputs.tiled_decode if vae_tiling else inputs.decode)
     peak_device = max(encode_peak, denoise_peak, decode_peak)
-    offloaded = sum(sizes[n].bytes for n, p in placement.items() if p != "device")
+    offloaded = sum(sizes[n].bytes for n, p in placement.items() if p != "device" and sizes[n].role != ALTERNATE_ROLE)
     staged = max((sizes[n].bytes for n, p in placement.items() if p == "device"), default=0)
     peak_host = offloaded + staged
     fits = peak_device <= inputs.device_free and (inputs.host_free is None or peak_host <= inputs.host_free)
@@ -211,8 +214,9 @@ def plan_memory(sizes, *, device_free_bytes: int, host_free_bytes: int | None = 
         if chosen.fits:
             return _with_reason(chosen, f"auto chose {_describe(chosen)}")
         return _with_reason(chosen, f"nothing fits: the smallest plan, offload_blocks, needs {_shortfall(chosen)}")
-    alternative = (f"memory={working[0].memory} would fit (peak {_gib(working[0].peak_device_bytes)})"
-                   if working else "no plan fits")
+    smallest = candidates["offload_blocks"]
+    alternative = (f"memory={working[0].memory} would fit (peak {_gib(working[0].peak_device_bytes)})" if working
+                   else f"no plan fits (the smallest, offload_blocks, needs {_shortfall(smallest)})")
     if requested not in candidates:
         fallback = candidates["offload_model"]
         return MemoryPlan(

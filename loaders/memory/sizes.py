@@ -8,7 +8,9 @@ repeated blocks (``_no_split_modules``) tell how large one streamed block is.
 
 from __future__ import annotations
 
+import functools
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +18,16 @@ from ..errors import ModelLoadError
 from ..model_store import read_model_index
 
 DENOISER_ROLES = ("denoiser", "high_noise_expert", "low_noise_expert")
+# A denoiser that only other tasks use (MiniMax-H3's ``transformer_ref`` serves Ref2VA only): a run loads it
+# instead of ``transformer``, never next to it, so a plan sizes the run by the main one.
+ALTERNATE_ROLE = "alternate_denoiser"
 EXPERT_ROLES = ("high_noise_expert", "low_noise_expert")
 ENCODER_ROLES = ("text_encoder", "image_encoder")
+# Configurations of the real models (configs only, no weights), typed from the public releases; each
+# model_index.json names its source in "_lorabind_source".
+REAL_CONFIGS_DIR = Path(__file__).parent / "real_configs"
+REAL_CONFIG_NAMES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
+                     "qwen-image", "minimax-h3")
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,8 @@ def component_role(name: str, model_index: dict) -> str | None:
     """The role of a ``model_index`` component, or None for one without weights (tokenizer, scheduler).
 
     The diffusers convention decides: a pipeline with ``transformer_2`` set is a two-expert model whose
-    ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``).
+    ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``); otherwise ``transformer`` is the
+    denoiser and any other ``transformer_*`` serves other tasks (``ALTERNATE_ROLE``).
     """
     entry = model_index.get(name)
     if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
@@ -43,8 +54,8 @@ def component_role(name: str, model_index: dict) -> str | None:
     if name.startswith("transformer"):
         two_experts = bool((model_index.get("transformer_2") or [None])[0])
         if not two_experts:
-            return "denoiser"
-        return {"transformer": "high_noise_expert", "transformer_2": "low_noise_expert"}.get(name, "denoiser")
+            return "denoiser" if name == "transformer" else ALTERNATE_ROLE
+        return {"transformer": "high_noise_expert", "transformer_2": "low_noise_expert"}.get(name, ALTERNATE_ROLE)
     if name.startswith("text_encoder"):
         return "text_encoder"
     if name.startswith("image_encoder"):
@@ -55,6 +66,7 @@ def component_role(name: str, model_index: dict) -> str | None:
 
 
 def _component_class(library: str, class_name: str, where: Path):
+    """The class a ``model_index`` entry names; a missing one (older diffusers/transformers) is a clear error."""
     import importlib
 
     try:
@@ -63,20 +75,51 @@ def _component_class(library: str, class_name: str, where: Path):
         raise ModelLoadError(f"{where}: {library}.{class_name} is not available in the installed {library}") from None
 
 
-def _build_on_meta(cls, folder: Path):
-    """The module of ``cls`` configured from ``folder/config.json``, every tensor on the meta device."""
-    import torch
+def resolve_model_source(model) -> Path:
+    """A diffusers folder, or the folder of a shipped real configuration named in ``REAL_CONFIG_NAMES``."""
+    if str(model) in REAL_CONFIG_NAMES:
+        return REAL_CONFIGS_DIR / str(model)
+    folder = Path(model).expanduser()
+    if not (folder / "model_index.json").is_file():
+        raise ModelLoadError(f"{model}: neither a diffusers folder (no model_index.json) nor a known configuration "
+                             f"({', '.join(REAL_CONFIG_NAMES)})")
+    return folder
 
+
+def _read_config(folder: Path) -> str:
     config_file = folder / "config.json"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        text = config_file.read_text(encoding="utf-8")
+        json.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{config_file}: cannot be read: {exc}") from exc
-    with torch.device("meta"):
+    return text
+
+
+def _build_on_meta(cls, config_text: str):
+    """The module of ``cls`` configured from a ``config.json`` text, every tensor on the meta device."""
+    import torch
+
+    config = json.loads(config_text)
+    # constructors warn about their own deprecated pieces (weight_norm); that says nothing about the plan
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         if hasattr(cls, "from_config") and hasattr(cls, "load_config"):  # a diffusers ModelMixin
             return cls.from_config(config)
         config_obj = cls.config_class.from_dict(config)
         return cls._from_config(config_obj) if hasattr(cls, "_from_config") else cls(config_obj)
+
+
+@functools.lru_cache(maxsize=64)
+def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str) -> dict:
+    """Sizes of one component from its config; cached because building a 14B module on the meta device takes
+    seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again."""
+    import torch
+
+    cls = _component_class(library, class_name, Path(where))
+    module = _build_on_meta(cls, config_text)
+    keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
+    return _measure(module, getattr(torch, dtype_name), keep)
 
 
 def _measure(module, dtype, keep_fp32: tuple) -> dict:
@@ -111,12 +154,11 @@ def _measure(module, dtype, keep_fp32: tuple) -> dict:
 
 
 def component_sizes(model_source, dtype="bfloat16") -> list[ComponentSize]:
-    """Sizes of every weighted component of a diffusers folder (``model_index.json`` + per-component
-    ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on the meta device."""
-    import torch
-
-    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    folder = Path(model_source)
+    """Sizes of every weighted component of a diffusers folder or shipped configuration name
+    (``model_index.json`` + per-component ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on
+    the meta device."""
+    dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    folder = resolve_model_source(model_source)
     model_index = read_model_index(folder)
     sizes = []
     for name, entry in model_index.items():
@@ -124,9 +166,6 @@ def component_sizes(model_source, dtype="bfloat16") -> list[ComponentSize]:
         if role is None:
             continue
         library, class_name = entry
-        cls = _component_class(library, class_name, folder / name)
-        module = _build_on_meta(cls, folder / name)
-        keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
-        sizes.append(ComponentSize(name=name, role=role, **_measure(module, torch_dtype, keep)))
-        del module
+        measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name))
+        sizes.append(ComponentSize(name=name, role=role, **measured))
     return sizes

@@ -1,0 +1,39 @@
+"""`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--json]`: the memory plan, without loading weights.
+
+MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...).
+Exits 1 when the plan does not fit, so scripts can check before starting a long job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+EXIT_DOES_NOT_FIT = 1
+MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.memory.MEMORY_PLANS
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("model", metavar="MODEL",
+                        help="a diffusers model folder, or a shipped configuration: wan2.1-t2v-1.3b, wan2.1-t2v-14b, "
+                             "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3")
+    parser.add_argument("--vram", type=float, required=True, metavar="GIB", help="free device memory in GiB")
+    parser.add_argument("--ram", type=float, metavar="GIB", help="free host memory in GiB (unchecked when absent)")
+    parser.add_argument("--memory", choices=MEMORY_CHOICES, default="auto", help="plan to check (default: auto)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                        help="dtype the model runs in (default: bfloat16)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def run(args) -> int:
+    from ...loaders.errors import LoraBindError
+    from ...loaders.memory.model_plan import format_plan, plan_model, plan_to_json
+
+    try:
+        plan, sizes = plan_model(args.model, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
+                                 dtype=args.dtype)
+    except LoraBindError as exc:
+        print(f"lorabind plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan_to_json(plan, sizes), indent=2) if args.json else format_plan(plan, sizes))
+    return 0 if plan.fits else EXIT_DOES_NOT_FIT
