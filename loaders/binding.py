@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 
 from .patching import ApplyResult, PatchLayer, WeightPatcher
 from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
+from .weight_sources import FolderWeightSources
 
 DEFAULT_MAX_CACHED_ADAPTERS = 4
 MAX_MEMOISED_ACCOUNTINGS = 16
@@ -57,6 +58,8 @@ class BindReport:
     restored: int = 0  # tensors returned to their original by this bind
     unchanged: int = 0  # patched tensors left as they were (same contributions)
     warnings: list = field(default_factory=list)
+    # per component: how patched weights' originals are kept, {"file": n, "file_bytes", "ram": n, "ram_bytes"}
+    restore_sources: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -66,6 +69,7 @@ class BindReport:
             "restored": self.restored,
             "unchanged": self.unchanged,
             "warnings": list(self.warnings),
+            "restore_sources": self.restore_sources,
         }
 
 
@@ -73,8 +77,10 @@ def binding_state(model) -> BindingState:
     """The engine state of a loaded model, created on first use."""
     with _state_creation_lock:
         if model.binding_state is None:
+            # originals re-read from the model's safetensors files where possible (no RAM copy), see weight_sources
+            sources = getattr(model, "weight_sources", None) or FolderWeightSources(model.path)
             model.binding_state = BindingState(
-                patcher=WeightPatcher(model.components),
+                patcher=WeightPatcher(model.components, weight_sources=sources),
                 adapters=AdapterCache(model.components, max_size=DEFAULT_MAX_CACHED_ADAPTERS),
             )
     return model.binding_state
@@ -140,6 +146,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     report.warnings.extend(cache.warnings[warnings_before:])
     state.fuses = tuple(fuses)
     report.written, report.restored, report.unchanged = result.written, result.restored, result.unchanged
+    report.restore_sources = state.patcher.restore_sources()
     if result.written or result.restored:
         state.stats.fuse_passes += 1
     state.stats.tensors_written += result.written

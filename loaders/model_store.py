@@ -33,6 +33,9 @@ class LoadedModel:
     model_index: dict = field(default_factory=dict)
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
     placement: Any = None  # loaders.placement.ModelPlacement: where each component lives under its memory plan
+    # where each weight can be re-read from (``lookup(component, key) -> WeightSource``); None: the folder's own
+    # safetensors files (loaders.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
+    weight_sources: Any = None
 
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")

@@ -4,8 +4,10 @@ Why our own patcher instead of diffusers' ``fuse_lora``/``unfuse_lora``: peft un
 (``W -= delta``), which drifts (1 bf16 ulp per fuse/unfuse cycle, see the team's feasibility notes), silently
 drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stacked LoRA. Here:
 
-* every patched parameter keeps its exact original (on CPU by default), so restoring is a copy, bit-exact in
-  any dtype;
+* every patched parameter keeps its exact original, so restoring is bit-exact in any dtype. A weight that came
+  unmodified from a safetensors file (``weight_sources``) is re-read from that file, checked against a checksum
+  of the original, instead of being copied: the extra host memory of a bind is then about one layer, not the
+  size of the touched weights. Any other weight keeps a copy (on CPU by default);
 * a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
   (``strength · scale · up @ down`` and ``strength · diff``) — and cast back once, so stacking LoRAs never
   re-rounds in between and the result does not depend on the order in which they were applied;
@@ -15,8 +17,8 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
   ``check_interrupt`` callback between layers, a KeyboardInterrupt), every parameter written in this call is
   brought back to its pre-call state before the error propagates;
 * work is done layer by layer (one module's parameters at a time), each parameter in row chunks of about
-  ``CHUNK_BYTES``, so the extra memory is the backups plus one small float32 buffer, never a second copy of
-  the model (nor a float32 copy of its largest layer).
+  ``CHUNK_BYTES``, so the extra memory is the RAM backups plus one layer and one small float32 buffer, never a
+  second copy of the model (nor a float32 copy of its largest layer).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 
 from .errors import KeyMatchError
 from .lora.canonical import LowRankDelta, TargetPatch
+from .weight_sources import FileBackedOriginal
 
 
 @dataclass(frozen=True)
@@ -99,10 +102,15 @@ def low_rank_delta_shape(delta: LowRankDelta) -> tuple:
 class WeightPatcher:
     """Brings ``{component name: nn.Module}`` to "originals + a patch set", exactly and incrementally."""
 
-    def __init__(self, components: Mapping[str, nn.Module], *, backup_device: str | torch.device = "cpu"):
+    def __init__(self, components: Mapping[str, nn.Module], *, backup_device: str | torch.device = "cpu",
+                 weight_sources=None):
+        """``weight_sources``: an object with ``lookup(component, state_key) -> WeightSource | None`` (e.g.
+        ``FolderWeightSources``); without it every original is a RAM copy."""
         self.components = components
         self.backup_device = torch.device(backup_device)
+        self.weight_sources = weight_sources
         self._originals: dict[str, torch.Tensor] = {}  # param id -> exact copy of the unpatched tensor
+        self._file_backed: dict[str, FileBackedOriginal] = {}  # param id -> re-readable original
         self._applied: dict[str, tuple[_Contribution, ...]] = {}  # param id -> contributions now in the tensor
         self._locations: dict[str, tuple[str, str, str]] = {}  # param id -> (component, module path, param)
         self.last_written: set[str] = set()
@@ -124,7 +132,20 @@ class WeightPatcher:
         return written
 
     def backup_bytes(self) -> int:
+        """Host bytes held by RAM backups (file-backed originals hold only a checksum)."""
         return sum(t.numel() * t.element_size() for t in self._originals.values())
+
+    def restore_sources(self) -> dict:
+        """Per component, how the originals of its patched parameters are kept: ``file`` (re-read from the
+        safetensors file it was loaded from) or ``ram`` (a copy), with counts and bytes."""
+        report: dict[str, dict] = {}
+        for pids, kind in ((self._file_backed, "file"), (self._originals, "ram")):
+            for pid, held in pids.items():
+                entry = report.setdefault(self._locations[pid][0], {"file": 0, "file_bytes": 0, "ram": 0,
+                                                                    "ram_bytes": 0})
+                entry[kind] += 1
+                entry[f"{kind}_bytes"] += held.nbytes if kind == "file" else held.numel() * held.element_size()
+        return report
 
     # ------------------------------------------------------------------ planning (no writes)
 
@@ -188,6 +209,9 @@ class WeightPatcher:
         before = dict(self._applied)
         touched: list[str] = []
         groups = _group_by_module(changed, self._locations)
+        for pid in changed:  # a file-backed original whose file changed is refused before anything is written
+            if pid in self._file_backed:
+                self._file_backed[pid].check_identity(pid)
         try:
             for index, group in enumerate(groups):
                 if check_interrupt is not None:
@@ -254,12 +278,31 @@ class WeightPatcher:
         module = base_module(root.get_submodule(module_path) if module_path else root)
         return _param_or_none(module, name)
 
+    def _original(self, pid: str, tensor: torch.Tensor) -> torch.Tensor:
+        """The exact unpatched value of ``pid``: its RAM backup, a verified re-read of its file, or — on first
+        touch, while ``tensor`` still holds it — registered as one of the two."""
+        original = self._originals.get(pid)
+        if original is not None:
+            return original
+        record = self._file_backed.get(pid)
+        if record is not None:
+            return record.read(pid)
+        component, module_path, name = self._locations[pid]
+        source = None
+        if self.weight_sources is not None:
+            source = self.weight_sources.lookup(component, f"{module_path}.{name}" if module_path else name)
+        if source is not None:
+            record, original = FileBackedOriginal.register(source, tensor)
+            if record is not None:
+                self._file_backed[pid] = record
+                return original
+        original = tensor.detach().to(self.backup_device, copy=True)
+        self._originals[pid] = original
+        return original
+
     def _write(self, pid: str, contributions: tuple[_Contribution, ...]) -> None:
         tensor = self._tensor(pid)
-        original = self._originals.get(pid)
-        if original is None:
-            original = tensor.detach().to(self.backup_device, copy=True)
-            self._originals[pid] = original
+        original = self._original(pid, tensor)
         if contributions:
             try:
                 write_patched(tensor, original, contributions, self._workspace)
@@ -279,8 +322,9 @@ class WeightPatcher:
         self._drop_unused_originals()
 
     def _drop_unused_originals(self) -> None:
-        for pid in [p for p in self._originals if p not in self._applied]:
-            del self._originals[pid]
+        for held in (self._originals, self._file_backed):
+            for pid in [p for p in held if p not in self._applied]:
+                del held[pid]
 
 
 def plan_state_keys(component: str, module: nn.Module, layers: Sequence[PatchLayer]) -> dict[str, tuple]:

@@ -1,0 +1,186 @@
+"""File-backed originals: a weight loaded unmodified from safetensors is restored by re-reading its file,
+bit-exactly, with no RAM copy; anything else keeps a copy; a file changed on disk is never used."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lorabind.loaders.binding import bind, unbind
+from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.lora import clear_lora_cache
+from lorabind.loaders.model_store import LoadedModel
+from lorabind.loaders.weight_sources import WeightSourceError
+
+LINEARS = ("attn1.to_q", "attn1.to_v", "ffn.net.0.proj")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_reader_cache():
+    clear_lora_cache()
+    yield
+    clear_lora_cache()
+
+
+def _tiny_transformer():
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
+        text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+    ).eval()
+
+
+def _load(folder, dtype):
+    from diffusers import WanTransformer3DModel
+
+    module = WanTransformer3DModel.from_pretrained(folder / "transformer", torch_dtype=dtype).eval()
+    return LoadedModel(path=str(folder), name="tiny", family="wan2.1", pipeline=None,
+                       components={"transformer": module.requires_grad_(False)})
+
+
+def _saved_model(tmp_path, file_dtype):
+    folder = tmp_path / f"model-{str(file_dtype).removeprefix('torch.')}"
+    _tiny_transformer().to(file_dtype).save_pretrained(folder / "transformer", safe_serialization=True)
+    return folder
+
+
+def _lora(tmp_path, name, seed, modules):
+    g = torch.Generator().manual_seed(seed)
+    reference = _tiny_transformer()
+    tensors = {}
+    for path in modules:
+        weight = reference.get_submodule(path).weight
+        tensors[f"transformer.{path}.lora_A.weight"] = torch.randn(4, weight.shape[1], generator=g) * 0.1
+        tensors[f"transformer.{path}.lora_B.weight"] = torch.randn(weight.shape[0], 4, generator=g) * 0.1
+    file = tmp_path / name
+    save_file(tensors, str(file))
+    return str(file)
+
+
+def _bits(module):
+    return {k: v.detach().clone().reshape(-1).view(torch.uint8) for k, v in module.state_dict().items()}
+
+
+def _assert_bits_equal(before, module):
+    after = _bits(module)
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+
+
+def _targets(blocks=(0, 1)):
+    return [f"blocks.{b}.{name}" for b in blocks for name in LINEARS]
+
+
+@pytest.mark.parametrize("file_dtype, run_dtype", [
+    (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32), (torch.float32, torch.bfloat16),
+])
+def test_file_backed_restore_is_bit_exact_and_holds_no_copy(tmp_path, file_dtype, run_dtype):
+    model = _load(_saved_model(tmp_path, file_dtype), run_dtype)
+    transformer = model.components["transformer"]
+    base = _bits(transformer)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets())
+    report = bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    patched = transformer.get_submodule("blocks.0.attn1.to_q").weight
+    assert not torch.equal(patched.reshape(-1).view(torch.uint8), base["blocks.0.attn1.to_q.weight"])
+    touched_bytes = sum(transformer.get_submodule(p).weight.nbytes for p in _targets())
+    # every touched weight is re-readable from the file: no RAM backup at all, only its checksum and identity
+    assert report.restore_sources == {"transformer": {"file": len(_targets()), "file_bytes": touched_bytes,
+                                                      "ram": 0, "ram_bytes": 0}}
+    assert model.binding_state.patcher.backup_bytes() == 0
+    unbind(model)
+    _assert_bits_equal(base, transformer)
+
+
+def test_bind_switch_unbind_restores_from_the_file(tmp_path):
+    model = _load(_saved_model(tmp_path, torch.bfloat16), torch.bfloat16)
+    transformer = model.components["transformer"]
+    base = _bits(transformer)
+    first = _lora(tmp_path, "first.safetensors", 1, _targets())
+    second = _lora(tmp_path, "second.safetensors", 2, _targets(blocks=(1,)))
+    bind(model, [FuseSpec(path=first, component="transformer", strength=1.0)], [])
+    report = bind(model, [FuseSpec(path=second, component="transformer", strength=0.5)], [])
+    # block 0 went back to its original (re-read from the file), block 1 was re-patched from the file's value
+    assert (report.restored, report.written) == (len(LINEARS), len(LINEARS))
+    assert report.restore_sources["transformer"]["file"] == len(LINEARS)
+    block0 = {k: v for k, v in base.items() if k.startswith("blocks.0.")}
+    assert all(torch.equal(v, _bits(transformer)[k]) for k, v in block0.items())
+    unbind(model)
+    _assert_bits_equal(base, transformer)
+
+
+def test_weight_modified_after_loading_keeps_a_ram_backup(tmp_path):
+    model = _load(_saved_model(tmp_path, torch.bfloat16), torch.bfloat16)
+    transformer = model.components["transformer"]
+    with torch.no_grad():  # no longer what the file holds: re-reading the file would "restore" the wrong bytes
+        transformer.get_submodule("blocks.0.attn1.to_q").weight.mul_(2)
+    base = _bits(transformer)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets())
+    report = bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    modified = transformer.get_submodule("blocks.0.attn1.to_q").weight
+    assert report.restore_sources["transformer"]["ram"] == 1
+    assert report.restore_sources["transformer"]["ram_bytes"] == modified.nbytes
+    assert report.restore_sources["transformer"]["file"] == len(_targets()) - 1
+    unbind(model)
+    _assert_bits_equal(base, transformer)
+
+
+def test_without_a_file_every_original_is_a_ram_copy(tmp_path):
+    model = _load(_saved_model(tmp_path, torch.bfloat16), torch.bfloat16)
+    model.path = str(tmp_path / "elsewhere")  # no safetensors where the sources are looked up
+    transformer = model.components["transformer"]
+    report = bind(model, [FuseSpec(path=_lora(tmp_path, "a.safetensors", 1, _targets()), component="transformer",
+                                   strength=1.0)], [])
+    touched_bytes = sum(transformer.get_submodule(p).weight.nbytes for p in _targets())
+    assert report.restore_sources["transformer"] == {"file": 0, "file_bytes": 0, "ram": len(_targets()),
+                                                     "ram_bytes": touched_bytes}
+    assert model.binding_state.patcher.backup_bytes() == touched_bytes
+
+
+def _weights_file(folder):
+    return folder / "transformer" / "diffusion_pytorch_model.safetensors"
+
+
+def test_replaced_file_is_refused_before_anything_is_written(tmp_path):
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    transformer = model.components["transformer"]
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets())
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    patched = _bits(transformer)
+    # a re-download: same keys and shapes, other values, a new file
+    other = _tiny_transformer()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    other.to(torch.bfloat16).save_pretrained(folder / "transformer", safe_serialization=True)
+    with pytest.raises(WeightSourceError) as caught:
+        unbind(model)
+    message = str(caught.value)
+    assert str(_weights_file(folder).resolve()) in message and "changed on disk" in message
+    assert "reload the model" in message
+    _assert_bits_equal(patched, transformer)  # nothing restored half-way, nothing restored wrong
+
+
+def test_file_rewritten_in_place_with_the_old_mtime_is_caught_by_the_checksum(tmp_path):
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    transformer = model.components["transformer"]
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    weights = _weights_file(folder)
+    stat = os.stat(weights)
+    header_len = int.from_bytes(weights.read_bytes()[:8], "little")  # flip bytes inside one touched tensor
+    header = json.loads(weights.read_bytes()[8:8 + header_len])
+    begin, _ = header["blocks.0.attn1.to_q.weight"]["data_offsets"]
+    with open(weights, "r+b") as handle:
+        handle.seek(8 + header_len + begin)
+        first = handle.read(2)
+        handle.seek(8 + header_len + begin)
+        handle.write(bytes(b ^ 0xFF for b in first))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same inode, size and mtime: only the bytes differ
+    with pytest.raises(WeightSourceError, match="its bytes differ from those the weight was loaded with"):
+        unbind(model)
