@@ -106,19 +106,27 @@ def _state_equal(model, reference: dict) -> bool:
     return all(torch.equal(current[k], v) for k, v in reference.items())
 
 
+def fuse_timers(model: LoadedModel, theirs: DiffusersSide, lora_path: str):
+    """``(diffusers load+fuse, lorabind fuse)``: each call fuses ``lora_path`` once (both sides read the file),
+    undoes it untimed and returns the seconds the fuse took."""
+
+    def ours_fuse() -> float:
+        _drop_file_cache(model)
+        return timed(lambda: binding.bind(model, [_fuse(lora_path)], []), teardown=lambda: binding.unbind(model))
+
+    def theirs_fuse() -> float:
+        return timed(lambda: theirs.load_and_fuse(lora_path), teardown=theirs.unload)
+
+    return theirs_fuse, ours_fuse
+
+
 def run(size, lora_a: str, lora_b: str, reps: int) -> dict:
     ours_t = build_transformer(size, seed=0)
     theirs = DiffusersSide(build_transformer(size, seed=0))
     base_state = {k: v.clone() for k, v in ours_t.state_dict().items()}
     model = _lorabind_model(ours_t)
 
-    def ours_fuse() -> float:
-        _drop_file_cache(model)
-        return timed(lambda: binding.bind(model, [_fuse(lora_a)], []), teardown=lambda: binding.unbind(model))
-
-    def theirs_fuse() -> float:
-        return timed(lambda: theirs.load_and_fuse(lora_a), teardown=theirs.unload)
-
+    theirs_fuse, ours_fuse = fuse_timers(model, theirs, lora_a)
     fuse = alternate("diffusers load+fuse", theirs_fuse, "lorabind fuse", ours_fuse, reps)
 
     floor = Floor(build_transformer(size, seed=0), lora_a)

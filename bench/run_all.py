@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from . import bench_fuse, bench_peft, bench_rerun, bench_startup  # noqa: E402
+from . import bench_fuse, bench_peft, bench_real_size, bench_rerun, bench_startup  # noqa: E402
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
 
@@ -33,6 +33,7 @@ TARGETS = {
     "peak_mem_ratio": ("<=", 1.2),
     "rerun_overhead": ("<=", 1.05),
     "help_seconds": ("<", 1.0),
+    "bind_peak_rss_layers": ("<=", 3.0),
 }
 
 
@@ -73,6 +74,7 @@ def main(argv=None) -> int:
         memory = _memory_in_fresh_process(size_name, lora_a)
         peft = bench_peft.run(size, tmp, reps)
         rerun = bench_rerun.run(tmp, reps)
+        real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
     startup = bench_startup.run(reps)
 
     summary = {
@@ -85,6 +87,9 @@ def main(argv=None) -> int:
         "rerun_overhead": rerun["rerun_overhead"],
         "help_seconds": startup["help_seconds"],
         "import_seconds": startup["import_seconds"],
+        "fuse_real_size_vs_diffusers": real["fuse"].ratio,
+        "bind_peak_rss_layers": real["rss"]["bind_peak_rss_layers"],
+        "restore_file_vs_ram": real["restore"].b / real["restore"].a,
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -95,6 +100,18 @@ def main(argv=None) -> int:
     print_table("Memory", [("peak extra RSS during fuse", f"{memory['peak_extra_bytes'] / 2**20:.1f} MiB"),
                            ("backups + largest layer", f"{memory['peak_budget_bytes'] / 2**20:.1f} MiB"),
                            ("restore bit-exact after switch", str(fuse["restore_bit_exact"]))])
+    real_rows = [("metric", "A", "B", "ratio")]
+    for key in ("fuse", "restore"):
+        pair = real[key]
+        real_rows.append((f"{pair.name_a} vs {pair.name_b}", f"{pair.a * 1000:.1f} ms", f"{pair.b * 1000:.1f} ms",
+                          f"{pair.ratio:.2f}x"))
+    real_rows.append(("peak extra RSS of a bind / largest layer",
+                      f"{real['rss']['peak_extra_bytes'] / 2**20:.1f} MiB",
+                      f"{real['rss']['largest_layer_bytes'] / 2**20:.1f} MiB",
+                      f"{real['rss']['bind_peak_rss_layers']:.2f}"))
+    print_table(f"Real size: {real['label']}, rank-64 LoRA on every block linear "
+                f"(originals re-read from the file: {real['rss']['file_backed']} tensors, "
+                f"{real['rss']['ram_backups']} RAM backups)", real_rows)
     print_table("PEFT activation switch", [(k, v) for k, v in peft.items()])
     print_table("Re-run (seed change only)", [(k, v) for k, v in rerun.items()])
     print_table("Cold start (seconds)", [(k, f"{v:.3f}") for k, v in startup.items()])
@@ -105,6 +122,9 @@ def main(argv=None) -> int:
     if args.json:
         payload = dict(summary, restore_bit_exact=fuse["restore_bit_exact"], peft_base_weights_untouched=peft[
             "base_weights_untouched"], rerun_runtime_overhead=rerun["runtime_overhead"],
+            real_size={"fuse_ms": {"diffusers": real["fuse"].a * 1000, "lorabind": real["fuse"].b * 1000},
+                       "restore_ms": {"ram_backups": real["restore"].a * 1000, "file": real["restore"].b * 1000},
+                       **real["rss"]},
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             machine=machine_description(), size=size_name,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
