@@ -184,3 +184,16 @@ def test_file_rewritten_in_place_with_the_old_mtime_is_caught_by_the_checksum(tm
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same inode, size and mtime: only the bytes differ
     with pytest.raises(WeightSourceError, match="its bytes differ from those the weight was loaded with"):
         unbind(model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_file_backed_restore_of_weights_living_on_the_gpu(tmp_path):
+    model = _load(_saved_model(tmp_path, torch.bfloat16), torch.bfloat16)
+    transformer = model.components["transformer"].to("cuda")
+    base = _bits(transformer)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets())
+    report = bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    assert report.restore_sources["transformer"]["ram"] == 0
+    assert transformer.get_submodule("blocks.0.attn1.to_q").weight.device.type == "cuda"
+    unbind(model)
+    _assert_bits_equal(base, transformer)
