@@ -48,6 +48,7 @@ from torch import nn
 from .memory.sizes import DENOISER_ROLES, ENCODER_ROLES, component_role
 
 CPU = torch.device("cpu")
+_VAE_SPATIAL_FACTOR = 8  # latent -> pixels in every supported VAE (Wan, Qwen-Image, MiniMax-H3)
 _ALIGNMENT = 64  # bytes; the CPU kernels' rounding depends on a tensor's address modulo this
 
 
@@ -206,6 +207,7 @@ class ModelPlacement:
         vae = self.modules.get("vae")
         if self.plan.vae_tiling and vae is not None and hasattr(vae, "enable_tiling"):
             vae.enable_tiling()
+        self._install_decode_hooks()
         if self.device.type == "cuda" and self.plan.prefetch and len(self._swap_names()) > 1:
             self._stream = torch.cuda.Stream(self.device)
 
@@ -232,6 +234,25 @@ class ModelPlacement:
         self._hook_handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
         if self.roles.get(name) in ENCODER_ROLES:  # an encoder's phase ends with its forward
             self._hook_handles.append(module.register_forward_hook(lambda mod, args, out: self.staged[name].drop()))
+
+    def _install_decode_hooks(self) -> None:
+        """Start the decode phase when a VAE's decoder runs, wherever the decode is called from: the denoising
+        phase is over (``end_denoise``) and, on CUDA, the decode's working memory is made room for. Why a hook
+        and not a call in the sampler: every family decodes through its own code, and this keeps the plan's
+        phases in one place."""
+        from .memory import default_decode_bytes
+
+        def before_decoder(mod, args):
+            self.end_denoise()
+            latent = args[0] if args and torch.is_tensor(args[0]) else None
+            scale = _VAE_SPATIAL_FACTOR
+            self.prepare_decode(default_decode_bytes(latent.shape[-1] * scale, latent.shape[-2] * scale)
+                                if latent is not None and latent.dim() >= 4 else 0)
+
+        for name, module in self.modules.items():
+            decoder = getattr(module, "decoder", None)
+            if self.roles.get(name) == "vae" and isinstance(decoder, nn.Module):
+                self._hook_handles.append(decoder.register_forward_pre_hook(before_decoder))
 
     # ------------------------------------------------------------------ moving staged components
 

@@ -160,3 +160,19 @@ def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_ro
         assert torch.equal(encode_text(model, "a red fox").embeds, expected)
     finally:
         model_store.clear_cache()
+
+
+def test_offload_model_takes_the_denoiser_off_the_device_for_the_decode(models_root):
+    """``on_demand`` denoisers are on the device only while denoising: the VAE decode (and the next encode) need
+    the room. The decoder's forward starts the decode phase, whichever family code calls it."""
+    from lorabind.loaders.handles import ModelHandle
+    from lorabind.nodes.output_nodes import LoraBindVAEDecode
+
+    model = _load(models_root, "tiny-wan21-t2v", "offload_model")
+    uploads = model.placement.stats.uploads.get("transformer", 0)
+    positive = encode_text(model, "a red fox")
+    latent = denoise(model, positive, None, empty_latent(model, 16, 16, frames=1), SCHEDULE, seed=3)
+    assert model.placement.stats.uploads["transformer"] == uploads + 1
+    assert not model.placement.staged["text_encoder"].on_device  # encoders leave right after encoding
+    LoraBindVAEDecode().decode(ModelHandle(model), latent)
+    assert not model.placement.staged["transformer"].on_device
