@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .. import compat
-from . import lora_fixtures, minimax_h3
+from . import lora_fixtures, minimax_h3, single_files
 from ._common import diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
@@ -53,8 +53,9 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
     """(Re)build built-in models and return every path written.
 
     ``names=None`` builds everything the installed libraries support (``unavailable_builtins`` names what is
-    skipped and why): the models above, the MiniMax-H3 models and the fixture LoRAs (files with the real
-    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models).
+    skipped and why): the models above, the MiniMax-H3 models, the fixture LoRAs (files with the real
+    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models) and the tiny
+    single files in ComfyUI's folders (``single_files``).
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
     family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
@@ -66,6 +67,7 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
             written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
             written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
+        written += single_files.write_tiny_single_files(models_root)
         return written
     unknown = sorted(set(names) - set(BUILTIN_NAMES))
     if unknown:

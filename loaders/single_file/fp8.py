@@ -1,0 +1,96 @@
+"""fp8 weights in single files: the two ComfyUI formats, and how lorabind computes with them.
+
+Formats (read from ComfyUI ``comfy/utils.py::convert_old_quants`` and ``comfy/ops.py``):
+- ``fp8_e4m3fn``: weights stored as ``F8_E4M3``, value = the fp8 number.
+- fp8 *scaled* (``*_fp8_scaled`` / ``*_fp8_e4m3fn_scaled``): a ``scaled_fp8`` marker tensor (empty, fp8 dtype)
+  and, next to each fp8 weight, ``<module>.scale_weight`` (float32 scalar): value = fp8 number x scale.
+  Newer ComfyUI writes the same thing as ``<module>.weight_scale`` plus a ``<module>.comfy_quant`` JSON tensor;
+  both spellings are read. Optional ``scale_input`` tensors (activation scales for fp8 matmuls) are ignored: we
+  compute in bf16.
+
+In memory the weights stay fp8 (one byte per weight, the file's exact bytes) and every module holding one gets
+a forward pre-hook that swaps in the dequantized bf16 weight (fp8 -> bf16 is exact, then x scale) for the call
+and a post-hook that puts the stored fp8 tensor back. Why our own hook instead of diffusers' layerwise casting:
+that hook casts *every* parameter of a module to the storage dtype (biases too, which the files keep in bf16)
+and cannot apply a per-tensor scale. The cost is one dequantized weight per running module, not a second copy of
+the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+SCALED_MARKER = "scaled_fp8"
+SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
+IGNORED_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def fp8_dtype():
+    import torch
+
+    return torch.float8_e4m3fn
+
+
+def quantize(weight, *, scaled: bool):
+    """(fp8 tensor, scale or None) rounding to nearest; scaled: per-tensor scale = amax / 448 (ComfyUI's choice)."""
+    import torch
+
+    weight = weight.float()
+    if not scaled:
+        return weight.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), None
+    amax = weight.abs().max().clamp_min(1e-12)
+    scale = (amax / FP8_MAX).to(torch.float32)
+    return (weight / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale.reshape(())
+
+
+def dequantize(stored, scale, dtype):
+    """fp8 (x scale) in ``dtype``: exact for bf16/fp32 without a scale (bf16 holds every e4m3 value)."""
+    if scale is None:
+        return stored.to(dtype)
+    return (stored.float() * scale.float()).to(dtype)
+
+
+@dataclass
+class StoredWeight:
+    """A parameter kept as its file's fp8 bytes, with the file's scale (None: plain fp8_e4m3fn)."""
+    stored: object  # torch.nn.Parameter in float8_e4m3fn
+    scale: Optional[object]
+
+
+def _pre_hook(module, args):
+    import torch
+
+    for name, entry in module._lorabind_fp8.items():
+        module._parameters[name] = torch.nn.Parameter(
+            dequantize(entry.stored, entry.scale, module._lorabind_compute_dtype), requires_grad=False)
+
+
+def _post_hook(module, args, output):
+    for name, entry in module._lorabind_fp8.items():
+        module._parameters[name] = entry.stored
+    return output
+
+
+def keep_fp8(module, name: str, stored, scale, compute_dtype) -> None:
+    """Store ``module.<name>`` as fp8 and compute with its dequantized value (see the module docstring)."""
+    import torch
+
+    param = torch.nn.Parameter(stored, requires_grad=False)
+    module._parameters[name] = param
+    if not hasattr(module, "_lorabind_fp8"):
+        module._lorabind_fp8 = {}
+        module._lorabind_compute_dtype = compute_dtype
+        module.register_forward_pre_hook(_pre_hook)
+        module.register_forward_hook(_post_hook)
+    module._lorabind_fp8[name] = StoredWeight(param, scale)
+
+
+def stored_weights(root) -> dict:
+    """``{qualified parameter name: StoredWeight}`` of every fp8-stored parameter under ``root``."""
+    found = {}
+    for module_name, module in root.named_modules():
+        for name, entry in getattr(module, "_lorabind_fp8", {}).items():
+            found[f"{module_name}.{name}" if module_name else name] = entry
+    return found

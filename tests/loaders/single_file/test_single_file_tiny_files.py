@@ -1,0 +1,75 @@
+"""The tiny single files are genuinely native: diffusers' own from_single_file gives back the tiny weights."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from lorabind.loaders.tiny_models import build_tiny
+from lorabind.loaders.tiny_models.single_files import SUBFOLDER, write_tiny_single_files
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("single_file_models")
+    build_tiny(root, ["tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"])
+    written = write_tiny_single_files(root)
+    assert len(written) == 17
+    return root
+
+
+@pytest.mark.parametrize("stem, folder, component, cls", [
+    ("wan2.2_t2v_high_noise_tiny", "tiny-wan22-t2v", "transformer", "WanTransformer3DModel"),
+    ("wan2.2_t2v_low_noise_tiny", "tiny-wan22-t2v", "transformer_2", "WanTransformer3DModel"),
+    ("wan2.1_t2v_tiny", "tiny-wan21-t2v", "transformer", "WanTransformer3DModel"),
+    ("qwen_image_tiny", "tiny-qwen-image", "transformer", "QwenImageTransformer2DModel"),
+])
+def test_diffusers_from_single_file_reads_the_bf16_files_exactly(tiny_root, stem, folder, component, cls):
+    import diffusers
+
+    model_cls = getattr(diffusers, cls)
+    path = tiny_root / "diffusion_models" / SUBFOLDER / f"{stem}_bf16.safetensors"
+    from_file = model_cls.from_single_file(str(path), config=str(tiny_root / "diffusers" / folder),
+                                           subfolder=component, local_files_only=True, torch_dtype=torch.bfloat16)
+    reference = model_cls.from_pretrained(str(tiny_root / "diffusers" / folder), subfolder=component)
+    expected, got = reference.state_dict(), from_file.state_dict()
+    assert sorted(got) == sorted(expected)
+    # from_single_file casts everything to the requested dtype (it does not keep Wan's fp32 modules in fp32)
+    for key, tensor in expected.items():
+        assert got[key].dtype == torch.bfloat16 and torch.equal(got[key], tensor.to(torch.bfloat16)), key
+
+
+def test_fp8_files_store_fp8_weights_and_scales(tiny_root):
+    folder = tiny_root / "diffusion_models" / SUBFOLDER
+    with safe_open(str(folder / "wan2.1_t2v_tiny_fp8_scaled.safetensors"), "pt") as scaled:
+        assert scaled.get_slice("scaled_fp8").get_dtype() == "F8_E4M3"
+        assert scaled.get_slice("blocks.0.self_attn.q.weight").get_dtype() == "F8_E4M3"
+        assert scaled.get_slice("blocks.0.self_attn.q.bias").get_dtype() == "BF16"
+        scale = scaled.get_tensor("blocks.0.self_attn.q.scale_weight")
+        weight = scaled.get_tensor("blocks.0.self_attn.q.weight")
+    # the scale maps the largest weight onto fp8's largest finite value, 448
+    assert scale.dtype == torch.float32 and weight.float().abs().max().item() == pytest.approx(448.0, rel=0.07)
+    with safe_open(str(folder / "wan2.1_t2v_tiny_fp8_e4m3fn.safetensors"), "pt") as plain:
+        assert "scaled_fp8" not in plain.keys() and not any(k.endswith("scale_weight") for k in plain.keys())
+        assert plain.get_slice("blocks.0.ffn.0.weight").get_dtype() == "F8_E4M3"
+
+
+def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(tiny_root):
+    import sentencepiece
+
+    from lorabind.loaders.single_file.tokenizers import umt5_tokenizer_from_spiece
+    from transformers import AutoTokenizer
+
+    with safe_open(str(tiny_root / "text_encoders" / SUBFOLDER / "umt5_tiny_bf16.safetensors"), "pt") as handle:
+        spiece = handle.get_tensor("spiece_model")
+    assert spiece.dtype == torch.uint8
+    folder_tokenizer = AutoTokenizer.from_pretrained(str(tiny_root / "diffusers" / "tiny-wan22-t2v" / "tokenizer"))
+    file_tokenizer = umt5_tokenizer_from_spiece(spiece.numpy().tobytes(), "umt5_tiny_bf16.safetensors")
+    # ComfyUI reads the same bytes with sentencepiece itself (SPieceTokenizer, add_eos=True)
+    comfy_like = sentencepiece.SentencePieceProcessor(model_proto=spiece.numpy().tobytes(), add_eos=True)
+    for prompt in ("a cat dancing on the street", "Blurry, low quality video of 2 red cars!"):
+        expected = folder_tokenizer(prompt)["input_ids"]
+        assert file_tokenizer(prompt)["input_ids"] == expected
+        assert comfy_like.encode(prompt) == expected
