@@ -73,7 +73,6 @@ def write_tiny_single_files(models_root) -> list[Path]:
     source_root = diffusers_dir(models_root)
     written = []
     import diffusers
-    from transformers import UMT5EncoderModel
 
     for stem, (model, component, layout, prefix, class_name) in DENOISER_FILES.items():
         if not (source_root / model / "model_index.json").is_file():
@@ -98,8 +97,7 @@ def write_tiny_single_files(models_root) -> list[Path]:
         encoder = _component(wan, "text_encoder")
         for precision, suffix in (("bf16", "bf16"), ("fp8_scaled", "fp8_e4m3fn_scaled")):
             tensors = native_tensors(encoder, layouts.UMT5_ENCODER, precision=precision,
-                                     quantized_prefix="encoder.block.",
-                                     keep_fp32_modules=UMT5EncoderModel._keep_in_fp32_modules)
+                                     quantized_prefix="encoder.block.")
             tensors[layouts.SPIECE_KEY] = spiece
             written.append(_save(models_root / "text_encoders" / SUBFOLDER / f"{UMT5_STEM}_{suffix}.safetensors",
                                  tensors))

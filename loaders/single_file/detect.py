@@ -1,0 +1,183 @@
+"""What a single file is, from its safetensors header alone (names, shapes, dtypes; no weight is read), and
+whether a set of files fits together.
+
+Shapes decide the family, size and variant (``catalog``); two things only the file name can say, as in
+ComfyUI's own naming: which Wan2.2 A14B expert a file is (``high_noise`` / ``low_noise``: both experts have the
+same shapes) and whether a Wan-layout VAE is Qwen-Image's (same network and shapes as Wan2.1's VAE).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from ..errors import ModelLoadError
+from . import catalog, fp8
+from .layouts import strip_prefix
+
+_EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
+_WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)
+_QWEN = re.compile(r"qwen", re.IGNORECASE)
+_DTYPE_NAMES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+
+
+@dataclass(frozen=True)
+class Detected:
+    path: str
+    name: str  # as the user gave it (relative to its models folder), for messages
+    kind: catalog.ComponentKind
+    model: catalog.KnownModel
+    precision: str  # "bf16", "fp16", "fp32", "fp8_e4m3fn", "fp8_scaled"
+    prefix: str  # "" or "model.diffusion_model." (stripped on load)
+    version: Optional[str] = None  # Wan denoisers: "2.1" / "2.2"
+    expert: Optional[str] = None  # "high" / "low" when the file name says so
+
+    @property
+    def role(self) -> str:
+        return self.kind.role
+
+    @property
+    def family(self) -> str:
+        return self.kind.family
+
+    @property
+    def config(self) -> dict:
+        return catalog.config(self.model.config)
+
+    @property
+    def title(self) -> str:
+        """"Wan2.2 T2V A14B", "Qwen-Image", ...: Wan's version and expert come from the file name."""
+        if self.version is None:
+            return self.model.title
+        size = "A14B" if self.version == "2.2" and self.model.size == "14B" else self.model.size
+        expert = f" {self.expert}-noise expert" if self.expert else ""
+        return f"Wan{self.version} {self.model.variant.upper()} {size}{expert}"
+
+    def describe(self) -> str:
+        return f"{self.name}: {self.title} ({self.precision})"
+
+
+def read_shapes(path: str, name: str) -> tuple[dict, dict]:
+    """({key: shape}, {key: safetensors dtype}) from the header, through safetensors' own reader."""
+    from safetensors import safe_open
+
+    if not str(path).endswith((".safetensors", ".sft")):
+        raise ModelLoadError(f"{name}: only .safetensors single files are read (pickle formats are refused); "
+                             "convert the file first")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            shapes, dtypes = {}, {}
+            for key in handle.keys():
+                view = handle.get_slice(key)
+                shapes[key], dtypes[key] = tuple(view.get_shape()), view.get_dtype()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"{name}: not a readable safetensors file: {exc}") from exc
+    return shapes, dtypes
+
+
+def _precision(shapes: dict, dtypes: dict) -> str:
+    if fp8.SCALED_MARKER in shapes or any(k.endswith(fp8.SCALE_SUFFIXES) for k in shapes):
+        return "fp8_scaled"
+    if any(d == "F8_E4M3" for d in dtypes.values()):
+        return "fp8_e4m3fn"
+    weights = [dtypes[k] for k, shape in shapes.items() if len(shape) >= 2 and dtypes[k] in _DTYPE_NAMES]
+    return _DTYPE_NAMES[max(set(weights), key=weights.count)] if weights else "fp32"
+
+
+def _candidates(shapes: dict, base_name: str) -> list:
+    kinds = [kind for kind in catalog.KINDS.values() if all(m in shapes for m in kind.markers)]
+    if len({k.role for k in kinds}) == 1 and len(kinds) > 1:  # the Wan-layout VAE: Qwen-Image's or Wan's
+        kinds = [k for k in kinds if (k.family == "qwen_image") == bool(_QWEN.search(base_name))] or kinds
+    return kinds
+
+
+def detect(path: str, name: str = "") -> Detected:
+    """Identify one file; ``ModelLoadError`` naming the file (and what its shapes were) when nothing fits."""
+    name = name or os.path.basename(path)
+    raw_shapes, dtypes = read_shapes(path, name)
+    prefixes = {k[: len(k) - len(strip_prefix(k))] for k in raw_shapes}
+    prefix = max(prefixes, key=len) if len(prefixes) == 1 else ""
+    shapes = {strip_prefix(k): v for k, v in raw_shapes.items()}
+    base_name = os.path.basename(name)
+    kinds = _candidates(shapes, base_name)
+    if not kinds:
+        raise ModelLoadError(
+            f"{name}: not a single file lorabind knows (looked for a Wan or Qwen-Image denoiser, a Wan/Qwen-Image "
+            "VAE, a umt5 or Qwen2.5-VL text encoder by their key names). MiniMax-H3 and other models load from "
+            "diffusers folders under models/diffusers")
+    for kind in kinds:
+        try:
+            signature = kind.file_signature(shapes)
+        except KeyError as exc:
+            raise ModelLoadError(f"{name}: looks like a {kind.kind} file but has no {exc} tensor") from None
+        for model in catalog.KNOWN_MODELS:
+            if model.kind == kind.kind and kind.config_signature(catalog.config(model.config)) == signature:
+                version = expert = None
+                if kind.kind == "wan_transformer":
+                    expert_match = _EXPERT.search(base_name)
+                    expert = expert_match[1].lower() if expert_match else None
+                    two_two = model.variant == "ti2v" or model.config == "wan2.2_i2v_A14B"
+                    version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
+                return Detected(path=str(path), name=name, kind=kind, model=model,
+                                precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
+    hint = ""
+    if kinds[0].role == "vae" and signature[1] == 48:
+        hint = " This is the Wan2.2 VAE (48 latent channels, for TI2V-5B); its layout is not supported yet."
+    raise ModelLoadError(f"{name}: a {kinds[0].kind} file whose shapes {signature} match no known configuration "
+                         f"({', '.join(m.title for m in catalog.KNOWN_MODELS if m.kind == kinds[0].kind)}).{hint}")
+
+
+@dataclass(frozen=True)
+class CheckpointSet:
+    denoisers: tuple  # Detected, high-noise expert first for Wan2.2 A14B
+    vae: Detected
+    text_encoder: Detected
+
+    @property
+    def family(self) -> str:
+        return self.denoisers[0].family
+
+    def describe(self) -> str:
+        return "; ".join(d.describe() for d in (*self.denoisers, self.vae, self.text_encoder))
+
+
+def _refuse(first: Detected, second: Detected, why: str):
+    raise ModelLoadError(f"{first.name} and {second.name} do not fit together: {why} "
+                         f"({first.describe()}; {second.describe()})")
+
+
+def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detected) -> CheckpointSet:
+    """The files as one model, or ``ModelLoadError`` naming both files of the first pair that does not fit."""
+    roles = [("denoiser", d) for d in denoisers] + [("vae", vae), ("text_encoder", text_encoder)]
+    for expected, item in roles:
+        if item.role != expected:
+            raise ModelLoadError(f"{item.name}: given as the {expected.replace('_', ' ')} but it is a "
+                                 f"{item.role.replace('_', ' ')} ({item.describe()})")
+    if not 1 <= len(denoisers) <= 2:
+        raise ModelLoadError(f"give one denoiser file, or two (high-noise, low-noise); got {len(denoisers)}")
+    first = denoisers[0]
+    if len(denoisers) == 2:
+        second = denoisers[1]
+        if first.family != "wan" or second.family != "wan":
+            _refuse(first, second, "only Wan2.2 A14B has two experts")
+        if first.model != second.model:
+            _refuse(first, second, "the two experts must be the same model (size and variant)")
+        if (first.expert, second.expert) == ("low", "high"):
+            _refuse(first, second, "given swapped: the first is the low-noise expert, the second the high-noise "
+                                   "one; put the high-noise file first")
+        if first.expert and first.expert == second.expert:
+            _refuse(first, second, f"both are {first.expert}-noise experts")
+    for other in (vae, text_encoder):
+        if other.family != first.family:
+            _refuse(first, other, f"a {other.kind.kind} belongs to {other.family}, the denoiser to {first.family}")
+    latent = first.config["out_channels"]
+    if vae.config["z_dim"] != latent:
+        _refuse(first, vae, f"the VAE has {vae.config['z_dim']} latent channels, the denoiser {latent}")
+    text_width = first.config.get("text_dim", first.config.get("joint_attention_dim"))
+    encoder_width = text_encoder.config.get("d_model") or text_encoder.config["text_config"]["hidden_size"]
+    if text_width != encoder_width:
+        _refuse(first, text_encoder, f"the text encoder gives {encoder_width}-wide states, the denoiser takes "
+                                     f"{text_width}")
+    return CheckpointSet(denoisers=tuple(denoisers), vae=vae, text_encoder=text_encoder)
