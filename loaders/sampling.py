@@ -68,8 +68,10 @@ def _batch(tensor: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor]
 
 
 def _device_and_dtype(module: torch.nn.Module):
+    """The device and compute dtype. diffusers' ``module.dtype`` skips the parameters a model keeps in float32
+    (Wan's ``scale_shift_table`` comes first): the first parameter alone would feed float32 into bf16 layers."""
     param = next(module.parameters())
-    return param.device, param.dtype
+    return param.device, getattr(module, "dtype", param.dtype)
 
 
 class _WanVelocity:

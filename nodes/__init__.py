@@ -9,6 +9,7 @@ from importlib import import_module
 
 _NODE_MODULES = (
     "model_nodes",
+    "checkpoint_nodes",
     "conditioning_nodes",
     "latent_nodes",
     "sampler_nodes",

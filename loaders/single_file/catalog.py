@@ -34,6 +34,9 @@ class ComponentKind:
     config_signature: Callable[[dict], tuple]  # config dict -> signature
     layout: Callable[[dict], layouts.KeyLayout]  # config -> layout
     quantized_prefix: str = "blocks."
+    takes: tuple[str, ...] = ()  # denoisers: the VAE and text-encoder kinds they work with
+    experts: bool = False  # denoisers: a model of this kind may come as two experts (Wan2.2 A14B)
+    name_hint: str = ""  # a regex the file name must match to pick this kind among equal-shaped ones
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ KINDS = {kind.kind: kind for kind in (
                    s["blocks.0.ffn.0.weight"][0], "img_emb.proj.1.weight" in s),
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["ffn_dim"], c.get("image_dim") is not None),
-        lambda c: layouts.WAN_TRANSFORMER),
+        lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "umt5"), experts=True),
     ComponentKind(
         "qwen_image_transformer", "denoiser", "qwen_image", ("img_in.weight", "txt_norm.weight"),
         "diffusers", "QwenImageTransformer2DModel",
@@ -71,7 +74,8 @@ KINDS = {kind.kind: kind for kind in (
                    s["txt_in.weight"][1]),
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["joint_attention_dim"]),
-        lambda c: layouts.QWEN_IMAGE_TRANSFORMER, quantized_prefix="transformer_blocks."),
+        lambda c: layouts.QWEN_IMAGE_TRANSFORMER, quantized_prefix="transformer_blocks.",
+        takes=("qwen_image_vae", "qwen25_vl")),
     ComponentKind(
         "wan_vae", "vae", "wan", ("decoder.middle.0.residual.0.gamma", "conv2.weight"),
         "diffusers", "AutoencoderKLWan",
@@ -83,7 +87,7 @@ KINDS = {kind.kind: kind for kind in (
         "diffusers", "AutoencoderKLQwenImage",
         lambda s: (s["encoder.conv1.weight"][0], s["conv2.weight"][0], _count(s, r"decoder\.upsamples\.(\d+)\.")),
         lambda c: (c["base_dim"], c["z_dim"], _vae_flat_count(c)),
-        layouts.vae_layout_for, quantized_prefix="\0"),
+        layouts.vae_layout_for, quantized_prefix="\0", name_hint="qwen"),
     ComponentKind(
         "umt5", "text_encoder", "wan",
         ("shared.weight", "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"),

@@ -3,7 +3,8 @@ whether a set of files fits together.
 
 Shapes decide the family, size and variant (``catalog``); two things only the file name can say, as in
 ComfyUI's own naming: which Wan2.2 A14B expert a file is (``high_noise`` / ``low_noise``: both experts have the
-same shapes) and whether a Wan-layout VAE is Qwen-Image's (same network and shapes as Wan2.1's VAE).
+same shapes) and whether a Wan-layout VAE is Qwen-Image's (same network and shapes as Wan2.1's VAE; a name with
+"qwen" in it decides, as ComfyUI's file names do).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from .layouts import strip_prefix
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)
-_QWEN = re.compile(r"qwen", re.IGNORECASE)
 _DTYPE_NAMES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 
 
@@ -87,10 +87,11 @@ def _precision(shapes: dict, dtypes: dict) -> str:
 
 
 def _candidates(shapes: dict, base_name: str) -> list:
+    """Kinds whose marker keys the file has; among equal-shaped ones (the Wan-layout VAE is also Qwen-Image's)
+    the one whose name hint the file name matches, else the ones without a hint."""
     kinds = [kind for kind in catalog.KINDS.values() if all(m in shapes for m in kind.markers)]
-    if len({k.role for k in kinds}) == 1 and len(kinds) > 1:  # the Wan-layout VAE: Qwen-Image's or Wan's
-        kinds = [k for k in kinds if (k.family == "qwen_image") == bool(_QWEN.search(base_name))] or kinds
-    return kinds
+    hinted = [k for k in kinds if k.name_hint and re.search(k.name_hint, base_name, re.IGNORECASE)]
+    return hinted or [k for k in kinds if not k.name_hint]
 
 
 def detect(path: str, name: str = "") -> Detected:
@@ -160,7 +161,7 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
     first = denoisers[0]
     if len(denoisers) == 2:
         second = denoisers[1]
-        if first.family != "wan" or second.family != "wan":
+        if not (first.kind.experts and second.kind.experts):
             _refuse(first, second, "only Wan2.2 A14B has two experts")
         if first.model != second.model:
             _refuse(first, second, "the two experts must be the same model (size and variant)")
@@ -170,8 +171,9 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
         if first.expert and first.expert == second.expert:
             _refuse(first, second, f"both are {first.expert}-noise experts")
     for other in (vae, text_encoder):
-        if other.family != first.family:
-            _refuse(first, other, f"a {other.kind.kind} belongs to {other.family}, the denoiser to {first.family}")
+        if other.kind.kind not in first.kind.takes:
+            _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "
+                                  f"takes {' and '.join(first.kind.takes)}")
     latent = first.config["out_channels"]
     if vae.config["z_dim"] != latent:
         _refuse(first, vae, f"the VAE has {vae.config['z_dim']} latent channels, the denoiser {latent}")

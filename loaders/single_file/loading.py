@@ -12,7 +12,8 @@ resident memory on top of the model.
 
 dtypes: a bf16/fp16/fp32 file loads in ``dtype`` (default bfloat16) except the parameters the model class keeps
 in float32 (``_keep_in_fp32_modules``), exactly as ``from_pretrained(dtype=...)`` does. fp8 weights stay fp8 (see
-``fp8``); the rest of an fp8 file loads like a bf16 one.
+``fp8``), except in those keep-in-float32 modules (their callers cast inputs to the weight dtype), which are
+dequantized on load; the rest of an fp8 file loads like a bf16 one.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ def load_component(detected: Detected, *, dtype=None):
     expected = model.state_dict(keep_vars=True)
     plan = layout.native_plan(expected)
     keep = _fp32_modules(type(model), detected, compute)
+    # modules whose callers cast their input to the weight's dtype (umt5's ``wo``): an fp8 weight there is
+    # dequantized on load instead of kept fp8
+    never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
     with safe_open(detected.path, framework="pt") as handle:
         file_keys = set(handle.keys())
         sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
@@ -114,7 +118,11 @@ def load_component(detected: Detected, *, dtype=None):
                 scale_key = _scale_key(native_key, native_keys) if tensor.dtype == torch.float8_e4m3fn else None
                 scale = handle.get_tensor(prefix + scale_key).float() if scale_key else None
                 for key, part in layout.split(native_key, tensor, plan[native_key]).items():
-                    _place(model, key, part, scale, compute, keeps_fp32(key, keep), detected)
+                    if part.dtype == torch.float8_e4m3fn and keeps_fp32(key, never_fp8):
+                        part, scale_here = fp8.dequantize(part, scale, torch.float32), None
+                    else:
+                        scale_here = scale
+                    _place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected)
     _tie_missing(model, detected, layout, native_keys)
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover:

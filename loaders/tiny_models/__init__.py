@@ -108,6 +108,7 @@ def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
             build_builtin(name, models_root)
             built.append(name)
     built += ensure_fixture_loras(named, models_root)
+    built += single_files.ensure_tiny_single_files(named, models_root)
     return built
 
 

@@ -106,3 +106,29 @@ def write_tiny_single_files(models_root) -> list[Path]:
         tensors = native_tensors(_component(qwen, "text_encoder"), layouts.QWEN25_VL_ENCODER)
         written.append(_save(models_root / "text_encoders" / SUBFOLDER / QWEN25_VL_FILE, tensors))
     return written
+
+
+def tiny_file_names() -> dict[str, list[str]]:
+    """{ComfyUI folder kind: names relative to it} of every tiny single file ``write_tiny_single_files`` writes."""
+    denoisers = [f"{SUBFOLDER}/{stem}_{p}.safetensors" for stem in DENOISER_FILES for p in PRECISIONS]
+    encoders = [f"{SUBFOLDER}/{UMT5_STEM}_{s}.safetensors" for s in ("bf16", "fp8_e4m3fn_scaled")]
+    return {"diffusion_models": denoisers, "vae": [f"{SUBFOLDER}/{n}" for n in VAE_FILES],
+            "text_encoders": encoders + [f"{SUBFOLDER}/{QWEN25_VL_FILE}"]}
+
+
+def ensure_tiny_single_files(named, models_root) -> list[str]:
+    """Build the tiny single files (and the tiny folders they come from) when a name in ``named`` is missing.
+
+    Returns the missing names that now exist."""
+    from . import build_builtin
+
+    models_root = Path(models_root)
+    missing = [(kind, name) for kind, names in tiny_file_names().items() for name in names
+               if name in named and not (models_root / kind / name).is_file()]
+    if not missing:
+        return []
+    for model in (WAN22_NAME, WAN21_NAME, QWEN_IMAGE_NAME):
+        if not (diffusers_dir(models_root) / model / "model_index.json").is_file():
+            build_builtin(model, models_root)
+    write_tiny_single_files(models_root)
+    return [name for kind, name in missing if (models_root / kind / name).is_file()]

@@ -1,0 +1,124 @@
+"""A ``LoadedModel`` from single files: detect, check the set, load each component, assemble the pipeline.
+
+The result is the same shared object ``model_store.load_model`` gives for a diffusers folder (one per set of
+files, cached by resolved paths, mtimes and dtype), so binding, sampling and every node downstream work on it
+unchanged. The pipeline per family is assembled from a table (``_ASSEMBLE``); the ``model_index`` it reports
+is what the equivalent diffusers folder would hold (two experts -> ``transformer_2`` and the published
+``boundary_ratio``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .. import compat
+from ..errors import ModelLoadError
+from ..model_store import LoadedModel, quiet_library_progress, resolve_dtype
+from . import tokenizers
+from .detect import CheckpointSet, Detected, check_set, detect
+from .layouts import SPIECE_KEY
+from .loading import load_component
+
+# Wan2.2 A14B boundary_ratio as published (Wan-AI/Wan2.2-{T2V,I2V}-A14B-Diffusers model_index.json)
+_BOUNDARY = {"t2v": 0.875, "i2v": 0.9}
+
+_cache: dict[tuple, LoadedModel] = {}
+_lock = threading.Lock()
+
+
+def _wan_pipeline(files: CheckpointSet, components: dict, tokenizer):
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    high = files.denoisers[0]
+    index = {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"],
+             "transformer_2": [None, None], "expand_timesteps": high.model.variant == "ti2v"}
+    extra = {}
+    if "transformer_2" in components:
+        index["transformer_2"] = ["diffusers", "WanTransformer3DModel"]
+        index["boundary_ratio"] = _BOUNDARY[high.model.variant]
+        extra = {"transformer_2": components["transformer_2"], "boundary_ratio": index["boundary_ratio"]}
+    if index["expand_timesteps"]:
+        extra["expand_timesteps"] = True
+    # the scheduler the Wan-AI diffusers folders ship; lorabind's sampler drives its own sigmas
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0,
+                                        num_train_timesteps=1000)
+    pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=components["text_encoder"], vae=components["vae"],
+                           scheduler=scheduler, transformer=components["transformer"], **extra)
+    return pipeline, index, "wan2.2_moe" if "transformer_2" in components else "wan2.1"
+
+
+def _qwen_image_pipeline(files: CheckpointSet, components: dict, tokenizer):
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    index = {"_class_name": "QwenImagePipeline", "transformer": ["diffusers", "QwenImageTransformer2DModel"]}
+    pipeline = QwenImagePipeline(transformer=components["transformer"], vae=components["vae"],
+                                 scheduler=FlowMatchEulerDiscreteScheduler(),
+                                 text_encoder=components["text_encoder"], tokenizer=tokenizer)
+    return pipeline, index, "qwen_image"
+
+
+_ASSEMBLE = {"wan": _wan_pipeline, "qwen_image": _qwen_image_pipeline}
+# the LoadedModel.family id: [one denoiser, two experts] per single-file family
+_FAMILY_IDS = {False: {"wan": "wan2.1", "qwen_image": "qwen_image"}, True: {"wan": "wan2.2_moe"}}
+
+
+def _umt5_tokenizer(encoder: Detected, tokenizer_dirs):
+    from safetensors import safe_open
+
+    with safe_open(encoder.path, framework="pt") as handle:
+        if SPIECE_KEY not in handle.keys():
+            raise ModelLoadError(f"{encoder.name}: no '{SPIECE_KEY}' tensor (ComfyUI's umt5 files carry their "
+                                 "SentencePiece tokenizer there); this file has none")
+        model_bytes = tokenizers.spiece_bytes(handle.get_tensor(SPIECE_KEY))
+    return tokenizers.umt5_tokenizer_from_spiece(model_bytes, encoder.name)
+
+
+def _qwen_tokenizer(encoder: Detected, tokenizer_dirs):
+    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name)
+
+
+_TOKENIZER = {"umt5": _umt5_tokenizer, "qwen25_vl": _qwen_tokenizer}
+
+
+def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple) -> CheckpointSet:
+    """``(path, display name)`` pairs -> the checked set (``ModelLoadError`` naming the files that clash)."""
+    return check_set([detect(p, n) for p, n in denoisers], detect(*vae), detect(*text_encoder))
+
+
+def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Iterable[Path] = ()) -> LoadedModel:
+    """The shared ``LoadedModel`` for a checked set of single files (see the module docstring)."""
+    import torch
+
+    torch_dtype = resolve_dtype(dtype) or torch.bfloat16
+    paths = [d.path for d in files.denoisers] + [files.vae.path, files.text_encoder.path]
+    key = (tuple(str(Path(p).resolve()) for p in paths), tuple(os.stat(p).st_mtime_ns for p in paths),
+           str(torch_dtype))
+    with _lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            return cached
+        compat.require(_FAMILY_IDS[len(files.denoisers) > 1][files.family], files.denoisers[0].title)
+        components = {name: load_component(d, dtype=torch_dtype)
+                      for name, d in zip(("transformer", "transformer_2"), files.denoisers)}
+        components["vae"] = load_component(files.vae, dtype=torch_dtype)
+        components["text_encoder"] = load_component(files.text_encoder, dtype=torch_dtype)
+        tokenizer = _TOKENIZER[files.text_encoder.kind.kind](files.text_encoder, list(tokenizer_dirs))
+        with quiet_library_progress():
+            pipeline, model_index, family = _ASSEMBLE[files.family](files, components, tokenizer)
+        pipeline.set_progress_bar_config(disable=True)
+        denoisers_loaded = {n: components[n] for n in ("transformer", "transformer_2") if n in components}
+        name = " + ".join(os.path.basename(p) for p in paths)
+        model = LoadedModel(path=files.denoisers[0].path, name=name, family=family, pipeline=pipeline,
+                            components=denoisers_loaded, model_index=model_index)
+        for stale in [k for k in _cache if k[0] == key[0] and k[2] == key[2]]:
+            del _cache[stale]
+        _cache[key] = model
+        return model
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()

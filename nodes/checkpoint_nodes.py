@@ -1,0 +1,117 @@
+"""LoraBindCheckpointLoader: the single files ComfyUI users already have -> the same LORABIND_MODEL handle.
+
+Dropdowns list ComfyUI's own folders (``diffusion_models``/``unet``, ``vae``, ``text_encoders``/``clip``) plus the
+built-in tiny single files (``lorabind-tiny/...``, built offline on first use). Detection, the fit checks and
+loading are ``loaders.single_file``'s; this node only resolves names to files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..loaders.families import checkpoint_contracts
+from ..loaders.handles import SOCKET_MODEL, ModelHandle
+from ..loaders.single_file.pipelines import detect_set, load_single_files
+from ..loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+from .comfy_bridge import folder_paths
+
+NO_FILE = "none"
+DTYPES = ("bfloat16", "float16", "float32")
+TOKENIZER_KIND = "tokenizers"  # extra tokenizer folders (``lorabind run/serve --tokenizer DIR``)
+
+
+def list_files(kind: str) -> list[str]:
+    """The kind's safetensors files plus the tiny single files of that kind."""
+    names = set(tiny_file_names()[kind])
+    try:
+        names.update(n for n in folder_paths().get_filename_list(kind) if n.endswith((".safetensors", ".sft")))
+    except KeyError:
+        pass
+    return sorted(names)
+
+
+def resolve_file(kind: str, name: str) -> tuple[str, str]:
+    """(path, name) of a COMBO value; a missing tiny single file is built first."""
+    paths = folder_paths()
+    path = paths.get_full_path(kind, name)
+    if path is None and name in tiny_file_names()[kind]:
+        roots = [Path(p) for p in paths.get_folder_paths(kind)]
+        root = next((r for r in roots if r.name == kind), None)
+        if root is not None:
+            ensure_tiny_single_files({name}, root.parent)
+            path = paths.get_full_path(kind, name)
+    if path is None:
+        path = paths.get_full_path_or_raise(kind, name)  # ComfyUI's "Model in folder ... not found" error
+    return path, name
+
+
+def tokenizer_dirs() -> list[Path]:
+    """Folders that may hold a Qwen2.5-VL tokenizer: ``--tokenizer`` ones, then diffusers Qwen-Image folders'
+    ``tokenizer/`` (the tiny built-ins last)."""
+    paths = folder_paths()
+    found = []
+    for kind in (TOKENIZER_KIND, "diffusers"):
+        try:
+            roots = [Path(p) for p in paths.get_folder_paths(kind)]
+        except KeyError:
+            continue
+        if kind == TOKENIZER_KIND:
+            found += roots
+            continue
+        for root in roots:
+            folders = sorted(root.glob("*/tokenizer"), key=lambda p: (p.parent.name.startswith("tiny-"), str(p)))
+            found += [p for p in folders if (p.parent / "model_index.json").is_file()]
+    return found
+
+
+class LoraBindCheckpointLoader:
+    DESCRIPTION = (
+        "Loads the single files ComfyUI keeps in models/diffusion_models, models/vae and models/text_encoders "
+        "(bf16, fp16, fp8_e4m3fn or fp8 scaled) as one shared model. It detects family, size and variant from "
+        "the tensors and refuses files that do not fit together, naming both. For Wan2.2 A14B give the "
+        "high-noise expert as denoiser and the low-noise one as denoiser_low_noise."
+    )
+    CATEGORY = "lorabind/loaders"
+    RETURN_TYPES = (SOCKET_MODEL, "STRING")
+    RETURN_NAMES = ("model", "detected")
+    OUTPUT_TOOLTIPS = ("The shared model, like the diffusers-folder loader's.",
+                       "What was detected in each file (family, size, variant, expert, precision).")
+    FUNCTION = "load"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        denoisers = list_files("diffusion_models")
+        return {
+            "required": {
+                "denoiser": (denoisers, {"tooltip": "models/diffusion_models (or unet): the denoiser; for Wan2.2 "
+                                                    "A14B the high-noise expert."}),
+                "denoiser_low_noise": ([NO_FILE] + denoisers, {
+                    "default": NO_FILE, "tooltip": "Wan2.2 A14B only: the low-noise expert file."}),
+                "vae": (list_files("vae"), {"tooltip": "models/vae: wan_2.1_vae or qwen_image_vae."}),
+                "text_encoder": (list_files("text_encoders"), {
+                    "tooltip": "models/text_encoders (or clip): umt5_xxl for Wan, qwen_2.5_vl_7b for Qwen-Image."}),
+                "dtype": (list(DTYPES), {"default": "bfloat16",
+                                         "tooltip": "Compute dtype; fp8 files keep their fp8 weights in memory."}),
+            }
+        }
+
+    @classmethod
+    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype):
+        parts = []
+        for kind, name in (("diffusion_models", denoiser), ("diffusion_models", denoiser_low_noise), ("vae", vae),
+                           ("text_encoders", text_encoder)):
+            path = None if name == NO_FILE else folder_paths().get_full_path(kind, name)
+            parts.append(f"{name}:{Path(path).stat().st_mtime_ns if path else 'missing'}")
+        return "|".join(parts + [dtype])
+
+    def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16"):
+        denoisers = [resolve_file("diffusion_models", denoiser)]
+        if denoiser_low_noise != NO_FILE:
+            denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
+        files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder))
+        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs())
+        return ModelHandle(model, contracts=checkpoint_contracts(model)), files.describe()
+
+
+NODE_CLASS_MAPPINGS = {"LoraBindCheckpointLoader": LoraBindCheckpointLoader}
+NODE_DISPLAY_NAME_MAPPINGS = {"LoraBindCheckpointLoader": "Load Checkpoint Files (lorabind)"}
