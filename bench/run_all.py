@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from . import bench_fuse, bench_peft, bench_real_size, bench_rerun, bench_startup  # noqa: E402
+from . import bench_fuse, bench_peft, bench_real_size, bench_rerun, bench_single_file, bench_startup  # noqa: E402
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
 
@@ -34,6 +34,7 @@ TARGETS = {
     "rerun_overhead": ("<=", 1.05),
     "help_seconds": ("<", 1.0),
     "bind_peak_rss_layers": ("<=", 3.0),
+    "single_file_peak_rss_ratio": ("<=", 1.3),
 }
 
 
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
         peft = bench_peft.run(size, tmp, reps)
         rerun = bench_rerun.run(tmp, reps)
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
+        single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
     startup = bench_startup.run(reps)
 
     summary = {
@@ -90,6 +92,8 @@ def main(argv=None) -> int:
         "fuse_real_size_vs_diffusers": real["fuse"].ratio,
         "bind_peak_rss_layers": real["rss"]["bind_peak_rss_layers"],
         "restore_file_vs_ram": real["restore"].b / real["restore"].a,
+        "single_file_load_vs_folder": single_file["single_file_load_vs_folder"],
+        "single_file_peak_rss_ratio": single_file["single_file_peak_rss_ratio"],
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -115,6 +119,8 @@ def main(argv=None) -> int:
     print_table("PEFT activation switch", [(k, v) for k, v in peft.items()])
     print_table("Re-run (seed change only)", [(k, v) for k, v in rerun.items()])
     print_table("Cold start (seconds)", [(k, f"{v:.3f}") for k, v in startup.items()])
+    print_table("Single file vs diffusers folder (Wan transformer, fresh process each)",
+                [(k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in single_file.items()])
 
     print("\nsummary")
     for name, value in summary.items():

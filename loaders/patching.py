@@ -31,6 +31,7 @@ from torch import nn
 
 from .errors import KeyMatchError
 from .lora.canonical import LowRankDelta, TargetPatch
+from .single_file import fp8
 from .weight_sources import FileBackedOriginal
 
 
@@ -272,11 +273,13 @@ class WeightPatcher:
                 f"{list(delta.down.shape)}, which do not form a rank-{delta.rank} product."
             )
 
-    def _tensor(self, pid: str) -> torch.Tensor:
+    def _module_and_name(self, pid: str) -> tuple:
         component, module_path, name = self._locations[pid]
         root = self.components[component]
-        module = base_module(root.get_submodule(module_path) if module_path else root)
-        return _param_or_none(module, name)
+        return base_module(root.get_submodule(module_path) if module_path else root), name
+
+    def _tensor(self, pid: str) -> torch.Tensor:
+        return _param_or_none(*self._module_and_name(pid))
 
     def _original(self, pid: str, tensor: torch.Tensor) -> torch.Tensor:
         """The exact unpatched value of ``pid``: its RAM backup, a verified re-read of its file, or — on first
@@ -305,7 +308,8 @@ class WeightPatcher:
         original = self._original(pid, tensor)
         if contributions:
             try:
-                write_patched(tensor, original, contributions, self._workspace)
+                write_patched(tensor, original, contributions, self._workspace,
+                              storage=fp8.stored_weight(*self._module_and_name(pid)), seed_key=pid)
             except NonFiniteResultError as exc:
                 raise NonFiniteResultError(f"{pid}: {exc} (LoRA {', '.join(c.key for c in contributions)})") from None
             self._applied[pid] = contributions
@@ -393,18 +397,20 @@ class NonFiniteResultError(KeyMatchError):
 
 
 def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
-                  workspace: Optional[Workspace] = None) -> None:
+                  workspace: Optional[Workspace] = None, *, storage=None, seed_key: str = "") -> None:
     """``dest = original + Σ strength·scale·(up @ down) + Σ strength·diff``, computed in float32 and rounded to
     ``dest``'s dtype exactly once per element.
 
     ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
     another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
     the shape, so recomputing a value (roll-back) gives the same bits. A patcher passes its ``Workspace``.
+    ``storage``: an fp8 weight's ``fp8.StoredWeight`` — the value is fp8 x scale, the sum is divided by the scale
+    again and rounded the way it asks (``fp8.round_to_fp8``, seeded by ``seed_key``).
     """
     device = dest.device
     if not dest.is_contiguous():  # rows of a non-contiguous tensor are not views of one flat buffer
         staged = torch.empty(dest.shape, dtype=dest.dtype, device=device)
-        write_patched(staged, original, contributions, workspace)
+        write_patched(staged, original, contributions, workspace, storage=storage, seed_key=seed_key)
         dest.copy_(staged)
         return
     rows = dest.shape[0] if dest.dim() >= 1 else 1
@@ -420,16 +426,25 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     cols = source.shape[1]
     step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
     buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
+    scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
+    generator = fp8.seeded_generator(seed_key) if storage is not None else None
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         chunk = buffer[: stop - start]
         chunk.copy_(source[start:stop])
+        if scale is not None:
+            chunk.mul_(scale)
         for c, factor, diff in zip(contributions, factors, diffs):
             if factor is not None:
                 up, down, alpha = factor
                 chunk.addmm_(up[start:stop], down, alpha=alpha)
             if diff is not None:
                 chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
+        if storage is not None:  # the one rounding, into the fp8 storage
+            if scale is not None:
+                chunk.div_(scale)
+            target[start:stop].copy_(fp8.round_to_fp8(chunk, storage.rounding, seed_key, generator))
+            continue
         target[start:stop].copy_(chunk)  # the one rounding to dest's dtype
         if not bool(torch.isfinite(target[start:stop]).all()) and bool(torch.isfinite(source[start:stop]).all()):
             raise NonFiniteResultError(

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .errors import LoraBindError
+from .single_file import fp8
 
 FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs support full diffs)"
 
@@ -224,6 +225,7 @@ class AdapterCache:
                     warnings.simplefilter("ignore")  # peft's false "invalid shape" warning for lora_B.bias
                     inject_adapter_in_model(config, module, adapter_name=name)
                     names.append(name)
+                    fp8.adapters_in_compute_dtype(module, name)
                     result = set_peft_model_state_dict(module, group.state_dict, adapter_name=name)
                 unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
                 if unexpected:

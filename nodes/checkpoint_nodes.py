@@ -11,13 +11,14 @@ from pathlib import Path
 
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import SOCKET_MODEL, ModelHandle
+from ..loaders.single_file.fp8 import ROUNDINGS
 from ..loaders.single_file.pipelines import detect_set, load_single_files
 from ..loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 from .comfy_bridge import folder_paths
 
 NO_FILE = "none"
 DTYPES = ("bfloat16", "float16", "float32")
-TOKENIZER_KIND = "tokenizers"  # extra tokenizer folders (``lorabind run/serve --tokenizer DIR``)
+TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
 
 
 def list_files(kind: str) -> list[str]:
@@ -46,8 +47,9 @@ def resolve_file(kind: str, name: str) -> tuple[str, str]:
 
 
 def tokenizer_dirs() -> list[Path]:
-    """Folders that may hold a Qwen2.5-VL tokenizer: ``--tokenizer`` ones, then diffusers Qwen-Image folders'
-    ``tokenizer/`` (the tiny built-ins last)."""
+    """Folders that may hold a Qwen2.5-VL tokenizer: ``--tokenizer`` and ``models/tokenizers/`` (and their
+    subfolders), then diffusers folders' ``tokenizer/`` (the tiny built-ins last). ComfyUI's own copy is added
+    by the loader."""
     paths = folder_paths()
     found = []
     for kind in (TOKENIZER_KIND, "diffusers"):
@@ -56,7 +58,7 @@ def tokenizer_dirs() -> list[Path]:
         except KeyError:
             continue
         if kind == TOKENIZER_KIND:
-            found += roots
+            found += [p for root in roots for p in [root, *sorted(root.glob("*/"))] if p.is_dir()]
             continue
         for root in roots:
             folders = sorted(root.glob("*/tokenizer"), key=lambda p: (p.parent.name.startswith("tiny-"), str(p)))
@@ -92,24 +94,32 @@ class LoraBindCheckpointLoader:
                     "tooltip": "models/text_encoders (or clip): umt5_xxl for Wan, qwen_2.5_vl_7b for Qwen-Image."}),
                 "dtype": (list(DTYPES), {"default": "bfloat16",
                                          "tooltip": "Compute dtype; fp8 files keep their fp8 weights in memory."}),
-            }
+            },
+            "optional": {
+                "fp8_rounding": (list(ROUNDINGS), {
+                    "default": "nearest",
+                    "tooltip": "How a fused LoRA is rounded into fp8 weights (computed in float32, rounded once): "
+                               "nearest, or stochastic seeded per tensor (ComfyUI's way; the same fuse always "
+                               "gives the same bytes). Unbinding restores the file's exact bytes either way.",
+                }),
+            },
         }
 
     @classmethod
-    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype):
+    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype, fp8_rounding="nearest"):
         parts = []
         for kind, name in (("diffusion_models", denoiser), ("diffusion_models", denoiser_low_noise), ("vae", vae),
                            ("text_encoders", text_encoder)):
             path = None if name == NO_FILE else folder_paths().get_full_path(kind, name)
             parts.append(f"{name}:{Path(path).stat().st_mtime_ns if path else 'missing'}")
-        return "|".join(parts + [dtype])
+        return "|".join(parts + [dtype, fp8_rounding])
 
-    def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16"):
+    def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16", fp8_rounding="nearest"):
         denoisers = [resolve_file("diffusion_models", denoiser)]
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
         files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder))
-        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs())
+        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding)
         return ModelHandle(model, contracts=checkpoint_contracts(model)), files.describe()
 
 

@@ -26,6 +26,7 @@ _DEFAULT_KINDS = {
     "diffusion_models": ["unet", "diffusion_models"],
     "text_encoders": ["text_encoders", "clip"],
     "vae": ["vae"],
+    "tokenizers": ["tokenizers"],  # lorabind's own: tokenizer folders for text encoders that carry none
 }
 
 models_dir = ""

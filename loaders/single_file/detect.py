@@ -94,8 +94,8 @@ def _candidates(shapes: dict, base_name: str) -> list:
     return hinted or [k for k in kinds if not k.name_hint]
 
 
-def detect(path: str, name: str = "") -> Detected:
-    """Identify one file; ``ModelLoadError`` naming the file (and what its shapes were) when nothing fits."""
+def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -> Detected:
+    """Identify one file among ``models``; ``ModelLoadError`` naming the file (and its shapes) when nothing fits."""
     name = name or os.path.basename(path)
     raw_shapes, dtypes = read_shapes(path, name)
     prefixes = {k[: len(k) - len(strip_prefix(k))] for k in raw_shapes}
@@ -113,7 +113,7 @@ def detect(path: str, name: str = "") -> Detected:
             signature = kind.file_signature(shapes)
         except KeyError as exc:
             raise ModelLoadError(f"{name}: looks like a {kind.kind} file but has no {exc} tensor") from None
-        for model in catalog.KNOWN_MODELS:
+        for model in models:
             if model.kind == kind.kind and kind.config_signature(catalog.config(model.config)) == signature:
                 version = expert = None
                 if kind.kind == "wan_transformer":
@@ -170,6 +170,9 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
                                    "one; put the high-noise file first")
         if first.expert and first.expert == second.expert:
             _refuse(first, second, f"both are {first.expert}-noise experts")
+    for denoiser in denoisers:
+        if denoiser.model.unsupported:
+            raise ModelLoadError(f"{denoiser.describe()}: {denoiser.model.unsupported}")
     for other in (vae, text_encoder):
         if other.kind.kind not in first.kind.takes:
             _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "

@@ -14,6 +14,13 @@ and a post-hook that puts the stored fp8 tensor back. Why our own hook instead o
 that hook casts *every* parameter of a module to the storage dtype (biases too, which the files keep in bf16)
 and cannot apply a per-tensor scale. The cost is one dequantized weight per running module, not a second copy of
 the model.
+
+Fusing a LoRA into an fp8 weight (``patching.write_patched``): the value (fp8 x scale) plus every contribution
+is computed in float32 and rounded to fp8 ONCE, keeping the file's scale, saturating at +-448. Rounding is
+``nearest`` (round half to even, torch's cast) by default, or ``stochastic``: seeded per tensor with the CRC32
+of its parameter id (as ComfyUI seeds per key), so the same fuse always gives the same bytes. Unbinding copies
+the original fp8 bytes back. peft adapters over fp8 weights keep their own weights in the compute dtype
+(``adapters_in_compute_dtype``) and never touch the stored fp8 bytes.
 """
 
 from __future__ import annotations
@@ -52,11 +59,15 @@ def dequantize(stored, scale, dtype):
     return (stored.float() * scale.float()).to(dtype)
 
 
+ROUNDINGS = ("nearest", "stochastic")
+
+
 @dataclass
 class StoredWeight:
     """A parameter kept as its file's fp8 bytes, with the file's scale (None: plain fp8_e4m3fn)."""
     stored: object  # torch.nn.Parameter in float8_e4m3fn
     scale: Optional[object]
+    rounding: str = "nearest"  # how a fuse rounds into it (see the module docstring)
 
 
 def _pre_hook(module, args):
@@ -73,7 +84,7 @@ def _post_hook(module, args, output):
     return output
 
 
-def keep_fp8(module, name: str, stored, scale, compute_dtype) -> None:
+def keep_fp8(module, name: str, stored, scale, compute_dtype, rounding: str = "nearest") -> None:
     """Store ``module.<name>`` as fp8 and compute with its dequantized value (see the module docstring)."""
     import torch
 
@@ -84,7 +95,7 @@ def keep_fp8(module, name: str, stored, scale, compute_dtype) -> None:
         module._lorabind_compute_dtype = compute_dtype
         module.register_forward_pre_hook(_pre_hook)
         module.register_forward_hook(_post_hook)
-    module._lorabind_fp8[name] = StoredWeight(param, scale)
+    module._lorabind_fp8[name] = StoredWeight(param, scale, rounding)
 
 
 def stored_weights(root) -> dict:
@@ -94,3 +105,53 @@ def stored_weights(root) -> dict:
         for name, entry in getattr(module, "_lorabind_fp8", {}).items():
             found[f"{module_name}.{name}" if module_name else name] = entry
     return found
+
+
+def stored_weight(module, name: str) -> Optional[StoredWeight]:
+    """The fp8 storage record of ``module.<name>``, or None for an ordinary parameter."""
+    return getattr(module, "_lorabind_fp8", {}).get(name)
+
+
+def round_to_fp8(values, rounding: str, seed_key: str, generator=None):
+    """float32 ``values`` -> float8_e4m3fn, saturating at +-448; ``stochastic`` picks the upper or lower fp8
+    neighbour with probability proportional to closeness. Pass one ``generator`` (``seeded_generator``) for
+    all chunks of a tensor so the draw follows the tensor's fixed chunking."""
+    import torch
+
+    values = values.clamp(-FP8_MAX, FP8_MAX)
+    nearest = values.to(torch.float8_e4m3fn)
+    if rounding == "nearest":
+        return nearest
+    back = nearest.float()
+    bits = nearest.view(torch.uint8).to(torch.int16)
+    sign = torch.where(bits & 0x7F == 0, (values < 0).to(torch.int16) * 0x80, bits & 0x80)
+    away = values.abs() > back.abs()  # the other neighbour lies further from zero
+    magnitude = ((bits & 0x7F) + torch.where(away, 1, -1)).clamp(0, 0x7E)
+    other = (sign | magnitude).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    gap = (other - back).abs()
+    chance = torch.where(gap > 0, (values - back).abs() / gap.clamp_min(1e-30), torch.zeros_like(gap))
+    draw = torch.rand(values.shape, generator=generator).to(values.device)
+    return torch.where(draw < chance, other, back).to(torch.float8_e4m3fn)
+
+
+def seeded_generator(seed_key: str):
+    """A CPU generator seeded by the CRC32 of ``seed_key`` (a parameter id)."""
+    import zlib
+
+    import torch
+
+    return torch.Generator().manual_seed(zlib.crc32(seed_key.encode("utf-8")))
+
+
+def adapters_in_compute_dtype(root, adapter_name: str) -> None:
+    """peft gives new adapter weights the base weight's dtype; over fp8 storage they take the compute dtype
+    instead (call right after injection, before the adapter's weights are loaded)."""
+    for layer in root.modules():
+        base = getattr(layer, "get_base_layer", None)
+        if base is None or not hasattr(base(), "_lorabind_fp8"):
+            continue
+        dtype = base()._lorabind_compute_dtype
+        for layer_name in getattr(layer, "adapter_layer_names", ()):
+            adapters = getattr(layer, layer_name)
+            if adapter_name in adapters:
+                adapters[adapter_name].to(dtype=dtype)

@@ -83,8 +83,9 @@ def _scale_key(native_key: str, keys) -> Optional[str]:
     return next((stem + s for s in fp8.SCALE_SUFFIXES if stem + s in keys), None)
 
 
-def load_component(detected: Detected, *, dtype=None):
-    """The module for one detected file; ``ModelLoadError`` naming the file and key on any mismatch."""
+def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "nearest"):
+    """The module for one detected file; ``ModelLoadError`` naming the file and key on any mismatch.
+    ``fp8_rounding``: how later fuses round into its fp8 weights (``fp8.ROUNDINGS``)."""
     import torch
     from safetensors import safe_open
 
@@ -122,7 +123,7 @@ def load_component(detected: Detected, *, dtype=None):
                         part, scale_here = fp8.dequantize(part, scale, torch.float32), None
                     else:
                         scale_here = scale
-                    _place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected)
+                    _place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected, fp8_rounding)
     _tie_missing(model, detected, layout, native_keys)
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover:
@@ -169,7 +170,7 @@ def _tie_missing(model, detected: Detected, layout, native_keys) -> None:
         model.lm_head.weight = model.get_input_embeddings().weight
 
 
-def _place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected) -> None:
+def _place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected, rounding: str) -> None:
     import torch
 
     module, leaf = _owner(model, key)
@@ -181,7 +182,7 @@ def _place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: D
         raise ModelLoadError(f"{detected.name}: {key} has shape {tuple(tensor.shape)}, {detected.title} expects "
                              f"{expected_shape}")
     if tensor.dtype == torch.float8_e4m3fn and current is not None:
-        fp8.keep_fp8(module, leaf, tensor, scale, compute)
+        fp8.keep_fp8(module, leaf, tensor, scale, compute, rounding)
         return
     target = torch.float32 if keep_fp32 else compute
     _assign(model, key, tensor.to(target) if tensor.is_floating_point() else tensor)

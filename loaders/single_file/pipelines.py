@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 from .. import compat
 from ..errors import ModelLoadError
 from ..model_store import LoadedModel, quiet_library_progress, resolve_dtype
-from . import tokenizers
+from . import fp8, tokenizers
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import load_component
@@ -88,20 +88,24 @@ def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple) -> C
     return check_set([detect(p, n) for p, n in denoisers], detect(*vae), detect(*text_encoder))
 
 
-def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Iterable[Path] = ()) -> LoadedModel:
-    """The shared ``LoadedModel`` for a checked set of single files (see the module docstring)."""
+def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Iterable[Path] = (),
+                      fp8_rounding: str = "nearest") -> LoadedModel:
+    """The shared ``LoadedModel`` for a checked set of single files (see the module docstring); fp8 weights
+    are fused into with ``fp8_rounding`` (``fp8.ROUNDINGS``)."""
     import torch
 
+    if fp8_rounding not in fp8.ROUNDINGS:
+        raise ModelLoadError(f"fp8_rounding {fp8_rounding!r}: choose one of {list(fp8.ROUNDINGS)}")
     torch_dtype = resolve_dtype(dtype) or torch.bfloat16
     paths = [d.path for d in files.denoisers] + [files.vae.path, files.text_encoder.path]
     key = (tuple(str(Path(p).resolve()) for p in paths), tuple(os.stat(p).st_mtime_ns for p in paths),
-           str(torch_dtype))
+           str(torch_dtype), fp8_rounding)
     with _lock:
         cached = _cache.get(key)
         if cached is not None:
             return cached
         compat.require(_FAMILY_IDS[len(files.denoisers) > 1][files.family], files.denoisers[0].title)
-        components = {name: load_component(d, dtype=torch_dtype)
+        components = {name: load_component(d, dtype=torch_dtype, fp8_rounding=fp8_rounding)
                       for name, d in zip(("transformer", "transformer_2"), files.denoisers)}
         components["vae"] = load_component(files.vae, dtype=torch_dtype)
         components["text_encoder"] = load_component(files.text_encoder, dtype=torch_dtype)
@@ -113,7 +117,7 @@ def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Itera
         name = " + ".join(os.path.basename(p) for p in paths)
         model = LoadedModel(path=files.denoisers[0].path, name=name, family=family, pipeline=pipeline,
                             components=denoisers_loaded, model_index=model_index)
-        for stale in [k for k in _cache if k[0] == key[0] and k[2] == key[2]]:
+        for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
             del _cache[stale]
         _cache[key] = model
         return model

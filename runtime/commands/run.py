@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", metavar="DIR", help="models root (default: $LORABIND_MODELS or ./models)")
     parser.add_argument("--output", metavar="DIR", help="output directory (default: ./output)")
     parser.add_argument("--input", metavar="DIR", help="input directory (default: ./input)")
+    parser.add_argument("--tokenizer", metavar="DIR", action="append", default=[],
+                        help="a tokenizer folder for single-file text encoders that carry none (Qwen2.5-VL); "
+                             "models/tokenizers/ is also searched")
     parser.add_argument("--set", metavar="NODE.INPUT=VALUE", action="append", default=[], dest="overrides",
                         help="override one node input; VALUE is parsed as JSON, else taken as a string "
                         "(repeatable), e.g. --set 3.seed=42 --set 6.text=\"a cat\"")
@@ -57,6 +60,8 @@ def run(args) -> int:
         print(f"lorabind run: {device_error}", file=sys.stderr)
         return 2
     folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
+    for tokenizer_dir in args.tokenizer:
+        folder_paths.add_model_folder_path("tokenizers", tokenizer_dir, is_default=True)
     try:
         workflow = _load_json(args.workflow)
         node_classes, display_names = load_node_classes()

@@ -129,3 +129,14 @@ def test_experts_of_different_models_are_refused_naming_both(root, other):
     with pytest.raises(ModelLoadError, match="the two experts must be the same model") as error:
         check_set([high, low], vae, encoder)
     assert "wan2.2_t2v_high_noise_tiny_bf16" in str(error.value) and "wan2.2_t2v_low_noise_tiny_bf16" in str(error.value)
+
+
+def test_a_detected_model_lorabind_cannot_run_yet_is_refused_with_the_reason(root):
+    from lorabind.loaders.single_file import catalog
+
+    high = _detect(root, "diffusion_models", "lorabind-tiny/wan2.1_t2v_tiny_bf16.safetensors")
+    i2v = dataclasses.replace(high, model=next(m for m in catalog.KNOWN_MODELS if m.config == "wan2.1_i2v_14B"))
+    with pytest.raises(ModelLoadError, match=r"wan2.1_t2v_tiny_bf16.safetensors: Wan2.1 I2V 14B \(bf16\): "
+                                             r"image-to-video is not in lorabind yet"):
+        check_set([i2v], _detect(root, "vae", "lorabind-tiny/wan_2.1_vae_tiny.safetensors"),
+                  _detect(root, "text_encoders", "lorabind-tiny/umt5_tiny_bf16.safetensors"))

@@ -73,3 +73,18 @@ def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(
         expected = folder_tokenizer(prompt)["input_ids"]
         assert file_tokenizer(prompt)["input_ids"] == expected
         assert comfy_like.encode(prompt) == expected
+
+
+def test_a_missing_qwen_tokenizer_names_what_was_looked_for_and_where(tmp_path):
+    from lorabind.loaders.errors import ModelLoadError
+    from lorabind.loaders.single_file.tokenizers import qwen25_tokenizer
+
+    empty = tmp_path / "tokenizers"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError) as error:
+        qwen25_tokenizer([empty, None], "qwen_2.5_vl_7b_fp8_scaled.safetensors")
+    message = str(error.value)
+    assert message.startswith("qwen_2.5_vl_7b_fp8_scaled.safetensors: a Qwen2.5-VL text encoder file carries no "
+                              "tokenizer")
+    assert "tokenizer.json or vocab.json + merges.txt" in message and str(empty) in message
+    assert "comfy/text_encoders/qwen25_tokenizer" in message and "--tokenizer" in message
