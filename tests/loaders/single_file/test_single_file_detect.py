@@ -8,8 +8,7 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.errors import ModelLoadError
 from lorabind.loaders.single_file.detect import check_set, detect
-from lorabind.loaders.tiny_models import build_tiny
-from lorabind.loaders.tiny_models.single_files import tiny_file_names, write_tiny_single_files
+from lorabind.loaders.tiny_models.single_files import tiny_file_names
 
 EXPECTED = {
     "wan2.2_t2v_high_noise_tiny": ("denoiser", "wan", "Wan2.2 T2V tiny high-noise expert", "t2v", "high"),
@@ -23,12 +22,9 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("single_file_detect")
-    build_tiny(root, ["tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"])
-    write_tiny_single_files(root)
-    return root
+@pytest.fixture
+def root(single_file_root):
+    return single_file_root
 
 
 def _stem(name):

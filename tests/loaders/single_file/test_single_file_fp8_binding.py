@@ -10,22 +10,17 @@ from lorabind.loaders import binding
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
 from lorabind.loaders.single_file.pipelines import clear_cache, detect_set, load_single_files
-from lorabind.loaders.tiny_models import build_tiny
-from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW, write_fixture_loras
-from lorabind.loaders.tiny_models.single_files import SUBFOLDER, write_tiny_single_files
+from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
+from lorabind.loaders.tiny_models.single_files import SUBFOLDER
 
 EXPERTS = {"transformer": "wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors",
            "transformer_2": "wan2.2_t2v_low_noise_tiny_fp8_scaled.safetensors"}
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("single_file_fp8")
-    build_tiny(root, ["tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"])
-    write_fixture_loras(root)
-    write_tiny_single_files(root)
-    yield root
-    clear_cache()
+@pytest.fixture
+def root(single_file_root):
+    yield single_file_root
+    clear_cache()  # every test starts from the files' own bytes
 
 
 def _model(root, rounding):

@@ -1,23 +1,15 @@
 """The tiny single files are genuinely native: diffusers' own from_single_file gives back the tiny weights."""
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors import safe_open
 
-from lorabind.loaders.tiny_models import build_tiny
-from lorabind.loaders.tiny_models.single_files import SUBFOLDER, write_tiny_single_files
+from lorabind.loaders.tiny_models.single_files import SUBFOLDER
 
 
-@pytest.fixture(scope="module")
-def tiny_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("single_file_models")
-    build_tiny(root, ["tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"])
-    written = write_tiny_single_files(root)
-    assert len(written) == 17
-    return root
+@pytest.fixture
+def tiny_root(single_file_root):
+    return single_file_root
 
 
 @pytest.mark.parametrize("stem, folder, component, cls", [

@@ -5,10 +5,6 @@ import pytest
 import torch
 from single_file_helpers import call, render
 
-from lorabind.loaders import model_store
-from lorabind.loaders.single_file import pipelines
-from lorabind.runtime import folder_paths
-
 TINY = "lorabind-tiny/"
 CASES = {
     "wan2.2": ("tiny-wan22-t2v", ["wan2.2_t2v_high_noise_tiny", "wan2.2_t2v_low_noise_tiny"], "wan_2.1_vae_tiny",
@@ -22,14 +18,10 @@ FP8_MAX_ABS = 0.25
 FP8_MEAN_ABS = 0.03
 
 
-@pytest.fixture(scope="module")
-def models_root(tmp_path_factory):
-    root = tmp_path_factory.mktemp("single_file_workflows")
-    folder_paths.configure(models_root=str(root), output_dir=str(root / "output"))
-    yield root
-    folder_paths.configure()
-    pipelines.clear_cache()
-    model_store.clear_cache()
+@pytest.fixture
+def models_root(single_file_root, registry_at):
+    registry_at(single_file_root)
+    return single_file_root
 
 
 def _single_file_model(case: str, precision: str):

@@ -1,0 +1,12 @@
+"""Single-file tests share the session's tiny models root, with the tiny single files written into it."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def single_file_root(tiny_models_root):
+    """The session's tiny models root plus ``models/{diffusion_models,vae,text_encoders}/lorabind-tiny/``."""
+    from lorabind.loaders.tiny_models.single_files import write_tiny_single_files
+
+    assert len(write_tiny_single_files(tiny_models_root)) == 17
+    return tiny_models_root
