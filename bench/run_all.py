@@ -131,6 +131,7 @@ def main(argv=None) -> int:
             real_size={"fuse_ms": {"diffusers": real["fuse"].a * 1000, "lorabind": real["fuse"].b * 1000},
                        "restore_ms": {"ram_backups": real["restore"].a * 1000, "file": real["restore"].b * 1000},
                        **real["rss"]},
+            single_file=single_file,
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             machine=machine_description(), size=size_name,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
