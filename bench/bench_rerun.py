@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 
-from lorabind.loaders import sampling
+from lorabind.loaders import generation
 from lorabind.loaders.tiny_models import build_tiny
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime import folder_paths
@@ -63,7 +63,7 @@ def run(workdir: str, reps: int) -> dict:
     for i in range(reps):
         prompt[sampler]["inputs"]["seed"] = 1000 + i
         spent: dict = {}
-        with _timing(sampling, "denoise", spent), _timing(decode_node, decode_node.FUNCTION, spent), \
+        with _timing(generation, "denoise", spent), _timing(decode_node, decode_node.FUNCTION, spent), \
                 _timing(save_node, save_node.FUNCTION, spent):
             start = time.perf_counter()
             result = executor.execute(prompt, f"rerun-{i}")

@@ -13,7 +13,9 @@ expecting ComfyUI's MODEL/CONDITIONING/LATENT objects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any
+
+from .contract_types import ScheduleContract
 
 SOCKET_MODEL = "LORABIND_MODEL"
 SOCKET_CONDITIONING = "LORABIND_CONDITIONING"
@@ -43,47 +45,6 @@ class AdapterSpec:
     scale: float
     component: str = "transformer"
     name: str = ""
-
-
-@dataclass(frozen=True)
-class ScheduleContract:
-    """A sampling contract declared by an artifact (distill LoRA, Turbo/native adapter, pinned checkpoint).
-
-    ``steps`` counts denoiser evaluations (intervals); ``sigmas`` holds steps + 1 points ending in 0.0.
-    Fields left ``None`` are not constrained by this contract.
-    """
-
-    source: str  # artifact name used in every error message (file name or model folder name)
-    kind: str  # "distill", "turbo", "native", "pinned"
-    family: str  # "wan2.1", "wan2.2_moe", "qwen_image", "minimax_h3"
-    steps: Optional[int] = None
-    sigmas: Optional[tuple[float, ...]] = None
-    shift: Optional[float] = None
-    cfg: Optional[float] = None
-    audio_sigmas: Optional[tuple[float, ...]] = None
-    audio_shift: Optional[float] = None
-    tasks: Optional[tuple[str, ...]] = None
-    partition: Optional[str] = None
-    base_schedule: Optional[tuple[float, ...]] = None
-    alpha: Optional[float] = None
-    rank: Optional[int] = None
-    scale: Optional[float] = None
-    extra: tuple[tuple[str, Any], ...] = ()
-
-    def describe(self) -> str:
-        """One line in words, for UI badges and logs."""
-        parts = [f"{self.source}: {self.kind}"]
-        if self.steps is not None:
-            parts.append(f"steps={self.steps}")
-        if self.shift is not None:
-            parts.append(f"shift={self.shift:g}")
-        if self.audio_shift is not None:
-            parts.append(f"audio_shift={self.audio_shift:g}")
-        if self.cfg is not None:
-            parts.append(f"cfg={self.cfg:g}")
-        if self.tasks:
-            parts.append("tasks=" + ",".join(self.tasks))
-        return " ".join(parts)
 
 
 @dataclass(frozen=True, eq=False)

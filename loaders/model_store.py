@@ -51,18 +51,11 @@ def _is_set(entry) -> bool:
 
 
 def detect_family(model_index: dict) -> str:
-    """Model family from a ``model_index.json`` dict; raises ``ModelLoadError`` for unsupported pipelines."""
-    class_name = str(model_index.get("_class_name", ""))
-    if "minimax" in class_name.lower() or "_minimax_h3" in model_index:
-        return "minimax_h3"
-    if class_name.startswith("QwenImage"):
-        return "qwen_image"
-    if class_name.startswith("Wan"):
-        return "wan2.2_moe" if _is_set(model_index.get("transformer_2")) else "wan2.1"
-    raise ModelLoadError(
-        f"unsupported pipeline class {class_name!r} in model_index.json: lorabind supports Wan2.1/Wan2.2 "
-        "(WanPipeline), Qwen-Image (QwenImagePipeline) and MiniMax-H3"
-    )
+    """Model family id from a ``model_index.json`` dict (the family registry decides); ``ModelLoadError`` for
+    unsupported pipelines."""
+    from .families import detect_model_family
+
+    return detect_model_family(model_index)
 
 
 def denoiser_names(model_index: dict) -> list[str]:
@@ -93,16 +86,6 @@ def resolve_dtype(dtype):
     raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {list(DTYPE_NAMES)}")
 
 
-def _dtype_kwargs(dtype) -> dict:
-    """diffusers >= 0.36 takes ``dtype=`` (and warns on ``torch_dtype=``); older releases only ``torch_dtype=``."""
-    if dtype is None:
-        return {}
-    from diffusers.pipelines import pipeline_utils
-
-    # Feature probe: the helper that accepts the new keyword exists only in releases that support it.
-    return {"dtype": dtype} if hasattr(pipeline_utils, "_resolve_dtype") else {"torch_dtype": dtype}
-
-
 @contextlib.contextmanager
 def quiet_library_progress():
     """Silence diffusers'/transformers' per-component tqdm bars while loading or saving (the runtime shows its
@@ -121,15 +104,11 @@ def quiet_library_progress():
 
 
 def _load_pipeline(path: str, family: str, model_index: dict, dtype):
-    """The diffusers pipeline for a folder; MiniMax-H3 (a modular pipeline) has its own loader."""
-    if family == "minimax_h3":
-        from . import minimax_h3_sampling
+    """The pipeline for a folder, loaded the way its family loads it (MiniMax-H3 is a modular pipeline)."""
+    from .families import family_by_id
+    from .families.interface import PipelineSource
 
-        return minimax_h3_sampling.load_pipeline(path, model_index, dtype=dtype)
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(path, local_files_only=True, use_safetensors=True,
-                                             **_dtype_kwargs(dtype))
+    return family_by_id(family).load_pipeline(PipelineSource(path=path, model_index=model_index, dtype=dtype))
 
 
 def refuse_pickle_weights(folder: Path, model_index: dict) -> None:

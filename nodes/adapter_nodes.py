@@ -18,7 +18,6 @@ from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, Adapt
 from ..loaders.lora import read_lora
 from ..loaders.lora.preparation import declared_contract, expert_role, prepare_lora
 from ..loaders.peft_adapters import file_identity, to_peft_groups
-from ..loaders.sampling import MOE_FAMILY
 from . import comfy_bridge
 
 CATEGORY = "lorabind/adapters"
@@ -191,7 +190,7 @@ class FuseDistillLoRA:
     def _component(model, lora_name: str, component: str) -> str:
         if component != AUTO_COMPONENT:
             return component
-        if model.family != MOE_FAMILY:
+        if not families.has_expert_pair(model):
             return HIGH_EXPERT
         role = expert_role(lora_name)
         if role is None:
@@ -266,7 +265,7 @@ class WanMoELoRAPair:
     @staticmethod
     def _check_model(model) -> None:
         loaded = model.model
-        if model.family != MOE_FAMILY or LOW_EXPERT not in loaded.components:
+        if not families.has_expert_pair(loaded):
             raise LoraBindError(
                 f"WanMoELoRAPair needs a Wan2.2 MoE model with two experts (transformer = high noise, "
                 f"transformer_2 = low noise); {loaded.name} is a {loaded.family} model with components "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..loaders.encoding import encode_text
+from ..loaders.generation import encode_text
 from ..loaders.handles import SOCKET_CONDITIONING, SOCKET_MODEL
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..loaders.encoding import empty_latent
+from ..loaders.generation import empty_latent
 from ..loaders.handles import SOCKET_LATENT, SOCKET_MODEL
 
 MAX_RESOLUTION = 8192

@@ -6,11 +6,10 @@ import os
 
 import torch
 
-from ..loaders import minimax_h3_sampling
 from ..loaders.contracts import SamplingRequest
 from ..loaders.errors import LoraBindError
 from ..loaders.families import minimax_h3 as family
-from ..loaders.families.minimax_h3_contracts import TASKS, TURBO_GRAMMAR, file_contract
+from ..loaders.families.minimax_h3 import TASKS, TURBO_GRAMMAR, file_contract
 from ..loaders.handles import (
     SOCKET_AUDIO,
     SOCKET_IMAGE,
@@ -75,7 +74,7 @@ class MiniMaxTurboSchedule:
         return lora_inputs_identity(lora_name)  # the contract is read from the file: re-run when it changes
 
     def attach(self, model, lora_name, scale, task):
-        if model.family != family.FAMILY:
+        if not family.FAMILY.serves(model):
             raise LoraBindError(
                 f"MiniMaxTurboSchedule: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
                 f"{model.family}"
@@ -130,7 +129,7 @@ class MiniMaxDecodeAudio:
     def decode(self, model, latent):
         if "audio" not in latent.extra:
             raise LoraBindError(f"MiniMaxDecodeAudio: the latent ({latent.family}) carries no MiniMax-H3 audio")
-        return (minimax_h3_sampling.decode_audio(model.model, latent),)
+        return (family.FAMILY.decode_audio(model.model, latent),)
 
 
 class MiniMaxFirstFrame:
@@ -153,9 +152,9 @@ class MiniMaxFirstFrame:
         }
 
     def anchor(self, model, latent, image):
-        if model.family != family.FAMILY:
+        if not family.FAMILY.serves(model):
             raise LoraBindError(f"MiniMaxFirstFrame: model {model.model.name} is {model.family}, not MiniMax-H3")
-        return (minimax_h3_sampling.with_first_frame(model.model, latent, image),)
+        return (family.FAMILY.with_first_frame(model.model, latent, image),)
 
 
 class LoraBindSaveAudio:

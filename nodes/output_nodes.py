@@ -16,7 +16,7 @@ from PIL.PngImagePlugin import PngInfo
 
 from ..loaders.atomic_files import write_atomically
 from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
-from ..loaders.sampling import decode
+from ..loaders.generation import decode
 from .comfy_bridge import folder_paths
 
 EXIF_PROMPT_TAG = 0x0110

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..loaders import binding, sampling
+from ..loaders import binding, generation
 from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
-from ..loaders.families import minimax_h3
+from ..loaders.families import family_for, has_expert_pair
 from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
                                SOCKET_SCHEDULE, SOCKET_SIGMAS)
 from .comfy_bridge import ProgressBar, check_interrupted
@@ -14,16 +14,16 @@ from .comfy_bridge import ProgressBar, check_interrupted
 
 def schedule_report(model, schedule) -> dict:
     """The resolved schedule as JSON for the UI: what actually runs, step by step."""
-    task_routed = model.family == minimax_h3.FAMILY  # its denoiser follows the task, not a sigma boundary
+    family = family_for(model)
     return {
         "steps": schedule.steps,
         "sigmas": [float(s) for s in schedule.sigmas],
         "audio_sigmas": [float(s) for s in schedule.audio_sigmas] if schedule.audio_sigmas else None,
         "shift": schedule.shift,
         "cfg": list(schedule.cfg) if isinstance(schedule.cfg, (tuple, list)) else schedule.cfg,
-        "boundary": None if task_routed else sampling.effective_boundary(model, schedule),
+        "boundary": family.effective_boundary(model, schedule),
         "task": schedule.task,
-        "experts": None if task_routed else sampling.experts_per_step(model, schedule),
+        "experts": family.experts_per_step(model, schedule),  # None: the denoiser follows the task
         "contracts": [contract_to_dict(c) for c in schedule.contracts],
         "overrides": list(schedule.overrides),
     }
@@ -122,18 +122,18 @@ class LoraBindSampler:
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
                adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0):
         for name, value in (("cfg_low_noise", cfg_low_noise), ("boundary", boundary)):
-            if value and model.family != sampling.MOE_FAMILY:
+            if value and not has_expert_pair(model):
                 raise ValueError(f"{name} is only for Wan2.2 MoE models (two experts); {model.model.name} is "
                                  f"{model.family}: set {name} to 0")
-        if audio_flow_shift and model.family != minimax_h3.FAMILY:
+        if audio_flow_shift and not family_for(model).has_audio:
             raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
                              "set audio_flow_shift to 0")
         request = SamplingRequest(steps=steps, cfg=(cfg, cfg_low_noise) if cfg_low_noise else cfg, shift=shift,
-                                  boundary=boundary or None, task=sampling.implied_task(model.model, latent),
+                                  boundary=boundary or None, task=generation.implied_task(model.model, latent),
                                   audio_shift=audio_flow_shift or None, enforce_contract=enforce_contract)
         # Everything that can refuse the run happens here, before bind() writes a single weight.
         resolved = resolve_schedule(model, adapter, schedule, request)
-        sampling.check_inputs(model.model, positive, negative, latent, resolved)
+        generation.check_inputs(model.model, positive, negative, latent, resolved)
         adapters = model.adapters + (adapter.adapters if adapter is not None else ())
         progress = ProgressBar(resolved.steps)  # first the layers being (re)fused, if any, then the steps
 
@@ -142,7 +142,7 @@ class LoraBindSampler:
 
         bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted,
                                    on_progress=report_progress)
-        samples = sampling.denoise(model.model, positive, negative, latent, resolved, seed,
+        samples = generation.denoise(model.model, positive, negative, latent, resolved, seed,
                                    on_step=report_progress, check_interrupt=check_interrupted)
         report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
                   "placement": model.model.placement.describe() if model.model.placement is not None else None}

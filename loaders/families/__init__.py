@@ -1,64 +1,87 @@
-"""Model-family registry: one module per family holds its key maps and its sampling contracts.
+"""Model families: one package per family, each implementing ``interface.ModelFamily``.
 
-Every family module exports the same interface (``FamilyModule`` below); the engine, nodes and CLI only go
-through the dispatch functions here, so adding a family means adding one module to ``_FAMILY_MODULES``.
+The registry below is the only way the engine, the nodes, the CLI and the server reach family behaviour: they
+ask for the family of a model (``family_for``), of a ``model_index.json`` (``detect_model_family``), of a
+family id (``family_by_id``) or of a LoRA file's names (``guess_family``), and call the family object. Adding a
+family means adding one package and its name to ``_FAMILY_PACKAGES``.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import Optional, Protocol
+from typing import Optional
 
-from ..handles import ScheduleContract
-from ..lora.canonical import LoraFile
+from ..errors import ModelLoadError
+from .interface import ModelFamily, has_expert_pair as _has_expert_pair
 
-_FAMILY_MODULES = ("wan", "qwen_image", "minimax_h3")
-
-
-class FamilyModule(Protocol):
-    FAMILY: str  # key-map family id: "wan", "qwen_image", "minimax_h3"
-    MODEL_FAMILIES: tuple  # LoadedModel.family values served: ("wan2.1", "wan2.2_moe"), ...
-
-    def recognizes(self, lora: LoraFile) -> bool:
-        """True when the file's module names are this family's (used without a model, e.g. ``inspect``)."""
-
-    def prepare(self, lora: LoraFile, model_family: str) -> LoraFile:
-        """Family-specific rewrites before name mapping (absent-alpha rule, fused-QKV split, ...)."""
-
-    def map_target(self, name: str) -> Optional[str]:
-        """File-side module name (prefixes and layout suffixes already stripped) -> diffusers module path."""
-
-    def expected_unmatched_reason(self, name: str, model_family: str) -> Optional[str]:
-        """Why a key that does not fit this model is expected (e.g. Wan2.1 I2V image branch on Wan2.2)."""
-
-    def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
-        """The sampling contract an artifact declares by name/metadata; raises ContractError if refused."""
-
-    def checkpoint_contract(self, model_index: dict, model_name: str) -> Optional[ScheduleContract]:
-        """A schedule pinned by the checkpoint itself (``model_index.json``), if any."""
+# Registry order is the order ``guess_family`` tries (Wan's names first, as before the registry existed).
+_FAMILY_PACKAGES = ("wan", "qwen_image", "minimax_h3")
 
 
-def family_modules() -> tuple:
-    return tuple(import_module(f".{name}", __name__) for name in _FAMILY_MODULES)
+def all_families() -> tuple:
+    """Every family object, in registry order (imported lazily: importing the registry stays cheap)."""
+    return tuple(import_module(f".{name}", __name__).FAMILY for name in _FAMILY_PACKAGES)
 
 
-def for_model_family(model_family: str):
-    """The family module serving a ``LoadedModel.family`` value."""
-    for module in family_modules():
-        if model_family in module.MODEL_FAMILIES:
-            return module
-    raise KeyError(f"no LoRA key map for model family {model_family!r}")
+def family_serving(model_family: str) -> Optional[ModelFamily]:
+    """The family serving a model family id (``"wan2.2_moe"``) or a key-map id (``"wan"``), or None."""
+    for family in all_families():
+        if model_family in family.model_families or model_family == family.id:
+            return family
+    return None
 
 
-def guess_family(lora: LoraFile):
-    """The family module whose names the file uses, or None (diffusers/PEFT names of an unknown model)."""
-    for module in family_modules():
-        if module.recognizes(lora):
-            return module
+def family_by_id(model_family: str) -> ModelFamily:
+    """Like ``family_serving`` but raising KeyError for an unknown id."""
+    family = family_serving(model_family)
+    if family is None:
+        raise KeyError(f"no LoRA key map for model family {model_family!r}")
+    return family
+
+
+# The LoRA engine's historical name for ``family_by_id``.
+for_model_family = family_by_id
+
+
+def family_for(model) -> ModelFamily:
+    """The family of anything with a ``.family`` id: a LoadedModel, a ModelHandle, a latent or conditioning."""
+    return family_by_id(model.family)
+
+
+def has_expert_pair(model) -> bool:
+    """True for a loaded model (or handle) that switches between a high- and a low-noise expert (Wan2.2 MoE)."""
+    loaded = getattr(model, "model", model)
+    return _has_expert_pair(family_for(loaded), loaded)
+
+
+def made_for(handle, model) -> bool:
+    """True when a conditioning or latent handle was made for ``model``'s model family (Wan2.1 embeds do not
+    fit a Wan2.2 model: the shapes may agree while the text encoders differ)."""
+    return handle.family == model.family
+
+
+def detect_model_family(model_index: dict) -> str:
+    """Model family id from a ``model_index.json`` dict; raises ``ModelLoadError`` for unsupported pipelines."""
+    for family in all_families():
+        found = family.detect(model_index)
+        if found is not None:
+            return found
+    class_name = str(model_index.get("_class_name", ""))
+    raise ModelLoadError(
+        f"unsupported pipeline class {class_name!r} in model_index.json: lorabind supports Wan2.1/Wan2.2 "
+        "(WanPipeline), Qwen-Image (QwenImagePipeline) and MiniMax-H3"
+    )
+
+
+def guess_family(lora) -> Optional[ModelFamily]:
+    """The family whose names the LoRA file uses, or None (diffusers/PEFT names of an unknown model)."""
+    for family in all_families():
+        if family.recognizes(lora):
+            return family
     return None
 
 
 def checkpoint_contracts(model) -> tuple:
     """Contracts pinned by a loaded checkpoint (a ``LoadedModel``), as a tuple for ``ModelHandle.contracts``."""
-    contract = for_model_family(model.family).checkpoint_contract(model.model_index, model.name)
+    contract = family_for(model).checkpoint_contract(model.model_index, model.name)
     return (contract,) if contract is not None else ()

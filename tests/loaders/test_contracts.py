@@ -225,11 +225,11 @@ def test_minimax_h3_models_delegate_to_the_family_resolver(monkeypatch):
     seen = {}
     sentinel = contracts_module.ResolvedSchedule(sigmas=(1.0, 0.0), steps=1, cfg=1.0, shift=12.0)
 
-    def fake_resolve(contracts, request, model_handle):
+    def fake_resolve(model_handle, contracts, request):
         seen.update(contracts=contracts, request=request, model=model_handle)
         return sentinel
 
-    monkeypatch.setattr(minimax_h3, "resolve_schedule", fake_resolve)
+    monkeypatch.setattr(minimax_h3.FAMILY, "resolve_schedule", fake_resolve)
     pinned = ScheduleContract(source="tiny-minimax-h3-pinned", kind="pinned", family="minimax_h3",
                               base_schedule=(1.0, 0.7, 0.4, 0.15, 0.0))
     handle = ModelHandle(model=SimpleNamespace(family="minimax_h3", name="tiny-minimax-h3-pinned"),

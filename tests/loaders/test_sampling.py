@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from lorabind.loaders.contracts import ResolvedSchedule
-from lorabind.loaders.encoding import empty_latent, encode_text
-from lorabind.loaders.sampling import decode, denoise, initial_noise, pack_qwen_latents, unpack_qwen_latents
+from lorabind.loaders.families.qwen_image import pack_qwen_latents, unpack_qwen_latents
+from lorabind.loaders.generation import decode, denoise, empty_latent, encode_text
+from lorabind.loaders.sampling import initial_noise
 from lorabind.loaders.sigmas import shifted_sigmas
 from lorabind.runtime.context import InterruptedByUser
 

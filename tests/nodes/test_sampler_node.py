@@ -8,10 +8,11 @@ import pytest
 import torch
 from adapters_helpers import recorded_forwards
 
-from lorabind.loaders import binding, sampling
+from lorabind.loaders import binding, generation
 from lorabind.loaders.contracts import ResolvedSchedule
-from lorabind.loaders.encoding import empty_latent, encode_text
+from lorabind.loaders.generation import empty_latent, encode_text
 from lorabind.loaders.errors import ContractError
+from lorabind.loaders.families import family_for
 from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import WanMoELoRAPair
@@ -104,7 +105,7 @@ def test_a_moe_model_without_boundary_ratio_needs_an_explicit_boundary(inputs):
     no_boundary = dataclasses.replace(handle.model, model_index=index)
     schedule = ResolvedSchedule(sigmas=tuple(PUBLISHED_4STEP), steps=4, cfg=1.0, shift=5.0)
     with pytest.raises(ValueError, match="no boundary_ratio; set the sampler's boundary input"):
-        sampling.check_inputs(no_boundary, pos, neg, latent, schedule)
+        generation.check_inputs(no_boundary, pos, neg, latent, schedule)
     explicit = dataclasses.replace(schedule, boundary=0.9)
-    sampling.check_inputs(no_boundary, pos, neg, latent, explicit)
-    assert sampling.experts_per_step(no_boundary, explicit) == ["transformer"] * 2 + ["transformer_2"] * 2
+    generation.check_inputs(no_boundary, pos, neg, latent, explicit)
+    assert family_for(no_boundary).experts_per_step(no_boundary, explicit) == ["transformer"] * 2 + ["transformer_2"] * 2

@@ -78,5 +78,5 @@ def test_qwen_lightning_schedule_equals_its_reference_scheduler():
 def test_qwen_names_without_a_contract_and_no_checkpoint_contracts():
     assert qwen_image.declared_contract("qwen_style_lora.safetensors", {}, 16) is None
     assert qwen_image.declared_contract("Qwen-Image-Lightning.safetensors", {}, 16) is None
-    assert qwen_image.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
-    assert wan.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None
+    assert qwen_image.FAMILY.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
+    assert wan.FAMILY.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None

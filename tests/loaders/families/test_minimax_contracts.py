@@ -187,7 +187,7 @@ def test_invalid_pinned_schedule_is_refused_naming_the_checkpoint(schedule, mess
 
 def test_fixture_files_carry_the_published_matrix(mm_root):
     """The files ``build-tiny`` writes (published names and metadata, tiny rank) read back to the matrix."""
-    from lorabind.loaders.families.minimax_h3_contracts import file_contract
+    from lorabind.loaders.families.minimax_h3 import file_contract
     from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_RANK
 
     for name, _, steps, shift, tasks, alpha in TURBO_MATRIX:

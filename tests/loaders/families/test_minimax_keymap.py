@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from lorabind.loaders import binding, minimax_h3_sampling
+from lorabind.loaders import binding
 from lorabind.loaders.contracts import ResolvedSchedule
 from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import FuseSpec
@@ -75,10 +75,10 @@ def _pairs(prefix, down, up):
 
 def _one_step(model, seed=3):
     """One transformer evaluation through the real sampler (video + audio), deterministic."""
-    pos = minimax_h3_sampling.encode_prompt(model, "a cat dances")
-    latent = minimax_h3_sampling.empty_latents(model, 32, 32, 2)
+    pos = mm.encode_prompt(model, "a cat dances")
+    latent = mm.empty_latents(model, 32, 32, 2)
     schedule = ResolvedSchedule(sigmas=(1.0, 0.0), audio_sigmas=(1.0, 0.0), steps=1, cfg=1.0, shift=12.0, task="t2va")
-    out = minimax_h3_sampling.denoise(model, pos, None, latent, schedule, seed)
+    out = mm.FAMILY.denoise(model, pos, None, latent, schedule, seed)
     return out.samples, out.extra["audio"]
 
 

@@ -174,7 +174,7 @@ def test_a_wan_lora_on_qwen_names_the_family_it_looks_like(tmp_path, qwen_transf
 
 def test_recognizes_only_qwen_specific_names(tmp_path):
     qwen = read_lora(save(qwen_lora(num_blocks=1), tmp_path / "q.safetensors"))
-    assert qwen_image.recognizes(qwen) and not wan.recognizes(qwen) and families.guess_family(qwen) is qwen_image
+    assert qwen_image.recognizes(qwen) and not wan.recognizes(qwen) and families.guess_family(qwen) is qwen_image.FAMILY
     # MiniMax-H3's diffusers layout also has transformer_blocks.N.attn.to_q, but no Qwen-only part
     h3_like = {f"transformer_blocks.0.{m}.lora_A.default.weight": torch.randn(2, 8) for m in ("attn.to_q", "ff.net.2")}
     h3_like.update({k.replace("lora_A", "lora_B"): torch.randn(8, 2) for k in h3_like})

@@ -195,10 +195,10 @@ def test_one_module_named_twice_is_refused(tmp_path):
 
 def test_recognizes_wan_names_without_a_model(tmp_path):
     lora = read_lora(save(wan_native_lora(num_blocks=1), tmp_path / "w.safetensors"))
-    assert wan.recognizes(lora) and families.guess_family(lora) is wan
+    assert wan.recognizes(lora) and families.guess_family(lora) is wan.FAMILY
     kohya = read_lora(save(rename(wan_native_lora(num_blocks=1), prefix_from="diffusion_model.", prefix_to="lora_unet_",
                                   flatten=True), tmp_path / "k.safetensors"))
-    assert families.guess_family(kohya) is wan
+    assert families.guess_family(kohya) is wan.FAMILY
 
 
 def test_modules_wrapped_by_a_peft_adapter_still_account(tmp_path, wan22_expert):

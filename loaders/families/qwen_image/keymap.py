@@ -1,4 +1,4 @@
-"""Qwen-Image key map and Lightning distill contracts.
+"""Qwen-Image LoRA key map onto diffusers' ``QwenImageTransformer2DModel``.
 
 Qwen-Image LoRAs already use the diffusers module names of ``QwenImageTransformer2DModel`` (ComfyUI's and
 LightX2V's Qwen model keep them too), read from ``diffusers/models/transformers/transformer_qwenimage.py`` (0.42)
@@ -14,13 +14,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..handles import ScheduleContract
-from ..lora.canonical import LoraFile
-from ..lora.layouts import redot
-from ._common import distill_contract
-
-FAMILY = "qwen_image"
-MODEL_FAMILIES = ("qwen_image",)
+from ...lora.canonical import LoraFile
+from ...lora.layouts import redot
 
 _MODULE_NAME = re.compile(
     r"transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out"
@@ -44,33 +39,3 @@ def map_target(name: str) -> Optional[str]:
 
 def recognizes(lora: LoraFile) -> bool:
     return any(_QWEN_SPECIFIC.search(mapped) for mapped in filter(None, map(map_target, lora.targets)))
-
-
-def prepare(lora: LoraFile, model_family: str) -> LoraFile:
-    """Nothing to rewrite: absent alpha means scale 1.0 (diffusers' own Qwen converter does the same)."""
-    return lora
-
-
-def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
-    return None
-
-
-_LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
-# Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with
-# exponential dynamic shifting and base_shift = max_shift = log(3): mu = log(3) whatever the image size, and the
-# exponential shift exp(mu) / (exp(mu) + 1/t - 1) equals the rectified-flow shift k·t / (1 + (k-1)·t) with k=3.
-# QwenImagePipeline feeds it the uniform grid linspace(1, 1/N, N) and the scheduler appends 0, so the schedule is
-# exactly shifted_sigmas(N, 3.0) (4 steps: 1.0, 0.9, 0.75, 0.5, 0.0). cfg: true_cfg_scale=1.0 (reference §2.9).
-LIGHTNING_SHIFT = 3.0
-
-
-def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
-    """``Qwen-Image-Lightning-4steps-V1.0.safetensors`` (and the Edit/2509/2512/2511 variants) -> N steps,
-    shift 3, cfg 1."""
-    if not _LIGHTNING.search(file_name):
-        return None
-    return distill_contract(file_name, "qwen_image", LIGHTNING_SHIFT, rank)
-
-
-def checkpoint_contract(model_index: dict, model_name: str) -> Optional[ScheduleContract]:
-    return None

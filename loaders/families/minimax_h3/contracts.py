@@ -22,9 +22,9 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..errors import ContractError
-from ..handles import ScheduleContract
-from ..sigmas import shift_schedule, shifted_sigmas, validate_schedule
+from ...errors import ContractError
+from ...contract_types import ScheduleContract
+from ...sigmas import shift_schedule, shifted_sigmas, validate_schedule
 
 FAMILY_ID = "minimax_h3"
 

@@ -12,11 +12,10 @@ import math
 import os
 from typing import Optional, Sequence
 
-from ..contracts import ResolvedSchedule, SamplingRequest
-from ..errors import ContractError
-from ..handles import ScheduleContract
-from ..sigmas import shift_schedule, shifted_sigmas
-from .minimax_h3_contracts import (
+from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ...errors import ContractError
+from ...sigmas import shift_schedule, shifted_sigmas
+from .contracts import (
     DEFAULT_TASK,
     FAMILY_ID,
     PARTITION_BY_TASK,

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Optional
 
-from ..handles import ScheduleContract
+from ..contract_types import ScheduleContract
 from ..sigmas import shifted_sigmas
 
 # "4step", "4steps", "8-steps", "4_step" (not "14steps" read as 4, not "4stepsize")

@@ -1,4 +1,4 @@
-"""MiniMax-H3 family: LoRA key map onto diffusers' ``MiniMaxH3Transformer3DModel`` and the sampling contracts.
+"""MiniMax-H3 LoRA key map onto diffusers' ``MiniMaxH3Transformer3DModel``.
 
 Files come in two namings:
 
@@ -8,7 +8,7 @@ Files come in two namings:
 
 ``prepare`` rewrites the native fused layers into diffusers' separate ones (row permutations of ``lora_B``, so
 the delta is exact) and applies the family's alpha rules; ``map_target`` then only renames. The contract logic
-lives in ``minimax_h3_contracts`` / ``minimax_h3_resolve``; this module re-exports it as the family interface.
+lives in ``contracts`` / ``resolve`` next to this module.
 """
 
 from __future__ import annotations
@@ -17,27 +17,17 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..errors import KeyMatchError
-from ..lora.canonical import LoraFile, TargetPatch
-from .minimax_h3_contracts import (  # noqa: F401  (family interface, re-exported)
+from ...errors import KeyMatchError
+from ...lora.canonical import LoraFile, TargetPatch
+from .contracts import (
     NATIVE_KEY_FORMAT,
     NATIVE_QKV_LAYOUT,
     TURBO_KEY_FORMAT,
-    checkpoint_contract,
-    contract_dict,
-    declared_contract,
-    describe_contract,
     native_contract,
-    on_checkpoint,
     parse_turbo_name,
     refuse_unverifiable,
     turbo_alpha,
-    with_scale,
 )
-from .minimax_h3_resolve import resolve as resolve_schedule  # noqa: F401  (family interface)
-
-FAMILY = "minimax_h3"
-MODEL_FAMILIES = ("minimax_h3",)
 
 # Every released MiniMax-H3 partition (and our tiny models) uses 128-wide heads; the grouped fused-QKV layout is
 # one group per query head (heads_per_group = 1), so a group is [q_h; k_h; v_h] of 128 rows each.

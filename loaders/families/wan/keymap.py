@@ -1,4 +1,4 @@
-"""Wan2.1 / Wan2.2 key maps and distill contracts.
+"""Wan2.1 / Wan2.2 LoRA key map: file module names onto diffusers' ``WanTransformer3DModel``.
 
 File names come in two namings. *Native* (the original Wan code, used by LightX2V, ComfyUI and kohya/musubi):
 ``blocks.N.self_attn.q``, ``cross_attn.k_img``, ``ffn.0``, ``norm3``, ``head.head``, ``modulation`` ...
@@ -18,13 +18,8 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..handles import ScheduleContract
-from ..lora.canonical import LoraFile, TargetPatch
-from ..lora.layouts import redot
-from ._common import distill_contract
-
-FAMILY = "wan"
-MODEL_FAMILIES = ("wan2.1", "wan2.2_moe")
+from ...lora.canonical import LoraFile, TargetPatch
+from ...lora.layouts import redot
 
 _PROJ = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj", "v_img": "add_v_proj"}
 _ATTN = {"self_attn": "attn1", "cross_attn": "attn2"}
@@ -117,29 +112,4 @@ def prepare(lora: LoraFile, model_family: str) -> LoraFile:
 def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
     if _IMAGE_BRANCH.match(name) or _IMAGE_BRANCH.match(redot(name, _NAME_TOKENS)):
         return IMAGE_BRANCH_REASON
-    return None
-
-
-# Distill artifacts: LightX2V / Lightning / Seko names carry the step count ("4step", "4steps", "8-steps").
-_DISTILL_MARKER = re.compile(r"lightx2v|lightning|distill|seko", re.IGNORECASE)
-_OTHER_FAMILY = re.compile(r"qwen|minimax", re.IGNORECASE)  # their Lightning/lightx2v files are not Wan's
-_WAN22 = re.compile(r"wan[-_ .]?2[._]?2|a14b|high[-_]?noise|low[-_]?noise|moe|(?<![a-z])(high|low)(?![a-z])",
-                    re.IGNORECASE)
-# LightX2V configs (configs/distill/wan21|wan22/*.json) and the Wan2.2-Lightning reference configs all use
-# sample_shift=5 with cfg off for these artifacts (reference §2.5, §2.9).
-DISTILL_SHIFT = 5.0
-
-
-def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
-    """``…lightx2v_4step…`` / ``…Lightning…8steps…`` -> N steps at shift 5, cfg 1. ``file_name`` may include
-    its folder (Lightning ships ``<release>-4steps-.../high_noise_model.safetensors``). Names without a step
-    count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts."""
-    if not _DISTILL_MARKER.search(file_name) or _OTHER_FAMILY.search(file_name):
-        return None
-    # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
-    family = "wan2.2_moe" if _WAN22.search(file_name) else "wan2.1"
-    return distill_contract(file_name, family, DISTILL_SHIFT, rank)
-
-
-def checkpoint_contract(model_index: dict, model_name: str) -> Optional[ScheduleContract]:
     return None

@@ -1,0 +1,81 @@
+"""The data types of sampling contracts: what an artifact declares, what a sampler asks, what runs.
+
+Why a leaf module (it imports nothing of ours): handles, the contract resolvers and every model family use these
+types, and the families also implement the resolvers; keeping the types here means none of them has to import
+another to name a type, so the package has no import circle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class ScheduleContract:
+    """A sampling contract declared by an artifact (distill LoRA, Turbo/native adapter, pinned checkpoint).
+
+    ``steps`` counts denoiser evaluations (intervals); ``sigmas`` holds steps + 1 points ending in 0.0.
+    Fields left ``None`` are not constrained by this contract.
+    """
+
+    source: str  # artifact name used in every error message (file name or model folder name)
+    kind: str  # "distill", "turbo", "native", "pinned"
+    family: str  # "wan2.1", "wan2.2_moe", "qwen_image", "minimax_h3"
+    steps: Optional[int] = None
+    sigmas: Optional[tuple[float, ...]] = None
+    shift: Optional[float] = None
+    cfg: Optional[float] = None
+    audio_sigmas: Optional[tuple[float, ...]] = None
+    audio_shift: Optional[float] = None
+    tasks: Optional[tuple[str, ...]] = None
+    partition: Optional[str] = None
+    base_schedule: Optional[tuple[float, ...]] = None
+    alpha: Optional[float] = None
+    rank: Optional[int] = None
+    scale: Optional[float] = None
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        """One line in words, for UI badges and logs."""
+        parts = [f"{self.source}: {self.kind}"]
+        if self.steps is not None:
+            parts.append(f"steps={self.steps}")
+        if self.shift is not None:
+            parts.append(f"shift={self.shift:g}")
+        if self.audio_shift is not None:
+            parts.append(f"audio_shift={self.audio_shift:g}")
+        if self.cfg is not None:
+            parts.append(f"cfg={self.cfg:g}")
+        if self.tasks:
+            parts.append("tasks=" + ",".join(self.tasks))
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """What the user asked the sampler for (node widgets). ``boundary`` None = the model's own boundary.
+    ``cfg`` is one value, or a (high-noise, low-noise) pair for the two Wan2.2 experts."""
+
+    steps: int
+    cfg: Any
+    shift: float
+    boundary: Optional[float] = None
+    task: Optional[str] = None
+    audio_shift: Optional[float] = None
+    enforce_contract: bool = True
+
+
+@dataclass(frozen=True)
+class ResolvedSchedule:
+    """The schedule the sampler runs: ``steps`` denoiser evaluations over ``steps + 1`` sigma points."""
+
+    sigmas: tuple
+    steps: int
+    cfg: Any  # one value, or the request's (high-noise, low-noise) pair
+    shift: float
+    boundary: Optional[float] = None
+    task: Optional[str] = None
+    audio_sigmas: Optional[tuple] = None
+    contracts: tuple = ()
+    overrides: tuple = ()

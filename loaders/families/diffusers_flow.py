@@ -1,0 +1,138 @@
+"""What the Wan and Qwen-Image families share: a ``DiffusionPipeline`` folder, one sigma schedule, flow-matching
+Euler with CFG, and a video VAE with ``latents_mean``/``latents_std``.
+
+``DiffusersFlowFamily`` implements those parts of ``ModelFamily`` once; a subclass supplies its ``prediction``
+(the forward one sampling step calls) and, where it has one, its own latent packing and CFG rescaling.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..contract_types import ResolvedSchedule
+from ..handles import LatentHandle
+from ..placement import placement_of
+from ..schedule_rules import resolve_single_schedule
+from ..sampling import device_and_dtype, euler, guidance_for, guided, noised_start, split_at_boundary
+from .interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE, ROLE_SINGLE, ModelFamily, PipelineSource
+
+
+def dtype_kwargs(dtype) -> dict:
+    """diffusers >= 0.36 takes ``dtype=`` (and warns on ``torch_dtype=``); older releases only ``torch_dtype=``."""
+    if dtype is None:
+        return {}
+    from diffusers.pipelines import pipeline_utils
+
+    # Feature probe: the helper that accepts the new keyword exists only in releases that support it.
+    return {"dtype": dtype} if hasattr(pipeline_utils, "_resolve_dtype") else {"torch_dtype": dtype}
+
+
+def check_multiple(width: int, height: int, multiple: int, model) -> None:
+    for field_name, value in (("width", width), ("height", height)):
+        if value < multiple or value % multiple:
+            raise ValueError(f"{field_name} must be a positive multiple of {multiple} for {model.name}, got {value}")
+
+
+def text_device(model):
+    return next(model.pipeline.text_encoder.parameters()).device
+
+
+class DiffusersFlowFamily(ModelFamily):
+    """Shared implementation for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
+
+    def load_pipeline(self, source: PipelineSource):
+        if source.kind != "diffusers":
+            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for {self.id} models")
+        from diffusers import DiffusionPipeline
+
+        return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
+                                                 **dtype_kwargs(source.dtype))
+
+    def resolve_schedule(self, model_handle, contracts: tuple, request) -> ResolvedSchedule:
+        return resolve_single_schedule(model_handle, contracts, request, serves=self.model_families,
+                                       check_resolved=self.check_resolved)
+
+    def check_resolved(self, model_handle, resolved: ResolvedSchedule, request, overrides: list) -> None:
+        """A family's own check of a resolved schedule (may raise ContractError or append to ``overrides``)."""
+
+    def experts_per_step(self, model, schedule) -> list:
+        roles = self.denoiser_roles(model)
+        high = next((n for n, r in roles.items() if r in (ROLE_HIGH_NOISE, ROLE_SINGLE)), "transformer")
+        low = next((n for n, r in roles.items() if r == ROLE_LOW_NOISE), high)
+        return split_at_boundary(schedule.sigmas, self.effective_boundary(model, schedule), high, low)
+
+    def _is_low_noise(self, model, expert: str) -> bool:
+        return self.denoiser_roles(model).get(expert) == ROLE_LOW_NOISE
+
+    def check_inputs(self, model, positive, negative, latent, schedule) -> None:
+        experts = self.experts_per_step(model, schedule)
+        missing = sorted(set(experts) - set(model.components))
+        if missing:
+            raise ValueError(f"model {model.name!r} has no denoiser {missing} needed by the schedule")
+        if negative is None and any(guidance_for(schedule.cfg, self._is_low_noise(model, e)) != 1.0
+                                    for e in experts):
+            raise ValueError("cfg != 1 needs a negative conditioning")
+
+    # hooks for the subclasses ------------------------------------------------------------------------------------
+
+    def prediction(self, model, positive, negative, latent) -> Callable:
+        """``predict(expert, x, sigma, uncond) -> velocity`` in the model's latent space (float32)."""
+        raise NotImplementedError
+
+    def to_model_space(self, x, latent):
+        """The sampled tensor as the denoiser takes it (Qwen-Image packs 2x2 patches); identity by default."""
+        return x
+
+    def from_model_space(self, x, latent):
+        return x
+
+    renormalize: Optional[Callable] = None  # rescales a CFG-guided prediction (Qwen-Image's "true CFG")
+
+    # ---------------------------------------------------------------------------------------------------------
+
+    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None,
+                check_interrupt=None) -> LatentHandle:
+        """Sample from ``latent`` (start point; zeros for text-to-X) over ``schedule.sigmas`` exactly: the start
+        is ``σ_0·noise + (1 − σ_0)·latent``; each step runs the expert ``experts_per_step`` names."""
+        self.check_inputs(model, positive, negative, latent, schedule)
+        sigmas = [float(s) for s in schedule.sigmas]
+        experts = self.experts_per_step(model, schedule)
+        predict = self.prediction(model, positive, negative, latent)
+        x = self.to_model_space(noised_start(latent.samples.float(), seed, sigmas[0]), latent)
+        placement = placement_of(model)
+
+        def velocity(i, x, sigma):
+            if placement is not None:  # the memory plan brings this expert to the device (a swap at the boundary)
+                placement.activate(experts[i])
+            cfg = guidance_for(schedule.cfg, self._is_low_noise(model, experts[i]))
+            return guided(predict, experts[i], x, sigma, cfg, self.renormalize)
+
+        x = euler(x, sigmas, velocity, on_step=on_step, check_interrupt=check_interrupt)
+        if placement is not None:
+            placement.end_denoise()
+        x = self.from_model_space(x, latent)
+        return LatentHandle(samples=x.cpu(), family=latent.family, kind=latent.kind, extra=dict(latent.extra))
+
+    def decode(self, model, latent):
+        """VAE-decode to ComfyUI's IMAGE: float [frames, H, W, C] in 0..1 (video batches are concatenated
+        frames); the latents are de-normalised with the VAE's ``latents_mean``/``latents_std`` as the
+        pipelines do."""
+        import torch
+
+        vae = model.pipeline.vae
+        placement = placement_of(model)
+        if placement is not None:
+            from ..memory import default_decode_bytes
+
+            scale = 2 ** len(vae.config.temperal_downsample)  # latent -> pixel factor of the Wan/Qwen VAEs
+            placement.prepare_decode(default_decode_bytes(latent.samples.shape[-1] * scale,
+                                                          latent.samples.shape[-2] * scale))
+        device, dtype = device_and_dtype(vae)
+        z = latent.samples.to(device, dtype)
+        channels = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean, device=device, dtype=dtype).view(1, channels, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std, device=device, dtype=dtype).view(1, channels, 1, 1, 1)
+        with torch.no_grad():
+            video = vae.decode(z * std + mean, return_dict=False)[0]  # [B, 3, F, H, W] in -1..1
+        frames = video.float().permute(0, 2, 3, 4, 1).reshape(-1, video.shape[3], video.shape[4], video.shape[1])
+        return (frames / 2 + 0.5).clamp(0.0, 1.0).cpu()

@@ -1,0 +1,180 @@
+"""The one interface every model family implements (``loaders/families/<family>/``).
+
+Why one interface: everything that differs between model families (how a pipeline is loaded, which denoiser
+plays which role, the LoRA key names, the sampling contracts, text encoding, latent geometry, the model forward,
+decoding, family-specific sampling) is answered by the family object, so nodes, the CLI, the server and the
+shared engine never test a family name. Adding a family means adding one package implementing ``ModelFamily``
+(plus its tiny-model recipe) and listing it in ``families/__init__.py``.
+
+Hooks for later work, by design:
+- ``load_pipeline`` takes a ``PipelineSource``: a diffusers folder today, other sources (single files) later;
+- ``components`` names every module with its role, so a device planner can decide what lives where;
+- every denoiser forward goes through ``ModelFamily.forward`` (one place per family to wrap with a
+  swap/offload hook).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from ..schedule_rules import contract_dict
+
+# Denoiser roles (``ModelFamily.denoiser_roles``).
+ROLE_SINGLE = "single"  # the only denoiser of the model
+ROLE_HIGH_NOISE = "high_noise"  # Wan2.2 MoE: runs while sigma >= boundary (``transformer``)
+ROLE_LOW_NOISE = "low_noise"  # Wan2.2 MoE: runs below the boundary (``transformer_2``)
+ROLE_TASK = "task"  # MiniMax-H3: a partition chosen by the sampling task (``transformer``, ``transformer_ref``)
+# Other component roles (``ModelFamily.components``).
+ROLE_TEXT_ENCODER = "text_encoder"
+ROLE_VAE = "vae"
+ROLE_AUDIO_VAE = "audio_vae"
+
+
+@dataclass(frozen=True)
+class PipelineSource:
+    """Where a model's pipeline is loaded from: ``kind`` "diffusers" is a diffusers folder (``path`` holding
+    ``model_index.json``, already read into ``model_index``); ``dtype`` None keeps the folder's own dtype."""
+
+    path: str
+    model_index: dict = field(default_factory=dict)
+    kind: str = "diffusers"
+    dtype: Any = None
+
+
+class ModelFamily:
+    """Base class of the family objects; subclasses override what differs and inherit the shared defaults.
+
+    ``model`` arguments are ``loaders.model_store.LoadedModel`` objects (``model.family`` is one of this
+    family's ``model_families``); ``model_handle`` arguments are ``loaders.handles.ModelHandle`` objects.
+    """
+
+    id: str = ""  # key-map family id ("wan", "qwen_image", "minimax_h3"), shown by ``inspect``
+    model_families: tuple = ()  # the LoadedModel.family values served ("wan2.1", "wan2.2_moe")
+    has_audio: bool = False  # the model generates a soundtrack on its own schedule (``audio_flow_shift``)
+
+    # Backwards-compatible names of the two ids (the LoRA engine's key-map interface predates this class).
+    @property
+    def FAMILY(self) -> str:  # noqa: N802
+        return self.id
+
+    @property
+    def MODEL_FAMILIES(self) -> tuple:  # noqa: N802
+        return self.model_families
+
+    def serves(self, model) -> bool:
+        """True when ``model`` (anything with ``.family``: LoadedModel, handles) is this family's."""
+        return getattr(model, "family", None) in self.model_families
+
+    # ---------------------------------------------------------------------------------------------------------
+    # detection, loading, components
+
+    def detect(self, model_index: dict) -> Optional[str]:
+        """The model family id a ``model_index.json`` describes when it is this family's, else None."""
+        raise NotImplementedError
+
+    def load_pipeline(self, source: PipelineSource):
+        """The pipeline object (``LoadedModel.pipeline``) for ``source``; raises on an unsupported source."""
+        raise NotImplementedError
+
+    def denoiser_roles(self, model) -> dict:
+        """{denoiser component name: role} of a loaded model (``ROLE_*``)."""
+        return {name: ROLE_SINGLE for name in model.components}
+
+    def components(self, model) -> dict:
+        """{component name: (module, role)} for every module the family runs: denoisers, text encoder, VAEs."""
+        found = {name: (module, role) for name, role in self.denoiser_roles(model).items()
+                 for module in (model.components.get(name),) if module is not None}
+        for name, role in (("text_encoder", ROLE_TEXT_ENCODER), ("vae", ROLE_VAE), ("audio_vae", ROLE_AUDIO_VAE)):
+            module = getattr(model.pipeline, name, None)
+            if module is not None:
+                found[name] = (module, role)
+        return found
+
+    def forward(self, model, component: str, **inputs):
+        """THE denoiser forward: every model prediction of the family calls its denoisers through here."""
+        return model.components[component](**inputs)
+
+    # ---------------------------------------------------------------------------------------------------------
+    # LoRA key map (used by ``loaders.lora.mapping`` / ``accounting`` and ``inspect``)
+
+    def recognizes(self, lora) -> bool:
+        """True when the file's module names are this family's (used without a model, e.g. ``inspect``)."""
+        raise NotImplementedError
+
+    def prepare(self, lora, model_family: str):
+        """Family-specific rewrites of a ``LoraFile`` before name mapping (absent-alpha rule, fused-QKV split)."""
+        return lora
+
+    def map_target(self, name: str) -> Optional[str]:
+        """File-side module name (prefixes and layout suffixes already stripped) -> diffusers module path."""
+        raise NotImplementedError
+
+    def expected_unmatched_reason(self, name: str, model_family: str) -> Optional[str]:
+        """Why a key that does not fit this model is expected (e.g. Wan2.1 I2V image branch on Wan2.2)."""
+        return None
+
+    # ---------------------------------------------------------------------------------------------------------
+    # contracts
+
+    def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int]):
+        """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused."""
+        return None
+
+    def checkpoint_contract(self, model_index: dict, model_name: str):
+        """A ScheduleContract pinned by the checkpoint itself (``model_index.json``), or None."""
+        return None
+
+    def contract_to_dict(self, contract) -> dict:
+        """JSON-able view of one of this family's contracts (node UI, ``inspect --json``), with a ``text`` line."""
+        return contract_dict(contract)
+
+    def resolve_schedule(self, model_handle, contracts: tuple, request):
+        """The ResolvedSchedule for a SamplingRequest under ``contracts``; ContractError before any weight moves."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------------------------
+    # text, latents, sampling, decoding
+
+    def encode_text(self, model, text: str):
+        """One prompt through the model's own text encoder -> ConditioningHandle (CPU, float32, batch 1)."""
+        raise NotImplementedError
+
+    def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:
+        """The latent shape for an output size; ValueError/LoraBindError naming the bad field."""
+        raise NotImplementedError
+
+    def empty_latent(self, model, width: int, height: int, frames: int = 1, batch: int = 1):
+        """A zero LatentHandle of the family's shape: the sampler's start point for text-to-X."""
+        raise NotImplementedError
+
+    def implied_task(self, latent) -> Optional[str]:
+        """The sampling task a latent implies (MiniMax-H3: anchored on a first frame -> ``fl2va``), else None."""
+        return None
+
+    def effective_boundary(self, model, schedule) -> Optional[float]:
+        """The sigma where a two-expert model switches experts for ``schedule``; None when there is no switch."""
+        return None
+
+    def experts_per_step(self, model, schedule) -> Optional[list]:
+        """The denoiser each step runs on, or None when the denoiser follows the task, not the sigmas."""
+        return None
+
+    def check_inputs(self, model, positive, negative, latent, schedule) -> None:
+        """Refuse inputs that cannot be sampled together, naming the input; cheap and weight-free."""
+        raise NotImplementedError
+
+    def denoise(self, model, positive, negative, latent, schedule, seed: int, *,
+                on_step: Optional[Callable[[int, int], None]] = None,
+                check_interrupt: Optional[Callable[[], None]] = None):
+        """Sample ``latent`` over the resolved ``schedule`` exactly -> a new LatentHandle."""
+        raise NotImplementedError
+
+    def decode(self, model, latent):
+        """Latent -> ComfyUI IMAGE, float [frames, H, W, 3] in 0..1."""
+        raise NotImplementedError
+
+
+def has_expert_pair(family: ModelFamily, model) -> bool:
+    """True for a model whose denoising switches between a high-noise and a low-noise expert (Wan2.2 MoE)."""
+    return ROLE_LOW_NOISE in family.denoiser_roles(model).values()

@@ -1,0 +1,71 @@
+"""The MiniMax-H3 family object: video + audio generation, two DiT partitions chosen by the task
+(``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit schedules (video, audio)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..interface import ROLE_TASK, ModelFamily, PipelineSource
+from . import contracts, keymap, pipeline, sampling
+from .resolve import resolve
+
+
+class MiniMaxH3Family(ModelFamily):
+    id = contracts.FAMILY_ID
+    model_families = (contracts.FAMILY_ID,)
+    has_audio = True
+
+    def detect(self, model_index: dict) -> Optional[str]:
+        class_name = str(model_index.get("_class_name", ""))
+        return self.id if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
+
+    def load_pipeline(self, source: PipelineSource):
+        if source.kind != "diffusers":
+            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for MiniMax-H3 models")
+        return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
+
+    def denoiser_roles(self, model) -> dict:
+        return {name: ROLE_TASK for name in model.components}
+
+    # LoRA key map and contracts
+    recognizes = staticmethod(keymap.recognizes)
+    prepare = staticmethod(keymap.prepare)
+    map_target = staticmethod(keymap.map_target)
+    expected_unmatched_reason = staticmethod(keymap.expected_unmatched_reason)
+    declared_contract = staticmethod(contracts.declared_contract)
+    checkpoint_contract = staticmethod(contracts.checkpoint_contract)
+
+    def contract_to_dict(self, contract) -> dict:
+        return {**contracts.contract_dict(contract), "text": contracts.describe_contract(contract)}
+
+    def resolve_schedule(self, model_handle, contract_list: tuple, request):
+        return resolve(contract_list, request, model_handle)
+
+    # text, latents, sampling, decoding
+    def encode_text(self, model, text: str):
+        return pipeline.encode_prompt(model, text)
+
+    def empty_latent(self, model, width: int, height: int, frames: int = 1, batch: int = 1):
+        return pipeline.empty_latents(model, width=width, height=height, frames=frames, batch=batch)
+
+    def implied_task(self, latent) -> Optional[str]:
+        return pipeline.implied_task(latent)
+
+    def check_inputs(self, model, positive, negative, latent, schedule) -> None:
+        sampling.check_inputs(model, positive, negative, latent, schedule)
+
+    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None,
+                check_interrupt=None):
+        return sampling.denoise(self.forward, model, positive, negative, latent, schedule, seed,
+                                on_step=on_step, check_interrupt=check_interrupt)
+
+    def decode(self, model, latent):
+        return pipeline.decode(model, latent)
+
+    def decode_audio(self, model, latent) -> dict:
+        """The soundtrack -> ComfyUI AUDIO (only this family has one)."""
+        return pipeline.decode_audio(model, latent)
+
+    def with_first_frame(self, model, latent, image):
+        """The latent anchored on a first frame (task fl2va)."""
+        return pipeline.with_first_frame(model, latent, image)

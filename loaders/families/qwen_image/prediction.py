@@ -1,0 +1,68 @@
+"""One Qwen-Image model prediction on packed latents, the 2x2 patch packing, and the CFG renormalisation.
+
+The transformer takes [B, (H/2)(W/2), 4C] rows (as ``QwenImagePipeline`` packs them) and ``timestep = σ``;
+its "true CFG" rescales the guided prediction to the conditional one's norm.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Optional
+
+import torch
+
+from ...handles import ConditioningHandle
+from ...sampling import batched, device_and_dtype
+
+DENOISER = "transformer"
+
+
+def pack_qwen_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, 1, H, W] -> [B, (H/2)(W/2), 4C]: Qwen-Image's 2x2 patch packing (as QwenImagePipeline does)."""
+    batch, channels, _, height, width = latents.shape
+    x = latents[:, :, 0].reshape(batch, channels, height // 2, 2, width // 2, 2)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack_qwen_latents(packed: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Inverse of ``pack_qwen_latents`` for a latent grid of ``height`` x ``width``."""
+    batch, _, packed_channels = packed.shape
+    channels = packed_channels // 4
+    x = packed.reshape(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return x.reshape(batch, channels, 1, height, width)
+
+
+def renormalize(guided: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    """Qwen-Image rescales the guided prediction to the conditional one's norm."""
+    return guided * (cond.norm(dim=-1, keepdim=True) / guided.norm(dim=-1, keepdim=True))
+
+
+class QwenPrediction:
+    """``predict(expert, x, sigma, uncond)`` for the Qwen-Image transformer, through the family's one forward."""
+
+    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], grid):
+        self.family = family
+        self.model = model
+        self.transformer = model.components[DENOISER]
+        self.positive = (positive.embeds, positive.mask)
+        self.negative = (negative.embeds, negative.mask) if negative is not None else None
+        self.grid = grid  # (latent height, latent width)
+        # diffusers < 0.36 also wanted the text lengths; pass them only to transformers that take them.
+        self.wants_txt_seq_lens = "txt_seq_lens" in inspect.signature(self.transformer.forward).parameters
+
+    def __call__(self, expert: str, x: torch.Tensor, sigma: float, uncond: bool) -> torch.Tensor:
+        device, dtype = device_and_dtype(self.transformer)
+        batch = x.shape[0]
+        embeds, mask = self.negative if uncond else self.positive
+        embeds = batched(embeds, batch).to(device, dtype)
+        mask = batched(mask, batch).to(device) if mask is not None else None
+        kwargs = {}
+        if self.wants_txt_seq_lens:
+            kwargs["txt_seq_lens"] = (mask.sum(dim=1).tolist() if mask is not None else [embeds.shape[1]] * batch)
+        out = self.family.forward(
+            self.model, DENOISER,
+            hidden_states=x.to(device, dtype), timestep=torch.full((batch,), sigma, device=device, dtype=dtype),
+            encoder_hidden_states=embeds, encoder_hidden_states_mask=mask,
+            img_shapes=[[(1, self.grid[0] // 2, self.grid[1] // 2)]] * batch, return_dict=False, **kwargs,
+        )[0]
+        return out.float()

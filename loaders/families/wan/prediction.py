@@ -1,0 +1,43 @@
+"""One Wan model prediction: the velocity v(x, σ) a sampling step asks a Wan transformer for.
+
+Latents are [B, 16, F, H, W] and text embeds [B, seq, dim]. The denoiser's timestep is ``σ·1000``; with
+``expand_timesteps`` (Wan2.2 TI2V) there is one timestep per latent token. Image-to-video conditioning (image
+latents concatenated to the noise, CLIP image embeds) belongs here too: it is part of what one forward sees.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ...handles import ConditioningHandle
+from ...sampling import batched, device_and_dtype
+
+
+class WanPrediction:
+    """``predict(expert, x, sigma, uncond)`` for Wan transformers, through the family's one forward."""
+
+    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle]):
+        self.family = family
+        self.model = model
+        self.positive = positive.embeds
+        self.negative = negative.embeds if negative is not None else None
+        self.expand_timesteps = bool(model.model_index.get("expand_timesteps", False))
+
+    def __call__(self, expert: str, x: torch.Tensor, sigma: float, uncond: bool) -> torch.Tensor:
+        transformer = self.model.components[expert]
+        device, dtype = device_and_dtype(transformer)
+        batch = x.shape[0]
+        embeds = batched(self.negative if uncond else self.positive, batch).to(device, dtype)
+        t = sigma * 1000.0
+        if self.expand_timesteps:  # Wan2.2 TI2V: one timestep per latent token (all equal for text-to-video)
+            _, _, frames, height, width = x.shape
+            patch = transformer.config.patch_size
+            tokens = (frames // patch[0]) * (height // patch[1]) * (width // patch[2])
+            timestep = torch.full((batch, tokens), t, device=device, dtype=torch.float32)
+        else:
+            timestep = torch.full((batch,), t, device=device, dtype=torch.float32)
+        out = self.family.forward(self.model, expert, hidden_states=x.to(device, dtype), timestep=timestep,
+                                  encoder_hidden_states=embeds, return_dict=False)[0]
+        return out.float()
