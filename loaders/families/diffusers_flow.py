@@ -14,7 +14,7 @@ from ..handles import LatentHandle
 from ..placement import placement_of
 from ..schedule_rules import resolve_single_schedule
 from ..sampling import device_and_dtype, euler, guidance_for, guided, noised_start, split_at_boundary
-from .interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE, ROLE_SINGLE, ModelFamily, PipelineSource
+from .interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, ModelFamily, PipelineSource
 
 
 def dtype_kwargs(dtype) -> dict:
@@ -57,7 +57,7 @@ class DiffusersFlowFamily(ModelFamily):
 
     def experts_per_step(self, model, schedule) -> list:
         roles = self.denoiser_roles(model)
-        high = next((n for n, r in roles.items() if r in (ROLE_HIGH_NOISE, ROLE_SINGLE)), "transformer")
+        high = next((n for n, r in roles.items() if r in (ROLE_HIGH_NOISE, ROLE_DENOISER)), "transformer")
         low = next((n for n, r in roles.items() if r == ROLE_LOW_NOISE), high)
         return split_at_boundary(schedule.sigmas, self.effective_boundary(model, schedule), high, low)
 

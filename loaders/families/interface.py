@@ -20,15 +20,13 @@ from typing import Any, Callable, Optional
 
 from ..schedule_rules import contract_dict
 
-# Denoiser roles (``ModelFamily.denoiser_roles``).
-ROLE_SINGLE = "single"  # the only denoiser of the model
-ROLE_HIGH_NOISE = "high_noise"  # Wan2.2 MoE: runs while sigma >= boundary (``transformer``)
-ROLE_LOW_NOISE = "low_noise"  # Wan2.2 MoE: runs below the boundary (``transformer_2``)
-ROLE_TASK = "task"  # MiniMax-H3: a partition chosen by the sampling task (``transformer``, ``transformer_ref``)
-# Other component roles (``ModelFamily.components``).
+# Component roles (``ModelFamily.denoiser_roles`` / ``components``), the vocabulary ``loaders.memory`` plans with.
+ROLE_DENOISER = "denoiser"  # a model's only denoiser, or one chosen by the task (MiniMax-H3 partitions)
+ROLE_HIGH_NOISE = "high_noise_expert"  # Wan2.2 MoE: runs while sigma >= boundary (``transformer``)
+ROLE_LOW_NOISE = "low_noise_expert"  # Wan2.2 MoE: runs below the boundary (``transformer_2``)
 ROLE_TEXT_ENCODER = "text_encoder"
-ROLE_VAE = "vae"
-ROLE_AUDIO_VAE = "audio_vae"
+ROLE_IMAGE_ENCODER = "image_encoder"
+ROLE_VAE = "vae"  # video and audio VAEs alike
 
 
 @dataclass(frozen=True)
@@ -79,13 +77,14 @@ class ModelFamily:
 
     def denoiser_roles(self, model) -> dict:
         """{denoiser component name: role} of a loaded model (``ROLE_*``)."""
-        return {name: ROLE_SINGLE for name in model.components}
+        return {name: ROLE_DENOISER for name in model.components}
 
     def components(self, model) -> dict:
         """{component name: (module, role)} for every module the family runs: denoisers, text encoder, VAEs."""
         found = {name: (module, role) for name, role in self.denoiser_roles(model).items()
                  for module in (model.components.get(name),) if module is not None}
-        for name, role in (("text_encoder", ROLE_TEXT_ENCODER), ("vae", ROLE_VAE), ("audio_vae", ROLE_AUDIO_VAE)):
+        for name, role in (("text_encoder", ROLE_TEXT_ENCODER), ("image_encoder", ROLE_IMAGE_ENCODER),
+                           ("vae", ROLE_VAE), ("audio_vae", ROLE_VAE)):
             module = getattr(model.pipeline, name, None)
             if module is not None:
                 found[name] = (module, role)

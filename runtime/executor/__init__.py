@@ -1,7 +1,7 @@
 """Headless graph executor with ComfyUI's semantics (validation, scheduling, caching, events).
 
 Split by concern like ComfyUI's ``comfy_execution``: ``definitions`` (reading node classes), ``graph``
-(scheduling, cycles), ``validation``, ``caching``, ``calls`` (list semantics), ``execution`` (PromptExecutor).
+(scheduling, cycles), ``validation``, ``caching``, ``call_over_lists`` (calling nodes with list semantics), ``execution`` (PromptExecutor).
 """
 
 from .execution import ExecutionResult, PromptExecutor, PromptValidationError

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from ..context import ExecutionContext, InterruptedByUser, reset_current_context, set_current_context
 from .caching import CacheEntry, InstanceCache, OutputCache, node_signatures
-from .calls import format_value, gather_inputs, map_over_lists, shape_returns
+from .call_over_lists import format_value, gather_inputs, map_over_lists, shape_returns
 from .definitions import NodeDefinitions, full_type_name
 from .graph import DependencyCycleError, ExecutionList
 from .validation import ValidationResult, validate_prompt

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from .calls import gather_inputs, map_over_lists
+from .call_over_lists import gather_inputs, map_over_lists
 from .definitions import CASTS, NodeDefinitions, accepted_arguments, combo_options, full_type_name
 from .graph import DependencyCycleError, find_cycle
 

@@ -16,7 +16,8 @@ import urllib.parse
 
 from aiohttp import web
 
-from .state import STATE_KEY, ServerConfig, ServerState
+from .composition_root import STATE_KEY, ServerState
+from .config import ServerConfig
 
 log = logging.getLogger("lorabind.server")
 

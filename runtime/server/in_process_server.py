@@ -12,7 +12,7 @@ import threading
 from aiohttp import web
 
 from .app import create_app
-from .state import ServerConfig
+from .config import ServerConfig
 
 
 class BackgroundServer:

@@ -19,8 +19,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ...loaders.atomic_files import write_atomically
+from .composition_root import STATE_KEY, ServerState
 from .http_json import bad_request
-from .state import STATE_KEY, ServerState
 
 # Served as downloads, never rendered: a file in output/ must not become script running on our origin.
 DANGEROUS_MIMETYPES = {"text/html", "text/javascript", "application/javascript", "application/xhtml+xml",

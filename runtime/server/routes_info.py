@@ -13,8 +13,9 @@ from pathlib import Path
 from aiohttp import web
 
 from ...loaders.devices import host_memory
+from .composition_root import STATE_KEY, ServerState
+from .config import PACK_NAME
 from .http_json import dumps
-from .state import PACK_NAME, STATE_KEY, ServerState
 
 
 def register(routes: web.RouteTableDef) -> None:

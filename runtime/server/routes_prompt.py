@@ -11,10 +11,10 @@ import uuid
 
 from aiohttp import web
 
-from .http_json import bad_request, dumps, read_json_body
+from .composition_root import STATE_KEY, ServerState
 from .history import SENSITIVE_EXTRA_DATA_KEYS
+from .http_json import bad_request, dumps, read_json_body
 from .queue import QueueItem
-from .state import STATE_KEY, ServerState
 
 
 def register(routes: web.RouteTableDef) -> None:

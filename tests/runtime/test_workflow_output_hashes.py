@@ -81,7 +81,7 @@ def expected():
 @pytest.fixture(scope="module")
 def server(models_root, tmp_path_factory):
     from lorabind.runtime.server import ServerConfig
-    from lorabind.runtime.server.background import BackgroundServer
+    from lorabind.runtime.server.in_process_server import BackgroundServer
 
     out = tmp_path_factory.mktemp("hash_serve")
     config = ServerConfig(port=0, models_root=str(models_root), output_dir=str(out / "output"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..interface import ROLE_TASK, ModelFamily, PipelineSource
+from ..interface import ROLE_DENOISER, ModelFamily, PipelineSource
 from . import contracts, keymap, pipeline, sampling
 from .resolve import resolve
 
@@ -25,7 +25,7 @@ class MiniMaxH3Family(ModelFamily):
         return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
 
     def denoiser_roles(self, model) -> dict:
-        return {name: ROLE_TASK for name in model.components}
+        return {name: ROLE_DENOISER for name in model.components}
 
     # LoRA key map and contracts
     recognizes = staticmethod(keymap.recognizes)

@@ -9,7 +9,7 @@ import torch
 
 from ...handles import ConditioningHandle, LatentHandle
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
-from ..interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE, ROLE_SINGLE
+from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from . import contracts, keymap
 from .prediction import WanPrediction
 
@@ -36,7 +36,7 @@ class WanFamily(DiffusersFlowFamily):
 
     def denoiser_roles(self, model) -> dict:
         if model.family != contracts.MOE_FAMILY:
-            return {name: ROLE_SINGLE for name in model.components}
+            return {name: ROLE_DENOISER for name in model.components}
         roles = {HIGH_NOISE_EXPERT: ROLE_HIGH_NOISE, LOW_NOISE_EXPERT: ROLE_LOW_NOISE}
         return {name: role for name, role in roles.items() if name in model.components}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lorabind.runtime.server.state import PACK_DIR
+from lorabind.runtime.server.config import PACK_DIR
 from server_client import start_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -12,7 +12,7 @@ import pytest
 
 import lorabind
 from lorabind.runtime.server import ServerConfig
-from lorabind.runtime.server.background import BackgroundServer
+from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_client import Client, run_async
 
 # A committed file: a missing one fails the tests that read it, it is never a reason to skip.

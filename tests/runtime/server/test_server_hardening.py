@@ -75,7 +75,7 @@ def test_history_lives_outside_every_folder_uploads_reach(tmp_path):
     restarted = start_server(tmp_path)
     try:
         assert restarted.app  # started, and with no made-up entry
-        from lorabind.runtime.server.state import STATE_KEY
+        from lorabind.runtime.server.composition_root import STATE_KEY
 
         assert restarted.app[STATE_KEY].history.list() == {}
     finally:

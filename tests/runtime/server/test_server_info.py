@@ -72,7 +72,7 @@ def test_extension_files_listed_and_served(server):
 
 
 def test_workflow_templates_list_ui_workflows_only(server):
-    from lorabind.runtime.server.state import PACK_DIR
+    from lorabind.runtime.server.config import PACK_DIR
 
     expected = sorted(p.name[:-5] for p in (PACK_DIR / "workflows").glob("*.json")
                       if not p.name.endswith(".api.json"))

@@ -1,0 +1,68 @@
+"""The server's composition root: ``ServerState`` builds and wires the queue, history, WebSocket clients, worker
+and executors from a ``ServerConfig``; every request handler reaches it as ``request.app[STATE_KEY]``."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+from aiohttp import web
+
+from .config import PACK_NAME, ServerConfig
+from .history import HistoryStore
+from .queue import PromptQueue
+from .websocket import ClientRegistry
+from .worker import PromptWorker
+
+
+class ServerState:
+    """Everything a request handler needs, reachable as ``request.app[STATE_KEY]``."""
+
+    def __init__(self, config: ServerConfig, *, node_classes: dict | None = None,
+                 display_names: dict | None = None, executor=None, validator=None):
+        self.config = config.resolved()
+        _configure_folder_paths(self.config)
+        # /object_info's python_module for nodes without RELATIVE_PYTHON_MODULE: for the pack's own nodes,
+        # what ComfyUI reports for a pack in custom_nodes/ (the frontend groups and badges nodes by it).
+        self.python_module: str | None = None
+        if node_classes is None:
+            from ...nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+
+            node_classes, display_names = NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+            self.python_module = f"custom_nodes.{PACK_NAME}"
+        self.node_classes = node_classes
+        self.display_names = display_names or {}
+        if executor is None or validator is None:
+            from ..executor import PromptExecutor
+
+            executor = executor or PromptExecutor(node_classes)
+            validator = validator or PromptExecutor(node_classes, cache=False)
+        self.validator = validator
+        # Validation runs off the event loop but serially: node VALIDATE_INPUTS may hash files.
+        self.validation_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lorabind-validate")
+        self.clients = ClientRegistry(self.status_payload, self.feature_flags)
+        self.queue = PromptQueue(on_change=self.clients.broadcast_status)
+        self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
+        self.worker = PromptWorker(self.queue, self.history, self.clients, executor)
+        self.clients.running_node = self.worker.running_node
+
+    def status_payload(self) -> dict:
+        return {"exec_info": {"queue_remaining": self.queue.remaining()}}
+
+    def feature_flags(self) -> dict:
+        # We never send binary preview frames, so we do not claim preview-metadata support.
+        return {"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes}
+
+    def shutdown(self) -> None:
+        self.worker.stop()
+        self.validation_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _configure_folder_paths(config: ServerConfig) -> None:
+    from .. import folder_paths
+
+    folder_paths.configure(models_root=config.models_root, output_dir=config.output_dir,
+                           input_dir=config.input_dir, temp_dir=config.temp_dir)
+
+
+STATE_KEY = web.AppKey("lorabind_state", ServerState)
