@@ -51,15 +51,6 @@ class ModelFamily:
     model_families: tuple = ()  # the LoadedModel.family values served ("wan2.1", "wan2.2_moe")
     has_audio: bool = False  # the model generates a soundtrack on its own schedule (``audio_flow_shift``)
 
-    # Backwards-compatible names of the two ids (the LoRA engine's key-map interface predates this class).
-    @property
-    def FAMILY(self) -> str:  # noqa: N802
-        return self.id
-
-    @property
-    def MODEL_FAMILIES(self) -> tuple:  # noqa: N802
-        return self.model_families
-
     def serves(self, model) -> bool:
         """True when ``model`` (anything with ``.family``: LoadedModel, handles) is this family's."""
         return getattr(model, "family", None) in self.model_families

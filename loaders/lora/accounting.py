@@ -111,9 +111,9 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
 def _family_hint(lora, model_family: str) -> str:
     """Name the family a wrong-model LoRA seems to be for: the most common cause of unmatched keys."""
     guessed = family_registry.guess_family(lora)
-    if guessed is None or model_family in guessed.MODEL_FAMILIES:
+    if guessed is None or model_family in guessed.model_families:
         return ""
-    return f"Its module names look like a {'/'.join(guessed.MODEL_FAMILIES)} LoRA. "
+    return f"Its module names look like a {'/'.join(guessed.model_families)} LoRA. "
 
 
 def _as_parameter_diff(modules: dict, dest: str, patch: TargetPatch) -> tuple:

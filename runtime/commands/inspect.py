@@ -59,14 +59,14 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
         family_module = family_module or families.for_model_family(model.family)
     # rank/alpha/scale as the engine applies them: after the family's rewrites (e.g. the MiniMax-H3 Turbo
     # alpha-8 default for files that declare none)
-    prepared = family_module.prepare(lora, family_module.MODEL_FAMILIES[0]) if family_module else lora
+    prepared = family_module.prepare(lora, family_module.model_families[0]) if family_module else lora
     lows = [patch.low_rank for patch in prepared.targets.values() if patch.low_rank is not None]
     contract = declared_contract(family_module, lora, lora.name)
     return {
         "file": lora.name,
         "path": os.path.abspath(path),
         "format": prepared.format,
-        "family": family_module.FAMILY if family_module else None,
+        "family": family_module.id if family_module else None,
         "rank": _uniform(delta.rank for delta in lows),
         "alpha": _uniform(delta.alpha for delta in lows),
         "scale": _uniform(delta.scale for delta in lows),

@@ -1,0 +1,98 @@
+"""The family interface on the real tiny models: the registry finds each model's family, the families name their
+denoisers' roles and components, and every denoiser forward of a sampling run goes through ``family.forward``
+(the one place a device/offload hook wraps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lorabind.loaders import families, generation
+from lorabind.loaders.contract_types import ResolvedSchedule
+from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.families.interface import ModelFamily, PipelineSource
+from lorabind.loaders.sigmas import shifted_sigmas
+
+SCHEDULE = ResolvedSchedule(sigmas=shifted_sigmas(2, 5.0), steps=2, cfg=1.0, shift=5.0)
+
+
+def test_registry_finds_each_family_by_model_index_id_and_model():
+    wan, qwen, minimax = families.all_families()
+    assert (wan.id, qwen.id, minimax.id) == ("wan", "qwen_image", "minimax_h3")
+    assert families.detect_model_family({"_class_name": "WanPipeline", "transformer_2": ["d", "X"]}) == "wan2.2_moe"
+    assert families.detect_model_family({"_class_name": "WanPipeline", "transformer_2": [None, None]}) == "wan2.1"
+    assert families.detect_model_family({"_class_name": "QwenImagePipeline"}) == "qwen_image"
+    assert families.detect_model_family({"_class_name": "X", "_minimax_h3": {}}) == "minimax_h3"
+    with pytest.raises(ModelLoadError, match="unsupported pipeline class 'FluxPipeline'"):
+        families.detect_model_family({"_class_name": "FluxPipeline"})
+    assert families.family_by_id("wan2.1") is wan and families.family_by_id("wan") is wan
+    assert families.family_serving("flux") is None
+    with pytest.raises(KeyError, match="no LoRA key map for model family 'flux'"):
+        families.family_by_id("flux")
+
+
+def test_every_family_implements_the_whole_interface():
+    required = ("detect", "load_pipeline", "recognizes", "map_target", "resolve_schedule", "encode_text",
+                "empty_latent", "check_inputs", "denoise", "decode")
+    for family in families.all_families():
+        missing = [name for name in required if getattr(type(family), name) is getattr(ModelFamily, name)]
+        assert missing == [], f"{family.id} does not implement {missing}"
+
+
+def test_roles_and_components_of_the_tiny_models(load_tiny, mm_models):
+    wan22, wan21 = load_tiny("tiny-wan22-t2v"), load_tiny("tiny-wan21-t2v")
+    qwen, minimax = load_tiny("tiny-qwen-image"), mm_models["plain"]
+    roles = {model.name: families.family_for(model).denoiser_roles(model) for model in (wan22, wan21, qwen, minimax)}
+    assert roles == {
+        "tiny-wan22-t2v": {"transformer": "high_noise_expert", "transformer_2": "low_noise_expert"},
+        "tiny-wan21-t2v": {"transformer": "denoiser"},
+        "tiny-qwen-image": {"transformer": "denoiser"},
+        "tiny-minimax-h3": {"transformer": "denoiser", "transformer_ref": "denoiser"},
+    }
+    assert [families.has_expert_pair(m) for m in (wan22, wan21, qwen, minimax)] == [True, False, False, False]
+    parts = families.family_for(minimax).components(minimax)
+    assert {name: role for name, (_, role) in parts.items()} == {
+        "transformer": "denoiser", "transformer_ref": "denoiser", "text_encoder": "text_encoder", "vae": "vae",
+        "audio_vae": "vae"}
+    assert parts["vae"][0] is minimax.pipeline.vae
+    assert [families.family_for(m).has_audio for m in (wan22, qwen, minimax)] == [False, False, True]
+
+
+def test_a_family_refuses_a_source_kind_it_cannot_load(tmp_path):
+    for family in families.all_families():
+        with pytest.raises(ValueError, match="cannot load a 'single_file' source"):
+            family.load_pipeline(PipelineSource(path=str(tmp_path), kind="single_file"))
+
+
+@pytest.mark.parametrize("name, experts", [("tiny-wan22-t2v", ["transformer", "transformer_2"]),
+                                           ("tiny-qwen-image", ["transformer", "transformer"])])
+def test_every_denoiser_forward_goes_through_the_family(name, experts, load_tiny, monkeypatch):
+    model = load_tiny(name)
+    family = families.family_for(model)
+    seen = []
+    original = family.forward
+
+    def recording_forward(model_, component, **inputs):
+        seen.append(component)
+        return original(model_, component, **inputs)
+
+    monkeypatch.setattr(family, "forward", recording_forward)
+    positive = generation.encode_text(model, "a cat")
+    latent = generation.empty_latent(model, 32, 32, frames=1)
+    schedule = SCHEDULE if name != "tiny-wan22-t2v" else ResolvedSchedule(
+        sigmas=(1.0, 0.5, 0.0), steps=2, cfg=1.0, shift=5.0, boundary=0.875)
+    generation.denoise(model, positive, None, latent, schedule, seed=0)
+    assert seen == experts
+
+
+def test_minimax_forwards_go_through_the_family(mm_models, monkeypatch):
+    model = mm_models["plain"]
+    family = families.family_for(model)
+    seen = []
+    original = family.forward
+    monkeypatch.setattr(family, "forward", lambda m, c, **inputs: seen.append(c) or original(m, c, **inputs))
+    positive = generation.encode_text(model, "a cat")
+    latent = generation.empty_latent(model, 32, 32, frames=1)
+    schedule = ResolvedSchedule(sigmas=(1.0, 0.5, 0.0), audio_sigmas=(1.0, 0.5, 0.0), steps=2, cfg=1.0, shift=12.0,
+                                task="t2va")
+    generation.denoise(model, positive, None, latent, schedule, seed=0)
+    assert seen == ["transformer", "transformer"]
