@@ -1,9 +1,10 @@
 """Model families: one package per family, each implementing ``interface.ModelFamily``.
 
 The registry below is the only way the engine, the nodes, the CLI and the server reach family behaviour: they
-ask for the family of a model (``family_for``), of a ``model_index.json`` (``detect_model_family``), of a
-family id (``family_by_id``) or of a LoRA file's names (``guess_family``), and call the family object. Adding a
-family means adding one package and its name to ``_FAMILY_PACKAGES``.
+ask for the family of a model (``family_for``), of a ``model_index.json`` (``family_for_index``, or just its
+model family id: ``detect_model_family``), of a family id (``family_by_id``) or of a LoRA file's names
+(``guess_family``), and call the family object. Adding a family means adding one package and its name to
+``_FAMILY_PACKAGES``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,11 @@ def detect_model_family(model_index: dict) -> str:
         f"unsupported pipeline class {class_name!r} in model_index.json: lorabind supports Wan2.1/Wan2.2 "
         "(WanPipeline), Qwen-Image (QwenImagePipeline) and MiniMax-H3"
     )
+
+
+def family_for_index(model_index: dict) -> ModelFamily:
+    """The family that loads a ``model_index.json`` (``ModelLoadError`` for unsupported pipelines)."""
+    return family_by_id(detect_model_family(model_index))
 
 
 def guess_family(lora) -> Optional[ModelFamily]:

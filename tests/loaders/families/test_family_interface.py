@@ -24,6 +24,7 @@ def test_registry_finds_each_family_by_model_index_id_and_model():
     assert families.detect_model_family({"_class_name": "X", "_minimax_h3": {}}) == "minimax_h3"
     with pytest.raises(ModelLoadError, match="unsupported pipeline class 'FluxPipeline'"):
         families.detect_model_family({"_class_name": "FluxPipeline"})
+    assert families.family_for_index({"_class_name": "QwenImagePipeline"}) is qwen
     assert families.family_by_id("wan2.1") is wan and families.family_by_id("wan") is wan
     assert families.family_serving("flux") is None
     with pytest.raises(KeyError, match="no LoRA key map for model family 'flux'"):
