@@ -157,7 +157,7 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
     """Seconds per step: our sampler vs WanPipeline, same experts, resolution, steps and guidance (cfg 1)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    from lorabind.loaders.sampling import denoise
+    from lorabind.loaders.generation import denoise
 
     boundary = 0.5 + 0.5 / steps  # half the steps on each expert
     model = _loaded_model(experts, boundary)
@@ -178,7 +178,7 @@ def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, s
     """diffusers' model offload peak, then our swap plan: the swap time vs the upload floor, and its peak."""
     from lorabind.loaders.memory import MemoryPlan
     from lorabind.loaders.placement import ModelPlacement
-    from lorabind.loaders.sampling import denoise
+    from lorabind.loaders.generation import denoise
 
     def peak(fn) -> int:
         if device.type != "cuda":

@@ -13,14 +13,14 @@ different pipeline from the same folder placed for another.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, json_limits
+from . import compat
 from .errors import ModelLoadError
+from .model_index import read_model_index
 
 
 @dataclass(eq=False)
@@ -61,16 +61,6 @@ def detect_family(model_index: dict) -> str:
 def denoiser_names(model_index: dict) -> list[str]:
     """The denoiser components (``transformer``, ``transformer_2``, ``transformer_ref``...) that are set."""
     return [key for key, entry in model_index.items() if key.startswith("transformer") and _is_set(entry)]
-
-
-def read_model_index(path) -> dict:
-    index_file = Path(path) / "model_index.json"
-    try:
-        return json_limits.loads(index_file.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelLoadError(f"{index_file}: not found (a diffusers model folder needs model_index.json)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{index_file}: cannot be read: {exc}") from exc
 
 
 def resolve_dtype(dtype):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from ..model_store import read_model_index
+from ..model_index import read_model_index
 
 DENOISER_ROLES = ("denoiser", "high_noise_expert", "low_noise_expert")
 # A denoiser that only other tasks use (MiniMax-H3's ``transformer_ref`` serves Ref2VA only): a run loads it

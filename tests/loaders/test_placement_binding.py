@@ -10,9 +10,8 @@ import torch
 
 from lorabind.loaders import load_plan, model_store
 from lorabind.loaders.binding import bind, release_adapters, unbind
-from lorabind.loaders.encoding import empty_latent, encode_text
+from lorabind.loaders.generation import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.sampling import denoise
 from lorabind.loaders.tiny_models import lora_fixtures as F
 
 PLANS = ["full", "swap_experts", "offload_model", "offload_blocks"]

@@ -9,9 +9,8 @@ import torch
 
 from lorabind.loaders import load_plan, model_store
 from lorabind.loaders.binding import bind, unbind
-from lorabind.loaders.encoding import empty_latent, encode_text
+from lorabind.loaders.generation import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import FuseSpec
-from lorabind.loaders.sampling import denoise
 from lorabind.loaders.tiny_models import lora_fixtures as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
