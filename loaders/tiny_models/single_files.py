@@ -17,8 +17,8 @@ from ..single_file.native_files import PRECISIONS, native_tensors
 from ..single_file.tokenizers import build_spiece_model
 from ._common import diffusers_dir
 from .lora_fixtures import _write_if_changed
-from .qwen_image import QWEN_IMAGE_NAME
-from .wan import WAN21_NAME, WAN22_NAME
+from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
+from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
 
 SUBFOLDER = "lorabind-tiny"
 # file stem (before _<precision>) -> (diffusers folder, component, layout, quantized prefix, model class)
@@ -120,15 +120,14 @@ def ensure_tiny_single_files(named, models_root) -> list[str]:
     """Build the tiny single files (and the tiny folders they come from) when a name in ``named`` is missing.
 
     Returns the missing names that now exist."""
-    from . import build_builtin
-
     models_root = Path(models_root)
     missing = [(kind, name) for kind, names in tiny_file_names().items() for name in names
                if name in named and not (models_root / kind / name).is_file()]
     if not missing:
         return []
-    for model in (WAN22_NAME, WAN21_NAME, QWEN_IMAGE_NAME):
+    for model, build in ((WAN22_NAME, build_tiny_wan22), (WAN21_NAME, build_tiny_wan21),
+                         (QWEN_IMAGE_NAME, build_tiny_qwen_image)):
         if not (diffusers_dir(models_root) / model / "model_index.json").is_file():
-            build_builtin(model, models_root)
+            build(models_root)
     write_tiny_single_files(models_root)
     return [name for kind, name in missing if (models_root / kind / name).is_file()]
