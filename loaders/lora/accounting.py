@@ -13,9 +13,7 @@ from typing import Optional
 
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
-from .canonical import MappedLora, TargetPatch
-from .layouts import key_role
-from .mapping import split_source_keys
+from .canonical import LOW_RANK_PARTS, MappedLora, TargetPatch, merged_keys
 
 _SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
 
@@ -67,21 +65,21 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
         dest, patch = _as_parameter_diff(modules, dest, patch)
         module = modules.get(dest)
         if module is None:
-            _not_in_model(acc, family, mapped.family, file_names, patch.source_keys)
+            _not_in_model(acc, family, mapped.family, file_names, patch.all_source_keys())
             continue
         params = _own_parameters(module)
         fitting = TargetPatch(module=dest)
-        keys_of = _keys_by_part(patch)
+        keys_of = patch.source_keys
         if patch.low_rank is not None:
-            keys = keys_of["low_rank"]
+            low_rank_keys = {part: keys_of[part] for part in LOW_RANK_PARTS if part in keys_of}
             if "weight" in params:
-                _check_low_rank(lora.name, where, dest, patch, params["weight"], keys)
+                _check_low_rank(lora.name, where, dest, patch, params["weight"])
                 fitting.low_rank = patch.low_rank
-                fitting.source_keys += tuple(keys)
+                fitting.source_keys.update(low_rank_keys)
             else:
-                acc.unmatched.extend(keys)
+                acc.unmatched.extend(key for keys in low_rank_keys.values() for key in keys)
         for param, diff in patch.param_diffs.items():
-            keys = keys_of[param]
+            keys = tuple(keys_of.get(param, ()))
             if param not in params:
                 acc.unmatched.extend(keys)
                 continue
@@ -90,11 +88,12 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
                     f"{lora.name}: {keys[0] if keys else dest!r} does not fit {where} parameter {dest}.{param}: "
                     f"expected shape {tuple(params[param].shape)}, got {tuple(diff.shape)}")
             fitting.param_diffs[param] = diff
-            fitting.source_keys += tuple(keys)
+            fitting.source_keys[param] = keys
         if fitting.low_rank is not None or fitting.param_diffs:
             if dest in acc.applied:  # a parameter diff re-targeted onto a module that has other parts
-                acc.applied[dest].param_diffs.update(fitting.param_diffs)
-                acc.applied[dest].source_keys += fitting.source_keys
+                existing = acc.applied[dest]
+                existing.param_diffs.update(fitting.param_diffs)
+                existing.source_keys = merged_keys(existing.source_keys, fitting.source_keys)
             else:
                 acc.applied[dest] = fitting
 
@@ -124,7 +123,7 @@ def _as_parameter_diff(modules: dict, dest: str, patch: TargetPatch) -> tuple:
             or owner not in modules or name not in _own_parameters(modules[owner]):
         return dest, patch
     return owner, TargetPatch(module=owner, param_diffs={name: patch.param_diffs["weight"]},
-                              source_keys=patch.source_keys)
+                              source_keys={name: tuple(patch.source_keys.get("weight", ()))})
 
 
 def _own_parameters(module) -> dict:
@@ -134,28 +133,14 @@ def _own_parameters(module) -> dict:
     return dict(base.named_parameters(recurse=False))
 
 
-def _keys_by_part(patch: TargetPatch) -> dict:
-    """{"low_rank" | parameter name: raw keys}; keys whose role names no part join the first part."""
-    module_keys, param_keys = split_source_keys(patch)
-    parts = (["low_rank"] if patch.low_rank is not None else []) + [
-        p for p in ("weight", "bias") if p in patch.param_diffs]
-    keys_of = {part: [] for part in parts}
-    keys_of.update(param_keys)
-    for raw in module_keys:
-        role = key_role(raw)
-        part = "low_rank" if role in ("down", "up", "alpha") else role
-        keys_of[part if part in parts else parts[0]].append(raw)
-    return keys_of
-
-
 def _file_names_by_key(mapped: MappedLora) -> dict:
-    """raw key -> the file-side name the family's ``expected_unmatched_reason`` understands."""
+    """raw key -> the file-side name the family's ``expected_unmatched_reason`` understands: the module's name,
+    or ``<module>.<parameter>`` for a diff of another parameter."""
     names = {}
     for name, patch in mapped.source.targets.items():
-        module_keys, param_keys = split_source_keys(patch)
-        names.update({raw: name for raw in module_keys})
-        for param, keys in param_keys.items():
-            names.update({raw: f"{name}.{param}" for raw in keys})
+        for part, keys in patch.source_keys.items():
+            owner = name if part in LOW_RANK_PARTS or part in ("weight", "bias") else f"{name}.{part}"
+            names.update({raw: owner for raw in keys})
     return names
 
 
@@ -169,7 +154,7 @@ def _not_in_model(acc, family, model_family, file_names, keys) -> None:
             acc.expected_unmatched[raw] = reason
 
 
-def _check_low_rank(file_name, where, dest, patch, weight, keys) -> None:
+def _check_low_rank(file_name, where, dest, patch, weight) -> None:
     """``up @ down`` must have the weight's shape (conv: ``[out, r, 1, ..] @ [r, in, *k]``)."""
     down, up = patch.low_rank.down, patch.low_rank.up
     if weight.dim() == 2 and down.dim() == 2 and up.dim() == 2:
@@ -180,7 +165,8 @@ def _check_low_rank(file_name, where, dest, patch, weight, keys) -> None:
     else:
         got = None
     if got is None or tuple(got) != tuple(weight.shape):
-        factors = " and ".join(repr(k) for k in keys if key_role(k) in ("down", "up")) or repr(dest)
+        factors = " and ".join(repr(key) for part in ("down", "up")
+                               for key in patch.source_keys.get(part, ())) or repr(dest)
         raise KeyMatchError(
             f"{file_name}: {factors} do not fit {where} parameter {dest}.weight: expected shape "
             f"{tuple(weight.shape)}, got {tuple(got) if got else 'no matching layout'} "
@@ -188,7 +174,7 @@ def _check_low_rank(file_name, where, dest, patch, weight, keys) -> None:
 
 
 def _summarise(acc: KeyAccounting) -> None:
-    acc.counts = {"applied": sum(len(p.source_keys) for p in acc.applied.values()),
+    acc.counts = {"applied": sum(len(p.all_source_keys()) for p in acc.applied.values()),
                   "expected_unmatched": len(acc.expected_unmatched), "unmatched": len(acc.unmatched)}
     deltas = [p.low_rank for p in acc.applied.values() if p.low_rank is not None]
     acc.ranks = {d.rank for d in deltas}

@@ -108,7 +108,7 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
 
     targets = {}
     for module, roles in groups.items():
-        patch = TargetPatch(module=module, source_keys=tuple(roles.values()))
+        patch = TargetPatch(module=module, source_keys={role: (raw,) for role, raw in roles.items()})
         if "down" in roles or "up" in roles:
             patch.low_rank = _low_rank(module, roles, tensors, display_name, peft)
         elif "alpha" in roles:

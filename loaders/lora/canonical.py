@@ -36,12 +36,32 @@ class TargetPatch:
 
     ``param_diffs`` maps a parameter name of the module to a full delta: ``"weight"`` (``.diff``), ``"bias"``
     (``.diff_b``) or another parameter such as ``"scale_shift_table"`` (Wan ``diff_m`` on ``blocks.N``).
+
+    ``source_keys`` names the file's tensors by the part they give: ``"down"``, ``"up"``, ``"alpha"`` for the
+    low-rank delta, and the patched parameter's name for each full diff -> tuple of raw keys. Whoever moves a
+    part (a family rewrite, mapping, accounting) moves its keys with it, so no one re-parses key strings to learn
+    what a key was for. The part names are open: other adapter kinds may bring their own.
     """
 
     module: str
     low_rank: Optional[LowRankDelta] = None
     param_diffs: dict = field(default_factory=dict)
-    source_keys: tuple = ()
+    source_keys: dict = field(default_factory=dict)
+
+    def all_source_keys(self) -> tuple:
+        """Every raw key of this patch, part by part."""
+        return tuple(key for keys in self.source_keys.values() for key in keys)
+
+
+LOW_RANK_PARTS = ("down", "up", "alpha")  # the ``source_keys`` parts of ``TargetPatch.low_rank``
+
+
+def merged_keys(first: dict, second: dict) -> dict:
+    """Two ``source_keys`` dicts as one (keys of a shared part concatenated)."""
+    merged = dict(first)
+    for part, keys in second.items():
+        merged[part] = tuple(merged.get(part, ())) + tuple(keys)
+    return merged
 
 
 @dataclass

@@ -83,12 +83,6 @@ def parse_key(raw: str) -> Optional[ParsedKey]:
     return ParsedKey(raw=raw, module=body, role=role, prefix=prefix)
 
 
-def key_role(raw: str) -> str:
-    """The role of a raw key (``"down"``, ``"up"``, ``"alpha"``, ``"weight"``...), ``""`` when it has none."""
-    parsed = parse_key(raw)
-    return parsed.role if parsed is not None else ""
-
-
 def _old_diffusers_processor_name(body: str) -> str:
     """``attn1.processor.to_out_lora`` -> ``attn1.to_out.0`` (the module the old processor LoRA wrapped)."""
     body = body.replace(".processor.", ".")

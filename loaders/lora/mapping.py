@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
-from .canonical import LoraFile, MappedLora, TargetPatch
-from .layouts import key_role
+from .canonical import LOW_RANK_PARTS, LoraFile, MappedLora, TargetPatch, merged_keys
 
-_LOW_RANK_ROLES = frozenset({"down", "up", "alpha"})
-_MODULE_ROLES = _LOW_RANK_ROLES | {"weight", "bias"}
+_OWN_PARAMETERS = ("weight", "bias")  # a module's own parameters; any other diff targets another parameter
+_MODULE_PARTS = frozenset(LOW_RANK_PARTS) | frozenset(_OWN_PARAMETERS)
 _TEXT_ENCODER_PREFIXES = ("lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "text_encoder.", "text_encoder_2.")
 TEXT_ENCODER_REASON = ("text-encoder LoRA key: lorabind applies LoRAs to the diffusion transformer only, "
                        "the text-encoder part of this file is not used")
@@ -28,46 +27,25 @@ def map_to_model(lora: LoraFile, model_family: str) -> MappedLora:
     prepared = family.prepare(lora, model_family)
     mapped = MappedLora(source=prepared, family=model_family, targets={})
     for name, patch in prepared.targets.items():
-        module_keys, param_keys = split_source_keys(patch)
-        own_diffs = {p: patch.param_diffs[p] for p in ("weight", "bias") if p in patch.param_diffs}
+        own_diffs = {p: patch.param_diffs[p] for p in _OWN_PARAMETERS if p in patch.param_diffs}
         if patch.low_rank is not None or own_diffs:
+            own_keys = {part: keys for part, keys in patch.source_keys.items() if part in _MODULE_PARTS}
             _place(mapped, family, prepared, name, family.map_target(name),
-                   TargetPatch(module=name, low_rank=patch.low_rank, param_diffs=own_diffs,
-                               source_keys=tuple(module_keys)))
-        for param, keys in param_keys.items():
+                   TargetPatch(module=name, low_rank=patch.low_rank, param_diffs=own_diffs, source_keys=own_keys))
+        for param, diff in patch.param_diffs.items():
+            if param in _OWN_PARAMETERS:
+                continue
             # another parameter of the module (Wan "modulation"): the family maps the full parameter path
             param_path = family.map_target(f"{name}.{param}")
             dest, _, dest_param = (param_path or "").rpartition(".")
+            dest_param = dest_param or param
             _place(mapped, family, prepared, f"{name}.{param}", dest if param_path else None,
-                   TargetPatch(module=name, param_diffs={dest_param or param: patch.param_diffs[param]},
-                               source_keys=tuple(keys)))
+                   TargetPatch(module=name, param_diffs={dest_param: diff},
+                               source_keys={dest_param: tuple(patch.source_keys.get(param, ()))}))
+        # a part that names no data of this patch cannot be applied; it is reported, never dropped
+        mapped.unmatched.extend(key for part, keys in patch.source_keys.items()
+                                if part not in _MODULE_PARTS and part not in patch.param_diffs for key in keys)
     return mapped
-
-
-def split_source_keys(patch: TargetPatch) -> tuple[list, dict]:
-    """Raw keys of a patch: those of the module's own delta/diffs, and {other parameter: keys}.
-
-    A key goes where its role says when that part exists; any other key (a family ``prepare`` may re-home
-    tensors, e.g. kijai's ``blocks.N.modulation.diff`` becomes the ``modulation`` diff of ``blocks.N``) goes to
-    the module's own part if it has one, else to its first other parameter. No key is ever dropped.
-    """
-    extra_params = [p for p in patch.param_diffs if p not in ("weight", "bias")]
-    has_module_part = patch.low_rank is not None or "weight" in patch.param_diffs or "bias" in patch.param_diffs
-    module_keys, param_keys = [], {param: [] for param in extra_params}
-    for raw in patch.source_keys:
-        role = key_role(raw)
-        if (role in _LOW_RANK_ROLES and patch.low_rank is not None) or role in ("weight", "bias") and (
-                role in patch.param_diffs):
-            module_keys.append(raw)
-        elif role in param_keys:
-            param_keys[role].append(raw)
-        elif extra_params and role not in _MODULE_ROLES:  # e.g. "modulation" renamed by the family map
-            param_keys[extra_params[0]].append(raw)
-        elif has_module_part or not extra_params:
-            module_keys.append(raw)
-        else:
-            param_keys[extra_params[0]].append(raw)
-    return module_keys, param_keys
 
 
 def _place(mapped: MappedLora, family, lora: LoraFile, name: str, dest, part: TargetPatch) -> None:
@@ -76,21 +54,21 @@ def _place(mapped: MappedLora, family, lora: LoraFile, name: str, dest, part: Ta
         if reason is None and name.startswith(_TEXT_ENCODER_PREFIXES):
             reason = TEXT_ENCODER_REASON
         if reason is None:
-            mapped.unmatched.extend(part.source_keys)
+            mapped.unmatched.extend(part.all_source_keys())
         else:
-            mapped.expected_unmatched.update({raw: reason for raw in part.source_keys})
+            mapped.expected_unmatched.update({raw: reason for raw in part.all_source_keys()})
         return
     existing = mapped.targets.get(dest)
     if existing is None:
         mapped.targets[dest] = TargetPatch(module=dest, low_rank=part.low_rank, param_diffs=dict(part.param_diffs),
-                                           source_keys=part.source_keys)
+                                           source_keys=dict(part.source_keys))
         return
     clash = (existing.low_rank is not None and part.low_rank is not None) or (
         set(existing.param_diffs) & set(part.param_diffs))
     if clash:
         raise KeyMatchError(
-            f"{lora.name}: keys {existing.source_keys[0]!r} and {part.source_keys[0]!r} both target "
+            f"{lora.name}: keys {existing.all_source_keys()[0]!r} and {part.all_source_keys()[0]!r} both target "
             f"{dest!r} of the {mapped.family} model (the file names one module twice)")
     existing.low_rank = existing.low_rank or part.low_rank
     existing.param_diffs.update(part.param_diffs)
-    existing.source_keys = existing.source_keys + part.source_keys
+    existing.source_keys = merged_keys(existing.source_keys, part.source_keys)

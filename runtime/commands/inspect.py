@@ -119,17 +119,14 @@ def _uniform(values):
 
 
 def _tensor_counts(lora) -> dict:
-    """Tensors of the file by kind: down/up factors, alpha scalars, full weight/bias/modulation diffs."""
-    from ...loaders.lora.layouts import parse_key
-
+    """Tensors of the file by part: down/up factors, alpha scalars, full weight/bias/modulation diffs."""
     counts: dict = {}
     for patch in lora.targets.values():
-        for raw in patch.source_keys:
-            parsed = parse_key(raw)
-            kind = parsed.role if parsed is not None else "other"
-            counts[kind] = counts.get(kind, 0) + 1
-    order = ("down", "up", "alpha", "weight", "bias", "modulation", "other")
+        for part, keys in patch.source_keys.items():
+            counts[part] = counts.get(part, 0) + len(keys)
+    order = ("down", "up", "alpha", "weight", "bias", "modulation")
     ordered = {kind: counts[kind] for kind in order if kind in counts}
+    ordered.update({kind: count for kind, count in counts.items() if kind not in ordered})
     ordered["total"] = sum(counts.values())
     return ordered
 

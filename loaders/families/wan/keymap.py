@@ -102,7 +102,7 @@ def prepare(lora: LoraFile, model_family: str) -> LoraFile:
             if parent in lora.targets:
                 return lora  # both spellings in one file: leave it, the mapping reports the clash
             rewritten[parent] = TargetPatch(module=parent, param_diffs={"modulation": patch.param_diffs["weight"]},
-                                            source_keys=patch.source_keys)
+                                            source_keys={"modulation": patch.all_source_keys()})
             changed = True
         else:
             rewritten[name] = patch

@@ -75,3 +75,23 @@ def test_declared_contract_is_off_at_strength_zero_and_without_a_family(load_tin
     assert (contract.steps, contract.family) == (4, "wan2.2_moe")
     assert declared_contract(family, prepared.lora, F.WAN22_HIGH, 0.0) is None
     assert declared_contract(None, prepared.lora, F.WAN22_HIGH, 1.0) is None
+
+
+SUFFIX_OF_PART = {"down": ".lora_down.weight", "up": ".lora_up.weight", "alpha": ".alpha", "weight": ".diff",
+                  "bias": ".diff_b", "scale_shift_table": ".diff_m"}
+
+
+def test_targets_keep_their_source_keys_grouped_by_part(load_tiny, tiny_models_root):
+    """Reading names each key's part, mapping moves it with its part (Wan ``diff_m`` becomes the diff of
+    ``scale_shift_table``), and the accounting counts the parts it applied: no key string is parsed again."""
+    model = load_tiny("tiny-wan22-t2v")
+    prepared = prepare_lora(str(tiny_models_root / "loras" / F.WAN22_HIGH), model, "transformer")
+    seen = {}
+    for dest, patch in prepared.targets.items():
+        assert set(patch.source_keys) <= set(SUFFIX_OF_PART), dest
+        for part, keys in patch.source_keys.items():
+            assert keys and all(key.endswith(SUFFIX_OF_PART[part]) for key in keys), (dest, part, keys)
+            seen[part] = seen.get(part, 0) + len(keys)
+        assert set(patch.param_diffs) == set(patch.source_keys) - {"down", "up", "alpha"}, dest
+    assert set(seen) == set(SUFFIX_OF_PART)
+    assert sum(seen.values()) == prepared.accounting.counts["applied"]

@@ -47,7 +47,9 @@ def test_reads_pairs_alpha_and_metadata(small_lora):
     assert torch.equal(patch.low_rank.down, sd["diffusion_model.blocks.0.self_attn.q.lora_down.weight"])
     assert torch.equal(patch.low_rank.up, sd["diffusion_model.blocks.0.self_attn.q.lora_up.weight"])
     assert (patch.low_rank.alpha, patch.low_rank.scale, patch.low_rank.rank) == (4.0, 4.0 / 2, 2)
-    assert sorted(patch.source_keys) == sorted(sd)
+    assert sorted(patch.all_source_keys()) == sorted(sd)
+    assert patch.source_keys["down"] == ("diffusion_model.blocks.0.self_attn.q.lora_down.weight",)
+    assert patch.source_keys["up"] == ("diffusion_model.blocks.0.self_attn.q.lora_up.weight",)
     assert lora.metadata == {"note": "kept"}
     assert (lora.name, lora.format, lora.dtype) == ("small.safetensors", "lightx2v-native", "float32")
     assert lora.identity == ((os.path.getsize(path), os.stat(path).st_mtime_ns),)
