@@ -19,11 +19,12 @@ from .errors import ModelLoadError
 REQUIREMENTS = {
     "wan2.1": {"diffusers": "0.33"},
     "wan2.2_moe": {"diffusers": "0.35"},
+    "wan2.2_ti2v": {"diffusers": "0.35"},  # expand_timesteps came with Wan2.2 in 0.35
     "qwen_image": {"diffusers": "0.35", "transformers": "4.49"},
     "minimax_h3": {"diffusers": "0.42"},
 }
 
-_LABELS = {"wan2.1": "Wan2.1", "wan2.2_moe": "Wan2.2 MoE", "qwen_image": "Qwen-Image", "minimax_h3": "MiniMax-H3"}
+_LABELS = {"wan2.1": "Wan2.1", "wan2.2_moe": "Wan2.2 MoE", "wan2.2_ti2v": "Wan2.2 TI2V", "qwen_image": "Qwen-Image", "minimax_h3": "MiniMax-H3"}
 
 
 def _numeric(version: str) -> tuple:

@@ -13,20 +13,27 @@ from typing import Callable, Iterable, Optional
 from .. import compat
 from . import lora_fixtures, minimax_h3, single_files
 from ._common import diffusers_dir
+from .input_images import ensure_input_images, write_input_images
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
+from .wan_i2v import (WAN21_I2V_NAME, WAN22_I2V_NAME, WAN22_TI2V_NAME, build_tiny_wan21_i2v, build_tiny_wan22_i2v,
+                      build_tiny_wan22_ti2v)
 
 # name -> builder(models_root) -> folder written.
 BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
     WAN22_NAME: build_tiny_wan22,
     WAN21_NAME: build_tiny_wan21,
     QWEN_IMAGE_NAME: build_tiny_qwen_image,
+    WAN22_I2V_NAME: build_tiny_wan22_i2v,
+    WAN21_I2V_NAME: build_tiny_wan21_i2v,
+    WAN22_TI2V_NAME: build_tiny_wan22_ti2v,
 }
 # Built by ``minimax_h3.build_tiny_minimax_h3`` (its own owner), both folders at once.
 MINIMAX_H3_NAMES = (minimax_h3.TINY_NAME, minimax_h3.TINY_PINNED_NAME)
 BUILTIN_NAMES = tuple(BUILTIN_MODELS) + MINIMAX_H3_NAMES
 # the model family of each built-in, for the library versions it needs (loaders.compat)
 BUILTIN_FAMILIES = {WAN22_NAME: "wan2.2_moe", WAN21_NAME: "wan2.1", QWEN_IMAGE_NAME: "qwen_image",
+                    WAN22_I2V_NAME: "wan2.2_moe", WAN21_I2V_NAME: "wan2.1", WAN22_TI2V_NAME: "wan2.2_ti2v",
                     **{name: "minimax_h3" for name in MINIMAX_H3_NAMES}}
 
 
@@ -49,13 +56,14 @@ def build_builtin(name: str, models_root) -> Path:
     raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
 
 
-def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]:
+def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None) -> list[Path]:
     """(Re)build built-in models and return every path written.
 
     ``names=None`` builds everything the installed libraries support (``unavailable_builtins`` names what is
     skipped and why): the models above, the MiniMax-H3 models, the fixture LoRAs (files with the real
-    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models) and the tiny
-    single files in ComfyUI's folders (``single_files``).
+    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models), the tiny
+    single files in ComfyUI's folders (``single_files``) and, with ``input_dir``, the example start/end images
+    under ``<input_dir>/lorabind-tiny/``.
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
     family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
@@ -68,6 +76,8 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None) -> list[Path]
             written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
         written += single_files.write_tiny_single_files(models_root)
+        if input_dir is not None:
+            written += write_input_images(input_dir)
         return written
     unknown = sorted(set(names) - set(BUILTIN_NAMES))
     if unknown:
@@ -92,8 +102,9 @@ def _strings_in(value) -> Iterable[str]:
             yield from _strings_in(item)
 
 
-def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
-    """Build each built-in model that an API prompt names (in any string input) and that is missing.
+def ensure_builtin_models(prompt: dict, models_root, input_dir=None) -> list[str]:
+    """Build each built-in model that an API prompt names (in any string input) and that is missing; with
+    ``input_dir``, also the example input images it names (``lorabind-tiny/start.png``...).
 
     Returns the names built. A folder counts as present when its ``model_index.json`` exists.
     """
@@ -109,6 +120,8 @@ def ensure_builtin_models(prompt: dict, models_root) -> list[str]:
             built.append(name)
     built += ensure_fixture_loras(named, models_root)
     built += single_files.ensure_tiny_single_files(named, models_root)
+    if input_dir is not None:
+        built += ensure_input_images(named, input_dir)
     return built
 
 

@@ -18,14 +18,19 @@ from ..atomic_files import write_atomically
 from ._common import FIXTURE_LORA_FOLDER, diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME
 from .wan import WAN21_NAME, WAN22_NAME
+from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME
 
 # Names relative to the loras root, as a workflow names them: the fixture folder + the published basename.
 WAN22_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 WAN22_LOW = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 WAN21_DISTILL = f"{FIXTURE_LORA_FOLDER}/wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
+WAN22_I2V_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
+WAN22_I2V_LOW = f"{FIXTURE_LORA_FOLDER}/wan2.2_i2v_A14b_low_noise_lora_rank64_lightx2v_4step_1022.safetensors"
+WAN21_I2V_DISTILL = f"{FIXTURE_LORA_FOLDER}/wan2.1_i2v_lora_rank64_lightx2v_4step.safetensors"
 QWEN_LIGHTNING = f"{FIXTURE_LORA_FOLDER}/Qwen-Image-Lightning-4steps-V1.0.safetensors"
 PEFT_FOLDER = f"{FIXTURE_LORA_FOLDER}/tiny-wan21-style-peft"  # a user-trained PEFT adapter: no published name
-FIXTURE_NAMES = (WAN22_HIGH, WAN22_LOW, WAN21_DISTILL, QWEN_LIGHTNING, PEFT_FOLDER)
+FIXTURE_NAMES = (WAN22_HIGH, WAN22_LOW, WAN21_DISTILL, QWEN_LIGHTNING, PEFT_FOLDER, WAN22_I2V_HIGH, WAN22_I2V_LOW,
+                 WAN21_I2V_DISTILL)
 
 FIXTURE_RANK = 4
 FIXTURE_ALPHA = 0.5  # 0.5 / 4 = 0.125 = the published 8 / 64
@@ -57,6 +62,19 @@ def write_fixture_loras(models_root) -> list:
         written.append(save_fixture(lora_dir / WAN21_DISTILL, _wan_native_lora(config, seed=103)))
         written.extend(_save_peft_folder(lora_dir / PEFT_FOLDER, config, seed=104))
 
+    # The I2V files carry the Wan2.1 CLIP image branch (k_img/v_img/norm_k_img/img_emb) even in the Wan2.2 pair,
+    # whose experts have no such modules (LightX2V issue #1246): on Wan2.2 those keys are expected-unmatched.
+    wan22_i2v = models / WAN22_I2V_NAME
+    if (wan22_i2v / "transformer_2" / "config.json").is_file():
+        for name, component, seed in ((WAN22_I2V_HIGH, "transformer", 106), (WAN22_I2V_LOW, "transformer_2", 107)):
+            config = {**_config(wan22_i2v, component), "image_dim": _I2V_FIXTURE_IMAGE_DIM}
+            written.append(save_fixture(lora_dir / name, _wan_native_lora(config, seed=seed)))
+
+    wan21_i2v = models / WAN21_I2V_NAME
+    if (wan21_i2v / "transformer" / "config.json").is_file():
+        written.append(save_fixture(lora_dir / WAN21_I2V_DISTILL,
+                                    _wan_native_lora(_config(wan21_i2v, "transformer"), seed=108)))
+
     qwen = models / QWEN_IMAGE_NAME
     if (qwen / "transformer" / "config.json").is_file():
         lightning = _qwen_lightning_lora(_config(qwen, "transformer"), seed=105)
@@ -68,16 +86,23 @@ def _config(model_dir: Path, component: str) -> dict:
     return json.loads((model_dir / component / "config.json").read_text(encoding="utf-8"))
 
 
+# Image width of the CLIP branch written into the Wan2.2 I2V pair, whose experts have no image branch to read it
+# from (the real files carry Wan2.1's 1280-wide one).
+_I2V_FIXTURE_IMAGE_DIM = 16
+
+
 def _wan_native_lora(config: dict, seed: int) -> dict:
     """lightx2v layout (reference §2.7) on a WanTransformer3DModel config: per block self/cross attention and FFN
     pairs with ``.alpha`` and ``.diff_b``, norm ``.diff``s, ``norm3`` diff/diff_b, ``diff_m`` (modulation), plus the
-    global ``head.head`` / embedding pairs without alpha (as in the published files)."""
+    global ``head.head`` / embedding pairs without alpha (as in the published files). With an ``image_dim`` in the
+    config, also the I2V image branch: ``cross_attn.{k_img,v_img}`` pairs, ``norm_k_img`` and ``img_emb.proj``."""
     import torch
 
     dim = config["num_attention_heads"] * config["attention_head_dim"]
     patch = config["patch_size"]
     out = config["out_channels"] * patch[0] * patch[1] * patch[2]
     ffn, text, freq = config["ffn_dim"], config["text_dim"], config["freq_dim"]
+    image_dim = config.get("image_dim")
     g = torch.Generator().manual_seed(seed)
     sd: dict = {}
 
@@ -95,6 +120,10 @@ def _wan_native_lora(config: dict, seed: int) -> dict:
                 pair(f"{block}.{attn}.{proj}", dim, dim)
             sd[f"{block}.{attn}.norm_q.diff"] = torch.randn(dim, generator=g) * 0.02
             sd[f"{block}.{attn}.norm_k.diff"] = torch.randn(dim, generator=g) * 0.02
+        if image_dim:
+            for proj in ("k_img", "v_img"):
+                pair(f"{block}.cross_attn.{proj}", dim, dim)
+            sd[f"{block}.cross_attn.norm_k_img.diff"] = torch.randn(dim, generator=g) * 0.02
         pair(f"{block}.ffn.0", dim, ffn)
         pair(f"{block}.ffn.2", ffn, dim)
         if config.get("cross_attn_norm", True):
@@ -107,6 +136,9 @@ def _wan_native_lora(config: dict, seed: int) -> dict:
     pair("diffusion_model.time_embedding.0", freq, dim, alpha=False)
     pair("diffusion_model.time_embedding.2", dim, dim, alpha=False)
     pair("diffusion_model.time_projection.1", dim, 6 * dim, alpha=False)
+    if image_dim:
+        pair("diffusion_model.img_emb.proj.1", image_dim, image_dim, alpha=False)
+        pair("diffusion_model.img_emb.proj.3", image_dim, dim, alpha=False)
     return sd
 
 

@@ -19,7 +19,7 @@ WAN22_BOUNDARY_RATIO = 0.875  # the real Wan2.2 T2V A14B value
 TEXT_DIM = 32
 
 
-def _text_encoder(vocab_size: int):
+def tiny_text_encoder(vocab_size: int):
     from transformers import UMT5Config, UMT5EncoderModel
 
     config = UMT5Config(
@@ -30,24 +30,25 @@ def _text_encoder(vocab_size: int):
     return UMT5EncoderModel(config).eval()
 
 
-def _transformer():
+def tiny_transformer(in_channels: int = 16, out_channels: int = 16, **image_branch):
+    """The tiny denoiser; image-to-video variants widen ``in_channels`` and may add the CLIP image branch."""
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
-        text_dim=TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=in_channels,
+        out_channels=out_channels, text_dim=TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, **image_branch,
     )
 
 
-def _vae():
+def tiny_vae():
     from diffusers import AutoencoderKLWan
 
     return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                             temperal_downsample=[False, True, True])
 
 
-def _scheduler():
+def unipc_scheduler():
     # What the real Wan-AI/*-Diffusers folders ship. Our sampler drives its own Euler loop over explicit sigmas,
     # but a normal folder keeps the pipeline usable with plain diffusers too.
     from diffusers import UniPCMultistepScheduler
@@ -56,22 +57,27 @@ def _scheduler():
                                    num_train_timesteps=1000)
 
 
+def tiny_text_stack():
+    """(tokenizer, UMT5 text encoder): the same in every tiny Wan model, so one prompt encodes alike in all."""
+    tokenizer = build_umt5_style_tokenizer()
+    with seeded(0):
+        return tokenizer, tiny_text_encoder(len(tokenizer))
+
+
 def build_wan_pipeline(two_experts: bool):
     """The in-memory pipeline: Wan2.2 MoE (``transformer`` high-noise, ``transformer_2`` low-noise) or Wan2.1."""
     from diffusers import WanPipeline
 
-    tokenizer = build_umt5_style_tokenizer()
-    with seeded(0):
-        text_encoder = _text_encoder(len(tokenizer))
+    tokenizer, text_encoder = tiny_text_stack()
     with seeded(1):
-        vae = _vae()
+        vae = tiny_vae()
     with seeded(2):
-        transformer = _transformer()
+        transformer = tiny_transformer()
     experts = {}
     if two_experts:  # only then: WanPipeline before diffusers 0.35 takes neither argument
         with seeded(3):
-            experts = {"transformer_2": _transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(),
+            experts = {"transformer_2": tiny_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=unipc_scheduler(),
                        transformer=transformer, **experts)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 DEFAULT_MODELS_ROOT = "./models"
+DEFAULT_INPUT_DIR = "./input"  # the default of `lorabind run --input` and `lorabind serve --input`
 
 
 def add_arguments(parser) -> None:
@@ -18,10 +19,13 @@ def add_arguments(parser) -> None:
         "build-tiny",
         help="build the built-in tiny models (random weights, offline, deterministic) under MODELS/diffusers",
         description="Build the built-in tiny models (random weights, offline, deterministic). Without --only, "
-        "also the MiniMax-H3 tiny models and the synthetic fixture LoRAs.",
+        "also the MiniMax-H3 tiny models, the synthetic fixture LoRAs and the example input images "
+        "(INPUT/lorabind-tiny/start.png, end.png).",
     )
     build.add_argument("--models", metavar="DIR", default=None,
                        help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
+    build.add_argument("--input", metavar="DIR", default=DEFAULT_INPUT_DIR,
+                       help=f"input folder for the example images (default {DEFAULT_INPUT_DIR})")
     build.add_argument("--only", metavar="NAME", nargs="+", default=None,
                        help="build only these models (e.g. tiny-wan22-t2v)")
 
@@ -41,7 +45,7 @@ def run(args) -> int:
                   f"known: {', '.join(BUILTIN_NAMES)}", file=sys.stderr)
             return 2
     try:
-        written = build_tiny(models_root, args.only)
+        written = build_tiny(models_root, args.only, input_dir=None if args.only else args.input)
     except ModelLoadError as exc:
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1

@@ -42,11 +42,11 @@ def load_node_classes() -> tuple[dict, dict]:
     return nodes.NODE_CLASS_MAPPINGS, nodes.NODE_DISPLAY_NAME_MAPPINGS
 
 
-def ensure_models(prompt: dict, models_root: str) -> None:
-    """Build any built-in tiny model the prompt names that is missing under ``models_root``."""
+def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
+    """Build any built-in tiny model (and example input image) the prompt names that is missing."""
     from ...loaders.tiny_models import ensure_builtin_models
 
-    ensure_builtin_models(prompt, models_root)
+    ensure_builtin_models(prompt, models_root, input_dir)
 
 
 def run(args) -> int:
@@ -78,7 +78,7 @@ def run(args) -> int:
         print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
         return 1
     try:
-        ensure_models(prompt, folder_paths.models_dir)
+        ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
     except Exception as exc:
         print(f"lorabind run: cannot prepare the built-in models under {folder_paths.models_dir}: {exc}",
               file=sys.stderr)

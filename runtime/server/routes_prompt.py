@@ -93,11 +93,11 @@ async def post_prompt(request: web.Request) -> web.Response:
 
 
 def _validate(state: ServerState, prompt: dict, targets):
-    """Build any missing built-in tiny model the prompt names (as ``lorabind run`` does, so the example
-    workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
+    """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
+    does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
     from ...loaders.tiny_models import ensure_builtin_models
 
-    ensure_builtin_models(prompt, state.config.models_root)
+    ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir)
     return state.validator.validate(prompt, targets)
 
 

@@ -17,7 +17,7 @@ from runtime_fake_nodes import FAKE_NODES
 def fake_pack(monkeypatch, tmp_path):
     built = []
     monkeypatch.setattr(run_command, "load_node_classes", lambda: (FAKE_NODES, {"RtInt": "Integer"}))
-    monkeypatch.setattr(run_command, "ensure_models", lambda prompt, root: built.append((prompt, root)))
+    monkeypatch.setattr(run_command, "ensure_models", lambda prompt, root, input_dir: built.append((prompt, root)))
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     yield built
     folder_paths.configure()
