@@ -55,7 +55,7 @@ def output_target(filename_prefix: str, width: int = 0, height: int = 0) -> tupl
     return full_folder, filename, counter, subfolder
 
 
-def _to_pil(frame) -> Image.Image:
+def frame_to_pil(frame) -> Image.Image:
     array = np.clip(frame.float().cpu().numpy() * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return Image.fromarray(array)
 
@@ -104,7 +104,7 @@ class LoraBindSaveImage:
         }
 
     def save(self, images, filename_prefix="lorabind", fps=16.0, prompt=None, extra_pnginfo=None):
-        frames = [_to_pil(frame) for frame in images]
+        frames = [frame_to_pil(frame) for frame in images]
         width, height = frames[0].size
         full_folder, filename, counter, subfolder = output_target(filename_prefix, width, height)
         animated = len(frames) > 1

@@ -16,6 +16,7 @@ import time
 
 SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
 PEFT_CONFIG = "adapter_config.json"
+IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)
 
 # kind -> sub-directories of the models root (ComfyUI's defaults for the kinds this pack can use)
@@ -198,6 +199,46 @@ def get_temp_directory() -> str:
 def get_directory_by_type(type_name: str) -> str | None:
     """Root of a ``{"type": "output"|"input"|"temp"}`` UI file entry, or None for an unknown type."""
     return {"output": output_directory, "input": input_directory, "temp": temp_directory}.get(type_name)
+
+
+# ComfyUI's "name [output]" annotation: which folder a LoadImage value refers to (default: the input folder).
+_ANNOTATIONS = {" [output]": "output", " [input]": "input", " [temp]": "temp"}
+
+
+def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
+    """The path of a file value such as ``"lorabind-tiny/start.png"`` or ``"x.png [output]"``, ComfyUI's way.
+
+    Unlike ComfyUI, a name that would leave its folder (absolute, ``..``, a symlink pointing out) raises
+    ``ValueError`` instead of resolving anywhere on disk.
+    """
+    base_dir = default_dir or input_directory
+    for suffix, kind in _ANNOTATIONS.items():
+        if name.endswith(suffix):
+            name, base_dir = name[: -len(suffix)], get_directory_by_type(kind)
+            break
+    relative = safe_relative_name("input", name)
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, *relative.split("/")))
+    if os.path.commonpath((root, path)) != root:
+        raise ValueError(f"Refusing file name '{name}': it resolves outside '{base_dir}'.")
+    return path
+
+
+def exists_annotated_filepath(name: str) -> bool:
+    try:
+        return os.path.isfile(get_annotated_filepath(name))
+    except ValueError:
+        return False
+
+
+def get_input_image_list() -> list[str]:
+    """Image files directly in the input folder, sorted: the choices ComfyUI's LoadImage lists (it lists no
+    subfolders, but accepts ``subfolder/name`` values, as uploads with a subfolder produce)."""
+    if not os.path.isdir(input_directory):
+        return []
+    return sorted(name for name in os.listdir(input_directory)
+                  if os.path.isfile(os.path.join(input_directory, name))
+                  and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS)
 
 
 def _expand_prefix_variables(prefix: str, width: int, height: int) -> str:

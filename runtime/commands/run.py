@@ -36,10 +36,11 @@ def add_arguments(parser) -> None:
 
 
 def load_node_classes() -> tuple[dict, dict]:
-    """(NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS) of the pack; imports the node modules (and torch)."""
-    from ... import nodes
+    """(class mappings, display names): the pack's nodes plus ComfyUI's core LoadImage/SaveImage/PreviewImage;
+    imports the node modules (and torch)."""
+    from ..core_nodes import runtime_node_classes
 
-    return nodes.NODE_CLASS_MAPPINGS, nodes.NODE_DISPLAY_NAME_MAPPINGS
+    return runtime_node_classes()
 
 
 def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:

@@ -25,10 +25,10 @@ class ServerState:
         # /object_info's python_module for nodes without RELATIVE_PYTHON_MODULE: for the pack's own nodes,
         # what ComfyUI reports for a pack in custom_nodes/ (the frontend groups and badges nodes by it).
         self.python_module: str | None = None
-        if node_classes is None:
-            from ...nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+        if node_classes is None:  # the pack's nodes and ComfyUI's core LoadImage/SaveImage/PreviewImage
+            from ..core_nodes import runtime_node_classes
 
-            node_classes, display_names = NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+            node_classes, display_names = runtime_node_classes()
             self.python_module = f"custom_nodes.{PACK_NAME}"
         self.node_classes = node_classes
         self.display_names = display_names or {}
