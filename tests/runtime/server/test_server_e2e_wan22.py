@@ -182,13 +182,16 @@ def test_pack_nodes_report_the_custom_nodes_module_like_comfyui(wan_server):
     """Inside ComfyUI the pack's nodes get python_module "custom_nodes.<folder>"; the frontend uses it to tell
     them from core nodes, so ``lorabind serve`` reports the same."""
     from lorabind.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
+    from lorabind.runtime.core_nodes import CORE_NODE_CLASS_MAPPINGS
 
     async def body():
         client = Client(wan_server.url)
         try:
             _, info = await client.get("/object_info")
-            assert sorted(info) == sorted(NODE_CLASS_MAPPINGS)
-            assert {entry["python_module"] for entry in info.values()} == {"custom_nodes.lorabind"}
+            assert sorted(info) == sorted([*NODE_CLASS_MAPPINGS, *CORE_NODE_CLASS_MAPPINGS])
+            assert {info[name]["python_module"] for name in NODE_CLASS_MAPPINGS} == {"custom_nodes.lorabind"}
+            # ComfyUI's own LoadImage/SaveImage/PreviewImage, which the runtime adds, report ComfyUI's module
+            assert {info[name]["python_module"] for name in CORE_NODE_CLASS_MAPPINGS} == {"nodes"}
             _, one = await client.get("/object_info/LoraBindSampler")
             assert one["LoraBindSampler"]["python_module"] == "custom_nodes.lorabind"
             assert one["LoraBindSampler"]["display_name"] == NODE_DISPLAY_NAME_MAPPINGS["LoraBindSampler"]
