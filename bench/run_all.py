@@ -21,7 +21,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from . import bench_fuse, bench_peft, bench_real_size, bench_rerun, bench_single_file, bench_startup  # noqa: E402
+from . import (bench_fuse, bench_parallel_load, bench_peft, bench_real_size, bench_rerun,  # noqa: E402
+               bench_single_file, bench_startup)
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
 
@@ -59,6 +60,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the summary as one JSON object")
     parser.add_argument("--device", default="cpu", help="cpu (default): the CPU figures; cuda or cuda:N: the "
                         "device figures of bench_cuda (fuse, expert swap, s/step, peak VRAM next to their floors)")
+    parser.add_argument("--load-workers", type=int, default=8, metavar="N",
+                        help="threads for the parallel side of parallel_load_speedup (default 8)")
     args = parser.parse_args(argv)
 
     import torch
@@ -77,6 +80,7 @@ def main(argv=None) -> int:
         rerun = bench_rerun.run(tmp, reps)
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
+        loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
     startup = bench_startup.run(reps)
 
     summary = {
@@ -94,6 +98,7 @@ def main(argv=None) -> int:
         "restore_file_vs_ram": real["restore"].b / real["restore"].a,
         "single_file_load_vs_folder": single_file["single_file_load_vs_folder"],
         "single_file_peak_rss_ratio": single_file["single_file_peak_rss_ratio"],
+        "parallel_load_speedup": loading["pair"].ratio,
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -121,6 +126,11 @@ def main(argv=None) -> int:
     print_table("Cold start (seconds)", [(k, f"{v:.3f}") for k, v in startup.items()])
     print_table("Single file vs diffusers folder (Wan transformer, fresh process each)",
                 [(k, f"{v:.3f}" if isinstance(v, float) else str(v)) for k, v in single_file.items()])
+    load_pair = loading["pair"]
+    print_table(f"Sharded folder load ({loading['parameters'] / 1e6:.1f} M parameters in {loading['shards']} shards, "
+                "median seconds)",
+                [(load_pair.name_a, f"{load_pair.a:.3f}"), (load_pair.name_b, f"{load_pair.b:.3f}"),
+                 ("same weights either way", str(loading["same_weights"]))])
 
     print("\nsummary")
     for name, value in summary.items():
@@ -133,7 +143,8 @@ def main(argv=None) -> int:
                        **real["rss"]},
             single_file=single_file,
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
-            machine=machine_description(), size=size_name,
+            parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
+            parallel_load_same_weights=loading["same_weights"], machine=machine_description(), size=size_name,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_threads=torch.get_num_threads())
         with open(args.json, "w") as fh:

@@ -15,6 +15,7 @@ SUMMARY_KEYS = {
     "strength_change_speedup_vs_diffusers", "peak_mem_ratio", "peft_switch_ms", "rerun_overhead",
     "help_seconds", "import_seconds", "fuse_real_size_vs_diffusers", "bind_peak_rss_layers", "restore_file_vs_ram",
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
+    "parallel_load_speedup",
 }
 
 
@@ -32,6 +33,7 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     # the real-size bind re-read every original from the model file: no RAM backup
     assert result["real_size"]["ram_backups"] == 0 and result["real_size"]["file_backed"] > 0
     assert result["single_file"]["checksums_equal"] is True
+    assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)
