@@ -13,6 +13,7 @@ different pipeline from the same folder placed for another.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 from . import compat
 from .errors import ModelLoadError
 from .model_index import read_model_index
+from .parallel_loading import shard_loading
 
 
 @dataclass(eq=False)
@@ -119,8 +121,21 @@ def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
                 "convert the component to .safetensors")
 
 
+LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
+
+
+def default_load_workers() -> int:
+    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` (default 1, one after the other)."""
+    value = os.environ.get(LOAD_WORKERS_VARIABLE, "1").strip() or "1"
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ModelLoadError(f"{LOAD_WORKERS_VARIABLE}={value!r} is not a whole number of worker threads") from None
+
+
 def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, attention: str = "native",
-               compile: bool = False, on_progress=None, before_device_alloc=None) -> LoadedModel:
+               compile: bool = False, on_progress=None, before_device_alloc=None,
+               load_workers: int | None = None) -> LoadedModel:
     """The shared ``LoadedModel`` for a diffusers folder, placed on ``device`` under a memory plan.
 
     Loaded once per (resolved path, index mtime, dtype, device, memory, attention, compile). ``device``/``memory``
@@ -130,6 +145,8 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     device)`` runs just before our weights take device memory (ComfyUI frees its own models there);
     ``on_progress(done, total)`` follows loading and placing the components.
     Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder.
+    ``load_workers`` (default ``default_load_workers()``) > 1 loads a sharded model's files in parallel
+    (``parallel_loading``: 283 s -> 56 s for a 64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement).
     """
     from . import load_plan, placement, speed
     from .devices import resolve_device, resolve_memory
@@ -156,7 +173,8 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
         try:
-            with quiet_library_progress():
+            workers = default_load_workers() if load_workers is None else load_workers
+            with quiet_library_progress(), shard_loading(workers):
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
         except Exception as exc:
             raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc

@@ -38,3 +38,43 @@ def test_worker_count_applies_inside_the_block_only_and_loads_the_same_weights(t
     a, b = sequential.state_dict(), parallel.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert any(t.abs().sum() > 0 for t in a.values())
+
+
+def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(tiny_models_root, tmp_path,
+                                                                               monkeypatch):
+    import shutil
+
+    from diffusers import WanTransformer3DModel
+    from diffusers.models import model_loading_utils, modeling_utils
+
+    from lorabind.loaders import model_store
+    from lorabind.loaders.errors import ModelLoadError
+
+    folder = tmp_path / "sharded-wan21"
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)
+    transformer = WanTransformer3DModel.from_pretrained(folder / "transformer")
+    shutil.rmtree(folder / "transformer")
+    transformer.save_pretrained(folder / "transformer", max_shard_size="20KB")
+    assert len(list((folder / "transformer").glob("*.safetensors"))) > 2
+    pools = []
+    real_pool = modeling_utils._load_shard_files_with_threadpool
+    monkeypatch.setattr(modeling_utils, "_load_shard_files_with_threadpool", lambda *a, **k: (
+        pools.append(model_loading_utils.DEFAULT_HF_PARALLEL_LOADING_WORKERS), real_pool(*a, **k))[1])
+
+    model_store.clear_cache()
+    sequential = model_store.load_model(folder).components["transformer"].state_dict()
+    assert pools == []
+    model_store.clear_cache()
+    parallel = model_store.load_model(folder, load_workers=3).components["transformer"].state_dict()
+    assert pools and set(pools) == {3}  # every diffusers model of the pipeline (transformer, VAE) used the pool
+    assert all(torch.equal(sequential[k], parallel[k]) for k in sequential)
+    model_store.clear_cache()
+    monkeypatch.setenv("LORABIND_LOAD_WORKERS", "2")
+    used = len(pools)
+    model_store.load_model(folder)
+    assert set(pools[used:]) == {2} and len(pools) == 2 * used
+    model_store.clear_cache()
+    monkeypatch.setenv("LORABIND_LOAD_WORKERS", "many")
+    with pytest.raises(ModelLoadError, match="LORABIND_LOAD_WORKERS='many' is not a whole number"):
+        model_store.load_model(folder)
+    model_store.clear_cache()
