@@ -70,8 +70,8 @@ def test_i2v_distill_fixtures_carry_the_published_names_and_the_image_branch(tin
     from lorabind.loaders.tiny_models import lora_fixtures as fx
 
     loras = tiny_models_root / "loras"
-    assert fx.WAN22_I2V_HIGH == "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
-    assert fx.WAN22_I2V_LOW == "wan2.2_i2v_A14b_low_noise_lora_rank64_lightx2v_4step_1022.safetensors"
+    assert fx.WAN22_I2V_HIGH == "lorabind-tiny/wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
+    assert fx.WAN22_I2V_LOW == "lorabind-tiny/wan2.2_i2v_A14b_low_noise_lora_rank64_lightx2v_4step_1022.safetensors"
     high, low = _keys(loras / fx.WAN22_I2V_HIGH), _keys(loras / fx.WAN22_I2V_LOW)
     assert high == low
     assert {"diffusion_model.blocks.0.cross_attn.k_img.lora_down.weight",
