@@ -25,6 +25,28 @@ from .loading import load_component
 # Wan2.2 A14B boundary_ratio as published (Wan-AI/Wan2.2-{T2V,I2V}-A14B-Diffusers model_index.json)
 _BOUNDARY = {"t2v": 0.875, "i2v": 0.9}
 
+class SingleFileWeightSources:
+    """Where each denoiser weight can be re-read for an exact restore (``loaders.weight_sources``): its native key
+    in the file it came from. Fused/split tensors (none in the Wan/Qwen layouts) get no source and keep a RAM
+    backup; the patcher checks every source bit for bit against the live weight before trusting it (an fp8
+    weight re-reads as its exact bytes)."""
+
+    def __init__(self, denoisers: dict):
+        self.denoisers = denoisers  # component -> Detected
+
+    def lookup(self, component: str, state_key: str):
+        from ..weight_sources import WeightSource
+
+        detected = self.denoisers.get(component)
+        if detected is None:
+            return None
+        layout = detected.kind.layout(detected.config)
+        native = layout.to_native(state_key)
+        if layout.fused_rule(native) is not None:
+            return None
+        return WeightSource(file=str(Path(detected.path).resolve()), key=detected.prefix + native)
+
+
 _cache: dict[tuple, LoadedModel] = {}
 _lock = threading.Lock()
 
@@ -116,7 +138,8 @@ def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Itera
         denoisers_loaded = {n: components[n] for n in ("transformer", "transformer_2") if n in components}
         name = " + ".join(os.path.basename(p) for p in paths)
         model = LoadedModel(path=files.denoisers[0].path, name=name, family=family, pipeline=pipeline,
-                            components=denoisers_loaded, model_index=model_index)
+                            components=denoisers_loaded, model_index=model_index,
+                            weight_sources=SingleFileWeightSources(dict(zip(denoisers_loaded, files.denoisers))))
         for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
             del _cache[stale]
         _cache[key] = model

@@ -101,6 +101,10 @@ def test_distill_pair_fused_into_fp8_experts_then_unbound_leaves_the_file_bytes(
         binding.unbind(model)
         binding.bind(model, _fuses(root), [])
         assert all(torch.equal(_fp8_bytes(model)[k], fused[k]) for k in fused)
+    # the originals are re-read from the files (h11plan's file-backed restore), not kept as RAM copies
+    sources = model.binding_state.patcher.restore_sources()
+    assert sources["transformer"]["file"] > 0 and sources["transformer_2"]["file"] > 0
+    assert sources["transformer"]["ram"] == 0 and sources["transformer_2"]["ram"] == 0
     binding.unbind(model)
     restored = _fp8_bytes(model)
     assert all(torch.equal(restored[k], in_file[k]) for k in in_file)
