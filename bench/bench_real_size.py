@@ -69,9 +69,18 @@ def largest_patched_layer(model: LoadedModel, lora_path: str) -> int:
     return max(modules[path].weight.nbytes for path in targets)
 
 
+def _fault_in(model: LoadedModel) -> None:
+    """Touch every page of the model's weights. diffusers leaves CPU weights mapped from the safetensors file,
+    resident only once read, so without this the first bind would count the model's own pages as its memory."""
+    with torch.no_grad():
+        for tensor in model.components["transformer"].parameters():
+            tensor.reshape(-1)[:: max(1, 4096 // tensor.element_size())].float().sum()
+
+
 def measure_rss(folder: str, lora_path: str) -> dict:
     """Peak extra RSS of one bind (file-backed originals) over the largest patched layer; fresh process."""
     model = load_model(folder)
+    _fault_in(model)
     largest = largest_patched_layer(model, lora_path)  # also reads and caches the LoRA: we measure the bind
     for target in map_to_model(read_lora(lora_path), "wan2.1").targets.values():
         target.low_rank.up.sum(), target.low_rank.down.sum()
