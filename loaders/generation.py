@@ -30,6 +30,13 @@ def empty_latent(model, width: int, height: int, frames: int = 1, batch: int = 1
     return family_for(model).empty_latent(model, width, height, frames, batch)
 
 
+def image_to_video_latent(model, start_image, end_image, width: int, height: int, frames: int,
+                          batch: int = 1) -> LatentHandle:
+    """The start latent of an image-to-video run: the family encodes the start (and optional end) IMAGE into
+    the conditioning its denoiser needs; ValueError naming the input when the model cannot take it."""
+    return family_for(model).image_latent(model, start_image, end_image, width, height, frames, batch)
+
+
 def implied_task(model, latent: LatentHandle) -> Optional[str]:
     """The task a latent implies (MiniMax-H3: a latent anchored on a first frame means ``fl2va``), else None."""
     return family_for(model).implied_task(latent)

@@ -76,6 +76,7 @@ def contract_text(contract) -> list:
 
 def prepare_fuse(model_handle, family, name: str, path: str, strength: float, component: str, node: str):
     """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines)."""
+    family.check_artifact(model_handle.model, os.path.basename(name), component)  # e.g. an I2V file on a T2V model
     prepared = prepare_lora(path, model_handle.model, component, name=name, where=node)
     report = prepared.report()
     contract = declared_contract(family, prepared.lora, name, strength)

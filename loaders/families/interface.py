@@ -111,6 +111,10 @@ class ModelFamily:
         """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused."""
         return None
 
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        """Refuse (ContractError naming both) a LoRA file made for another kind of model of this family, before
+        anything is fused (Wan: an I2V file on a T2V expert and the reverse)."""
+
     def checkpoint_contract(self, model_index: dict, model_name: str):
         """A ScheduleContract pinned by the checkpoint itself (``model_index.json``), or None."""
         return None
@@ -137,6 +141,10 @@ class ModelFamily:
     def empty_latent(self, model, width: int, height: int, frames: int = 1, batch: int = 1):
         """A zero LatentHandle of the family's shape: the sampler's start point for text-to-X."""
         raise NotImplementedError
+
+    def image_latent(self, model, start_image, end_image, width: int, height: int, frames: int, batch: int = 1):
+        """The start LatentHandle of an image-to-video run from ComfyUI IMAGEs (``end_image`` may be None)."""
+        raise ValueError(f"model {model.name!r} ({model.family}) does not generate video from a start image")
 
     def implied_task(self, latent) -> Optional[str]:
         """The sampling task a latent implies (MiniMax-H3: anchored on a first frame -> ``fl2va``), else None."""

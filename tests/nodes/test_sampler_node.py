@@ -99,13 +99,13 @@ def test_inputs_of_another_family_are_refused_before_binding(inputs, monkeypatch
         _sample(handle, mixed["positive"], mixed["negative"], mixed["latent"])
 
 
-def test_a_moe_model_without_boundary_ratio_needs_an_explicit_boundary(inputs):
+def test_a_moe_model_without_boundary_ratio_uses_the_published_t2v_boundary(inputs):
     handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
     index = {k: v for k, v in handle.model.model_index.items() if k != "boundary_ratio"}
     no_boundary = dataclasses.replace(handle.model, model_index=index)
     schedule = ResolvedSchedule(sigmas=tuple(PUBLISHED_4STEP), steps=4, cfg=1.0, shift=5.0)
-    with pytest.raises(ValueError, match="no boundary_ratio; set the sampler's boundary input"):
-        generation.check_inputs(no_boundary, pos, neg, latent, schedule)
-    explicit = dataclasses.replace(schedule, boundary=0.9)
-    generation.check_inputs(no_boundary, pos, neg, latent, explicit)
-    assert family_for(no_boundary).experts_per_step(no_boundary, explicit) == ["transformer"] * 2 + ["transformer_2"] * 2
+    generation.check_inputs(no_boundary, pos, neg, latent, schedule)
+    assert family_for(no_boundary).effective_boundary(no_boundary, schedule) == 0.875
+    assert family_for(no_boundary).experts_per_step(no_boundary, schedule) == ["transformer"] * 2 + ["transformer_2"] * 2
+    explicit = dataclasses.replace(schedule, boundary=0.95)  # an explicit input still wins
+    assert family_for(no_boundary).experts_per_step(no_boundary, explicit) == ["transformer"] + ["transformer_2"] * 3

@@ -99,7 +99,8 @@ def test_every_workflow_is_covered(expected):
 @pytest.mark.parametrize("name", NAMES)
 def test_run_output_data_is_unchanged(name, models_root, expected, tmp_path, capsys):
     out = tmp_path / "output"
-    code = main(["run", str(WORKFLOWS / f"{name}.api.json"), "--models", str(models_root), "--output", str(out)])
+    code = main(["run", str(WORKFLOWS / f"{name}.api.json"), "--models", str(models_root), "--output", str(out),
+                 "--input", str(tmp_path / "input")])
     captured = capsys.readouterr()
     if name in FAILING:
         assert code == 1 and FAILING[name] in captured.err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Optional
 
 from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
@@ -23,16 +24,60 @@ _WAN22 = re.compile(r"wan[-_ .]?2[._]?2|a14b|high[-_]?noise|low[-_]?noise|moe|(?
 DISTILL_SHIFT = 5.0
 
 
+# The Wan2.2 I2V A14B lightx2v pair (``wan2.2_i2v_A14b_{high,low}_noise_lora_rank64_lightx2v_4step_1022``): what
+# the published recipes say, field by field.
+# - steps 4: LightX2V ``configs/distill/wan22/wan_moe_i2v_distill_with_lora.json`` ("infer_steps": 4,
+#   "denoising_step_list": [1000, 750, 500, 250]) and vllm-omni's LoRA guide (docs/user_guide/diffusion/lora.md,
+#   offline run: --num-inference-steps 4) agree. Pinned.
+# - cfg 1: LightX2V "enable_cfg": false; vllm-omni --guidance-scale 1.0 --guidance-scale-high 1.0. Pinned.
+# - shift: LightX2V "sample_shift": 5.0 (timesteps 1000, 937.5, 833.3, 625); vllm-omni --flow-shift 12 (480x832,
+#   81 frames). The sources disagree, so the shift (and with it the sigma list) is not pinned; the note says so.
+# - expert split: LightX2V "boundary_step_index": 2 (2 high-noise + 2 low-noise steps); vllm-omni
+#   --boundary-ratio 0.875 (3 + 1 at shift 12); Wan2.2-I2V-A14B's own boundary_ratio 0.9. Not pinned: the
+#   model's boundary applies unless the sampler's boundary input says otherwise.
+I2V_PAIR_NOTE = ("published recipes differ on shift and expert split: LightX2V samples at shift 5 with 2 high-noise "
+                 "+ 2 low-noise steps, vllm-omni's LoRA guide at flow shift 12 with boundary 0.875; both are allowed")
+_I2V = re.compile(r"(?<![a-z0-9])i2v(?![a-z0-9])", re.IGNORECASE)
+_T2V = re.compile(r"(?<![a-z0-9])t2v(?![a-z0-9])", re.IGNORECASE)
+_LIGHTX2V = re.compile(r"lightx2v", re.IGNORECASE)
+
+
 def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
     """``…lightx2v_4step…`` / ``…Lightning…8steps…`` -> N steps at shift 5, cfg 1. ``file_name`` may include
     its folder (Lightning ships ``<release>-4steps-.../high_noise_model.safetensors``). Names without a step
-    count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts."""
+    count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts.
+    The Wan2.2 I2V lightx2v pair pins steps and cfg only (see ``I2V_PAIR_NOTE``)."""
     if not _DISTILL_MARKER.search(file_name) or _OTHER_FAMILY.search(file_name):
         return None
     # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
     family = MOE_FAMILY if _WAN22.search(file_name) else "wan2.1"
-    return distill_contract(file_name, family, DISTILL_SHIFT, rank)
+    contract = distill_contract(file_name, family, DISTILL_SHIFT, rank)
+    if contract is not None and artifact_task(file_name) == "i2v":
+        contract = replace(contract, tasks=("i2v",))
+        if family == MOE_FAMILY and _LIGHTX2V.search(file_name):
+            contract = replace(contract, sigmas=None, shift=None, extra=(("note", I2V_PAIR_NOTE),))
+    return contract
 
+
+def artifact_task(file_name: str) -> Optional[str]:
+    """"i2v" / "t2v" when a Wan file name says which kind of model it was trained on, else None."""
+    i2v, t2v = bool(_I2V.search(file_name)), bool(_T2V.search(file_name))
+    return None if i2v == t2v else ("i2v" if i2v else "t2v")
+
+
+def check_artifact_fits(model, file_name: str, component: str, model_kind: str) -> None:
+    """An I2V LoRA on a text-to-video expert, or a T2V LoRA on an image-to-video one, is refused naming both:
+    their experts differ (36 vs 16 input channels, the image branch), so the keys that do match would fuse a
+    distillation of the other model. ``model_kind`` is the model's "t2v", "i2v", "i2v_clip" or "ti2v" (TI2V-5B
+    does both and takes either)."""
+    task = artifact_task(file_name)
+    if task is None or model_kind == "ti2v" or (task == "i2v") == (model_kind != "t2v"):
+        return
+    kinds = {"i2v": "an image-to-video (I2V)", "t2v": "a text-to-video (T2V)"}
+    model_task = "t2v" if model_kind == "t2v" else "i2v"
+    raise ContractError(f"{file_name} is {kinds[task]} LoRA but {model.name} ({component}) is {kinds[model_task]} "
+                        f"model: their experts differ, so it would fuse another model's distillation; use the "
+                        f"{model_task} file of this release here, or this file on {kinds[task]} model")
 
 
 def check_expert_split(model, resolved: ResolvedSchedule, request: SamplingRequest, overrides: list) -> None:

@@ -11,6 +11,7 @@ from ...handles import ConditioningHandle, LatentHandle
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
 from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from . import contracts, keymap
+from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .prediction import WanPrediction
 
 HIGH_NOISE_EXPERT = "transformer"
@@ -18,6 +19,9 @@ LOW_NOISE_EXPERT = "transformer_2"
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
 # which would change what the cross-attention sees, so we pass the __call__ value explicitly.
 WAN_TEXT_TOKENS = 512
+# Wan-AI/Wan2.2-{I2V,T2V}-A14B-Diffusers model_index.json boundary_ratio (reference §4.3)
+DEFAULT_I2V_BOUNDARY = 0.9
+DEFAULT_T2V_BOUNDARY = 0.875
 
 
 def _is_set(entry) -> bool:
@@ -46,13 +50,29 @@ class WanFamily(DiffusersFlowFamily):
     map_target = staticmethod(keymap.map_target)
     expected_unmatched_reason = staticmethod(keymap.expected_unmatched_reason)
     declared_contract = staticmethod(contracts.declared_contract)
+
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        contracts.check_artifact_fits(model, file_name, component, self.image_variant(model))
+
+    def contract_to_dict(self, contract) -> dict:
+        """The common view plus the contract's note (where published recipes disagree on a field)."""
+        view = super().contract_to_dict(contract)
+        note = dict(contract.extra).get("note")
+        if note:
+            view.update(note=note, text=f"{view['text']} ({note})")
+        return view
     check_resolved = staticmethod(contracts.check_expert_split)
 
     # Wan2.2 expert split
     def model_boundary(self, model) -> Optional[float]:
-        """The checkpoint's own MoE boundary (``boundary_ratio``), None for single-expert models."""
+        """The checkpoint's own MoE boundary (``boundary_ratio``), None for single-expert models. A two-expert
+        folder without one gets Wan2.2's published values: 0.9 for I2V A14B, 0.875 for T2V A14B."""
+        if model.family != contracts.MOE_FAMILY:
+            return None
         value = model.model_index.get("boundary_ratio")
-        return float(value) if value is not None and model.family == contracts.MOE_FAMILY else None
+        if value is None:
+            return DEFAULT_I2V_BOUNDARY if self.image_variant(model) != "t2v" else DEFAULT_T2V_BOUNDARY
+        return float(value)
 
     def effective_boundary(self, model, schedule) -> Optional[float]:
         """``schedule.boundary`` when set, else the model's ``boundary_ratio``; None when there is one expert."""
@@ -61,10 +81,24 @@ class WanFamily(DiffusersFlowFamily):
         return float(schedule.boundary) if schedule.boundary is not None else self.model_boundary(model)
 
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
-        if model.family == contracts.MOE_FAMILY and self.effective_boundary(model, schedule) is None:
-            raise ValueError(f"model {model.name!r} has two experts but its model_index.json has no boundary_ratio; "
-                             "set the sampler's boundary input (0.875 for T2V, 0.9 for I2V)")
+        self._check_image_condition(model, latent)
         super().check_inputs(model, positive, negative, latent, schedule)
+
+    def _check_image_condition(self, model, latent) -> None:
+        """An I2V model needs a latent made from a start image, a T2V model refuses one, and the conditioning must
+        be the kind this model takes (TI2V, Wan2.1 I2V and Wan2.2 I2V each condition differently)."""
+        variant = self.image_variant(model)
+        image = latent.extra.get(LATENT_KEY)
+        if image is None and variant in ("i2v", "i2v_clip"):
+            raise ValueError(f"latent: model {model.name!r} is image-to-video ({VARIANT_NAMES[variant]}); make the "
+                             "latent from a start image with LoraBindImageToVideo")
+        if image is not None and image.variant != variant:
+            raise ValueError(f"latent: it was made from a start image for a {VARIANT_NAMES[image.variant]} model, "
+                             f"but model {model.name!r} is {VARIANT_NAMES[variant]}; make it with this model")
+
+    def image_variant(self, model) -> str:
+        """How the model takes a start image: "t2v", "i2v" (Wan2.2 I2V), "i2v_clip" (Wan2.1 I2V), "ti2v"."""
+        return image_variant(model.components[HIGH_NOISE_EXPERT].config, model.model_index)
 
     # text, latents, prediction
     def encode_text(self, model, text: str) -> ConditioningHandle:
@@ -77,7 +111,8 @@ class WanFamily(DiffusersFlowFamily):
 
     def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:
         vae = model.pipeline.vae.config
-        spatial = 2 ** len(vae.temperal_downsample)
+        # The Wan2.2 VAE (TI2V) compresses 16x (2x2 pixel patches, then 8x); diffusers >= 0.35 records the factor.
+        spatial = getattr(vae, "scale_factor_spatial", None) or 2 ** len(vae.temperal_downsample)
         patch = model.components[HIGH_NOISE_EXPERT].config.patch_size
         check_multiple(width, height, spatial * patch[1], model)
         temporal = 2 ** sum(bool(d) for d in vae.temperal_downsample)
@@ -90,5 +125,20 @@ class WanFamily(DiffusersFlowFamily):
         shape = self.latent_shape(model, width, height, frames, batch)
         return LatentHandle(samples=torch.zeros(shape), family=model.family, kind="video")
 
+    def image_latent(self, model, start_image, end_image, width: int, height: int, frames: int,
+                     batch: int = 1) -> LatentHandle:
+        """The start latent of an image-to-video run: zeros (the sampler adds the seeded noise) carrying the
+        start (and end) image's conditioning for every denoiser forward (``image_conditioning``)."""
+        shape = self.latent_shape(model, width, height, frames, batch)
+        condition = encode_image_condition(model, model.components[HIGH_NOISE_EXPERT].config, start_image,
+                                           end_image, width, height, frames, shape)
+        return LatentHandle(samples=torch.zeros(shape), family=model.family, kind="video",
+                            extra={LATENT_KEY: condition})
+
     def prediction(self, model, positive, negative, latent) -> WanPrediction:
-        return WanPrediction(self, model, positive, negative)
+        return WanPrediction(self, model, positive, negative, latent)
+
+    def from_model_space(self, x, latent):
+        """TI2V: the encoded start image is the first latent frame of the result, exactly."""
+        image = latent.extra.get(LATENT_KEY)
+        return image.finish(x) if image is not None else x

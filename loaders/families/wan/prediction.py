@@ -11,19 +11,22 @@ from typing import Optional
 
 import torch
 
-from ...handles import ConditioningHandle
+from ...handles import ConditioningHandle, LatentHandle
 from ...sampling import batched, device_and_dtype
+from .image_conditioning import LATENT_KEY
 
 
 class WanPrediction:
     """``predict(expert, x, sigma, uncond)`` for Wan transformers, through the family's one forward."""
 
-    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle]):
+    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle],
+                 latent: Optional[LatentHandle] = None):
         self.family = family
         self.model = model
         self.positive = positive.embeds
         self.negative = negative.embeds if negative is not None else None
         self.expand_timesteps = bool(model.model_index.get("expand_timesteps", False))
+        self.image = latent.extra.get(LATENT_KEY) if latent is not None else None  # image-to-video conditioning
 
     def __call__(self, expert: str, x: torch.Tensor, sigma: float, uncond: bool) -> torch.Tensor:
         transformer = self.model.components[expert]
@@ -31,6 +34,8 @@ class WanPrediction:
         batch = x.shape[0]
         embeds = batched(self.negative if uncond else self.positive, batch).to(device, dtype)
         t = sigma * 1000.0
+        if self.image is not None:
+            return self._image_to_video(expert, transformer, x, embeds, torch.tensor(t, dtype=torch.float32))
         if self.expand_timesteps:  # Wan2.2 TI2V: one timestep per latent token (all equal for text-to-video)
             _, _, frames, height, width = x.shape
             patch = transformer.config.patch_size
@@ -40,4 +45,16 @@ class WanPrediction:
             timestep = torch.full((batch,), t, device=device, dtype=torch.float32)
         out = self.family.forward(self.model, expert, hidden_states=x.to(device, dtype), timestep=timestep,
                                   encoder_hidden_states=embeds, return_dict=False)[0]
+        return out.float()
+
+    def _image_to_video(self, expert: str, transformer, x: torch.Tensor, embeds: torch.Tensor,
+                        t: torch.Tensor) -> torch.Tensor:
+        """The forward of an image-to-video step: the image conditioning decides the denoiser input, the
+        timesteps (per token for TI2V) and the CLIP image states (Wan2.1 I2V), exactly as diffusers' pipeline."""
+        device, dtype = device_and_dtype(transformer)
+        inputs = {"hidden_states": self.image.hidden_states(x).to(device, dtype),
+                  "timestep": self.image.timestep(t, x.shape[0], transformer.config.patch_size).to(device)}
+        if self.image.image_embeds is not None:
+            inputs["encoder_hidden_states_image"] = self.image.image_embeds.to(device, dtype)
+        out = self.family.forward(self.model, expert, encoder_hidden_states=embeds, return_dict=False, **inputs)[0]
         return out.float()

@@ -15,10 +15,8 @@ WAN_8STEP_SIGMAS = (1.0, 0.972222, 0.9375, 0.892857, 0.833333, 0.75, 0.625, 0.41
 @pytest.mark.parametrize("name, family", [
     ("wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors", "wan2.2_moe"),
     ("wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors", "wan2.2_moe"),
-    ("wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors", "wan2.2_moe"),
     ("wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", "wan2.2_moe"),
     ("Wan2.2-Lightning_T2V-A14B-4steps-lora_HIGH_fp16.safetensors", "wan2.2_moe"),
-    ("Wan_2_2_I2V_A14B_LOW_lightx2v_4step_lora_260412_rank_64_fp16.safetensors", "wan2.2_moe"),
     ("Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1/high_noise_model.safetensors", "wan2.2_moe"),
     ("wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors", "wan2.1"),
     ("wan2.1_i2v_lora_rank64_lightx2v_4step.safetensors", "wan2.1"),
@@ -29,6 +27,18 @@ def test_wan_4step_distill_names(name, family):
         "distill", family, 4, 5.0, 1.0, 64)
     assert contract.source == name.rsplit("/", 1)[-1]
     assert contract.sigmas == pytest.approx(WAN_4STEP_SIGMAS, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", [
+    "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors",
+    "Wan_2_2_I2V_A14B_LOW_lightx2v_4step_lora_260412_rank_64_fp16.safetensors",
+])
+def test_wan22_i2v_lightx2v_names_pin_steps_and_cfg_but_not_the_shift(name):
+    """LightX2V (shift 5) and vllm-omni (flow shift 12) publish different schedules for the i2v pair."""
+    contract = wan.declared_contract(name, {}, 64)
+    assert (contract.family, contract.steps, contract.cfg, contract.shift, contract.sigmas) == (
+        "wan2.2_moe", 4, 1.0, None, None)
+    assert contract.tasks == ("i2v",)
 
 
 def test_wan_8step_name_uses_the_8_step_shift_5_grid():
