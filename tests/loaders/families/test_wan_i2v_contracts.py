@@ -4,11 +4,9 @@ expert naming both, swapped pairs and wrong steps refused before any weight is t
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
-from wan_i2v_helpers import i2v_root, load_i2v
 
 from lorabind.loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError, LoraBindError
@@ -18,23 +16,16 @@ from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.sigmas import shifted_sigmas
 from lorabind.loaders.tiny_models import lora_fixtures as F
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 
 @pytest.fixture
-def registry(tmp_path):
-    from lorabind.runtime import folder_paths
-
-    root = i2v_root()
-    folder_paths.configure(models_root=str(root), output_dir=str(tmp_path / "out"), input_dir=str(root / "input"))
-    yield folder_paths
-    folder_paths.configure()
-
-
-def _pair(model_name, high=F.WAN22_I2V_HIGH, low=F.WAN22_I2V_LOW):
+def pair(registry, load_tiny):
+    """``pair(model_name, high, low)`` -> WanMoELoRAPair's result on the session's tiny model."""
     from lorabind.nodes import NODE_CLASS_MAPPINGS
 
-    return NODE_CLASS_MAPPINGS["WanMoELoRAPair"]().pair(ModelHandle(load_i2v(model_name)), high, 1.0, low, 1.0)
+    def run(model_name, high=F.WAN22_I2V_HIGH, low=F.WAN22_I2V_LOW):
+        return NODE_CLASS_MAPPINGS["WanMoELoRAPair"]().pair(ModelHandle(load_tiny(model_name)), high, 1.0, low, 1.0)
+
+    return run
 
 
 def test_the_i2v_pair_pins_steps_and_cfg_and_says_where_published_recipes_differ():
@@ -52,17 +43,17 @@ def test_the_i2v_pair_pins_steps_and_cfg_and_says_where_published_recipes_differ
     assert (wan21_i2v.family, wan21_i2v.shift, wan21_i2v.tasks) == ("wan2.1", 5.0, ("i2v",))
 
 
-def test_inspect_shows_the_i2v_contract_not_the_t2v_one(capsys):
+def test_inspect_shows_the_i2v_contract_not_the_t2v_one(tiny_models_root, capsys):
     from lorabind.runtime.cli import main
 
-    assert main(["inspect", str(i2v_root() / "loras" / F.WAN22_I2V_HIGH), "--json"]) == 0
+    assert main(["inspect", str(tiny_models_root / "loras" / F.WAN22_I2V_HIGH), "--json"]) == 0
     contract = json.loads(capsys.readouterr().out)["contract"]
     assert (contract["steps"], contract["cfg"], contract["shift"], contract["tasks"]) == (4, 1.0, None, ["i2v"])
 
 
 @pytest.mark.parametrize("shift, boundary, high_steps", [(12.0, 0.875, 3), (5.0, None, 2)])
-def test_both_published_recipes_run_on_the_i2v_pair(registry, shift, boundary, high_steps):
-    handle = _pair("tiny-wan22-i2v")["result"][0]
+def test_both_published_recipes_run_on_the_i2vpair(pair, shift, boundary, high_steps):
+    handle = pair("tiny-wan22-i2v")["result"][0]
     request = SamplingRequest(steps=4, cfg=1.0, shift=shift, boundary=boundary)
     resolved = resolve_schedule(handle, None, None, request)
     assert resolved.overrides == () and resolved.sigmas == shifted_sigmas(4, shift)
@@ -74,8 +65,8 @@ def test_both_published_recipes_run_on_the_i2v_pair(registry, shift, boundary, h
     ("steps", dict(steps=8, cfg=1.0), "steps must be 4, got 8"),
     ("cfg", dict(steps=4, cfg=3.5), "cfg must be 1, got 3.5"),
 ])
-def test_wrong_steps_or_cfg_are_refused_naming_the_file_and_field(registry, field, request_values, message):
-    handle = _pair("tiny-wan22-i2v")["result"][0]
+def test_wrong_steps_or_cfg_are_refused_naming_the_file_and_field(pair, field, request_values, message):
+    handle = pair("tiny-wan22-i2v")["result"][0]
     with pytest.raises(ContractError, match=f"{F.WAN22_I2V_HIGH} is a 4-step distill LoRA: {message}"):
         resolve_schedule(handle, None, None, SamplingRequest(shift=12.0, **request_values))
 
@@ -85,31 +76,31 @@ def test_wrong_steps_or_cfg_are_refused_naming_the_file_and_field(registry, fiel
     ("tiny-wan22-i2v", F.WAN22_HIGH, F.WAN22_LOW, F.WAN22_HIGH, "image-to-video"),
 ])
 def test_i2v_files_on_t2v_experts_and_t2v_files_on_i2v_experts_are_refused_naming_both(
-        registry, model_name, high, low, refused, kind):
-    before = {k: v.clone() for k, v in load_i2v(model_name).components["transformer"].state_dict().items()}
+        pair, load_tiny, model_name, high, low, refused, kind):
+    before = {k: v.clone() for k, v in load_tiny(model_name).components["transformer"].state_dict().items()}
     with pytest.raises(ContractError) as caught:
-        _pair(model_name, high, low)
+        pair(model_name, high, low)
     text = str(caught.value)
     assert text.startswith(f"{refused} is a") and f"but {model_name} (transformer) is a" in text and kind in text
-    after = load_i2v(model_name).components["transformer"].state_dict()
+    after = load_tiny(model_name).components["transformer"].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_a_swapped_i2v_pair_is_refused_like_the_t2v_one(registry):
+def test_a_swapped_i2v_pair_is_refused_like_the_t2v_one(pair):
     with pytest.raises(LoraBindError, match=f"high_noise_lora is {F.WAN22_I2V_LOW} and low_noise_lora is "
                                             f"{F.WAN22_I2V_HIGH}, but their names say low noise and high noise"):
-        _pair("tiny-wan22-i2v", F.WAN22_I2V_LOW, F.WAN22_I2V_HIGH)
+        pair("tiny-wan22-i2v", F.WAN22_I2V_LOW, F.WAN22_I2V_HIGH)
 
 
-def test_the_i2v_pair_accounts_the_image_branch_keys_as_expected(registry):
-    reports = _pair("tiny-wan22-i2v")["ui"]["lorabind_accounting"]
+def test_the_i2v_pair_accounts_the_image_branch_keys_as_expected(pair):
+    reports = pair("tiny-wan22-i2v")["ui"]["lorabind_accounting"]
     for report in reports:
         assert report["counts"]["unmatched"] == 0 and report["counts"]["expected_unmatched"] > 0
 
 
 @pytest.mark.parametrize("name, boundary", [("tiny-wan22-i2v", 0.9), ("tiny-wan22-t2v", 0.875)])
-def test_a_two_expert_folder_without_boundary_ratio_gets_the_published_default(name, boundary):
-    model = load_i2v(name)
+def test_a_two_expert_folder_without_boundary_ratio_gets_the_published_default(load_tiny, name, boundary):
+    model = load_tiny(name)
     bare = dataclasses.replace(model, model_index={k: v for k, v in model.model_index.items()
                                                    if k != "boundary_ratio"})
     family = family_for(bare)

@@ -2,18 +2,14 @@
 image, prompt, seed and explicit sigmas; TI2V keeps the encoded start image as the first latent frame exactly;
 models and latents that do not fit are refused naming the input."""
 
-import os
-
 import numpy as np
 import pytest
 import torch
-from wan_i2v_helpers import example_image, i2v_root, load_i2v
+from wan_i2v_helpers import example_image
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.generation import denoise, empty_latent, encode_text, image_to_video_latent
 from lorabind.loaders.sampling import initial_noise
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Crosses both Wan2.2 boundaries (0.9 I2V) with uneven steps; the pipeline gets exactly these points.
 SIGMAS = (1.0, 0.95, 0.875, 0.6, 0.3, 0.0)
@@ -63,8 +59,8 @@ def _ours(model, width, height, frames, cfg, end=None):
     ("tiny-wan21-i2v", 32, 32, 5, 3.0, False),   # CLIP image branch
     ("tiny-wan22-ti2v", 64, 64, 5, 4.0, False),  # expand_timesteps, 48-channel VAE
 ])
-def test_latent_equals_the_diffusers_image_to_video_pipeline(name, width, height, frames, cfg, with_end):
-    model = load_i2v(name)
+def test_latent_equals_the_diffusers_image_to_video_pipeline(load_tiny, name, width, height, frames, cfg, with_end):
+    model = load_tiny(name)
     end = example_image("end") if with_end else None
     ours, _ = _ours(model, width, height, frames, cfg, end)
     reference = _diffusers_latent(model, width, height, frames, cfg, end)
@@ -74,10 +70,10 @@ def test_latent_equals_the_diffusers_image_to_video_pipeline(name, width, height
     assert float(reference.abs().max()) > 0.5  # a real latent, not zeros on both sides
 
 
-def test_frame_mask_marks_the_given_pixel_frames():
+def test_frame_mask_marks_the_given_pixel_frames(load_tiny):
     """4 mask channels per latent frame, one per pixel frame it covers; the first latent frame covers the start
     frame alone (repeated 4x), so it is all ones; with an end image only the last pixel frame's channel is 1."""
-    model = load_i2v("tiny-wan22-i2v")
+    model = load_tiny("tiny-wan22-i2v")
     start_only = image_to_video_latent(model, example_image("start"), None, 32, 32, 9)
     with_end = image_to_video_latent(model, example_image("start"), example_image("end"), 32, 32, 9)
     mask_only, mask_end = start_only.extra["wan_image"].condition[0, :4], with_end.extra["wan_image"].condition[0, :4]
@@ -89,10 +85,10 @@ def test_frame_mask_marks_the_given_pixel_frames():
     assert torch.equal(image_only[:, 0], image_end[:, 0]) and not torch.equal(image_only[:, 2], image_end[:, 2])
 
 
-def test_ti2v_first_latent_frame_is_the_vae_encoding_of_the_start_image_exactly():
+def test_ti2v_first_latent_frame_is_the_vae_encoding_of_the_start_image_exactly(load_tiny):
     from diffusers.video_processor import VideoProcessor
 
-    model = load_i2v("tiny-wan22-ti2v")
+    model = load_tiny("tiny-wan22-ti2v")
     result, _ = _ours(model, 64, 64, 5, 1.0)
     vae = model.pipeline.vae
     pixels = VideoProcessor(vae_scale_factor=16).preprocess(_pil(example_image("start")), height=64, width=64)
@@ -105,8 +101,8 @@ def test_ti2v_first_latent_frame_is_the_vae_encoding_of_the_start_image_exactly(
     assert not torch.equal(result.samples[:, :, 1:], torch.zeros_like(result.samples[:, :, 1:]))
 
 
-def test_ti2v_runs_the_image_frame_at_timestep_zero():
-    model = load_i2v("tiny-wan22-ti2v")
+def test_ti2v_runs_the_image_frame_at_timestep_zero(load_tiny):
+    model = load_tiny("tiny-wan22-ti2v")
     seen = []
     hook = model.components["transformer"].register_forward_pre_hook(
         lambda module, args, kwargs: seen.append(kwargs["timestep"].clone()), with_kwargs=True)
@@ -126,17 +122,17 @@ def test_ti2v_runs_the_image_frame_at_timestep_zero():
     ("tiny-wan22-ti2v", "end", "end_image: model 'tiny-wan22-ti2v' (Wan2.2 TI2V) conditions on the first frame"),
     ("tiny-wan21-i2v", "end", "end_image: model 'tiny-wan21-i2v' (Wan2.1 I2V) encodes one image"),
 ])
-def test_models_that_cannot_take_the_images_are_refused_naming_the_input(name, end, message):
-    model = load_i2v(name)
+def test_models_that_cannot_take_the_images_are_refused_naming_the_input(load_tiny, name, end, message):
+    model = load_tiny(name)
     end_image = example_image("end") if end else None
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         image_to_video_latent(model, example_image("start"), end_image, 64, 64, 5)
 
 
-def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_another_kind():
+def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_another_kind(load_tiny):
     from lorabind.loaders.generation import check_inputs
 
-    i2v, ti2v = load_i2v("tiny-wan21-i2v"), load_i2v("tiny-wan22-ti2v")
+    i2v, ti2v = load_tiny("tiny-wan21-i2v"), load_tiny("tiny-wan22-ti2v")
     positive = encode_text(i2v, "a cat")
     with pytest.raises(ValueError, match="latent: model 'tiny-wan21-i2v' is image-to-video"):
         check_inputs(i2v, positive, None, empty_latent(i2v, 32, 32, 5), _schedule(1.0))
@@ -144,4 +140,3 @@ def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_a
     with pytest.raises(ValueError, match="made from a start image for a Wan2.2 TI2V"):
         check_inputs(i2v, positive, None, ti2v_latent, _schedule(1.0))
     check_inputs(ti2v, encode_text(ti2v, "a cat"), None, empty_latent(ti2v, 64, 64, 5), _schedule(1.0))  # T2V too
-    assert i2v_root().is_dir()

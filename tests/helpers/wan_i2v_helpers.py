@@ -1,0 +1,31 @@
+"""Shared by the image-to-video tests: the example start/end frames as ComfyUI IMAGEs, drawn once per test
+process (``tiny_models.input_images``) into a temporary folder removed at exit. The tiny I2V models and their
+fixture LoRAs come from the root conftest's ``tiny_models_root`` / ``load_tiny``."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+I2V_MODELS = ("tiny-wan22-i2v", "tiny-wan21-i2v", "tiny-wan22-ti2v")
+
+
+@functools.lru_cache(maxsize=None)
+def example_input_dir() -> Path:
+    """An input folder holding ``lorabind-tiny/start.png`` and ``end.png``."""
+    from lorabind.loaders.tiny_models.input_images import write_input_images
+
+    folder = Path(tempfile.mkdtemp(prefix="lorabind-i2v-input-"))
+    atexit.register(shutil.rmtree, folder, True)
+    write_input_images(folder)
+    return folder
+
+
+def example_image(which: str = "start"):
+    """The example start/end frame as ComfyUI IMAGE (what LoadImage gives)."""
+    from lorabind.loaders.image_files import load_image_file
+
+    return load_image_file(example_input_dir() / "lorabind-tiny" / f"{which}.png")[0]
