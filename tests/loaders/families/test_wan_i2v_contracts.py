@@ -17,6 +17,11 @@ from lorabind.loaders.sigmas import shifted_sigmas
 from lorabind.loaders.tiny_models import lora_fixtures as F
 
 
+def _basename(name):
+    """Messages name a fixture by its published file name (without the ``lorabind-tiny/`` folder)."""
+    return name.rsplit("/", 1)[-1]
+
+
 @pytest.fixture
 def pair(registry, load_tiny):
     """``pair(model_name, high, low)`` -> WanMoELoRAPair's result on the session's tiny model."""
@@ -67,7 +72,7 @@ def test_both_published_recipes_run_on_the_i2vpair(pair, shift, boundary, high_s
 ])
 def test_wrong_steps_or_cfg_are_refused_naming_the_file_and_field(pair, field, request_values, message):
     handle = pair("tiny-wan22-i2v")["result"][0]
-    with pytest.raises(ContractError, match=f"{F.WAN22_I2V_HIGH} is a 4-step distill LoRA: {message}"):
+    with pytest.raises(ContractError, match=f"{_basename(F.WAN22_I2V_HIGH)} is a 4-step distill LoRA: {message}"):
         resolve_schedule(handle, None, None, SamplingRequest(shift=12.0, **request_values))
 
 
@@ -81,7 +86,7 @@ def test_i2v_files_on_t2v_experts_and_t2v_files_on_i2v_experts_are_refused_namin
     with pytest.raises(ContractError) as caught:
         pair(model_name, high, low)
     text = str(caught.value)
-    assert text.startswith(f"{refused} is a") and f"but {model_name} (transformer) is a" in text and kind in text
+    assert text.startswith(f"{_basename(refused)} is a") and f"but {model_name} (transformer) is a" in text and kind in text
     after = load_tiny(model_name).components["transformer"].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
