@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import json_limits
-from .errors import ModelLoadError
+from .errors import KeyMatchError, ModelLoadError
 
 
 @dataclass
@@ -32,51 +32,126 @@ class MetaModel:
     components: dict = field(default_factory=dict)
 
 
-def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: str = "transformer",
-                      dtype=None, lenient: bool = False) -> dict:
-    """Fuse ``loras`` [(path, strength)] into ``component`` of ``model_dir`` and write ``out_dir``.
+ASSET_MODES = ("copy", "symlink", "hardlink")
+EXPERT_OF_ROLE = {"high": "transformer", "low": "transformer_2"}  # Wan2.2 MoE: which expert a named file is for
 
-    ``dtype`` (a torch dtype, None = as stored) is the merged component's tensor type. Returns the JSON-able
-    report (fuses with their accounting, tensors rewritten, warnings). Raises ``FileExistsError`` when
-    ``out_dir`` exists and ``LoraBindError`` subclasses naming the file/key before anything is written.
+
+def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: str = "transformer",
+                      dtype=None, lenient: bool = False, asset_mode: str = "copy", overwrite: bool = False) -> dict:
+    """Fuse ``loras`` into ``model_dir``'s denoisers and write ``out_dir``.
+
+    ``loras``: ``(path, strength)`` (into ``component``) or ``(component, path, strength)``, so both Wan2.2
+    experts are baked in one run. ``dtype`` (a torch dtype, None = as stored) is the merged components' tensor
+    type. Untouched files are copied, symlinked or hardlinked (``asset_mode``). The fused LoRAs' contracts and
+    what was fused are written into the output ``model_index.json`` (``baked_contracts``). Returns the JSON-able
+    report. Raises ``FileExistsError`` when ``out_dir`` exists (unless ``overwrite``) and ``LoraBindError``
+    subclasses naming the file/key before anything is written; an error while writing leaves no ``out_dir``.
     """
-    from .lora.preparation import prepare_lora
-    from .model_store import detect_family, read_model_index
+    from . import families
+    from .baked_contracts import INDEX_KEY, contract_to_json, file_sha256
+    from .lora.preparation import declared_contract, prepare_lora
+    from .model_store import denoiser_names, detect_family, read_model_index
     from .patching import PatchLayer, plan_state_keys
 
+    if asset_mode not in ASSET_MODES:
+        raise ValueError(f"asset mode must be one of {ASSET_MODES}, got {asset_mode!r}")
     source = os.path.realpath(model_dir)
     target = os.path.abspath(out_dir)
-    if os.path.exists(target):
-        raise FileExistsError(f"--out {out_dir} already exists; choose a new folder")
-    if target == source or target.startswith(source + os.sep):
-        raise ModelLoadError(f"--out {out_dir} must not be inside the source folder {model_dir}")
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"--out {out_dir} already exists; choose a new folder or pass --overwrite")
+    if target == source or target.startswith(source + os.sep) or source.startswith(target + os.sep):
+        raise ModelLoadError(f"--out {out_dir} must be neither the source folder {model_dir} nor inside it")
     model_index = read_model_index(source)
-    model = MetaModel(name=os.path.basename(source), family=detect_family(model_index),
-                      components={component: component_structure(source, component, model_index)})
-    layers, fuses, warnings = [], [], []
-    for path, strength in loras:
-        prepared = prepare_lora(path, model, component, lenient=lenient, where="lorabind merge")
-        layers.append(PatchLayer(key=os.path.realpath(path), component=component, strength=float(strength),
-                                 targets=prepared.targets, name=prepared.name))
-        fuses.append({"name": prepared.name, "path": path, "component": component, "strength": float(strength),
-                      "accounting": prepared.accounting.to_dict()})
+    family = detect_family(model_index)
+    requests = [(item[0], item[1], float(item[2])) if len(item) == 3 else (component, item[0], float(item[1]))
+                for item in loras]
+    if len(denoiser_names(model_index)) > 1:
+        check_expert_slots([(comp, os.path.basename(str(path).rstrip("/\\"))) for comp, path, _ in requests])
+    model = MetaModel(name=os.path.basename(source), family=family, components={
+        comp: component_structure(source, comp, model_index) for comp in dict.fromkeys(c for c, _, _ in requests)})
+    layers: dict = {comp: [] for comp in model.components}
+    fuses, warnings, contracts = [], [], []
+    for comp, path, strength in requests:
+        prepared = prepare_lora(path, model, comp, lenient=lenient, where="lorabind merge")
+        layers[comp].append(PatchLayer(key=os.path.realpath(path), component=comp, strength=strength,
+                                       targets=prepared.targets, name=prepared.name))
+        fuses.append({"name": prepared.name, "component": comp, "strength": strength,
+                      "sha256": file_sha256(path), "accounting": prepared.accounting.to_dict()})
         warnings.extend(prepared.accounting.warnings)
-    plan = plan_state_keys(component, model.components[component], layers)  # every shape checked first
+        contract = declared_contract(families.for_model_family(family), prepared.lora, prepared.name, strength)
+        if contract is not None:
+            contracts.append(contract)
+    plans = {comp: plan_state_keys(comp, model.components[comp], comp_layers)  # every shape checked first
+             for comp, comp_layers in layers.items()}
 
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".lorabind-merge-", dir=parent)
     try:
         folder = os.path.join(staging, "model")
-        weights = os.path.realpath(os.path.join(source, component))
-        shutil.copytree(source, folder, ignore=lambda where, names: [
-            n for n in names if os.path.realpath(where) == weights and n.endswith(".safetensors")])
-        written = _write_component(source, folder, component, plan, dtype)
-        os.replace(folder, target)
+        rewritten = {os.path.realpath(os.path.join(source, comp)) for comp in plans}
+        linked = _place_assets(source, folder, rewritten, asset_mode)
+        written = sum(_write_component(source, folder, comp, plan, dtype) for comp, plan in plans.items())
+        model_index[INDEX_KEY] = {"merged_by": "lorabind merge",
+                                  "fused": [{k: f[k] for k in ("name", "component", "strength", "sha256")}
+                                            for f in fuses],
+                                  "contracts": [contract_to_json(c) for c in contracts]}
+        with open(os.path.join(folder, "model_index.json"), "w", encoding="utf-8") as handle:
+            json.dump(model_index, handle, indent=2)
+        _swap_into_place(folder, target, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {"model": os.path.basename(source), "component": component, "out": target,
-            "tensors_rewritten": written, "patched_tensors": len(plan), "fuses": fuses, "warnings": warnings}
+    return {"model": os.path.basename(source), "components": sorted(plans), "out": target,
+            "tensors_rewritten": written, "patched_tensors": sum(len(p) for p in plans.values()),
+            "asset_mode": asset_mode, "files_linked": linked,
+            "contracts": [c.describe() for c in contracts], "fuses": fuses, "warnings": warnings}
+
+
+def check_expert_slots(assignments: list) -> None:
+    """Wan2.2 MoE: refuse a LoRA whose file name says it belongs to the other expert (naming both files when a
+    pair is swapped). ``assignments``: ``(component, file name)``."""
+    from .lora.preparation import expert_role
+
+    wrong = [(comp, name, role) for comp, name in assignments
+             if (role := expert_role(name)) is not None and comp in EXPERT_OF_ROLE.values()
+             and EXPERT_OF_ROLE[role] != comp]
+    if not wrong:
+        return
+    words = "; ".join(f"{name} says {role} noise but goes into {comp}" for comp, name, role in wrong)
+    swapped = " (the pair is swapped)" if {w[2] for w in wrong} == {"high", "low"} else ""
+    raise KeyMatchError(f"lorabind merge: LoRA files in the wrong expert{swapped}: {words}; put high-noise files "
+                        f"into transformer and low-noise files into transformer_2")
+
+
+def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> int:
+    """Every file of ``source`` except the rewritten components' weights and ``model_index.json``, copied or
+    linked into ``folder``; returns how many were linked."""
+    linked = 0
+    for where, _, names in os.walk(source):
+        relative = os.path.relpath(where, source)
+        os.makedirs(os.path.join(folder, relative), exist_ok=True)
+        for name in names:
+            src = os.path.join(where, name)
+            if (os.path.realpath(where) in rewritten and name.endswith(".safetensors")) or \
+                    (relative == "." and name == "model_index.json"):
+                continue
+            dst = os.path.join(folder, relative, name)
+            if asset_mode == "symlink":
+                os.symlink(os.path.realpath(src), dst)
+            elif asset_mode == "hardlink":
+                os.link(os.path.realpath(src), dst)
+            else:
+                shutil.copy2(src, dst)
+                continue
+            linked += 1
+    return linked
+
+
+def _swap_into_place(folder: str, target: str, staging: str) -> None:
+    """Move the finished folder to ``target``; an existing ``target`` (``--overwrite``) is replaced only now."""
+    if os.path.exists(target):
+        os.replace(target, os.path.join(staging, "previous"))
+    os.replace(folder, target)
 
 
 def component_structure(folder: str, component: str, model_index: dict):

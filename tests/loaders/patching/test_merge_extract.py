@@ -71,7 +71,18 @@ def test_merge_writes_a_complete_folder_with_exact_fused_weights(tiny_wan22_fold
     after = file_hashes(out)
     assert set(after) == set(merged["source_before"])
     changed = {name for name in after if after[name] != merged["source_before"][name]}
-    assert changed == {f"{COMPONENT}/diffusion_pytorch_model.safetensors"}
+    assert changed == {f"{COMPONENT}/diffusion_pytorch_model.safetensors", "model_index.json"}
+    # model_index.json gains only what was baked in: file name, strength and content hash, no local path
+    with open(os.path.join(tiny_wan22_folder, "model_index.json"), encoding="utf-8") as handle:
+        source_index = json.load(handle)
+    with open(os.path.join(out, "model_index.json"), encoding="utf-8") as handle:
+        out_index = json.load(handle)
+    baked = out_index.pop("_lorabind")
+    assert out_index == source_index
+    lora_hash = hashlib.sha256(open(merged["lora"], "rb").read()).hexdigest()
+    assert baked["fused"] == [{"name": "wan22_style.safetensors", "component": COMPONENT, "strength": 0.8,
+                               "sha256": lora_hash}]
+    assert baked["contracts"] == []  # this file declares none
     base, fused = component_state(tiny_wan22_folder), component_state(out)
     for name, spec in merged["expected"].items():
         assert (fused[name].double() - expected_value(base[name], spec, 0.8)).abs().max().item() <= 1e-6
