@@ -119,7 +119,7 @@ def check_expert_slots(assignments: list) -> None:
         return
     words = "; ".join(f"{name} says {role} noise but goes into {comp}" for comp, name, role in wrong)
     swapped = " (the pair is swapped)" if {w[2] for w in wrong} == {"high", "low"} else ""
-    raise KeyMatchError(f"lorabind merge: LoRA files in the wrong expert{swapped}: {words}; put high-noise files "
+    raise KeyMatchError(f"LoRA files in the wrong expert{swapped}: {words}; put high-noise files "
                         f"into transformer and low-noise files into transformer_2")
 
 
