@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import os
 
-from .handles import ScheduleContract
+from .contract_types import ScheduleContract
 
 INDEX_KEY = "_lorabind"
 _TUPLE_FIELDS = {f.name for f in dataclasses.fields(ScheduleContract)

@@ -38,6 +38,8 @@ def resolve_single_schedule(model, contracts: Sequence[ScheduleContract], reques
     """Resolve ``request`` against ``contracts`` for ``model`` (a ModelHandle) of a family serving the model
     families ``serves``. ``check_resolved(model, resolved, request, overrides)`` may refuse (ContractError) or
     append overrides. Raises ContractError before anything touches a weight."""
+    if request.steps is not None and request.steps < 1:  # 0: "the step count the contract declares"
+        request = replace(request, steps=_contract_steps(contracts, model))
     if not contracts:
         return _plain_schedule(request)
     foreign = _foreign_contracts(model, contracts, serves)
@@ -52,6 +54,18 @@ def resolve_single_schedule(model, contracts: Sequence[ScheduleContract], reques
     if check_resolved is not None:
         check_resolved(model, resolved, request, overrides)
     return replace(resolved, overrides=tuple(overrides))  # overrides is complete only after the family's check
+
+
+def _contract_steps(contracts: Sequence[ScheduleContract], model) -> int:
+    """The step count a request with ``steps=0`` asks for: the first contract's (a disagreeing one is then
+    refused as a conflict like any other)."""
+    for contract in contracts:
+        steps = contract_value(contract, "steps")
+        if steps is not None:
+            return int(steps)
+    raise ContractError(f"steps is 0, which means 'the step count the connected contract declares', but nothing "
+                        f"connected to the sampler for {model.model.name} declares one; set steps to a positive "
+                        f"number")
 
 
 def contract_dict(contract: ScheduleContract) -> dict:

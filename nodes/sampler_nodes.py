@@ -92,8 +92,9 @@ class LoraBindSampler:
                 "latent": (SOCKET_LATENT, {"tooltip": "The start latent (an empty latent for text-to-video)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFF_FFFF_FFFF_FFFF, "control_after_generate": True,
                                  "tooltip": "Noise seed; noise is drawn on the CPU so every device gets the same."}),
-                "steps": ("INT", {"default": 4, "min": 1, "max": 1000,
-                                  "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points)."}),
+                "steps": ("INT", {"default": 4, "min": 0, "max": 1000,
+                                  "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points); 0 = the "
+                                             "step count the connected contract declares (refused without one)."}),
                 "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
                                   "tooltip": "Classifier-free guidance; 1.0 skips the negative pass (distilled)."}),
                 "shift": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1,
