@@ -223,6 +223,12 @@ def load_count(path) -> int:
     return _load_counts.get(str(Path(path).expanduser().resolve()), 0)
 
 
+def loaded_models() -> list[LoadedModel]:
+    """Every model loaded now (a scaled-out replica reports the fuse work done on them)."""
+    with _lock:
+        return list(_cache.values())
+
+
 def clear_cache() -> None:
     """Forget every loaded model (tests; the server's "free memory" request), giving device memory back first."""
     with _lock:

@@ -32,6 +32,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-upload-size", type=float, default=100.0, metavar="MB",
                         help="largest accepted request body in MB (default 100)")
     add_device_arguments(parser)
+    parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                        help="run prompts on Ray Serve replicas (needs pip install \"lorabind[ray]\"): 'auto' or "
+                        "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
+    parser.add_argument("--replicas", type=int, default=2, metavar="N",
+                        help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
 
 
 def run(args) -> int:
@@ -45,9 +50,20 @@ def run(args) -> int:
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
         return 2
+    if args.ray is not None:
+        if args.replicas < 1:
+            print("lorabind serve: --replicas must be at least 1")
+            return 2
+        try:
+            import ray  # noqa: F401  (only to say clearly what is missing)
+            from ray import serve  # noqa: F401
+        except ImportError:
+            print('lorabind serve --ray: Ray Serve is not installed; pip install "lorabind[ray]"')
+            return 2
     config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
                           input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
-                          max_upload_mb=args.max_upload_size, state_dir=args.state_dir,
+                          max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
+                          replicas=args.replicas,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     try:
         run_server(config)

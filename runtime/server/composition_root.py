@@ -32,6 +32,17 @@ class ServerState:
             self.python_module = f"custom_nodes.{PACK_NAME}"
         self.node_classes = node_classes
         self.display_names = display_names or {}
+        concurrency = 1
+        self.scaled_out = executor is None and self.config.ray_address is not None
+        if self.scaled_out:  # each prompt runs on a replica, not here; a few per replica are handed over at once
+            from ..scale_out.cluster import start_replicas
+            from ..scale_out.dispatch import PROMPTS_IN_FLIGHT_PER_REPLICA
+
+            executor = start_replicas(
+                None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
+                node_classes, models_root=self.config.models_root, input_dir=self.config.input_dir,
+                output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing)
+            concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
         if executor is None or validator is None:
             from ..executor import PromptExecutor
 
@@ -43,7 +54,7 @@ class ServerState:
         self.clients = ClientRegistry(self.status_payload, self.feature_flags)
         self.queue = PromptQueue(on_change=self.clients.broadcast_status)
         self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
-        self.worker = PromptWorker(self.queue, self.history, self.clients, executor)
+        self.worker = PromptWorker(self.queue, self.history, self.clients, executor, concurrency=concurrency)
         self.clients.running_node = self.worker.running_node
 
     def status_payload(self) -> dict:
@@ -53,9 +64,18 @@ class ServerState:
         # We never send binary preview frames, so we do not claim preview-metadata support.
         return {"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes}
 
+    def routing_state(self) -> dict:
+        """Where prompts went (``GET /lorabind/routing``); one machine has nothing to route."""
+        routing = getattr(self.worker.executor, "routing_state", None)
+        return routing() if routing is not None else {"mode": "local", "replicas": {}}
+
     def shutdown(self) -> None:
         self.worker.stop()
         self.validation_pool.shutdown(wait=False, cancel_futures=True)
+        if self.scaled_out:
+            from ..scale_out.cluster import stop_replicas
+
+            stop_replicas()
 
 
 def _configure_folder_paths(config: ServerConfig) -> None:

@@ -30,6 +30,11 @@ class ServerConfig:
     # Frontend extension folders served at /extensions/<name>/ and listed by GET /extensions.
     web_extensions: dict[str, str] = field(default_factory=lambda: {PACK_NAME: str(PACK_DIR / "web")})
     workflows_dir: str = str(PACK_DIR / "workflows")
+    # Scale-out (``serve --ray``): None = run prompts here; "local" starts a Ray cluster in this process,
+    # "auto" or "HOST:PORT" joins a running one.
+    ray_address: Optional[str] = None
+    replicas: int = 1
+    routing: str = "affinity"  # or "round_robin" (for comparison: bench/scale_out.py)
 
     @property
     def max_upload_bytes(self) -> int:

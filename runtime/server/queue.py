@@ -32,7 +32,10 @@ class QueueItem:
 
 
 class PromptQueue:
-    """Pending items in a heap plus the one running item; ``on_change`` fires after every mutation.
+    """Pending items in a heap plus the running items; ``on_change`` fires after every mutation.
+
+    One worker runs one item at a time; a scaled-out server (``serve --ray``) has one worker per replica, so
+    several items can be running at once.
 
     ``on_change`` is how the WebSocket layer broadcasts ``status``; it is called outside the lock so a slow
     listener never blocks the worker.
@@ -42,7 +45,7 @@ class PromptQueue:
         self._heap: list[tuple[float, int, QueueItem]] = []
         self._arrival = itertools.count()
         self._counter = 0
-        self._running: Optional[QueueItem] = None
+        self._running: list[QueueItem] = []
         self._cond = threading.Condition()
         self._closed = False
         self.on_change = on_change
@@ -70,13 +73,17 @@ class PromptQueue:
             if self._closed:
                 return None
             _, _, item = heapq.heappop(self._heap)
-            self._running = item
+            self._running.append(item)
         self._changed()
         return item
 
-    def task_done(self) -> None:
+    def task_done(self, item: Optional[QueueItem] = None) -> None:
+        """``item`` has finished (default: the only running item)."""
         with self._cond:
-            self._running = None
+            if item is None:
+                self._running.clear()
+            else:
+                self._running = [running for running in self._running if running is not item]
         self._changed()
 
     def close(self) -> None:
@@ -91,19 +98,20 @@ class PromptQueue:
 
     @property
     def running(self) -> Optional[QueueItem]:
+        """The earliest running item, or None."""
         with self._cond:
-            return self._running
+            return self._running[0] if self._running else None
 
     def snapshot(self) -> tuple[list[list], list[list]]:
         """(running, pending) as ComfyUI's lists; pending in run order."""
         with self._cond:
-            running = [self._running.as_list()] if self._running is not None else []
+            running = [item.as_list() for item in self._running]
             pending = [item.as_list() for _, _, item in sorted(self._heap)]  # arrival is unique: items never compared
         return running, pending
 
     def remaining(self) -> int:
         with self._cond:
-            return len(self._heap) + (1 if self._running is not None else 0)
+            return len(self._heap) + len(self._running)
 
     def clear(self) -> int:
         with self._cond:

@@ -29,6 +29,7 @@ def register(routes: web.RouteTableDef) -> None:
     routes.get("/models")(get_model_folders)
     routes.get("/models/{folder}")(get_model_files)
     routes.get("/workflow_templates")(get_workflow_templates)
+    routes.get("/lorabind/routing")(get_routing)
 
 
 def add_static_routes(app: web.Application, state: ServerState) -> None:
@@ -44,6 +45,11 @@ async def get_index(request: web.Request) -> web.Response:
     """No bundled web UI (ComfyUI serves its frontend here): say what this is, for people and health checks."""
     return web.Response(text="lorabind serve: ComfyUI-compatible HTTP/WebSocket API (POST /prompt, /ws, "
                              "/object_info, /history, /view). Point a ComfyUI client or frontend at this address.\n")
+
+
+async def get_routing(request: web.Request) -> web.Response:
+    """Scale-out routing state: what each replica has bound and how many prompts went where."""
+    return web.json_response(request.app[STATE_KEY].routing_state())
 
 
 async def get_object_info(request: web.Request) -> web.Response:

@@ -1,7 +1,9 @@
-"""The one worker thread: takes prompts off the queue and runs them through a persistent PromptExecutor.
+"""The worker threads: take prompts off the queue and run them through a persistent executor.
 
-Why one thread and one executor: models and the output cache live in the executor and are reused across
-prompts (ComfyUI's ``prompt_worker``); running two prompts at once would fight over the same shared model.
+Why one thread and one executor by default: models and the output cache live in the executor and are reused
+across prompts (ComfyUI's ``prompt_worker``); running two prompts at once would fight over the same shared
+model. A scaled-out server (``serve --ray``) runs one thread per replica: its executor forwards each prompt to
+a replica, which owns its own models, so prompts in flight never share weights.
 Events go only to the submitting client (``extra_data["client_id"]``), except ``execution_interrupted`` which
 ComfyUI broadcasts when the prompt has no client. The executor's own final ``executing {node: None}`` is held
 back and sent only after the history entry is written, because clients treat it as "done, fetch history now".
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ..executor.definitions import full_type_name
@@ -25,41 +28,52 @@ from .websocket import ClientRegistry
 log = logging.getLogger("lorabind.server")
 
 
+@dataclass
+class _Run:
+    """A prompt in flight on one worker thread: who queued it, which node runs, how to interrupt it."""
+
+    prompt_id: str
+    client_id: Optional[str]
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    node: Optional[str] = None
+
+
 class PromptWorker:
-    def __init__(self, queue: PromptQueue, history: HistoryStore, clients: ClientRegistry, executor):
+    def __init__(self, queue: PromptQueue, history: HistoryStore, clients: ClientRegistry, executor,
+                 concurrency: int = 1):
         self.queue = queue
         self.history = history
         self.clients = clients
         self.executor = executor
-        self._thread: Optional[threading.Thread] = None
+        self.concurrency = max(1, int(concurrency))
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._running_id: Optional[str] = None
-        self._running_client: Optional[str] = None
-        self._running_node: Optional[str] = None
-        self._interrupt: Optional[threading.Event] = None
+        self._runs: dict[int, _Run] = {}  # worker thread ident -> its prompt in flight
         self._free_memory = False
         self._unload_models = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="lorabind-prompt-worker", daemon=True)
-        self._thread.start()
+        for index in range(self.concurrency):
+            thread = threading.Thread(target=self._loop, name=f"lorabind-prompt-worker-{index}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Close the queue, interrupt the running prompt and wait for the thread to finish it."""
+        """Close the queue, interrupt the running prompts and wait for the threads to finish them."""
         self.queue.close()
         self.interrupt()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
 
     # -- requests from HTTP handlers (event loop thread) ------------------------------------------------
     def interrupt(self, prompt_id: Optional[str] = None) -> bool:
-        """Interrupt the running prompt; with ``prompt_id`` only if that one is running (ComfyUI's rule)."""
+        """Interrupt the running prompts; with ``prompt_id`` only that one if it runs (ComfyUI's rule)."""
         with self._lock:
-            if self._interrupt is None or (prompt_id is not None and prompt_id != self._running_id):
-                return False
-            self._interrupt.set()
-            return True
+            runs = [run for run in self._runs.values() if prompt_id is None or run.prompt_id == prompt_id]
+            for run in runs:
+                run.interrupt.set()
+            return bool(runs)
 
     def request_free(self, unload_models: bool, free_memory: bool) -> None:
         """``POST /free``: flags applied by the worker between prompts, never under a running prompt.
@@ -72,7 +86,8 @@ class PromptWorker:
     def running_node(self, client_id: str) -> Optional[str]:
         """The node now executing for this client, for the ``executing`` message sent on (re)connect."""
         with self._lock:
-            return self._running_node if client_id and client_id == self._running_client else None
+            nodes = [run.node for run in self._runs.values() if client_id and run.client_id == client_id]
+        return next((node for node in nodes if node is not None), None)
 
     # -- the thread -----------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -88,12 +103,14 @@ class PromptWorker:
             except Exception:  # e.g. the history folder became unwritable: log it, keep serving the queue
                 log.exception("prompt %s: could not record its result", item.prompt_id)
             finally:
-                self.queue.task_done()
+                self.queue.task_done(item)
             if item.client_id:
                 self.clients.send("executing", {"node": None, "prompt_id": item.prompt_id}, item.client_id)
 
     def _apply_free_requests(self) -> None:
         with self._lock:
+            if self._runs:  # another worker thread is running a prompt: free after it
+                return
             unload, free = self._unload_models, self._free_memory
             self._unload_models = self._free_memory = False
         if not (unload or free):
@@ -109,17 +126,16 @@ class PromptWorker:
             torch.cuda.empty_cache()
 
     def _run(self, item: QueueItem) -> None:
-        interrupt_event = threading.Event()
+        run = _Run(item.prompt_id, item.client_id)
         with self._lock:
-            self._running_id, self._running_client = item.prompt_id, item.client_id
-            self._running_node, self._interrupt = None, interrupt_event
+            self._runs[threading.get_ident()] = run
 
         def on_event(name: str, data: dict) -> None:
             if name == "executing":
                 if data.get("node") is None:
                     return  # sent by _loop once the history entry exists
                 with self._lock:
-                    self._running_node = data.get("node")
+                    run.node = data.get("node")
             if item.client_id:
                 self.clients.send(name, data, item.client_id)
             elif name == "execution_interrupted":
@@ -128,7 +144,7 @@ class PromptWorker:
         extra_data = {**item.extra_data, **item.sensitive}
         try:
             result = self.executor.execute(item.prompt, item.prompt_id, extra_data=extra_data, on_event=on_event,
-                                           interrupt_event=interrupt_event,
+                                           interrupt_event=run.interrupt,
                                            execute_outputs=item.outputs_to_execute)
             outputs, success, messages, meta = result.outputs, result.success, result.messages, result.meta
         except Exception as exc:  # e.g. a LoRA deleted since validation, or an executor bug: report, keep going
@@ -138,8 +154,7 @@ class PromptWorker:
             outputs, success, messages, meta = {}, False, [["execution_error", error]], {}
         finally:
             with self._lock:
-                self._running_id = self._running_client = self._running_node = None
-                self._interrupt = None
+                del self._runs[threading.get_ident()]
         status_str = "success" if success else "error"
         self.history.add(item.prompt_id, history_entry(item, outputs, status_str, success, messages, meta))
 

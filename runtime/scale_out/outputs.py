@@ -1,0 +1,95 @@
+"""Files that a replica's save nodes wrote, carried back into the front's output (or temp) folder.
+
+Why carried, not shared: a replica may run on another machine, so its output folder is private to it. Each
+``executed`` event takes the bytes of the files its UI payload names; the front writes them into its own folder
+under a free ``<prefix>_<counter>_`` name (two replicas both count from 00001) and rewrites the payload, so
+``/view`` and ``/history`` work as on one machine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+
+from ...loaders.atomic_files import write_atomically
+
+FILE_TYPES = ("output", "temp")
+MAX_FILE_BYTES = 2 * 1024 ** 3  # one output file carried through Ray's object store
+_placing = threading.Lock()  # two worker threads must not pick the same free name
+_COUNTER = re.compile(r"^(?P<stem>.*_)(?P<counter>\d{5,})(?P<rest>_.*)$")
+
+
+def _file_entries(ui: dict):
+    for value in (ui or {}).values():
+        for entry in value if isinstance(value, list) else ():
+            if isinstance(entry, dict) and entry.get("type") in FILE_TYPES and entry.get("filename"):
+                yield entry
+
+
+def _inside(folder: str, subfolder: str, filename: str) -> str:
+    path = os.path.realpath(os.path.join(folder, subfolder or "", filename))
+    if os.path.commonpath([path, os.path.realpath(folder)]) != os.path.realpath(folder):
+        raise ValueError(f"output {subfolder}/{filename} leaves its folder")
+    return path
+
+
+def take_files(ui: dict, folders: dict) -> list[dict]:
+    """On the replica: read (and remove) every file named in a UI payload; ``folders`` maps type -> folder."""
+    files = []
+    for entry in _file_entries(ui):
+        path = _inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"])
+        if not os.path.isfile(path) or os.path.getsize(path) > MAX_FILE_BYTES:
+            continue
+        with open(path, "rb") as handle:
+            data = handle.read()
+        os.unlink(path)
+        files.append({"type": entry["type"], "subfolder": entry.get("subfolder", ""),
+                      "filename": entry["filename"], "data": data})
+    return files
+
+
+def _free_name(folder: str, filename: str) -> str:
+    """``filename`` if free in ``folder``, else the same name with the next free ComfyUI counter."""
+    if not os.path.exists(os.path.join(folder, filename)):
+        return filename
+    match = _COUNTER.match(filename)
+    stem, rest = (match["stem"], match["rest"]) if match else (os.path.splitext(filename)[0] + "_", "_" +
+                                                               os.path.splitext(filename)[1])
+    counter = int(match["counter"]) if match else 1
+    while True:
+        counter += 1
+        candidate = f"{stem}{counter:05}{rest}"
+        if not os.path.exists(os.path.join(folder, candidate)):
+            return candidate
+
+
+def place_files(files: list[dict], folders: dict) -> dict:
+    """On the front: write carried files under free names; returns {(type, subfolder, old name): new name}."""
+    renamed = {}
+    with _placing:
+        for item in files:
+            folder = os.path.dirname(_inside(folders[item["type"]], item["subfolder"], "x"))
+            os.makedirs(folder, exist_ok=True)
+            name = _free_name(folder, item["filename"])
+            data = item["data"]
+
+            def write(temp_path: str, data=data) -> None:
+                with open(temp_path, "wb") as handle:
+                    handle.write(data)
+
+            write_atomically(os.path.join(folder, name), write)
+            renamed[(item["type"], item["subfolder"], item["filename"])] = name
+    return renamed
+
+
+def rename_in_ui(ui: dict, renamed: dict) -> dict:
+    """A copy of a UI payload with carried files under their new names."""
+    if not renamed:
+        return ui
+    copy = {key: [dict(entry) if isinstance(entry, dict) else entry for entry in value]
+            if isinstance(value, list) else value for key, value in ui.items()}
+    for entry in _file_entries(copy):
+        key = (entry["type"], entry.get("subfolder", ""), entry["filename"])
+        entry["filename"] = renamed.get(key, entry["filename"])
+    return copy
