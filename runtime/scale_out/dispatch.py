@@ -21,6 +21,11 @@ from .outputs import place_files, rename_in_ui
 log = logging.getLogger("lorabind.server")
 
 ROUTINGS = ("affinity", "round_robin")
+# Prompts handed to each replica at once, so it can run the ones for the binding it holds first.
+PROMPTS_IN_FLIGHT_PER_REPLICA = 4
+# How long Ray Serve takes to tell every router that a replica now holds a multiplexed id (the replica pushes
+# its ids every 0.1 s, then the controller broadcasts them).
+ROUTER_SETTLE_S = 0.5
 
 
 class ReplicaLostError(RuntimeError):
@@ -73,6 +78,30 @@ class RoutingState:
                     "running": dict(self._running), "replicas_lost_mid_prompt": list(self.lost)}
 
 
+class _FirstPlacements:
+    """The first prompt of a binding goes out alone; later ones follow once Ray's routers know where it landed.
+
+    Why: Ray routes by a multiplexed id only after the replica that loaded it has reported it. A burst of
+    prompts for a new binding would otherwise be spread over replicas before any of them is known to hold it.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._placed: dict[str, threading.Event] = {}
+
+    def claim(self, route: str) -> threading.Event | None:
+        """The event to set once placed when this prompt is the binding's first; else wait for the first."""
+        if not route:
+            return None
+        with self._lock:
+            placed = self._placed.get(route)
+            if placed is None:
+                self._placed[route] = placed = threading.Event()
+                return placed
+        placed.wait(timeout=60.0)
+        return None
+
+
 class RayExecutor:
     def __init__(self, handle, board, node_classes: dict, folders: dict, *, replicas: int,
                  routing: str = "affinity"):
@@ -83,6 +112,7 @@ class RayExecutor:
         self.state = RoutingState(routing, replicas)
         self._round_robin = itertools.count()
         self._replicas = replicas
+        self._placements = _FirstPlacements()
 
     def reset_cache(self) -> None:
         """``POST /free`` on a cluster: replicas keep their models (they are released when Ray stops them)."""
@@ -100,20 +130,25 @@ class RayExecutor:
                 ) -> ExecutionResult:
         on_event = on_event or (lambda name, data: None)
         route = self._route_id(prompt)
+        first_of_binding = self._placements.claim(route)
         relay = _InterruptRelay(self.board, prompt_id, interrupt_event)
         try:
             for attempt in (1, 2):
                 try:
-                    return self._run_once(route, prompt, prompt_id, extra_data or {}, execute_outputs, on_event)
+                    return self._run_once(route, prompt, prompt_id, extra_data or {}, execute_outputs, on_event,
+                                          first_of_binding)
                 except _NotStarted as exc:  # the router picked a replica that was already gone: nothing ran
                     if attempt == 2:
                         raise ReplicaLostError(f"no replica could take prompt {prompt_id}: {exc}") from None
                     log.warning("prompt %s: replica unavailable (%s); retrying on another replica", prompt_id, exc)
         finally:
+            if first_of_binding is not None:
+                first_of_binding.set()  # placed, or failed: either way the binding's other prompts may go
             relay.stop()
             self.state.finished(prompt_id)
 
-    def _run_once(self, route, prompt, prompt_id, extra_data, execute_outputs, on_event) -> ExecutionResult:
+    def _run_once(self, route, prompt, prompt_id, extra_data, execute_outputs, on_event,
+                  first_of_binding: threading.Event | None) -> ExecutionResult:
         import ray.exceptions
 
         response = self.handle.options(multiplexed_model_id=route, stream=True).run.remote(
@@ -121,7 +156,11 @@ class RayExecutor:
         replica, node, renamed, result = None, None, {}, None
         try:
             for name, data in response:
-                if name == "lorabind_replica":
+                if name == "lorabind_routed":
+                    if first_of_binding is not None:
+                        threading.Timer(ROUTER_SETTLE_S, first_of_binding.set).start()
+                    continue
+                if name == "lorabind_started":
                     replica = data["replica"]
                     self.state.started(prompt_id, replica)
                     log.info("prompt %s -> replica %s (%s)", prompt_id, replica, route or "no binding")

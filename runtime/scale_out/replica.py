@@ -1,8 +1,9 @@
 """The Ray Serve deployment: one lorabind executor per replica (one GPU each when the cluster has GPUs).
 
 A replica keeps its models and their bound LoRAs between prompts, exactly like the single-machine worker.
-``run`` streams the executor's events back in order, then one ``lorabind_result``; the first event names the
-replica so the front can report where a prompt ran and which replica died if one does.
+``run`` streams ``lorabind_routed`` (the prompt reached this replica), ``lorabind_started`` (its turn came:
+prompts for the binding the replica holds go first, ``scheduling.py``), the executor's events in order, then
+one ``lorabind_result``. The front thereby knows where a prompt runs and which replica died if one does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ray import serve
 
 from .interrupts import interrupt_board
 from .outputs import take_files
+from .scheduling import BindingFirstTurns
 
 # One binding per replica: a replica's models hold one set of fused weights at a time, so a second fingerprint
 # on the same replica would re-fuse anyway. Ray's multiplexing LRU then keeps each fingerprint on the replica
@@ -46,6 +48,7 @@ class LorabindReplica:
         # The replica's Ray actor name (SERVE_REPLICA::lorabind#LorabindReplica#<tag>): what `ray kill` takes.
         self.replica = serve.get_replica_context().replica_id.to_full_id_str()
         self.board = interrupt_board(namespace)
+        self.turns = BindingFirstTurns()
 
     @serve.multiplexed(max_num_models_per_replica=BINDINGS_PER_REPLICA)
     async def _binding(self, fingerprint: str) -> str:
@@ -56,8 +59,17 @@ class LorabindReplica:
     async def run(self, prompt: dict, prompt_id: str, extra_data: dict, outputs: list):
         fingerprint = serve.get_multiplexed_model_id()
         if fingerprint:
-            await self._binding(fingerprint)
-        yield ["lorabind_replica", {"replica": self.replica, "prompt_id": prompt_id}]
+            await self._binding(fingerprint)  # from here on Ray routes this fingerprint to this replica
+        yield ["lorabind_routed", {"replica": self.replica, "prompt_id": prompt_id}]
+        await self.turns.acquire(fingerprint)
+        try:
+            yield ["lorabind_started", {"replica": self.replica, "prompt_id": prompt_id}]
+            async for event in self._execute(prompt, prompt_id, extra_data, outputs):
+                yield event
+        finally:
+            await self.turns.release(fingerprint)
+
+    async def _execute(self, prompt: dict, prompt_id: str, extra_data: dict, outputs: list):
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         interrupt = threading.Event()

@@ -2,8 +2,8 @@
 
 Why one thread and one executor by default: models and the output cache live in the executor and are reused
 across prompts (ComfyUI's ``prompt_worker``); running two prompts at once would fight over the same shared
-model. A scaled-out server (``serve --ray``) runs one thread per replica: its executor forwards each prompt to
-a replica, which owns its own models, so prompts in flight never share weights.
+model. A scaled-out server (``serve --ray``) runs a few threads per replica: its executor forwards each prompt
+to a replica, which owns its own models and runs one prompt at a time, so prompts in flight never share weights.
 Events go only to the submitting client (``extra_data["client_id"]``), except ``execution_interrupted`` which
 ComfyUI broadcasts when the prompt has no client. The executor's own final ``executing {node: None}`` is held
 back and sent only after the history entry is written, because clients treat it as "done, fetch history now".
