@@ -33,6 +33,7 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     import ray
     from ray import serve
 
+    from ...loaders.devices import session_defaults
     from .dispatch import RayExecutor
     from .interrupts import interrupt_board
     from .replica import LorabindReplica
@@ -46,7 +47,7 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     options = _replica_resources(replicas)
     log.info("deploying %d lorabind replica(s) with %s", replicas, options)
     app = LorabindReplica.options(num_replicas=replicas, ray_actor_options=options).bind(
-        node_classes, models_root, input_dir, NAMESPACE)
+        node_classes, models_root, input_dir, NAMESPACE, session_defaults()["memory"])
     # Our own log lines say where each prompt went; Ray's per-call access log would repeat them per replica.
     handle = serve.run(app, name=APP_NAME, route_prefix=None,
                        logging_config={"enable_access_log": False, "log_level": "WARNING"})

@@ -36,9 +36,13 @@ def _fuse_passes() -> int:
 
 @serve.deployment(max_ongoing_requests=16)
 class LorabindReplica:
-    def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str):
+    def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None):
+        from ...loaders.devices import set_session_defaults
         from .. import folder_paths
         from ..executor import PromptExecutor
+
+        # The front's --memory holds here too; the device stays "auto": the GPU Ray gave this replica.
+        set_session_defaults(memory=memory)
 
         work = tempfile.mkdtemp(prefix="lorabind-replica-")
         self.folders = {"output": os.path.join(work, "output"), "temp": os.path.join(work, "temp")}
