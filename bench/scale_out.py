@@ -67,7 +67,7 @@ async def _run_stream(url: str, prompts: list[dict]) -> dict:
 
 def run_mode(routing: str, prompts: list[dict], replicas: int, root: Path) -> dict:
     from lorabind.runtime.server import ServerConfig
-    from lorabind.runtime.server.background import BackgroundServer
+    from lorabind.runtime.server.in_process_server import BackgroundServer
 
     out = root / f"out-{routing}"
     config = ServerConfig(port=0, models_root=str(root / "models"), output_dir=str(out / "output"),

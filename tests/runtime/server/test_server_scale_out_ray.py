@@ -19,7 +19,7 @@ import lorabind
 pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
 
 from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.background import BackgroundServer  # noqa: E402
+from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
 from server_client import Client, run_async  # noqa: E402
 
 WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
