@@ -58,15 +58,22 @@ def cpu_plan(model_index: dict):
 
 def choose_plan(folder: Path, model_index: dict, *, device, memory: str, dtype=None):
     """The ``MemoryPlan`` for loading ``folder`` onto ``device``; raises ``ModelLoadError`` when it does not fit."""
-    from .memory import component_sizes, plan_memory
+    from .memory import component_sizes
 
     if device.type == "cpu" and memory == "auto":
         return cpu_plan(model_index)
 
     dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(folder, model_index)
-    sizes = component_sizes(folder, dtype_name)
+    return plan_for_sizes(component_sizes(folder, dtype_name), label=folder.name, device=device, memory=memory)
+
+
+def plan_for_sizes(sizes, *, label: str, device, memory: str):
+    """The ``MemoryPlan`` for components of the given ``ComponentSize``s on ``device`` (any loader's: a folder's
+    or single files'); raises ``ModelLoadError`` naming ``label`` when it does not fit."""
+    from .memory import plan_memory
+
     device_free, host_free = free_memory(device)
     plan = plan_memory(sizes, device_free_bytes=device_free, host_free_bytes=host_free, requested=memory)
     if not plan.fits:
-        raise ModelLoadError(f"{folder.name} on {device}: {plan.reason}. Nothing was loaded.")
+        raise ModelLoadError(f"{label} on {device}: {plan.reason}. Nothing was loaded.")
     return plan

@@ -14,7 +14,9 @@ from ..loaders.handles import SOCKET_MODEL, ModelHandle
 from ..loaders.single_file.fp8 import ROUNDINGS
 from ..loaders.single_file.pipelines import detect_set, load_single_files
 from ..loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+from . import comfy_bridge
 from .comfy_bridge import folder_paths
+from .model_nodes import model_placement_inputs
 
 NO_FILE = "none"
 DTYPES = ("bfloat16", "float16", "float32")
@@ -102,11 +104,12 @@ class LoraBindCheckpointLoader:
                                "nearest, or stochastic seeded per tensor (ComfyUI's way; the same fuse always "
                                "gives the same bytes). Unbinding restores the file's exact bytes either way.",
                 }),
+                **model_placement_inputs(),
             },
         }
 
     @classmethod
-    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype, fp8_rounding="nearest"):
+    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype, fp8_rounding="nearest", **_options):
         parts = []
         for kind, name in (("diffusion_models", denoiser), ("diffusion_models", denoiser_low_noise), ("vae", vae),
                            ("text_encoders", text_encoder)):
@@ -114,12 +117,17 @@ class LoraBindCheckpointLoader:
             parts.append(f"{name}:{Path(path).stat().st_mtime_ns if path else 'missing'}")
         return "|".join(parts + [dtype, fp8_rounding])
 
-    def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16", fp8_rounding="nearest"):
+    def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16", fp8_rounding="nearest",
+             device="auto", memory="auto", attention="native", compile=False):
         denoisers = [resolve_file("diffusion_models", denoiser)]
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
         files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder))
-        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding)
+        comfy_bridge.install_unload_hook()
+        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,
+                                  device=device if device != "auto" else comfy_bridge.default_device(),
+                                  memory=memory, attention=attention, compile=compile,
+                                  before_device_alloc=comfy_bridge.free_device_memory)
         return ModelHandle(model, contracts=checkpoint_contracts(model)), files.describe()
 
 

@@ -128,8 +128,10 @@ def install_unload_hook() -> bool:
 
     def unload_all_models(*args, **kwargs):
         from ..loaders import model_store
+        from ..loaders.single_file import pipelines
 
         model_store.release_device_memory()
+        pipelines.release_device_memory()
         return current(*args, **kwargs)
 
     setattr(unload_all_models, _UNLOAD_HOOK_MARK, True)

@@ -62,6 +62,35 @@ def resolve_model_folder(model_name: str) -> Path:
     raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json under {searched}")
 
 
+def model_placement_inputs() -> dict:
+    """The optional device/memory/attention/compile inputs every model loader shares (same semantics, same
+    session defaults)."""
+    return {
+        "device": (device_choices(), {
+            "default": "auto",
+            "tooltip": "Where the model runs. auto: ComfyUI's device inside ComfyUI, `lorabind run/serve "
+                       "--device` headless, else CUDA, then MPS, then the CPU.",
+        }),
+        "memory": (list(MEMORY_NAMES), {
+            "default": "auto",
+            "tooltip": "Memory plan. auto picks the cheapest that fits the free device memory: full "
+                       "(everything resident), swap_experts (Wan2.2: one expert on the device at a time), "
+                       "offload_model (each component on the device only while used), offload_blocks "
+                       "(stream transformer blocks). A plan that cannot fit is refused before loading.",
+        }),
+        "attention": (list(ATTENTION_NAMES), {
+            "default": "native",
+            "tooltip": "Attention kernel (diffusers' attention dispatcher): native is torch SDPA; flash, "
+                       "flash3, sage, xformers need their package and CUDA; cudnn needs CUDA.",
+        }),
+        "compile": ("BOOLEAN", {
+            "default": False,
+            "tooltip": "torch.compile the repeated transformer blocks (diffusers' regional compilation): "
+                       "slower first run, faster steps after.",
+        }),
+    }
+
+
 class LoraBindModelLoader:
     DESCRIPTION = (
         "Loads a diffusers model folder (Wan2.1, Wan2.2 MoE, Qwen-Image, MiniMax-H3) once and shares it between "
@@ -89,28 +118,7 @@ class LoraBindModelLoader:
             },
             # Optional so that API prompts written before these inputs existed still validate and run.
             "optional": {
-                "device": (device_choices(), {
-                    "default": "auto",
-                    "tooltip": "Where the model runs. auto: ComfyUI's device inside ComfyUI, `lorabind run/serve "
-                               "--device` headless, else CUDA, then MPS, then the CPU.",
-                }),
-                "memory": (list(MEMORY_NAMES), {
-                    "default": "auto",
-                    "tooltip": "Memory plan. auto picks the cheapest that fits the free device memory: full "
-                               "(everything resident), swap_experts (Wan2.2: one expert on the device at a time), "
-                               "offload_model (each component on the device only while used), offload_blocks "
-                               "(stream transformer blocks). A plan that cannot fit is refused before loading.",
-                }),
-                "attention": (list(ATTENTION_NAMES), {
-                    "default": "native",
-                    "tooltip": "Attention kernel (diffusers' attention dispatcher): native is torch SDPA; flash, "
-                               "flash3, sage, xformers need their package and CUDA; cudnn needs CUDA.",
-                }),
-                "compile": ("BOOLEAN", {
-                    "default": False,
-                    "tooltip": "torch.compile the repeated transformer blocks (diffusers' regional compilation): "
-                               "slower first run, faster steps after.",
-                }),
+                **model_placement_inputs(),
             },
         }
 

@@ -122,6 +122,12 @@ def _measure_config(library: str, class_name: str, config_text: str, dtype_name:
     return _measure(module, getattr(torch, dtype_name), keep)
 
 
+def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = ()) -> ComponentSize:
+    """The ``ComponentSize`` of an already built (e.g. meta-device) module: loaders that build their modules
+    from shipped configs (single files) size them the same way as a folder's."""
+    return ComponentSize(name=name, role=role, **_measure(module, dtype, keep_fp32))
+
+
 def _measure(module, dtype, keep_fp32: tuple) -> dict:
     """Byte counts of ``module`` at ``dtype``; parameters named by ``keep_fp32`` stay float32 (as diffusers
     loads them)."""

@@ -94,7 +94,7 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     layout = detected.kind.layout(detected.config)
     expected = model.state_dict(keep_vars=True)
     plan = layout.native_plan(expected)
-    keep = _fp32_modules(type(model), detected, compute)
+    keep = fp32_modules(type(model), detected, compute)
     # modules whose callers cast their input to the weight's dtype (umt5's ``wo``): an fp8 weight there is
     # dequantized on load instead of kept fp8
     never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
@@ -131,7 +131,7 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     return model.eval().requires_grad_(False)
 
 
-def _fp32_modules(cls, detected: Detected, compute) -> tuple:
+def fp32_modules(cls, detected: Detected, compute) -> tuple:
     """What ``from_pretrained`` keeps in float32: diffusers for any lower dtype; transformers only for float16
     (plus its ``_strict`` list always)."""
     import torch
