@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from .errors import KeyMatchError
-from .lora.canonical import LowRankDelta, TargetPatch
+from .lora.canonical import TargetPatch
+from .lora.kinds import WeightDelta
 from .single_file import fp8
 from .weight_sources import FileBackedOriginal
 
@@ -56,11 +57,11 @@ class PatchLayer:
 
 @dataclass(frozen=True, eq=False)  # never compared by value: that would compare tensors
 class _Contribution:
-    """What one PatchLayer adds to one parameter: a low-rank delta (weights only) and/or a full diff."""
+    """What one PatchLayer adds to one parameter: an adapter kind's weight delta (weights only) and/or a full diff."""
 
     key: str
     strength: float
-    low_rank: Optional[LowRankDelta]
+    low_rank: Optional[WeightDelta]
     diff: Optional[torch.Tensor]
 
     @property
@@ -93,11 +94,6 @@ def base_module(module: nn.Module) -> nn.Module:
     """The module holding the real parameters: peft wraps targeted layers and keeps the original as base_layer."""
     get_base = getattr(module, "get_base_layer", None)
     return get_base() if callable(get_base) else module
-
-
-def low_rank_delta_shape(delta: LowRankDelta) -> tuple:
-    """Shape of ``up @ down`` folded back to the weight's layout (linear [out, in]; conv [out, in, *k])."""
-    return (int(delta.up.shape[0]),) + tuple(int(s) for s in delta.down.shape[1:])
 
 
 class WeightPatcher:
@@ -168,10 +164,9 @@ class WeightPatcher:
             root = self.components[layer.component]
             for module_path, target in layer.targets.items():
                 module = self._module(root, layer, module_path)
-                parts: dict[str, tuple[Optional[LowRankDelta], Optional[torch.Tensor]]] = {}
+                parts: dict[str, tuple[Optional[WeightDelta], Optional[torch.Tensor]]] = {}
                 if target.low_rank is not None:
-                    self._check_shape(layer, module, module_path, "weight", low_rank_delta_shape(target.low_rank))
-                    self._check_low_rank_layout(layer, module_path, target.low_rank)
+                    self._check_delta_layout(layer, module, module_path, target.low_rank)
                     parts["weight"] = (target.low_rank, None)
                 for name, diff in target.param_diffs.items():
                     self._check_shape(layer, module, module_path, name, tuple(diff.shape))
@@ -265,13 +260,17 @@ class WeightPatcher:
                 f"{list(tensor.shape)}, the LoRA delta is {list(got)}."
             )
 
-    @staticmethod
-    def _check_low_rank_layout(layer: PatchLayer, module_path: str, delta: LowRankDelta) -> None:
-        if int(delta.up.shape[1]) != int(delta.down.shape[0]) or any(int(s) != 1 for s in delta.up.shape[2:]):
+    def _check_delta_layout(self, layer: PatchLayer, module: nn.Module, module_path: str, delta) -> None:
+        """The kind's delta must lay out like ``<module>.weight`` (asked of the kind: ``delta_shape``)."""
+        weight = _param_or_none(module, "weight")
+        got = delta.delta_shape(tuple(weight.shape)) if weight is not None else None
+        if weight is not None and got is None:
+            shapes = ", ".join(str(list(t.shape)) for t in delta.tensors())
             raise KeyMatchError(
-                f"LoRA '{layer.label}': '{module_path}' has up {list(delta.up.shape)} and down "
-                f"{list(delta.down.shape)}, which do not form a rank-{delta.rank} product."
+                f"LoRA '{layer.label}': '{module_path}' has {delta.kind} factors {shapes}, which do not form a "
+                f"delta of the model's weight shape {list(weight.shape)}."
             )
+        self._check_shape(layer, module, module_path, "weight", got or ())
 
     def _module_and_name(self, pid: str) -> tuple:
         component, module_path, name = self._locations[pid]
@@ -416,12 +415,9 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     rows = dest.shape[0] if dest.dim() >= 1 else 1
     source = original.reshape(rows, -1)
     target = dest.view(rows, -1)
-    factors = [
-        (c.low_rank.up.to(device=device, dtype=torch.float32).reshape(c.low_rank.up.shape[0], -1),
-         c.low_rank.down.to(device=device, dtype=torch.float32).reshape(c.low_rank.down.shape[0], -1),
-         c.strength * float(c.low_rank.scale)) if c.low_rank is not None else None
-        for c in contributions
-    ]
+    # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
+    factors = [(c.low_rank.row_adder(device), c.strength * float(c.low_rank.scale)) if c.low_rank is not None
+               else None for c in contributions]
     diffs = [c.diff.reshape(rows, -1) if c.diff is not None else None for c in contributions]
     cols = source.shape[1]
     step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
@@ -436,8 +432,8 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
             chunk.mul_(scale)
         for c, factor, diff in zip(contributions, factors, diffs):
             if factor is not None:
-                up, down, alpha = factor
-                chunk.addmm_(up[start:stop], down, alpha=alpha)
+                add_rows, alpha = factor
+                add_rows(chunk, start, stop, alpha)
             if diff is not None:
                 chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
         if storage is not None:  # the one rounding, into the fp8 storage

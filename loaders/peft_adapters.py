@@ -83,6 +83,11 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
         if target.low_rank is None:
             continue
         delta = target.low_rank
+        if delta.kind != "lora":
+            raise AdapterError(
+                f"'{label}': '{module_path}' is a {delta.kind} adapter; dynamic adapters support plain low-rank "
+                f"LoRA only — {FUSE_NODE_HINT}."
+            )
         if delta.down.dim() != 2:
             raise AdapterError(
                 f"'{label}': '{module_path}' is a convolution LoRA (down {list(delta.down.shape)}); dynamic "

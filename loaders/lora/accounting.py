@@ -13,7 +13,7 @@ from typing import Optional
 
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
-from .canonical import LOW_RANK_PARTS, MappedLora, TargetPatch, merged_keys
+from .canonical import MappedLora, TargetPatch, low_rank_parts, merged_keys
 
 _SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
 
@@ -71,7 +71,7 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
         fitting = TargetPatch(module=dest)
         keys_of = patch.source_keys
         if patch.low_rank is not None:
-            low_rank_keys = {part: keys_of[part] for part in LOW_RANK_PARTS if part in keys_of}
+            low_rank_keys = {part: keys for part, keys in keys_of.items() if part in low_rank_parts()}
             if "weight" in params:
                 _check_low_rank(lora.name, where, dest, patch, params["weight"])
                 fitting.low_rank = patch.low_rank
@@ -139,7 +139,7 @@ def _file_names_by_key(mapped: MappedLora) -> dict:
     names = {}
     for name, patch in mapped.source.targets.items():
         for part, keys in patch.source_keys.items():
-            owner = name if part in LOW_RANK_PARTS or part in ("weight", "bias") else f"{name}.{part}"
+            owner = name if part in low_rank_parts() or part in ("weight", "bias") else f"{name}.{part}"
             names.update({raw: owner for raw in keys})
     return names
 
@@ -155,22 +155,16 @@ def _not_in_model(acc, family, model_family, file_names, keys) -> None:
 
 
 def _check_low_rank(file_name, where, dest, patch, weight) -> None:
-    """``up @ down`` must have the weight's shape (conv: ``[out, r, 1, ..] @ [r, in, *k]``)."""
-    down, up = patch.low_rank.down, patch.low_rank.up
-    if weight.dim() == 2 and down.dim() == 2 and up.dim() == 2:
-        got = (up.shape[0], down.shape[1])
-    elif weight.dim() > 2 and down.dim() == weight.dim() and up.dim() == weight.dim() and all(
-            s == 1 for s in up.shape[2:]):
-        got = (up.shape[0], *down.shape[1:])
-    else:
-        got = None
+    """The kind's delta must have the weight's shape (low-rank conv: ``[out, r, 1, ..] @ [r, in, *k]``)."""
+    got = patch.low_rank.delta_shape(tuple(weight.shape))
     if got is None or tuple(got) != tuple(weight.shape):
-        factors = " and ".join(repr(key) for part in ("down", "up")
-                               for key in patch.source_keys.get(part, ())) or repr(dest)
+        factors = " and ".join(repr(key) for part, keys in patch.source_keys.items() if part in low_rank_parts()
+                               and part != "alpha" for key in keys) or repr(dest)
+        shapes = ", ".join(str(tuple(t.shape)) for t in patch.low_rank.tensors())
         raise KeyMatchError(
             f"{file_name}: {factors} do not fit {where} parameter {dest}.weight: expected shape "
             f"{tuple(weight.shape)}, got {tuple(got) if got else 'no matching layout'} "
-            f"(lora_up {tuple(up.shape)} @ lora_down {tuple(down.shape)})")
+            f"({patch.low_rank.kind} factors {shapes})")
 
 
 def _summarise(acc: KeyAccounting) -> None:

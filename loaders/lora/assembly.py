@@ -1,16 +1,11 @@
-"""Group a file's parsed keys into one ``TargetPatch`` per module and resolve each pair's scale.
-
-Scale rules (``canonical.LowRankDelta.scale``), in order of precedence:
-1. a per-pair ``.alpha`` tensor: ``alpha / rank`` (``alpha / sqrt(rank)`` when the config says rsLoRA);
-2. a PEFT config (``adapter_config.json`` or diffusers' embedded ``lora_adapter_metadata``): ``lora_alpha`` /
-   ``alpha_pattern`` over ``r`` / ``rank_pattern`` (or its square root for rsLoRA);
-3. nothing declared: 1.0 (LightX2V / x2v files have alpha folded in; a family's ``prepare`` may override).
+"""Group a file's parsed keys into one ``TargetPatch`` per module; the module's adapter kind (``kinds``) builds
+its weight delta and resolves its scale (the plain LoRA's rules are in ``kinds/low_rank.py``; a PEFT config,
+``adapter_config.json`` or diffusers' embedded ``lora_adapter_metadata``, is read here as ``PeftScaling``).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -18,7 +13,8 @@ from typing import Optional
 import regex
 
 from ..errors import LoraFileError
-from .canonical import LowRankDelta, TargetPatch
+from . import kinds
+from .canonical import TargetPatch
 
 
 # PEFT's rank_pattern/alpha_pattern keys are regexes from a file: their matching time must be bounded. A
@@ -109,8 +105,9 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
     targets = {}
     for module, roles in groups.items():
         patch = TargetPatch(module=module, source_keys={role: (raw,) for role, raw in roles.items()})
-        if "down" in roles or "up" in roles:
-            patch.low_rank = _low_rank(module, roles, tensors, display_name, peft)
+        kind = kinds.kind_for(roles)
+        if kind is not None:
+            patch.low_rank = _build_delta(kind, module, roles, tensors, display_name, peft)
         elif "alpha" in roles:
             raise LoraFileError(f"{display_name}: {roles['alpha']!r} has no lora_down/lora_up (lora_A/lora_B) "
                                 f"pair for module {module!r}")
@@ -125,35 +122,12 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
     return targets
 
 
-def _low_rank(module, roles, tensors, display_name, peft) -> LowRankDelta:
-    for have, need in (("down", "up"), ("up", "down")):
-        if have in roles and need not in roles:
-            raise LoraFileError(f"{display_name}: {roles[have]!r} has no matching {need} factor "
-                                f"(module {module!r} needs both lora_down/lora_A and lora_up/lora_B)")
-    down, up = tensors[roles["down"]], tensors[roles["up"]]
-    if down.dim() < 2 or up.dim() < 2 or up.shape[1] != down.shape[0]:
-        raise LoraFileError(f"{display_name}: factors of module {module!r} do not chain: {roles['down']!r} "
-                            f"{tuple(down.shape)} and {roles['up']!r} {tuple(up.shape)} (need up[:, r] and "
-                            f"down[r, ...] with the same rank r)")
-    rank = int(down.shape[0])
-    if rank < 1:
-        raise LoraFileError(f"{display_name}: {roles['down']!r} has rank 0 (an empty LoRA factor)")
-    if "alpha" in roles:
-        alpha_tensor = tensors[roles["alpha"]]
-        if alpha_tensor.numel() != 1:
-            raise LoraFileError(f"{display_name}: {roles['alpha']!r} must be a scalar, got shape "
-                                f"{tuple(alpha_tensor.shape)}")
-        alpha = float(alpha_tensor.reshape(()).item())
-        rslora = bool(peft and peft.use_rslora)
-    elif peft is not None:
-        declared_rank, alpha = peft.rank_and_alpha(module)
-        if declared_rank != rank:
-            raise LoraFileError(f"{display_name}: adapter config gives module {module!r} rank {declared_rank} but "
-                                f"{roles['down']!r} has rank {rank}")
-        rslora = peft.use_rslora
-    else:
-        return LowRankDelta(down=down, up=up, alpha=None, scale=1.0)
-    if not math.isfinite(alpha):
-        raise LoraFileError(f"{display_name}: alpha of module {module!r} is not finite ({alpha})")
-    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
-    return LowRankDelta(down=down, up=up, alpha=alpha, scale=scale)
+def _build_delta(kind, module, roles, tensors, display_name, peft):
+    """One module's weight delta, built by its kind; parts of two kinds on one module are refused."""
+    own = kind.parts | {"alpha"}
+    foreign = [raw for role, raw in roles.items() if role in kinds.delta_parts() and role not in own]
+    if foreign:
+        raise LoraFileError(f"{display_name}: module {module!r} mixes {kind.name} tensors with {foreign[0]!r} "
+                            f"of another adapter kind")
+    return kind.build(module, {role: raw for role, raw in roles.items() if role in own}, tensors, display_name,
+                      peft)

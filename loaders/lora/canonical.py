@@ -8,31 +8,17 @@ family. The patcher and the key accounting only ever see ``TargetPatch`` objects
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-
-@dataclass
-class LowRankDelta:
-    """``delta W = scale · up @ down`` on ``<module>.weight``.
-
-    ``down`` is A with shape [rank, in] (conv: [rank, in, *k]); ``up`` is B with shape [out, rank] (conv:
-    [out, rank, 1, ...]). ``alpha`` is what the file declared (None when absent); ``scale`` is the resolved
-    multiplier (alpha/rank, alpha/sqrt(rank) for rsLoRA, 1.0 without alpha, or a family rule).
-    """
-
-    down: Any
-    up: Any
-    alpha: Optional[float]
-    scale: float
-
-    @property
-    def rank(self) -> int:
-        return int(self.down.shape[0])
+from .kinds import delta_parts
+from .kinds.low_rank import LowRankDelta  # noqa: F401  (re-exported: the plain LoRA kind's delta)
 
 
 @dataclass
 class TargetPatch:
-    """Everything one LoRA does to one module: a low-rank delta and/or full diffs of its parameters.
+    """Everything one LoRA does to one module: a weight delta of one adapter kind and/or full diffs of its
+    parameters. ``low_rank`` holds that kind's delta (``kinds.base.WeightDelta``: a ``LowRankDelta`` for a plain
+    LoRA, a LoHa or LoKr delta, ...); it keeps its historic name.
 
     ``param_diffs`` maps a parameter name of the module to a full delta: ``"weight"`` (``.diff``), ``"bias"``
     (``.diff_b``) or another parameter such as ``"scale_shift_table"`` (Wan ``diff_m`` on ``blocks.N``).
@@ -44,7 +30,7 @@ class TargetPatch:
     """
 
     module: str
-    low_rank: Optional[LowRankDelta] = None
+    low_rank: Optional["LowRankDelta"] = None
     param_diffs: dict = field(default_factory=dict)
     source_keys: dict = field(default_factory=dict)
 
@@ -53,7 +39,9 @@ class TargetPatch:
         return tuple(key for keys in self.source_keys.values() for key in keys)
 
 
-LOW_RANK_PARTS = ("down", "up", "alpha")  # the ``source_keys`` parts of ``TargetPatch.low_rank``
+def low_rank_parts() -> frozenset:
+    """The ``source_keys`` parts of ``TargetPatch.low_rank``, over every registered adapter kind."""
+    return delta_parts()
 
 
 def merged_keys(first: dict, second: dict) -> dict:

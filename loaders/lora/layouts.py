@@ -6,7 +6,8 @@ ComfyUI/LightX2V native files, ``transformer.`` for diffusers pipeline saves, ``
 flatten the module dots into underscores). Suffixes name the tensor's role. The module name left in the middle is
 still in the file's own naming; the family modules map it.
 
-Roles: ``down`` / ``up`` (the two low-rank factors), ``alpha`` (scalar), ``weight`` / ``bias`` (full deltas
+Roles: the parts an adapter kind claims (``down`` / ``up`` of the low-rank pair, ``hada_w1_a`` ... of LoHa, see
+``kinds``), ``alpha`` (scalar), ``weight`` / ``bias`` (full deltas
 ``.diff`` / ``.diff_b``, PEFT ``lora_B.bias``), ``modulation`` (Wan ``blocks.N.diff_m``, a delta of the block's
 modulation parameter).
 """
@@ -16,30 +17,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# (suffix, role); the first suffix that matches wins, so a more specific spelling comes before a shorter one
-# that could also end the same key (".lora_A.default.weight" before ".lora_A.weight"...).
-_SUFFIX_ROLES = (
-    (".lora_A.default.weight", "down"),
-    (".lora_B.default.weight", "up"),
+from . import kinds
+
+# (suffix, role) of the full diffs and alpha; the weight-delta suffixes come from the adapter kinds (``kinds``),
+# checked first. The first suffix that matches wins.
+_DIFF_SUFFIX_ROLES = (
     (".lora_B.default.bias", "bias"),
-    (".lora_down.weight", "down"),
-    (".lora_up.weight", "up"),
-    (".lora.down.weight", "down"),
-    (".lora.up.weight", "up"),
-    ("_lora.down.weight", "down"),  # old diffusers attention-processor layout: "...processor.to_q_lora.down.weight"
-    ("_lora.up.weight", "up"),
-    (".lora_A.weight", "down"),
-    (".lora_B.weight", "up"),
     (".lora_B.bias", "bias"),  # PEFT lora_bias=True: a plain additive bias delta
-    (".lora_linear_layer.down.weight", "down"),  # old diffusers LoRALinearLayer (transformers-style)
-    (".lora_linear_layer.up.weight", "up"),
     (".alpha", "alpha"),
     (".diff_b", "bias"),
     (".diff_m", "modulation"),
     (".diff", "weight"),
-    (".lora_A", "down"),  # Mochi-style factors without ".weight" (listed by LightX2V's loader)
-    (".lora_B", "up"),
 )
+
+
+def suffix_roles() -> tuple:
+    """Every known ``(suffix, role)``: the registered adapter kinds' first, then the full diffs'."""
+    return kinds.suffix_parts() + _DIFF_SUFFIX_ROLES
+
 
 # Prefixes that only say who wrote the file. Checked repeatedly (PEFT wrapping a diffusers save gives
 # "base_model.model.transformer."). "transformer." with its dot never eats Qwen's "transformer_blocks".
@@ -47,7 +42,6 @@ _DOTTED_PREFIXES = ("base_model.model.", "model.diffusion_model.", "diffusion_mo
 # kohya/musubi/LyCORIS write the module path with underscores instead of dots.
 _FLATTENED_PREFIXES = ("lora_unet_", "lora_transformer_", "lycoris_")
 
-KNOWN_SUFFIXES = tuple(suffix for suffix, _ in _SUFFIX_ROLES)
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,7 @@ class ParsedKey:
 
 def parse_key(raw: str) -> Optional[ParsedKey]:
     """Split a raw key into module name and role; None when the suffix is not a LoRA tensor suffix."""
-    for suffix, role in _SUFFIX_ROLES:
+    for suffix, role in suffix_roles():
         if raw.endswith(suffix):
             body = raw[: -len(suffix)]
             break

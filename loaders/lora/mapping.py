@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from ..errors import KeyMatchError
 from .. import families as family_registry  # module import: families imports lora.canonical
-from .canonical import LOW_RANK_PARTS, LoraFile, MappedLora, TargetPatch, merged_keys
+from .canonical import LoraFile, MappedLora, TargetPatch, low_rank_parts, merged_keys
 
 _OWN_PARAMETERS = ("weight", "bias")  # a module's own parameters; any other diff targets another parameter
-_MODULE_PARTS = frozenset(LOW_RANK_PARTS) | frozenset(_OWN_PARAMETERS)
 _TEXT_ENCODER_PREFIXES = ("lora_te_", "lora_te1_", "lora_te2_", "lora_te3_", "text_encoder.", "text_encoder_2.")
 TEXT_ENCODER_REASON = ("text-encoder LoRA key: lorabind applies LoRAs to the diffusion transformer only, "
                        "the text-encoder part of this file is not used")
@@ -26,10 +25,11 @@ def map_to_model(lora: LoraFile, model_family: str) -> MappedLora:
         raise KeyMatchError(f"{lora.name}: no LoRA key map for model family {model_family!r}") from None
     prepared = family.prepare(lora, model_family)
     mapped = MappedLora(source=prepared, family=model_family, targets={})
+    module_parts = low_rank_parts() | frozenset(_OWN_PARAMETERS)
     for name, patch in prepared.targets.items():
         own_diffs = {p: patch.param_diffs[p] for p in _OWN_PARAMETERS if p in patch.param_diffs}
         if patch.low_rank is not None or own_diffs:
-            own_keys = {part: keys for part, keys in patch.source_keys.items() if part in _MODULE_PARTS}
+            own_keys = {part: keys for part, keys in patch.source_keys.items() if part in module_parts}
             _place(mapped, family, prepared, name, family.map_target(name),
                    TargetPatch(module=name, low_rank=patch.low_rank, param_diffs=own_diffs, source_keys=own_keys))
         for param, diff in patch.param_diffs.items():
@@ -44,7 +44,7 @@ def map_to_model(lora: LoraFile, model_family: str) -> MappedLora:
                                source_keys={dest_param: tuple(patch.source_keys.get(param, ()))}))
         # a part that names no data of this patch cannot be applied; it is reported, never dropped
         mapped.unmatched.extend(key for part, keys in patch.source_keys.items()
-                                if part not in _MODULE_PARTS and part not in patch.param_diffs for key in keys)
+                                if part not in module_parts and part not in patch.param_diffs for key in keys)
     return mapped
 
 

@@ -18,7 +18,7 @@ from .. import json_limits
 from ..errors import LoraFileError
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
-from .layouts import KNOWN_SUFFIXES, describe_format, parse_key
+from .layouts import describe_format, parse_key, suffix_roles
 from .safetensors_header import read_header
 
 PEFT_CONFIG_NAME = "adapter_config.json"
@@ -119,9 +119,10 @@ def _read_uncached(resolved: str, display_name: str, identity: tuple) -> LoraFil
         parsed_key = parse_key(key)
         (parsed if parsed_key is not None else unknown).append(parsed_key or key)
     if unknown:
+        known = ", ".join(suffix for suffix, _ in suffix_roles())
         raise LoraFileError(
             f"{display_name}: {len(unknown)} tensor(s) are not LoRA tensors: {', '.join(unknown[:5])}"
-            f"{' ...' if len(unknown) > 5 else ''} (known suffixes: {', '.join(KNOWN_SUFFIXES)})")
+            f"{' ...' if len(unknown) > 5 else ''} (known suffixes: {known})")
     if not parsed:
         raise LoraFileError(f"{display_name}: the file holds no tensors")
 
@@ -197,5 +198,5 @@ def _remember(cache_key: tuple, lora: LoraFile) -> None:
 def _patch_bytes(patch) -> int:
     tensors = list(patch.param_diffs.values())
     if patch.low_rank is not None:
-        tensors += [patch.low_rank.down, patch.low_rank.up]
+        tensors += patch.low_rank.tensors()
     return sum(t.numel() * t.element_size() for t in tensors)

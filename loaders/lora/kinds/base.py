@@ -1,0 +1,88 @@
+"""The one interface every adapter kind implements, and the helpers kinds share.
+
+An adapter kind (low-rank pair, LoHa, LoKr, ...) is one file in this package with one ``AdapterKind`` object:
+it names the key suffixes it claims (suffix -> part), builds the per-module weight delta from a module's parts,
+and the delta it builds computes its own rows in float32 for the patcher. Reading, accounting, the patcher and
+``inspect`` only talk to this interface, so adding a kind is that file plus one line in ``kinds/__init__.py``
+(or a ``register`` call).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+from ...errors import LoraFileError
+
+# chunk: float32 [rows, cols] rows ``start:stop`` of the weight (flattened to 2-D); alpha: strength x scale
+RowAdder = Callable[..., None]
+
+
+class WeightDelta(Protocol):
+    """What a kind's ``build`` returns and ``TargetPatch.low_rank`` holds: one module's weight delta."""
+
+    kind: str
+    alpha: Optional[float]
+    scale: float
+
+    @property
+    def rank(self) -> int: ...
+
+    def delta_shape(self, weight_shape: tuple) -> Optional[tuple]:
+        """The delta's shape in the weight's layout, None when it cannot be laid out like that weight."""
+
+    def tensors(self) -> list:
+        """The file tensors it holds (for cache sizes)."""
+
+    def row_adder(self, device) -> RowAdder:
+        """A function ``add(chunk, start, stop, alpha)`` doing ``chunk += alpha * delta[start:stop]`` in float32
+        (``delta`` flattened to [out, -1]); the factors are converted once per call of ``row_adder``."""
+
+
+@dataclass(frozen=True)
+class AdapterKind:
+    """One adapter kind: the key suffixes it claims and how a module's parts become its ``WeightDelta``.
+
+    ``build(module, parts, tensors, display_name, peft)``: ``parts`` maps part -> raw key (only this kind's parts
+    and ``alpha``); ``peft`` is the file's ``PeftScaling`` or None. ``peft_capable``: whether a file of this kind
+    can be run unfused as a peft adapter by ``loaders.peft_adapters``.
+    """
+
+    name: str
+    suffix_parts: tuple  # ((suffix, part), ...), more specific suffixes first
+    build: Callable
+    peft_capable: bool = False
+
+    @property
+    def parts(self) -> frozenset:
+        return frozenset(part for _, part in self.suffix_parts)
+
+
+def alpha_of(parts: dict, tensors, display_name: str, module: str) -> Optional[float]:
+    """The module's ``.alpha`` scalar, None when the file has none; errors name the file and key."""
+    if "alpha" not in parts:
+        return None
+    tensor = tensors[parts["alpha"]]
+    if tensor.numel() != 1:
+        raise LoraFileError(f"{display_name}: {parts['alpha']!r} must be a scalar, got shape {tuple(tensor.shape)}")
+    alpha = float(tensor.reshape(()).item())
+    if not math.isfinite(alpha):
+        raise LoraFileError(f"{display_name}: alpha of module {module!r} is not finite ({alpha})")
+    return alpha
+
+
+def require(parts: dict, needed: tuple, display_name: str, module: str, kind: str) -> None:
+    """Every part in ``needed`` must be present; the error names the file, module and the missing keys."""
+    missing = [part for part in needed if part not in parts]
+    if missing:
+        have = ", ".join(repr(k) for k in parts.values())
+        raise LoraFileError(f"{display_name}: {kind} module {module!r} ({have}) lacks its {', '.join(missing)} "
+                            f"tensor(s)")
+
+
+def flat_shape(out: int, cols: int, weight_shape: tuple) -> Optional[tuple]:
+    """A delta computed as [out, cols] laid out like ``weight_shape`` (conv weights flatten their tail)."""
+    if not weight_shape or int(weight_shape[0]) != out or math.prod(int(s) for s in weight_shape[1:]) != cols:
+        return None
+    return tuple(int(s) for s in weight_shape)

@@ -1,0 +1,111 @@
+"""The low-rank pair (plain LoRA): ``delta W = scale · up @ down``.
+
+Scale rules, in order of precedence: a per-pair ``.alpha`` tensor gives ``alpha / rank`` (``alpha / sqrt(rank)``
+when the PEFT config says rsLoRA); else a PEFT config gives ``lora_alpha``/``alpha_pattern`` over
+``r``/``rank_pattern``; else 1.0 (LightX2V / x2v files have alpha folded in; a family's ``prepare`` may override).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from ...errors import LoraFileError
+from .base import AdapterKind, alpha_of
+
+
+@dataclass
+class LowRankDelta:
+    """``delta W = scale · up @ down`` on ``<module>.weight``.
+
+    ``down`` is A with shape [rank, in] (conv: [rank, in, *k]); ``up`` is B with shape [out, rank] (conv:
+    [out, rank, 1, ...]). ``alpha`` is what the file declared (None when absent); ``scale`` is the resolved
+    multiplier (alpha/rank, alpha/sqrt(rank) for rsLoRA, 1.0 without alpha, or a family rule).
+    """
+
+    down: Any
+    up: Any
+    alpha: Optional[float]
+    scale: float
+    kind: str = "lora"
+
+    @property
+    def rank(self) -> int:
+        return int(self.down.shape[0])
+
+    def delta_shape(self, weight_shape: tuple) -> Optional[tuple]:
+        """``up @ down`` folded back to the weight's layout (linear [out, in]; conv [out, in, *k]); None when
+        the factors do not form a rank-r product of that layout."""
+        if int(self.up.shape[1]) != self.rank or any(int(s) != 1 for s in self.up.shape[2:]):
+            return None
+        if len(weight_shape) > 2 and (self.down.dim() != len(weight_shape) or self.up.dim() != len(weight_shape)):
+            return None
+        return (int(self.up.shape[0]),) + tuple(int(s) for s in self.down.shape[1:])
+
+    def tensors(self) -> list:
+        return [self.down, self.up]
+
+    def row_adder(self, device):
+        up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)
+        down = self.down.to(device=device, dtype=torch.float32).reshape(self.down.shape[0], -1)
+
+        def add(chunk, start, stop, alpha):
+            chunk.addmm_(up[start:stop], down, alpha=alpha)
+        return add
+
+
+def build(module: str, parts: dict, tensors, display_name: str, peft) -> LowRankDelta:
+    for have, need in (("down", "up"), ("up", "down")):
+        if have in parts and need not in parts:
+            raise LoraFileError(f"{display_name}: {parts[have]!r} has no matching {need} factor "
+                                f"(module {module!r} needs both lora_down/lora_A and lora_up/lora_B)")
+    down, up = tensors[parts["down"]], tensors[parts["up"]]
+    if down.dim() < 2 or up.dim() < 2 or up.shape[1] != down.shape[0]:
+        raise LoraFileError(f"{display_name}: factors of module {module!r} do not chain: {parts['down']!r} "
+                            f"{tuple(down.shape)} and {parts['up']!r} {tuple(up.shape)} (need up[:, r] and "
+                            f"down[r, ...] with the same rank r)")
+    rank = int(down.shape[0])
+    if rank < 1:
+        raise LoraFileError(f"{display_name}: {parts['down']!r} has rank 0 (an empty LoRA factor)")
+    alpha = alpha_of(parts, tensors, display_name, module)
+    if alpha is not None:
+        rslora = bool(peft and peft.use_rslora)
+    elif peft is not None:
+        declared_rank, alpha = peft.rank_and_alpha(module)
+        if declared_rank != rank:
+            raise LoraFileError(f"{display_name}: adapter config gives module {module!r} rank {declared_rank} but "
+                                f"{parts['down']!r} has rank {rank}")
+        if not math.isfinite(alpha):
+            raise LoraFileError(f"{display_name}: alpha of module {module!r} is not finite ({alpha})")
+        rslora = peft.use_rslora
+    else:
+        return LowRankDelta(down=down, up=up, alpha=None, scale=1.0)
+    scale = alpha / math.sqrt(rank) if rslora else alpha / rank
+    return LowRankDelta(down=down, up=up, alpha=alpha, scale=scale)
+
+
+# (suffix, part); a more specific spelling comes before a shorter one that could also end the same key
+KIND = AdapterKind(
+    name="lora",
+    suffix_parts=(
+        (".lora_A.default.weight", "down"),
+        (".lora_B.default.weight", "up"),
+        (".lora_down.weight", "down"),
+        (".lora_up.weight", "up"),
+        (".lora.down.weight", "down"),
+        (".lora.up.weight", "up"),
+        ("_lora.down.weight", "down"),  # old diffusers attention processor: "...processor.to_q_lora.down.weight"
+        ("_lora.up.weight", "up"),
+        (".lora_A.weight", "down"),
+        (".lora_B.weight", "up"),
+        (".lora_linear_layer.down.weight", "down"),  # old diffusers LoRALinearLayer (transformers-style)
+        (".lora_linear_layer.up.weight", "up"),
+        (".lora_A", "down"),  # Mochi-style factors without ".weight" (listed by LightX2V's loader)
+        (".lora_B", "up"),
+    ),
+    build=build,
+    peft_capable=True,
+)
