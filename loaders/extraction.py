@@ -6,13 +6,16 @@ any other changed tensor (biases, norms, conv kernels, modulation tables) is sto
 nothing the tuning changed is lost. Identical tensors are skipped. Every key and shape is checked before any
 SVD runs, and the file is written to a temporary name and renamed, so a failure never leaves a partial file.
 
-Output keys use diffusers module names with the ``transformer.`` prefix (what diffusers' Wan/Qwen pipelines
-write): ``<module>.lora_A.weight`` (down), ``<module>.lora_B.weight`` (up), ``<module>.alpha`` when an alpha is
-requested, ``<module>.diff`` / ``<module>.diff_b`` and ``<module>.<param>.diff`` for other parameters.
+Output keys use diffusers module names with a prefix (default ``transformer.``, what diffusers' Wan/Qwen
+pipelines write): ``<module>.lora_A.weight`` (down), ``<module>.lora_B.weight`` (up), ``<module>.alpha`` when an
+alpha is written, ``<module>.diff`` / ``<module>.diff_b`` and ``<module>.<param>.diff`` for other parameters.
+LightX2V's extractor options map onto ``ExtractOptions``: layer globs choosing the linears, rank (default 32,
+cut per layer), alpha (default the rank), output dtype (default bf16), device, key prefix, and pairs only.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import os
@@ -25,6 +28,24 @@ from .atomic_files import write_atomically
 from .errors import LoraBindError
 
 OUTPUT_PREFIX = "transformer."
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """What to extract: ``layers`` globs over module names (empty: every linear), ``rank`` cut per layer,
+    ``alpha`` written per pair (None: no alpha, scale 1), ``dtype`` of the written tensors (None: the tuned
+    model's per tensor), ``diffs`` (False: low-rank pairs only, like LightX2V), ``key_prefix`` and ``device``."""
+
+    rank: int = 32
+    alpha: Optional[float] = None
+    dtype: Optional[torch.dtype] = None
+    layers: tuple = ()
+    diffs: bool = True
+    key_prefix: str = OUTPUT_PREFIX
+    device: str = "cpu"
+
+    def selects(self, module: str) -> bool:
+        return not self.layers or any(fnmatch.fnmatchcase(module, pattern) for pattern in self.layers)
 
 
 class ExtractionError(LoraBindError):
@@ -115,43 +136,47 @@ def low_rank_factors(diff: torch.Tensor, rank: int, alpha: Optional[float]) -> t
     return down, up, used, error
 
 
-def extract_lora(base: ComponentWeights, tuned: ComponentWeights, *, rank: int, alpha: Optional[float] = None,
-                 dtype: Optional[torch.dtype] = None, device: str = "cpu",
+def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: ExtractOptions,
                  on_progress: Optional[Callable[[int, int], None]] = None) -> ExtractionResult:
     """The LoRA tensors turning ``base`` into ``tuned`` (see the module docstring for the key layout)."""
-    if rank < 1:
-        raise ExtractionError(f"--rank must be at least 1 (got {rank})")
-    if alpha is not None and alpha <= 0:
-        raise ExtractionError(f"--alpha must be positive (got {alpha})")
+    if options.rank < 1:
+        raise ExtractionError(f"--rank must be at least 1 (got {options.rank})")
+    if options.alpha is not None and options.alpha <= 0:
+        raise ExtractionError(f"--alpha must be positive (got {options.alpha})")
     check_correspondence(base, tuned)
     result = ExtractionResult()
     keys = sorted(base.keys())
+    prefix = options.key_prefix
     for index, key in enumerate(keys):
-        before, after = base.tensor(key), tuned.tensor(key)
-        if torch.equal(before, after):
-            result.identical += 1
+        module, _, param = key.rpartition(".")
+        is_linear = param == "weight" and len(base.shapes[key]) == 2
+        wanted = options.selects(module) if is_linear else options.diffs and (not options.layers or
+                                                                               options.selects(module))
+        before, after = (base.tensor(key), tuned.tensor(key)) if wanted else (None, None)
+        if not wanted or torch.equal(before, after):
+            result.identical += 1 if wanted else 0
         elif not before.is_floating_point():
             raise ExtractionError(f"'{key}' is not a float tensor ({before.dtype}) but differs between the models")
         else:
-            diff = after.to(device, torch.float32) - before.to(device, torch.float32)
-            out_dtype = dtype or after.dtype
-            module, _, param = key.rpartition(".")
-            if param == "weight" and diff.dim() == 2:
-                down, up, used, error = low_rank_factors(diff, rank, alpha)
-                result.tensors[f"{OUTPUT_PREFIX}{module}.lora_A.weight"] = down.to(out_dtype).cpu().contiguous()
-                result.tensors[f"{OUTPUT_PREFIX}{module}.lora_B.weight"] = up.to(out_dtype).cpu().contiguous()
-                if alpha is not None:
-                    result.tensors[f"{OUTPUT_PREFIX}{module}.alpha"] = torch.tensor(float(alpha))
+            diff = after.to(options.device, torch.float32) - before.to(options.device, torch.float32)
+            out_dtype = options.dtype or after.dtype
+            if is_linear:
+                down, up, used, error = low_rank_factors(diff, options.rank, options.alpha)
+                result.tensors[f"{prefix}{module}.lora_A.weight"] = down.to(out_dtype).cpu().contiguous()
+                result.tensors[f"{prefix}{module}.lora_B.weight"] = up.to(out_dtype).cpu().contiguous()
+                if options.alpha is not None:
+                    result.tensors[f"{prefix}{module}.alpha"] = torch.tensor(float(options.alpha))
                 result.low_rank[module] = used
                 result.max_abs_error = max(result.max_abs_error, error)
             else:
                 name = {"weight": f"{module}.diff", "bias": f"{module}.diff_b"}.get(param, f"{key}.diff")
-                result.tensors[f"{OUTPUT_PREFIX}{name}"] = diff.to(out_dtype).cpu().contiguous()
+                result.tensors[f"{prefix}{name}"] = diff.to(out_dtype).cpu().contiguous()
                 result.diffs.append(key)
         if on_progress is not None:
             on_progress(index + 1, len(keys))
     if not result.tensors:
-        raise ExtractionError(f"{tuned.folder} is identical to {base.folder}: there is nothing to extract")
+        what = f" in the layers {list(options.layers)}" if options.layers else ""
+        raise ExtractionError(f"{tuned.folder} is identical to {base.folder}{what}: there is nothing to extract")
     return result
 
 
