@@ -73,6 +73,24 @@ class BindReport:
         }
 
 
+_cache_defaults = {"max_size": DEFAULT_MAX_CACHED_ADAPTERS, "pinned": ()}
+
+
+def set_adapter_cache_defaults(*, max_size: Optional[int] = None, pinned_paths: Sequence[str] = ()) -> None:
+    """Session defaults for every model's PEFT adapter cache (``serve --max-cached-adapters/--preload-adapter``):
+    its size, and LoRA files kept cached once loaded (on every denoiser) whatever the LRU says."""
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"the adapter cache holds at least 1 adapter, got {max_size}")
+    if max_size is not None:
+        _cache_defaults["max_size"] = int(max_size)
+    _cache_defaults["pinned"] = tuple(pinned_paths)
+
+
+def set_adapter_cache_size(model, max_size: int) -> None:
+    """This model's adapter cache size (a loader's ``max_cached_adapters`` input); takes effect at the next bind."""
+    binding_state(model).adapters.max_size = max(1, int(max_size))
+
+
 def binding_state(model) -> BindingState:
     """The engine state of a loaded model, created on first use."""
     with _state_creation_lock:
@@ -81,8 +99,11 @@ def binding_state(model) -> BindingState:
             sources = getattr(model, "weight_sources", None) or FolderWeightSources(model.path)
             model.binding_state = BindingState(
                 patcher=WeightPatcher(model.components, weight_sources=sources),
-                adapters=AdapterCache(model.components, max_size=DEFAULT_MAX_CACHED_ADAPTERS),
+                adapters=AdapterCache(model.components, max_size=_cache_defaults["max_size"]),
             )
+            for path in _cache_defaults["pinned"]:
+                for component in model.components:
+                    model.binding_state.adapters.pin(path, component)
     return model.binding_state
 
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..loaders.binding import set_adapter_cache_size
 from ..loaders.devices import MEMORY_NAMES, device_choices
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import SOCKET_MODEL, ModelHandle
@@ -119,6 +120,11 @@ class LoraBindModelLoader:
             # Optional so that API prompts written before these inputs existed still validate and run.
             "optional": {
                 **model_placement_inputs(),
+                "max_cached_adapters": ("INT", {
+                    "default": 0, "min": 0, "max": 64,
+                    "tooltip": "How many dynamic (PEFT) adapters this model keeps injected for fast switching; "
+                               "0 = the default (4, or `lorabind serve --max-cached-adapters`).",
+                }),
             },
         }
 
@@ -134,7 +140,8 @@ class LoraBindModelLoader:
         index = folder / "model_index.json"
         return f"{index}:{index.stat().st_mtime_ns}:{dtype}"
 
-    def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False):
+    def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
+             max_cached_adapters=0):
         folder = resolve_model_folder(model_name)
         progress = ProgressBar(1)
         comfy_bridge.install_unload_hook()
@@ -142,6 +149,8 @@ class LoraBindModelLoader:
                            comfy_bridge.default_device(), memory=memory, attention=attention, compile=compile,
                            on_progress=lambda done, total: progress.update_absolute(done, total=total),
                            before_device_alloc=comfy_bridge.free_device_memory)
+        if max_cached_adapters:
+            set_adapter_cache_size(model, max_cached_adapters)
         return (ModelHandle(model, contracts=checkpoint_contracts(model)),)
 
 

@@ -32,6 +32,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-upload-size", type=float, default=100.0, metavar="MB",
                         help="largest accepted request body in MB (default 100)")
     add_device_arguments(parser)
+    parser.add_argument("--max-cached-adapters", type=int, default=None, metavar="N",
+                        help="dynamic (PEFT) adapters each model keeps injected for fast switching (default 4)")
+    parser.add_argument("--preload-adapter", nargs="+", default=(), metavar="NAME",
+                        help="LoRA files/PEFT folders under models/loras read at start and never evicted from "
+                             "the adapter cache")
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help="run prompts on Ray Serve replicas (needs pip install \"lorabind[ray]\"): 'auto' or "
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
@@ -49,6 +54,10 @@ def run(args) -> int:
         return 2
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
+        return 2
+    cache_error = apply_adapter_cache_arguments(args)
+    if cache_error:
+        print(f"lorabind serve: {cache_error}")
         return 2
     if args.ray is not None:
         if args.replicas < 1:
@@ -71,3 +80,30 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def apply_adapter_cache_arguments(args) -> str | None:
+    """``--max-cached-adapters`` / ``--preload-adapter``: the adapter cache's session defaults; preloaded files are
+    read now (a bad name or file fails at start, not at the first prompt) and pinned. An error text, or None."""
+    if args.max_cached_adapters is None and not args.preload_adapter:
+        return None
+    if args.max_cached_adapters is not None and args.max_cached_adapters < 1:
+        return "--max-cached-adapters must be at least 1"
+    from ...loaders.binding import set_adapter_cache_defaults
+    from ...loaders.errors import LoraBindError
+    from ...loaders.lora import read_lora
+    from .. import folder_paths
+
+    folder_paths.configure(models_root=args.models)
+    paths = []
+    for name in args.preload_adapter:
+        path = folder_paths.get_full_path("loras", name)
+        if path is None:
+            return f"--preload-adapter {name}: not found under {args.models}/loras"
+        try:
+            read_lora(path)
+        except LoraBindError as exc:
+            return f"--preload-adapter {name}: {exc}"
+        paths.append(path)
+    set_adapter_cache_defaults(max_size=args.max_cached_adapters, pinned_paths=paths)
+    return None
