@@ -67,11 +67,12 @@ def run(args) -> int:
         workflow = _load_json(args.workflow)
         node_classes, display_names = load_node_classes()
         prompt, kind = to_api_prompt(workflow, node_classes, display_names)
+        nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
         if kind == "ui":
-            print(f"{args.workflow}: UI workflow, converted to an API prompt of {len(prompt)} nodes")
+            print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
         else:
-            print(f"{args.workflow}: API prompt of {len(prompt)} nodes")
-        apply_overrides(prompt, args.overrides, node_classes)
+            print(f"{args.workflow}: API prompt of {nodes_text}")
+        changed = apply_overrides(prompt, args.overrides, node_classes)
     except RunError as exc:
         print(f"lorabind run: {exc}", file=sys.stderr)
         return 1
@@ -104,7 +105,7 @@ def run(args) -> int:
         print("lorabind run: interrupted", file=sys.stderr)
         return 130
     if not result.success:
-        print(format_execution_error(result.error, prompt), file=sys.stderr)
+        print(format_execution_error(result.error, prompt, changed), file=sys.stderr)
         return 1
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
@@ -123,8 +124,15 @@ def _load_json(path: str):
         raise RunError(f"workflow file '{path}' is not valid JSON: {exc}") from None
 
 
-def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> None:
-    """Apply ``NODE.INPUT=VALUE`` overrides in place; unknown node ids and input names are errors."""
+def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> dict:
+    """Apply ``NODE.INPUT=VALUE`` overrides in place; unknown node ids and input names are errors.
+
+    VALUE is parsed by the input's declared type: a BOOLEAN takes true/false, on/off, yes/no, 1/0 (any case),
+    anything else is JSON, else a plain string. Returns {node_id: ["input=value", ...]}: the error text uses it
+    so that a node's title from the workflow (which may name the old value) is not shown as if still true."""
+    from ..executor.definitions import parse_bool
+
+    changed: dict = {}
     for item in overrides:
         target, has_value, raw = item.partition("=")
         node_id, dot, input_name = target.rpartition(".")
@@ -135,20 +143,34 @@ def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> N
                            f"(node ids: {', '.join(sorted(prompt))})")
         node = prompt[node_id]
         inputs = dict(node.get("inputs") or {})
-        known = list(inputs)
-        node_class = node_classes.get(node.get("class_type"))
-        if node_class is not None:
-            declared = node_class.INPUT_TYPES()
-            known += [n for section in ("required", "optional") for n in (declared.get(section) or {})]
+        declared = _declared_inputs(node_classes.get(node.get("class_type")))
+        known = list(dict.fromkeys([*inputs, *declared]))
         if input_name not in known:
             raise RunError(f"--set '{item}': node {node_id} ({node.get('class_type')}) has no input "
-                           f"'{input_name}' (inputs: {', '.join(dict.fromkeys(known))})")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
+                           f"'{input_name}' (inputs: {', '.join(known)})")
+        if declared.get(input_name) == "BOOLEAN":
+            try:
+                value = parse_bool(raw)
+            except ValueError as exc:
+                raise RunError(f"--set '{item}': input '{input_name}' of node {node_id} is a BOOLEAN: {exc}") from None
+        else:
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = raw
         inputs[input_name] = value
         prompt[node_id] = {**node, "inputs": inputs}
+        changed.setdefault(node_id, []).append(f"{input_name}={json.dumps(value)}")
+    return changed
+
+
+def _declared_inputs(node_class) -> dict:
+    """{input name: declared type} of a node class (type is a string such as "BOOLEAN", or "COMBO")."""
+    if node_class is None:
+        return {}
+    declared = node_class.INPUT_TYPES()
+    return {name: spec[0] if isinstance(spec, (list, tuple)) and spec and isinstance(spec[0], str) else "COMBO"
+            for section in ("required", "optional") for name, spec in (declared.get(section) or {}).items()}
 
 
 def format_node_errors(node_errors: dict) -> str:
@@ -187,17 +209,28 @@ def format_validation_failure(error: dict, node_errors: dict) -> str:
     return f"{header}: {details}" if details else header
 
 
-def format_execution_error(error: dict | None, prompt: dict | None = None) -> str:
+def format_execution_error(error: dict | None, prompt: dict | None = None, changed: dict | None = None) -> str:
     """``node 6 "Sampler" (LoraBindSampler) failed: Type: message`` — the title is what the user sees in the
-    ComfyUI canvas, so it is shown when the workflow has one."""
+    ComfyUI canvas, so it is shown when the workflow has one. For a node whose inputs ``--set`` changed
+    (``changed``: {node_id: ["steps=8", ...]}) the title may name the old values ("Sampler (4 steps)"), so the
+    changed inputs are shown instead."""
     if not error:
         return "lorabind run: execution failed"
     message = str(error.get("exception_message", "")).strip()
     node_id = error.get("node_id")
     title = ((prompt or {}).get(node_id, {}).get("_meta") or {}).get("title")
-    shown_title = f' "{title}"' if title else ""
+    overridden = (changed or {}).get(node_id)
+    if overridden:
+        shown_title = f" (with --set {', '.join(overridden)})"
+    else:
+        shown_title = f' "{title}"' if title else ""
     return (f"lorabind run: node {node_id}{shown_title} ({error.get('node_type')}) failed: "
-            f"{error.get('exception_type')}: {message}")
+            f"{_short_type(error.get('exception_type'))}: {message}")
+
+
+def _short_type(type_name) -> str:
+    """``ContractError`` for ``lorabind.loaders.errors.ContractError``: the module path means nothing to a user."""
+    return str(type_name or "").rsplit(".", 1)[-1]
 
 
 def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:

@@ -39,6 +39,17 @@ def _error(kind: str, message: str, details: str = "", extra_info: dict | None =
     return {"type": kind, "message": message, "details": details, "extra_info": extra_info or {}}
 
 
+def _unknown_class(node_classes: dict, node_id: str, class_type: str) -> dict:
+    """ComfyUI's message and details, then what a user needs next: this runtime has no ComfyUI core nodes
+    (KSampler, CheckpointLoaderSimple, ...), only the classes listed."""
+    offered = sorted(node_classes)
+    return _error(
+        "invalid_prompt", f"Cannot execute because node {class_type} does not exist.",
+        f"Node ID '#{node_id}'. This runtime offers only these nodes: {', '.join(offered)}. ComfyUI's core nodes "
+        "(KSampler, CheckpointLoaderSimple, ...) are not available headless; run such a workflow inside ComfyUI.",
+        {"node_id": node_id, "class_type": class_type, "available_node_types": offered})
+
+
 def copy_prompt(prompt: dict) -> dict:
     """Copy the node dicts and their input dicts (values are shared) so casting never edits the caller's."""
     copied = {}
@@ -83,9 +94,7 @@ def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=
                 "invalid_prompt", f"Cannot execute because a node's {field_name} property is malformed "
                 "(class_type must be a string, inputs an object).", f"Node ID '#{node_id}'"))
         if definitions.get_class(class_type) is None:
-            return ValidationResult(False, _error(
-                "invalid_prompt", f"Cannot execute because node {class_type} does not exist.",
-                f"Node ID '#{node_id}'"))
+            return ValidationResult(False, _unknown_class(node_classes, node_id, class_type))
         if definitions.is_output_node(class_type):
             if partial_execution_targets is None or node_id in partial_execution_targets:
                 outputs.append(node_id)

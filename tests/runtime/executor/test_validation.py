@@ -60,9 +60,13 @@ def test_missing_class_type_and_unknown_class_name_the_node():
                              "message": "Cannot execute because a node is missing the class_type property.",
                              "details": "Node ID '#5'", "extra_info": {}}
     unknown = validate({"9": {"class_type": "NoSuchNode", "inputs": {}}})
-    assert unknown.error == {"type": "invalid_prompt",
-                             "message": "Cannot execute because node NoSuchNode does not exist.",
-                             "details": "Node ID '#9'", "extra_info": {}}
+    assert unknown.error["type"] == "invalid_prompt"
+    assert unknown.error["message"] == "Cannot execute because node NoSuchNode does not exist."
+    # ComfyUI's details first, then which nodes this runtime offers instead
+    assert unknown.error["details"].startswith("Node ID '#9'. This runtime offers only these nodes: ")
+    assert "ComfyUI's core nodes (KSampler, CheckpointLoaderSimple, ...) are not available headless" in (
+        unknown.error["details"])
+    assert unknown.error["extra_info"]["available_node_types"] == sorted(FAKE_NODES)
     assert not unknown.ok and unknown.node_errors == {} and unknown.outputs == []
     for node in ({"class_type": ["RtInt"], "inputs": {}}, {"class_type": "RtInt", "inputs": None}):
         malformed = validate({"4": node})

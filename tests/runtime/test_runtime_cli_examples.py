@@ -1,0 +1,41 @@
+"""The README's examples through the real CLI and the real nodes on the built-in tiny models (built on first use
+into a temporary models root, offline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import lorabind
+from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.runtime import folder_paths
+from lorabind.runtime.cli import main
+
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("cli_examples_models")
+
+
+def run(models_root, tmp_path, name, *extra):
+    try:
+        return main(["run", str(WORKFLOWS / f"{name}.json"), "--models", str(models_root),
+                     "--output", str(tmp_path / "out"), *extra])
+    finally:
+        folder_paths.configure()
+
+
+def test_following_the_contract_errors_advice_on_the_command_line_runs_and_records_the_override(
+        models_root, tmp_path, capsys):
+    assert run(models_root, tmp_path, "wan22_mismatched_contract") == 1
+    err = capsys.readouterr().err
+    assert "steps must be 4, got 20 (set enforce_contract off to override it explicitly)" in err
+    # the advice, as a person types it
+    assert run(models_root, tmp_path, "wan22_mismatched_contract", "--set", "6.enforce_contract=off") == 0
+    out = capsys.readouterr().out
+    assert (f"node 6 (LoraBindSampler) text: contract override: steps=20 overrides {F.WAN22_HIGH} "
+            "(steps=4 in its contract)") in out
+    assert list((tmp_path / "out" / "lorabind").glob("wan22_mismatched_contract_*.webp"))
