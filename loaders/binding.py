@@ -129,7 +129,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     layers = []
     for spec in fuses:
         content_key = _content_key(spec.path)
-        targets, accounting = _accounted_targets(model, state, spec, lenient, content_key)
+        targets, accounting = _accounted_targets(model, state, spec, lenient or spec.lenient, content_key)
         layers.append(PatchLayer(key=content_key, component=spec.component,
                                  strength=float(spec.strength), targets=targets, name=_label(spec)))
         report.fuses.append({"name": _label(spec), "path": spec.path, "component": spec.component,
@@ -139,7 +139,8 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     for spec in adapters:
         if float(spec.scale) == 0:
             continue  # off: no weights, no contract, nothing to validate
-        targets, accounting = _accounted_targets(model, state, spec, lenient, _content_key(spec.path))
+        targets, accounting = _accounted_targets(model, state, spec, lenient or spec.lenient,
+                                                 _content_key(spec.path))
         key = cache_key(spec.path, spec.component)
         groups = None if key in state.adapters.entries else to_peft_groups(targets, _label(spec))
         wanted_adapters.append((key, spec, groups))

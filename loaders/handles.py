@@ -35,6 +35,7 @@ class FuseSpec:
     strength: float
     component: str  # "transformer", "transformer_2", "transformer_ref", ...
     name: str = ""  # display name (relative name under the loras root) for messages
+    lenient: bool = False  # keys that match nothing in the model are skipped (listed) instead of refused
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class AdapterSpec:
     scale: float
     component: str = "transformer"
     name: str = ""
+    lenient: bool = False  # as FuseSpec.lenient
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,6 +26,8 @@ AUTO_COMPONENT = "auto"
 HIGH_EXPERT, LOW_EXPERT = "transformer", "transformer_2"
 
 _STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
+_LENIENT = ("BOOLEAN", {"default": False, "tooltip": "Skip keys that match nothing in the model (they are "
+                        "listed in the accounting) instead of refusing the file. Off: every key must fit."})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -74,13 +76,14 @@ def contract_text(contract) -> list:
     return [] if contract is None else ["contract: " + contract_to_dict(contract)["text"]]
 
 
-def prepare_fuse(model_handle, family, name: str, path: str, strength: float, component: str, node: str):
+def prepare_fuse(model_handle, family, name: str, path: str, strength: float, component: str, node: str,
+                 lenient: bool = False):
     """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines)."""
     family.check_artifact(model_handle.model, os.path.basename(name), component)  # e.g. an I2V file on a T2V model
-    prepared = prepare_lora(path, model_handle.model, component, name=name, where=node)
+    prepared = prepare_lora(path, model_handle.model, component, name=name, lenient=lenient, where=node)
     report = prepared.report()
     contract = declared_contract(family, prepared.lora, name, strength)
-    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name)
+    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient))
     return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
 
 
@@ -123,6 +126,7 @@ class LoadPEFTAdapter:
             },
             "optional": {
                 "adapter": (SOCKET_ADAPTER, {"tooltip": "Upstream adapter stack to add this adapter to."}),
+                "lenient": _LENIENT,
             },
         }
 
@@ -130,7 +134,8 @@ class LoadPEFTAdapter:
     def IS_CHANGED(cls, lora_name="", **_):
         return lora_inputs_identity(lora_name)
 
-    def load(self, lora_name, scale, component=HIGH_EXPERT, adapter: Optional[AdapterHandle] = None):
+    def load(self, lora_name, scale, component=HIGH_EXPERT, adapter: Optional[AdapterHandle] = None,
+             lenient=False):
         path = resolve_lora(lora_name, "lora_name", "LoadPEFTAdapter")
         # read_lora is the engine's cached reader (bind() later finds the file there); the peft conversion is
         # the one bind() uses, run here once so a file that cannot be dynamic (full diffs, convolutions) is
@@ -138,7 +143,8 @@ class LoadPEFTAdapter:
         lf = read_lora(path)
         to_peft_groups(lf.targets, lora_name)
         contract = declared_contract(families.guess_family(lf), lf, lora_name, scale)
-        spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name)
+        spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name,
+                           lenient=bool(lenient))
         handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
         text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]
         return _ui(handle, [], [contract_to_dict(contract)], text)
@@ -173,17 +179,18 @@ class FuseDistillLoRA:
                               "Denoiser to fuse into. auto: the only transformer, or for Wan2.2 MoE the expert "
                               "the file name says (high_noise -> transformer, low_noise -> transformer_2)."}),
             },
+            "optional": {"lenient": _LENIENT},
         }
 
     @classmethod
     def IS_CHANGED(cls, lora_name="", **_):
         return lora_inputs_identity(lora_name)
 
-    def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT):
+    def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT, lenient=False):
         path = resolve_lora(lora_name, "lora_name", "FuseDistillLoRA")
         component = self._component(model, lora_name, component)
         spec, report, contract, text = prepare_fuse(model, families.for_model_family(model.family), lora_name, path,
-                                                    strength, component, "FuseDistillLoRA")
+                                                    strength, component, "FuseDistillLoRA", lenient)
         handle = model.with_fuses(spec, contracts=(contract,) if contract else ())
         return _ui(handle, [report], [contract_to_dict(contract)], text)
 
@@ -234,13 +241,14 @@ class WanMoELoRAPair:
                                    "…low_noise…; None = no LoRA on that expert."}),
                 "low_noise_strength": ("FLOAT", dict(_STRENGTH, tooltip="Strength of the low-noise LoRA.")),
             },
+            "optional": {"lenient": _LENIENT},
         }
 
     @classmethod
     def IS_CHANGED(cls, high_noise_lora=NONE_CHOICE, low_noise_lora=NONE_CHOICE, **_):
         return lora_inputs_identity(high_noise_lora, low_noise_lora)
 
-    def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength):
+    def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength, lenient=False):
         self._check_model(model)
         self._check_slots(high_noise_lora, low_noise_lora)
         family_module = families.for_model_family(model.family)
@@ -253,7 +261,7 @@ class WanMoELoRAPair:
                 continue
             path = resolve_lora(name, input_name, "WanMoELoRAPair")
             spec, report, contract, lines = prepare_fuse(model, family_module, name, path, strength, component,
-                                                         "WanMoELoRAPair")
+                                                         "WanMoELoRAPair", lenient)
             specs.append(spec)
             reports.append(report)
             contract_dicts.append(contract_to_dict(contract))

@@ -101,7 +101,8 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
     if acc.unmatched:
         acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
                        f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family)}"
-                       f"Check that the LoRA is for this model (or load it leniently to ignore these keys)")
+                       f"Check that the LoRA is for this model, or skip these keys explicitly: the fuse and "
+                       f"adapter nodes' 'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'")
         if not lenient:
             raise KeyMatchError(acc.refusal)
     return acc

@@ -23,6 +23,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", metavar="DIFFUSERS_DIR",
                         help="diffusers model folder to account the keys against (applied / expected-unmatched / "
                              "unmatched)")
+    parser.add_argument("--lenient", action="store_true",
+                        help="with --model: keys that match nothing are listed but do not fail the command (as "
+                             "the nodes' lenient input and merge --lenient skip them)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -36,7 +39,7 @@ def run(args) -> int:
         return EXIT_REFUSED
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     refusal = (report["accounting"] or {}).get("refusal")
-    if refusal:  # unmatched keys: listed in the report above, and refused as the fuse nodes and merge would
+    if refusal and not args.lenient:  # unmatched keys: listed above, and refused as the fuse nodes and merge would
         print(f"lorabind inspect: refused: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
     return 0
