@@ -11,6 +11,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
+# ScheduleContract.kind of a file whose metadata says it has no contract although its name suggests one: it
+# constrains nothing, and exists so the override is shown wherever contracts are.
+NO_CONTRACT = "none"
+
+
 @dataclass(frozen=True)
 class ScheduleContract:
     """A sampling contract declared by an artifact (distill LoRA, Turbo/native adapter, pinned checkpoint).
@@ -35,10 +40,14 @@ class ScheduleContract:
     rank: Optional[int] = None
     scale: Optional[float] = None
     extra: tuple[tuple[str, Any], ...] = ()
+    # Where the contract was read from: "file name", "metadata" (the file's safetensors metadata) or "checkpoint"
+    # (the model's model_index.json). Shown wherever the contract is, so a surprising one can be traced.
+    declared_by: str = ""
+    note: str = ""  # e.g. the file name suggested another contract than its metadata declares (metadata wins)
 
     def describe(self) -> str:
         """One line in words, for UI badges and logs."""
-        parts = [f"{self.source}: {self.kind}"]
+        parts = [f"{self.source}: {'no contract' if self.kind == NO_CONTRACT else self.kind}"]
         if self.steps is not None:
             parts.append(f"steps={self.steps}")
         if self.shift is not None:
@@ -49,7 +58,10 @@ class ScheduleContract:
             parts.append(f"cfg={self.cfg:g}")
         if self.tasks:
             parts.append("tasks=" + ",".join(self.tasks))
-        return " ".join(parts)
+        text = " ".join(parts)
+        if self.declared_by:
+            text += f" (declared by its {self.declared_by})"
+        return f"{text}; {self.note}" if self.note else text
 
 
 @dataclass(frozen=True)

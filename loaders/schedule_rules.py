@@ -31,6 +31,18 @@ _KIND_NOUNS = {
     "native": "native adapter",
     "pinned": "checkpoint with a pinned schedule",
 }
+# How an error says where the contract it enforces was read from (ScheduleContract.declared_by).
+_DECLARED_BY_WORDS = {
+    "file name": "its file name declares this contract",
+    "metadata": "its safetensors metadata declares this contract",
+    "checkpoint": "the checkpoint's model_index.json pins this schedule",
+}
+
+
+def declared_by_words(contract: ScheduleContract) -> str:
+    """"its file name declares this contract; " — the start of an error's parenthesis ("" when unknown)."""
+    words = _DECLARED_BY_WORDS.get(contract.declared_by)
+    return f"{words}; " if words else ""
 
 
 def resolve_single_schedule(model, contracts: Sequence[ScheduleContract], request: SamplingRequest, *,
@@ -83,6 +95,8 @@ def contract_dict(contract: ScheduleContract) -> dict:
         "rank": contract.rank,
         "alpha": contract.alpha,
         "scale": contract.scale,
+        "declared_by": contract.declared_by,
+        "note": contract.note,
         "text": contract.describe(),
     }
 
@@ -192,7 +206,8 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
         if request.enforce_contract:
             raise ContractError(
                 f"{describe_artifact(contract)}: {input_name} must be {_fmt(field, value)}, "
-                f"got {_fmt(field, requested)} (set enforce_contract off to override it explicitly)"
+                f"got {_fmt(field, requested)} ({declared_by_words(contract)}set enforce_contract off to override "
+                f"it explicitly)"
             )
         overrides.append(
             f"{input_name}={_fmt(field, requested)} overrides {contract.source} "

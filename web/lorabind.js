@@ -13,8 +13,9 @@
  *
  *   output.lorabind_contract   : [Contract]            (adapter / fuse / schedule nodes)
  *       Contract = { source: str, kind: str, steps: int|null, shift: number|null, cfg: number|null,
- *                    tasks: [str]|null }   (loaders.contracts.contract_to_dict; MiniMax-H3's contract_dict
- *                    names the shift `flow_shift`, read as an alias; other keys are ignored)
+ *                    tasks: [str]|null, declared_by: "file name"|"metadata"|"checkpoint"|"", note: str }
+ *                    (loaders.contracts.contract_to_dict; MiniMax-H3's contract_dict names the shift
+ *                    `flow_shift`, read as an alias; other keys are ignored)
  *   output.lorabind_accounting : [Accounting]
  *       Accounting = { lora: str, component: str,
  *                      counts: { applied: int, expected_unmatched: int, unmatched: int } }
@@ -58,7 +59,9 @@ export function describeContract(contract) {
     if (contract.cfg != null) parts.push(`cfg ${fmt(contract.cfg)}`);
     if (contract.tasks && contract.tasks.length) parts.push(`tasks ${contract.tasks.join(",")}`);
     const what = parts.length ? parts.join(" · ") : "no constraint";
-    return `${contract.source} (${contract.kind}): ${what}`;
+    const origin = contract.declared_by ? ` — from its ${contract.declared_by}` : "";
+    const note = contract.note ? ` (${contract.note})` : "";
+    return `${contract.source} (${contract.kind}): ${what}${origin}${note}`;
 }
 
 export function describeAccounting(entry) {

@@ -1,13 +1,20 @@
-"""What the Wan and Qwen-Image families share: distill LoRAs that declare their step count in the file name."""
+"""What the Wan and Qwen-Image families share: distill LoRAs that declare their step count in the file name, or
+their whole contract in their safetensors metadata (``sampling_contract``), which wins over the name."""
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from typing import Optional
 
-from ..contract_types import ScheduleContract
+from ..contract_types import NO_CONTRACT, ScheduleContract
+from ..errors import ContractError
 from ..sigmas import shifted_sigmas
+
+# safetensors metadata key declaring a Wan/Qwen-Image file's contract: "steps=4, shift=5, cfg=1" (shift and cfg
+# default to the family's distill values) or "none" (the file has no contract, whatever its name says).
+CONTRACT_METADATA_KEY = "sampling_contract"
 
 # "4step", "4steps", "8-steps", "4_step" (not "14steps" read as 4, not "4stepsize")
 _STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
@@ -18,6 +25,57 @@ def distill_contract(file_name: str, family: str, shift: float, rank: Optional[i
     steps_match = _STEPS.search(file_name)
     if steps_match is None or int(steps_match[1]) < 1:
         return None
-    steps = int(steps_match[1])
+    return _distill(file_name, family, int(steps_match[1]), shift, 1.0, rank, "file name")
+
+
+def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, family: str,
+                  shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
+    """The file's contract: its metadata's ``sampling_contract`` when present (it wins over the name, and a name
+    that suggests another contract is reported in the contract's note), else ``by_name``."""
+    raw = (metadata or {}).get(CONTRACT_METADATA_KEY)
+    if raw is None:
+        return by_name
+    values = _parse_metadata_contract(str(raw), os.path.basename(file_name))
+    if values is None:
+        if by_name is None:
+            return None
+        return ScheduleContract(source=by_name.source, kind=NO_CONTRACT, family=family, rank=rank,
+                                declared_by="metadata",
+                                note=f"{CONTRACT_METADATA_KEY}=none in its metadata overrides the contract its file "
+                                     f"name suggests ({_summary(by_name)})")
+    declared = _distill(file_name, family, values["steps"], values.get("shift", shift), values.get("cfg", 1.0),
+                        rank, "metadata")
+    if by_name is not None and _summary(by_name) != _summary(declared):
+        declared = replace(declared, note=f"its file name suggests {_summary(by_name)}; the metadata wins")
+    return declared
+
+
+def _distill(file_name: str, family: str, steps: int, shift: float, cfg: float, rank: Optional[int],
+             declared_by: str) -> ScheduleContract:
     return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, steps=steps,
-                            sigmas=shifted_sigmas(steps, shift), shift=shift, cfg=1.0, rank=rank)
+                            sigmas=shifted_sigmas(steps, shift), shift=shift, cfg=cfg, rank=rank,
+                            declared_by=declared_by)
+
+
+def _summary(contract: ScheduleContract) -> str:
+    return f"steps={contract.steps} shift={contract.shift:g} cfg={contract.cfg:g}"
+
+
+def _parse_metadata_contract(raw: str, source: str) -> Optional[dict]:
+    """"steps=4, shift=5, cfg=1" -> {"steps": 4, "shift": 5.0, "cfg": 1.0}; "none" -> None. ContractError when
+    malformed, naming the file and the key: a contract that cannot be read must not be silently dropped."""
+    if raw.strip().lower() == NO_CONTRACT:
+        return None
+    values: dict = {}
+    try:
+        for part in filter(None, (p.strip() for p in raw.split(","))):
+            key, equals, value = (x.strip() for x in part.partition("="))
+            if not equals or key not in ("steps", "shift", "cfg") or key in values:
+                raise ValueError(f"unexpected {part!r}")
+            values[key] = int(value) if key == "steps" else float(value)
+        if values.get("steps", 0) < 1 or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
+            raise ValueError("steps must be >= 1, shift > 0 and cfg >= 0")
+    except ValueError as exc:
+        raise ContractError(f"{source}: safetensors metadata {CONTRACT_METADATA_KEY}={raw!r} is malformed ({exc}); "
+                            f"write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
+    return values

@@ -92,7 +92,8 @@ def format_report(report: dict) -> str:
         lines.append("  metadata:")
         lines.extend(f"    {key}: {_shorten(value)}" for key, value in sorted(report["metadata"].items()))
     contract = report["contract"]
-    lines.append("  contract: " + (contract.get("text") or json.dumps(contract) if contract else "none declared"))
+    lines.append("  contract: " + (contract.get("text") or json.dumps(contract) if contract else
+                                   "none declared (neither its file name nor its metadata declares one)"))
     accounting = report["accounting"]
     if accounting is not None:
         counts = accounting.get("counts", {})

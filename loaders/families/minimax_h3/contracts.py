@@ -138,6 +138,7 @@ def turbo_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optio
         tasks=tasks,
         partition=PARTITION_BY_TASK[tasks[0]],
         alpha=turbo_alpha(file_name, metadata),
+        declared_by="file name",
         rank=rank,
         extra=(("task_family", spec["task_family"]), ("version", spec["version"])),
     )
@@ -188,6 +189,7 @@ def native_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Sche
         base_schedule=base,
         alpha=alpha,
         rank=int(declared_rank),
+        declared_by="metadata",
     )
 
 
@@ -198,8 +200,11 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Op
     is about the file's own name, so only that is parsed and named in messages.
     """
     file_name = os.path.basename(str(file_name).replace("\\", "/"))
-    if (metadata or {}).get("key_format") == NATIVE_KEY_FORMAT:
-        return native_contract(file_name, metadata, rank)
+    if (metadata or {}).get("key_format") == NATIVE_KEY_FORMAT:  # the metadata wins over a Turbo-like name
+        contract = native_contract(file_name, metadata, rank)
+        if parse_turbo_name(file_name) is not None:
+            contract = replace(contract, note="its file name follows the Turbo grammar; the native metadata wins")
+        return contract
     return turbo_contract(file_name, metadata, rank)
 
 
@@ -235,6 +240,7 @@ def checkpoint_contract(model_index: dict, model_name: str) -> Optional[Schedule
         tasks=tasks,
         partition="transformer",
         base_schedule=base,
+        declared_by="checkpoint",
     )
 
 
@@ -295,6 +301,8 @@ def contract_dict(contract: ScheduleContract) -> dict:
         "base_schedule": None if contract.base_schedule is None else list(contract.base_schedule),
         "sigmas": None if contract.sigmas is None else list(contract.sigmas),
         "audio_sigmas": None if contract.audio_sigmas is None else list(contract.audio_sigmas),
+        "declared_by": contract.declared_by,
+        "note": contract.note,
     }
 
 
@@ -313,7 +321,9 @@ def describe_contract(contract: ScheduleContract) -> str:
         if scale is not None:
             words += f" (rank {contract.rank}: delta scale {scale:g}"
             words += f" x {contract.scale:g})" if contract.scale is not None else ")"
-    return words
+    if contract.declared_by:
+        words += f" (declared by its {contract.declared_by})"
+    return f"{words}; {contract.note}" if contract.note else words
 
 
 def step_count_words(steps: int) -> str:

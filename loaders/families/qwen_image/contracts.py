@@ -6,7 +6,7 @@ import re
 from typing import Optional
 
 from ...contract_types import ScheduleContract
-from ..distill_names import distill_contract
+from ..distill_names import distill_contract, with_metadata
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
 # Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with
@@ -19,8 +19,7 @@ LIGHTNING_SHIFT = 3.0
 
 def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
     """``Qwen-Image-Lightning-4steps-V1.0.safetensors`` (and the Edit/2509/2512/2511 variants) -> N steps,
-    shift 3, cfg 1."""
-    if not _LIGHTNING.search(file_name):
-        return None
-    return distill_contract(file_name, "qwen_image", LIGHTNING_SHIFT, rank)
+    shift 3, cfg 1. A ``sampling_contract`` in the metadata wins over the name (``distill_names.with_metadata``)."""
+    by_name = distill_contract(file_name, "qwen_image", LIGHTNING_SHIFT, rank) if _LIGHTNING.search(file_name) else None
+    return with_metadata(by_name, file_name, metadata, "qwen_image", LIGHTNING_SHIFT, rank)
 

@@ -10,7 +10,7 @@ from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContrac
 from ...errors import ContractError
 from ...schedule_rules import contract_value, describe_artifact
 from ...sigmas import on_high_noise_expert
-from ..distill_names import distill_contract
+from ..distill_names import distill_contract, with_metadata
 
 MOE_FAMILY = "wan2.2_moe"
 
@@ -46,17 +46,18 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Op
     """``…lightx2v_4step…`` / ``…Lightning…8steps…`` -> N steps at shift 5, cfg 1. ``file_name`` may include
     its folder (Lightning ships ``<release>-4steps-.../high_noise_model.safetensors``). Names without a step
     count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts.
-    The Wan2.2 I2V lightx2v pair pins steps and cfg only (see ``I2V_PAIR_NOTE``)."""
-    if not _DISTILL_MARKER.search(file_name) or _OTHER_FAMILY.search(file_name):
-        return None
+    The Wan2.2 I2V lightx2v pair pins steps and cfg only (see ``I2V_PAIR_NOTE``). A ``sampling_contract`` in the
+    metadata wins over the name (``distill_names.with_metadata``)."""
     # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
     family = MOE_FAMILY if _WAN22.search(file_name) else "wan2.1"
-    contract = distill_contract(file_name, family, DISTILL_SHIFT, rank)
-    if contract is not None and artifact_task(file_name) == "i2v":
-        contract = replace(contract, tasks=("i2v",))
-        if family == MOE_FAMILY and _LIGHTX2V.search(file_name):
-            contract = replace(contract, sigmas=None, shift=None, extra=(("note", I2V_PAIR_NOTE),))
-    return contract
+    by_name = None
+    if _DISTILL_MARKER.search(file_name) and not _OTHER_FAMILY.search(file_name):
+        by_name = distill_contract(file_name, family, DISTILL_SHIFT, rank)
+        if by_name is not None and artifact_task(file_name) == "i2v":
+            by_name = replace(by_name, tasks=("i2v",))
+            if family == MOE_FAMILY and _LIGHTX2V.search(file_name):
+                by_name = replace(by_name, sigmas=None, shift=None, extra=(("note", I2V_PAIR_NOTE),))
+    return with_metadata(by_name, file_name, metadata, family, DISTILL_SHIFT, rank)
 
 
 def artifact_task(file_name: str) -> Optional[str]:

@@ -31,7 +31,7 @@ try {
 
     fuse.onExecuted({
         lorabind_contract: [{ source: "lightx2v_4step.safetensors", kind: "distill", steps: 4, shift: 5.0,
-                              cfg: 1.0, tasks: ["t2v"], text: "" }],
+                              cfg: 1.0, tasks: ["t2v"], declared_by: "file name", note: "", text: "" }],
         lorabind_accounting: [{ lora: "lightx2v_4step.safetensors", component: "transformer",
                                 counts: { applied: 400, expected_unmatched: 2, unmatched: 0 } }],
         text: ["ignored by the badge"],
