@@ -138,3 +138,43 @@ def install_unload_hook() -> bool:
     unload_all_models.__wrapped__ = current
     model_management.unload_all_models = unload_all_models
     return True
+
+
+class WorkProgress:
+    """Progress of work inside a node that is not a sampling step (fusing / restoring LoRA layers).
+
+    Why not ProgressBar: ComfyUI clients read every ``progress`` message as a sampling step, so 76 fuse layers
+    would show as 76 steps. Inside ComfyUI this updates its per-node progress state (the ``progress_state``
+    message) and shows ``label`` as the node's progress text; ComfyUI versions without those show nothing.
+    Headless it reaches the runtime's ``progress_state`` event."""
+
+    def __init__(self, label: str):
+        self.label = label
+        self._announced = False
+
+    def update(self, value: int, total: int) -> None:
+        if _comfy_modules() is not None:
+            self._update_comfy(int(value), int(total))
+            return
+        from ..runtime.context import current_context
+
+        ctx = current_context()
+        if ctx is not None:
+            ctx.report_work(self.label, int(value), int(total))
+
+    def _update_comfy(self, value: int, total: int) -> None:
+        try:
+            progress = importlib.import_module("comfy_execution.progress")
+            executing = importlib.import_module("comfy_execution.utils").get_executing_context()
+        except Exception:  # an older ComfyUI: no per-node progress state to report into
+            return
+        if executing is None:
+            return
+        if not self._announced:
+            self._announced = True
+            try:
+                server = importlib.import_module("server").PromptServer.instance
+                server.send_progress_text(self.label, executing.node_id)
+            except Exception:  # progress text is a courtesy; older servers lack it
+                pass
+        progress.get_progress_state().update_progress(executing.node_id, value, total, None)

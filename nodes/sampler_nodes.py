@@ -9,7 +9,7 @@ from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_sched
 from ..loaders.families import family_for, has_expert_pair
 from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
                                SOCKET_SCHEDULE, SOCKET_SIGMAS)
-from .comfy_bridge import ProgressBar, check_interrupted
+from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
 
 
 def schedule_report(model, schedule) -> dict:
@@ -136,15 +136,17 @@ class LoraBindSampler:
         resolved = resolve_schedule(model, adapter, schedule, request)
         generation.check_inputs(model.model, positive, negative, latent, resolved)
         adapters = model.adapters + (adapter.adapters if adapter is not None else ())
-        progress = ProgressBar(resolved.steps)  # first the layers being (re)fused, if any, then the steps
+        # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
+        # clients read every step-progress message as a sampling step.
+        bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted,
+                                   on_progress=WorkProgress("binding LoRA layers").update)
+        progress = ProgressBar(resolved.steps)
 
-        def report_progress(done: int, total: int) -> None:
+        def report_step(done: int, total: int) -> None:
             progress.update_absolute(done, total=total)
 
-        bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted,
-                                   on_progress=report_progress)
         samples = generation.denoise(model.model, positive, negative, latent, resolved, seed,
-                                   on_step=report_progress, check_interrupt=check_interrupted)
+                                   on_step=report_step, check_interrupt=check_interrupted)
         report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
                   "placement": model.model.placement.describe() if model.model.placement is not None else None}
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)

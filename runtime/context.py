@@ -22,7 +22,11 @@ class InterruptedByUser(Exception):
 
 
 ProgressCallback = Callable[[str, int, int, Optional[dict]], None]
-"""(node_id, value, max, extra) — called for every progress update of the running node."""
+"""(node_id, value, max, extra) — called for every progress update of the running node (sampling steps)."""
+
+WorkCallback = Callable[[str, str, int, int], None]
+"""(node_id, label, value, max) — progress of other work inside a node (fusing LoRA layers). Kept apart from
+steps because ComfyUI clients read every ``progress`` message as a sampling step."""
 
 
 @dataclass
@@ -31,10 +35,15 @@ class ExecutionContext:
     node_id: str = ""
     interrupt_event: threading.Event = field(default_factory=threading.Event)
     on_progress: Optional[ProgressCallback] = None
+    on_work: Optional[WorkCallback] = None
 
     def report_progress(self, value: int, total: int, extra: Optional[dict] = None) -> None:
         if self.on_progress is not None:
             self.on_progress(self.node_id, int(value), int(total), extra)
+
+    def report_work(self, label: str, value: int, total: int) -> None:
+        if self.on_work is not None:
+            self.on_work(self.node_id, label, int(value), int(total))
 
     def check_interrupted(self) -> None:
         if self.interrupt_event.is_set():

@@ -54,6 +54,7 @@ def run(args) -> int:
     from .. import folder_paths
     from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
+    from ..progress_display import ProgressDisplay
     from ..workflow_format import WorkflowFormatError, to_api_prompt
 
     device_error = apply_device_arguments(args)
@@ -95,7 +96,7 @@ def run(args) -> int:
         print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
 
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
-    display = _ProgressDisplay(prompt, validation.outputs)
+    display = ProgressDisplay(prompt, len(_upstream_closure(prompt, validation.outputs)))
     try:
         result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
                                   execute_outputs=validation.outputs)
@@ -249,52 +250,6 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
     if not lines:
         lines.append("done (no files written)")
     return lines
-
-
-class _ProgressDisplay:
-    """tqdm bars on stderr: one over the nodes to run, one per node for its ``progress`` events (steps)."""
-
-    def __init__(self, prompt: dict, outputs: list[str]):
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.prompt = prompt
-        self.nodes_bar = tqdm(total=len(_upstream_closure(prompt, outputs)), desc="nodes", unit="node",
-                              file=sys.stderr, position=0)
-        self.step_bar = None
-        self.current: str | None = None
-        self.finished: set[str] = set()
-
-    def on_event(self, name: str, data: dict) -> None:
-        if name == "execution_cached":
-            self.nodes_bar.update(len(data.get("nodes", [])))
-        elif name == "executing":
-            self._finish_current()
-            self.current = data.get("node")
-            if self.current is not None:
-                self.nodes_bar.set_postfix_str(f"{self.current} {self.prompt[self.current]['class_type']}")
-        elif name == "progress":
-            if self.step_bar is None or self.step_bar.total != data["max"]:
-                self._close_step_bar()
-                self.step_bar = self._tqdm(total=data["max"], desc=f"node {data['node']}", unit="step",
-                                           file=sys.stderr, position=1, leave=False)
-            self.step_bar.n = data["value"]
-            self.step_bar.refresh()
-
-    def _finish_current(self) -> None:
-        self._close_step_bar()
-        if self.current is not None and self.current not in self.finished:
-            self.finished.add(self.current)
-            self.nodes_bar.update(1)
-
-    def _close_step_bar(self) -> None:
-        if self.step_bar is not None:
-            self.step_bar.close()
-            self.step_bar = None
-
-    def close(self) -> None:
-        self._close_step_bar()
-        self.nodes_bar.close()
 
 
 def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:

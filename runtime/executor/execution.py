@@ -126,6 +126,14 @@ class _PromptRun:
         self.emit("progress", {"value": value, "max": total, "prompt_id": self.prompt_id, "node": node_id})
         self.check_interrupted()
 
+    def _on_work(self, node_id: str, label: str, value: int, total: int) -> None:
+        """Work inside a node that is not a sampling step (fusing LoRA layers): ComfyUI's ``progress_state``
+        message (per-node progress that clients do not read as steps), with a ``label`` saying what it is."""
+        entry = {"value": value, "max": total, "state": "running", "node_id": node_id, "prompt_id": self.prompt_id,
+                 "display_node_id": node_id, "parent_node_id": None, "real_node_id": node_id, "label": label}
+        self.emit("progress_state", {"prompt_id": self.prompt_id, "nodes": {node_id: entry}})
+        self.check_interrupted()
+
     def check_interrupted(self) -> None:
         if self.interrupt_event.is_set():
             raise InterruptedByUser()
@@ -201,7 +209,7 @@ class _PromptRun:
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
         values: dict[str, list] = {}
-        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress)
+        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
         token = set_current_context(context)
         try:
             values, missing = gather_inputs(node_id, node, self.definitions, self._outputs_of,

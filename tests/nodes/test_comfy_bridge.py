@@ -106,3 +106,29 @@ def test_peft_folders_are_offered_and_resolved_inside_comfyui(monkeypatch, tmp_p
             comfy_bridge.lora_full_path("../loras/styles/ink")
     finally:
         comfy_bridge._comfy_modules.cache_clear()
+
+
+def test_bind_work_inside_comfyui_is_progress_state_and_text_never_step_progress(fake_comfyui, monkeypatch):
+    """ComfyUI clients read ``progress`` as sampling steps: fuse layers go to ComfyUI's per-node progress state
+    (the ``progress_state`` message) with a progress text, never through ProgressBar."""
+    _, calls = fake_comfyui
+    registry = types.SimpleNamespace(update_progress=lambda node, value, total, image: calls.append(
+        ("progress_state", node, value, total, image)))
+    progress = types.SimpleNamespace(get_progress_state=lambda: registry)
+    utils = types.SimpleNamespace(get_executing_context=lambda: types.SimpleNamespace(node_id="6", prompt_id="p"))
+    server = types.SimpleNamespace(PromptServer=types.SimpleNamespace(instance=types.SimpleNamespace(
+        send_progress_text=lambda text, node: calls.append(("text", text, node)))))
+    for name, module in (("comfy_execution", types.ModuleType("comfy_execution")),
+                         ("comfy_execution.progress", progress), ("comfy_execution.utils", utils),
+                         ("server", server)):
+        monkeypatch.setitem(sys.modules, name, module)
+    work = comfy_bridge.WorkProgress("binding LoRA layers")
+    for done in (1, 2, 3):
+        work.update(done, 3)
+    assert calls == [("text", "binding LoRA layers", "6"), ("progress_state", "6", 1, 3, None),
+                     ("progress_state", "6", 2, 3, None), ("progress_state", "6", 3, 3, None)]
+    # an older ComfyUI without comfy_execution.progress: nothing is reported, and nothing as steps either
+    monkeypatch.setitem(sys.modules, "comfy_execution.progress", None)
+    calls.clear()
+    comfy_bridge.WorkProgress("binding LoRA layers").update(1, 3)
+    assert calls == []

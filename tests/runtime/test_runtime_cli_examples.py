@@ -32,10 +32,15 @@ def test_following_the_contract_errors_advice_on_the_command_line_runs_and_recor
         models_root, tmp_path, capsys):
     assert run(models_root, tmp_path, "wan22_mismatched_contract") == 1
     err = capsys.readouterr().err
-    assert "steps must be 4, got 20 (set enforce_contract off to override it explicitly)" in err
+    assert ("steps must be 4, got 20 (its file name declares this contract; set enforce_contract off to override "
+            "it explicitly)") in err
     # the advice, as a person types it
     assert run(models_root, tmp_path, "wan22_mismatched_contract", "--set", "6.enforce_contract=off") == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    # stdout and stderr are not terminals here: plain progress lines, fusing under its own label
+    assert "\r" not in out + captured.err and "\x1b" not in out + captured.err
+    assert "node 6: binding LoRA layers" in captured.err and "node 6: steps 20/20" in captured.err
     assert (f"node 6 (LoraBindSampler) text: contract override: steps=20 overrides {F.WAN22_HIGH} "
             "(steps=4 in its contract)") in out
     assert list((tmp_path / "out" / "lorabind").glob("wan22_mismatched_contract_*.webp"))

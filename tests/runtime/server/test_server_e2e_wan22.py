@@ -75,6 +75,13 @@ def test_example_workflow_and_lora_pair_over_http(wan_server):
             assert [c["steps"] for c in pair["lorabind_contract"]] == [4, 4]
             schedule = next(out["lorabind_schedule"][0] for out in executed.values() if "lorabind_schedule" in out)
             assert schedule["steps"] == 4 and len(schedule["sigmas"]) == 5 and schedule["contracts"]
+            # on the socket, "progress" is the 4 sampling steps only; fusing the pair is progress_state work
+            assert [(m["data"]["value"], m["data"]["max"]) for m in seen if m["type"] == "progress"] == [
+                (1, 4), (2, 4), (3, 4), (4, 4)]
+            work = [m["data"] for m in seen if m["type"] == "progress_state"]
+            assert work and all(w["prompt_id"] == pid for w in work)
+            (entry,) = work[-1]["nodes"].values()
+            assert entry["label"] == "binding LoRA layers" and entry["value"] == entry["max"] > 4
         finally:
             await client.close()
 

@@ -194,17 +194,23 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
     assert sampler not in result.executed
 
 
-def test_sampler_reports_fuse_progress_per_layer_before_the_steps(executor, load_tiny):
+def test_sampler_reports_fuse_layers_as_work_and_only_steps_as_progress(executor, load_tiny):
+    """ComfyUI clients read every ``progress`` message as a sampling step: the fuse layers go out as
+    ``progress_state`` (per-node progress, labelled), the steps alone as ``progress``."""
     from lorabind.loaders.binding import unbind
 
     prompt = load("wan21_distill")
     sampler = sampler_ids(prompt)[0]
     unbind(load_tiny("tiny-wan21-t2v"))  # a cold fuse: every layer of the LoRA is patched in this run
-    progress = []
-    result = executor.execute(prompt, "fuse-progress", on_event=lambda name, data: progress.append(
-        (data["value"], data["max"])) if name == "progress" and data["node"] == sampler else None)
+    events = []
+    result = executor.execute(prompt, "fuse-progress", on_event=lambda name, data: events.append((name, data)))
     assert result.success
-    layers = progress[:-4]
-    assert progress[-4:] == [(1, 4), (2, 4), (3, 4), (4, 4)]
-    total = layers[-1][1]
-    assert total > 4 and layers == [(i, total) for i in range(1, total + 1)]
+    steps = [(d["value"], d["max"]) for name, d in events if name == "progress"]
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)] and all(d["node"] == sampler for n, d in events if n == "progress")
+    work = [d["nodes"][sampler] for name, d in events if name == "progress_state"]
+    total = work[-1]["max"]
+    assert total > 4 and [(w["value"], w["max"]) for w in work] == [(i, total) for i in range(1, total + 1)]
+    assert {(w["label"], w["state"], w["node_id"], w["prompt_id"]) for w in work} == {
+        ("binding LoRA layers", "running", sampler, "fuse-progress")}
+    names = [name for name, _ in events]
+    assert names.index("progress_state") < names.index("progress")  # binding, then the steps
