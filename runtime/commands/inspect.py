@@ -55,10 +55,10 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     lora = read_lora(path)
     family_module = families.guess_family(lora)
     model = None
-    if model_dir:
-        from ...loaders.model_store import load_model
+    if model_dir:  # structure only (meta device): accounting compares names and shapes, no weight is read
+        from ...loaders.model_structure import load_structure
 
-        model = load_model(model_dir)
+        model = load_structure(model_dir)
         family_module = family_module or families.for_model_family(model.family)
     # rank/alpha/scale as the engine applies them: after the family's rewrites (e.g. the MiniMax-H3 Turbo
     # alpha-8 default for files that declare none)
@@ -85,8 +85,9 @@ def format_report(report: dict) -> str:
         f"{report['file']}",
         f"  format:   {report['format']}",
         f"  family:   {report['family'] or 'unknown (names of no known family)'}",
-        f"  rank:     {report['rank']}   alpha: {report['alpha']}   scale: {report['scale']}",
-        "  tensors:  " + ", ".join(f"{kind} {count}" for kind, count in report["counts"].items()),
+        f"  rank:     {_words(report['rank'])}   alpha: {_words(report['alpha'])}   "
+        f"scale: {_words(report['scale'])}",
+        "  tensors:  " + _tensor_words(report["counts"]),
     ]
     if report["metadata"]:
         lines.append("  metadata:")
@@ -99,7 +100,8 @@ def format_report(report: dict) -> str:
         counts = accounting.get("counts", {})
         lines.append(
             f"  accounting against {accounting['model']} ({accounting['component']}): "
-            f"{counts.get('applied', 0)} applied, {counts.get('expected_unmatched', 0)} expected-unmatched, "
+            f"{counts.get('applied', 0)} tensors applied (changing {accounting.get('parameters', 0)} model "
+            f"parameters), {counts.get('expected_unmatched', 0)} expected-unmatched, "
             f"{counts.get('unmatched', 0)} unmatched"
         )
         for key, reason in (accounting.get("expected_unmatched") or {}).items():
@@ -109,6 +111,30 @@ def format_report(report: dict) -> str:
         if len(unmatched) > _SHOWN_UNMATCHED:
             lines.append(f"    ... and {len(unmatched) - _SHOWN_UNMATCHED} more unmatched (--json lists all)")
     return "\n".join(lines)
+
+
+def _words(value) -> str:
+    """A report value in words: "none" for None, "0.5 or none (differs per pair)" for a mixed list."""
+    if isinstance(value, list):
+        return " or ".join(_words(v) for v in value) + " (differs per pair)"
+    if value is None:
+        return "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+_KIND_WORDS = {"down": "down", "up": "up", "alpha": "alpha", "weight": "full weight diffs",
+               "bias": "full bias diffs", "modulation": "modulation diffs", "other": "other"}
+
+
+def _tensor_words(counts: dict) -> str:
+    """"112 in all: 26 down + 26 up (low-rank pairs), 20 alpha, 10 full weight diffs, 28 full bias diffs, …"."""
+    counts = dict(counts)
+    total = counts.pop("total", 0)
+    parts = []
+    if "down" in counts or "up" in counts:
+        parts.append(f"{counts.pop('down', 0)} down + {counts.pop('up', 0)} up (low-rank pairs)")
+    parts += [f"{count} {_KIND_WORDS.get(kind, kind)}" for kind, count in counts.items()]
+    return f"{total} in all: " + ", ".join(parts)
 
 
 def _uniform(values):

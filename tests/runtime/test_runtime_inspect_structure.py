@@ -1,0 +1,61 @@
+"""``lorabind inspect --model`` accounts against the model's structure (its denoisers built on the meta device
+from their configs): no weight is read, and the accounting is the one the engine computes on the loaded model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from lorabind.loaders import model_store
+from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.runtime.cli import main
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory):
+    from lorabind.loaders.tiny_models import build_tiny
+
+    root = tmp_path_factory.mktemp("structure_models")
+    build_tiny(root, names=("tiny-wan22-t2v",))
+    F.write_fixture_loras(root)
+    return root
+
+
+def configs_only(source, target):
+    """The model folder with every weight file left out: only model_index.json and the components' configs."""
+    shutil.copytree(source, target, ignore=lambda folder, names: [n for n in names if not n.endswith(".json")
+                                                                  and not (source / n).is_dir()])
+    assert not list(target.rglob("*.safetensors"))
+    return target
+
+
+def test_inspect_model_reads_no_weight_and_accounts_like_the_engine(models_root, tmp_path, monkeypatch, capsys):
+    from lorabind.loaders.lora import account, map_to_model, read_lora
+
+    full = models_root / "diffusers" / "tiny-wan22-t2v"
+    lora = str(models_root / "loras" / F.WAN22_LOW)
+    loaded = model_store.load_model(str(full))
+    expected = account(map_to_model(read_lora(lora), loaded.family), loaded.components["transformer_2"],
+                       component="transformer_2").to_dict()
+
+    def no_pipeline(*args, **kwargs):
+        raise AssertionError("inspect --model loaded the pipeline")
+
+    monkeypatch.setattr(model_store, "load_model", no_pipeline)
+    folder = configs_only(full, tmp_path / "tiny-wan22-t2v")
+    assert main(["inspect", lora, "--model", str(folder), "--json"]) == 0
+    accounting = json.loads(capsys.readouterr().out)["accounting"]
+    assert accounting["component"] == "transformer_2" and accounting["model_family"] == "wan2.2_moe"
+    assert accounting["counts"] == expected["counts"] and accounting["counts"]["applied"] > 0
+    assert (accounting["modules"], accounting["unmatched"]) == (expected["modules"], expected["unmatched"])
+
+
+def test_the_structure_is_on_the_meta_device(models_root):
+    from lorabind.loaders.model_structure import load_structure
+
+    structure = load_structure(models_root / "diffusers" / "tiny-wan22-t2v")
+    assert sorted(structure.components) == ["transformer", "transformer_2"]
+    tensors = [t for module in structure.components.values() for t in (*module.parameters(), *module.buffers())]
+    assert tensors and {t.device.type for t in tensors} == {"meta"}
