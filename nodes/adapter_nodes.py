@@ -66,8 +66,9 @@ def lora_inputs_identity(*names: str) -> str:
 def accounting_text(report: dict) -> str:
     counts = report.get("counts", {})
     return (
-        f"{report['lora']} -> {report['component']}: {counts.get('applied', 0)} tensors applied, "
-        f"{counts.get('expected_unmatched', 0)} expected-unmatched, {counts.get('unmatched', 0)} unmatched"
+        f"{report['lora']} -> {report['component']}: {counts.get('applied', 0)} file tensors change "
+        f"{report.get('parameters', 0)} model parameters; {counts.get('expected_unmatched', 0)} expected-unmatched, "
+        f"{counts.get('unmatched', 0)} unmatched"
     )
 
 

@@ -41,10 +41,11 @@ def _report_lines(report: dict, enforced: bool) -> list[str]:
         lines += _expert_switch_lines(report)
     lines += [f"contract override: {text}" for text in report["overrides"]]
     bound = report["bind"]
-    lines.append(f"bind: {len(bound['fuses'])} fused, {len(bound['adapters'])} adapters, "
-                 f"{bound['written']} tensors written, {bound['restored']} restored")
+    lines.append(f"bind: {len(bound['fuses'])} LoRA(s) fused, {len(bound['adapters'])} adapter(s) active; "
+                 f"{bound['written']} model parameters written, {bound['restored']} restored to base")
     lines += [f"bind: {fuse['name']} fused into {fuse['component']} at strength {fuse['strength']:g} "
-              f"({fuse['accounting']['counts']['applied']} tensors applied)" for fuse in bound["fuses"]]
+              f"({fuse['accounting']['counts']['applied']} file tensors, {fuse['accounting'].get('parameters', 0)} "
+              f"model parameters)" for fuse in bound["fuses"]]
     lines += [f"warning: {w}" for w in bound["warnings"]]
     placed = report.get("placement")
     if placed:

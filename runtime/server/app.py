@@ -12,6 +12,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
+import sys
 import urllib.parse
 
 from aiohttp import web
@@ -187,6 +188,12 @@ async def _on_startup(app: web.Application) -> None:
 
 async def _on_shutdown(app: web.Application) -> None:
     state: ServerState = app[STATE_KEY]
+    prompt_id, node_id = state.worker.running()
+    if prompt_id is None:
+        log.info("shutting down (no prompt running)")
+    else:  # Ctrl-C: say what the wait is for; the node stops at its next interrupt check (a step, a layer)
+        log.info("shutting down: interrupting the running prompt %s%s", prompt_id,
+                 f" at node {node_id}" if node_id else "")
     await state.clients.close_all()
     await asyncio.to_thread(state.shutdown)
 
@@ -199,5 +206,20 @@ def run_server(config: ServerConfig) -> None:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{config.port}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
-    web.run_app(app, host=hosts, port=config.port, print=None, access_log=None)
+    _log_to_stderr()
+    # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
+    web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
+    print("lorabind serve: stopped", file=sys.stderr)
+
+
+_SHUTDOWN_S = 2.0
+
+
+def _log_to_stderr() -> None:
+    """The server's per-prompt lines (queued / started / finished / failed) on stderr, with the time."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 

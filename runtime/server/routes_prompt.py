@@ -11,6 +11,7 @@ import uuid
 
 from aiohttp import web
 
+from . import prompt_log
 from .composition_root import STATE_KEY, ServerState
 from .history import SENSITIVE_EXTRA_DATA_KEYS
 from .http_json import bad_request, dumps, read_json_body
@@ -54,7 +55,7 @@ async def post_prompt(request: web.Request) -> web.Response:
     state = _state(request)
     body = await read_json_body(request)
     if "prompt" not in body:
-        raise bad_request("no_prompt", "No prompt provided")
+        raise bad_request("no_prompt", "No prompt provided", _no_prompt_details(body))
     prompt = body["prompt"]
     loop = asyncio.get_running_loop()
     if _is_ui_workflow(prompt):
@@ -89,7 +90,20 @@ async def post_prompt(request: web.Request) -> web.Response:
         extra_data["client_id"] = str(body["client_id"])
     sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
     state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
+    prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"))
     return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": result.node_errors})
+
+
+def _no_prompt_details(body) -> str:
+    """The details under ComfyUI's "No prompt provided": what the body must look like, and the most common slip,
+    POSTing a saved ``.api.json`` (or UI workflow) file as it is, without the wrapper."""
+    shape = ('the body must be {"prompt": <API prompt or UI workflow>, "client_id": "<your id>"} '
+             '(client_id is optional; it routes the WebSocket messages to you)')
+    looks_like_prompt = isinstance(body, dict) and body and all(
+        isinstance(node, dict) and "class_type" in node for node in body.values())
+    if looks_like_prompt or _is_ui_workflow(body):
+        return f"This body looks like a workflow file sent as it is; {shape}"
+    return shape[0].upper() + shape[1:]
 
 
 def _validate(state: ServerState, prompt: dict, targets):

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..executor.definitions import full_type_name
+from . import prompt_log
 from .history import HistoryStore, history_entry
 from .queue import PromptQueue, QueueItem
 from .websocket import ClientRegistry
@@ -83,6 +84,11 @@ class PromptWorker:
             self._unload_models |= bool(unload_models)
             self._free_memory |= bool(free_memory)
 
+    def running(self) -> tuple[Optional[str], Optional[str]]:
+        """(prompt id, node id) of the running prompt, (None, None) when idle."""
+        with self._lock:
+            return self._running_id, self._running_node
+
     def running_node(self, client_id: str) -> Optional[str]:
         """The node now executing for this client, for the ``executing`` message sent on (re)connect."""
         with self._lock:
@@ -142,6 +148,8 @@ class PromptWorker:
                 self.clients.send(name, data, None)
 
         extra_data = {**item.extra_data, **item.sensitive}
+        prompt_log.started(item.prompt_id)
+        started = time.monotonic()
         try:
             result = self.executor.execute(item.prompt, item.prompt_id, extra_data=extra_data, on_event=on_event,
                                            interrupt_event=run.interrupt,
@@ -157,6 +165,7 @@ class PromptWorker:
                 del self._runs[threading.get_ident()]
         status_str = "success" if success else "error"
         self.history.add(item.prompt_id, history_entry(item, outputs, status_str, success, messages, meta))
+        prompt_log.ended(item.prompt_id, success, messages, outputs, time.monotonic() - started)
 
 
 def _execution_failure(item: QueueItem, exc: Exception) -> dict:

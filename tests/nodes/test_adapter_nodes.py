@@ -44,7 +44,11 @@ def test_fuse_records_the_fuse_and_contract_without_touching_weights(wan21, load
     assert report["counts"]["unmatched"] == 0 and report["counts"]["applied"] > 0
     (contract,) = out["ui"]["lorabind_contract"]
     assert (contract["steps"], contract["shift"], contract["cfg"]) == (4, 5.0, 1.0)
-    assert out["ui"]["text"][0].startswith(f"{F.WAN21_DISTILL} -> transformer: {report['counts']['applied']} tensors")
+    # the file's tensors vs the model parameters they change (a down/up/alpha triple changes one weight)
+    assert 0 < report["parameters"] < report["counts"]["applied"]
+    assert out["ui"]["text"][0] == (f"{F.WAN21_DISTILL} -> transformer: {report['counts']['applied']} file tensors "
+                                    f"change {report['parameters']} model parameters; 0 expected-unmatched, "
+                                    f"0 unmatched at strength 0.8")
     assert_same_state(before, load_tiny("tiny-wan21-t2v"))
 
 

@@ -194,9 +194,11 @@ def test_malformed_and_invalid_prompts_get_comfyui_400_shapes(server):
             status, reply = await client.post("/prompt", b"[1, 2]")
             assert status == 400 and reply["error"]["type"] == "invalid_json"
             status, reply = await client.post("/prompt", {"client_id": "x"})
-            assert status == 400 and reply == {"error": {"type": "no_prompt", "message": "No prompt provided",
-                                                         "details": "No prompt provided", "extra_info": {}},
-                                               "node_errors": {}}
+            assert status == 400 and reply == {"error": {
+                "type": "no_prompt", "message": "No prompt provided",
+                "details": 'The body must be {"prompt": <API prompt or UI workflow>, "client_id": "<your id>"} '
+                           '(client_id is optional; it routes the WebSocket messages to you)',
+                "extra_info": {}}, "node_errors": {}}
             status, reply = await client.post("/prompt", {"prompt": {"1": {"class_type": "NoSuchNode",
                                                                             "inputs": {}}}})
             assert status == 400 and reply["error"]["type"] == "invalid_prompt"

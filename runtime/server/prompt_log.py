@@ -1,0 +1,52 @@
+"""One log line per prompt event on the server (queued, started, finished / failed / interrupted), so a person
+running ``lorabind serve`` sees what happens without a client: the failing node and error, and what the sampler
+bound (fuses, adapters, model parameters written)."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("lorabind.server")
+
+
+def queued(prompt_id: str, number, node_count: int, client_id: str | None) -> None:
+    client = f", client {client_id}" if client_id else ""
+    log.info("prompt %s queued (#%g, %d node%s%s)", prompt_id, number, node_count, "" if node_count == 1 else "s",
+             client)
+
+
+def started(prompt_id: str) -> None:
+    log.info("prompt %s started", prompt_id)
+
+
+def ended(prompt_id: str, success: bool, messages: list, outputs: dict, seconds: float) -> None:
+    """The outcome from the run's status messages (ComfyUI's ``execution_error`` / ``execution_interrupted``
+    payloads name the node) and the samplers' bind reports in ``outputs``."""
+    events = dict((name, data) for name, data in messages if isinstance(data, dict))
+    if "execution_interrupted" in events:
+        data = events["execution_interrupted"]
+        log.info("prompt %s interrupted at node %s (%s) after %.1f s", prompt_id, data.get("node_id"),
+                 data.get("node_type"), seconds)
+    elif not success:
+        data = events.get("execution_error") or {}
+        message = str(data.get("exception_message", "")).strip().splitlines()
+        where = f"node {data['node_id']} ({data.get('node_type')})" if data.get("node_id") else "before any node ran"
+        error_type = str(data.get("exception_type") or "error").rsplit(".", 1)[-1]
+        log.warning("prompt %s failed at %s after %.1f s: %s: %s", prompt_id, where, seconds, error_type,
+                    message[0] if message else "")
+    else:
+        log.info("prompt %s finished in %.1f s%s", prompt_id, seconds, "".join(
+            f"; {line}" for line in bind_summaries(outputs)))
+
+
+def bind_summaries(outputs: dict) -> list[str]:
+    """"node 6 bound 2 LoRAs fused, 0 adapters (132 model parameters written, 0 restored)" per sampler."""
+    lines = []
+    for node_id, ui in (outputs or {}).items():
+        for report in (ui or {}).get("lorabind_schedule") or []:
+            bound = report.get("bind") if isinstance(report, dict) else None
+            if bound:
+                lines.append(f"node {node_id} bound {len(bound['fuses'])} fused LoRA(s) and "
+                             f"{len(bound['adapters'])} adapter(s) ({bound['written']} model parameters written, "
+                             f"{bound['restored']} restored)")
+    return lines

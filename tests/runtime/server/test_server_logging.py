@@ -1,0 +1,127 @@
+"""``lorabind serve`` talks: one line per prompt queued / started / finished or failed (naming the node), what
+the sampler bound, what Ctrl-C is doing; and a body without the ``{"prompt": …}`` wrapper is told the shape."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lorabind.runtime.server.prompt_log import bind_summaries
+from server_client import Client, run_async
+from server_fake_nodes import count_and_save
+
+
+def server_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "lorabind.server"]
+
+
+def test_a_failed_prompt_logs_a_line_naming_the_node(server, caplog):
+    caplog.set_level(logging.INFO, logger="lorabind.server")
+
+    async def body():
+        client = Client(server.url)
+        try:
+            await client.connect()
+            failing = (await client.queue_prompt({"7": {"class_type": "SrvFail", "inputs": {"value": 3}}}))["prompt_id"]
+            await client.wait_done(failing)
+            working = (await client.queue_prompt(count_and_save(steps=2)))["prompt_id"]
+            await client.wait_done(working)
+            return failing, working
+        finally:
+            await client.close()
+
+    failing, working = run_async(body)
+    lines = server_lines(caplog)
+    assert f"prompt {failing} queued (#0, 1 node, client client-a)" in lines
+    assert f"prompt {failing} started" in lines
+    (failed,) = [line for line in lines if line.startswith(f"prompt {failing} failed")]
+    assert failed.startswith(f"prompt {failing} failed at node 7 (SrvFail) after ")
+    assert failed.endswith(" s: ValueError: SrvFail refuses value 3")
+    assert f"prompt {working} queued (#1, 2 nodes, client client-a)" in lines
+    assert any(line.startswith(f"prompt {working} finished in ") for line in lines)
+
+
+def test_the_bind_summary_names_what_each_sampler_bound():
+    outputs = {"6": {"lorabind_schedule": [{"bind": {"fuses": [{}, {}], "adapters": [], "written": 132,
+                                                      "restored": 0}}]}, "8": {"images": []}}
+    assert bind_summaries(outputs) == ["node 6 bound 2 fused LoRA(s) and 0 adapter(s) (132 model parameters "
+                                       "written, 0 restored)"]
+
+
+def test_an_api_json_file_posted_as_is_is_told_the_body_shape(server):
+    async def body():
+        client = Client(server.url)
+        try:
+            return await client.post("/prompt", count_and_save())
+        finally:
+            await client.close()
+
+    status, answer = run_async(body)
+    assert status == 400 and answer["error"]["type"] == "no_prompt"
+    assert answer["error"]["message"] == "No prompt provided"  # ComfyUI's; the details say what to send
+    assert answer["error"]["details"] == (
+        'This body looks like a workflow file sent as it is; the body must be {"prompt": <API prompt or UI '
+        'workflow>, "client_id": "<your id>"} (client_id is optional; it routes the WebSocket messages to you)')
+
+
+def test_stopping_says_it_interrupts_the_running_prompt(tmp_path, caplog):
+    from server_client import start_server
+
+    caplog.set_level(logging.INFO, logger="lorabind.server")
+    server = start_server(tmp_path)
+
+    async def body():
+        client = Client(server.url)
+        try:
+            await client.connect()
+            pid = (await client.queue_prompt(count_and_save(steps=50, delay=0.2)))["prompt_id"]
+            while (await client.receive())["type"] != "progress":
+                pass
+            return pid
+        finally:
+            await client.close()
+
+    pid = run_async(body)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 8.0
+    assert f"shutting down: interrupting the running prompt {pid} at node 1" in server_lines(caplog)
+    assert any(line.startswith(f"prompt {pid} interrupted at node 1 (SrvCountSteps)") for line in server_lines(caplog))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
+def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    package_parent = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "lorabind.runtime.cli", "serve", "--port", str(port),
+                             "--models", str(tmp_path / "models"), "--output", str(tmp_path / "out")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "shutting down (no prompt running)" in err and err.rstrip().endswith("lorabind serve: stopped")
