@@ -3,8 +3,8 @@ a fresh process, alternating, median of several runs; plus ``import torch`` alon
 
     python -m bench.bench_inspect [--reps N]
 
-Goal (issue 19): ``--model`` within 1.5x of the file alone, because it builds the model's denoisers on the meta
-device from their configs instead of loading the pipeline.
+Goal (issue 19): ``--model`` within 1.5x of the file alone, because it reads only the safetensors headers of the
+model's denoisers (names and shapes as meta tensors) instead of loading the pipeline.
 """
 
 from __future__ import annotations

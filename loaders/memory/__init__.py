@@ -5,9 +5,9 @@ sizes and the free memory into a ``MemoryPlan`` that the runtime applies (device
 """
 
 from .planner import MEMORY_PLANS, PLACEMENTS, MemoryPlan, default_decode_bytes, plan_memory
-from .sizes import ComponentSize, component_on_meta, component_sizes
+from .sizes import ComponentSize, component_sizes
 
 __all__ = [
-    "MEMORY_PLANS", "PLACEMENTS", "ComponentSize", "MemoryPlan", "component_on_meta", "component_sizes",
-    "default_decode_bytes", "plan_memory",
+    "MEMORY_PLANS", "PLACEMENTS", "ComponentSize", "MemoryPlan", "component_sizes", "default_decode_bytes",
+    "plan_memory",
 ]

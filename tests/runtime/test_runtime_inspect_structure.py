@@ -1,10 +1,12 @@
-"""``lorabind inspect --model`` accounts against the model's structure (its denoisers built on the meta device
-from their configs): no weight is read, and the accounting is the one the engine computes on the loaded model."""
+"""``lorabind inspect --model`` accounts against the model's structure (parameter names and shapes from the
+weight files' safetensors headers, as meta tensors): no weight is read, and the accounting is the one the engine
+computes on the loaded model."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import struct
 
 import pytest
 
@@ -23,11 +25,15 @@ def models_root(tmp_path_factory):
     return root
 
 
-def configs_only(source, target):
-    """The model folder with every weight file left out: only model_index.json and the components' configs."""
-    shutil.copytree(source, target, ignore=lambda folder, names: [n for n in names if not n.endswith(".json")
-                                                                  and not (source / n).is_dir()])
-    assert not list(target.rglob("*.safetensors"))
+def headers_only(source, target):
+    """The model folder with every weight byte after the safetensors headers overwritten by 0xFF (NaN in every
+    float dtype): the structure is still there, any weight value that were read would be garbage."""
+    shutil.copytree(source, target)
+    for weights in target.rglob("*.safetensors"):
+        data = bytearray(weights.read_bytes())
+        (header_len,) = struct.unpack("<Q", data[:8])
+        data[8 + header_len:] = b"\xff" * (len(data) - 8 - header_len)
+        weights.write_bytes(bytes(data))
     return target
 
 
@@ -44,7 +50,7 @@ def test_inspect_model_reads_no_weight_and_accounts_like_the_engine(models_root,
         raise AssertionError("inspect --model loaded the pipeline")
 
     monkeypatch.setattr(model_store, "load_model", no_pipeline)
-    folder = configs_only(full, tmp_path / "tiny-wan22-t2v")
+    folder = headers_only(full, tmp_path / "tiny-wan22-t2v")
     assert main(["inspect", lora, "--model", str(folder), "--json"]) == 0
     accounting = json.loads(capsys.readouterr().out)["accounting"]
     assert accounting["component"] == "transformer_2" and accounting["model_family"] == "wan2.2_moe"
