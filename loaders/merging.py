@@ -102,7 +102,9 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"model": os.path.basename(source), "components": sorted(plans), "out": target,
-            "tensors_rewritten": written, "patched_tensors": sum(len(p) for p in plans.values()),
+            # every tensor of the merged components is written anew; the LoRAs change `tensors_fused` of them
+            "tensors_fused": sum(len(p) for p in plans.values()),
+            "tensors_copied_unchanged": written - sum(len(p) for p in plans.values()),
             "asset_mode": asset_mode, "files_linked": linked,
             "contracts": [c.describe() for c in contracts], "fuses": fuses, "warnings": warnings}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,10 @@ def resolve_dtype(dtype):
 
 @contextlib.contextmanager
 def quiet_library_progress():
-    """Silence diffusers'/transformers' per-component tqdm bars while loading or saving (the runtime shows its
-    own progress); the previous setting is restored afterwards."""
+    """Silence diffusers'/transformers' per-component tqdm bars ("Loading pipeline components", "Writing model
+    shards") while loading or saving (the runtime shows its own progress), and torch's FutureWarning about
+    ``torch.nn.utils.weight_norm``: diffusers' audio VAEs (MiniMax-H3's) still build with it, on every load,
+    and nothing a user does can change that. The previous settings are restored afterwards."""
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
@@ -89,7 +92,10 @@ def quiet_library_progress():
     for lg in loggers:
         lg.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*torch\.nn\.utils\.weight_norm.* is deprecated",
+                                    category=FutureWarning)
+            yield
     finally:
         for lg in loggers:
             lg.enable_progress_bar()

@@ -176,7 +176,7 @@ class LoraBindSaveAudio:
         }
 
     def save(self, audio, filename_prefix="lorabind/audio", prompt=None, extra_pnginfo=None):
-        full_folder, filename, counter, subfolder = output_target(filename_prefix)
+        full_folder, filename, counter, subfolder = output_target(filename_prefix, "wav")
         comment = {"prompt": prompt, **(extra_pnginfo or {})} if prompt is not None or extra_pnginfo else None
         saved = []
         for index, waveform in enumerate(audio["waveform"]):

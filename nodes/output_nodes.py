@@ -44,14 +44,23 @@ class LoraBindVAEDecode:
         return (decode(model.model, latent),)
 
 
-def output_target(filename_prefix: str, width: int = 0, height: int = 0) -> tuple[str, str, int, str]:
-    """(folder, file stem, first free counter, subfolder) of a save under the output directory, ComfyUI's way;
-    the folder is created."""
+def output_target(filename_prefix: str, extension: str, width: int = 0, height: int = 0
+                  ) -> tuple[str, str, int, str]:
+    """(folder, file stem, first free counter, subfolder) of a ``.extension`` save under the output directory;
+    the folder is created.
+
+    The counter is the first free one among files of this extension only. ComfyUI counts every extension, so a
+    run that saves a video and its soundtrack under one prefix gets ``_00001_.webp`` and ``_00002_.wav``; here
+    the outputs of one run share their number."""
     registry = folder_paths()
-    full_folder, filename, counter, subfolder, _ = registry.get_save_image_path(
+    full_folder, filename, _, subfolder, _ = registry.get_save_image_path(
         filename_prefix, registry.get_output_directory(), width, height
     )
     os.makedirs(full_folder, exist_ok=True)
+    stem, suffix = os.path.normcase(filename) + "_", os.path.normcase(f"_.{extension}")
+    taken = [name[len(stem):-len(suffix)] for name in map(os.path.normcase, os.listdir(full_folder))
+             if name.startswith(stem) and name.endswith(suffix)]
+    counter = max((int(digits) + 1 for digits in taken if digits.isdigit()), default=1)
     return full_folder, filename, counter, subfolder
 
 
@@ -106,8 +115,9 @@ class LoraBindSaveImage:
     def save(self, images, filename_prefix="lorabind", fps=16.0, prompt=None, extra_pnginfo=None):
         frames = [frame_to_pil(frame) for frame in images]
         width, height = frames[0].size
-        full_folder, filename, counter, subfolder = output_target(filename_prefix, width, height)
         animated = len(frames) > 1
+        full_folder, filename, counter, subfolder = output_target(filename_prefix, "webp" if animated else "png",
+                                                                  width, height)
         if animated:
             file = f"{filename}_{counter:05}_.webp"
             exif = webp_exif(frames[0], prompt, extra_pnginfo)

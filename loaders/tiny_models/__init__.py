@@ -102,27 +102,40 @@ def _strings_in(value) -> Iterable[str]:
             yield from _strings_in(item)
 
 
-def ensure_builtin_models(prompt: dict, models_root, input_dir=None) -> list[str]:
+def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
+                          announce: Optional[Callable[[str], None]] = None) -> list[str]:
     """Build each built-in model that an API prompt names (in any string input) and that is missing; with
     ``input_dir``, also the example input images it names (``lorabind-tiny/start.png``...).
 
-    Returns the names built. A folder counts as present when its ``model_index.json`` exists.
+    Returns the names built. A folder counts as present when its ``model_index.json`` exists. ``announce``
+    gets one line saying what is about to be built (only when something is): building writes into the models
+    root and takes a while, so a person should know why.
     """
     named = set()
     for node in prompt.values():
         if isinstance(node, dict):
             named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
     root = diffusers_dir(models_root)
-    built = []
-    for name in BUILTIN_NAMES:
-        if name in named and not (root / name / "model_index.json").exists():
-            build_builtin(name, models_root)
-            built.append(name)
-    built += ensure_fixture_loras(named, models_root)
+    models = [name for name in BUILTIN_NAMES if name in named and not (root / name / "model_index.json").exists()]
+    loras = _missing_fixtures(named, models_root)
+    if announce is not None and (models or loras):
+        what = [f"tiny model{'s' if len(models) > 1 else ''} {', '.join(models)}"] if models else []
+        what += [f"{len(loras)} fixture LoRA{'s' if len(loras) > 1 else ''}"] if loras else []
+        announce(f"building the built-in {' and '.join(what)} under {models_root} (first use; offline, random "
+                 f"weights)")
+    for name in models:
+        build_builtin(name, models_root)
+    built = models + ensure_fixture_loras(named, models_root)
     built += single_files.ensure_tiny_single_files(named, models_root)
     if input_dir is not None:
         built += ensure_input_images(named, input_dir)
     return built
+
+
+def _missing_fixtures(named, models_root) -> list[str]:
+    lora_dir = Path(models_root) / "loras"
+    return [name for names in (lora_fixtures.FIXTURE_NAMES, minimax_h3.FIXTURE_NAMES) for name in names
+            if name in named and not (lora_dir / name).exists()]
 
 
 def ensure_fixture_loras(named, models_root) -> list[str]:

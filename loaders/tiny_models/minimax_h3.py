@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from ..compat import require
+from ..model_store import quiet_library_progress
 from ._common import FIXTURE_LORA_FOLDER, diffusers_dir, fixture_lora_dir, seeded
 from .lora_fixtures import save_fixture
 
@@ -146,9 +147,9 @@ def _write_base(folder: Path) -> None:
         "text_encoder": lambda: _text_encoder(len(tokenizer)),
     }
     for seed, (name, factory) in enumerate(factories.items()):  # seeds 0..4, in this order
-        with seeded(seed):
+        with seeded(seed), quiet_library_progress():  # no shard bar, no weight_norm FutureWarning
             module = factory()
-        module.save_pretrained(folder / name, safe_serialization=True)
+            module.save_pretrained(folder / name, safe_serialization=True)
     MiniMaxH3Scheduler(shift=12.0).save_pretrained(folder / "scheduler")
     MiniMaxH3Scheduler(shift=3.0).save_pretrained(folder / "audio_scheduler")
     tokenizer.save_pretrained(folder / "tokenizer")

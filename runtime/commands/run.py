@@ -44,10 +44,11 @@ def load_node_classes() -> tuple[dict, dict]:
 
 
 def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
-    """Build any built-in tiny model (and example input image) the prompt names that is missing."""
+    """Build any built-in tiny model (and example input image) the prompt names that is missing, saying so
+    first."""
     from ...loaders.tiny_models import ensure_builtin_models
 
-    ensure_builtin_models(prompt, models_root, input_dir)
+    ensure_builtin_models(prompt, models_root, input_dir, announce=lambda line: print(line, flush=True))
 
 
 def run(args) -> int:
@@ -235,8 +236,9 @@ def _short_type(type_name) -> str:
 
 
 def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
-    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews."""
-    lines = []
+    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews. A text line
+    an earlier node already showed (the sampler repeats the contracts its LoRA nodes declared) is shown once."""
+    lines, shown_texts = [], set()
     for node_id, ui in outputs.items():
         label = f"node {node_id} ({prompt.get(node_id, {}).get('class_type')})"
         for key, entries in ui.items():
@@ -245,7 +247,8 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
                     root = directory_of(entry.get("type", "output")) or ""
                     path = os.path.join(root, entry.get("subfolder") or "", entry["filename"])
                     lines.append(f"{label} wrote {key}: {path}")
-                elif key == "text":
+                elif key == "text" and entry not in shown_texts:
+                    shown_texts.add(entry)
                     lines.append(f"{label} text: {entry}")
     if not lines:
         lines.append("done (no files written)")

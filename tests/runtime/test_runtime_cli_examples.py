@@ -44,3 +44,19 @@ def test_following_the_contract_errors_advice_on_the_command_line_runs_and_recor
     assert (f"node 6 (LoraBindSampler) text: contract override: steps=20 overrides {F.WAN22_HIGH} "
             "(steps=4 in its contract)") in out
     assert list((tmp_path / "out" / "lorabind").glob("wan22_mismatched_contract_*.webp"))
+    # the pair's contract summary once (node 5 declares it; the sampler's repeat is not printed again)
+    contract_lines = [line for line in out.splitlines() if f"contract: {F.WAN22_HIGH}:" in line]
+    assert [line.split(" text:")[0] for line in contract_lines] == ["node 5 (WanMoELoRAPair)"]
+
+
+def test_a_run_that_builds_the_tiny_models_says_so_in_one_line(tmp_path, capsys):
+    from lorabind.runtime.commands.run import ensure_models
+
+    prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan21-t2v"}},
+              "2": {"class_type": "FuseDistillLoRA", "inputs": {"lora_name": F.WAN21_DISTILL}}}
+    ensure_models(prompt, str(tmp_path / "models"))
+    assert capsys.readouterr().out == (f"building the built-in tiny model tiny-wan21-t2v and 1 fixture LoRA under "
+                                       f"{tmp_path / 'models'} (first use; offline, random weights)\n")
+    assert (tmp_path / "models" / "loras" / F.WAN21_DISTILL).is_file()
+    ensure_models(prompt, str(tmp_path / "models"))  # all present now: nothing built, nothing said
+    assert capsys.readouterr().out == ""

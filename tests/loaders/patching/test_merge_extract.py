@@ -95,6 +95,18 @@ def test_merge_writes_a_complete_folder_with_exact_fused_weights(tiny_wan22_fold
                        fused["blocks.0.attn1.to_q.weight"])
 
 
+def test_merge_report_says_what_its_counts_count(tiny_wan22_folder, merged, tmp_path, capsys):
+    """Every tensor of the component is written; the report splits them into fused by the LoRA and copied."""
+    out = tmp_path / "again"
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{merged['lora']}:0.8", "--component",
+                 COMPONENT, "--out", str(out)]) == 0
+    first_line, report_json = capsys.readouterr().out.split("\n", 1)
+    assert first_line == f"lorabind merge: wrote {out}"
+    report = json.loads(report_json)
+    assert report["tensors_fused"] == len(merged["expected"])
+    assert report["tensors_copied_unchanged"] == len(component_state(tiny_wan22_folder)) - len(merged["expected"])
+
+
 @pytest.mark.parametrize("alpha", [None, 16.0])
 def test_extract_at_full_rank_reproduces_the_merged_deltas(tiny_wan22_folder, merged, alpha):
     assert merged["rc"] == 0
