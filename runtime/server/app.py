@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import sys
 import urllib.parse
@@ -209,7 +210,11 @@ def run_server(config: ServerConfig) -> None:
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
-    print("lorabind serve: stopped", file=sys.stderr)
+    print("lorabind serve: stopped", file=sys.stderr, flush=True)
+    # Skip the interpreter's teardown: with torch, diffusers and a model loaded it takes seconds (longer than the
+    # shutdown itself) and only frees memory; history and outputs are already on disk, written atomically.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 _SHUTDOWN_S = 2.0
