@@ -15,9 +15,9 @@ from lorabind.runtime.cli import main
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 
 
-@pytest.fixture(scope="module")
-def models_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("cli_examples_models")
+@pytest.fixture
+def models_root(tiny_models_root):
+    return tiny_models_root
 
 
 def run(models_root, tmp_path, name, *extra):

@@ -15,14 +15,9 @@ from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
 
 
-@pytest.fixture(scope="module")
-def models_root(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny
-
-    root = tmp_path_factory.mktemp("structure_models")
-    build_tiny(root, names=("tiny-wan22-t2v",))
-    F.write_fixture_loras(root)
-    return root
+@pytest.fixture
+def models_root(tiny_models_root):
+    return tiny_models_root
 
 
 def headers_only(source, target):
