@@ -236,8 +236,11 @@ def _short_type(type_name) -> str:
 
 
 def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
-    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews. A text line
-    an earlier node already showed (the sampler repeats the contracts its LoRA nodes declared) is shown once."""
+    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews. Each contract
+    is shown once: a LoRA node's "contract: X" is left out when the sampler shows "contract enforced: X", and a
+    text line an earlier node already showed is not repeated."""
+    enforced = {entry.split(": ", 1)[1] for ui in outputs.values() for entry in ui.get("text") or []
+                if isinstance(entry, str) and entry.startswith("contract enforced: ")}
     lines, shown_texts = [], set()
     for node_id, ui in outputs.items():
         label = f"node {node_id} ({prompt.get(node_id, {}).get('class_type')})"
@@ -247,7 +250,8 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
                     root = directory_of(entry.get("type", "output")) or ""
                     path = os.path.join(root, entry.get("subfolder") or "", entry["filename"])
                     lines.append(f"{label} wrote {key}: {path}")
-                elif key == "text" and entry not in shown_texts:
+                elif key == "text" and entry not in shown_texts and not (
+                        isinstance(entry, str) and entry.startswith("contract: ") and entry[10:] in enforced):
                     shown_texts.add(entry)
                     lines.append(f"{label} text: {entry}")
     if not lines:

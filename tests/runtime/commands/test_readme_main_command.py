@@ -30,15 +30,16 @@ def test_readme_main_command_runs_the_lightx2v_pair_and_says_so(tiny_models_root
     assert code == 0, err
     sampler = [line.split(" text: ", 1)[1] for line in out.splitlines() if "(LoraBindSampler) text: " in line]
     high, low = (Path(name).name for name in (WAN22_HIGH, WAN22_LOW))
-    assert f"contract enforced: {high}: distill steps=4 shift=5 cfg=1" in sampler
-    assert f"contract enforced: {low}: distill steps=4 shift=5 cfg=1" in sampler
+    assert f"contract enforced: {high}: distill steps=4 shift=5 cfg=1 (declared by its file name)" in sampler
+    assert f"contract enforced: {low}: distill steps=4 shift=5 cfg=1 (declared by its file name)" in sampler
+    assert sum(f"{high}: distill" in line for line in out.splitlines()) == 1  # the contract shown once
     assert "steps=4 shift=5 cfg=1.0 sigmas=[1.0000, 0.9375, 0.8333, 0.6250, 0.0000]" in sampler
     assert "expert switch at step 2 (σ=0.8333 < boundary 0.875): transformer -> transformer_2" in sampler
     fused = [line for line in sampler if line.startswith("bind: ") and " fused into " in line]
-    assert [re.sub(r" \(\d+ tensors applied\)$", "", line) for line in fused] == [
+    assert [re.sub(r" \(\d+ file tensors, \d+ model parameters\)$", "", line) for line in fused] == [
         f"bind: {WAN22_HIGH} fused into transformer at strength 1",
         f"bind: {WAN22_LOW} fused into transformer_2 at strength 1"]
-    assert all(not line.endswith("(0 tensors applied)") for line in fused)
+    assert all(" (0 file tensors" not in line for line in fused)
     assert re.search(r"wrote images: .*wan22_lightx2v_4step_00001_\.webp$", out, re.MULTILINE)
 
 

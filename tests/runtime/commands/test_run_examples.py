@@ -41,11 +41,11 @@ def test_following_the_contract_errors_advice_on_the_command_line_runs_and_recor
     # stdout and stderr are not terminals here: plain progress lines, fusing under its own label
     assert "\r" not in out + captured.err and "\x1b" not in out + captured.err
     assert "node 6: binding LoRA layers" in captured.err and "node 6: steps 20/20" in captured.err
-    assert (f"node 6 (LoraBindSampler) text: contract override: steps=20 overrides {F.WAN22_HIGH} "
+    assert (f"node 6 (LoraBindSampler) text: contract override: steps=20 overrides {Path(F.WAN22_HIGH).name} "
             "(steps=4 in its contract)") in out
     assert list((tmp_path / "out" / "lorabind").glob("wan22_mismatched_contract_*.webp"))
     # the pair's contract summary once (node 5 declares it; the sampler's repeat is not printed again)
-    contract_lines = [line for line in out.splitlines() if f"contract: {F.WAN22_HIGH}:" in line]
+    contract_lines = [line for line in out.splitlines() if f"{Path(F.WAN22_HIGH).name}: distill" in line]
     assert [line.split(" text:")[0] for line in contract_lines] == ["node 5 (WanMoELoRAPair)"]
 
 
