@@ -34,7 +34,11 @@ def test_following_the_contract_errors_advice_on_the_command_line_runs_and_recor
     err = capsys.readouterr().err
     assert ("steps must be 4, got 20 (its file name declares this contract; set enforce_contract off to override "
             "it explicitly)") in err
-    # the advice, as a person types it
+    # the advice, as a person types it (on a model whose LoRA layers are not bound yet: a cold fuse)
+    from lorabind.loaders.binding import unbind
+    from lorabind.loaders.model_store import load_model
+
+    unbind(load_model(str(models_root / "diffusers" / "tiny-wan22-t2v")))
     assert run(models_root, tmp_path, "wan22_mismatched_contract", "--set", "6.enforce_contract=off") == 0
     captured = capsys.readouterr()
     out = captured.out
