@@ -17,7 +17,7 @@ from runtime_fake_nodes import FAKE_NODES
 @pytest.fixture
 def fake_pack(monkeypatch):
     monkeypatch.setattr(run_command, "load_node_classes", lambda: (FAKE_NODES, {}))
-    monkeypatch.setattr(run_command, "ensure_models", lambda prompt, root: None)
+    monkeypatch.setattr(run_command, "ensure_models", lambda prompt, root, input_dir: None)
     yield
     folder_paths.configure()
 

@@ -58,9 +58,9 @@ def test_a_run_that_builds_the_tiny_models_says_so_in_one_line(tmp_path, capsys)
 
     prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan21-t2v"}},
               "2": {"class_type": "FuseDistillLoRA", "inputs": {"lora_name": F.WAN21_DISTILL}}}
-    ensure_models(prompt, str(tmp_path / "models"))
+    ensure_models(prompt, str(tmp_path / "models"), str(tmp_path / "input"))
     assert capsys.readouterr().out == (f"building the built-in tiny model tiny-wan21-t2v and 1 fixture LoRA under "
                                        f"{tmp_path / 'models'} (first use; offline, random weights)\n")
     assert (tmp_path / "models" / "loras" / F.WAN21_DISTILL).is_file()
-    ensure_models(prompt, str(tmp_path / "models"))  # all present now: nothing built, nothing said
+    ensure_models(prompt, str(tmp_path / "models"), str(tmp_path / "input"))  # all present now: nothing built, nothing said
     assert capsys.readouterr().out == ""
