@@ -4,9 +4,11 @@ Why our own converter: ``lorabind run`` and the server accept the UI files users
 only reference implementation is the frontend's TypeScript (``graphToPrompt`` / ``ExecutableNodeDTO``). We
 reproduce its rules (reference comfyui.md §5): positional ``widgets_values`` mapped through the node
 definitions (with the hidden control value after ``control_after_generate`` / seed widgets, ``forceInput``
-inputs skipped), links resolved by input *name*, ``Reroute`` / ``PrimitiveNode`` resolved, muted nodes (mode 2)
-dropped with the inputs that pointed at them, bypassed nodes (mode 4) passed through by type, ``Note`` /
-``MarkdownNote`` ignored, subgraphs flattened into ``outer:inner`` ids.
+inputs skipped, defaults for widgets an older save has no value for), links resolved by input *name*,
+``Reroute`` / ``PrimitiveNode`` resolved in every mode, muted nodes (mode 2) dropped with the inputs that pointed
+at them, bypassed nodes (mode 4) passed through by type, ``Note`` / ``MarkdownNote`` ignored, subgraphs flattened
+into ``outer:inner`` ids (a muted or bypassed instance's inner nodes included, each instance with its own promoted
+widget values), expansion capped at ``MAX_EXPANDED_NODES``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ SUBGRAPH_OUTPUT_ID = -20  # ... and of its output boundary node
 VIRTUAL_TYPES = {"Reroute", "PrimitiveNode", "Note", "MarkdownNote"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 SEED_NAMES = ("seed", "noise_seed")  # INT widgets that get a control widget when the spec does not say
+# Nested subgraph definitions multiply: a few KB of definitions can expand to hundreds of thousands of nodes.
+# No real workflow comes near these; beyond them the request is refused before any work is done.
+MAX_EXPANDED_NODES = 10_000
+MAX_SUBGRAPH_DEPTH = 32
 
 
 class WorkflowFormatError(ValueError):
@@ -64,6 +70,9 @@ def to_api_prompt(workflow: Any, node_classes: dict, display_names: dict | None 
         return _UiConverter(workflow, node_classes, display_names or {}).convert(), "ui"
     except WorkflowFormatError:
         raise
+    except RecursionError:  # a chain of thousands of Reroutes, or links that loop through virtual nodes
+        raise WorkflowFormatError("malformed UI workflow: its links loop, or chain through too many Reroute / "
+                                  "subgraph hops to follow") from None
     except (KeyError, IndexError, TypeError, ValueError) as exc:  # malformed links, slots, definitions
         raise WorkflowFormatError(f"malformed UI workflow: {type(exc).__name__}: {exc}") from exc
 
@@ -158,6 +167,21 @@ def _control_values_after(name: str, input_type: Any, options: dict) -> int:
     return 0
 
 
+def _widget_default(spec) -> Any:
+    """The value a new widget starts with in the frontend: the spec's default, else the first combo option,
+    0 for numbers, "" for strings and false for booleans."""
+    input_type = spec[0]
+    options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    if "default" in options:
+        return options["default"]
+    if isinstance(input_type, list):
+        return input_type[0] if input_type else None
+    if input_type == "COMBO":
+        choices = options.get("options") or []
+        return choices[0] if choices else None
+    return {"INT": 0, "FLOAT": 0.0, "STRING": "", "BOOLEAN": False}.get(input_type)
+
+
 class _UiConverter:
     def __init__(self, workflow: dict, node_classes: dict, display_names: dict):
         self.workflow = workflow
@@ -166,10 +190,12 @@ class _UiConverter:
         self.subgraphs = _collect_subgraphs(workflow, {})
         self.infos: dict[str, dict] = {}
         self.prompt: dict[str, dict] = {}
+        self.expanded = 0  # nodes in the root and in every subgraph instance expanded so far
 
     def convert(self) -> dict:
         root = _Scope("", {node["id"]: node for node in self.workflow["nodes"]},
                       _normalize_links(self.workflow.get("links")))
+        self._count(len(root.nodes))
         self._emit_scope(root)
         for node in self.prompt.values():  # links into nodes that were not emitted are removed
             for name, value in list(node["inputs"].items()):
@@ -193,17 +219,34 @@ class _UiConverter:
     def _child_scope(self, scope: _Scope, instance: dict) -> _Scope:
         if instance["id"] not in scope.children:
             definition = self.subgraphs[instance["type"]]
+            depth, ancestor = 1, scope
+            while ancestor.parent is not None:
+                if ancestor.definition is definition:  # the frontend refuses this too (a RecursionError there)
+                    raise WorkflowFormatError(f"subgraph {definition.get('name') or instance['type']!r} contains "
+                                              f"itself (instance {scope.prefix}{instance['id']})")
+                depth, ancestor = depth + 1, ancestor.parent
+            if depth > MAX_SUBGRAPH_DEPTH:
+                raise WorkflowFormatError(f"subgraphs nest more than {MAX_SUBGRAPH_DEPTH} levels deep "
+                                          f"(instance {scope.prefix}{instance['id']})")
+            self._count(len(definition.get("nodes") or []))
             scope.children[instance["id"]] = _Scope(
                 f"{scope.prefix}{instance['id']}:", {node["id"]: node for node in definition.get("nodes", [])},
                 _normalize_links(definition.get("links")), scope, instance, definition)
         return scope.children[instance["id"]]
 
+    def _count(self, nodes: int) -> None:
+        self.expanded += nodes
+        if self.expanded > MAX_EXPANDED_NODES:
+            raise WorkflowFormatError(f"the workflow's subgraphs expand to more than {MAX_EXPANDED_NODES} nodes")
+
     def _emit_scope(self, scope: _Scope) -> None:
         for node in scope.nodes.values():
-            if node.get("mode", 0) in (MODE_MUTED, MODE_BYPASS) or node.get("type") in VIRTUAL_TYPES:
-                continue
             if node.get("type") in self.subgraphs:
+                # whatever the instance's mode: the frontend emits a muted or bypassed instance's inner nodes too
+                # (only links *through* a bypassed instance are rerouted, see _resolve_output)
                 self._emit_scope(self._child_scope(scope, node))
+                continue
+            if node.get("mode", 0) in (MODE_MUTED, MODE_BYPASS) or node.get("type") in VIRTUAL_TYPES:
                 continue
             self._emit_node(scope, node)
 
@@ -229,7 +272,7 @@ class _UiConverter:
     def _widget_inputs(self, info: dict, node: dict) -> dict:
         """Map ``widgets_values`` (a list, or a dict keyed by widget name) onto the widget inputs."""
         stored = node.get("widgets_values")
-        widgets = []
+        widgets, declared_specs = [], {}
         for section in ("required", "optional"):
             declared = info["input"].get(section) or {}
             for name in info["input_order"].get(section, []):
@@ -239,13 +282,15 @@ class _UiConverter:
                 is_widget = _is_combo(input_type) or input_type in WIDGET_TYPES
                 if is_widget and not options.get("forceInput", False):
                     widgets.append((name, _control_values_after(name, input_type, options)))
+                    declared_specs[name] = spec
         if isinstance(stored, dict):
             return {name: stored[name] for name, _ in widgets if name in stored}
         values, position = {}, 0
+        stored = stored if isinstance(stored, list) else []
         for name, extra in widgets:
-            if position >= len(stored or []):
-                break
-            values[name] = stored[position]
+            # an older save stores fewer values than the node now has widgets: the frontend keeps the widgets'
+            # defaults for the rest (they are created from the node definition before the values are applied)
+            values[name] = stored[position] if position < len(stored) else _widget_default(declared_specs[name])
             position += 1 + extra
         return values
 
@@ -263,8 +308,16 @@ class _UiConverter:
         if node is None:
             return None
         mode, node_type = node.get("mode", 0), node.get("type")
-        if mode == MODE_MUTED:
-            return _DROP
+        # The frontend's order (ExecutableNodeDTO.resolveOutput, PrimitiveNode.applyToGraph): a PrimitiveNode
+        # pushes its value into its targets in every mode; a Reroute passes its link through in every mode; a
+        # bypassed node (subgraph instances too) hands over a matching input; a muted subgraph instance is still
+        # resolved inside; only a link from another muted node ends (the input is then deleted).
+        if node_type == "PrimitiveNode":
+            values = node.get("widgets_values") or []
+            return _Value(values[0]) if values else None
+        if node_type == "Reroute":
+            inputs = node.get("inputs") or []
+            return self._resolve_link(scope, inputs[0].get("link")) if inputs else None
         if mode == MODE_BYPASS:
             index = self._bypass_input_index(node, slot)
             if index is None or node["inputs"][index].get("link") is None:
@@ -276,12 +329,8 @@ class _UiConverter:
                 if link.target_id == SUBGRAPH_OUTPUT_ID and link.target_slot == slot:
                     return self._resolve_output(child, link.origin_id, link.origin_slot)
             return None
-        if node_type == "Reroute":
-            inputs = node.get("inputs") or []
-            return self._resolve_link(scope, inputs[0].get("link")) if inputs else None
-        if node_type == "PrimitiveNode":
-            values = node.get("widgets_values") or []
-            return _Value(values[0]) if values else None
+        if mode == MODE_MUTED:
+            return _DROP
         if node_type in VIRTUAL_TYPES:
             return None
         return _Ref(f"{scope.prefix}{origin_id}", slot)
@@ -321,7 +370,44 @@ class _UiConverter:
         stored = scope.instance.get("widgets_values")
         if isinstance(stored, dict):
             return _Value(stored[name]) if name in stored else None
-        widget_names = [i.get("name") for i in instance_inputs if i.get("widget")]
-        if isinstance(stored, list) and name in widget_names and widget_names.index(name) < len(stored):
-            return _Value(stored[widget_names.index(name)])
+        if isinstance(stored, list):
+            position = self._promoted_value_positions(scope).get(slot)
+            if position is not None and position < len(stored):
+                return _Value(stored[position])
         return None
+
+    def _promoted_value_positions(self, scope: _Scope) -> dict:
+        """{subgraph input slot: index in the instance's ``widgets_values``}.
+
+        The frontend (SubgraphNode.serialize) stores one value per *promoted* input, in input order: an input
+        whose first linked inner target is a widget input. The instance's own ``inputs`` cannot tell which those
+        are, since the export drops unlinked widget inputs. Older saves also kept a slot for a seed's
+        control_after_generate companion; like the frontend, that is assumed only when the list is longer."""
+        promoted = []  # (slot, has a control companion)
+        for slot, declared in enumerate(scope.definition.get("inputs") or []):
+            for link_id in declared.get("linkIds") or []:
+                link = scope.links.get(link_id)
+                target = scope.nodes.get(link.target_id) if link is not None else None
+                inputs = (target or {}).get("inputs") or []
+                if link is None or link.target_slot >= len(inputs) or not inputs[link.target_slot].get("widget"):
+                    continue
+                promoted.append((slot, self._has_control_companion(scope, target, inputs[link.target_slot])))
+                break
+        extra = len(scope.instance.get("widgets_values") or []) > len(promoted)
+        positions, position = {}, 0
+        for slot, companion in promoted:
+            positions[slot] = position
+            position += 1 + (1 if extra and companion else 0)
+        return positions
+
+    def _has_control_companion(self, scope: _Scope, node: dict, socket: dict) -> bool:
+        if node.get("type") not in self.node_classes:
+            return False
+        info = self._info(scope, node)
+        name = (socket.get("widget") or {}).get("name") or socket.get("name")
+        for section in ("required", "optional"):
+            spec = (info["input"].get(section) or {}).get(name)
+            if spec is not None:
+                options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                return _control_values_after(name, spec[0], options) > 0
+        return False

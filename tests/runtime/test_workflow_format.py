@@ -141,3 +141,104 @@ def test_malformed_link_is_a_workflow_format_error():
     workflow["links"].append({"id": 999})  # a link object without origin/target
     with pytest.raises(WorkflowFormatError, match="malformed UI workflow: KeyError"):
         to_api_prompt(workflow, FAKE_NODES)
+
+
+# --- issue #13: where we diverged from the frontend's graphToPrompt --------------------------------------------
+
+SEEDED_SUBGRAPH = "5f0c2f6e-0000-4000-8000-0000000000aa"
+
+
+def _seeded_subgraph(nested=None):
+    """A subgraph with a promoted seed (input "seed" -> inner RtSeeded's seed widget) and an unpromoted base."""
+    inner = ui_node(1, "RtSeeded", inputs=[sock("base", "INT", 201), sock("seed", "INT", 202, widget=True)],
+                    outputs=[out("INT", [203])], widgets=[999, "fixed", "add", "fixed", "", "plain", 1.0, 0])
+    definition = {
+        "id": SEEDED_SUBGRAPH, "name": "seeded", "version": 1,
+        "inputNode": {"id": -10, "bounding": [0, 0, 10, 10]}, "outputNode": {"id": -20, "bounding": [0, 0, 10, 10]},
+        "inputs": [{"id": "in-base", "name": "base", "type": "INT", "linkIds": [201]},
+                   {"id": "in-seed", "name": "seed", "type": "INT", "linkIds": [202]}],
+        "outputs": [{"id": "out", "name": "out", "type": "INT", "linkIds": [203]}],
+        "widgets": [], "nodes": [inner] + (nested or []),
+        "links": [{"id": 201, "origin_id": -10, "origin_slot": 0, "target_id": 1, "target_slot": 0, "type": "INT"},
+                  {"id": 202, "origin_id": -10, "origin_slot": 1, "target_id": 1, "target_slot": 1, "type": "INT"},
+                  {"id": 203, "origin_id": 1, "origin_slot": 0, "target_id": -20, "target_slot": 0, "type": "INT"}]}
+    return definition
+
+
+def _two_instances(first_mode=0, widgets=((11,), (22,))):
+    # as the frontend exports them: the unlinked promoted "seed" input is left off each instance's inputs
+    nodes = [ui_node(1, "RtInt", outputs=[out("INT", [1, 2])], widgets=[3]),
+             ui_node(2, SEEDED_SUBGRAPH, mode=first_mode, inputs=[sock("base", "INT", 1)],
+                     outputs=[out("INT", [3])], widgets=list(widgets[0])),
+             ui_node(3, SEEDED_SUBGRAPH, inputs=[sock("base", "INT", 2)], outputs=[out("INT", [4])],
+                     widgets=list(widgets[1])),
+             ui_node(4, "RtShow", inputs=[sock("value", "INT,FLOAT", 3)]),
+             ui_node(5, "RtShow", inputs=[sock("value", "INT,FLOAT", 4)])]
+    links = [[1, 1, 0, 2, 0, "INT"], [2, 1, 0, 3, 0, "INT"], [3, 2, 0, 4, 0, "INT"], [4, 3, 0, 5, 0, "INT"]]
+    return {"nodes": nodes, "links": links, "version": 0.4, "definitions": {"subgraphs": [_seeded_subgraph()]}}
+
+
+def test_each_subgraph_instance_keeps_its_own_promoted_widget_value():
+    prompt, _ = to_api_prompt(_two_instances(), FAKE_NODES)
+    assert (prompt["2:1"]["inputs"]["seed"], prompt["3:1"]["inputs"]["seed"]) == (11, 22)
+    assert prompt["2:1"]["inputs"]["base"] == ["1", 0]
+    # older saves kept a slot for the seed's control_after_generate companion
+    legacy, _ = to_api_prompt(_two_instances(widgets=((11, "fixed"), (22, "randomize"))), FAKE_NODES)
+    assert (legacy["2:1"]["inputs"]["seed"], legacy["3:1"]["inputs"]["seed"]) == (11, 22)
+
+
+def test_a_muted_subgraph_instance_still_exports_its_inner_nodes():
+    prompt, _ = to_api_prompt(_two_instances(first_mode=2), FAKE_NODES)
+    assert prompt["2:1"]["inputs"]["seed"] == 11
+    assert prompt["4"]["inputs"] == {"value": ["2:1", 0]}  # not a missing input downstream
+
+
+def test_muted_reroutes_pass_through_and_muted_or_bypassed_primitives_still_supply_their_value():
+    for mode in (2, 4):
+        nodes = [ui_node(1, "RtInt", outputs=[out("INT", [1])], widgets=[3]),
+                 ui_node(2, "Reroute", mode=mode, inputs=[sock("", "*", 1)], outputs=[out("INT", [2])]),
+                 ui_node(3, "PrimitiveNode", mode=mode, outputs=[out("INT", [3], widget="seed")], widgets=[77, "fixed"]),
+                 ui_node(4, "RtSeeded", inputs=[sock("base", "INT", 2), sock("seed", "INT", 3, widget=True)],
+                         outputs=[out("INT", [])], widgets=[5, "fixed", "add", "fixed", "", "plain", 1.0, 0])]
+        links = [[1, 1, 0, 2, 0, "INT"], [2, 2, 0, 4, 0, "INT"], [3, 3, 0, 4, 1, "INT"]]
+        prompt, _ = to_api_prompt({"nodes": nodes, "links": links}, FAKE_NODES)
+        assert prompt["4"]["inputs"]["base"] == ["1", 0], mode
+        assert prompt["4"]["inputs"]["seed"] == 77, mode
+
+
+def test_missing_widget_values_get_the_node_defaults():
+    nodes = [ui_node(1, "RtInt", outputs=[out("INT", [1])], widgets=[3]),
+             # an older save: seed and its control value only; mode, style, scale and offset came later
+             ui_node(2, "RtSeeded", inputs=[sock("base", "INT", 1)], outputs=[out("INT", [])],
+                     widgets=[5, "fixed"]),
+             ui_node(3, "RtText")]  # no widgets_values at all
+    prompt, _ = to_api_prompt({"nodes": nodes, "links": [[1, 1, 0, 2, 0, "INT"]]}, FAKE_NODES)
+    assert prompt["2"]["inputs"] == {"base": ["1", 0], "seed": 5, "mode": "add", "style": "plain", "scale": 1.0,
+                                     "offset": 0}
+    assert prompt["3"]["inputs"] == {"text": "", "enabled": True}
+
+
+def test_subgraph_expansion_is_capped_and_self_containment_refused():
+    fanout = []
+    for level in range(8):  # each definition holds 4 instances of the next: 4**8 = 65,536 leaves
+        definition = _seeded_subgraph() if level == 0 else {
+            "id": f"level-{level}", "name": f"level {level}", "inputs": [], "outputs": [], "links": [],
+            "nodes": [ui_node(i, fanout[-1]["id"]) for i in range(1, 5)]}
+        definition["id"] = definition["id"] if level else "level-0"
+        fanout.append(definition)
+    workflow = {"nodes": [ui_node(1, "level-7")], "links": [], "definitions": {"subgraphs": fanout}}
+    with pytest.raises(WorkflowFormatError, match="expand to more than 10000 nodes"):
+        to_api_prompt(workflow, FAKE_NODES)
+    loop = {"id": "loop", "name": "ouroboros", "inputs": [], "outputs": [], "links": [],
+            "nodes": [ui_node(1, "loop")]}
+    with pytest.raises(WorkflowFormatError, match="subgraph 'ouroboros' contains itself"):
+        to_api_prompt({"nodes": [ui_node(1, "loop")], "links": [], "definitions": {"subgraphs": [loop]}}, FAKE_NODES)
+
+
+def test_a_reroute_loop_or_a_very_long_chain_is_a_format_error():
+    nodes = [ui_node(1, "Reroute", inputs=[sock("", "*", 2)], outputs=[out("*", [1])]),
+             ui_node(2, "Reroute", inputs=[sock("", "*", 1)], outputs=[out("*", [2, 3])]),
+             ui_node(3, "RtShow", inputs=[sock("value", "INT,FLOAT", 3)])]
+    links = [[1, 1, 0, 2, 0, "*"], [2, 2, 0, 1, 0, "*"], [3, 2, 0, 3, 0, "*"]]
+    with pytest.raises(WorkflowFormatError, match="links loop"):
+        to_api_prompt({"nodes": nodes, "links": links}, FAKE_NODES)
