@@ -23,7 +23,7 @@ from ..loaders.handles import (
 from ..loaders.wav_files import write_wav
 from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
-from .output_nodes import output_target
+from .output_nodes import SAVERS_CATEGORY, output_target
 
 CATEGORY = "lorabind/minimax_h3"
 
@@ -159,7 +159,7 @@ class MiniMaxFirstFrame:
 
 class LoraBindSaveAudio:
     DESCRIPTION = "Saves audio as 16-bit WAV with the prompt and workflow embedded (LIST/INFO ICMT chunk)."
-    CATEGORY = CATEGORY
+    CATEGORY = SAVERS_CATEGORY  # with LoraBindSaveImage: any AUDIO can be saved, not only MiniMax-H3's
     FUNCTION = "save"
     RETURN_TYPES = ()
     OUTPUT_NODE = True

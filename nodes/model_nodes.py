@@ -12,7 +12,7 @@ from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import SOCKET_MODEL, ModelHandle
 from ..loaders.model_store import DTYPE_NAMES, load_model
 from ..loaders.speed import ATTENTION_NAMES
-from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin
+from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin, needs_build
 from . import comfy_bridge
 from .comfy_bridge import ProgressBar, folder_paths
 
@@ -51,9 +51,10 @@ def find_model_folder(model_name: str) -> Optional[Path]:
 
 
 def resolve_model_folder(model_name: str) -> Path:
-    """``find_model_folder``, building a missing built-in tiny model first; otherwise a missing folder raises."""
+    """``find_model_folder``, building a missing (or stale, see ``needs_build``) built-in tiny model first;
+    otherwise a missing folder raises."""
     folder = find_model_folder(model_name)
-    if folder is not None:
+    if folder is not None and not (model_name in BUILTIN_NAMES and needs_build(folder)):
         return folder
     roots = _diffusers_roots()
     default_root = next((r for r in roots if r.name == MODEL_FOLDER_KIND), None)
@@ -130,15 +131,16 @@ class LoraBindModelLoader:
 
     @classmethod
     def IS_CHANGED(cls, model_name, dtype, **_options):
-        """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself)."""
+        """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself). The
+        value is embedded with the prompt in outputs, so it names the folder by its relative name, never by path."""
         try:
             folder = find_model_folder(model_name)
         except ValueError:
             folder = None
         if folder is None:
             return f"{model_name}:missing:{dtype}"
-        index = folder / "model_index.json"
-        return f"{index}:{index.stat().st_mtime_ns}:{dtype}"
+        stat = (folder / "model_index.json").stat()
+        return f"{model_name}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
 
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
              max_cached_adapters=0):

@@ -19,6 +19,8 @@ from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
 from ..loaders.generation import decode
 from .comfy_bridge import folder_paths
 
+SAVERS_CATEGORY = "lorabind/output"  # every node that writes files (images, audio)
+
 EXIF_PROMPT_TAG = 0x0110
 EXIF_FIRST_EXTRA_TAG = 0x010F
 
@@ -94,7 +96,7 @@ class LoraBindSaveImage:
         "Saves to the output folder: one frame as PNG, several frames as an animated WebP. The API prompt and "
         "the UI workflow are embedded the way ComfyUI does, so the file loads back into ComfyUI."
     )
-    CATEGORY = "lorabind/output"
+    CATEGORY = SAVERS_CATEGORY
     RETURN_TYPES = ()
     OUTPUT_NODE = True
     FUNCTION = "save"

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional
 
 from .. import compat
 from . import lora_fixtures, minimax_h3, single_files
-from ._common import diffusers_dir
+from ._common import diffusers_dir, log, stale_reason
 from .input_images import ensure_input_images, write_input_images
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
@@ -102,6 +102,17 @@ def _strings_in(value) -> Iterable[str]:
             yield from _strings_in(item)
 
 
+def needs_build(folder: Path) -> bool:
+    """A built-in folder that is missing, or was built by other library versions (its random weights, and so its
+    outputs, would differ from a fresh build's): the latter is rebuilt, and said so."""
+    if not (folder / "model_index.json").exists():
+        return True
+    reason = stale_reason(folder)
+    if reason:
+        log.warning("rebuilding the built-in tiny model %s: %s", folder.name, reason)
+    return reason is not None
+
+
 def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
                           announce: Optional[Callable[[str], None]] = None) -> list[str]:
     """Build each built-in model that an API prompt names (in any string input) and that is missing; with
@@ -116,7 +127,7 @@ def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
         if isinstance(node, dict):
             named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
     root = diffusers_dir(models_root)
-    models = [name for name in BUILTIN_NAMES if name in named and not (root / name / "model_index.json").exists()]
+    models = [name for name in BUILTIN_NAMES if name in named and needs_build(root / name)]
     loras = _missing_fixtures(named, models_root)
     if announce is not None and (models or loras):
         what = [f"tiny model{'s' if len(models) > 1 else ''} {', '.join(models)}"] if models else []

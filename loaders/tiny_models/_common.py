@@ -1,13 +1,23 @@
-"""Shared helpers for the tiny-model builders: isolated seeding and atomic folder writes."""
+"""Shared helpers for the tiny-model builders: isolated seeding, atomic folder writes, and folders that read the
+same under transformers 4.x and 5.x."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..model_store import quiet_library_progress
+
+log = logging.getLogger("lorabind.tiny_models")
+BUILT_WITH_KEY = "_lorabind_built_with"  # model_index.json: the library versions a tiny model was built with
+_LIBRARIES = ("torch", "diffusers", "transformers")
+# transformers 5 saves a fast tokenizer as "TokenizersBackend", a class transformers 4.x does not have;
+# "PreTrainedTokenizerFast" is that class in 4.x and an alias of it in 5.x, so both read the folder.
+_PORTABLE_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 
 
 @contextlib.contextmanager
@@ -47,6 +57,7 @@ def save_pipeline_atomically(pipeline, folder: Path) -> Path:
     try:
         with quiet_library_progress():  # no "Writing model shards" bar in the middle of `lorabind run`
             pipeline.save_pretrained(staging, safe_serialization=True)
+        finish_folder(staging)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
@@ -54,3 +65,41 @@ def save_pipeline_atomically(pipeline, folder: Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return folder
+
+
+def library_versions() -> dict:
+    import importlib.metadata
+
+    return {name: importlib.metadata.version(name) for name in _LIBRARIES}
+
+
+def finish_folder(folder: Path) -> None:
+    """Make a freshly saved tiny model portable and record what built it: tokenizer classes both transformers 4.x
+    and 5.x know, and the library versions (random initialisation differs between versions, so a folder built
+    under other versions would give other outputs; ``stale_reason`` finds those)."""
+    index_file = folder / "model_index.json"
+    index = json.loads(index_file.read_text(encoding="utf-8"))
+    for entry in index.values():
+        if isinstance(entry, list) and entry == ["transformers", "TokenizersBackend"]:
+            entry[1] = _PORTABLE_TOKENIZER_CLASS
+    index[BUILT_WITH_KEY] = library_versions()
+    index_file.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    for config_file in folder.glob("*/tokenizer_config.json"):
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        if config.get("tokenizer_class") == "TokenizersBackend":
+            config["tokenizer_class"] = _PORTABLE_TOKENIZER_CLASS
+            config_file.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def stale_reason(folder: Path) -> str | None:
+    """Why a built tiny model must be rebuilt (built by other library versions), or None when it is current."""
+    try:
+        built = json.loads((folder / "model_index.json").read_text(encoding="utf-8")).get(BUILT_WITH_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: loading it reports that with the file name
+    installed = library_versions()
+    if not isinstance(built, dict):
+        return "it records no library versions (built by an older lorabind)"
+    changed = [f"{name} {built.get(name)} -> {version}" for name, version in installed.items()
+               if built.get(name) != version]
+    return f"it was built with other library versions ({', '.join(changed)})" if changed else None

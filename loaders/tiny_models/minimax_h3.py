@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..compat import require
 from ..model_store import quiet_library_progress
-from ._common import FIXTURE_LORA_FOLDER, diffusers_dir, fixture_lora_dir, seeded
+from ._common import FIXTURE_LORA_FOLDER, diffusers_dir, finish_folder, fixture_lora_dir, seeded
 from .lora_fixtures import save_fixture
 
 TINY_NAME = "tiny-minimax-h3"
@@ -156,6 +156,7 @@ def _write_base(folder: Path) -> None:
     index = {"_class_name": "MiniMaxH3ModularPipeline", "_diffusers_version": diffusers.__version__}
     index.update(_component_entries())
     (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    finish_folder(folder)
 
 
 def build_tiny_minimax_h3(models_root) -> list[Path]:

@@ -3,7 +3,9 @@
 ComfyUI is not installed here, so its three modules are stood in by fakes that record how they are called.
 """
 
+import importlib
 import importlib.util
+import os
 import pathlib
 import sys
 import types
@@ -132,3 +134,57 @@ def test_bind_work_inside_comfyui_is_progress_state_and_text_never_step_progress
     calls.clear()
     comfy_bridge.WorkProgress("binding LoRA layers").update(1, 3)
     assert calls == []
+
+
+def test_error_types_reach_comfyui_by_their_plain_name(fake_comfyui):
+    """ComfyUI reports ``exception_type`` as ``full_type_name``: module + qualname unless the module is builtins.
+    Loaded by path, our module name would be the folder path (``…custom_nodes/lorabind.loaders.errors``)."""
+    import pickle
+
+    def full_type_name(klass):  # ComfyUI's execution.full_type_name
+        module = klass.__module__
+        return klass.__qualname__ if module == "builtins" else module + "." + klass.__qualname__
+
+    root = pathlib.Path(comfy_bridge.__file__).resolve().parents[1]
+    module_name = str(root).replace(".", "_x_")
+    spec = importlib.util.spec_from_file_location(module_name, root / "__init__.py",
+                                                  submodule_search_locations=[str(root)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        errors = importlib.import_module(f"{module_name}.loaders.errors")
+        adapters = importlib.import_module(f"{module_name}.loaders.peft_adapters")
+        assert full_type_name(errors.ContractError) == "ContractError"
+        assert full_type_name(errors.LoraFileError) == "LoraFileError"
+        assert full_type_name(adapters.AdapterError) == "AdapterError"
+        again = pickle.loads(pickle.dumps(errors.ContractError("steps must be 4")))
+        assert isinstance(again, errors.ContractError) and str(again) == "steps must be 4"
+    finally:
+        for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
+            del sys.modules[name]
+
+
+def test_model_loader_is_changed_carries_no_local_path(tmp_path):
+    from lorabind.nodes.model_nodes import LoraBindModelLoader
+    from lorabind.runtime import folder_paths as runtime_folder_paths
+
+    folder = tmp_path / "models" / "diffusers" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "model_index.json").write_text("{}")
+    runtime_folder_paths.configure(models_root=str(tmp_path / "models"))
+    comfy_bridge._comfy_modules.cache_clear()
+    try:
+        first = LoraBindModelLoader.IS_CHANGED("tiny", "auto")
+        assert str(tmp_path) not in first and "model_index.json" not in first and first.startswith("tiny:")
+        stat = (folder / "model_index.json").stat()
+        os.utime(folder / "model_index.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert LoraBindModelLoader.IS_CHANGED("tiny", "auto") != first  # a rebuilt folder still re-runs
+    finally:
+        runtime_folder_paths.configure()
+
+
+def test_save_audio_is_filed_with_the_other_savers():
+    from lorabind.nodes import NODE_CLASS_MAPPINGS
+
+    assert NODE_CLASS_MAPPINGS["LoraBindSaveAudio"].CATEGORY == NODE_CLASS_MAPPINGS["LoraBindSaveImage"].CATEGORY

@@ -78,3 +78,34 @@ def test_qwen_tokenizer_system_prefix_has_the_length_the_pipeline_drops(load_tin
     prompt_start = tokens.index("<|im_start|>", 1) + 3  # "<|im_start|>", "user", "\n" open the user turn
     assert prompt_start == QWEN_TEMPLATE_PREFIX_TOKENS
     assert tokens[prompt_start] == "a" and tokens[prompt_start + 2] == "<|im_end|>"
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))
+def test_tokenizers_are_saved_in_a_form_transformers_4_and_5_both_read(name, tiny_models_root):
+    """transformers 5 saves a fast tokenizer as "TokenizersBackend", which transformers 4.57 does not know."""
+    folder = tiny_models_root / "diffusers" / name
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["tokenizer"] == ["transformers", "PreTrainedTokenizerFast"]
+    config = json.loads((folder / "tokenizer" / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert "TokenizersBackend" not in json.dumps(index) + json.dumps(config)
+    assert set(index["_lorabind_built_with"]) == {"torch", "diffusers", "transformers"}
+
+
+def test_a_tiny_model_built_by_other_library_versions_is_rebuilt_and_said_so(tiny_models_root, tmp_path, caplog):
+    import shutil
+
+    from lorabind.loaders.tiny_models import needs_build
+
+    folder = tmp_path / "diffusers" / "tiny-wan21-t2v"
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)
+    assert not needs_build(folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["_lorabind_built_with"]["transformers"] = "4.57.0"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with caplog.at_level("WARNING", logger="lorabind.tiny_models"):
+        assert needs_build(folder)
+    assert "rebuilding the built-in tiny model tiny-wan21-t2v" in caplog.text and "transformers 4.57.0 ->" in caplog.text
+    del index["_lorabind_built_with"]
+    (folder / "model_index.json").write_text(json.dumps(index))
+    assert needs_build(folder)
