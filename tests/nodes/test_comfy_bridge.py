@@ -3,6 +3,7 @@
 ComfyUI is not installed here, so its three modules are stood in by fakes that record how they are called.
 """
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -63,6 +64,18 @@ def test_bridge_falls_back_to_the_runtime_without_comfyui():
 def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_comfyui):
     """ComfyUI loads custom_nodes/<pack>/__init__.py by path, naming the module after the full path with every
     "." replaced by "_x_" (so only relative imports can work)."""
+    with _pack_loaded_by_path() as (module, _):
+        mappings = module.NODE_CLASS_MAPPINGS
+        assert module.WEB_DIRECTORY == "./web"
+        assert {"LoadPEFTAdapter", "FuseDistillLoRA", "WanMoELoRAPair", "MiniMaxTurboSchedule",
+                "LoraBindSampler"} <= set(mappings)
+        loras = mappings["LoadPEFTAdapter"].INPUT_TYPES()["required"]["lora_name"][0]
+        assert loras == ["loras-from-comfyui.safetensors"]
+
+
+@contextlib.contextmanager
+def _pack_loaded_by_path():
+    """The pack imported as ComfyUI does it: (package module, its module name)."""
     root = pathlib.Path(comfy_bridge.__file__).resolve().parents[1]
     module_name = str(root).replace(".", "_x_")
     spec = importlib.util.spec_from_file_location(module_name, root / "__init__.py",
@@ -71,12 +84,7 @@ def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_
     sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
-        mappings = module.NODE_CLASS_MAPPINGS
-        assert module.WEB_DIRECTORY == "./web"
-        assert {"LoadPEFTAdapter", "FuseDistillLoRA", "WanMoELoRAPair", "MiniMaxTurboSchedule",
-                "LoraBindSampler"} <= set(mappings)
-        loras = mappings["LoadPEFTAdapter"].INPUT_TYPES()["required"]["lora_name"][0]
-        assert loras == ["loras-from-comfyui.safetensors"]
+        yield module, module_name
     finally:
         for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
             del sys.modules[name]
@@ -145,14 +153,7 @@ def test_error_types_reach_comfyui_by_their_plain_name(fake_comfyui):
         module = klass.__module__
         return klass.__qualname__ if module == "builtins" else module + "." + klass.__qualname__
 
-    root = pathlib.Path(comfy_bridge.__file__).resolve().parents[1]
-    module_name = str(root).replace(".", "_x_")
-    spec = importlib.util.spec_from_file_location(module_name, root / "__init__.py",
-                                                  submodule_search_locations=[str(root)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
+    with _pack_loaded_by_path() as (_, module_name):
         errors = importlib.import_module(f"{module_name}.loaders.errors")
         adapters = importlib.import_module(f"{module_name}.loaders.peft_adapters")
         assert full_type_name(errors.ContractError) == "ContractError"
@@ -160,9 +161,6 @@ def test_error_types_reach_comfyui_by_their_plain_name(fake_comfyui):
         assert full_type_name(adapters.AdapterError) == "AdapterError"
         again = pickle.loads(pickle.dumps(errors.ContractError("steps must be 4")))
         assert isinstance(again, errors.ContractError) and str(again) == "steps must be 4"
-    finally:
-        for name in [n for n in sys.modules if n == module_name or n.startswith(module_name + ".")]:
-            del sys.modules[name]
 
 
 def test_model_loader_is_changed_carries_no_local_path(tmp_path):
