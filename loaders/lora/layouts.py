@@ -2,8 +2,8 @@
 
 A raw key is ``<prefix><module><suffix>``. Prefixes name who wrote the file (``diffusion_model.`` for
 ComfyUI/LightX2V native files, ``transformer.`` for diffusers pipeline saves, ``base_model.model.`` for PEFT,
-``lora_unet_`` for kohya/musubi, ``lora_transformer_`` for OneTrainer and ``lycoris_`` for LyCORIS, which all
-flatten the module dots into underscores). Suffixes name the tensor's role. The module name left in the middle is
+``pipe.dit.`` for DiffSynth-Studio, ``lora_unet_`` for kohya/musubi, ``lora_transformer_`` for OneTrainer and
+``lycoris_`` for LyCORIS, which all flatten the module dots into underscores). Suffixes name the tensor's role. The module name left in the middle is
 still in the file's own naming; the family modules map it.
 
 Roles: the parts an adapter kind claims (``down`` / ``up`` of the low-rank pair, ``hada_w1_a`` ... of LoHa, see
@@ -38,9 +38,12 @@ def suffix_roles() -> tuple:
 
 # Prefixes that only say who wrote the file. Checked repeatedly (PEFT wrapping a diffusers save gives
 # "base_model.model.transformer."). "transformer." with its dot never eats Qwen's "transformer_blocks".
-_DOTTED_PREFIXES = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.")
-# kohya/musubi/LyCORIS write the module path with underscores instead of dots.
-_FLATTENED_PREFIXES = ("lora_unet_", "lora_transformer_", "lycoris_")
+# "pipe.dit." is DiffSynth-Studio's (and kijai's) name for the denoiser when a whole pipeline was saved.
+_DOTTED_PREFIXES = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.", "pipe.dit.")
+# kohya/musubi/LyCORIS write the module path with underscores instead of dots. Wan "Fun" files double the
+# underscore ("lora_unet__blocks_0_cross_attn_k"; ComfyUI's convert_lora_wan_fun strips one), so that spelling
+# comes first.
+_FLATTENED_PREFIXES = ("lora_unet__", "lora_unet_", "lora_transformer_", "lycoris_")
 
 
 
@@ -84,18 +87,29 @@ def _old_diffusers_processor_name(body: str) -> str:
 
 
 def describe_format(parsed: list, *, peft_folder: bool) -> str:
-    """A short id of the file's layout for reports: ``peft-folder``, ``kohya``, ``lightx2v-native``, ``peft``,
-    ``diffusers`` (lora_A/lora_B without prefix or with ``transformer.``), ``lora-down-up`` otherwise."""
+    """A short id of the layout that was detected, for reports:
+
+    - ``peft-folder``: an adapter folder; ``peft``: ``base_model.model.`` keys;
+    - ``kohya``: flattened ``lora_unet_`` / ``lora_transformer_`` / ``lycoris_`` names (Wan Fun's ``lora_unet__`` too);
+    - ``diffsynth``: PEFT's in-memory ``.lora_A.default.weight`` names without a diffusers prefix, as
+      DiffSynth-Studio (and kijai, with ``pipe.dit.``) save them;
+    - ``comfyui``: ``diffusion_model.`` with ``lora_A``/``lora_B`` (ComfyUI's and musubi-tuner's exports);
+    - ``lightx2v-native``: ``diffusion_model.`` with ``lora_down``/``lora_up`` (LightX2V's distill files);
+    - ``diffusers``: ``lora_A``/``lora_B`` without prefix or with ``transformer.``; ``lora-down-up`` otherwise.
+    """
     if peft_folder:
         return "peft-folder"
     prefixes = {p.prefix for p in parsed}
+    low_rank_a = any(p.raw.endswith((".lora_A.weight", ".lora_A.default.weight")) for p in parsed)
     if any(p.startswith(_FLATTENED_PREFIXES) for p in prefixes):
         return "kohya"
-    if any("diffusion_model." in p for p in prefixes):
-        return "lightx2v-native"
     if any(p.startswith("base_model.model.") for p in prefixes):
         return "peft"
-    if any(p.raw.endswith((".lora_A.weight", ".lora_A.default.weight")) for p in parsed):
+    if any(".default." in p.raw for p in parsed) and prefixes <= {"", "pipe.dit."}:
+        return "diffsynth"
+    if any("diffusion_model." in p for p in prefixes):
+        return "comfyui" if low_rank_a else "lightx2v-native"
+    if low_rank_a:
         return "diffusers"
     return "lora-down-up"
 

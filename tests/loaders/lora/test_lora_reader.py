@@ -201,6 +201,15 @@ def test_tensors_that_are_not_lora_tensors_are_listed(tmp_path):
       "lora_transformer_transformer_blocks_0_attn_to_q.lora_up.weight"), "transformer_blocks_0_attn_to_q", "kohya"),
     (("transformer.blocks.0.attn1.processor.to_out_lora.down.weight",
       "transformer.blocks.0.attn1.processor.to_out_lora.up.weight"), "blocks.0.attn1.to_out.0", "lora-down-up"),
+    # issue #13: the layout actually detected
+    (("diffusion_model.blocks.0.self_attn.q.lora_A.weight", "diffusion_model.blocks.0.self_attn.q.lora_B.weight"),
+     "blocks.0.self_attn.q", "comfyui"),
+    (("blocks.0.self_attn.q.lora_A.default.weight", "blocks.0.self_attn.q.lora_B.default.weight"),
+     "blocks.0.self_attn.q", "diffsynth"),
+    (("pipe.dit.blocks.0.self_attn.q.lora_A.default.weight", "pipe.dit.blocks.0.self_attn.q.lora_B.default.weight"),
+     "blocks.0.self_attn.q", "diffsynth"),
+    (("lora_unet__blocks_0_cross_attn_k.lora_down.weight", "lora_unet__blocks_0_cross_attn_k.lora_up.weight"),
+     "blocks_0_cross_attn_k", "kohya"),
 ])
 def test_layouts_normalise_to_one_module_name(tmp_path, keys, module, expected_format):
     down, up = torch.randn(2, 24), torch.randn(24, 2)

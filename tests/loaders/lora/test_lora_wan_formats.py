@@ -71,6 +71,11 @@ def _variants(sd):
         "model.diffusion_model": rename(sd, prefix_from=native, prefix_to="model.diffusion_model."),
         "no prefix": rename(sd, prefix_from=native),
         "kohya": rename(sd, prefix_from=native, prefix_to="lora_unet_", flatten=True),
+        # issue #13: Wan Fun's doubled underscore, and DiffSynth/kijai's pipe.dit. with PEFT's .default names
+        "wan fun lora_unet__": rename(sd, prefix_from=native, prefix_to="lora_unet__", flatten=True),
+        "diffsynth pipe.dit": rename(sd, prefix_from=native, prefix_to="pipe.dit.",
+                                     suffixes={".lora_down.weight": ".lora_A.default.weight",
+                                               ".lora_up.weight": ".lora_B.default.weight"}),
         "kijai modulation.diff": rename(sd, suffixes={".diff_m": ".modulation.diff"}),
     }
 
