@@ -7,6 +7,10 @@ from ..loaders.generation import empty_latent, image_to_video_latent
 from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
 
 MAX_RESOLUTION = 8192
+# The largest empty latent accepted, estimated before any model is known with the smallest geometry any family
+# has (16 channels, 8x spatial and 4x temporal compression, float32): 8192 x 8192 x 1025 frames x batch 64 would
+# otherwise try to allocate about a terabyte. Real requests (720p, 81 frames, small batches) are far below.
+MAX_LATENT_BYTES = 1 << 30
 
 
 class LoraBindEmptyLatent:
@@ -36,6 +40,18 @@ class LoraBindEmptyLatent:
                                        "tooltip": "Independent samples generated together."}),
             }
         }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, width=None, height=None, frames=None, batch_size=None):
+        """Refuse a latent too large to allocate before the prompt runs (linked inputs arrive as None)."""
+        if None in (width, height, frames, batch_size):
+            return True
+        estimate = batch_size * 16 * ((max(frames, 1) - 1) // 4 + 1) * (height // 8) * (width // 8) * 4
+        if estimate > MAX_LATENT_BYTES:
+            return (f"a {width}x{height} latent of {frames} frames, batch {batch_size}, needs at least "
+                    f"{estimate / 2**30:.1f} GiB (the limit is {MAX_LATENT_BYTES / 2**30:.0f} GiB): lower the size, "
+                    "frames or batch")
+        return True
 
     def generate(self, model, width, height, frames, batch_size):
         return (empty_latent(model.model, width=width, height=height, frames=frames, batch=batch_size),)

@@ -90,3 +90,27 @@ def test_build_tiny_command_prints_what_it_wrote(tmp_path, capsys):
     assert f"wrote {tmp_path / 'diffusers' / 'tiny-wan21-t2v'}" in printed
     assert cli_main(["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-nope"]) == 2
     assert "tiny-nope" in capsys.readouterr().err
+
+
+def test_an_oversized_latent_is_refused_at_validation_with_its_size():
+    from lorabind.runtime.executor import PromptExecutor
+    from lorabind.nodes import NODE_CLASS_MAPPINGS
+
+    prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan22-t2v", "dtype": "auto"}},
+              "2": {"class_type": "LoraBindEmptyLatent",
+                    "inputs": {"model": ["1", 0], "width": 8192, "height": 8192, "frames": 1025, "batch_size": 64}},
+              "3": {"class_type": "LoraBindVAEDecode", "inputs": {"model": ["1", 0], "latent": ["2", 0]}},
+              "4": {"class_type": "LoraBindSaveImage", "inputs": {"images": ["3", 0], "filename_prefix": "x"}}}
+    validation = PromptExecutor(NODE_CLASS_MAPPINGS, cache=False).validate(prompt)
+    assert not validation.ok
+    message = str(validation.node_errors["2"]["errors"])
+    assert "needs at least 1028.0 GiB (the limit is 1 GiB)" in message
+
+
+@pytest.mark.parametrize("width, height, frames, axis", [(1024, 1024, 81, "height"), (8192, 8192, 1, "height"),
+                                                         (64, 64, 137, "frames")])
+def test_a_latent_beyond_the_models_positions_is_a_clear_error(load_tiny, width, height, frames, axis):
+    from lorabind.loaders.generation import empty_latent
+
+    with pytest.raises(ValueError, match=rf"tiny-wan22-t2v places at most 32 latent positions along {axis}"):
+        empty_latent(load_tiny("tiny-wan22-t2v"), width=width, height=height, frames=frames)

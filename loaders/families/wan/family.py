@@ -119,7 +119,9 @@ class WanFamily(DiffusersFlowFamily):
         if frames < 1 or (frames - 1) % temporal:
             raise ValueError(f"frames must be {temporal}·k + 1 for {model.name} (e.g. 1, {temporal + 1}, "
                              f"{2 * temporal + 1}), got {frames}")
-        return (batch, vae.z_dim, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+        shape = (batch, vae.z_dim, (frames - 1) // temporal + 1, height // spatial, width // spatial)
+        _check_positions(model, shape[2:], patch)
+        return shape
 
     def empty_latent(self, model, width: int, height: int, frames: int = 1, batch: int = 1) -> LatentHandle:
         shape = self.latent_shape(model, width, height, frames, batch)
@@ -142,3 +144,15 @@ class WanFamily(DiffusersFlowFamily):
         """TI2V: the encoded start image is the first latent frame of the result, exactly."""
         image = latent.extra.get(LATENT_KEY)
         return image.finish(x) if image is not None else x
+
+
+def _check_positions(model, grid: tuple, patch) -> None:
+    """The transformer's rotary table covers ``rope_max_seq_len`` positions per axis (1024 for the released
+    models, 32 for the tiny ones); a larger latent would fail deep inside the attention with a reshape error."""
+    limit = getattr(model.components[HIGH_NOISE_EXPERT].config, "rope_max_seq_len", None)
+    if not limit:
+        return
+    for axis, size, step in zip(("frames", "height", "width"), grid, patch):
+        if size // step > limit:
+            raise ValueError(f"{model.name} places at most {limit} latent positions along {axis} (its "
+                             f"rope_max_seq_len); this request needs {size // step}: lower the {axis}")
