@@ -54,6 +54,9 @@ class PeftScaling:
                 _compiled(pattern)
         except (TypeError, ValueError, AttributeError, regex.error) as exc:
             raise LoraFileError(f"{source}: adapter config has an invalid r/lora_alpha/pattern ({exc})") from exc
+        if not all(math.isfinite(a) for a in (alpha, *alpha_pattern.values())):
+            raise LoraFileError(f"{source}: adapter config lora_alpha/alpha_pattern must be finite numbers "
+                                f"(lora_alpha={alpha}, alpha_pattern={alpha_pattern})")
         if r < 1 or any(v < 1 for v in rank_pattern.values()):
             raise LoraFileError(f"{source}: adapter config rank must be at least 1 "
                                 f"(r={r}, rank_pattern={rank_pattern})")
