@@ -203,3 +203,29 @@ def test_deeply_nested_json_is_a_400_and_the_websocket_logs_nothing(server, capl
     with caplog.at_level(logging.DEBUG):
         run_async(body)
     assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+
+
+def test_subgraph_bombs_are_a_400_not_a_500(server):
+    loop = {"id": "loop", "name": "ouroboros", "inputs": [], "outputs": [], "links": [],
+            "nodes": [{"id": 1, "type": "loop", "mode": 0}]}
+    fanout = [{"id": "level-0", "name": "leaf", "inputs": [], "outputs": [], "links": [],
+               "nodes": [{"id": 1, "type": "SrvSaveImage", "mode": 0, "widgets_values": ["p"]}]}]
+    for level in range(1, 9):  # 4**8 = 65,536 leaves from a few KB of JSON
+        fanout.append({"id": f"level-{level}", "name": f"level {level}", "inputs": [], "outputs": [], "links": [],
+                       "nodes": [{"id": i, "type": f"level-{level - 1}", "mode": 0} for i in range(1, 5)]})
+
+    async def body():
+        client = Client(server.url)
+        try:
+            for workflow, message in (
+                    ({"nodes": [{"id": 1, "type": "loop", "mode": 0}], "links": [],
+                      "definitions": {"subgraphs": [loop]}}, "contains itself"),
+                    ({"nodes": [{"id": 1, "type": "level-8", "mode": 0}], "links": [],
+                      "definitions": {"subgraphs": fanout}}, "expand to more than")):
+                status, reply = await client.post("/prompt", {"prompt": workflow})
+                assert status == 400 and message in reply["error"]["message"], reply
+            assert (await client.get("/queue"))[1]["queue_pending"] == []
+        finally:
+            await client.close()
+
+    run_async(body)
