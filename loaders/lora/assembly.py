@@ -6,6 +6,7 @@ its weight delta and resolves its scale (the plain LoRA's rules are in ``kinds/l
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Optional
