@@ -46,7 +46,7 @@ def test_the_same_prompt_runs_in_lorabind_run_and_lorabind_serve(tmp_path, capsy
     assert main(["run", str(workflow), "--output", str(tmp_path / "run"), *folders]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "boundary=0.875 experts: transformer transformer transformer transformer_2" in out  # vllm-omni recipe
-    assert "bind: 2 fused" in out
+    assert "bind: 2 LoRA(s) fused" in out
     (from_run,) = (tmp_path / "run" / "lorabind").glob("wan22_i2v_lightx2v_4step_*.webp")
     start = tmp_path / "input" / "lorabind-tiny" / "start.png"  # drawn on first use by `lorabind run`
 
