@@ -85,9 +85,10 @@ class PromptWorker:
             self._free_memory |= bool(free_memory)
 
     def running(self) -> tuple[Optional[str], Optional[str]]:
-        """(prompt id, node id) of the running prompt, (None, None) when idle."""
+        """(prompt id, node id) of a running prompt (the first, when replicas run several), (None, None) when idle."""
         with self._lock:
-            return self._running_id, self._running_node
+            run = next(iter(self._runs.values()), None)
+        return (run.prompt_id, run.node) if run is not None else (None, None)
 
     def running_node(self, client_id: str) -> Optional[str]:
         """The node now executing for this client, for the ``executing`` message sent on (re)connect."""
