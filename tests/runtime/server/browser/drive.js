@@ -46,7 +46,7 @@ try {
     result.minimaxWarnings = [...sampler.lorabindBadge.querySelectorAll(".lorabind-warning")].map((e) => e.textContent);
     fuse.onExecuted({
         lorabind_contract: [{ source: "lightx2v_4step.safetensors", kind: "distill", steps: 4, shift: 5.0,
-                              cfg: 1.0, tasks: ["t2v"], text: "" }],
+                              cfg: 1.0, tasks: ["t2v"], declared_by: "file name", text: "" }],
         lorabind_accounting: [{ lora: "lightx2v_4step.safetensors", component: "transformer",
                                 counts: { applied: 400, expected_unmatched: 2, unmatched: 0 } }],
     });
