@@ -71,3 +71,21 @@ def _spec_strength(spec) -> float:
     return float(spec.strength if hasattr(spec, "strength") else spec.scale)
 
 
+
+
+def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
+    """What a LoRA file declares, for ``inspect --json`` and the editor's contract endpoint alike (one answer for
+    both): ``{"file", "family", "contract", "reason"}``, ``contract`` None with the reason when it declares none.
+    ``lora_name`` is the name relative to the loras root (some releases keep the step count in the folder name)."""
+    from .lora import read_lora
+    from .lora.preparation import declared_contract
+
+    lora = read_lora(path)
+    family = families.guess_family(lora)
+    contract = contract_to_dict(declared_contract(family, lora, lora_name or lora.name)) or None
+    reason = None
+    if family is None:
+        reason = "no known model family matches its keys"
+    elif contract is None:
+        reason = "its name and metadata declare no sampling contract"
+    return {"file": lora.name, "family": family.id if family else None, "contract": contract, "reason": reason}
