@@ -1,0 +1,47 @@
+"""Single files under the folder loader's memory plans: every plan renders bit-identical to ``full`` on the CPU,
+and a plan that cannot fit is refused before any weight is read, naming needed and free memory."""
+
+import pytest
+import torch
+from single_file_helpers import call, render
+
+from lorabind.loaders.errors import ModelLoadError
+
+TINY = "lorabind-tiny/"
+WAN22_FP8 = dict(denoiser=f"{TINY}wan2.2_t2v_high_noise_tiny_fp8_e4m3fn.safetensors",
+                 denoiser_low_noise=f"{TINY}wan2.2_t2v_low_noise_tiny_fp8_e4m3fn.safetensors",
+                 vae=f"{TINY}wan_2.1_vae_tiny.safetensors",
+                 text_encoder=f"{TINY}umt5_tiny_fp8_e4m3fn_scaled.safetensors", dtype="bfloat16")
+
+
+@pytest.fixture
+def models_root(single_file_root, registry_at):
+    registry_at(single_file_root)
+    return single_file_root
+
+
+def _load(memory: str):
+    model, _ = call("LoraBindCheckpointLoader", device="cpu", memory=memory, **WAN22_FP8)
+    return model
+
+
+def test_every_memory_plan_renders_bit_identical_to_full(models_root):
+    reference = render(_load("full"), frames=5)
+    for memory in ("swap_experts", "offload_model", "offload_blocks"):
+        model = _load(memory)
+        assert model.model.placement.plan.memory == memory  # its own cache entry, placed under that plan
+        assert torch.equal(render(model, frames=5), reference), memory
+
+
+def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypatch):
+    from lorabind.loaders import load_plan
+    from lorabind.loaders.single_file import pipelines
+
+    pipelines.clear_cache()  # the first test's models are cached; this load must plan afresh
+    monkeypatch.setattr(load_plan, "free_memory", lambda device: (1024, None))
+    monkeypatch.setattr(pipelines, "load_component", lambda *a, **k: pytest.fail("weights were read"))
+    with pytest.raises(ModelLoadError) as error:
+        _load("full")
+    text = str(error.value)
+    assert "wan2.2_t2v_high_noise_tiny_fp8_e4m3fn.safetensors" in text and "Nothing was loaded" in text
+    assert "of device memory (0.0 GiB free)" in text  # what it needs and what is free
