@@ -415,14 +415,19 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     rows = dest.shape[0] if dest.dim() >= 1 else 1
     source = original.reshape(rows, -1)
     target = dest.view(rows, -1)
+    scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
+
+    def base_rows(start: int, stop: int) -> torch.Tensor:
+        """The unpatched value's rows in float32 (a kind whose delta depends on the base reads it here)."""
+        rows_ = source[start:stop].to(device=device, dtype=torch.float32)
+        return rows_ * scale if scale is not None else rows_
+
     # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
-    factors = [(c.low_rank.row_adder(device), c.strength * float(c.low_rank.scale)) if c.low_rank is not None
-               else None for c in contributions]
+    adders = [c.low_rank.row_adder(device, base_rows) if c.low_rank is not None else None for c in contributions]
     diffs = [c.diff.reshape(rows, -1) if c.diff is not None else None for c in contributions]
     cols = source.shape[1]
     step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
     buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
-    scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
     generator = fp8.seeded_generator(seed_key) if storage is not None else None
     for start in range(0, rows, step):
         stop = min(start + step, rows)
@@ -430,10 +435,9 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
         chunk.copy_(source[start:stop])
         if scale is not None:
             chunk.mul_(scale)
-        for c, factor, diff in zip(contributions, factors, diffs):
-            if factor is not None:
-                add_rows, alpha = factor
-                add_rows(chunk, start, stop, alpha)
+        for c, add_rows, diff in zip(contributions, adders, diffs):
+            if add_rows is not None:
+                add_rows(chunk, start, stop, c.strength)
             if diff is not None:
                 chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
         if storage is not None:  # the one rounding, into the fp8 storage

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from ...errors import LoraFileError
 
-# chunk: float32 [rows, cols] rows ``start:stop`` of the weight (flattened to 2-D); alpha: strength x scale
+if TYPE_CHECKING:
+    import torch
+
+# add(chunk, start, stop, strength): chunk is float32 [rows, cols], rows ``start:stop`` of the weight (flattened
+# to 2-D); the kind adds ``strength`` times its (scaled) delta's rows
 RowAdder = Callable[..., None]
+# base_rows(start, stop): float32 rows ``start:stop`` of the UNPATCHED weight (flattened to 2-D), on the device
+BaseRows = Callable[[int, int], "torch.Tensor"]
 
 
 class WeightDelta(Protocol):
@@ -35,9 +41,11 @@ class WeightDelta(Protocol):
     def tensors(self) -> list:
         """The file tensors it holds (for cache sizes)."""
 
-    def row_adder(self, device) -> RowAdder:
-        """A function ``add(chunk, start, stop, alpha)`` doing ``chunk += alpha * delta[start:stop]`` in float32
-        (``delta`` flattened to [out, -1]); the factors are converted once per call of ``row_adder``."""
+    def row_adder(self, device, base_rows: BaseRows) -> RowAdder:
+        """A function ``add(chunk, start, stop, strength)`` doing ``chunk += strength * delta[start:stop]`` in
+        float32 (``delta`` flattened to [out, -1], its ``scale`` included); the factors are converted once per
+        call of ``row_adder``. ``base_rows`` reads the unpatched weight: a kind whose delta depends on it (DoRA)
+        computes from the base, never from ``chunk``, which may already hold other LoRAs' contributions."""
 
 
 @dataclass(frozen=True)

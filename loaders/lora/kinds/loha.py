@@ -1,9 +1,17 @@
-"""LoHa (LyCORIS "Hadamard product" adapter): ``delta W = (w1a @ w1b) ⊙ (w2a @ w2b) · alpha / rank``.
+"""LoHa (LyCORIS "Hadamard product" adapter): ``delta W = W1 ⊙ W2 · alpha / rank``.
 
-Facts from LyCORIS (``lycoris/modules/loha.py``) and ComfyUI ``comfy/weight_adapter/loha.py``: the keys are
-``<module>.hada_w1_a`` [out, r], ``.hada_w1_b`` [r, in·k], ``.hada_w2_a`` [out, r], ``.hada_w2_b`` [r, in·k],
-an optional ``.alpha``; the scale is ``alpha / r`` with ``r = hada_w1_b.shape[0]`` and 1.0 without alpha.
-Tucker cores (``hada_t1``/``hada_t2``, conv only) are refused with a message: not supported here yet.
+Facts from LyCORIS (``lycoris/modules/loha.py``, ``lycoris/functional/loha.py``) and ComfyUI
+``comfy/weight_adapter/loha.py`` (``LoHaAdapter.calculate_weight``):
+
+- plain: ``W1 = hada_w1_a @ hada_w1_b`` with ``hada_w1_a`` [out, r] and ``hada_w1_b`` [r, in·k]; ``W2`` likewise;
+- Tucker (conv layers trained with ``use_tucker``): ``hada_t1`` [r, r, *k] is a core, ``hada_w1_a`` is [r, out]
+  and ``hada_w1_b`` [r, in]; ``W1 = einsum('i j k l, j r, i p -> p r k l', hada_t1, hada_w1_b, hada_w1_a)``
+  (ComfyUI's spelling, 2-D kernels; LyCORIS ``make_weight_cp`` is the same contraction). Any number of kernel
+  dimensions contracts the same way, so Conv3d weights are handled too;
+- the scale is ``alpha / r`` with ``r = hada_w1_b.shape[0]`` in both layouts, 1.0 without alpha.
+
+Tucker is computed as a low-rank product: ``W1 = hada_w1_aᵀ @ (hada_t1 ×_j hada_w1_b)``, so a chunk of rows needs
+only ``hada_w1_a``'s columns for those rows and the patcher's one-layer memory bound holds.
 """
 
 from __future__ import annotations
@@ -27,40 +35,68 @@ class LohaDelta:
     w2b: Any
     alpha: Optional[float]
     scale: float
+    t1: Any = None  # Tucker cores [r, r, *k] (both or neither)
+    t2: Any = None
     kind: str = "loha"
 
     @property
     def rank(self) -> int:
         return int(self.w1b.shape[0])
 
+    @property
+    def tucker(self) -> bool:
+        return self.t1 is not None
+
     def delta_shape(self, weight_shape: tuple) -> Optional[tuple]:
-        return flat_shape(int(self.w1a.shape[0]), int(self.w1b[0].numel()), weight_shape)
+        if not self.tucker:
+            return flat_shape(int(self.w1a.shape[0]), int(self.w1b[0].numel()), weight_shape)
+        # Tucker: [out, in, *k] exactly (the kernel comes from the core, not from a flattened factor)
+        shape = (int(self.w1a.shape[1]), int(self.w1b.shape[1]), *(int(s) for s in self.t1.shape[2:]))
+        return shape if tuple(int(s) for s in weight_shape) == shape else None
 
     def tensors(self) -> list:
-        return [self.w1a, self.w1b, self.w2a, self.w2b]
+        return [self.w1a, self.w1b, self.w2a, self.w2b] + ([self.t1, self.t2] if self.tucker else [])
 
-    def row_adder(self, device):
-        w1a, w1b, w2a, w2b = (t.to(device=device, dtype=torch.float32).reshape(t.shape[0], -1)
-                              for t in self.tensors())
+    def _pair(self, a, b, t, device) -> tuple:
+        """(up [out, r], down [r, in·k]) in float32 of one Hadamard factor."""
+        a, b = (x.to(device=device, dtype=torch.float32) for x in (a, b))
+        if t is None:
+            return a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+        core = torch.einsum("i j ..., j r -> i r ...", t.to(device=device, dtype=torch.float32), b)
+        return a.t(), core.reshape(core.shape[0], -1)
 
-        def add(chunk, start, stop, alpha):
-            chunk.add_((w1a[start:stop] @ w1b) * (w2a[start:stop] @ w2b), alpha=alpha)
+    def row_adder(self, device, base_rows=None):
+        up1, down1 = self._pair(self.w1a, self.w1b, self.t1, device)
+        up2, down2 = self._pair(self.w2a, self.w2b, self.t2, device)
+        scale = float(self.scale)
+
+        def add(chunk, start, stop, strength):
+            chunk.add_((up1[start:stop] @ down1) * (up2[start:stop] @ down2), alpha=strength * scale)
         return add
 
 
 def build(module: str, parts: dict, tensors, display_name: str, peft) -> LohaDelta:
-    if "hada_t1" in parts or "hada_t2" in parts:
-        raise LoraFileError(f"{display_name}: LoHa module {module!r} uses Tucker cores (hada_t1/hada_t2), which "
-                            f"lorabind does not support yet")
     require(parts, _FACTORS, display_name, module, "LoHa")
     w1a, w1b, w2a, w2b = (tensors[parts[p]] for p in _FACTORS)
+    shapes = [tuple(tensors[parts[p]].shape) for p in _FACTORS]
+    alpha = alpha_of(parts, tensors, display_name, module)
+    scale = 1.0 if alpha is None else alpha / int(w1b.shape[0])
+    if "hada_t1" in parts or "hada_t2" in parts:
+        require(parts, ("hada_t1", "hada_t2"), display_name, module, "LoHa (Tucker)")
+        t1, t2 = tensors[parts["hada_t1"]], tensors[parts["hada_t2"]]
+        ok = (t1.dim() >= 3 and t1.shape == t2.shape and all(w.dim() == 2 for w in (w1a, w1b, w2a, w2b))
+              and w1a.shape[0] == w1b.shape[0] == t1.shape[0] and w2a.shape[0] == w2b.shape[0] == t2.shape[0]
+              and t1.shape[1] == w1b.shape[0] and t2.shape[1] == w2b.shape[0]
+              and w1a.shape[1] == w2a.shape[1] and w1b.shape[1] == w2b.shape[1])
+        if not ok:
+            raise LoraFileError(f"{display_name}: LoHa Tucker factors of module {module!r} do not chain: "
+                                f"{shapes} with cores {tuple(t1.shape)}, {tuple(t2.shape)} (need hada_wN_a [r, out], "
+                                f"hada_wN_b [r, in], hada_tN [r, r, *kernel])")
+        return LohaDelta(w1a, w1b, w2a, w2b, alpha, scale, t1, t2)
     if not (w1a.shape[1] == w1b.shape[0] and w2a.shape[1] == w2b.shape[0] and w1a.shape[0] == w2a.shape[0]
             and w1b[0].numel() == w2b[0].numel()):
-        raise LoraFileError(f"{display_name}: LoHa factors of module {module!r} do not chain: "
-                            f"{[tuple(tensors[parts[p]].shape) for p in _FACTORS]}")
-    alpha = alpha_of(parts, tensors, display_name, module)
-    rank = int(w1b.shape[0])
-    return LohaDelta(w1a, w1b, w2a, w2b, alpha, 1.0 if alpha is None else alpha / rank)
+        raise LoraFileError(f"{display_name}: LoHa factors of module {module!r} do not chain: {shapes}")
+    return LohaDelta(w1a, w1b, w2a, w2b, alpha, scale)
 
 
 KIND = AdapterKind(

@@ -1,14 +1,23 @@
 """LoKr (LyCORIS Kronecker adapter): ``delta W = kron(w1, w2) · scale``.
 
-Facts from LyCORIS (``lycoris/modules/lokr.py``) and ComfyUI ``comfy/weight_adapter/lokr.py``: ``w1`` is a full
-``<module>.lokr_w1`` [a, b] or the product ``lokr_w1_a @ lokr_w1_b``; ``w2`` likewise (``lokr_w2`` [c, d] or
-``lokr_w2_a @ lokr_w2_b``). The scale is ``alpha / dim`` only when a factor is factored (``dim`` = the rank of the
-factored one, w2's when both are) and 1.0 when both are full matrices or there is no alpha. Tucker cores
-(``lokr_t2``) and 4-D conv factors are refused with a message: not supported here yet.
+Facts from LyCORIS (``lycoris/modules/lokr.py``) and ComfyUI ``comfy/weight_adapter/lokr.py``
+(``LoKrAdapter.calculate_weight``):
+
+- ``w1`` is a full ``<module>.lokr_w1`` [a, b] or the product ``lokr_w1_a @ lokr_w1_b``;
+- ``w2`` is a full ``lokr_w2`` ([c, d], conv: [c, d, *k]), the product ``lokr_w2_a @ lokr_w2_b`` (conv: ``lokr_w2_b``
+  is [r, d·k]), or with a Tucker core ``lokr_t2`` [r, r, *k]:
+  ``w2 = einsum('i j k l, j r, i p -> p r k l', lokr_t2, lokr_w2_b, lokr_w2_a)`` (``lokr_w2_a`` [r, c],
+  ``lokr_w2_b`` [r, d]);
+- a conv delta is ``kron(w1[:, :, None, None], w2)``, which flattened to [a·c, b·d·k] equals the 2-D
+  ``kron(w1, w2 flattened to [c, d·k])``, so one row rule serves linear and conv weights;
+- the scale is ``alpha / dim`` where ``dim`` is the rank of the factored factor (``lokr_w2_b.shape[0]`` when w2 is
+  factored, else ``lokr_w1_b.shape[0]``), and 1.0 when both are full matrices or there is no alpha (checked
+  against ComfyUI's ``calculate_weight``; LyCORIS sets ``alpha = lora_dim`` when both are full, scale 1).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -21,7 +30,7 @@ from .base import AdapterKind, alpha_of, flat_shape
 @dataclass
 class LokrDelta:
     w1: tuple  # (full,) or (a, b)
-    w2: tuple
+    w2: tuple  # (full,), (a, b) or (a, b, core) with a Tucker core
     alpha: Optional[float]
     scale: float
     kind: str = "lokr"
@@ -30,34 +39,54 @@ class LokrDelta:
     def rank(self) -> int:
         """The rank of the factored part (w2's when both are factored), 0 when both factors are full."""
         for factor in (self.w2, self.w1):
-            if len(factor) == 2:
+            if len(factor) >= 2:
                 return int(factor[1].shape[0])
         return 0
 
-    def _dims(self) -> tuple:
-        rows1, cols1 = int(self.w1[0].shape[0]), int(self.w1[-1].shape[1])
-        rows2, cols2 = int(self.w2[0].shape[0]), int(self.w2[-1].shape[1])
-        return rows1, cols1, rows2, cols2
+    def _w2_dims(self) -> tuple:
+        """(rows of w2, its columns flattened, its kernel shape or None when it does not carry one)."""
+        if len(self.w2) == 3:
+            a, b, core = self.w2
+            kernel = tuple(int(s) for s in core.shape[2:])
+            return int(a.shape[1]), int(b.shape[1]) * math.prod(kernel), kernel
+        if len(self.w2) == 2:
+            return int(self.w2[0].shape[0]), int(self.w2[1][0].numel()), None
+        full = self.w2[0]
+        return int(full.shape[0]), int(full[0].numel()), tuple(int(s) for s in full.shape[2:]) or None
 
     def delta_shape(self, weight_shape: tuple) -> Optional[tuple]:
-        rows1, cols1, rows2, cols2 = self._dims()
+        rows1, cols1 = int(self.w1[0].shape[0]), int(self.w1[-1].shape[1])
+        rows2, cols2, kernel = self._w2_dims()
+        if kernel is not None and tuple(int(s) for s in weight_shape[2:]) != kernel:
+            return None
         return flat_shape(rows1 * rows2, cols1 * cols2, weight_shape)
 
     def tensors(self) -> list:
         return [*self.w1, *self.w2]
 
-    def row_adder(self, device):
-        def full(factor):
-            mats = [t.to(device=device, dtype=torch.float32) for t in factor]
-            return mats[0] if len(mats) == 1 else mats[0] @ mats[1]
-        w1, w2 = full(self.w1), full(self.w2)
-        rows2 = w2.shape[0]
+    def _w2_matrix(self, device) -> torch.Tensor:
+        mats = [t.to(device=device, dtype=torch.float32) for t in self.w2]
+        if len(mats) == 3:
+            a, b, core = mats
+            w2 = torch.einsum("i j ..., j r, i p -> p r ...", core, b, a)
+        elif len(mats) == 2:
+            w2 = mats[0].reshape(mats[0].shape[0], -1) @ mats[1].reshape(mats[1].shape[0], -1)
+        else:
+            w2 = mats[0]
+        return w2.reshape(w2.shape[0], -1)
 
-        def add(chunk, start, stop, alpha):
+    def row_adder(self, device, base_rows=None):
+        mats = [t.to(device=device, dtype=torch.float32) for t in self.w1]
+        w1 = mats[0] if len(mats) == 1 else mats[0] @ mats[1]
+        w2 = self._w2_matrix(device)
+        rows2 = w2.shape[0]
+        scale = float(self.scale)
+
+        def add(chunk, start, stop, strength):
             # row r of kron(w1, w2) is the outer product of w1[r // c] and w2[r % c], flattened (c = rows of w2)
             rows = torch.arange(start, stop, device=device)
             block = w1[rows // rows2][:, :, None] * w2[rows % rows2][:, None, :]
-            chunk.add_(block.reshape(stop - start, -1), alpha=alpha)
+            chunk.add_(block.reshape(stop - start, -1), alpha=strength * scale)
         return add
 
 
@@ -65,27 +94,35 @@ def _factor(parts, tensors, display_name, module, which) -> tuple:
     full, a, b = f"lokr_{which}", f"lokr_{which}_a", f"lokr_{which}_b"
     if full in parts:
         factor = (tensors[parts[full]],)
-    elif a in parts and b in parts:
-        factor = (tensors[parts[a]], tensors[parts[b]])
-        if factor[0].dim() != 2 or factor[1].dim() != 2 or factor[0].shape[1] != factor[1].shape[0]:
-            raise LoraFileError(f"{display_name}: {parts[a]!r} {tuple(factor[0].shape)} and {parts[b]!r} "
-                                f"{tuple(factor[1].shape)} do not chain")
-    else:
+        if factor[0].dim() < 2 or (which == "w1" and factor[0].dim() != 2):
+            raise LoraFileError(f"{display_name}: {parts[full]!r} has shape {tuple(factor[0].shape)}; LoKr {which} "
+                                f"must be a {'2-D' if which == 'w1' else '2-D (or conv)'} matrix")
+        return factor
+    if not (a in parts and b in parts):
         raise LoraFileError(f"{display_name}: LoKr module {module!r} needs {full} or both {a} and {b}")
-    if any(t.dim() != 2 for t in factor):
-        raise LoraFileError(f"{display_name}: LoKr module {module!r} has a {factor[0].dim()}-D {which} factor; "
-                            f"only 2-D (linear) LoKr factors are supported")
-    return factor
+    fa, fb = tensors[parts[a]], tensors[parts[b]]
+    if which == "w2" and "lokr_t2" in parts:
+        core = tensors[parts["lokr_t2"]]
+        if not (fa.dim() == 2 and fb.dim() == 2 and core.dim() >= 3 and fa.shape[0] == core.shape[0]
+                and fb.shape[0] == core.shape[1]):
+            raise LoraFileError(f"{display_name}: LoKr Tucker factors of module {module!r} do not chain: "
+                                f"{parts[a]!r} {tuple(fa.shape)}, {parts[b]!r} {tuple(fb.shape)}, "
+                                f"{parts['lokr_t2']!r} {tuple(core.shape)} (need [r, c], [r, d], [r, r, *kernel])")
+        return fa, fb, core
+    if fa.dim() != 2 or fb.dim() < 2 or fa.shape[1] != fb.shape[0] or (which == "w1" and fb.dim() != 2):
+        raise LoraFileError(f"{display_name}: {parts[a]!r} {tuple(fa.shape)} and {parts[b]!r} "
+                            f"{tuple(fb.shape)} do not chain")
+    return fa, fb
 
 
 def build(module: str, parts: dict, tensors, display_name: str, peft) -> LokrDelta:
-    if "lokr_t2" in parts:
-        raise LoraFileError(f"{display_name}: LoKr module {module!r} uses a Tucker core (lokr_t2), which lorabind "
-                            f"does not support yet")
+    if "lokr_t2" in parts and "lokr_w2" in parts:
+        raise LoraFileError(f"{display_name}: LoKr module {module!r} has both a full lokr_w2 and a Tucker core "
+                            f"lokr_t2 ({parts['lokr_t2']!r}); the core belongs to a factored lokr_w2_a/lokr_w2_b")
     w1 = _factor(parts, tensors, display_name, module, "w1")
     w2 = _factor(parts, tensors, display_name, module, "w2")
     alpha = alpha_of(parts, tensors, display_name, module)
-    dim = int(w2[1].shape[0]) if len(w2) == 2 else int(w1[1].shape[0]) if len(w1) == 2 else None
+    dim = int(w2[1].shape[0]) if len(w2) >= 2 else int(w1[1].shape[0]) if len(w1) == 2 else None
     scale = alpha / dim if alpha is not None and dim is not None else 1.0
     return LokrDelta(w1, w2, alpha, scale)
 

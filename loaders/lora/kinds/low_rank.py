@@ -48,12 +48,13 @@ class LowRankDelta:
     def tensors(self) -> list:
         return [self.down, self.up]
 
-    def row_adder(self, device):
+    def row_adder(self, device, base_rows=None):
         up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)
         down = self.down.to(device=device, dtype=torch.float32).reshape(self.down.shape[0], -1)
+        scale = float(self.scale)
 
-        def add(chunk, start, stop, alpha):
-            chunk.addmm_(up[start:stop], down, alpha=alpha)
+        def add(chunk, start, stop, strength):
+            chunk.addmm_(up[start:stop], down, alpha=strength * scale)
         return add
 
 

@@ -135,9 +135,9 @@ class _SignDelta:
     def tensors(self):
         return [self.tensor]
 
-    def row_adder(self, device):
+    def row_adder(self, device, base_rows):
         signs = torch.sign(self.tensor.to(device=device, dtype=torch.float32))
-        return lambda chunk, start, stop, alpha: chunk.add_(signs[start:stop], alpha=alpha)
+        return lambda chunk, start, stop, strength: chunk.add_(signs[start:stop], alpha=strength * self.scale)
 
 
 TOY = AdapterKind(name="toy", suffix_parts=((".toy_sign", "toy_sign"),),
