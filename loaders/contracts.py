@@ -72,11 +72,11 @@ def _spec_strength(spec) -> float:
 
 
 
-
 def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
-    """What a LoRA file declares, for ``inspect --json`` and the editor's contract endpoint alike (one answer for
-    both): ``{"file", "family", "contract", "reason"}``, ``contract`` None with the reason when it declares none.
-    ``lora_name`` is the name relative to the loras root (some releases keep the step count in the folder name)."""
+    """What a LoRA file or PEFT folder declares, for the editor's contract endpoint (``inspect --json`` reports
+    the same ``contract``): ``{"file", "family", "contract", "contracts", "reason"}``; ``contract`` is None, and
+    ``reason`` says why, when it declares none. ``lora_name`` is the name relative to the loras root (some
+    releases keep the step count in the folder name)."""
     from .lora import read_lora
     from .lora.preparation import declared_contract
 
@@ -88,4 +88,24 @@ def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
         reason = "no known model family matches its keys"
     elif contract is None:
         reason = "its name and metadata declare no sampling contract"
-    return {"file": lora.name, "family": family.id if family else None, "contract": contract, "reason": reason}
+    return _declaration(lora.name, family, [contract] if contract else [], reason)
+
+
+def model_folder_contract(path: str, model_name: str) -> dict:
+    """What a diffusers model folder pins, read from its ``model_index.json`` alone (no weight is loaded): the
+    checkpoint's own schedule and the contracts ``lorabind merge`` baked in, the ones the model loader puts on
+    its handle. Same shape as ``lora_file_contract``; ``contract`` is the first of ``contracts``."""
+    from .baked_contracts import baked_contracts
+    from .model_index import read_model_index
+
+    index = read_model_index(path)
+    family = families.family_for_index(index)
+    pinned = family.checkpoint_contract(index, model_name)
+    found = ((pinned,) if pinned is not None else ()) + baked_contracts(index, model_name)
+    reason = None if found else "its model_index.json pins no schedule and carries no baked-in contract"
+    return _declaration(model_name, family, [contract_to_dict(c) for c in found], reason)
+
+
+def _declaration(name: str, family, contracts: list, reason) -> dict:
+    return {"file": name, "family": family.id if family else None, "contract": contracts[0] if contracts else None,
+            "contracts": contracts, "reason": reason}

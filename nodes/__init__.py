@@ -7,6 +7,8 @@ with ComfyUI core nodes.
 
 from importlib import import_module
 
+from . import comfy_bridge, editor_routes
+
 _NODE_MODULES = (
     "model_nodes",
     "checkpoint_nodes",
@@ -25,3 +27,6 @@ for _name in _NODE_MODULES:
     _module = import_module(f".{_name}", __name__)
     NODE_CLASS_MAPPINGS.update(_module.NODE_CLASS_MAPPINGS)
     NODE_DISPLAY_NAME_MAPPINGS.update(getattr(_module, "NODE_DISPLAY_NAME_MAPPINGS", {}))
+
+# Inside ComfyUI its server answers the editor's routes too (headless, ``lorabind serve`` registers them itself).
+comfy_bridge.add_server_routes(editor_routes.ROUTES)

@@ -58,6 +58,31 @@ def lora_full_path(name: str) -> str | None:
     return path
 
 
+def checked_model_name(kind: str, name: str) -> str:
+    """``name`` normalised, or ValueError naming it when it is absolute or leaves the ``kind`` folder (``..``).
+    The runtime's rule, applied inside ComfyUI too: ComfyUI's ``get_full_path`` silently re-roots such names,
+    and a request that asks for ``../../etc/passwd`` should hear that it was refused, not get another file."""
+    from ..runtime.folder_paths import safe_relative_name
+
+    return safe_relative_name(kind, name)
+
+
+def add_server_routes(routes) -> bool:
+    """Inside ComfyUI: add the pack's ``(method, path, handler)`` routes to ``PromptServer.instance.routes``
+    (ComfyUI also serves each under ``/api``). Imported only now, so the pack still loads headless and in a
+    ComfyUI without a server instance; a route already there (the pack imported twice) is not added again,
+    since aiohttp refuses a second handler for one method and path. False when there is no ComfyUI server."""
+    try:
+        table = importlib.import_module("server").PromptServer.instance.routes
+    except Exception:  # headless, or a ComfyUI whose server is not running: nothing to register with
+        return False
+    present = {(getattr(route, "method", None), getattr(route, "path", None)) for route in table}
+    for method, path, handler in routes:
+        if (method, path) not in present:
+            table.route(method, path)(handler)
+    return True
+
+
 def check_interrupted() -> None:
     """Raise if the user interrupted the running prompt (ComfyUI's or the runtime's interrupt)."""
     mods = _comfy_modules()

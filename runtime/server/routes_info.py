@@ -30,7 +30,10 @@ def register(routes: web.RouteTableDef) -> None:
     routes.get("/models/{folder}")(get_model_files)
     routes.get("/workflow_templates")(get_workflow_templates)
     routes.get("/lorabind/routing")(get_routing)
-    routes.get("/lorabind/contract")(get_lora_contract)
+    from ...nodes.editor_routes import ROUTES as EDITOR_ROUTES
+
+    for method, path, handler in EDITOR_ROUTES:  # the handlers ComfyUI's server also gets (nodes/editor_routes)
+        routes.route(method, path)(handler)
 
 
 def add_static_routes(app: web.Application, state: ServerState) -> None:
@@ -150,23 +153,3 @@ async def get_workflow_templates(request: web.Request) -> web.Response:
     names = sorted(p.name[:-len(".json")] for p in workflows.glob("*.json") if not p.name.endswith(".api.json")) \
         if workflows.is_dir() else []
     return web.json_response({PACK_NAME: names} if names else {})
-
-
-async def get_lora_contract(request: web.Request) -> web.Response:
-    """``?name=<file under loras>``: what the LoRA declares, so an editor can show it before anything runs."""
-    from ...loaders.contracts import lora_file_contract
-    from ...loaders.errors import LoraBindError
-    from .. import folder_paths
-
-    name = request.query.get("name", "")
-    try:
-        path = folder_paths.get_full_path("loras", name)
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text=str(exc))
-    if path is None:
-        return web.json_response({"file": name, "contract": None, "reason": f"no LoRA named {name!r}"}, status=404)
-    try:
-        report = await asyncio.to_thread(lora_file_contract, path, name)
-    except LoraBindError as exc:
-        return web.json_response({"file": name, "contract": None, "reason": str(exc)}, status=422)
-    return web.json_response(report, dumps=dumps)

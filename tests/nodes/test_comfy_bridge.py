@@ -13,6 +13,7 @@ import types
 
 import pytest
 
+from comfyui_stubs import install_comfyui_modules
 from lorabind.nodes import comfy_bridge
 
 
@@ -32,14 +33,9 @@ def fake_comfyui(monkeypatch, tmp_path):
         get_full_path=lambda kind, name: str(tmp_path / name),
         get_folder_paths=lambda kind: [str(tmp_path / kind)],
     )
-    comfy = types.ModuleType("comfy")
-    comfy.utils = types.SimpleNamespace(ProgressBar=FakeProgressBar)
-    comfy.model_management = types.SimpleNamespace(
-        throw_exception_if_processing_interrupted=lambda: calls.append(("interrupt-check",)))
-    for name, module in (("folder_paths", folder_paths), ("comfy", comfy), ("comfy.utils", comfy.utils),
-                         ("comfy.model_management", comfy.model_management)):
-        monkeypatch.setitem(sys.modules, name, module)
-    comfy_bridge._comfy_modules.cache_clear()
+    install_comfyui_modules(monkeypatch, folder_paths, utils=types.SimpleNamespace(ProgressBar=FakeProgressBar),
+                            model_management=types.SimpleNamespace(
+                                throw_exception_if_processing_interrupted=lambda: calls.append(("interrupt-check",))))
     yield folder_paths, calls
     comfy_bridge._comfy_modules.cache_clear()
 
@@ -103,12 +99,7 @@ def test_peft_folders_are_offered_and_resolved_inside_comfyui(monkeypatch, tmp_p
         get_filename_list=lambda kind: ["plain.safetensors"],
         get_full_path=lambda kind, name: str(loras / name) if (loras / name).is_file() else None,
         get_folder_paths=lambda kind: [str(loras)])
-    comfy = types.ModuleType("comfy")
-    comfy.utils, comfy.model_management = types.SimpleNamespace(), types.SimpleNamespace()
-    for name, module in (("folder_paths", files_only), ("comfy", comfy), ("comfy.utils", comfy.utils),
-                         ("comfy.model_management", comfy.model_management)):
-        monkeypatch.setitem(sys.modules, name, module)
-    comfy_bridge._comfy_modules.cache_clear()
+    install_comfyui_modules(monkeypatch, files_only)
     try:
         assert adapter_nodes.lora_choices() == ["plain.safetensors", "styles/ink"]
         assert adapter_nodes.resolve_lora("styles/ink", "lora_name", "LoadPEFTAdapter") == str(loras / "styles" / "ink")

@@ -1,4 +1,5 @@
-"""``GET /lorabind/contract?name=``: what a LoRA declares, answered while editing, the same as ``inspect --json``."""
+"""``GET /lorabind/contract?name=[&folder=]``: what a LoRA, PEFT folder, MiniMax-H3 adapter or model folder
+declares, answered while editing: the same contract ``inspect --json`` reports and the nodes enforce."""
 
 import json
 import urllib.error
@@ -8,49 +9,104 @@ from pathlib import Path
 
 import pytest
 
+from lorabind.loaders.contracts import contract_to_dict
+from lorabind.loaders.families import checkpoint_contracts
+from lorabind.loaders.families.minimax_h3 import file_contract
+from lorabind.loaders.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
+from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
+from lorabind.runtime.commands.inspect import inspect_lora
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 
-from lorabind.runtime.commands.inspect import inspect_lora
+
+def _link_entries(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        (target / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
 
 
 @pytest.fixture(scope="module")
-def contract_server(tmp_path_factory, tiny_models_root):
-    root = tmp_path_factory.mktemp("contracts")
-    srv = BackgroundServer(ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(root / "output"),
-                                        input_dir=str(root / "input"), temp_dir=str(root / "temp"))).start()
-    yield srv, Path(tiny_models_root) / "loras"
+def build_tiny_root(tmp_path_factory, tiny_models_root, mm_root):
+    """One models root holding everything ``lorabind models build-tiny`` writes: the Wan/Qwen and the MiniMax-H3
+    models and fixture LoRAs (the session fixtures build them in two roots; linked here, not rebuilt)."""
+    root = tmp_path_factory.mktemp("build_tiny_root")
+    for source in (Path(tiny_models_root), Path(mm_root)):
+        _link_entries(source / "diffusers", root / "diffusers")
+        _link_entries(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny")
+    return root
+
+
+@pytest.fixture(scope="module")
+def contract_server(tmp_path_factory, build_tiny_root):
+    state = tmp_path_factory.mktemp("contracts")
+    srv = BackgroundServer(ServerConfig(port=0, models_root=str(build_tiny_root), output_dir=str(state / "output"),
+                                        input_dir=str(state / "input"), temp_dir=str(state / "temp"))).start()
+    yield srv
     srv.stop()
 
 
-def _get(srv, name):
-    url = f"{srv.url}/lorabind/contract?" + urllib.parse.urlencode({"name": name})
+def _get(srv, name, **query):
+    url = f"{srv.url}/api/lorabind/contract?" + urllib.parse.urlencode({"name": name, **query})
     try:
-        with urllib.request.urlopen(url, timeout=30) as response:
+        with urllib.request.urlopen(url, timeout=60) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode()
-        return exc.code, json.loads(text) if exc.headers.get_content_type() == "application/json" else text
+        return exc.code, json.loads(exc.read())
 
 
-def test_every_fixture_lora_answers_the_contract_inspect_reports(contract_server):
-    srv, loras = contract_server
-    files = sorted(p for p in loras.rglob("*.safetensors"))
-    assert len(files) >= 4
-    declared = 0
-    for path in files:
-        name = path.relative_to(loras).as_posix()
-        status, body = _get(srv, name)
+def test_every_build_tiny_lora_answers_the_contract_inspect_reports(contract_server, build_tiny_root):
+    names = [*FIXTURE_NAMES, *MINIMAX_FIXTURE_NAMES]
+    assert len(names) == 17 and PEFT_FOLDER in names  # 8 Wan/Qwen (one a PEFT folder), 9 MiniMax-H3
+    declared = set()
+    for name in names:
+        status, body = _get(contract_server, name)
         assert status == 200, (name, body)
-        assert body["contract"] == inspect_lora(str(path))["contract"], name
+        assert body["contract"] == inspect_lora(str(build_tiny_root / "loras" / name))["contract"], name
+        assert body["contracts"] == ([body["contract"]] if body["contract"] else []), name
         assert (body["contract"] is None) == (body["reason"] is not None), name
-        declared += body["contract"] is not None
-    assert declared >= 1
+        if body["contract"]:
+            declared.add(name)
+    # every published-name fixture declares one; the user-trained PEFT folder declares none, and says why
+    assert declared == set(names) - {PEFT_FOLDER}
+    status, body = _get(contract_server, PEFT_FOLDER)
+    assert body["reason"] == "its name and metadata declare no sampling contract" and body["family"] == "wan"
 
 
-def test_unknown_and_escaping_names_are_refused(contract_server):
-    srv, _ = contract_server
-    status, body = _get(srv, "missing.safetensors")
-    assert status == 404 and body["contract"] is None and "missing.safetensors" in body["reason"]
-    status, text = _get(srv, "../../etc/passwd")
-    assert status == 400 and "'..'" in text
+def test_the_answer_is_what_the_nodes_enforce(contract_server, build_tiny_root):
+    """MiniMaxTurboSchedule reads a Turbo/native file with ``file_contract``; a Wan pair declares 4 steps,
+    shift 5 and cfg 1 by its file name, the values the sampler refuses 20 steps against."""
+    for name in MINIMAX_FIXTURE_NAMES:
+        _, body = _get(contract_server, name)
+        assert body["contract"] == contract_to_dict(file_contract(build_tiny_root / "loras" / name)), name
+        assert body["family"] == "minimax_h3"
+    _, high = _get(contract_server, FIXTURE_NAMES[0])
+    assert {key: high["contract"][key] for key in ("steps", "shift", "cfg", "tasks", "declared_by")} == \
+        {"steps": 4, "shift": 5.0, "cfg": 1.0, "tasks": None, "declared_by": "file name"}
+
+
+def test_model_folders_answer_the_contract_their_loader_attaches(contract_server, mm_models):
+    status, pinned = _get(contract_server, "tiny-minimax-h3-pinned", folder="diffusers")
+    assert status == 200, pinned
+    assert pinned["contracts"] == [contract_to_dict(c) for c in checkpoint_contracts(mm_models["pinned"])]
+    assert pinned["contract"]["declared_by"] == "checkpoint" and pinned["contract"]["steps"] >= 1
+    status, plain = _get(contract_server, "tiny-wan22-t2v", folder="diffusers")
+    assert status == 200 and plain["contract"] is None and plain["contracts"] == []
+    assert plain["reason"] == "its model_index.json pins no schedule and carries no baked-in contract"
+
+
+def test_unknown_escaping_and_refused_names(contract_server, build_tiny_root):
+    status, body = _get(contract_server, "missing.safetensors")
+    assert status == 404 and body["contract"] is None
+    assert body["reason"] == "no LoRA file or PEFT adapter folder named 'missing.safetensors' in the loras folder"
+    status, body = _get(contract_server, "no-such-model", folder="diffusers")
+    assert status == 404 and "no diffusers model folder named 'no-such-model'" in body["reason"]
+    for escaping in ("../../etc/passwd", "lorabind-tiny/../../../etc/passwd", "/etc/passwd"):
+        status, body = _get(contract_server, escaping)
+        assert status == 400 and body["contract"] is None and "Refusing model name" in body["reason"], escaping
+    status, body = _get(contract_server, "x", folder="checkpoints")
+    assert status == 400 and body["reason"] == "folder 'checkpoints' is not one of ['diffusers', 'loras']"
+    status, body = _get(contract_server, "a" * 2000)
+    assert status == 400 and "longer than 1024 characters" in body["reason"]
+    # a folder that is neither a LoRA nor a PEFT adapter: refused with the reader's reason, naming it
+    status, body = _get(contract_server, "lorabind-tiny")
+    assert status == 422 and "lorabind-tiny" in body["reason"], body
