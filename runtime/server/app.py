@@ -155,7 +155,8 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
     ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
     cache-less one for request validation, so validating never touches the state of a running prompt."""
-    from . import routes_files, routes_info, routes_prompt
+    from . import routes_files, routes_info, routes_jobs, routes_prompt, routes_userdata
+    from .routes_frontend import add_frontend_routes
 
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
                    json_errors_middleware]
@@ -170,11 +171,14 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     routes_prompt.register(routes)
     routes_files.register(routes)
     routes_info.register(routes)
+    routes_userdata.register(routes)
+    routes_jobs.register(routes)
     routes.get("/ws")(state.clients.handle)
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
         app.router.add_route(route.method, "/api" + route.path, route.handler)
     routes_info.add_static_routes(app, state)
+    add_frontend_routes(app)  # last: it mounts the frontend's folder at /
 
     app.on_startup.append(_on_startup)
     app.on_shutdown.append(_on_shutdown)

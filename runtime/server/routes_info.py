@@ -19,13 +19,13 @@ from .http_json import dumps
 
 
 def register(routes: web.RouteTableDef) -> None:
-    routes.get("/")(get_index)
     routes.get("/object_info")(get_object_info)
     routes.get("/object_info/{node_class}")(get_object_info_one)
     routes.get("/system_stats")(get_system_stats)
     routes.get("/embeddings")(get_embeddings)
     routes.get("/extensions")(get_extensions)
     routes.get("/features")(get_features)
+    routes.get("/i18n")(get_i18n)
     routes.get("/models")(get_model_folders)
     routes.get("/models/{folder}")(get_model_files)
     routes.get("/workflow_templates")(get_workflow_templates)
@@ -43,12 +43,6 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
     workflows = Path(state.config.workflows_dir)
     if workflows.is_dir():
         app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", workflows)
-
-
-async def get_index(request: web.Request) -> web.Response:
-    """No bundled web UI (ComfyUI serves its frontend here): say what this is, for people and health checks."""
-    return web.Response(text="lorabind serve: ComfyUI-compatible HTTP/WebSocket API (POST /prompt, /ws, "
-                             "/object_info, /history, /view). Point a ComfyUI client or frontend at this address.\n")
 
 
 async def get_routing(request: web.Request) -> web.Response:
@@ -130,6 +124,11 @@ async def get_extensions(request: web.Request) -> web.Response:
 
 async def get_features(request: web.Request) -> web.Response:
     return web.json_response(request.app[STATE_KEY].feature_flags())
+
+
+async def get_i18n(request: web.Request) -> web.Response:
+    """No translations: our nodes' names and tooltips come in English from /object_info."""
+    return web.json_response({})
 
 
 async def get_model_folders(request: web.Request) -> web.Response:

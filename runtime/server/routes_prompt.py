@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 
 from aiohttp import web
@@ -86,6 +87,7 @@ async def post_prompt(request: web.Request) -> web.Response:
         return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
 
     extra_data = dict(extra_data)
+    extra_data["create_time"] = int(time.time() * 1000)  # as ComfyUI: the jobs list sorts and shows it
     if body.get("client_id"):
         extra_data["client_id"] = str(body["client_id"])
     sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}

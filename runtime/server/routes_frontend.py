@@ -1,0 +1,72 @@
+"""The official ComfyUI frontend at ``/``, from the ``comfyui-frontend-package`` wheel (``pip install "lorabind[ui]"``).
+
+Why the wheel and not our own page: it is the editor our users already know, and the API it speaks is the one
+this server implements (``routes_userdata``, ``routes_jobs``, ``routes_prompt``, ...). The extra is pinned to
+``FRONTEND_VERSION`` because each frontend release calls a slightly different set of endpoints; another
+installed version is still served, with a warning. Without the extra, ``GET /`` says how to install it, so a
+person opening the address in a browser learns what is missing instead of seeing a 404.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import metadata
+from pathlib import Path
+
+from aiohttp import web
+
+log = logging.getLogger("lorabind.server")
+
+FRONTEND_DISTRIBUTION = "comfyui-frontend-package"
+FRONTEND_VERSION = "1.58.1"  # the version pyproject's `ui` extra pins and whose calls the routes answer
+INSTALL_HINT = 'pip install "lorabind[ui]"'
+
+
+def frontend_static_dir() -> Path | None:
+    """The wheel's ``static`` folder (index.html and its assets), or None when the extra is not installed."""
+    try:
+        import comfyui_frontend_package
+    except ImportError:
+        return None
+    static = Path(comfyui_frontend_package.__file__).resolve().parent / "static"
+    return static if (static / "index.html").is_file() else None
+
+
+def add_frontend_routes(app: web.Application) -> Path | None:
+    """``GET /`` (the frontend's index.html or the install hint) and, with the extra, its files under ``/``.
+
+    Call after every API route: the static folder is mounted at ``/``, and aiohttp tries resources in the order
+    they were added, so ``/api/...``, ``/view``, ``/extensions/<name>/`` and the rest keep answering first.
+    """
+    static = frontend_static_dir()
+    if static is None:
+        app.router.add_get("/", _install_hint)
+        return None
+    installed = _installed_version()
+    if installed != FRONTEND_VERSION:
+        log.warning("%s %s is installed; lorabind implements the API of %s (%s)", FRONTEND_DISTRIBUTION,
+                    installed or "(unknown version)", FRONTEND_VERSION, INSTALL_HINT)
+    index = static / "index.html"
+
+    async def get_index(request: web.Request) -> web.FileResponse:
+        # no-cache: after an upgrade of the extra the browser must fetch the new index (its asset names change)
+        return web.FileResponse(index, headers={"Cache-Control": "no-cache"})
+
+    app.router.add_get("/", get_index)
+    app.router.add_static("/", static, append_version=False)
+    return static
+
+
+async def _install_hint(request: web.Request) -> web.Response:
+    return web.Response(text=(
+        "lorabind serve: ComfyUI-compatible HTTP/WebSocket API (POST /prompt, /ws, /object_info, /history, /view).\n"
+        f"The workflow editor is not installed. Install it with\n    {INSTALL_HINT}\n"
+        "then restart `lorabind serve` and reload this page. Any ComfyUI client or frontend can also use this "
+        "address.\n"))
+
+
+def _installed_version() -> str:
+    try:
+        return metadata.version(FRONTEND_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return ""
