@@ -391,6 +391,19 @@ class Workspace:
         return buffer[:numel]
 
 
+class _BaseRows:
+    """``base_rows(start, stop)``: rows of the unpatched value in float32 on the work device (fp8: times its
+    scale), for a kind whose delta depends on the base weight (DoRA); ``rows``/``cols``: the flattened shape."""
+
+    def __init__(self, source: torch.Tensor, device: torch.device, scale: Optional[torch.Tensor]):
+        self.source, self.device, self.scale = source, device, scale
+        self.rows, self.cols = int(source.shape[0]), int(source.shape[1])
+
+    def __call__(self, start: int, stop: int) -> torch.Tensor:
+        rows = self.source[start:stop].to(device=self.device, dtype=torch.float32)
+        return rows * self.scale if self.scale is not None else rows
+
+
 class NonFiniteResultError(KeyMatchError):
     """A fused value overflows the parameter's dtype (finite factors, e.g. 1e38 scaled past bf16's range)."""
 
@@ -416,12 +429,7 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     source = original.reshape(rows, -1)
     target = dest.view(rows, -1)
     scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
-
-    def base_rows(start: int, stop: int) -> torch.Tensor:
-        """The unpatched value's rows in float32 (a kind whose delta depends on the base reads it here)."""
-        rows_ = source[start:stop].to(device=device, dtype=torch.float32)
-        return rows_ * scale if scale is not None else rows_
-
+    base_rows = _BaseRows(source, device, scale)
     # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
     adders = [c.low_rank.row_adder(device, base_rows) if c.low_rank is not None else None for c in contributions]
     diffs = [c.diff.reshape(rows, -1) if c.diff is not None else None for c in contributions]

@@ -37,13 +37,12 @@ class PeftScaling:
     alpha_pattern: dict = field(default_factory=dict)
     use_rslora: bool = False
     source: str = ""
+    use_dora: bool = False  # every LoRA module then carries a ``lora_magnitude_vector`` (``kinds/dora.py``)
     _spent: list = field(default_factory=lambda: [0.0], compare=False, repr=False)  # seconds spent matching
 
     @classmethod
     def from_config(cls, config: dict, source: str) -> "PeftScaling":
         """Read a PEFT/diffusers LoRA config; ``source`` names the file for errors."""
-        if config.get("use_dora"):
-            raise LoraFileError(f"{source}: DoRA adapters (use_dora=true) are not supported; use a plain LoRA")
         try:
             r = int(config.get("r", 8))  # LoraConfig's defaults: r=8, lora_alpha=8
             alpha = float(config.get("lora_alpha", 8))
@@ -61,7 +60,8 @@ class PeftScaling:
         if r < 1 or any(v < 1 for v in rank_pattern.values()):
             raise LoraFileError(f"{source}: adapter config rank must be at least 1 "
                                 f"(r={r}, rank_pattern={rank_pattern})")
-        return cls(r, alpha, rank_pattern, alpha_pattern, bool(config.get("use_rslora", False)), source)
+        return cls(r, alpha, rank_pattern, alpha_pattern, bool(config.get("use_rslora", False)), source,
+                   use_dora=bool(config.get("use_dora", False)))
 
     def rank_and_alpha(self, module: str) -> tuple[int, float]:
         return (self._pattern_value(self.rank_pattern, module, self.r),
@@ -109,10 +109,11 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
     targets = {}
     for module, roles in groups.items():
         patch = TargetPatch(module=module, source_keys={role: (raw,) for role, raw in roles.items()})
-        kind = kinds.kind_for(roles)
-        if kind is not None:
-            patch.low_rank = _build_delta(kind, module, roles, tensors, display_name, peft)
-        elif "alpha" in roles:
+        patch.low_rank = kinds.build_delta(module, roles, tensors, display_name, peft)
+        if peft is not None and peft.use_dora and patch.low_rank is not None and patch.low_rank.kind != "dora":
+            raise LoraFileError(f"{display_name}: adapter config says use_dora=true, but module {module!r} has no "
+                                f"lora_magnitude_vector (DoRA magnitude); the adapter file is incomplete")
+        if patch.low_rank is None and "alpha" in roles:
             raise LoraFileError(f"{display_name}: {roles['alpha']!r} has no lora_down/lora_up (lora_A/lora_B) "
                                 f"pair for module {module!r}")
         for role, param in (("weight", "weight"), ("bias", "bias"), ("modulation", "modulation")):
@@ -125,13 +126,3 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
         targets[module] = patch
     return targets
 
-
-def _build_delta(kind, module, roles, tensors, display_name, peft):
-    """One module's weight delta, built by its kind; parts of two kinds on one module are refused."""
-    own = kind.parts | {"alpha"}
-    foreign = [raw for role, raw in roles.items() if role in kinds.delta_parts() and role not in own]
-    if foreign:
-        raise LoraFileError(f"{display_name}: module {module!r} mixes {kind.name} tensors with {foreign[0]!r} "
-                            f"of another adapter kind")
-    return kind.build(module, {role: raw for role, raw in roles.items() if role in own}, tensors, display_name,
-                      peft)

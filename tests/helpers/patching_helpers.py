@@ -218,3 +218,26 @@ class LiveTensorBytes:
 
     def __exit__(self, *exc):
         return self._mode.__exit__(*exc)
+
+
+def assert_fault_mid_fuse_leaves_base(model, applied: dict, key: str) -> None:
+    """Fuse ``applied`` (module path -> TargetPatch) into ``model`` with an interrupt raised before the second
+    layer: the apply must raise, and every tensor of the model must hold its base value bit for bit."""
+    import pytest
+
+    from lorabind.loaders.patching import PatchLayer, WeightPatcher
+
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    patcher = WeightPatcher({"transformer": model})
+    calls = []
+
+    def interrupt():
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        patcher.apply([PatchLayer(key, "transformer", 1.0, applied)], check_interrupt=interrupt)
+    assert len(calls) == 2 and patcher.patched == set()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name

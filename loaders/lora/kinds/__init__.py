@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import loha, lokr, low_rank
+from ...errors import LoraFileError
+from . import dora, loha, lokr, low_rank
 from .base import AdapterKind, WeightDelta
 
-_BUILTIN = (low_rank.KIND, loha.KIND, lokr.KIND)
+_BUILTIN = (low_rank.KIND, loha.KIND, lokr.KIND, dora.KIND)
 _kinds: list = list(_BUILTIN)
 
 
@@ -40,11 +41,39 @@ def delta_parts() -> frozenset:
 
 
 def kind_for(parts) -> Optional[AdapterKind]:
-    """The kind whose parts a module's parts include (None: no weight delta); the first registered wins."""
-    for kind in _kinds:
-        if kind.parts & set(parts):
+    """The kind whose parts a module's parts include (None: no weight delta); a wrapping kind (DoRA) wins over the
+    kind it wraps, otherwise the first registered wins."""
+    parts = set(parts)
+    for kind in sorted(_kinds, key=lambda k: not k.wraps):
+        if kind.parts & parts:
             return kind
     return None
+
+
+def build_delta(module: str, roles: dict, tensors, display_name: str, peft) -> Optional[WeightDelta]:
+    """One module's weight delta from its ``roles`` (part -> raw key), built by the kind that claims them (None:
+    the module has no weight-delta parts). A wrapping kind gets the delta of the remaining parts as ``inner``.
+    Parts of two unrelated kinds on one module are refused, naming the file and key."""
+    kind = kind_for(roles)
+    if kind is None:
+        return None
+    inner_kind = kind_for({role for role in roles if role not in kind.parts}) if kind.wraps else None
+    if kind.wraps and (inner_kind is None or inner_kind.wraps):
+        raise LoraFileError(f"{display_name}: {next(roles[p] for p in roles if p in kind.parts)!r} ({kind.name}) "
+                            f"has no weight delta of module {module!r} to apply to (lora_down/lora_up, LoHa or "
+                            f"LoKr factors)")
+    own = kind.parts | (inner_kind.parts if inner_kind else frozenset()) | {"alpha"}
+    foreign = [raw for role, raw in roles.items() if role in delta_parts() and role not in own]
+    if foreign:
+        raise LoraFileError(f"{display_name}: module {module!r} mixes {kind.name} tensors with {foreign[0]!r} "
+                            f"of another adapter kind")
+    if inner_kind is None:
+        return kind.build(module, {r: k for r, k in roles.items() if r in own}, tensors, display_name, peft)
+    inner_parts = inner_kind.parts | {"alpha"}
+    inner = inner_kind.build(module, {r: k for r, k in roles.items() if r in inner_parts}, tensors, display_name,
+                             peft)
+    return kind.build(module, {r: k for r, k in roles.items() if r in kind.parts}, tensors, display_name, peft,
+                      inner=inner)
 
 
 def by_name(name: str) -> AdapterKind:
@@ -54,5 +83,5 @@ def by_name(name: str) -> AdapterKind:
     raise KeyError(name)
 
 
-__all__ = ["AdapterKind", "WeightDelta", "all_kinds", "by_name", "delta_parts", "kind_for", "register",
+__all__ = ["AdapterKind", "WeightDelta", "all_kinds", "build_delta", "by_name", "delta_parts", "kind_for", "register",
            "suffix_parts", "unregister"]

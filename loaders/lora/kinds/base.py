@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # add(chunk, start, stop, strength): chunk is float32 [rows, cols], rows ``start:stop`` of the weight (flattened
 # to 2-D); the kind adds ``strength`` times its (scaled) delta's rows
 RowAdder = Callable[..., None]
-# base_rows(start, stop): float32 rows ``start:stop`` of the UNPATCHED weight (flattened to 2-D), on the device
+# base_rows(start, stop): float32 rows ``start:stop`` of the UNPATCHED weight (flattened to 2-D), on the device;
+# base_rows.rows / base_rows.cols: that flattened shape
 BaseRows = Callable[[int, int], "torch.Tensor"]
 
 
@@ -55,12 +56,17 @@ class AdapterKind:
     ``build(module, parts, tensors, display_name, peft)``: ``parts`` maps part -> raw key (only this kind's parts
     and ``alpha``); ``peft`` is the file's ``PeftScaling`` or None. ``peft_capable``: whether a file of this kind
     can be run unfused as a peft adapter by ``loaders.peft_adapters``.
+
+    ``wraps``: the kind decorates another kind's delta (DoRA's magnitude on a low-rank pair, LoHa or LoKr). It
+    wins over the other kinds when its parts are present; the module's remaining parts are built by their own
+    kind first and passed to ``build(..., inner=delta)``.
     """
 
     name: str
     suffix_parts: tuple  # ((suffix, part), ...), more specific suffixes first
     build: Callable
     peft_capable: bool = False
+    wraps: bool = False
 
     @property
     def parts(self) -> frozenset:

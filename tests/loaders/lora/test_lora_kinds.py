@@ -3,6 +3,7 @@ bit-exactly, survive a fault mid-fuse, and a kind registered from a test module 
 
 import pytest
 import torch
+from patching_helpers import assert_fault_mid_fuse_leaves_base
 from safetensors.torch import save_file
 
 from lorabind.loaders.lora import account, map_to_model, read_lora
@@ -105,20 +106,7 @@ def test_fault_mid_fuse_leaves_base_untouched(wan22_expert, tmp_path, kind):
     make, _ = KINDS[kind]
     file, _ = _write(tmp_path, wan22_expert, WAN_MODULES, make, kind)
     acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
-    before = {k: v.detach().clone() for k, v in wan22_expert.state_dict().items()}
-    patcher = WeightPatcher({"transformer": wan22_expert})
-    calls = []
-
-    def interrupt():
-        calls.append(1)
-        if len(calls) > 1:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        patcher.apply([PatchLayer(kind, "transformer", 1.0, acc.applied)], check_interrupt=interrupt)
-    assert len(calls) == 2 and patcher.patched == set()
-    for key, value in wan22_expert.state_dict().items():
-        assert torch.equal(value, before[key]), key
+    assert_fault_mid_fuse_leaves_base(wan22_expert, acc.applied, kind)
 
 
 class _SignDelta:

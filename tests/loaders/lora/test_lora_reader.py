@@ -176,10 +176,18 @@ def test_pair_errors_name_the_key(tmp_path):
 
 
 def test_tensors_that_are_not_lora_tensors_are_listed(tmp_path):
+    sd = {**_to_q_pair(), "blocks.0.attn1.to_q.oft_blocks": torch.randn(4, 6, 6),  # LyCORIS OFT: no kind for it
+          "blocks.0.attn1.to_q.oft_diag": torch.randn(24)}
+    with pytest.raises(LoraFileError, match=r"oft\.safetensors: 2 tensor\(s\) are not LoRA tensors: "
+                                            r"blocks\.0\.attn1\.to_q\.(oft_blocks|oft_diag)"):
+        read_lora(save(sd, tmp_path / "oft.safetensors"))
+
+
+def test_two_dora_magnitudes_on_one_module_are_refused(tmp_path):
     sd = {**_to_q_pair(), "blocks.0.attn1.to_q.lora_magnitude_vector": torch.randn(24),
           "blocks.0.attn1.to_q.dora_scale": torch.randn(24)}
-    with pytest.raises(LoraFileError, match=r"dora\.safetensors: 2 tensor\(s\) are not LoRA tensors: "
-                                            r"blocks\.0\.attn1\.to_q\.(dora_scale|lora_magnitude_vector)"):
+    with pytest.raises(LoraFileError, match=r"dora\.safetensors: module 'blocks\.0\.attn1\.to_q' has both .*"
+                                            r"one DoRA magnitude per module"):
         read_lora(save(sd, tmp_path / "dora.safetensors"))
 
 
@@ -246,7 +254,8 @@ def test_peft_folder_config_errors_name_the_folder(tmp_path):
           "base_model.model.blocks.0.attn1.to_q.lora_B.weight": torch.randn(24, 2)}
     for name, config, message in (
             ("dora", {"r": 2, "lora_alpha": 2, "use_dora": True},
-             r"dora: DoRA adapters \(use_dora=true\) are not supported"),
+             r"dora: adapter config says use_dora=true, but module 'blocks\.0\.attn1\.to_q' has no "
+             r"lora_magnitude_vector"),
             ("bad_pattern", {"r": 2, "rank_pattern": {"to_q(": 2}}, r"bad_pattern: adapter config has an invalid"),
             ("no_config", None, r"no_config: PEFT folder has adapter_model\.safetensors but no adapter_config\.json")):
         folder = tmp_path / name
