@@ -16,6 +16,7 @@ from aiohttp import web
 
 from ..loaders.contracts import lora_file_contract, model_folder_contract
 from ..loaders.errors import LoraBindError
+from ..loaders.tiny_models import BUILTIN_NAMES
 from . import comfy_bridge
 from .model_nodes import find_model_folder
 
@@ -58,6 +59,9 @@ async def get_declared_contract(request: web.Request) -> web.Response:
         return _answer(name, str(exc), 400)
     what, find, declaration = _FOLDERS[kind]
     path = find(name)
+    if path is None and kind == "diffusers" and name in BUILTIN_NAMES:  # the loader builds it, so not an error
+        return _answer(name, "a built-in tiny model that is not built yet: the loader builds it on first use, and "
+                             "what it pins is known then", 200)
     if path is None:
         return _answer(name, f"no {what} named {name!r} in the {kind} folder", 404)
     try:

@@ -47,7 +47,7 @@ def test_extension_renders_contract_accounting_and_warning(page_server, tmp_path
     assert result["errors"] == []
     assert "/extensions/lorabind/lorabind.js" in result["extensions"]
     assert result["stylesheet"] is True
-    assert result["before"] == "contract: known after the first run"
+    assert result["before"] == "no file chosen"
     assert ("lightx2v_4step.safetensors (distill): 4 steps · shift 5 · cfg 1 · tasks t2v — from its file name"
             in result["fuse"])
     assert "lightx2v_4step.safetensors → transformer: 400 applied, 2 expected-unmatched, 0 unmatched" \

@@ -110,3 +110,29 @@ def test_unknown_escaping_and_refused_names(contract_server, build_tiny_root):
     # a folder that is neither a LoRA nor a PEFT adapter: refused with the reader's reason, naming it
     status, body = _get(contract_server, "lorabind-tiny")
     assert status == 422 and "lorabind-tiny" in body["reason"], body
+
+
+def test_a_builtin_tiny_model_not_built_yet_is_no_error(registry_at, tmp_path):
+    """The loader builds tiny-* on first use, so a fresh install's canvas says so instead of 'not found'."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from lorabind.nodes.editor_routes import CONTRACT_PATH, get_declared_contract
+
+    registry_at(tmp_path / "empty-models")
+    app = web.Application()
+    app.router.add_get(CONTRACT_PATH, get_declared_contract)
+
+    async def ask(*names):
+        async with TestClient(TestServer(app)) as client:
+            answers = []
+            for name in names:
+                response = await client.get(CONTRACT_PATH, params={"name": name, "folder": "diffusers"})
+                answers.append((response.status, await response.json()))
+            return answers
+
+    (status, body), (missing, _) = asyncio.run(ask("tiny-minimax-h3-pinned", "my-own-model"))
+    assert status == 200 and body["contract"] is None and "not built yet" in body["reason"]
+    assert missing == 404

@@ -1,9 +1,10 @@
 // A minimal stand-in for ComfyUI's `app` (scripts/app.js) and litegraph nodes: just what an extension touches
-// (registerExtension, beforeRegisterNodeDef, onNodeCreated/onExecuted/onWidgetChanged, addDOMWidget, graph.links),
-// rendering each node as a DOM box so the test can read and screenshot the badges.
+// (registerExtension, beforeRegisterNodeDef, nodeCreated/loadedGraphNode, onNodeCreated/onExecuted/onWidgetChanged,
+// widget callbacks, addDOMWidget, graph.links), rendering each node as a DOM box so the test can read and
+// screenshot the badges. `loadGraph` loads a saved UI workflow the way the frontend does.
 export class StubGraph {
     constructor() { this._nodes = []; this.links = {}; this.nextLink = 1; }
-    add(node) { node.id = this._nodes.length + 1; node.graph = this; this._nodes.push(node); }
+    add(node, id) { node.id = id ?? this._nodes.length + 1; node.graph = this; this._nodes.push(node); }
     getNodeById(id) { return this._nodes.find((n) => n.id === id) || null; }
     connect(origin, target, inputName) {
         const input = target.inputs.find((i) => i.name === inputName);
@@ -43,7 +44,67 @@ export function makeNodeType(name) {
             const widget = this.widgets.find((w) => w.name === name);
             const old = widget.value;
             widget.value = value;
+            widget.callback?.(value);
             this.onWidgetChanged?.(name, value, old, widget);
         }
     };
+}
+
+// Input types the frontend draws as widgets; any other type is a socket.
+const WIDGET_TYPES = ["INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"];
+
+/** The widgets (name -> default) and socket inputs of a node class, in the frontend's order: required, then
+ * optional; an INT with control_after_generate gets its "control_after_generate" widget right after it. */
+function nodeShape(definition) {
+    const widgets = {}, inputs = [];
+    for (const group of ["required", "optional"]) {
+        for (const [name, [type, options = {}]] of Object.entries(definition.input?.[group] || {})) {
+            if (Array.isArray(type) || WIDGET_TYPES.includes(type)) {
+                widgets[name] = options.default ?? (Array.isArray(type) ? type[0] : null);
+                if (options.control_after_generate) widgets.control_after_generate = "fixed";
+            } else {
+                inputs.push(name);
+            }
+        }
+    }
+    return { widgets, inputs };
+}
+
+/** Load a saved UI workflow as the frontend does: register each node class with the extensions, create the
+ * nodes (nodeCreated sees the defaults), set their saved widget values and links, then loadedGraphNode. Nodes
+ * the server does not define (Note) are left out. */
+export async function loadGraph(app, workflow, objectInfo) {
+    const types = {};
+    const created = [];
+    for (const saved of workflow.nodes) {
+        const definition = objectInfo[saved.type];
+        if (!definition) continue;
+        if (!types[saved.type]) {
+            types[saved.type] = makeNodeType(saved.type);
+            for (const extension of app.extensions) {
+                await extension.beforeRegisterNodeDef?.(types[saved.type], definition, app);
+            }
+        }
+        const { widgets, inputs } = nodeShape(definition);
+        const node = new types[saved.type](saved.title || definition.display_name || saved.type, widgets, inputs);
+        app.graph.add(node, saved.id);
+        node.onNodeCreated?.();
+        for (const extension of app.extensions) extension.nodeCreated?.(node, app);
+        const values = saved.widgets_values || [];
+        node.widgets.filter((w) => w.name in widgets).forEach((widget, i) => {
+            if (i < values.length) widget.value = values[i];
+        });
+        for (const input of saved.inputs || []) {
+            const target = node.inputs.find((i) => i.name === input.name);
+            if (target) target.link = input.link ?? null;
+        }
+        created.push(node);
+    }
+    for (const [id, origin, originSlot, target] of workflow.links) {
+        app.graph.links[id] = { id, origin_id: origin, origin_slot: originSlot, target_id: target };
+    }
+    for (const node of created) {
+        for (const extension of app.extensions) extension.loadedGraphNode?.(node, app);
+    }
+    return created;
 }

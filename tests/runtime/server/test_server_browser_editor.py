@@ -1,0 +1,88 @@
+"""Headless Chromium: web/lorabind.js knows the contracts while a workflow is edited, before any run.
+
+The page loads the saved ``workflows/wan22_mismatched_contract.json`` into the stub of ComfyUI's app, with the
+real server (the pack's nodes, the tiny models and fixture LoRAs) answering ``/object_info`` and
+``/lorabind/contract``. Skips (with the reason) when ``chromium`` is not installed; CI installs it.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.config import PACK_DIR
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from test_server_browser import BROWSER_DIR, CHROMIUM, _chromium
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+HIGH, LOW = WAN22_HIGH.rsplit("/", 1)[1], WAN22_LOW.rsplit("/", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def editor_server(tmp_path_factory, tiny_models_root):
+    state = tmp_path_factory.mktemp("editor")
+    srv = BackgroundServer(ServerConfig(
+        port=0, models_root=str(tiny_models_root), output_dir=str(state / "output"), input_dir=str(state / "input"),
+        temp_dir=str(state / "temp"),
+        web_extensions={"lorabind": str(PACK_DIR / "web"), "lorabind_test": str(BROWSER_DIR)})).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def edited(editor_server, tmp_path_factory):
+    url = f"{editor_server.url}/extensions/lorabind_test/index.html?drive=drive_editor.js"
+    done = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", url)
+    match = re.search(r'<pre id="lorabind-result">(.*?)</pre>', done.stdout, re.S)
+    assert match, f"no result block in the DOM dump; stderr: {done.stderr[-2000:]}"
+    result = json.loads(html.unescape(match.group(1)))
+    assert result["errors"] == []
+    return result
+
+
+def test_the_sampler_shows_the_steps_conflict_before_any_run(edited):
+    assert edited["anyExecuted"] is False
+    assert edited["samplerWarning"] is True
+    assert [line for line in edited["sampler"] if line.startswith("lorabind-warning")] == [
+        f"lorabind-warning: ⚠ steps 20 ≠ 4 required by {HIGH}",
+        f"lorabind-warning: ⚠ steps 20 ≠ 4 required by {LOW}",
+    ]
+    # the combined contract of everything upstream, then each artifact with where it is declared
+    assert edited["sampler"][0] == "lorabind-line: contract: 4 steps · shift 5 · cfg 1 (2 artifacts upstream)"
+    assert f"lorabind-line: · {HIGH} (distill): 4 steps · shift 5 · cfg 1 — from its file name" in edited["sampler"]
+    # the steps widget itself is marked, naming both artifacts; shift and cfg agree and are not
+    assert edited["marked"] == {"steps": ["⚠ steps", f"steps 20 ≠ 4 required by {HIGH}; "
+                                                     f"steps 20 ≠ 4 required by {LOW}"]}
+
+
+def test_file_nodes_show_what_their_files_declare(edited):
+    assert edited["readingPair"] == [f"lorabind-line: {WAN22_HIGH}: reading its contract…",
+                                     f"lorabind-line: {WAN22_LOW}: reading its contract…"]
+    assert edited["pair"] == [f"lorabind-line: {HIGH} (distill): 4 steps · shift 5 · cfg 1 — from its file name",
+                              f"lorabind-line: {LOW} (distill): 4 steps · shift 5 · cfg 1 — from its file name"]
+    assert edited["loader"] == ["lorabind-line: tiny-wan22-t2v: no sampling contract (its model_index.json pins "
+                                "no schedule and carries no baked-in contract)"]
+
+
+def test_editing_the_widgets_updates_the_warnings(edited):
+    assert edited["warningsAt4"] == [] and edited["stepsLabelAt4"] in (None, "steps")
+    assert edited["warningsAt0"] == []  # 0 = the step count the contract declares
+    assert edited["warningsCfg"] == [f"⚠ cfg 3.5 ≠ 1 required by {HIGH}", f"⚠ cfg 3.5 ≠ 1 required by {LOW}"]
+    # strength 0 switches the low-noise file and its contract off, as the sampler sees it
+    assert edited["warningsLowOff"] == [f"⚠ steps 20 ≠ 4 required by {HIGH}"]
+    assert f"lorabind-line: {LOW} (distill): 4 steps · shift 5 · cfg 1 — from its file name — off: " \
+           "low_noise_strength is 0" in edited["pairLowOff"]
+    assert edited["pairMissing"] == ["⚠ lorabind-tiny/gone.safetensors: no LoRA file or PEFT adapter folder named "
+                                     "'lorabind-tiny/gone.safetensors' in the loras folder"]
+    assert edited["warningsHighMissing"] == [f"⚠ steps 20 ≠ 4 required by {LOW}"]
+    assert edited["warningsBack"] == [f"⚠ steps 20 ≠ 4 required by {HIGH}", f"⚠ steps 20 ≠ 4 required by {LOW}"]
+
+
+def test_after_a_run_the_executed_payload_has_the_last_word(edited):
+    assert edited["warningsAfterRun"] == ["⚠ steps 20 ≠ 8 required by ran.safetensors"]
+    assert "lorabind-line: ran: 20 steps · shift 5 · cfg 1" in edited["samplerAfterRun"]
