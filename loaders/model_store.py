@@ -18,7 +18,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import compat
 from .errors import ModelLoadError
@@ -165,12 +165,8 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     memory_name = resolve_memory(memory)
     key = (str(folder), index_file.stat().st_mtime_ns, str(torch_dtype), str(torch_device), memory_name,
            attention, bool(compile))
-    with _lock:
-        cached = _cache.get(key)
-        if cached is not None:
-            if cached.placement is not None:
-                cached.placement.ensure_placed()
-            return cached
+
+    def load() -> LoadedModel:
         family = detect_family(model_index)
         compat.require(family, f"{folder.name} ({family})")
         refuse_pickle_weights(folder, model_index)
@@ -197,15 +193,31 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
         placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device, model_index)
         placed.apply(on_progress)
         speed.apply_speed_options(components, attention=attention, compile=compile)
-        model = LoadedModel(
+        _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
+        return LoadedModel(
             path=str(folder), name=name or folder.name, family=family, pipeline=pipeline,
             components=components, model_index=model_index, placement=placed,
         )
-        # A rebuilt folder (new mtime) replaces the stale entry instead of keeping both pipelines alive.
+
+    return load_shared(key, load)
+
+
+def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:
+    """The one shared model for ``key``, loaded by ``load()`` on a miss (under the cache lock, so two callers never
+    load it twice). A key is ``(source, version, *options)``: the source's resolved path(s), their mtime(s), then
+    dtype, device, plan and speed options. A new version of the same source with the same options (a rebuilt
+    folder, a replaced file) replaces the stale entry instead of keeping both models alive. Used by the folder
+    loader and by ``loaders.single_file``, so clearing or unloading the cache covers both."""
+    with _lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            if cached.placement is not None:
+                cached.placement.ensure_placed()
+            return cached
+        model = load()
         for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
             _release(_cache.pop(stale))
         _cache[key] = model
-        _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
         return model
 
 

@@ -1,6 +1,7 @@
 """LoraBindCheckpointLoader: the single files ComfyUI users already have -> the same LORABIND_MODEL handle.
 
-Dropdowns list ComfyUI's own folders (``diffusion_models``/``unet``, ``vae``, ``text_encoders``/``clip``) plus the
+Dropdowns list ComfyUI's own folders (``diffusion_models``/``unet``, ``vae``, ``text_encoders``/``clip``,
+``clip_vision``) plus the
 built-in tiny single files (``lorabind-tiny/...``, built offline on first use). Detection, the fit checks and
 loading are ``loaders.single_file``'s; this node only resolves names to files.
 """
@@ -73,7 +74,8 @@ class LoraBindCheckpointLoader:
         "Loads the single files ComfyUI keeps in models/diffusion_models, models/vae and models/text_encoders "
         "(bf16, fp16, fp8_e4m3fn or fp8 scaled) as one shared model. It detects family, size and variant from "
         "the tensors and refuses files that do not fit together, naming both. For Wan2.2 A14B give the "
-        "high-noise expert as denoiser and the low-noise one as denoiser_low_noise."
+        "high-noise expert as denoiser and the low-noise one as denoiser_low_noise; Wan2.1 I2V also takes its CLIP "
+        "vision file (models/clip_vision) as clip_vision."
     )
     CATEGORY = "lorabind/loaders"
     RETURN_TYPES = (SOCKET_MODEL, "STRING")
@@ -105,24 +107,31 @@ class LoraBindCheckpointLoader:
                                "gives the same bytes). Unbinding restores the file's exact bytes either way.",
                 }),
                 **model_placement_inputs(),
+                # last, so the widget values of workflows saved before it keep their places
+                "clip_vision": ([NO_FILE] + list_files("clip_vision"), {
+                    "default": NO_FILE,
+                    "tooltip": "models/clip_vision: Wan2.1 I2V only, its image encoder (clip_vision_h)."}),
             },
         }
 
     @classmethod
-    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype, fp8_rounding="nearest", **_options):
+    def IS_CHANGED(cls, denoiser, denoiser_low_noise, vae, text_encoder, dtype, fp8_rounding="nearest",
+                   clip_vision=NO_FILE, **_options):
         parts = []
         for kind, name in (("diffusion_models", denoiser), ("diffusion_models", denoiser_low_noise), ("vae", vae),
-                           ("text_encoders", text_encoder)):
+                           ("text_encoders", text_encoder), ("clip_vision", clip_vision)):
             path = None if name == NO_FILE else folder_paths().get_full_path(kind, name)
             parts.append(f"{name}:{Path(path).stat().st_mtime_ns if path else 'missing'}")
         return "|".join(parts + [dtype, fp8_rounding])
 
     def load(self, denoiser, denoiser_low_noise, vae, text_encoder, dtype="bfloat16", fp8_rounding="nearest",
-             device="auto", memory="auto", attention="native", compile=False):
+             clip_vision=NO_FILE, device="auto", memory="auto", attention="native", compile=False):
         denoisers = [resolve_file("diffusion_models", denoiser)]
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
-        files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder))
+        image_encoder = resolve_file("clip_vision", clip_vision) if clip_vision != NO_FILE else None
+        files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder),
+                           image_encoder)
         comfy_bridge.install_unload_hook()
         model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,
                                   device=device if device != "auto" else comfy_bridge.default_device(),

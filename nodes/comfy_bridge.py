@@ -153,10 +153,8 @@ def install_unload_hook() -> bool:
 
     def unload_all_models(*args, **kwargs):
         from ..loaders import model_store
-        from ..loaders.single_file import pipelines
 
-        model_store.release_device_memory()
-        pipelines.release_device_memory()
+        model_store.release_device_memory()  # folder and single-file models share the cache
         return current(*args, **kwargs)
 
     setattr(unload_all_models, _UNLOAD_HOOK_MARK, True)

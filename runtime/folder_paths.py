@@ -27,6 +27,7 @@ _DEFAULT_KINDS = {
     "diffusion_models": ["unet", "diffusion_models"],
     "text_encoders": ["text_encoders", "clip"],
     "vae": ["vae"],
+    "clip_vision": ["clip_vision"],
     "tokenizers": ["tokenizers"],  # lorabind's own: tokenizer folders for text encoders that carry none
 }
 

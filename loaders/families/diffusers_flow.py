@@ -14,7 +14,8 @@ from ..handles import LatentHandle
 from ..placement import placement_of
 from ..schedule_rules import resolve_single_schedule
 from ..sampling import device_and_dtype, euler, guidance_for, guided, noised_start, split_at_boundary
-from .interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, ModelFamily, PipelineSource
+from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
+                        ModelFamily, PipelineSource)
 
 
 def dtype_kwargs(dtype) -> dict:
@@ -41,12 +42,18 @@ class DiffusersFlowFamily(ModelFamily):
     """Shared implementation for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
 
     def load_pipeline(self, source: PipelineSource):
-        if source.kind != "diffusers":
+        if source.kind == SOURCE_SINGLE_FILE:
+            return self.assemble_single_files(source)
+        if source.kind != SOURCE_DIFFUSERS:
             raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for {self.id} models")
         from diffusers import DiffusionPipeline
 
         return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
                                                  **dtype_kwargs(source.dtype))
+
+    def assemble_single_files(self, source: PipelineSource):
+        """The family's pipeline from modules built out of single files (``PipelineSource`` kind "single_file")."""
+        raise ValueError(f"{source.path}: {self.id} models do not load from single files")
 
     def resolve_schedule(self, model_handle, contracts: tuple, request) -> ResolvedSchedule:
         return resolve_single_schedule(model_handle, contracts, request, serves=self.model_families,

@@ -7,7 +7,7 @@ shared engine never test a family name. Adding a family means adding one package
 (plus its tiny-model recipe) and listing it in ``families/__init__.py``.
 
 Hooks for later work, by design:
-- ``load_pipeline`` takes a ``PipelineSource``: a diffusers folder today, other sources (single files) later;
+- ``load_pipeline`` takes a ``PipelineSource``: a diffusers folder, or modules built from single files;
 - ``components`` names every module with its role, so a device planner can decide what lives where;
 - every denoiser forward goes through ``ModelFamily.forward`` (one place per family to wrap with a
   swap/offload hook).
@@ -29,15 +29,29 @@ ROLE_IMAGE_ENCODER = "image_encoder"
 ROLE_VAE = "vae"  # video and audio VAEs alike
 
 
+SOURCE_DIFFUSERS = "diffusers"
+SOURCE_SINGLE_FILE = "single_file"
+
+
 @dataclass(frozen=True)
 class PipelineSource:
-    """Where a model's pipeline is loaded from: ``kind`` "diffusers" is a diffusers folder (``path`` holding
-    ``model_index.json``, already read into ``model_index``); ``dtype`` None keeps the folder's own dtype."""
+    """Where a model's pipeline is loaded from.
+
+    ``kind`` "diffusers": a diffusers folder (``path`` holding ``model_index.json``, already read into
+    ``model_index``); ``dtype`` None keeps the folder's own dtype.
+    ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.single_file``), named as
+    the equivalent diffusers folder names them (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``,
+    ``image_encoder``), in ``components``, with their ``tokenizer``; ``variant`` is what detection named ("t2v",
+    "i2v", "ti2v", or None) and ``path`` the first denoiser file. The family assembles its pipeline from them.
+    """
 
     path: str
     model_index: dict = field(default_factory=dict)
-    kind: str = "diffusers"
+    kind: str = SOURCE_DIFFUSERS
     dtype: Any = None
+    components: dict = field(default_factory=dict)
+    tokenizer: Any = None
+    variant: Optional[str] = None
 
 
 class ModelFamily:
@@ -63,7 +77,8 @@ class ModelFamily:
         raise NotImplementedError
 
     def load_pipeline(self, source: PipelineSource):
-        """The pipeline object (``LoadedModel.pipeline``) for ``source``; raises on an unsupported source."""
+        """The pipeline object (``LoadedModel.pipeline``) for ``source``; raises on an unsupported source.
+        A single-file source's pipeline reports its ``model_index`` as ``pipeline_index(pipeline)`` does."""
         raise NotImplementedError
 
     def denoiser_roles(self, model) -> dict:
@@ -171,6 +186,15 @@ class ModelFamily:
     def decode(self, model, latent):
         """Latent -> ComfyUI IMAGE, float [frames, H, W, 3] in 0..1."""
         raise NotImplementedError
+
+
+def pipeline_index(pipeline) -> dict:
+    """The ``model_index.json`` a diffusers folder of ``pipeline`` would hold (its registered components and
+    options, ``[library, class]`` lists): what a pipeline assembled from single files reports as its index."""
+    index = {"_class_name": type(pipeline).__name__}
+    for key, value in dict(pipeline.config).items():
+        index[key] = list(value) if isinstance(value, tuple) else value
+    return index
 
 
 def has_expert_pair(family: ModelFamily, model) -> bool:

@@ -24,8 +24,8 @@ CONFIG_DIR = Path(__file__).with_name("configs")
 @dataclass(frozen=True)
 class ComponentKind:
     """One kind of single file: a denoiser, VAE or text encoder of one family."""
-    kind: str  # "wan_transformer", "qwen_image_transformer", "wan_vae", "umt5", "qwen25_vl"
-    role: str  # "denoiser", "vae", "text_encoder"
+    kind: str  # "wan_transformer", "qwen_image_transformer", "wan_vae", "umt5", "qwen25_vl", "clip_vision"
+    role: str  # "denoiser", "vae", "text_encoder", "image_encoder"
     family: str  # "wan", "qwen_image"
     markers: tuple[str, ...]  # keys whose presence identifies the kind (all of them)
     library: str
@@ -34,7 +34,7 @@ class ComponentKind:
     config_signature: Callable[[dict], tuple]  # config dict -> signature
     layout: Callable[[dict], layouts.KeyLayout]  # config -> layout
     quantized_prefix: str = "blocks."
-    takes: tuple[str, ...] = ()  # denoisers: the VAE and text-encoder kinds they work with
+    takes: tuple[str, ...] = ()  # denoisers: the VAE, text-encoder and image-encoder kinds they work with
     experts: bool = False  # denoisers: a model of this kind may come as two experts (Wan2.2 A14B)
     name_hint: str = ""  # a regex the file name must match to pick this kind among equal-shaped ones
 
@@ -67,7 +67,7 @@ KINDS = {kind.kind: kind for kind in (
                    s["blocks.0.ffn.0.weight"][0], "img_emb.proj.1.weight" in s),
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["ffn_dim"], c.get("image_dim") is not None),
-        lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "umt5"), experts=True),
+        lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "umt5", "clip_vision"), experts=True),
     ComponentKind(
         "qwen_image_transformer", "denoiser", "qwen_image", ("img_in.weight", "txt_norm.weight"),
         "diffusers", "QwenImageTransformer2DModel",
@@ -105,16 +105,29 @@ KINDS = {kind.kind: kind for kind in (
         lambda c: (c["text_config"]["hidden_size"], c["text_config"]["num_hidden_layers"],
                    c["text_config"]["vocab_size"]),
         lambda c: layouts.QWEN25_VL_ENCODER, quantized_prefix="model.layers."),
+    # Wan2.1 I2V's image encoder (ComfyUI's models/clip_vision, e.g. clip_vision_h): transformers' own names
+    ComponentKind(
+        "clip_vision", "image_encoder", "wan",
+        ("vision_model.embeddings.patch_embedding.weight", "vision_model.post_layernorm.weight"),
+        "transformers", "CLIPVisionModel",
+        lambda s: (s["vision_model.post_layernorm.weight"][0], _count(s, r"vision_model\.encoder\.layers\.(\d+)\."),
+                   s["vision_model.embeddings.patch_embedding.weight"][-1],
+                   s["vision_model.embeddings.position_embedding.weight"][0]),
+        lambda c: (c["hidden_size"], c["num_hidden_layers"], c["patch_size"],
+                   (c["image_size"] // c["patch_size"]) ** 2 + 1),
+        lambda c: layouts.CLIP_VISION_ENCODER, quantized_prefix="vision_model.encoder.layers."),
 )}
 
 KNOWN_MODELS = (
     KnownModel("wan2.1_t2v_1.3B", "wan_transformer", "Wan2.1 T2V 1.3B", "1.3B", "t2v"),
     KnownModel("wan_t2v_14B", "wan_transformer", "Wan T2V 14B", "14B", "t2v"),
-    KnownModel("wan2.1_i2v_14B", "wan_transformer", "Wan2.1 I2V 14B", "14B", "i2v", "image-to-video is not in lorabind yet (detected, but only text-to-video runs)"),
-    KnownModel("wan2.2_i2v_A14B", "wan_transformer", "Wan2.2 I2V A14B", "14B", "i2v", "image-to-video is not in lorabind yet (detected, but only text-to-video runs)"),
+    KnownModel("wan2.1_i2v_14B", "wan_transformer", "Wan2.1 I2V 14B", "14B", "i2v"),
+    KnownModel("wan2.2_i2v_A14B", "wan_transformer", "Wan2.2 I2V A14B", "14B", "i2v"),
     KnownModel("wan2.2_ti2v_5B", "wan_transformer", "Wan2.2 TI2V 5B", "5B", "ti2v",
                "it needs the Wan2.2 VAE (48 latent channels), whose file layout is not supported yet"),
     KnownModel("wan_transformer_tiny", "wan_transformer", "Wan T2V tiny", "tiny", "t2v"),
+    KnownModel("wan_i2v_transformer_tiny", "wan_transformer", "Wan2.2 I2V tiny", "tiny", "i2v"),
+    KnownModel("wan_i2v_clip_transformer_tiny", "wan_transformer", "Wan2.1 I2V tiny", "tiny", "i2v"),
     KnownModel("qwen_image", "qwen_image_transformer", "Qwen-Image", "20B"),
     KnownModel("qwen_image_transformer_tiny", "qwen_image_transformer", "Qwen-Image (lorabind tiny)", "tiny"),
     KnownModel("wan_2.1_vae", "wan_vae", "Wan2.1 VAE", "wan2.1"),
@@ -125,6 +138,32 @@ KNOWN_MODELS = (
     KnownModel("umt5_tiny", "umt5", "umt5 (lorabind tiny)", "tiny"),
     KnownModel("qwen25_vl_7b", "qwen25_vl", "Qwen2.5-VL 7B", "7B"),
     KnownModel("qwen25_vl_tiny", "qwen25_vl", "Qwen2.5-VL (lorabind tiny)", "tiny"),
+    KnownModel("clip_vision_h", "clip_vision", "CLIP ViT-H/14 vision", "h"),
+    KnownModel("clip_vision_tiny", "clip_vision", "CLIP vision (lorabind tiny)", "tiny"),
+)
+
+
+@dataclass(frozen=True)
+class RefusedKind:
+    """Single files lorabind recognises (by marker keys) but does not load, with what to use instead."""
+    title: str
+    marker_sets: tuple[tuple[str, ...], ...]  # any set fully present: this kind (native names, diffusers names)
+    instead: str
+
+    def matches(self, shapes: dict) -> bool:
+        return any(all(m in shapes for m in markers) for markers in self.marker_sets)
+
+
+REFUSED_KINDS = (
+    # native names as diffusers' MiniMax-H3 single-file converter reads them (layouts.MINIMAX_H3_TRANSFORMER), or
+    # the diffusers names; the pipeline also needs the video VAE, the audio VAE and the Qwen3 text encoder, which
+    # lorabind reads only from the diffusers folder.
+    RefusedKind("MiniMax-H3 denoiser",
+                (("video_patch_proj.weight", "audio_patch_proj.weight"),
+                 ("proj_in.weight", "audio_proj_in.weight", "context_embedder.weight")),
+                "MiniMax-H3 runs from its diffusers folder only (transformer, video and audio VAEs and text encoder "
+                "together): put the folder under models/diffusers/ and load it with LoraBindModelLoader (\"Load "
+                "Diffusers Model (lorabind)\")"),
 )
 
 

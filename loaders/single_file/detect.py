@@ -114,10 +114,14 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
     base_name = os.path.basename(name)
     kinds = _candidates(shapes, base_name)
     if not kinds:
+        refused = next((r for r in catalog.REFUSED_KINDS if r.matches(shapes)), None)
+        if refused is not None:
+            raise ModelLoadError(f"{name}: a {refused.title} single file, which lorabind does not load. "
+                                 f"{refused.instead}")
         raise ModelLoadError(
             f"{name}: not a single file lorabind knows (looked for a Wan or Qwen-Image denoiser, a Wan/Qwen-Image "
-            "VAE, a umt5 or Qwen2.5-VL text encoder by their key names). MiniMax-H3 and other models load from "
-            "diffusers folders under models/diffusers")
+            "VAE, a umt5 or Qwen2.5-VL text encoder or a CLIP vision encoder by their key names). MiniMax-H3 and "
+            "other models load from diffusers folders under models/diffusers")
     for kind in kinds:
         try:
             signature = kind.file_signature(shapes)
@@ -129,7 +133,9 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                 if kind.kind == "wan_transformer":
                     expert_match = _EXPERT.search(base_name)
                     expert = expert_match[1].lower() if expert_match else None
-                    two_two = model.variant == "ti2v" or model.config == "wan2.2_i2v_A14B"
+                    # Wan2.2 I2V A14B and TI2V exist only as Wan2.2; Wan2.1 I2V is the one with a CLIP image branch
+                    config = catalog.config(model.config)
+                    two_two = model.variant == "ti2v" or (model.variant == "i2v" and config.get("image_dim") is None)
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
@@ -145,13 +151,20 @@ class CheckpointSet:
     denoisers: tuple  # Detected, high-noise expert first for Wan2.2 A14B
     vae: Detected
     text_encoder: Detected
+    image_encoder: Optional[Detected] = None  # Wan2.1 I2V's CLIP vision file
 
     @property
     def family(self) -> str:
         return self.denoisers[0].family
 
+    @property
+    def files(self) -> tuple:
+        """Every file of the set, denoisers first."""
+        extra = (self.image_encoder,) if self.image_encoder is not None else ()
+        return (*self.denoisers, self.vae, self.text_encoder, *extra)
+
     def describe(self) -> str:
-        return "; ".join(d.describe() for d in (*self.denoisers, self.vae, self.text_encoder))
+        return "; ".join(d.describe() for d in self.files)
 
 
 def _refuse(first: Detected, second: Detected, why: str):
@@ -159,9 +172,11 @@ def _refuse(first: Detected, second: Detected, why: str):
                          f"({first.describe()}; {second.describe()})")
 
 
-def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detected) -> CheckpointSet:
+def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detected,
+              image_encoder: Optional[Detected] = None) -> CheckpointSet:
     """The files as one model, or ``ModelLoadError`` naming both files of the first pair that does not fit."""
     roles = [("denoiser", d) for d in denoisers] + [("vae", vae), ("text_encoder", text_encoder)]
+    roles += [("image_encoder", image_encoder)] if image_encoder is not None else []
     for expected, item in roles:
         if item.role != expected:
             raise ModelLoadError(f"{item.name}: given as the {expected.replace('_', ' ')} but it is a "
@@ -183,7 +198,7 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
     for denoiser in denoisers:
         if denoiser.model.unsupported:
             raise ModelLoadError(f"{denoiser.describe()}: {denoiser.model.unsupported}")
-    for other in (vae, text_encoder):
+    for other in (vae, text_encoder, *([image_encoder] if image_encoder is not None else [])):
         if other.kind.kind not in first.kind.takes:
             _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "
                                   f"takes {' and '.join(first.kind.takes)}")
@@ -195,4 +210,23 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
     if text_width != encoder_width:
         _refuse(first, text_encoder, f"the text encoder gives {encoder_width}-wide states, the denoiser takes "
                                      f"{text_width}")
-    return CheckpointSet(denoisers=tuple(denoisers), vae=vae, text_encoder=text_encoder)
+    _check_image_encoder(first, image_encoder)
+    return CheckpointSet(denoisers=tuple(denoisers), vae=vae, text_encoder=text_encoder, image_encoder=image_encoder)
+
+
+def _check_image_encoder(denoiser: Detected, image_encoder: Optional[Detected]) -> None:
+    """Wan2.1 I2V feeds a CLIP vision encoder's states to its image branch (``image_dim`` wide); no other
+    denoiser takes an image encoder."""
+    image_dim = denoiser.config.get("image_dim")
+    if image_dim is None:
+        if image_encoder is not None:
+            _refuse(denoiser, image_encoder, f"{denoiser.title} takes no image encoder (only Wan2.1 I2V has a CLIP "
+                                             "image branch); leave clip_vision at none")
+        return
+    if image_encoder is None:
+        raise ModelLoadError(f"{denoiser.describe()}: Wan2.1 I2V needs its CLIP vision image encoder (ComfyUI's "
+                             "models/clip_vision, clip_vision_h); give it as clip_vision")
+    width = image_encoder.config["hidden_size"]
+    if width != image_dim:
+        _refuse(denoiser, image_encoder, f"the image encoder gives {width}-wide states, the denoiser's image "
+                                         f"branch takes {image_dim}")

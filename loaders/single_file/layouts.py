@@ -194,6 +194,14 @@ QWEN25_VL_ENCODER = KeyLayout("qwen25_vl_encoder", (
     ("model.visual", "visual"),
 ))
 
+# ComfyUI's clip_vision files (clip_vision_h) keep the HF checkpoint names ``vision_model.*``; transformers 5's
+# CLIPVisionModel names its parameters without that prefix (4.x with it: no rule matches then, names are equal).
+# The projection head (and a stored position_ids buffer, when present) are not part of the vision tower Wan2.1
+# I2V runs.
+CLIP_VISION_ENCODER = KeyLayout("clip_vision_encoder", tuple(
+    (part, f"vision_model.{part}") for part in ("embeddings", "encoder", "pre_layrnorm", "post_layernorm")),
+    native_only=("visual_projection.weight", "vision_model.embeddings.position_ids"))
+
 _RESNET = (("norm1", "residual.0"), ("conv1", "residual.2"), ("norm2", "residual.3"), ("conv2", "residual.6"),
            ("conv_shortcut", "shortcut"))
 

@@ -3,9 +3,9 @@
 ``lorabind models build-tiny`` writes them next to the diffusers folders, converted from those folders' weights
 by the native layouts (the inverse of diffusers' single-file converters), so the single-file loader and the
 checkpoint-loader node have real files to work on offline. All under a ``lorabind-tiny/`` subfolder of
-``diffusion_models/``, ``vae/`` and ``text_encoders/`` so a user's own folders are never cluttered. Names keep
-the grammar of the published files (``wan2.2_t2v_high_noise_<size>_<precision>``) with ``tiny`` as the size,
-so the name-based checks (high/low expert) apply to them too.
+``diffusion_models/``, ``vae/``, ``text_encoders/`` and ``clip_vision/`` so a user's own folders are never
+cluttered. Names keep the grammar of the published files (``wan2.2_t2v_high_noise_<size>_<precision>``) with
+``tiny`` as the size, so the name-based checks (high/low expert) apply to them too.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ._common import diffusers_dir
 from .lora_fixtures import _write_if_changed
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
+from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME, build_tiny_wan21_i2v, build_tiny_wan22_i2v
 
 SUBFOLDER = "lorabind-tiny"
 # file stem (before _<precision>) -> (diffusers folder, component, layout, quantized prefix, model class)
@@ -28,15 +29,21 @@ DENOISER_FILES = {
     "wan2.2_t2v_low_noise_tiny": (WAN22_NAME, "transformer_2", layouts.WAN_TRANSFORMER, "blocks.",
                                   "WanTransformer3DModel"),
     "wan2.1_t2v_tiny": (WAN21_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
+    "wan2.2_i2v_high_noise_tiny": (WAN22_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.",
+                                   "WanTransformer3DModel"),
+    "wan2.2_i2v_low_noise_tiny": (WAN22_I2V_NAME, "transformer_2", layouts.WAN_TRANSFORMER, "blocks.",
+                                  "WanTransformer3DModel"),
+    "wan2.1_i2v_tiny": (WAN21_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
     "qwen_image_tiny": (QWEN_IMAGE_NAME, "transformer", layouts.QWEN_IMAGE_TRANSFORMER, "transformer_blocks.",
                         "QwenImageTransformer2DModel"),
 }
 VAE_FILES = {"wan_2.1_vae_tiny.safetensors": WAN22_NAME, "qwen_image_vae_tiny.safetensors": QWEN_IMAGE_NAME}
 UMT5_STEM = "umt5_tiny"
 QWEN25_VL_FILE = "qwen_2.5_vl_tiny_bf16.safetensors"
+CLIP_VISION_FILE = "clip_vision_tiny.safetensors"  # Wan2.1 I2V's image encoder (ComfyUI: models/clip_vision)
 # the folder each single file was converted from (tests compare the two)
 SOURCE_FOLDERS = {**{stem: spec[0] for stem, spec in DENOISER_FILES.items()}, **VAE_FILES,
-                  UMT5_STEM: WAN22_NAME, QWEN25_VL_FILE: QWEN_IMAGE_NAME}
+                  UMT5_STEM: WAN22_NAME, QWEN25_VL_FILE: QWEN_IMAGE_NAME, CLIP_VISION_FILE: WAN21_I2V_NAME}
 
 
 def _save(path: Path, tensors: dict) -> Path:
@@ -105,6 +112,10 @@ def write_tiny_single_files(models_root) -> list[Path]:
     if (qwen / "model_index.json").is_file():
         tensors = native_tensors(_component(qwen, "text_encoder"), layouts.QWEN25_VL_ENCODER)
         written.append(_save(models_root / "text_encoders" / SUBFOLDER / QWEN25_VL_FILE, tensors))
+    clip = source_root / WAN21_I2V_NAME
+    if (clip / "model_index.json").is_file():
+        tensors = native_tensors(_component(clip, "image_encoder"), layouts.CLIP_VISION_ENCODER)
+        written.append(_save(models_root / "clip_vision" / SUBFOLDER / CLIP_VISION_FILE, tensors))
     return written
 
 
@@ -113,7 +124,8 @@ def tiny_file_names() -> dict[str, list[str]]:
     denoisers = [f"{SUBFOLDER}/{stem}_{p}.safetensors" for stem in DENOISER_FILES for p in PRECISIONS]
     encoders = [f"{SUBFOLDER}/{UMT5_STEM}_{s}.safetensors" for s in ("bf16", "fp8_e4m3fn_scaled")]
     return {"diffusion_models": denoisers, "vae": [f"{SUBFOLDER}/{n}" for n in VAE_FILES],
-            "text_encoders": encoders + [f"{SUBFOLDER}/{QWEN25_VL_FILE}"]}
+            "text_encoders": encoders + [f"{SUBFOLDER}/{QWEN25_VL_FILE}"],
+            "clip_vision": [f"{SUBFOLDER}/{CLIP_VISION_FILE}"]}
 
 
 def ensure_tiny_single_files(named, models_root) -> list[str]:
@@ -126,7 +138,8 @@ def ensure_tiny_single_files(named, models_root) -> list[str]:
     if not missing:
         return []
     for model, build in ((WAN22_NAME, build_tiny_wan22), (WAN21_NAME, build_tiny_wan21),
-                         (QWEN_IMAGE_NAME, build_tiny_qwen_image)):
+                         (QWEN_IMAGE_NAME, build_tiny_qwen_image), (WAN22_I2V_NAME, build_tiny_wan22_i2v),
+                         (WAN21_I2V_NAME, build_tiny_wan21_i2v)):
         if not (diffusers_dir(models_root) / model / "model_index.json").is_file():
             build(models_root)
     write_tiny_single_files(models_root)

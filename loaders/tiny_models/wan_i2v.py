@@ -61,22 +61,10 @@ def _clip_vision():
     return CLIPVisionModel(config).eval()
 
 
-def _clip_image_processor():
-    """CLIP's preprocessing (resize, centre crop, CLIP mean/std) at the tiny encoder's input size.
-
-    transformers 5 without torchvision falls back from ``CLIPImageProcessor`` to the PIL implementation with a
-    warning; asking for the PIL one directly (where it exists) gives the same result and a stable saved config.
-    """
-    try:
-        from transformers import CLIPImageProcessorPil as processor_class
-    except ImportError:  # transformers 4.x: one implementation
-        from transformers import CLIPImageProcessor as processor_class
-    return processor_class(size={"shortest_edge": CLIP_IMAGE_SIZE},
-                           crop_size={"height": CLIP_IMAGE_SIZE, "width": CLIP_IMAGE_SIZE})
-
-
 def _i2v_pipeline(two_experts: bool, image_encoder: bool):
     from diffusers import WanImageToVideoPipeline
+
+    from ..families.wan.image_conditioning import clip_image_processor
 
     tokenizer, text_encoder = tiny_text_stack()
     with seeded(1):
@@ -85,7 +73,7 @@ def _i2v_pipeline(two_experts: bool, image_encoder: bool):
     branch = {}
     if image_encoder:
         with seeded(4):
-            parts = {"image_encoder": _clip_vision(), "image_processor": _clip_image_processor()}
+            parts = {"image_encoder": _clip_vision(), "image_processor": clip_image_processor(CLIP_IMAGE_SIZE)}
         branch = {"image_dim": CLIP_HIDDEN, "added_kv_proj_dim": 24}  # added_kv_proj_dim = inner dim, as in 14B
     with seeded(2):
         parts["transformer"] = tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, **branch)

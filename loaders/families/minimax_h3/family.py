@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..interface import ROLE_DENOISER, ModelFamily, PipelineSource
+from ..interface import ROLE_DENOISER, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, ModelFamily, PipelineSource
 from . import contracts, keymap, pipeline, sampling
 from .resolve import resolve
 
@@ -20,7 +20,10 @@ class MiniMaxH3Family(ModelFamily):
         return self.id if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
 
     def load_pipeline(self, source: PipelineSource):
-        if source.kind != "diffusers":
+        if source.kind == SOURCE_SINGLE_FILE:
+            raise ValueError(f"{source.path}: MiniMax-H3 does not load from single files; it runs from its diffusers "
+                             "folder (models/diffusers/, LoraBindModelLoader)")
+        if source.kind != SOURCE_DIFFUSERS:
             raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for MiniMax-H3 models")
         return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
 

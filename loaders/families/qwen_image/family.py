@@ -22,6 +22,15 @@ class QwenImageFamily(DiffusersFlowFamily):
     def detect(self, model_index: dict) -> Optional[str]:
         return self.id if str(model_index.get("_class_name", "")).startswith("QwenImage") else None
 
+    def assemble_single_files(self, source):
+        """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+        parts = source.components
+        return QwenImagePipeline(transformer=parts["transformer"], vae=parts["vae"],
+                                 scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=parts["text_encoder"],
+                                 tokenizer=source.tokenizer)
+
     # LoRA key map and contracts (no ``prepare`` rewrite: absent alpha means scale 1.0, as diffusers' own Qwen
     # converter does)
     recognizes = staticmethod(keymap.recognizes)

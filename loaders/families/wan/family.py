@@ -13,6 +13,7 @@ from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from . import contracts, keymap
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .prediction import WanPrediction
+from .single_files import assemble_wan_pipeline
 
 HIGH_NOISE_EXPERT = "transformer"
 LOW_NOISE_EXPERT = "transformer_2"
@@ -37,6 +38,9 @@ class WanFamily(DiffusersFlowFamily):
         if not str(model_index.get("_class_name", "")).startswith("Wan"):
             return None
         return contracts.MOE_FAMILY if _is_set(model_index.get("transformer_2")) else "wan2.1"
+
+    def assemble_single_files(self, source):
+        return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)
 
     def denoiser_roles(self, model) -> dict:
         if model.family != contracts.MOE_FAMILY:

@@ -98,6 +98,20 @@ def _encode_video(pipeline, frames: torch.Tensor) -> torch.Tensor:
     return ((latents - mean) * inverse_std).cpu()
 
 
+def clip_image_processor(image_size: int):
+    """CLIP's preprocessing (resize, centre crop, CLIP mean/std) for an encoder taking ``image_size`` pixels:
+    what the Wan2.1 I2V folders ship (224) and what the tiny one and its single files use.
+
+    transformers 5 without torchvision falls back from ``CLIPImageProcessor`` to the PIL implementation with a
+    warning; asking for the PIL one directly (where it exists) gives the same result and a stable saved config.
+    """
+    try:
+        from transformers import CLIPImageProcessorPil as processor_class
+    except ImportError:  # transformers 4.x: one implementation
+        from transformers import CLIPImageProcessor as processor_class
+    return processor_class(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+
+
 def _clip_embeds(pipeline, images: list) -> torch.Tensor:
     encoder = pipeline.image_encoder
     param = next(encoder.parameters())

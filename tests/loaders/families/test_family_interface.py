@@ -60,8 +60,14 @@ def test_roles_and_components_of_the_tiny_models(load_tiny, mm_models):
 
 def test_a_family_refuses_a_source_kind_it_cannot_load(tmp_path):
     for family in families.all_families():
-        with pytest.raises(ValueError, match="cannot load a 'single_file' source"):
-            family.load_pipeline(PipelineSource(path=str(tmp_path), kind="single_file"))
+        with pytest.raises(ValueError, match="cannot load a 'gguf' source"):
+            family.load_pipeline(PipelineSource(path=str(tmp_path), kind="gguf"))
+
+
+def test_minimax_h3_refuses_single_files_saying_to_use_its_folder(tmp_path):
+    with pytest.raises(ValueError, match="MiniMax-H3 does not load from single files; it runs from its diffusers "
+                                         r"folder \(models/diffusers/, LoraBindModelLoader\)"):
+        families.family_by_id("minimax_h3").load_pipeline(PipelineSource(path=str(tmp_path), kind="single_file"))
 
 
 @pytest.mark.parametrize("name, experts", [("tiny-wan22-t2v", ["transformer", "transformer_2"]),

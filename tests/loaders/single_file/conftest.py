@@ -5,8 +5,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def single_file_root(tiny_models_root):
-    """The session's tiny models root plus ``models/{diffusion_models,vae,text_encoders}/lorabind-tiny/``."""
+    """The session's tiny models root plus the tiny single files under ``lorabind-tiny/`` in
+    ``models/{diffusion_models,vae,text_encoders,clip_vision}/``."""
     from lorabind.loaders.tiny_models.single_files import write_tiny_single_files
 
-    assert len(write_tiny_single_files(tiny_models_root)) == 17
+    assert len(write_tiny_single_files(tiny_models_root)) == 27
     return tiny_models_root

@@ -14,6 +14,10 @@ EXPECTED = {
     "wan2.2_t2v_high_noise_tiny": ("denoiser", "wan", "Wan2.2 T2V tiny high-noise expert", "t2v", "high"),
     "wan2.2_t2v_low_noise_tiny": ("denoiser", "wan", "Wan2.2 T2V tiny low-noise expert", "t2v", "low"),
     "wan2.1_t2v_tiny": ("denoiser", "wan", "Wan2.1 T2V tiny", "t2v", None),
+    "wan2.2_i2v_high_noise_tiny": ("denoiser", "wan", "Wan2.2 I2V tiny high-noise expert", "i2v", "high"),
+    "wan2.2_i2v_low_noise_tiny": ("denoiser", "wan", "Wan2.2 I2V tiny low-noise expert", "i2v", "low"),
+    "wan2.1_i2v_tiny": ("denoiser", "wan", "Wan2.1 I2V tiny", "i2v", None),
+    "clip_vision_tiny": ("image_encoder", "wan", "CLIP vision (lorabind tiny)", None, None),
     "qwen_image_tiny": ("denoiser", "qwen_image", "Qwen-Image (lorabind tiny)", None, None),
     "wan_2.1_vae_tiny": ("vae", "wan", "Wan VAE (lorabind tiny)", None, None),
     "qwen_image_vae_tiny": ("vae", "qwen_image", "Qwen-Image VAE (lorabind tiny)", None, None),
@@ -131,8 +135,32 @@ def test_a_detected_model_lorabind_cannot_run_yet_is_refused_with_the_reason(roo
     from lorabind.loaders.single_file import catalog
 
     high = _detect(root, "diffusion_models", "lorabind-tiny/wan2.1_t2v_tiny_bf16.safetensors")
-    i2v = dataclasses.replace(high, model=next(m for m in catalog.KNOWN_MODELS if m.config == "wan2.1_i2v_14B"))
-    with pytest.raises(ModelLoadError, match=r"wan2.1_t2v_tiny_bf16.safetensors: Wan2.1 I2V 14B \(bf16\): "
-                                             r"image-to-video is not in lorabind yet"):
-        check_set([i2v], _detect(root, "vae", "lorabind-tiny/wan_2.1_vae_tiny.safetensors"),
+    ti2v = dataclasses.replace(high, model=next(m for m in catalog.KNOWN_MODELS if m.config == "wan2.2_ti2v_5B"))
+    with pytest.raises(ModelLoadError, match=r"wan2.1_t2v_tiny_bf16.safetensors: Wan2.1 TI2V 5B \(bf16\): "
+                                             r"it needs the Wan2.2 VAE"):
+        check_set([ti2v], _detect(root, "vae", "lorabind-tiny/wan_2.1_vae_tiny.safetensors"),
                   _detect(root, "text_encoders", "lorabind-tiny/umt5_tiny_bf16.safetensors"))
+
+
+def test_a_minimax_h3_single_file_is_refused_saying_to_use_its_diffusers_folder(tmp_path):
+    """A MiniMax-H3 denoiser in the native names diffusers' converter reads (the tiny configuration's tensors,
+    zero-filled: only the header is read)."""
+    import torch
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from lorabind.loaders.single_file.layouts import MINIMAX_H3_TRANSFORMER
+    from lorabind.loaders.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
+
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG).state_dict().items()}
+    native = MINIMAX_H3_TRANSFORMER.native_plan(shapes)
+    tensors = {key: torch.zeros(shapes[parts[0]][0] * len(parts), *shapes[parts[0]][1:], dtype=torch.bfloat16)
+               for key, parts in native.items()}
+    path = tmp_path / "minimax_h3_t2va_bf16.safetensors"
+    save_file(tensors, str(path))
+    with pytest.raises(ModelLoadError) as error:
+        detect(str(path), "minimax_h3_t2va_bf16.safetensors")
+    text = str(error.value)
+    assert text.startswith("minimax_h3_t2va_bf16.safetensors: a MiniMax-H3 denoiser single file, which lorabind "
+                           "does not load. MiniMax-H3 runs from its diffusers folder only")
+    assert "models/diffusers/" in text and "LoraBindModelLoader" in text

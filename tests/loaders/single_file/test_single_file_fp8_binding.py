@@ -8,8 +8,9 @@ from safetensors import safe_open
 
 from lorabind.loaders import binding
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
+from lorabind.loaders.model_store import clear_cache
 from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
-from lorabind.loaders.single_file.pipelines import clear_cache, detect_set, load_single_files
+from lorabind.loaders.single_file.pipelines import detect_set, load_single_files
 from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
 from lorabind.loaders.tiny_models.single_files import SUBFOLDER
 

@@ -34,10 +34,10 @@ def test_every_memory_plan_renders_bit_identical_to_full(models_root):
 
 
 def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypatch):
-    from lorabind.loaders import load_plan
+    from lorabind.loaders import load_plan, model_store
     from lorabind.loaders.single_file import pipelines
 
-    pipelines.clear_cache()  # the first test's models are cached; this load must plan afresh
+    model_store.clear_cache()  # the first test's models are cached; this load must plan afresh
     monkeypatch.setattr(load_plan, "free_memory", lambda device: (1024, None))
     monkeypatch.setattr(pipelines, "load_component", lambda *a, **k: pytest.fail("weights were read"))
     with pytest.raises(ModelLoadError) as error:

@@ -1,0 +1,40 @@
+"""The Wan pipeline assembled from modules built out of ComfyUI's single files (``loaders.single_file``).
+
+The result is the pipeline the equivalent diffusers folder loads as: ``WanPipeline`` for text-to-video (and
+TI2V-5B, whose folder is a ``WanPipeline`` with ``expand_timesteps``), ``WanImageToVideoPipeline`` for the I2V
+models (in_channels 36: the encoded image and its frame mask are concatenated to the noise), with Wan2.1 I2V's
+CLIP vision encoder and its image processor. Two experts get the published ``boundary_ratio`` (0.9 I2V,
+0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it.
+"""
+
+from __future__ import annotations
+
+from .image_conditioning import clip_image_processor
+
+
+def _scheduler():
+    # the scheduler the Wan-AI diffusers folders ship; lorabind's sampler drives its own sigmas
+    from diffusers import UniPCMultistepScheduler
+
+    return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0,
+                                   num_train_timesteps=1000)
+
+
+def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):
+    """``PipelineSource(kind="single_file")`` -> the Wan pipeline (see the module docstring)."""
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    parts = dict(source.components)
+    transformer = parts["transformer"].config
+    image_to_video = transformer.in_channels > transformer.out_channels
+    options = {"expand_timesteps": True} if source.variant == "ti2v" else {}
+    if "transformer_2" in parts:
+        options["boundary_ratio"] = i2v_boundary if image_to_video else t2v_boundary
+    common = dict(tokenizer=source.tokenizer, text_encoder=parts["text_encoder"], vae=parts["vae"],
+                  scheduler=_scheduler(), transformer=parts["transformer"],
+                  transformer_2=parts.get("transformer_2"), **options)
+    if not image_to_video:
+        return WanPipeline(**common)
+    encoder = parts.get("image_encoder")
+    processor = clip_image_processor(encoder.config.image_size) if encoder is not None else None
+    return WanImageToVideoPipeline(image_encoder=encoder, image_processor=processor, **common)
