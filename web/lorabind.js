@@ -250,9 +250,10 @@ function badgeOf(node) {
     return element;
 }
 
+/** Warnings first: a node keeps the size its workflow saved, so the end of a long badge may be cut off. */
 function renderLines(node, lines, warnings) {
-    const rows = [...lines.map((text) => ["lorabind-line", text]),
-        ...warnings.map((text) => ["lorabind-warning", `⚠ ${text}`])];
+    const rows = [...warnings.map((text) => ["lorabind-warning", `⚠ ${text}`]),
+        ...lines.map((text) => ["lorabind-line", text])];
     badgeOf(node).replaceChildren(...rows.map(([className, text]) => {
         const line = document.createElement("div");
         line.className = className;
@@ -323,10 +324,8 @@ function renderSampler(node, graph) {
     const suffix = enforced ? "" : " (enforce_contract is off: the run overrides it)";
     const warnings = [...combined.conflicts, ...Object.values(problems).flat()].map((line) => line + suffix);
     const lines = [];
-    if (contracts.length) {
-        lines.push(`contract: ${constraintWords(combined)} (${contracts.length} artifact` +
-            `${contracts.length > 1 ? "s" : ""} upstream)`);
-        lines.push(...contracts.map((c) => `· ${describeContract(c)}`));
+    if (contracts.length) { // each artifact's own line, with where it is declared, is on its node
+        lines.push(`contract: ${constraintWords(combined)} — from ${contracts.map((c) => c.source).join(", ")}`);
     }
     const ran = node.lorabind?.schedule;
     if (ran) {

@@ -58,6 +58,12 @@ try {
     pair.onExecuted({ lorabind_contract: [{ source: "ran.safetensors", kind: "distill", steps: 8, shift: 5.0,
                                             cfg: 1.0, declared_by: "file name" }], lorabind_accounting: [] });
     result.warningsAfterRun = warnings(sampler);
+    // two artifacts that disagree with each other: the sampler refuses them whatever its widgets say
+    sampler.setWidget("steps", 4);
+    pair.onExecuted({ lorabind_contract: [{ source: "a.safetensors", kind: "distill", steps: 4 },
+                                          { source: "b.safetensors", kind: "distill", steps: 8 }] });
+    result.warningsConflict = warnings(sampler);
+    sampler.setWidget("steps", 20);
     sampler.onExecuted({ lorabind_schedule: [{ steps: 20, shift: 5.0, cfg: 1.0, task: null, contracts: [],
                                                overrides: [] }] });
     result.samplerAfterRun = lines(sampler);
