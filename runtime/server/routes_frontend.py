@@ -53,8 +53,21 @@ def add_frontend_routes(app: web.Application) -> Path | None:
         return web.FileResponse(index, headers={"Cache-Control": "no-cache"})
 
     app.router.add_get("/", get_index)
+    app.router.add_get("/templates/{name}", get_core_templates)
     app.router.add_static("/", static, append_version=False)
     return static
+
+
+async def get_core_templates(request: web.Request) -> web.Response:
+    """ComfyUI's own template index (``index.json``, ``index.<locale>.json``, ``index_logo.json``) comes from
+    another wheel with workflows for models lorabind does not run: the index is empty, and our examples are
+    the "lorabind" templates (``/workflow_templates``). Answering beats a 404 the browser logs as an error."""
+    name = request.match_info["name"]
+    if name == "index_logo.json":
+        return web.json_response({})
+    if name.startswith("index") and name.endswith(".json"):
+        return web.json_response([])
+    raise web.HTTPNotFound()
 
 
 async def _install_hint(request: web.Request) -> web.Response:

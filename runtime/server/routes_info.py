@@ -28,6 +28,9 @@ def register(routes: web.RouteTableDef) -> None:
     routes.get("/i18n")(get_i18n)
     routes.get("/models")(get_model_folders)
     routes.get("/models/{folder}")(get_model_files)
+    routes.get("/experiment/models")(get_model_library_folders)
+    routes.get("/experiment/models/{folder}")(get_model_library_files)
+    routes.get("/global_subgraphs")(get_global_subgraphs)
     routes.get("/workflow_templates")(get_workflow_templates)
     routes.get("/lorabind/routing")(get_routing)
     from ...nodes.editor_routes import ROUTES as EDITOR_ROUTES
@@ -144,6 +147,45 @@ async def get_model_files(request: web.Request) -> web.Response:
     if folder not in folder_paths.folder_names_and_paths:
         raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
     return web.json_response(await asyncio.to_thread(folder_paths.get_filename_list, folder))
+
+
+async def get_model_library_folders(request: web.Request) -> web.Response:
+    """The frontend's model library: each model kind with its folders (ComfyUI's ``app/model_manager.py``)."""
+    from .. import folder_paths
+
+    return web.json_response([{"name": kind, "folders": folder_paths.get_folder_paths(kind)}
+                              for kind in sorted(folder_paths.folder_names_and_paths)])
+
+
+def _model_library_entries(kind: str) -> list[dict]:
+    from .. import folder_paths
+
+    roots = folder_paths.get_folder_paths(kind)
+    entries = []
+    for name in folder_paths.get_filename_list(kind):
+        for index, root in enumerate(roots):
+            path = Path(root, *name.split("/"))
+            if path.exists():
+                stat = path.stat()
+                entries.append({"name": name, "pathIndex": index, "modified": stat.st_mtime,
+                                "created": stat.st_ctime, "size": stat.st_size if path.is_file() else 0})
+                break
+    return entries
+
+
+async def get_model_library_files(request: web.Request) -> web.Response:
+    """The models of one kind with the index of the folder each lies in, as the model library lists them."""
+    from .. import folder_paths
+
+    kind = request.match_info["folder"]
+    if kind not in folder_paths.folder_names_and_paths:
+        raise web.HTTPNotFound(text=f"unknown model folder {kind!r}")
+    return web.json_response(await asyncio.to_thread(_model_library_entries, kind))
+
+
+async def get_global_subgraphs(request: web.Request) -> web.Response:
+    """No subgraph blueprints are shipped (ComfyUI lists those of its packs here)."""
+    return web.json_response({})
 
 
 async def get_workflow_templates(request: web.Request) -> web.Response:

@@ -45,6 +45,17 @@ def test_system_info_routes(server):
             assert (await client.get("/models/loras"))[1] == []
             assert (await client.get("/models/not-a-kind"))[0] == 404
             assert (await client.get("/api/i18n"))[1] == {}
+            assert (await client.get("/api/global_subgraphs"))[1] == {}
+            _, library = await client.get("/api/experiment/models")
+            loras = next(kind for kind in library if kind["name"] == "loras")
+            assert loras["folders"] == [os.path.join(server.config.models_root, "loras")]
+            assert (await client.get("/api/experiment/models/loras"))[1] == []
+            os.makedirs(loras["folders"][0], exist_ok=True)
+            with open(os.path.join(loras["folders"][0], "mine.safetensors"), "wb") as f:
+                f.write(b"12345")
+            _, files = await client.get("/api/experiment/models/loras")
+            assert [(f["name"], f["pathIndex"], f["size"]) for f in files] == [("mine.safetensors", 0, 5)]
+            assert (await client.get("/api/experiment/models/not-a-kind"))[0] == 404
             _, features = await client.get("/api/features")
             assert features == {"supports_preview_metadata": False, "max_upload_size": 100 * 1024 * 1024}
         finally:
