@@ -9,7 +9,8 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
   of the original, instead of being copied: the extra host memory of a bind is then about one layer, not the
   size of the touched weights. Any other weight keeps a copy (on CPU by default);
 * a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
-  (``strength · scale · up @ down`` and ``strength · diff``) — and cast back once, so stacking LoRAs never
+  (``strength ·`` each adapter kind's delta, ``lora.kinds``: ``scale · up @ down``, LoHa, LoKr, DoRA, a full
+  diff) — and cast back once, so stacking LoRAs never
   re-rounds in between and the result does not depend on the order in which they were applied;
 * a patch set is a value: applying a new one only rewrites the parameters whose set of contributions changed
   (changing one LoRA's strength rewrites only that LoRA's parameters);
@@ -57,12 +58,12 @@ class PatchLayer:
 
 @dataclass(frozen=True, eq=False)  # never compared by value: that would compare tensors
 class _Contribution:
-    """What one PatchLayer adds to one parameter: an adapter kind's weight delta (weights only) and/or a full diff."""
+    """What one PatchLayer adds to one parameter: adapter kinds' deltas (``TargetPatch.parameter_deltas``: a
+    weight delta and/or a full diff), each computing its own rows."""
 
     key: str
     strength: float
-    low_rank: Optional[WeightDelta]
-    diff: Optional[torch.Tensor]
+    deltas: tuple  # of WeightDelta
 
     @property
     def signature(self) -> tuple:
@@ -164,18 +165,12 @@ class WeightPatcher:
             root = self.components[layer.component]
             for module_path, target in layer.targets.items():
                 module = self._module(root, layer, module_path)
-                parts: dict[str, tuple[Optional[WeightDelta], Optional[torch.Tensor]]] = {}
-                if target.low_rank is not None:
-                    self._check_delta_layout(layer, module, module_path, target.low_rank)
-                    parts["weight"] = (target.low_rank, None)
-                for name, diff in target.param_diffs.items():
-                    self._check_shape(layer, module, module_path, name, tuple(diff.shape))
-                    low_rank = parts.get(name, (None, None))[0]
-                    parts[name] = (low_rank, diff)
-                for name, (low_rank, diff) in parts.items():
+                for name, deltas in target.parameter_deltas().items():
+                    for delta in deltas:
+                        self._check_delta_layout(layer, module, module_path, name, delta)
                     pid = param_id(layer.component, module_path, name)
                     self._locations[pid] = (layer.component, module_path, name)
-                    wanted.setdefault(pid, []).append(_Contribution(layer.key, float(layer.strength), low_rank, diff))
+                    wanted.setdefault(pid, []).append(_Contribution(layer.key, float(layer.strength), deltas))
         # canonical order: the float32 sum (and so the result's bits) does not depend on the order of the layers
         return {pid: tuple(sorted(c, key=lambda x: x.signature)) for pid, c in wanted.items()}
 
@@ -260,17 +255,18 @@ class WeightPatcher:
                 f"{list(tensor.shape)}, the LoRA delta is {list(got)}."
             )
 
-    def _check_delta_layout(self, layer: PatchLayer, module: nn.Module, module_path: str, delta) -> None:
-        """The kind's delta must lay out like ``<module>.weight`` (asked of the kind: ``delta_shape``)."""
-        weight = _param_or_none(module, "weight")
-        got = delta.delta_shape(tuple(weight.shape)) if weight is not None else None
-        if weight is not None and got is None:
+    def _check_delta_layout(self, layer: PatchLayer, module: nn.Module, module_path: str, name: str,
+                            delta: WeightDelta) -> None:
+        """The kind's delta must lay out like ``<module>.<name>`` (asked of the kind: ``delta_shape``)."""
+        param = _param_or_none(module, name)
+        got = delta.delta_shape(tuple(param.shape)) if param is not None else None
+        if param is not None and got is None:
             shapes = ", ".join(str(list(t.shape)) for t in delta.tensors())
             raise KeyMatchError(
                 f"LoRA '{layer.label}': '{module_path}' has {delta.kind} factors {shapes}, which do not form a "
-                f"delta of the model's weight shape {list(weight.shape)}."
+                f"delta of the model's {name} shape {list(param.shape)}."
             )
-        self._check_shape(layer, module, module_path, "weight", got or ())
+        self._check_shape(layer, module, module_path, name, got or ())
 
     def _module_and_name(self, pid: str) -> tuple:
         component, module_path, name = self._locations[pid]
@@ -410,7 +406,7 @@ class NonFiniteResultError(KeyMatchError):
 
 def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
                   workspace: Optional[Workspace] = None, *, storage=None, seed_key: str = "") -> None:
-    """``dest = original + Σ strength·scale·(up @ down) + Σ strength·diff``, computed in float32 and rounded to
+    """``dest = original + Σ strength · delta`` over every contribution's kind deltas, computed in float32 and rounded to
     ``dest``'s dtype exactly once per element.
 
     ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
@@ -431,8 +427,7 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
     base_rows = _BaseRows(source, device, scale)
     # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
-    adders = [c.low_rank.row_adder(device, base_rows) if c.low_rank is not None else None for c in contributions]
-    diffs = [c.diff.reshape(rows, -1) if c.diff is not None else None for c in contributions]
+    adders = [(delta.row_adder(device, base_rows), c.strength) for c in contributions for delta in c.deltas]
     cols = source.shape[1]
     step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
     buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
@@ -443,11 +438,8 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
         chunk.copy_(source[start:stop])
         if scale is not None:
             chunk.mul_(scale)
-        for c, add_rows, diff in zip(contributions, adders, diffs):
-            if add_rows is not None:
-                add_rows(chunk, start, stop, c.strength)
-            if diff is not None:
-                chunk.add_(diff[start:stop].to(device=device, dtype=torch.float32), alpha=c.strength)
+        for add_rows, strength in adders:
+            add_rows(chunk, start, stop, strength)
         if storage is not None:  # the one rounding, into the fp8 storage
             if scale is not None:
                 chunk.div_(scale)

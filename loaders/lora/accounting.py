@@ -43,7 +43,7 @@ class KeyAccounting:
             "counts": dict(self.counts), "modules": len(self.applied),
             # model parameters the applied tensors change (a low-rank pair changes one weight; a full diff one
             # weight/bias/modulation): what a fuse writes, as opposed to counts["applied"], the file's tensors
-            "parameters": sum((p.low_rank is not None) + len(p.param_diffs) for p in self.applied.values()),
+            "parameters": sum(len(p.parameter_deltas()) for p in self.applied.values()),
             "rank": self.rank,
             "ranks": sorted(self.ranks), "alpha": self.alpha, "scale": self.scale, "dtype": self.dtype,
             "expected_unmatched": dict(self.expected_unmatched), "unmatched": list(self.unmatched),

@@ -116,9 +116,8 @@ def assemble_targets(parsed: list, tensors, display_name: str, peft: Optional[Pe
         if patch.low_rank is None and "alpha" in roles:
             raise LoraFileError(f"{display_name}: {roles['alpha']!r} has no lora_down/lora_up (lora_A/lora_B) "
                                 f"pair for module {module!r}")
-        for role, param in (("weight", "weight"), ("bias", "bias"), ("modulation", "modulation")):
-            if role in roles:
-                patch.param_diffs[param] = tensors[roles[role]]
+        for param, diff in kinds.build_full_diffs(module, roles, tensors, display_name, peft).items():
+            patch.param_diffs[param] = diff.tensor
         if patch.low_rank is not None and roles.get("bias", "").endswith(_LORA_B_BIAS_SUFFIXES):
             # PEFT lora_bias: the bias of lora_B is part of the adapter's output, ``lora_B(lora_A(x)) * scaling``,
             # so it is scaled like the weights (peft merges ``bias + lora_B.bias * scaling``); a diff_b is not.

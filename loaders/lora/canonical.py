@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .kinds import delta_parts
+from .kinds import FullDiff, delta_parts
 from .kinds.low_rank import LowRankDelta  # noqa: F401  (re-exported: the plain LoRA kind's delta)
 
 
@@ -33,6 +33,16 @@ class TargetPatch:
     low_rank: Optional["LowRankDelta"] = None
     param_diffs: dict = field(default_factory=dict)
     source_keys: dict = field(default_factory=dict)
+
+    def parameter_deltas(self) -> dict:
+        """{parameter name: (WeightDelta, ...)}: every change this patch makes, each as a kind's delta (the weight
+        delta first, then a full diff of the same parameter); what the patcher fuses and accounting counts."""
+        deltas: dict = {}
+        if self.low_rank is not None:
+            deltas["weight"] = (self.low_rank,)
+        for param, diff in self.param_diffs.items():
+            deltas[param] = deltas.get(param, ()) + (FullDiff(diff),)
+        return deltas
 
     def all_source_keys(self) -> tuple:
         """Every raw key of this patch, part by part."""

@@ -19,21 +19,13 @@ from typing import Optional
 
 from . import kinds
 
-# (suffix, role) of the full diffs and alpha; the weight-delta suffixes come from the adapter kinds (``kinds``),
-# checked first. The first suffix that matches wins.
-_DIFF_SUFFIX_ROLES = (
-    (".lora_B.default.bias", "bias"),
-    (".lora_B.bias", "bias"),  # PEFT lora_bias=True: a plain additive bias delta
-    (".alpha", "alpha"),
-    (".diff_b", "bias"),
-    (".diff_m", "modulation"),
-    (".diff", "weight"),
-)
+_ALPHA_SUFFIX = (".alpha", "alpha")
 
 
 def suffix_roles() -> tuple:
-    """Every known ``(suffix, role)``: the registered adapter kinds' first, then the full diffs'."""
-    return kinds.suffix_parts() + _DIFF_SUFFIX_ROLES
+    """Every known ``(suffix, role)``: the registered adapter kinds' first, then ``.alpha``, then the full diffs'
+    (``kinds/full_diff.py``), whose short ``.diff`` must come after every longer suffix."""
+    return kinds.suffix_parts() + (_ALPHA_SUFFIX,) + kinds.full_diff_suffix_parts()
 
 
 # Prefixes that only say who wrote the file. Checked repeatedly (PEFT wrapping a diffusers save gives

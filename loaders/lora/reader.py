@@ -196,7 +196,5 @@ def _remember(cache_key: tuple, lora: LoraFile) -> None:
 
 
 def _patch_bytes(patch) -> int:
-    tensors = list(patch.param_diffs.values())
-    if patch.low_rank is not None:
-        tensors += patch.low_rank.tensors()
+    tensors = [t for deltas in patch.parameter_deltas().values() for delta in deltas for t in delta.tensors()]
     return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,5 +1,8 @@
 """The registry of adapter kinds: adding a kind is one file in this package plus one entry in ``_BUILTIN``.
 
+The full diffs (``full_diff.py``) are a kind too, but apart from ``_BUILTIN``: they patch named parameters
+(weight, bias, modulation) next to whatever weight delta a module has, so they never compete for a module.
+
 ``register`` adds a kind at run time (a plug-in or a test); everything that reads, accounts, fuses or reports
 LoRA files asks this registry, never a kind by name.
 """
@@ -9,8 +12,9 @@ from __future__ import annotations
 from typing import Optional
 
 from ...errors import LoraFileError
-from . import dora, loha, lokr, low_rank
+from . import dora, full_diff, loha, lokr, low_rank
 from .base import AdapterKind, WeightDelta
+from .full_diff import FullDiff
 
 _BUILTIN = (low_rank.KIND, loha.KIND, lokr.KIND, dora.KIND)
 _kinds: list = list(_BUILTIN)
@@ -33,6 +37,16 @@ def all_kinds() -> tuple:
 def suffix_parts() -> tuple:
     """Every kind's ``(suffix, part)`` pairs, in registry order."""
     return tuple(pair for kind in _kinds for pair in kind.suffix_parts)
+
+
+def full_diff_suffix_parts() -> tuple:
+    """The full diffs' ``(suffix, part)`` pairs (matched after every other kind's and ``.alpha``)."""
+    return full_diff.KIND.suffix_parts
+
+
+def build_full_diffs(module: str, roles: dict, tensors, display_name: str, peft) -> dict:
+    """{parameter: FullDiff} of a module's full-diff parts (``.diff``, ``.diff_b``, ``.diff_m``, ``lora_B.bias``)."""
+    return full_diff.KIND.build(module, roles, tensors, display_name, peft)
 
 
 def delta_parts() -> frozenset:
@@ -76,6 +90,16 @@ def build_delta(module: str, roles: dict, tensors, display_name: str, peft) -> O
                       inner=inner)
 
 
+def unfused_kinds() -> tuple:
+    """Names of the kinds a dynamic (peft) adapter can run unfused (``AdapterKind.peft_capable``)."""
+    return tuple(k.name for k in _kinds if k.peft_capable)
+
+
+def fused_only_kinds() -> tuple:
+    """Names of the kinds that must be fused: every other kind, and the full diffs."""
+    return tuple(k.name for k in _kinds if not k.peft_capable) + (full_diff.KIND.name,)
+
+
 def by_name(name: str) -> AdapterKind:
     for kind in _kinds:
         if kind.name == name:
@@ -83,5 +107,6 @@ def by_name(name: str) -> AdapterKind:
     raise KeyError(name)
 
 
-__all__ = ["AdapterKind", "WeightDelta", "all_kinds", "build_delta", "by_name", "delta_parts", "kind_for", "register",
-           "suffix_parts", "unregister"]
+__all__ = ["AdapterKind", "FullDiff", "WeightDelta", "all_kinds", "build_delta", "build_full_diffs", "by_name",
+           "delta_parts", "full_diff_suffix_parts", "fused_only_kinds", "kind_for", "register", "suffix_parts",
+           "unfused_kinds", "unregister"]

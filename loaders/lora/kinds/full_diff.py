@@ -1,0 +1,65 @@
+"""Full diffs: a tensor the size of the parameter it changes, ``delta = strength · diff`` (no factors, no scale).
+
+The suffixes (LightX2V/ComfyUI): ``<module>.diff`` (the module's weight), ``.diff_b`` (its bias), Wan's
+``blocks.N.diff_m`` (the block's modulation table) and PEFT's ``lora_B.bias`` (``lora_bias=True``: a bias delta,
+which the assembly scales like its pair). Unlike the other kinds a full diff targets a named PARAMETER, not the
+module's weight, so a module may carry several (``PARAMETER_OF_PART``); the patcher sees them as ``FullDiff``
+deltas like any other kind's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from .base import AdapterKind
+
+# part -> the module parameter it changes ("modulation" is renamed by the family, e.g. Wan's scale_shift_table)
+PARAMETER_OF_PART = {"weight": "weight", "bias": "bias", "modulation": "modulation"}
+
+
+@dataclass
+class FullDiff:
+    tensor: Any
+    kind: str = "diff"
+    alpha: Optional[float] = None
+    scale: float = 1.0
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    def delta_shape(self, weight_shape: tuple) -> Optional[tuple]:
+        """The diff's own shape: the caller compares it with the parameter's (a mismatch names both)."""
+        return tuple(int(s) for s in self.tensor.shape)
+
+    def tensors(self) -> list:
+        return [self.tensor]
+
+    def row_adder(self, device, base_rows):
+        rows = self.tensor.reshape(base_rows.rows, -1)
+
+        def add(chunk, start, stop, strength):
+            chunk.add_(rows[start:stop].to(device=device, dtype=torch.float32), alpha=strength)
+        return add
+
+
+def build(module: str, parts: dict, tensors, display_name: str, peft) -> dict:
+    """{parameter: FullDiff} of one module's full-diff parts."""
+    return {PARAMETER_OF_PART[part]: FullDiff(tensors[key]) for part, key in parts.items()
+            if part in PARAMETER_OF_PART}
+
+
+KIND = AdapterKind(
+    name="diff",
+    suffix_parts=(
+        (".lora_B.default.bias", "bias"),
+        (".lora_B.bias", "bias"),  # PEFT lora_bias=True: a plain additive bias delta
+        (".diff_b", "bias"),
+        (".diff_m", "modulation"),
+        (".diff", "weight"),
+    ),
+    build=build,
+)
