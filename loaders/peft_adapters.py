@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .errors import LoraBindError
+from .lora import kinds
 from .single_file import fp8
 
 FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs support full diffs)"
@@ -83,10 +84,11 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
         if target.low_rank is None:
             continue
         delta = target.low_rank
-        if delta.kind != "lora":
+        if not kinds.by_name(delta.kind).peft_capable:
             raise AdapterError(
-                f"'{label}': '{module_path}' is a {delta.kind} adapter; dynamic adapters support plain low-rank "
-                f"LoRA only — {FUSE_NODE_HINT}."
+                f"'{label}': '{module_path}' is a {delta.kind} adapter, which must be fused: adapter kinds that "
+                f"run unfused are {', '.join(kinds.unfused_kinds())}; {', '.join(kinds.fused_only_kinds())} "
+                f"run fused only — {FUSE_NODE_HINT}."
             )
         if delta.down.dim() != 2:
             raise AdapterError(

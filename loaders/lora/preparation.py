@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import KeyMatchError
+from . import kinds
 from .accounting import KeyAccounting, account
 from .canonical import LoraFile
 from .mapping import map_to_model
@@ -79,6 +80,43 @@ def lora_rank(lora: LoraFile) -> Optional[int]:
     """The rank shared by every low-rank pair of the file, None when there is none or they differ."""
     ranks = {patch.low_rank.rank for patch in lora.targets.values() if patch.low_rank is not None}
     return ranks.pop() if len(ranks) == 1 else None
+
+
+def kind_summary(targets: dict) -> dict:
+    """What each adapter kind of a file does, as the kinds name themselves (``inspect``): ``{kind: {"modules",
+    "tensors", "ranks", "alphas"}}`` (plus ``"on"`` for a wrapping kind such as DoRA: the kinds it decomposes).
+    A module's weight-delta tensors (factors, alpha, magnitude) count for its kind; full diffs for ``diff``.
+    ``ranks``/``alphas`` are the distinct values (an alpha of None: the module's file has none)."""
+    summary: dict = {}
+    weight_parts = kinds.delta_parts()
+
+    def entry(name):
+        return summary.setdefault(name, {"modules": 0, "tensors": 0, "ranks": set(), "alphas": set()})
+
+    for patch in targets.values():
+        delta = patch.low_rank
+        if delta is not None:
+            item = entry(delta.kind)
+            item["modules"] += 1
+            item["tensors"] += sum(len(keys) for part, keys in patch.source_keys.items() if part in weight_parts)
+            item["ranks"].add(delta.rank)
+            item["alphas"].add(delta.alpha)
+            inner = getattr(delta, "inner_kind", None)
+            if inner is not None:
+                item.setdefault("on", set()).add(inner)
+        diffs = sum(len(keys) for part, keys in patch.source_keys.items() if part not in weight_parts)
+        if diffs:
+            item = entry("diff")
+            item["modules"] += 1
+            item["tensors"] += diffs
+            item["ranks"].add(0)
+            item["alphas"].add(None)
+    for item in summary.values():
+        item["ranks"] = sorted(item["ranks"])
+        item["alphas"] = sorted(a for a in item["alphas"] if a is not None) + ([None] if None in item["alphas"] else [])
+        if "on" in item:
+            item["on"] = sorted(item["on"])
+    return summary
 
 
 def declared_contract(family, lora: LoraFile, lora_name: str, strength: float = 1.0):

@@ -1,6 +1,7 @@
 """`lorabind inspect FILE_OR_DIR [--model DIFFUSERS_DIR] [--json]`: what a LoRA file or PEFT folder is.
 
-Reports the detected layout and model family, rank/alpha/scale, tensor counts by kind, the file's metadata, the
+Reports the detected layout and model family, rank/alpha/scale, tensor counts by part, each adapter kind with its
+modules, tensors, ranks and alphas, the file's metadata, the
 sampling contract its name/metadata declares, and with ``--model`` the key accounting against that model (the
 same check the fuse nodes run). A file the engine would refuse (pickle format, broken header, keys that do not
 fit, a refused contract) exits 1 with the reason, which names the file; keys that match nothing in ``--model``
@@ -50,7 +51,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     from ...loaders import families
     from ...loaders.contracts import contract_to_dict
     from ...loaders.lora import read_lora
-    from ...loaders.lora.preparation import declared_contract
+    from ...loaders.lora.preparation import declared_contract, kind_summary
 
     lora = read_lora(path)
     family_module = families.guess_family(lora)
@@ -74,6 +75,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
         "alpha": _uniform(delta.alpha for delta in lows),
         "scale": _uniform(delta.scale for delta in lows),
         "counts": _tensor_counts(lora),
+        "kinds": kind_summary(prepared.targets),
         "metadata": dict(lora.metadata),
         "contract": contract_to_dict(contract) or None,
         "accounting": _accounting(lora, model) if model is not None else None,
@@ -89,6 +91,7 @@ def format_report(report: dict) -> str:
         f"scale: {_words(report['scale'])}",
         "  tensors:  " + _tensor_words(report["counts"]),
     ]
+    lines.extend(f"  kind:     {_kind_words(name, item)}" for name, item in report["kinds"].items())
     if report["metadata"]:
         lines.append("  metadata:")
         lines.extend(f"    {key}: {_shorten(value)}" for key, value in sorted(report["metadata"].items()))
@@ -135,6 +138,17 @@ def _tensor_words(counts: dict) -> str:
         parts.append(f"{counts.pop('down', 0)} down + {counts.pop('up', 0)} up (low-rank pairs)")
     parts += [f"{count} {_KIND_WORDS.get(kind, kind)}" for kind, count in counts.items()]
     return f"{total} in all: " + ", ".join(parts)
+
+
+def _kind_words(name: str, item: dict) -> str:
+    """"loha: 2 modules, 10 tensors, rank 4, alpha 2" (a DoRA: "dora on lora: ..."; full diffs: no rank/alpha)."""
+    label = f"{name} on {'/'.join(item['on'])}" if item.get("on") else name
+    words = f"{label}: {item['modules']} modules, {item['tensors']} tensors"
+    if name == "diff":
+        return words
+    ranks = item["ranks"]
+    return (f"{words}, rank {_words(ranks[0] if len(ranks) == 1 else ranks)}, "
+            f"alpha {_words(item['alphas'][0] if len(item['alphas']) == 1 else item['alphas'] or None)}")
 
 
 def _uniform(values):

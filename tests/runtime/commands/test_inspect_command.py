@@ -10,8 +10,8 @@ from safetensors import safe_open
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
 
-REPORT_KEYS = {"file", "path", "format", "family", "rank", "alpha", "scale", "counts", "metadata", "contract",
-               "accounting"}
+REPORT_KEYS = {"file", "path", "format", "family", "rank", "alpha", "scale", "counts", "kinds", "metadata",
+               "contract", "accounting"}
 
 
 def inspect_json(capsys, *argv):
@@ -37,6 +37,11 @@ def test_json_report_of_a_lightx2v_file(tiny_models_root, capsys):
     assert counts["alpha"] == sum(n.endswith(".alpha") for n in names)
     assert counts["modulation"] == sum(n.endswith(".diff_m") for n in names)
     assert counts["bias"] == sum(n.endswith(".diff_b") for n in names)
+    kinds = report["kinds"]
+    assert set(kinds) == {"lora", "diff"}
+    assert kinds["lora"]["tensors"] == counts["down"] + counts["up"] + counts["alpha"]
+    assert kinds["lora"]["modules"] == counts["down"] and kinds["lora"]["ranks"] == [F.FIXTURE_RANK]
+    assert kinds["diff"]["tensors"] == counts["total"] - kinds["lora"]["tensors"]
     assert report["metadata"] == F._METADATA
     contract = report["contract"]
     assert (contract["kind"], contract["steps"], contract["shift"], contract["cfg"]) == ("distill", 4, 5.0, 1.0)
