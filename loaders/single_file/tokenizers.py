@@ -3,7 +3,8 @@
 umt5 (Wan): ComfyUI's ``umt5_xxl_*`` files carry their SentencePiece model as a ``spiece_model`` uint8 tensor
 (``comfy/text_encoders/wan.py``: ``UMT5XXlTokenizer`` reads ``tokenizer_data["spiece_model"]``). We read its
 pieces and scores with ``sentencepiece`` and build transformers' ``T5Tokenizer`` from them (transformers 5 takes
-the Unigram vocabulary directly), with the model's precompiled normalizer when it has one.
+the Unigram vocabulary directly), with the model's precompiled normalizer when it has one. transformers 4.x takes
+only a model file, so there the bytes go through a private temporary file.
 
 Qwen2.5-VL (Qwen-Image): the tokenizer is not in ComfyUI's ``qwen_2.5_vl_7b*`` files; ComfyUI ships it in its
 source tree (``comfy/text_encoders/qwen25_tokenizer/``). Inside ComfyUI that folder is found through the
@@ -13,6 +14,8 @@ source tree (``comfy/text_encoders/qwen25_tokenizer/``). Inside ComfyUI that fol
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -36,9 +39,28 @@ def umt5_tokenizer_from_spiece(model_bytes: bytes, source: str, max_length: int 
     vocab = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(processor.get_piece_size())]
     if [piece for piece, _ in vocab[:3]] != ["<pad>", "</s>", "<unk>"]:
         raise ModelLoadError(f"{source}: spiece_model does not start with <pad>, </s>, <unk> (not a T5/umt5 model)")
+    if "vocab" not in inspect.signature(T5Tokenizer.__init__).parameters:
+        return _umt5_tokenizer_from_model_file(model_bytes, max_length)
     charsmap = _precompiled_charsmap(processor)
     extra = {"_spm_precompiled_charsmap": charsmap} if charsmap else {}
     return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=max_length, **extra)
+
+
+def _umt5_tokenizer_from_model_file(model_bytes: bytes, max_length: int):
+    """transformers 4.x: its T5 tokenizers only take a ``spiece.model`` path, not a vocabulary.
+
+    The bytes go to a private temporary file (never next to the user's model) that the fast tokenizer is
+    converted from at construction; a fast tokenizer does not read the file again afterwards.
+    """
+    from transformers import T5TokenizerFast
+
+    with tempfile.TemporaryDirectory(prefix="lorabind-spiece-") as folder:
+        path = Path(folder) / "spiece.model"
+        path.write_bytes(model_bytes)
+        # legacy=False + add_prefix_space: the converted tokenizer then splits like sentencepiece itself
+        # (the legacy conversion maps a leading "a" to a different piece than ComfyUI's SPieceTokenizer)
+        return T5TokenizerFast(vocab_file=str(path), extra_ids=0, model_max_length=max_length, legacy=False,
+                               add_prefix_space=True)
 
 
 def _precompiled_charsmap(processor) -> Optional[bytes]:
