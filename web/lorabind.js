@@ -6,8 +6,8 @@
  *     LoadPEFTAdapter, MiniMaxTurboSchedule, LoraBindModelLoader): a badge with the contract each file declares
  *     (steps / shift / cfg / tasks, and where it is declared) and, after a run, the key accounting.
  *   - On LoraBindSampler: the combined contract of everything connected upstream, and a warning, naming the
- *     artifact, on each widget (steps / shift / cfg / cfg_low_noise) that disagrees with it; after a run, the
- *     schedule that actually ran.
+ *     artifact, on each widget (steps / shift / cfg / cfg_low_noise / audio_flow_shift) that disagrees with it;
+ *     after a run, the schedule that actually ran.
  *
  * Where the data comes from
  *   - Before any run: GET /lorabind/contract?name=&folder= (nodes/editor_routes.py, served by `lorabind serve`
@@ -115,14 +115,21 @@ export function combineContracts(contracts) {
 export function contractMismatches(values, contract) {
     const problems = {};
     const add = (widget, line) => (problems[widget] = problems[widget] || []).push(line);
-    const { steps, shift, cfg, cfg_low_noise: cfgLow } = values;
+    const { steps, shift, cfg, cfg_low_noise: cfgLow, audio_flow_shift: audioShift } = values;
     // steps 0 means "the step count the connected contract declares"
     if (contract.steps != null && steps != null && Number(steps) !== 0 && Number(steps) !== Number(contract.steps)) {
         add("steps", `steps ${steps} ≠ ${contract.steps} required by ${contract.source}`);
     }
-    const required = contractShift(contract);
-    if (required != null && shift != null && Math.abs(Number(shift) - Number(required)) > 1e-6) {
-        add("shift", `shift ${fmt(Number(shift))} ≠ ${fmt(required)} required by ${contract.source}`);
+    // A MiniMax-H3 contract (worded with flow_shift) fills in a shift the request leaves at 0; Wan and
+    // Qwen-Image contracts check the shift as given.
+    const zeroTakesContract = contract.flow_shift !== undefined;
+    const shifts = [["shift", shift, contractShift(contract), zeroTakesContract],
+        ["audio_flow_shift", audioShift, contract.audio_flow_shift, true]];
+    for (const [widget, value, required, zeroOmits] of shifts) {
+        if (required == null || value == null || (zeroOmits && Number(value) <= 0)) continue;
+        if (Math.abs(Number(value) - Number(required)) > 1e-6) {
+            add(widget, `${widget} ${fmt(Number(value))} ≠ ${fmt(required)} required by ${contract.source}`);
+        }
     }
     if (contract.cfg != null) {
         for (const [widget, value] of [["cfg", cfg], ["cfg_low_noise", cfgLow]]) {
@@ -297,7 +304,7 @@ function renderContractNode(node) {
     renderLines(node, [...lines, ...state.accounting.map(describeAccounting)], []);
 }
 
-const CHECKED_WIDGETS = ["steps", "shift", "cfg", "cfg_low_noise"];
+const CHECKED_WIDGETS = ["steps", "shift", "cfg", "cfg_low_noise", "audio_flow_shift"];
 
 /** Mark each disagreeing widget in its label ("⚠ steps"); the badge names the artifact. */
 function markWidgets(node, problems) {

@@ -1,6 +1,9 @@
-"""The server tests' own fixture: a real server on an ephemeral loopback port with the fake test nodes."""
+"""The server tests' own fixtures: a real server on an ephemeral loopback port with the fake test nodes, and a
+models root holding everything ``lorabind models build-tiny`` writes (for the routes that read model files)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from server_client import start_server
@@ -11,3 +14,20 @@ def server(tmp_path):
     srv = start_server(tmp_path)
     yield srv
     srv.stop()
+
+
+def _link_entries(source: Path, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        (target / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+
+
+@pytest.fixture(scope="session")
+def build_tiny_root(tmp_path_factory, tiny_models_root, mm_root):
+    """One models root holding everything ``lorabind models build-tiny`` writes: the Wan/Qwen and the MiniMax-H3
+    models and fixture LoRAs (the session fixtures build them in two roots; linked here, not rebuilt)."""
+    root = tmp_path_factory.mktemp("build_tiny_root")
+    for source in (Path(tiny_models_root), Path(mm_root)):
+        _link_entries(source / "diffusers", root / "diffusers")
+        _link_entries(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny")
+    return root

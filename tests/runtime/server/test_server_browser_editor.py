@@ -23,26 +23,27 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PAT
 HIGH, LOW = WAN22_HIGH.rsplit("/", 1)[1], WAN22_LOW.rsplit("/", 1)[1]
 
 
-@pytest.fixture(scope="module")
-def editor_server(tmp_path_factory, tiny_models_root):
-    state = tmp_path_factory.mktemp("editor")
+def _page_result(models_root, state, drive: str) -> dict:
+    """Serve the pack's nodes on ``models_root`` with the extension and the test page; open the page with the
+    ``drive`` module in headless Chromium and return the JSON result it leaves in the DOM."""
     srv = BackgroundServer(ServerConfig(
-        port=0, models_root=str(tiny_models_root), output_dir=str(state / "output"), input_dir=str(state / "input"),
+        port=0, models_root=str(models_root), output_dir=str(state / "output"), input_dir=str(state / "input"),
         temp_dir=str(state / "temp"),
         web_extensions={"lorabind": str(PACK_DIR / "web"), "lorabind_test": str(BROWSER_DIR)})).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def edited(editor_server, tmp_path_factory):
-    url = f"{editor_server.url}/extensions/lorabind_test/index.html?drive=drive_editor.js"
-    done = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", url)
+    try:
+        done = _chromium(state, "--dump-dom", f"{srv.url}/extensions/lorabind_test/index.html?drive={drive}")
+    finally:
+        srv.stop()
     match = re.search(r'<pre id="lorabind-result">(.*?)</pre>', done.stdout, re.S)
     assert match, f"no result block in the DOM dump; stderr: {done.stderr[-2000:]}"
     result = json.loads(html.unescape(match.group(1)))
     assert result["errors"] == []
     return result
+
+
+@pytest.fixture(scope="module")
+def edited(tmp_path_factory, tiny_models_root):
+    return _page_result(tiny_models_root, tmp_path_factory.mktemp("editor"), "drive_editor.js")
 
 
 def test_the_sampler_shows_the_steps_conflict_before_any_run(edited):
@@ -88,3 +89,30 @@ def test_after_a_run_the_executed_payload_has_the_last_word(edited):
     assert edited["warningsConflict"] == ["⚠ b.safetensors declares steps 8, a.safetensors 4",
                                           "⚠ steps 4 ≠ 8 required by b.safetensors"]
     assert "lorabind-line: ran: 20 steps · shift 5 · cfg 1" in edited["samplerAfterRun"]
+
+
+def test_every_example_opens_without_a_warning_except_the_mismatched_one(tmp_path_factory, build_tiny_root):
+    """Every example runs as it is (the mismatched one is refused), so the canvas must agree before the run:
+    no warning on any node of any example but the steps conflict of wan22_mismatched_contract. A false warning
+    here is a rule the page checks differently from the sampler."""
+    result = _page_result(build_tiny_root, tmp_path_factory.mktemp("examples"), "drive_examples.js")
+    examples = result["examples"]
+    assert len(examples) == len(list((PACK_DIR / "workflows").glob("*.api.json")))
+    warnings = {name: {node: [line for line in lines if line.startswith("lorabind-warning")]
+                       for node, lines in badges.items()} for name, badges in examples.items()}
+    flagged = {name: {node: lines for node, lines in nodes.items() if lines} for name, nodes in warnings.items()}
+    assert {name: nodes for name, nodes in flagged.items() if nodes} == {"wan22_mismatched_contract": {
+        "6 LoraBindSampler": [f"lorabind-warning: ⚠ steps 20 ≠ 4 required by {HIGH}",
+                              f"lorabind-warning: ⚠ steps 20 ≠ 4 required by {LOW}"]}}
+    # what the canvas knows before a run, for one example per kind of file
+    turbo = examples["minimax_h3_turbo_8step"]
+    assert any("(turbo): 8 steps · shift 12" in line and "from its file name" in line
+               for lines in turbo.values() for line in lines), turbo
+    native = examples["minimax_h3_native"]
+    assert any("(native): 4 steps" in line and "from its metadata" in line
+               for lines in native.values() for line in lines), native
+    pinned = examples["minimax_h3_pinned"]
+    assert any("(pinned)" in line and "from its checkpoint" in line
+               for lines in pinned.values() for line in lines), pinned
+    peft = examples["peft_two_branches"]
+    assert any("tiny-wan21-style-peft: no sampling contract" in line for lines in peft.values() for line in lines)

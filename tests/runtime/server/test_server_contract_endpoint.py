@@ -5,7 +5,6 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -17,23 +16,6 @@ from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIX
 from lorabind.runtime.commands.inspect import inspect_lora
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
-
-
-def _link_entries(source: Path, target: Path) -> None:
-    target.mkdir(parents=True, exist_ok=True)
-    for entry in source.iterdir():
-        (target / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-
-
-@pytest.fixture(scope="module")
-def build_tiny_root(tmp_path_factory, tiny_models_root, mm_root):
-    """One models root holding everything ``lorabind models build-tiny`` writes: the Wan/Qwen and the MiniMax-H3
-    models and fixture LoRAs (the session fixtures build them in two roots; linked here, not rebuilt)."""
-    root = tmp_path_factory.mktemp("build_tiny_root")
-    for source in (Path(tiny_models_root), Path(mm_root)):
-        _link_entries(source / "diffusers", root / "diffusers")
-        _link_entries(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny")
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,13 @@
 // workflow wan22_mismatched_contract.json (20 steps against the 4-step lightx2v pair), read the badges before
 // anything ran, change widgets the way a user does, then let a run's payload arrive. Results go to
 // #lorabind-result for the test.
-import { app, loadGraph } from "./stub_app.js";
+import { app, loadExtension, loadGraph } from "./stub_app.js";
 
 const result = { errors: [] };
-addEventListener("error", (event) => result.errors.push(String(event.message)));
-addEventListener("unhandledrejection", (event) => result.errors.push(String(event.reason)));
 const lines = (node) => [...node.lorabindBadge.children].map((e) => `${e.className}: ${e.textContent}`);
 const warnings = (node) => [...node.lorabindBadge.querySelectorAll(".lorabind-warning")].map((e) => e.textContent);
 try {
-    let lorabind;
-    const urls = await (await fetch("/extensions")).json();
-    for (const url of urls.filter((u) => u.startsWith("/extensions/lorabind/"))) lorabind = await import(url);
-    for (const extension of app.extensions) await extension.setup?.(app);
+    const lorabind = await loadExtension(app, result);
     const objectInfo = await (await fetch("/api/object_info")).json();
     const workflow = await (await fetch("/api/workflow_templates/lorabind/wan22_mismatched_contract.json")).json();
 
