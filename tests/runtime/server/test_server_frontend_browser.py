@@ -4,7 +4,7 @@ One user session, in order: the page opens without error toasts, with our exampl
 nodes registered; ``wan22_mismatched_contract`` shows the steps conflict on the sampler before anything is
 queued; ``wan22_lightx2v_4step`` runs from the Run button and its output reaches the queue/history panel; the
 workflow is saved under a new name through the frontend's Save dialog, and after a server restart on the same
-state folder the new page lists it. Screenshots of the canvas are kept in ``tmp_path`` and in the git-ignored
+state folder the new page lists it and opens it. Screenshots of the canvas are kept in ``tmp_path`` and in the git-ignored
 ``test-artifacts/`` folder of the pytest root (the repository).
 
 Playwright drives Debian's ``chromium`` (``executable_path``): no browser is downloaded. Skips with the reason
@@ -162,7 +162,11 @@ def test_edit_run_save_and_reopen_in_the_served_frontend(tiny_models_root, tmp_p
                 arg=f"workflows/{SAVED_NAME}.json", timeout=TIMEOUT_MS)
             page.keyboard.press("Escape")
             page.evaluate("() => app.extensionManager.command.execute('Workspace.ToggleSidebarTab.workflows')")
-            page.wait_for_selector(f'text="{SAVED_NAME}"', timeout=TIMEOUT_MS)
+            page.click(f'text="{SAVED_NAME}"', timeout=TIMEOUT_MS)  # open it from the Workflows sidebar
+            page.wait_for_function("() => app.graph.nodes.some(n => n.type === 'WanMoELoRAPair')",
+                                   timeout=TIMEOUT_MS)
+            assert page.evaluate("app.extensionManager.workflow.activeWorkflow.path") == \
+                f"workflows/{SAVED_NAME}.json"
             assert _bad_toasts(page) == [] and errors == []
             browser.close()
     finally:
