@@ -46,7 +46,6 @@ class KnownModel:
     title: str  # "Qwen-Image"; Wan denoisers are titled from the version/expert the file name gives
     size: str  # "1.3B", "14B", "5B", "20B", "7B", "xxl", "tiny"
     variant: Optional[str] = None  # "t2v", "i2v", "ti2v" for Wan denoisers
-    unsupported: str = ""  # why lorabind detects but cannot run it yet (empty: runs)
 
 
 def _count(shapes: dict, pattern: str) -> int:
@@ -67,7 +66,8 @@ KINDS = {kind.kind: kind for kind in (
                    s["blocks.0.ffn.0.weight"][0], "img_emb.proj.1.weight" in s),
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["ffn_dim"], c.get("image_dim") is not None),
-        lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "umt5", "clip_vision"), experts=True),
+        lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "wan22_vae", "umt5", "clip_vision"),
+        experts=True),
     ComponentKind(
         "qwen_image_transformer", "denoiser", "qwen_image", ("img_in.weight", "txt_norm.weight"),
         "diffusers", "QwenImageTransformer2DModel",
@@ -82,6 +82,16 @@ KINDS = {kind.kind: kind for kind in (
         "diffusers", "AutoencoderKLWan",
         lambda s: (s["encoder.conv1.weight"][0], s["conv2.weight"][0], _count(s, r"decoder\.upsamples\.(\d+)\.")),
         lambda c: (c["base_dim"], c["z_dim"], _vae_flat_count(c)),
+        layouts.vae_layout_for, quantized_prefix="\0"),
+    # Wan2.2's VAE (TI2V-5B): 48 latent channels, 2x2-patchified input (12 channels), nested stages
+    ComponentKind(
+        "wan22_vae", "vae", "wan",
+        ("decoder.middle.0.residual.0.gamma", "conv2.weight",
+         "encoder.downsamples.0.downsamples.0.residual.0.gamma"),
+        "diffusers", "AutoencoderKLWan",
+        lambda s: (s["encoder.conv1.weight"][0], s["encoder.conv1.weight"][1], s["conv2.weight"][0],
+                   _count(s, r"decoder\.upsamples\.(\d+)\.")),
+        lambda c: (c["base_dim"], c["in_channels"], c["z_dim"], len(c["dim_mult"])),
         layouts.vae_layout_for, quantized_prefix="\0"),
     ComponentKind(
         "qwen_image_vae", "vae", "qwen_image", ("decoder.middle.0.residual.0.gamma", "conv2.weight"),
@@ -123,15 +133,17 @@ KNOWN_MODELS = (
     KnownModel("wan_t2v_14B", "wan_transformer", "Wan T2V 14B", "14B", "t2v"),
     KnownModel("wan2.1_i2v_14B", "wan_transformer", "Wan2.1 I2V 14B", "14B", "i2v"),
     KnownModel("wan2.2_i2v_A14B", "wan_transformer", "Wan2.2 I2V A14B", "14B", "i2v"),
-    KnownModel("wan2.2_ti2v_5B", "wan_transformer", "Wan2.2 TI2V 5B", "5B", "ti2v",
-               "it needs the Wan2.2 VAE (48 latent channels), whose file layout is not supported yet"),
+    KnownModel("wan2.2_ti2v_5B", "wan_transformer", "Wan2.2 TI2V 5B", "5B", "ti2v"),
     KnownModel("wan_transformer_tiny", "wan_transformer", "Wan T2V tiny", "tiny", "t2v"),
     KnownModel("wan_i2v_transformer_tiny", "wan_transformer", "Wan2.2 I2V tiny", "tiny", "i2v"),
     KnownModel("wan_i2v_clip_transformer_tiny", "wan_transformer", "Wan2.1 I2V tiny", "tiny", "i2v"),
+    KnownModel("wan_ti2v_transformer_tiny", "wan_transformer", "Wan2.2 TI2V tiny", "tiny", "ti2v"),
     KnownModel("qwen_image", "qwen_image_transformer", "Qwen-Image", "20B"),
     KnownModel("qwen_image_transformer_tiny", "qwen_image_transformer", "Qwen-Image (lorabind tiny)", "tiny"),
     KnownModel("wan_2.1_vae", "wan_vae", "Wan2.1 VAE", "wan2.1"),
     KnownModel("wan_vae_tiny", "wan_vae", "Wan VAE (lorabind tiny)", "tiny"),
+    KnownModel("wan2.2_vae", "wan22_vae", "Wan2.2 VAE", "wan2.2"),
+    KnownModel("wan22_vae_tiny", "wan22_vae", "Wan2.2 VAE (lorabind tiny)", "tiny"),
     KnownModel("qwen_image_vae", "qwen_image_vae", "Qwen-Image VAE", "qwen_image"),
     KnownModel("qwen_image_vae_tiny", "qwen_image_vae", "Qwen-Image VAE (lorabind tiny)", "tiny"),
     KnownModel("umt5_xxl", "umt5", "umt5-xxl", "xxl"),

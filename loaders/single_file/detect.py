@@ -139,11 +139,8 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
-    hint = ""
-    if kinds[0].role == "vae" and signature[1] == 48:
-        hint = " This is the Wan2.2 VAE (48 latent channels, for TI2V-5B); its layout is not supported yet."
     raise ModelLoadError(f"{name}: a {kinds[0].kind} file whose shapes {signature} match no known configuration "
-                         f"({', '.join(m.title for m in catalog.KNOWN_MODELS if m.kind == kinds[0].kind)}).{hint}")
+                         f"({', '.join(m.title for m in catalog.KNOWN_MODELS if m.kind == kinds[0].kind)}).")
 
 
 @dataclass(frozen=True)
@@ -195,9 +192,6 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
                                    "one; put the high-noise file first")
         if first.expert and first.expert == second.expert:
             _refuse(first, second, f"both are {first.expert}-noise experts")
-    for denoiser in denoisers:
-        if denoiser.model.unsupported:
-            raise ModelLoadError(f"{denoiser.describe()}: {denoiser.model.unsupported}")
     for other in (vae, text_encoder, *([image_encoder] if image_encoder is not None else [])):
         if other.kind.kind not in first.kind.takes:
             _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "

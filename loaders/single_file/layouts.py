@@ -210,8 +210,8 @@ def _resnet_rules(diffusers_prefix: str, native_prefix: str) -> tuple:
     return tuple((f"{diffusers_prefix}.{d}", f"{native_prefix}.{n}") for d, n in _RESNET)
 
 
-def wan_vae_layout(num_stages: int, num_res_blocks: int) -> KeyLayout:
-    """The Wan 2.1 VAE layout (also Qwen-Image's VAE, the same network) for a config's stage count."""
+def _wan_vae_outer_rules() -> list:
+    """What the Wan2.1 and Wan2.2 VAEs name alike: input/output convolutions, quant convolutions, middle, head."""
     rules = [("encoder.conv_in", "encoder.conv1"), ("decoder.conv_in", "decoder.conv1"),
              ("quant_conv", "conv1"), ("post_quant_conv", "conv2")]
     for side in ("encoder", "decoder"):
@@ -219,6 +219,12 @@ def wan_vae_layout(num_stages: int, num_res_blocks: int) -> KeyLayout:
         rules += [(f"{side}.mid_block.attentions.0", f"{side}.middle.1")]
         rules += _resnet_rules(f"{side}.mid_block.resnets.1", f"{side}.middle.2")
         rules += [(f"{side}.norm_out", f"{side}.head.0"), (f"{side}.conv_out", f"{side}.head.2")]
+    return rules
+
+
+def wan_vae_layout(num_stages: int, num_res_blocks: int) -> KeyLayout:
+    """The Wan 2.1 VAE layout (also Qwen-Image's VAE, the same network) for a config's stage count."""
+    rules = _wan_vae_outer_rules()
     rules += _resnet_rules("encoder.down_blocks.{i}", "encoder.downsamples.{i}")  # flat in both layouts
     flat = 0
     for stage in range(num_stages):
@@ -231,7 +237,24 @@ def wan_vae_layout(num_stages: int, num_res_blocks: int) -> KeyLayout:
     return KeyLayout(f"wan_vae_{num_stages}x{num_res_blocks}", tuple(rules))
 
 
+def wan22_vae_layout(num_stages: int, num_res_blocks: int) -> KeyLayout:
+    """The Wan2.2 VAE layout (``is_residual``: TI2V-5B's ``wan2.2_vae``), the inverse of diffusers'
+    ``scripts/convert_wan_to_diffusers.py`` ``convert_vae_22`` (0.42; the library's ``from_single_file`` has no
+    converter for it). Each stage nests its blocks: ``encoder.downsamples.{i}.downsamples.{j}`` are the stage's
+    ``num_res_blocks`` resnets, then its downsampler; the decoder's stages hold ``num_res_blocks + 1`` resnets,
+    then the upsampler. The head, middle and quant convolutions are named as in Wan2.1's VAE."""
+    rules = _wan_vae_outer_rules()
+    rules += _resnet_rules("encoder.down_blocks.{i}.resnets.{j}", "encoder.downsamples.{i}.downsamples.{j}")
+    rules += [("encoder.down_blocks.{i}.downsampler", f"encoder.downsamples.{{i}}.downsamples.{num_res_blocks}")]
+    rules += _resnet_rules("decoder.up_blocks.{i}.resnets.{j}", "decoder.upsamples.{i}.upsamples.{j}")
+    rules += [("decoder.up_blocks.{i}.upsampler", f"decoder.upsamples.{{i}}.upsamples.{num_res_blocks + 1}")]
+    return KeyLayout(f"wan22_vae_{num_stages}x{num_res_blocks}", tuple(rules))
+
+
 def vae_layout_for(config: dict) -> KeyLayout:
+    """The Wan-style VAE layout of a config: Wan2.2's nested one for a residual VAE, else Wan2.1's flat one."""
+    if config.get("is_residual"):
+        return wan22_vae_layout(len(config["dim_mult"]), int(config["num_res_blocks"]))
     return wan_vae_layout(len(config["dim_mult"]), int(config["num_res_blocks"]))
 
 

@@ -19,7 +19,8 @@ from ._common import diffusers_dir
 from .lora_fixtures import _write_if_changed
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
-from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME, build_tiny_wan21_i2v, build_tiny_wan22_i2v
+from .wan_i2v import (WAN21_I2V_NAME, WAN22_I2V_NAME, WAN22_TI2V_NAME, build_tiny_wan21_i2v, build_tiny_wan22_i2v,
+                      build_tiny_wan22_ti2v)
 
 SUBFOLDER = "lorabind-tiny"
 # file stem (before _<precision>) -> (diffusers folder, component, layout, quantized prefix, model class)
@@ -34,10 +35,12 @@ DENOISER_FILES = {
     "wan2.2_i2v_low_noise_tiny": (WAN22_I2V_NAME, "transformer_2", layouts.WAN_TRANSFORMER, "blocks.",
                                   "WanTransformer3DModel"),
     "wan2.1_i2v_tiny": (WAN21_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
+    "wan2.2_ti2v_tiny": (WAN22_TI2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
     "qwen_image_tiny": (QWEN_IMAGE_NAME, "transformer", layouts.QWEN_IMAGE_TRANSFORMER, "transformer_blocks.",
                         "QwenImageTransformer2DModel"),
 }
-VAE_FILES = {"wan_2.1_vae_tiny.safetensors": WAN22_NAME, "qwen_image_vae_tiny.safetensors": QWEN_IMAGE_NAME}
+VAE_FILES = {"wan_2.1_vae_tiny.safetensors": WAN22_NAME, "qwen_image_vae_tiny.safetensors": QWEN_IMAGE_NAME,
+             "wan2.2_vae_tiny.safetensors": WAN22_TI2V_NAME}
 UMT5_STEM = "umt5_tiny"
 QWEN25_VL_FILE = "qwen_2.5_vl_tiny_bf16.safetensors"
 CLIP_VISION_FILE = "clip_vision_tiny.safetensors"  # Wan2.1 I2V's image encoder (ComfyUI: models/clip_vision)
@@ -139,7 +142,7 @@ def ensure_tiny_single_files(named, models_root) -> list[str]:
         return []
     for model, build in ((WAN22_NAME, build_tiny_wan22), (WAN21_NAME, build_tiny_wan21),
                          (QWEN_IMAGE_NAME, build_tiny_qwen_image), (WAN22_I2V_NAME, build_tiny_wan22_i2v),
-                         (WAN21_I2V_NAME, build_tiny_wan21_i2v)):
+                         (WAN21_I2V_NAME, build_tiny_wan21_i2v), (WAN22_TI2V_NAME, build_tiny_wan22_ti2v)):
         if not (diffusers_dir(models_root) / model / "model_index.json").is_file():
             build(models_root)
     write_tiny_single_files(models_root)

@@ -17,6 +17,8 @@ EXPECTED = {
     "wan2.2_i2v_high_noise_tiny": ("denoiser", "wan", "Wan2.2 I2V tiny high-noise expert", "i2v", "high"),
     "wan2.2_i2v_low_noise_tiny": ("denoiser", "wan", "Wan2.2 I2V tiny low-noise expert", "i2v", "low"),
     "wan2.1_i2v_tiny": ("denoiser", "wan", "Wan2.1 I2V tiny", "i2v", None),
+    "wan2.2_ti2v_tiny": ("denoiser", "wan", "Wan2.2 TI2V tiny", "ti2v", None),
+    "wan2.2_vae_tiny": ("vae", "wan", "Wan2.2 VAE (lorabind tiny)", None, None),
     "clip_vision_tiny": ("image_encoder", "wan", "CLIP vision (lorabind tiny)", None, None),
     "qwen_image_tiny": ("denoiser", "qwen_image", "Qwen-Image (lorabind tiny)", None, None),
     "wan_2.1_vae_tiny": ("vae", "wan", "Wan VAE (lorabind tiny)", None, None),
@@ -81,6 +83,10 @@ def test_a_fitting_set_is_accepted(root):
      "takes qwen_image_vae and qwen25_vl"),
     (["wan2.2_t2v_high_noise_tiny", "qwen_image_tiny"], "wan_2.1_vae_tiny", "umt5_tiny_bf16",
      "wan2.2_t2v_high_noise", "qwen_image_tiny", "only Wan2.2 A14B has two experts"),
+    (["wan2.2_ti2v_tiny"], "wan_2.1_vae_tiny", "umt5_tiny_bf16", "wan2.2_ti2v_tiny", "wan_2.1_vae_tiny",
+     "the VAE has 16 latent channels, the denoiser 48"),
+    (["wan2.1_t2v_tiny"], "wan2.2_vae_tiny", "umt5_tiny_bf16", "wan2.1_t2v_tiny", "wan2.2_vae_tiny",
+     "the VAE has 48 latent channels, the denoiser 16"),
 ])
 def test_sets_that_do_not_fit_are_refused_naming_both_files(root, denoisers, vae, encoder, first, second, why):
     with pytest.raises(ModelLoadError) as error:
@@ -129,17 +135,6 @@ def test_experts_of_different_models_are_refused_naming_both(root, other):
     with pytest.raises(ModelLoadError, match="the two experts must be the same model") as error:
         check_set([high, low], vae, encoder)
     assert "wan2.2_t2v_high_noise_tiny_bf16" in str(error.value) and "wan2.2_t2v_low_noise_tiny_bf16" in str(error.value)
-
-
-def test_a_detected_model_lorabind_cannot_run_yet_is_refused_with_the_reason(root):
-    from lorabind.loaders.single_file import catalog
-
-    high = _detect(root, "diffusion_models", "lorabind-tiny/wan2.1_t2v_tiny_bf16.safetensors")
-    ti2v = dataclasses.replace(high, model=next(m for m in catalog.KNOWN_MODELS if m.config == "wan2.2_ti2v_5B"))
-    with pytest.raises(ModelLoadError, match=r"wan2.1_t2v_tiny_bf16.safetensors: Wan2.1 TI2V 5B \(bf16\): "
-                                             r"it needs the Wan2.2 VAE"):
-        check_set([ti2v], _detect(root, "vae", "lorabind-tiny/wan_2.1_vae_tiny.safetensors"),
-                  _detect(root, "text_encoders", "lorabind-tiny/umt5_tiny_bf16.safetensors"))
 
 
 def test_a_minimax_h3_single_file_is_refused_saying_to_use_its_diffusers_folder(tmp_path):

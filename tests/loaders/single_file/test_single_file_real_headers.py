@@ -69,6 +69,8 @@ CASES = {
     "qwen_image_fp8_e4m3fn.safetensors": ("qwen_image_transformer", "qwen_image", "fp8_e4m3fn", "Qwen-Image"),
     "wan_2.1_vae.safetensors": ("wan_vae", "wan_2.1_vae", "bf16", "Wan2.1 VAE"),
     "qwen_image_vae.safetensors": ("qwen_image_vae", "qwen_image_vae", "bf16", "Qwen-Image VAE"),
+    "wan2.2_vae.safetensors": ("wan22_vae", "wan2.2_vae", "bf16", "Wan2.2 VAE"),
+    "clip_vision_h.safetensors": ("clip_vision", "clip_vision_h", "bf16", "CLIP ViT-H/14 vision"),
     "umt5_xxl_fp8_e4m3fn_scaled.safetensors": ("umt5", "umt5_xxl", "fp8_scaled", "umt5-xxl"),
     "qwen_2.5_vl_7b_fp8_scaled.safetensors": ("qwen25_vl", "qwen25_vl_7b", "fp8_scaled", "Qwen2.5-VL 7B"),
 }
@@ -99,6 +101,15 @@ def test_the_comfyui_wan22_set_is_accepted(real_files):
     assert check_set([high, low], vae, encoder).describe().count("A14B") == 2
 
 
+def test_the_comfyui_image_to_video_sets_are_accepted(real_files):
+    ti2v, vae22, encoder = _files(real_files, "wan2.2_ti2v_5B_fp16.safetensors", "wan2.2_vae.safetensors",
+                                  "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
+    assert check_set([ti2v], vae22, encoder).vae.model.config == "wan2.2_vae"
+    i2v, vae21, clip = _files(real_files, "wan2.1_i2v_480p_14B_bf16.safetensors", "wan_2.1_vae.safetensors",
+                              "clip_vision_h.safetensors")
+    assert check_set([i2v], vae21, encoder, clip).image_encoder.title == "CLIP ViT-H/14 vision"
+
+
 @pytest.mark.parametrize("denoisers, vae, encoder, why", [
     (["wan2.1_t2v_1.3B_bf16.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"],
      "wan_2.1_vae.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "the two experts must be the same model"),
@@ -110,6 +121,8 @@ def test_the_comfyui_wan22_set_is_accepted(real_files):
      "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "a qwen_image_vae (Qwen-Image VAE) does not go with"),
     (["qwen_image_fp8_e4m3fn.safetensors"], "qwen_image_vae.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
      "a umt5 (umt5-xxl) does not go with a qwen_image_transformer"),
+    (["wan2.2_ti2v_5B_fp16.safetensors"], "wan_2.1_vae.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+     "the VAE has 16 latent channels, the denoiser 48"),
 ])
 def test_published_files_that_do_not_fit_are_refused_naming_both(real_files, denoisers, vae, encoder, why):
     found = _files(real_files, *denoisers, vae, encoder)

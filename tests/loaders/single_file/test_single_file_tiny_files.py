@@ -17,6 +17,9 @@ def tiny_root(single_file_root):
     ("wan2.2_t2v_low_noise_tiny", "tiny-wan22-t2v", "transformer_2", "WanTransformer3DModel"),
     ("wan2.1_t2v_tiny", "tiny-wan21-t2v", "transformer", "WanTransformer3DModel"),
     ("qwen_image_tiny", "tiny-qwen-image", "transformer", "QwenImageTransformer2DModel"),
+    ("wan2.2_i2v_high_noise_tiny", "tiny-wan22-i2v", "transformer", "WanTransformer3DModel"),
+    ("wan2.1_i2v_tiny", "tiny-wan21-i2v", "transformer", "WanTransformer3DModel"),  # + the CLIP image branch
+    ("wan2.2_ti2v_tiny", "tiny-wan22-ti2v", "transformer", "WanTransformer3DModel"),
 ])
 def test_diffusers_from_single_file_reads_the_bf16_files_exactly(tiny_root, stem, folder, component, cls):
     import diffusers
@@ -31,6 +34,24 @@ def test_diffusers_from_single_file_reads_the_bf16_files_exactly(tiny_root, stem
     # from_single_file casts everything to the requested dtype (it does not keep Wan's fp32 modules in fp32)
     for key, tensor in expected.items():
         assert got[key].dtype == torch.bfloat16 and torch.equal(got[key], tensor.to(torch.bfloat16)), key
+
+
+def test_the_wan22_vae_file_nests_its_stages_as_the_original_checkpoint_does(tiny_root):
+    """diffusers reads the Wan2.2 VAE only through its conversion script (``convert_vae_22``: a stage's blocks are
+    ``downsamples.{i}.downsamples.{j}``, resnets first, then the resampler), not ``from_single_file``; the tiny
+    config has one resnet per encoder stage and two per decoder stage, and no resampler in the last stage."""
+    with safe_open(str(tiny_root / "vae" / SUBFOLDER / "wan2.2_vae_tiny.safetensors"), "pt") as handle:
+        keys = set(handle.keys())
+    assert not any(part in key for key in keys for part in ("down_blocks", "up_blocks", "resnets", "mid_block"))
+    for stage in range(4):
+        assert f"encoder.downsamples.{stage}.downsamples.0.residual.2.weight" in keys
+        assert f"decoder.upsamples.{stage}.upsamples.1.residual.6.weight" in keys
+    assert "encoder.downsamples.1.downsamples.1.time_conv.weight" in keys  # temporal downsampling stages
+    assert "encoder.downsamples.0.downsamples.1.resample.1.weight" in keys
+    assert "decoder.upsamples.0.upsamples.2.time_conv.weight" in keys
+    assert not any(k.startswith(("encoder.downsamples.3.downsamples.1", "decoder.upsamples.3.upsamples.2"))
+                   for k in keys)
+    assert {"conv1.weight", "conv2.weight", "encoder.head.2.weight", "decoder.middle.1.to_qkv.weight"} <= keys
 
 
 def test_fp8_files_store_fp8_weights_and_scales(tiny_root):
