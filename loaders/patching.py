@@ -406,8 +406,8 @@ class NonFiniteResultError(KeyMatchError):
 
 def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
                   workspace: Optional[Workspace] = None, *, storage=None, seed_key: str = "") -> None:
-    """``dest = original + Σ strength · delta`` over every contribution's kind deltas, computed in float32 and rounded to
-    ``dest``'s dtype exactly once per element.
+    """``dest = original + Σ strength · delta`` over every contribution's kind deltas, computed in float32 and
+    rounded to ``dest``'s dtype exactly once per element.
 
     ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
     another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by

@@ -92,6 +92,15 @@ def reorder_grouped_qkv(rows, head_dim: int = HEAD_DIM, heads_per_group: int = H
     return torch.cat([part.reshape(-1, *rows.shape[1:]) for part in (q, k, v)], dim=0)
 
 
+def _only_low_rank_pairs(file_name: str, name: str, patch: TargetPatch) -> None:
+    """MiniMax-H3 files are plain low-rank pairs: their alpha default and the fused QKV/fc1 row surgery are rules
+    for ``up`` rows. Another adapter kind (LoHa, LoKr, DoRA) on such a file is refused by name, not mis-split."""
+    kind = None if patch.low_rank is None else patch.low_rank.kind
+    if kind not in (None, "lora"):
+        raise KeyMatchError(f"{file_name}: module {name!r} is a {kind} adapter; MiniMax-H3 LoRA files are read as "
+                            f"plain low-rank pairs (lora_A/lora_B) only")
+
+
 def _split_qkv(name: str, patch: TargetPatch, grouped: bool) -> dict:
     """Fused ``attn.qkv_proj`` → ``to_q``/``to_k``/``to_v``: ``lora_B`` rows (grouped layout reordered to
     ``[Q; K; V]`` first) are cut in thirds; the shared ``lora_A`` goes to all three."""
@@ -167,6 +176,7 @@ def prepare(lora: LoraFile, model_family: str) -> LoraFile:
     grouped = (lora.metadata or {}).get("qkv_layout") == NATIVE_QKV_LAYOUT
     targets = {}
     for name, patch in lora.targets.items():
+        _only_low_rank_pairs(lora.name, name, patch)
         if alpha is not None and patch.low_rank is not None and patch.low_rank.alpha is None:
             delta = patch.low_rank
             patch = replace(patch, low_rank=replace(delta, alpha=alpha, scale=alpha / delta.rank))

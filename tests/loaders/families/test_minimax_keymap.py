@@ -193,3 +193,18 @@ def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
                                    rtol=0, atol=0)
         torch.testing.assert_close(patch.low_rank.down.float(), theirs[f"transformer.{name}.lora_A.weight"],
                                    rtol=0, atol=0)
+
+
+def test_a_loha_module_in_a_native_file_is_refused_by_name(tmp_path):
+    from lorabind.loaders.errors import KeyMatchError
+    from lorabind.loaders.lora import map_to_model
+
+    g = torch.Generator().manual_seed(2)
+    pre = "blocks.0.attn.qkv_proj"
+    sd = {f"{pre}.hada_w{i}_{ab}": torch.randn(*(shape if ab == "a" else shape[::-1]), generator=g)
+          for i in (1, 2) for ab, shape in (("a", (3 * HIDDEN, RANK)), ("b", (HIDDEN, RANK)))}
+    path = tmp_path / "native_loha.safetensors"
+    save_file(sd, str(path), metadata=native_metadata(RANK))
+    with pytest.raises(KeyMatchError, match=r"native_loha\.safetensors: module 'blocks\.0\.attn\.qkv_proj' is a loha "
+                                            r"adapter; MiniMax-H3 LoRA files are read as plain low-rank pairs"):
+        map_to_model(read_lora(str(path)), "minimax_h3")

@@ -18,7 +18,8 @@ def _randn(g, *shape):
 
 def _loha(g, pre, out, inp):
     return {f"{pre}.hada_w1_a": _randn(g, out, 4), f"{pre}.hada_w1_b": _randn(g, 4, inp),
-            f"{pre}.hada_w2_a": _randn(g, out, 4), f"{pre}.hada_w2_b": _randn(g, 4, inp), f"{pre}.alpha": torch.tensor(2.0)}
+            f"{pre}.hada_w2_a": _randn(g, out, 4), f"{pre}.hada_w2_b": _randn(g, 4, inp),
+            f"{pre}.alpha": torch.tensor(2.0)}
 
 
 def _lokr(g, pre, out, inp):
