@@ -142,6 +142,10 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
     if end_image is not None and variant == "i2v_clip" and transformer_config.pos_embed_seq_len is None:
         raise ValueError(f"end_image: model {model_name!r} (Wan2.1 I2V) encodes one image in its CLIP branch; "
                          "first-and-last-frame needs the Wan2.1 FLF2V model (pos_embed_seq_len set)")
+    if end_image is None and variant == "i2v_clip" and transformer_config.pos_embed_seq_len is not None:
+        raise ValueError(f"end_image: model {model_name!r} is the Wan2.1 first-and-last-frame model (FLF2V): its "
+                         "CLIP branch takes a start and an end image; connect an end image, or use a Wan2.1 I2V "
+                         "model for a start image alone")
     vae_config = pipeline.vae.config
     spatial = getattr(vae_config, "scale_factor_spatial", None) or 2 ** len(vae_config.temperal_downsample)
     processor = VideoProcessor(vae_scale_factor=spatial)

@@ -140,3 +140,45 @@ def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_a
     with pytest.raises(ValueError, match="made from a start image for a Wan2.2 TI2V"):
         check_inputs(i2v, positive, None, ti2v_latent, _schedule(1.0))
     check_inputs(ti2v, encode_text(ti2v, "a cat"), None, empty_latent(ti2v, 64, 64, 5), _schedule(1.0))  # T2V too
+
+
+@pytest.fixture(scope="module")
+def flf2v_model(tmp_path_factory):
+    """A tiny Wan2.1 FLF2V folder: the tiny Wan2.1 I2V with ``pos_embed_seq_len`` set, so its CLIP branch takes the
+    start and end images' tokens together (2 x 17 here; 2 x 257 in the real FLF2V-14B). Built here, not shipped:
+    it differs from ``tiny-wan21-i2v`` only by that field and its random weights."""
+    from lorabind.loaders.model_store import load_model
+    from lorabind.loaders.tiny_models._common import save_pipeline_atomically, seeded
+    from lorabind.loaders.tiny_models.wan import tiny_transformer
+    from lorabind.loaders.tiny_models.wan_i2v import (CLIP_HIDDEN, CLIP_IMAGE_SIZE, CLIP_PATCH, I2V_IN_CHANNELS,
+                                                      LATENT_CHANNELS, _i2v_pipeline)
+
+    pipeline = _i2v_pipeline(two_experts=False, image_encoder=True)
+    clip_tokens = (CLIP_IMAGE_SIZE // CLIP_PATCH) ** 2 + 1
+    with seeded(7):
+        pipeline.transformer = tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, image_dim=CLIP_HIDDEN,
+                                                added_kv_proj_dim=24, pos_embed_seq_len=2 * clip_tokens)
+    pipeline.register_modules(transformer=pipeline.transformer)
+    folder = save_pipeline_atomically(pipeline, tmp_path_factory.mktemp("flf2v") / "tiny-wan21-flf2v")
+    return load_model(str(folder), name="tiny-wan21-flf2v")
+
+
+def test_wan21_first_and_last_frame_equals_the_diffusers_pipeline(flf2v_model):
+    """Wan2.1 FLF2V: both images go through the CLIP branch (the end image too) and the VAE condition."""
+    end = example_image("end")
+    ours, latent = _ours(flf2v_model, 32, 32, 9, 3.0, end)
+    reference = _diffusers_latent(flf2v_model, 32, 32, 9, 3.0, end)
+    condition = next(iter(latent.extra.values()))
+    assert condition.has_end_image and condition.image_embeds.shape[0] == 2  # start and end image tokens
+    difference = float((ours.samples - reference).abs().max())
+    assert difference < 2e-5, f"max |ours - diffusers| = {difference}"
+    swapped = denoise_with_images(flf2v_model, example_image("end"), example_image("start"))
+    assert float((swapped.samples - ours.samples).abs().max()) > 1e-3  # the end image really conditions
+    with pytest.raises(ValueError, match=r"end_image: model 'tiny-wan21-flf2v' is the Wan2\.1 first-and-last"):
+        image_to_video_latent(flf2v_model, example_image("start"), None, 32, 32, 9)
+
+
+def denoise_with_images(model, start, end):
+    latent = image_to_video_latent(model, start, end, 32, 32, 9)
+    positive, negative = encode_text(model, "a cat dancing"), encode_text(model, "blurry")
+    return denoise(model, positive, negative, latent, _schedule(3.0), SEED)
