@@ -24,10 +24,6 @@ CONTRACT_PATH = "/lorabind/contract"
 MAX_NAME_CHARS = 1024  # a model name, not a document: longer query values are refused before any lookup
 
 
-def _lora_path(name: str):
-    return comfy_bridge.lora_full_path(name)
-
-
 def _model_path(name: str):
     folder = find_model_folder(name)
     return None if folder is None else str(folder)
@@ -35,7 +31,7 @@ def _model_path(name: str):
 
 # folder kind -> (what it holds, in words; name -> path or None; (path, name) -> declaration)
 _FOLDERS = {
-    "loras": ("LoRA file or PEFT adapter folder", _lora_path, lora_file_contract),
+    "loras": ("LoRA file or PEFT adapter folder", comfy_bridge.lora_full_path, lora_file_contract),
     "diffusers": ("diffusers model folder", _model_path, model_folder_contract),
 }
 
