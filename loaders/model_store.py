@@ -61,6 +61,14 @@ def detect_family(model_index: dict) -> str:
     return detect_model_family(model_index)
 
 
+def require_libraries(model_index: dict, family: str, label: str) -> None:
+    """Refuse, naming the versions needed, when the installed libraries are older than a folder's model needs:
+    its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2)."""
+    from .families import family_by_id
+
+    compat.require(family_by_id(family).requirements_id(family, model_index=model_index), label)
+
+
 def denoiser_names(model_index: dict) -> list[str]:
     """The denoiser components (``transformer``, ``transformer_2``, ``transformer_ref``...) that are set."""
     return [key for key, entry in model_index.items() if key.startswith("transformer") and _is_set(entry)]
@@ -168,7 +176,7 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
 
     def load() -> LoadedModel:
         family = detect_family(model_index)
-        compat.require(family, f"{folder.name} ({family})")
+        require_libraries(model_index, family, f"{folder.name} ({family})")
         refuse_pickle_weights(folder, model_index)
         speed.check_attention(attention, torch_device)
         plan = load_plan.choose_plan(folder, model_index, device=torch_device, memory=memory_name, dtype=torch_dtype)

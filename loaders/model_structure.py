@@ -14,9 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import compat
 from .errors import ModelLoadError
-from .model_store import denoiser_names, detect_family, read_model_index
+from .model_store import denoiser_names, detect_family, read_model_index, require_libraries
 
 
 @dataclass(eq=False)
@@ -36,7 +35,7 @@ def load_structure(path, *, name: str = "") -> ModelStructure:
     folder = Path(path).expanduser().resolve()
     model_index = read_model_index(folder)
     family = detect_family(model_index)
-    compat.require(family, f"{folder.name} ({family})")
+    require_libraries(model_index, family, f"{folder.name} ({family})")
     components = {component: _module_tree(_stored_shapes(folder / component))
                   for component in denoiser_names(model_index)}
     return ModelStructure(path=str(folder), name=name or folder.name, family=family, components=components,

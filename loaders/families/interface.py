@@ -76,6 +76,13 @@ class ModelFamily:
         """The model family id a ``model_index.json`` describes when it is this family's, else None."""
         raise NotImplementedError
 
+    def requirements_id(self, model_family: str, model_index: Optional[dict] = None,
+                        variant: Optional[str] = None) -> str:
+        """The ``compat.REQUIREMENTS`` entry checked before loading a model of ``model_family`` from a folder
+        (``model_index``) or single files (detected ``variant``): the family id, unless a variant of it came with a
+        newer library release than the family itself."""
+        return model_family
+
     def load_pipeline(self, source: PipelineSource):
         """The pipeline object (``LoadedModel.pipeline``) for ``source``; raises on an unsupported source.
         A single-file source's pipeline reports its ``model_index`` as ``pipeline_index(pipeline)`` does."""

@@ -129,7 +129,8 @@ def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Itera
 
     def load() -> LoadedModel:
         # the versions the model family needs (two experts: the family's expert-pair id, Wan2.2 MoE)
-        compat.require(family_object.model_families[-1 if len(files.denoisers) > 1 else 0], high.title)
+        model_family = family_object.model_families[-1 if len(files.denoisers) > 1 else 0]
+        compat.require(family_object.requirements_id(model_family, variant=high.model.variant), high.title)
         speed.check_attention(attention, torch_device)
         name = " + ".join(os.path.basename(p) for p in paths)
         plan = _choose_plan(files, label=name, device=torch_device, memory=memory_name, dtype=torch_dtype)

@@ -30,3 +30,20 @@ def test_a_missing_library_is_named(monkeypatch):
     monkeypatch.setattr(compat, "installed_version", lambda name: None if name == "transformers" else "9.0")
     with pytest.raises(ModelLoadError, match=r"Qwen-Image needs transformers >= 4\.49 \(installed none\)"):
         compat.require("qwen_image")
+
+
+def test_a_ti2v_folder_or_file_is_checked_against_the_wan22_release(monkeypatch):
+    """TI2V-5B is a one-transformer Wan pipeline (family "wan2.1") whose expand_timesteps came with diffusers 0.35."""
+    from lorabind.loaders.families import family_by_id
+    from lorabind.loaders.model_store import require_libraries
+
+    monkeypatch.setattr(compat, "installed_version", lambda name: {"diffusers": "0.34.0"}.get(name, "9.0"))
+    require_libraries({"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]},
+                      "wan2.1", "wan21 (wan2.1)")  # a plain Wan2.1 folder is fine on 0.34
+    ti2v_index = {"_class_name": "WanPipeline", "expand_timesteps": True}
+    with pytest.raises(ModelLoadError, match=r"ti2v5b \(wan2\.1\) needs diffusers >= 0\.35 \(installed 0\.34\.0\)"):
+        require_libraries(ti2v_index, "wan2.1", "ti2v5b (wan2.1)")
+    wan = family_by_id("wan2.1")
+    assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="ti2v")) == [
+        "diffusers >= 0.35 (installed 0.34.0)"]
+    assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="i2v")) == []

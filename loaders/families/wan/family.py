@@ -17,6 +17,7 @@ from .single_files import assemble_wan_pipeline
 
 HIGH_NOISE_EXPERT = "transformer"
 LOW_NOISE_EXPERT = "transformer_2"
+TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its compat.REQUIREMENTS entry
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
 # which would change what the cross-attention sees, so we pass the __call__ value explicitly.
 WAN_TEXT_TOKENS = 512
@@ -38,6 +39,12 @@ class WanFamily(DiffusersFlowFamily):
         if not str(model_index.get("_class_name", "")).startswith("Wan"):
             return None
         return contracts.MOE_FAMILY if _is_set(model_index.get("transformer_2")) else "wan2.1"
+
+    def requirements_id(self, model_family, model_index=None, variant=None):
+        # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)
+        if variant == "ti2v" or (model_index or {}).get("expand_timesteps"):
+            return TI2V_REQUIREMENTS
+        return model_family
 
     def assemble_single_files(self, source):
         return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)
