@@ -122,22 +122,27 @@ def _measure_config(library: str, class_name: str, config_text: str, dtype_name:
     return _measure(module, getattr(torch, dtype_name), keep)
 
 
-def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = ()) -> ComponentSize:
+def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = (),
+                   one_byte: frozenset = frozenset()) -> ComponentSize:
     """The ``ComponentSize`` of an already built (e.g. meta-device) module: loaders that build their modules
-    from shipped configs (single files) size them the same way as a folder's."""
-    return ComponentSize(name=name, role=role, **_measure(module, dtype, keep_fp32))
+    from shipped configs (single files) size them the same way as a folder's. ``one_byte``: parameter names
+    stored in fp8 (single files keep fp8 weights fp8)."""
+    return ComponentSize(name=name, role=role, **_measure(module, dtype, keep_fp32, one_byte))
 
 
-def _measure(module, dtype, keep_fp32: tuple) -> dict:
+def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset()) -> dict:
     """Byte counts of ``module`` at ``dtype``; parameters named by ``keep_fp32`` stay float32 (as diffusers
-    loads them)."""
+    loads them), those named in ``one_byte`` take one byte per element."""
     import torch
 
     run_bytes = torch.empty((), dtype=dtype, device="meta").element_size()
 
-    def nbytes(name: str, tensor) -> int:
+    def nbytes(name: str, tensor, stored: bool = True) -> int:
+        name = name.lstrip(".")  # a root module's own parameters come as ".name"
         if not tensor.is_floating_point():
             return tensor.numel() * tensor.element_size()
+        if stored and name in one_byte:
+            return tensor.numel()
         fp32 = any(part in keep_fp32 for part in name.split("."))
         return tensor.numel() * (4 if fp32 else run_bytes)
 
@@ -146,7 +151,8 @@ def _measure(module, dtype, keep_fp32: tuple) -> dict:
     parameters = sum(p.numel() for p in module.parameters())
     largest_layer = 0
     for prefix, sub in module.named_modules():
-        own = sum(nbytes(f"{prefix}.{n}", p) for n, p in sub.named_parameters(recurse=False))
+        # at the compute dtype even when stored fp8: a forward dequantizes one layer at a time
+        own = sum(nbytes(f"{prefix}.{n}", p, stored=False) for n, p in sub.named_parameters(recurse=False))
         largest_layer = max(largest_layer, own)
     block_classes = set(getattr(module, "_no_split_modules", None) or ())
     blocks = []

@@ -131,6 +131,22 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     return model.eval().requires_grad_(False)
 
 
+def fp8_parameters(detected: Detected, model) -> set:
+    """The diffusers parameter names ``load_component`` keeps in fp8 for this file (its fp8 tensors, less the
+    modules it dequantizes): read from the file's header only, so a plan sizes them at one byte each."""
+    from safetensors import safe_open
+
+    layout = detected.kind.layout(detected.config)
+    plan = layout.native_plan(model.state_dict(keep_vars=True))
+    parameters = {name for name, _ in model.named_parameters()}
+    never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    with safe_open(detected.path, framework="pt") as handle:
+        fp8_native = {k[len(detected.prefix):] for k in handle.keys()
+                      if k.startswith(detected.prefix) and handle.get_slice(k).get_dtype() == "F8_E4M3"}
+    return {key for native_key in fp8_native & set(plan) for key in plan[native_key]
+            if key in parameters and not keeps_fp32(key, never_fp8)}
+
+
 def fp32_modules(cls, detected: Detected, compute) -> tuple:
     """What ``from_pretrained`` keeps in float32: diffusers for any lower dtype; transformers only for float16
     (plus its ``_strict`` list always)."""

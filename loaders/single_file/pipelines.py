@@ -20,7 +20,7 @@ from ..model_store import LoadedModel, load_shared, quiet_library_progress, reso
 from . import catalog, fp8, tokenizers
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
-from .loading import build_empty, fp32_modules, load_component
+from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 
 class SingleFileWeightSources:
     """Where each denoiser weight can be re-read for an exact restore (``loaders.weight_sources``): its native key
@@ -84,21 +84,31 @@ def _placement_index(named: dict) -> dict:
 
 
 def _choose_plan(files: CheckpointSet, *, label: str, device, memory: str, dtype):
-    """The memory plan for the set, from the modules built on the meta device from the shipped configs (no
-    weight is read; fp8 weights are sized at the compute dtype, an upper bound). Refuses before loading."""
+    """The memory plan for the set, from the modules built on the meta device from the shipped configs and the
+    files' headers (no weight is read; weights kept fp8 are sized at one byte). Refuses before loading."""
     from .. import load_plan
+
+    named = _named_files(files)
+    if device.type == "cpu" and memory == "auto":
+        return load_plan.cpu_plan(_placement_index(named))
+    return load_plan.plan_for_sizes(component_sizes(files, dtype), label=label, device=device, memory=memory)
+
+
+def component_sizes(files: CheckpointSet, dtype) -> list:
+    """``memory.sizes.ComponentSize`` of each file of the set as ``load_component`` will hold it at ``dtype``."""
     from ..memory.sizes import component_role, measure_module
 
     named = _named_files(files)
     index = _placement_index(named)
-    if device.type == "cpu" and memory == "auto":
-        return load_plan.cpu_plan(index)
     sizes = []
     for name, detected in named.items():
         module = build_empty(detected)
+        if hasattr(module, "tie_weights"):  # transformers 5 ties shared embeddings (umt5) at load, not when built
+            module.tie_weights()
         keep = fp32_modules(type(module), detected, dtype)
-        sizes.append(measure_module(name, component_role(name, index), module, dtype, keep))
-    return load_plan.plan_for_sizes(sizes, label=label, device=device, memory=memory)
+        sizes.append(measure_module(name, component_role(name, index), module, dtype, keep,
+                                    one_byte=fp8_parameters(detected, module)))
+    return sizes
 
 
 def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Iterable[Path] = (),

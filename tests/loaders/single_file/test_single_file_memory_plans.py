@@ -45,3 +45,36 @@ def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypat
     text = str(error.value)
     assert "wan2.2_t2v_high_noise_tiny_fp8_e4m3fn.safetensors" in text and "Nothing was loaded" in text
     assert "of device memory (0.0 GiB free)" in text  # what it needs and what is free
+
+
+def _detected_set(root, precision: str):
+    from lorabind.loaders.single_file.detect import check_set, detect
+
+    def one(folder, name):
+        return detect(str(root / folder / "lorabind-tiny" / name), name)
+
+    return check_set([one("diffusion_models", f"wan2.2_t2v_{e}_noise_tiny_{precision}.safetensors")
+                      for e in ("high", "low")], one("vae", "wan_2.1_vae_tiny.safetensors"),
+                     one("text_encoders", "umt5_tiny_fp8_e4m3fn_scaled.safetensors"))
+
+
+def _held_bytes(module) -> int:
+    return sum(t.nbytes for t in module.parameters()) + sum(t.nbytes for t in module.buffers())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8_e4m3fn"])
+def test_planned_bytes_are_what_loading_holds_fp8_at_one_byte(single_file_root, precision):
+    """The plan sizes each file as loaded: weights kept fp8 at one byte (not at the compute dtype), the
+    dequantized keep-in-float32 modules at four; only the file headers are read to know which."""
+    from lorabind.loaders.single_file.loading import load_component
+    from lorabind.loaders.single_file.pipelines import _named_files, component_sizes
+
+    files = _detected_set(single_file_root, precision)
+    planned = {size.name: size.bytes for size in component_sizes(files, torch.bfloat16)}
+    held = {name: _held_bytes(load_component(detected, dtype=torch.bfloat16))
+            for name, detected in _named_files(files).items()}
+    assert planned == held
+    if precision == "fp8_e4m3fn":
+        bf16 = {size.name: size.bytes for size in component_sizes(_detected_set(single_file_root, "bf16"),
+                                                                  torch.bfloat16)}
+        assert planned["transformer"] < bf16["transformer"] and planned["vae"] == bf16["vae"]
