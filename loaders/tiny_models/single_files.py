@@ -43,10 +43,11 @@ VAE_FILES = {"wan_2.1_vae_tiny.safetensors": WAN22_NAME, "qwen_image_vae_tiny.sa
              "wan2.2_vae_tiny.safetensors": WAN22_TI2V_NAME}
 UMT5_STEM = "umt5_tiny"
 QWEN25_VL_FILE = "qwen_2.5_vl_tiny_bf16.safetensors"
+QWEN25_VL_FP8_FILE = "qwen_2.5_vl_tiny_fp8_scaled.safetensors"  # as ComfyUI's qwen_2.5_vl_7b_fp8_scaled
 CLIP_VISION_FILE = "clip_vision_tiny.safetensors"  # Wan2.1 I2V's image encoder (ComfyUI: models/clip_vision)
 # the folder each single file was converted from (tests compare the two)
 SOURCE_FOLDERS = {**{stem: spec[0] for stem, spec in DENOISER_FILES.items()}, **VAE_FILES,
-                  UMT5_STEM: WAN22_NAME, QWEN25_VL_FILE: QWEN_IMAGE_NAME, CLIP_VISION_FILE: WAN21_I2V_NAME}
+                  UMT5_STEM: WAN22_NAME, QWEN25_VL_FILE: QWEN_IMAGE_NAME, QWEN25_VL_FP8_FILE: QWEN_IMAGE_NAME, CLIP_VISION_FILE: WAN21_I2V_NAME}
 
 
 def _save(path: Path, tensors: dict) -> Path:
@@ -113,8 +114,11 @@ def write_tiny_single_files(models_root) -> list[Path]:
                                  tensors))
     qwen = source_root / QWEN_IMAGE_NAME
     if (qwen / "model_index.json").is_file():
-        tensors = native_tensors(_component(qwen, "text_encoder"), layouts.QWEN25_VL_ENCODER)
-        written.append(_save(models_root / "text_encoders" / SUBFOLDER / QWEN25_VL_FILE, tensors))
+        encoder = _component(qwen, "text_encoder")
+        for precision, name in (("bf16", QWEN25_VL_FILE), ("fp8_scaled", QWEN25_VL_FP8_FILE)):
+            tensors = native_tensors(encoder, layouts.QWEN25_VL_ENCODER, precision=precision,
+                                     quantized_prefix="model.layers.")
+            written.append(_save(models_root / "text_encoders" / SUBFOLDER / name, tensors))
     clip = source_root / WAN21_I2V_NAME
     if (clip / "model_index.json").is_file():
         tensors = native_tensors(_component(clip, "image_encoder"), layouts.CLIP_VISION_ENCODER)

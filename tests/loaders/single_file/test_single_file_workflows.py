@@ -27,8 +27,8 @@ def models_root(single_file_root, registry_at):
 def _single_file_model(case: str, precision: str):
     folder, denoisers, vae, encoder, _ = CASES[case]
     encoder_file = f"{encoder}_bf16.safetensors"
-    if encoder == "umt5_tiny" and precision != "bf16":
-        encoder_file = "umt5_tiny_fp8_e4m3fn_scaled.safetensors"
+    if precision != "bf16":  # the published text encoders come fp8 scaled only
+        encoder_file = f"{encoder}_{'fp8_e4m3fn_scaled' if encoder == 'umt5_tiny' else 'fp8_scaled'}.safetensors"
     names = [f"{TINY}{stem}_{precision}.safetensors" for stem in denoisers]
     model, detected = call("LoraBindCheckpointLoader", denoiser=names[0],
                            denoiser_low_noise=names[1] if len(names) > 1 else "none",
@@ -60,6 +60,8 @@ def test_single_files_in_fp8_render_within_the_stated_tolerance(models_root, cas
     transformer = model.model.components["transformer"]
     fp8_weights = [p for p in transformer.parameters() if p.dtype == torch.float8_e4m3fn]
     assert fp8_weights, "fp8 weights must stay fp8 in memory"
+    encoder = model.model.pipeline.text_encoder
+    assert any(p.dtype == torch.float8_e4m3fn for p in encoder.parameters()), "the fp8 text encoder too"
     from_files = render(model, frames=CASES[case][-1])
     reference = _folder_run(case)
     difference = (from_files.float() - reference.float()).abs()
