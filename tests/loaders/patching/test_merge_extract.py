@@ -289,3 +289,31 @@ def test_inspect_reports_mixed_alpha_and_scale_per_pair(merged, capsys):
     (alpha,), (rank,) = alphas, ranks
     assert report["alpha"] == [alpha, None]
     assert report["scale"] == sorted([alpha / rank, 1.0])
+
+
+def test_merge_of_a_dora_file_equals_its_fuse_bit_for_bit(tiny_wan22_folder, tmp_path):
+    """DoRA's delta reads the base weight: the streaming merge (base = the stored tensor) and the in-memory fuse
+    (base = the loaded parameter) must give the same bits."""
+    from lorabind.loaders.patching import PatchLayer, WeightPatcher
+
+    module = load_transformer(tiny_wan22_folder, "transformer")
+    g = torch.Generator().manual_seed(4)
+    tensors = {}
+    for flat, path in (("blocks_0_self_attn_q", "blocks.0.attn1.to_q"), ("blocks_1_ffn_2", "blocks.1.ffn.net.2")):
+        out_f, in_f = module.get_submodule(path).weight.shape
+        tensors.update({f"lora_unet_{flat}.lora_down.weight": torch.randn(4, in_f, generator=g) * 0.3,
+                        f"lora_unet_{flat}.lora_up.weight": torch.randn(out_f, 4, generator=g) * 0.3,
+                        f"lora_unet_{flat}.alpha": torch.tensor(2.0),
+                        f"lora_unet_{flat}.dora_scale": torch.rand(1, in_f, generator=g) + 0.5})
+    lora = str(tmp_path / "dora.safetensors")
+    save_file(tensors, lora)
+    out = str(tmp_path / "merged_dora")
+    assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{lora}:0.6", "--component", "transformer",
+                 "--out", out]) == 0
+    applied = account(map_to_model(read_lora(lora), "wan2.2_moe"), module).applied
+    WeightPatcher({"transformer": module}).apply([PatchLayer("dora", "transformer", 0.6, applied)])
+    merged_state, base = component_state(out, "transformer"), component_state(tiny_wan22_folder, "transformer")
+    for path in ("blocks.0.attn1.to_q", "blocks.1.ffn.net.2"):
+        fused = module.get_submodule(path).weight.detach()
+        assert torch.equal(merged_state[f"{path}.weight"], fused), path
+        assert not torch.equal(fused, base[f"{path}.weight"]), path
