@@ -211,6 +211,10 @@ def run_server(config: ServerConfig) -> None:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{config.port}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
+    from .routes_frontend import INSTALL_HINT, frontend_static_dir
+
+    print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None
+          else f"  editor: not installed ({INSTALL_HINT})")
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
