@@ -122,6 +122,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
             f"{name}: not a single file lorabind knows (looked for a Wan or Qwen-Image denoiser, a Wan/Qwen-Image "
             "VAE, a umt5 or Qwen2.5-VL text encoder or a CLIP vision encoder by their key names). MiniMax-H3 and "
             "other models load from diffusers folders under models/diffusers")
+    mismatches = []
     for kind in kinds:
         try:
             signature = kind.file_signature(shapes)
@@ -139,8 +140,10 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
-    raise ModelLoadError(f"{name}: a {kinds[0].kind} file whose shapes {signature} match no known configuration "
-                         f"({', '.join(m.title for m in catalog.KNOWN_MODELS if m.kind == kinds[0].kind)}).")
+        known = ", ".join(m.title for m in catalog.KNOWN_MODELS if m.kind == kind.kind)
+        mismatches.append(f"a {kind.kind} file whose shapes {signature} match no known configuration ({known})")
+    # every kind whose key names the file has (the Wan2.1 and Wan2.2 VAEs share theirs) is named, with its shapes
+    raise ModelLoadError(f"{name}: " + "; or ".join(mismatches) + ".")
 
 
 @dataclass(frozen=True)

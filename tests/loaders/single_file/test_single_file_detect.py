@@ -159,3 +159,21 @@ def test_a_minimax_h3_single_file_is_refused_saying_to_use_its_diffusers_folder(
     assert text.startswith("minimax_h3_t2va_bf16.safetensors: a MiniMax-H3 denoiser single file, which lorabind "
                            "does not load. MiniMax-H3 runs from its diffusers folder only")
     assert "models/diffusers/" in text and "LoraBindModelLoader" in text
+
+
+def test_an_unknown_vae_names_every_kind_its_keys_fit(root, tmp_path):
+    """A Wan2.2 VAE's key names fit both Wan VAE kinds; with unknown shapes, both are named with their shapes
+    (not only the first kind tried)."""
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(root / "vae" / "lorabind-tiny" / "wan2.2_vae_tiny.safetensors"), "pt") as handle:
+        tensors = {k: handle.get_tensor(k) for k in handle.keys()}
+    tensors["conv2.weight"] = torch.cat([tensors["conv2.weight"]] * 2)  # twice the latent channels
+    path = tmp_path / "wan2.2_vae_odd.safetensors"
+    save_file(tensors, str(path))
+    with pytest.raises(ModelLoadError) as error:
+        detect(str(path), path.name)
+    text = str(error.value)
+    assert text.startswith("wan2.2_vae_odd.safetensors: a wan_vae file whose shapes ")
+    assert "; or a wan22_vae file whose shapes " in text and "(Wan2.2 VAE, Wan2.2 VAE (lorabind tiny))" in text
