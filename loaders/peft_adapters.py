@@ -56,23 +56,26 @@ def cache_key(path: str, component: str) -> tuple:
 
 @dataclass
 class PeftRankGroup:
-    """One peft adapter to inject: every target of one rank, scales folded into B (``lora_alpha == r``)."""
+    """One peft adapter to inject: every target of one adapter kind and rank, scales folded into the tensors."""
 
     rank: int
     modules: tuple  # exact module paths
-    state_dict: dict  # "<module>.lora_A.weight" / "<module>.lora_B.weight" (/ "<module>.lora_B.bias")
+    state_dict: dict  # the kind's peft tensors per module (e.g. "<module>.lora_A.weight", "<module>.hada_w1_a")
     with_bias: bool
+    kind: str = "lora"
 
 
 def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGroup]:
-    """Convert canonical ``TargetPatch``es into peft state dicts, one per rank.
+    """Convert canonical ``TargetPatch``es into peft state dicts, one per (adapter kind, rank).
 
-    ``B' = scale · up`` (float32) so that peft with ``lora_alpha = r`` (scaling 1) reproduces exactly the
-    delta our fuse path applies. A ``diff_b`` (bias diff) on a low-rank target becomes peft's ``lora_B.bias``;
-    any other full diff cannot be expressed by a LoRA layer and is refused.
+    Each kind with a ``PeftForm`` gives its tensors with the delta's scale folded in, so the tuner at scaling 1
+    reproduces exactly the delta the fuse path applies. A ``diff_b`` (bias diff) goes where the kind's tuner
+    keeps a bias (the LoRA tuner's ``lora_B.bias``); any other full diff cannot be expressed by an adapter layer
+    and is refused.
     """
-    by_rank: dict[int, dict] = {}
-    biased_ranks: set[int] = set()
+    by_group: dict[tuple, dict] = {}
+    modules_of: dict[tuple, set] = {}
+    biased: set[tuple] = set()
     for module_path, target in sorted(targets.items()):
         extra = sorted(set(target.param_diffs) - {"bias"})
         if extra or (target.param_diffs and target.low_rank is None):
@@ -84,57 +87,49 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
         if target.low_rank is None:
             continue
         delta = target.low_rank
-        if not kinds.by_name(delta.kind).peft_capable:
+        form = kinds.by_name(delta.kind).peft_form
+        if form is None:
             raise AdapterError(
                 f"'{label}': '{module_path}' is a {delta.kind} adapter, which must be fused: adapter kinds that "
                 f"run unfused are {', '.join(kinds.unfused_kinds())}; {', '.join(kinds.fused_only_kinds())} "
                 f"run fused only — {FUSE_NODE_HINT}."
             )
-        if delta.down.dim() != 2:
-            raise AdapterError(
-                f"'{label}': '{module_path}' is a convolution LoRA (down {list(delta.down.shape)}); dynamic "
-                f"adapters support linear layers only — {FUSE_NODE_HINT}."
-            )
-        rank = delta.rank
-        sd = by_rank.setdefault(rank, {})
-        sd[f"{module_path}.lora_A.weight"] = delta.down.to(torch.float32)
-        sd[f"{module_path}.lora_B.weight"] = delta.up.to(torch.float32) * float(delta.scale)
+        try:
+            tensors = form.tensors(module_path, delta)
+        except ValueError as exc:
+            raise AdapterError(f"'{label}': {exc} — {FUSE_NODE_HINT}.") from None
+        group = (delta.kind, delta.rank)
+        by_group.setdefault(group, {}).update(tensors)
+        modules_of.setdefault(group, set()).add(module_path)
         if "bias" in target.param_diffs:
-            sd[f"{module_path}.lora_B.bias"] = target.param_diffs["bias"].to(torch.float32)
-            biased_ranks.add(rank)
+            if form.bias_key is None:
+                raise AdapterError(f"'{label}': '{module_path}' has a bias diff, which a dynamic {delta.kind} "
+                                   f"adapter cannot carry — {FUSE_NODE_HINT}.")
+            by_group[group][f"{module_path}.{form.bias_key}"] = target.param_diffs["bias"].to(torch.float32)
+            biased.add(group)
     groups = []
-    for rank, sd in sorted(by_rank.items()):
-        modules = tuple(sorted({k.rsplit(".lora_", 1)[0] for k in sd}))
-        with_bias = rank in biased_ranks
+    for (kind, rank), sd in sorted(by_group.items()):
+        modules = tuple(sorted(modules_of[(kind, rank)]))
+        with_bias = (kind, rank) in biased
         if with_bias:  # peft gives every layer of a lora_bias adapter a bias: zeros where the file has none
+            bias_key = kinds.by_name(kind).peft_form.bias_key
             for m in modules:
-                if f"{m}.lora_B.bias" not in sd:
-                    sd[f"{m}.lora_B.bias"] = torch.zeros(sd[f"{m}.lora_B.weight"].shape[0])
-        groups.append(PeftRankGroup(rank, modules, sd, with_bias))
+                if f"{m}.{bias_key}" not in sd:
+                    layer_weight = sd[f"{m}.{bias_key.rsplit('.', 1)[0]}.weight"]  # the layer the bias belongs to
+                    sd[f"{m}.{bias_key}"] = torch.zeros(layer_weight.shape[0])
+        groups.append(PeftRankGroup(rank, modules, sd, with_bias, kind))
     if not groups:
         raise AdapterError(f"'{label}' has no low-rank targets on this component; nothing to attach dynamically.")
     return groups
 
 
-def _lora_config(group: PeftRankGroup, label: str):
-    from peft import LoraConfig
-
-    kwargs = dict(
-        r=group.rank,
-        lora_alpha=group.rank,  # scaling 1: the exact per-pair scale is already folded into B
-        # a regex string is matched with re.fullmatch by peft: exact module paths, no suffix surprises
-        target_modules="^(?:" + "|".join(re.escape(m) for m in group.modules) + ")$",
-        lora_dropout=0.0,
-        init_lora_weights=False,  # the weights are set right after injection
-    )
-    if group.with_bias:
-        if "lora_bias" not in getattr(LoraConfig, "__dataclass_fields__", {}):
-            raise AdapterError(
-                f"'{label}' has bias diffs (diff_b); attaching them dynamically needs peft >= 0.14 (lora_bias) — "
-                f"upgrade peft or {FUSE_NODE_HINT}."
-            )
-        kwargs["lora_bias"] = True
-    return LoraConfig(**kwargs)
+def _peft_config(group: PeftRankGroup, label: str):
+    # a regex string is matched with re.fullmatch by peft: exact module paths, no suffix surprises
+    target_modules = "^(?:" + "|".join(re.escape(m) for m in group.modules) + ")$"
+    try:
+        return kinds.by_name(group.kind).peft_form.config(group.rank, target_modules, group.with_bias)
+    except ValueError as exc:
+        raise AdapterError(f"'{label}': {exc} — upgrade peft or {FUSE_NODE_HINT}.") from None
 
 
 # ---------------------------------------------------------------------------------------------- cache
@@ -226,15 +221,16 @@ class AdapterCache:
         names = []
         try:
             for group in groups:
-                name = f"lorabind{self._counter}_r{group.rank}"
-                config = _lora_config(group, label)
+                name = f"lorabind{self._counter}_{group.kind}{group.rank}"
+                config = _peft_config(group, label)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # peft's false "invalid shape" warning for lora_B.bias
                     inject_adapter_in_model(config, module, adapter_name=name)
                     names.append(name)
                     fp8.adapters_in_compute_dtype(module, name)
                     result = set_peft_model_state_dict(module, group.state_dict, adapter_name=name)
-                unexpected = [k for k in getattr(result, "unexpected_keys", []) if "lora_" in k]
+                unexpected = [k for k in getattr(result, "unexpected_keys", [])
+                              if any(k.startswith(f"{m}.") for m in group.modules)]
                 if unexpected:
                     raise AdapterError(f"peft did not accept {len(unexpected)} tensors of '{label}': {unexpected[:5]}")
         except BaseException:
@@ -318,10 +314,11 @@ def _unwrap_empty_peft_layers(module: nn.Module) -> None:
     peft's functional ``delete_adapter`` keeps the wrapper (state-dict keys then read ``….base_layer.weight``)
     and only ``PeftModel.unload`` unwraps; we use bare models, so we unwrap ourselves.
     """
-    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
     for path, layer in list(module.named_modules()):
-        if not isinstance(layer, LoraLayer) or len(layer.lora_A) > 0:
+        if not isinstance(layer, BaseTunerLayer) or any(len(getattr(layer, name)) for name in
+                                                        layer.adapter_layer_names):
             continue
         parent_path, _, child = path.rpartition(".")
         parent = module.get_submodule(parent_path) if parent_path else module

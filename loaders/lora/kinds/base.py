@@ -50,12 +50,28 @@ class WeightDelta(Protocol):
 
 
 @dataclass(frozen=True)
+class PeftForm:
+    """How a kind runs unfused as a peft adapter (``loaders.peft_adapters``), where peft has a tuner for it.
+
+    ``config(rank, target_modules, with_bias)``: the peft config of one adapter holding every module of that
+    rank, with the delta's scale already folded into the tensors (so the tuner's own scaling is 1).
+    ``tensors(module_path, delta)``: that module's entries of the adapter's state dict, float32. Both raise
+    ``ValueError`` with the reason when the module or the installed peft cannot run it unfused.
+    ``bias_key``: the state-dict suffix a bias diff on the module goes to; None when the tuner has no bias.
+    """
+
+    config: Callable
+    tensors: Callable
+    bias_key: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class AdapterKind:
     """One adapter kind: the key suffixes it claims and how a module's parts become its ``WeightDelta``.
 
     ``build(module, parts, tensors, display_name, peft)``: ``parts`` maps part -> raw key (only this kind's parts
-    and ``alpha``); ``peft`` is the file's ``PeftScaling`` or None. ``peft_capable``: whether a file of this kind
-    can be run unfused as a peft adapter by ``loaders.peft_adapters``.
+    and ``alpha``); ``peft`` is the file's ``PeftScaling`` or None. ``peft_form``: how a file of this kind runs
+    unfused as a peft adapter (``loaders.peft_adapters``), None when it must be fused.
 
     ``wraps``: the kind decorates another kind's delta (DoRA's magnitude on a low-rank pair, LoHa or LoKr). It
     wins over the other kinds when its parts are present; the module's remaining parts are built by their own
@@ -65,12 +81,16 @@ class AdapterKind:
     name: str
     suffix_parts: tuple  # ((suffix, part), ...), more specific suffixes first
     build: Callable
-    peft_capable: bool = False
+    peft_form: Optional[PeftForm] = None
     wraps: bool = False
 
     @property
     def parts(self) -> frozenset:
         return frozenset(part for _, part in self.suffix_parts)
+
+    @property
+    def peft_capable(self) -> bool:
+        return self.peft_form is not None
 
 
 def alpha_of(parts: dict, tensors, display_name: str, module: str) -> Optional[float]:

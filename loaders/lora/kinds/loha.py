@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from .base import AdapterKind, alpha_of, flat_shape, require
+from .base import AdapterKind, PeftForm, alpha_of, flat_shape, require
 
 _FACTORS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
 
@@ -99,8 +99,27 @@ def build(module: str, parts: dict, tensors, display_name: str, peft) -> LohaDel
     return LohaDelta(w1a, w1b, w2a, w2b, alpha, scale)
 
 
+def _peft_config(rank: int, target_modules: str, with_bias: bool):
+    from peft import LoHaConfig
+
+    # alpha = r: the scale is folded into hada_w1_a (the product is linear in each factor)
+    return LoHaConfig(r=rank, alpha=rank, target_modules=target_modules, rank_dropout=0.0, module_dropout=0.0,
+                      init_weights=False)
+
+
+def _peft_tensors(module_path: str, delta: LohaDelta) -> dict:
+    """peft's LoHa layer holds the same four factors for a Linear (``hada_w1_a`` [out, r], ``hada_w1_b`` [r, in])
+    and adds ``(w1a @ w1b) * (w2a @ w2b) * scaling`` (peft/tuners/loha/layer.py)."""
+    if delta.tucker or delta.w1b.dim() != 2:
+        raise ValueError(f"'{module_path}' is a convolution LoHa; unfused adapters support linear layers only")
+    factors = {"hada_w1_a": delta.w1a * float(delta.scale), "hada_w1_b": delta.w1b, "hada_w2_a": delta.w2a,
+               "hada_w2_b": delta.w2b}
+    return {f"{module_path}.{name}": tensor.to(torch.float32) for name, tensor in factors.items()}
+
+
 KIND = AdapterKind(
     name="loha",
     suffix_parts=tuple((f".{p}", p) for p in (*_FACTORS, "hada_t1", "hada_t2")),
     build=build,
+    peft_form=PeftForm(config=_peft_config, tensors=_peft_tensors),
 )

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from .base import AdapterKind, alpha_of
+from .base import AdapterKind, PeftForm, alpha_of
 
 
 @dataclass
@@ -88,6 +88,28 @@ def build(module: str, parts: dict, tensors, display_name: str, peft) -> LowRank
     return LowRankDelta(down=down, up=up, alpha=alpha, scale=scale)
 
 
+def _peft_config(rank: int, target_modules: str, with_bias: bool):
+    from peft import LoraConfig
+
+    kwargs = dict(r=rank, lora_alpha=rank, target_modules=target_modules, lora_dropout=0.0,
+                  init_lora_weights=False)  # the weights are set right after injection
+    if with_bias:
+        if "lora_bias" not in getattr(LoraConfig, "__dataclass_fields__", {}):
+            raise ValueError("it has bias diffs (diff_b); attaching them unfused needs peft >= 0.14 (lora_bias)")
+        kwargs["lora_bias"] = True
+    return LoraConfig(**kwargs)
+
+
+def _peft_tensors(module_path: str, delta: LowRankDelta) -> dict:
+    """peft's lora_A/lora_B with ``B' = scale · up``: peft at ``lora_alpha = r`` (scaling 1) then adds exactly
+    the delta the fuse path applies."""
+    if delta.down.dim() != 2:
+        raise ValueError(f"'{module_path}' is a convolution LoRA (down {list(delta.down.shape)}); unfused adapters "
+                         "support linear layers only")
+    return {f"{module_path}.lora_A.weight": delta.down.to(torch.float32),
+            f"{module_path}.lora_B.weight": delta.up.to(torch.float32) * float(delta.scale)}
+
+
 # (suffix, part); a more specific spelling comes before a shorter one that could also end the same key
 KIND = AdapterKind(
     name="lora",
@@ -108,5 +130,5 @@ KIND = AdapterKind(
         (".lora_B", "up"),
     ),
     build=build,
-    peft_capable=True,
+    peft_form=PeftForm(config=_peft_config, tensors=_peft_tensors, bias_key="lora_B.bias"),
 )

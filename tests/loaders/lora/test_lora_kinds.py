@@ -155,10 +155,10 @@ def test_a_kind_registered_from_a_test_module_binds_and_unbinds(wan22_expert, tm
 def test_dynamic_use_of_a_fused_only_kind_says_which_kinds_run_unfused(wan22_expert, tmp_path):
     from lorabind.loaders.peft_adapters import AdapterError, to_peft_groups
 
-    make, _ = KINDS["loha"]
-    file, _ = _write(tmp_path, wan22_expert, WAN_MODULES, make, "loha")
+    make, _ = KINDS["lokr-factored"]
+    file, _ = _write(tmp_path, wan22_expert, WAN_MODULES, make, "lokr")
     acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
-    with pytest.raises(AdapterError, match=r"'loha\.safetensors': 'blocks\.0\.attn1\.to_q' is a loha adapter, which "
-                                           r"must be fused: adapter kinds that run unfused are lora; loha, lokr, dora, "
+    with pytest.raises(AdapterError, match=r"'lokr\.safetensors': 'blocks\.0\.attn1\.to_q' is a lokr adapter, which "
+                                           r"must be fused: adapter kinds that run unfused are lora, loha; lokr, dora, "
                                            r"diff run fused only — load it with the FuseDistillLoRA node"):
-        to_peft_groups(acc.applied, "loha.safetensors")
+        to_peft_groups(acc.applied, "lokr.safetensors")
