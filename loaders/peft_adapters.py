@@ -63,6 +63,7 @@ class PeftRankGroup:
     state_dict: dict  # the kind's peft tensors per module (e.g. "<module>.lora_A.weight", "<module>.hada_w1_a")
     with_bias: bool
     kind: str = "lora"
+    settings: tuple = ()  # the kind's tuner settings shared by these modules (``PeftForm.tensors``)
 
 
 def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGroup]:
@@ -95,10 +96,10 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
                 f"run fused only — {FUSE_NODE_HINT}."
             )
         try:
-            tensors = form.tensors(module_path, delta)
+            tensors, settings = form.tensors(module_path, delta)
         except ValueError as exc:
             raise AdapterError(f"'{label}': {exc} — {FUSE_NODE_HINT}.") from None
-        group = (delta.kind, delta.rank)
+        group = (delta.kind, settings)
         by_group.setdefault(group, {}).update(tensors)
         modules_of.setdefault(group, set()).add(module_path)
         if "bias" in target.param_diffs:
@@ -108,16 +109,16 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
             by_group[group][f"{module_path}.{form.bias_key}"] = target.param_diffs["bias"].to(torch.float32)
             biased.add(group)
     groups = []
-    for (kind, rank), sd in sorted(by_group.items()):
-        modules = tuple(sorted(modules_of[(kind, rank)]))
-        with_bias = (kind, rank) in biased
+    for (kind, settings), sd in sorted(by_group.items()):
+        modules = tuple(sorted(modules_of[(kind, settings)]))
+        with_bias = (kind, settings) in biased
         if with_bias:  # peft gives every layer of a lora_bias adapter a bias: zeros where the file has none
             bias_key = kinds.by_name(kind).peft_form.bias_key
             for m in modules:
                 if f"{m}.{bias_key}" not in sd:
                     layer_weight = sd[f"{m}.{bias_key.rsplit('.', 1)[0]}.weight"]  # the layer the bias belongs to
                     sd[f"{m}.{bias_key}"] = torch.zeros(layer_weight.shape[0])
-        groups.append(PeftRankGroup(rank, modules, sd, with_bias, kind))
+        groups.append(PeftRankGroup(dict(settings)["r"], modules, sd, with_bias, kind, settings))
     if not groups:
         raise AdapterError(f"'{label}' has no low-rank targets on this component; nothing to attach dynamically.")
     return groups
@@ -127,7 +128,7 @@ def _peft_config(group: PeftRankGroup, label: str):
     # a regex string is matched with re.fullmatch by peft: exact module paths, no suffix surprises
     target_modules = "^(?:" + "|".join(re.escape(m) for m in group.modules) + ")$"
     try:
-        return kinds.by_name(group.kind).peft_form.config(group.rank, target_modules, group.with_bias)
+        return kinds.by_name(group.kind).peft_form.config(target_modules, group.with_bias, group.settings)
     except ValueError as exc:
         raise AdapterError(f"'{label}': {exc} — upgrade peft or {FUSE_NODE_HINT}.") from None
 
@@ -220,8 +221,8 @@ class AdapterCache:
         self._counter += 1
         names = []
         try:
-            for group in groups:
-                name = f"lorabind{self._counter}_{group.kind}{group.rank}"
+            for index, group in enumerate(groups):
+                name = f"lorabind{self._counter}_{index}_{group.kind}{group.rank}"
                 config = _peft_config(group, label)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # peft's false "invalid shape" warning for lora_B.bias

@@ -53,9 +53,10 @@ class WeightDelta(Protocol):
 class PeftForm:
     """How a kind runs unfused as a peft adapter (``loaders.peft_adapters``), where peft has a tuner for it.
 
-    ``config(rank, target_modules, with_bias)``: the peft config of one adapter holding every module of that
-    rank, with the delta's scale already folded into the tensors (so the tuner's own scaling is 1).
-    ``tensors(module_path, delta)``: that module's entries of the adapter's state dict, float32. Both raise
+    ``tensors(module_path, delta)`` -> ``(state, settings)``: that module's entries of the adapter's state dict
+    (float32, the delta's scale folded in, so the tuner's own scaling is 1) and the tuner settings the module
+    needs (a hashable tuple of config ``(name, value)`` pairs, the rank among them); modules with equal settings
+    share one adapter. ``config(target_modules, with_bias, settings)``: that adapter's peft config. Both raise
     ``ValueError`` with the reason when the module or the installed peft cannot run it unfused.
     ``bias_key``: the state-dict suffix a bias diff on the module goes to; None when the tuner has no bias.
     """

@@ -99,9 +99,10 @@ def build(module: str, parts: dict, tensors, display_name: str, peft) -> LohaDel
     return LohaDelta(w1a, w1b, w2a, w2b, alpha, scale)
 
 
-def _peft_config(rank: int, target_modules: str, with_bias: bool):
+def _peft_config(target_modules: str, with_bias: bool, settings: tuple):
     from peft import LoHaConfig
 
+    rank = dict(settings)["r"]
     # alpha = r: the scale is folded into hada_w1_a (the product is linear in each factor)
     return LoHaConfig(r=rank, alpha=rank, target_modules=target_modules, rank_dropout=0.0, module_dropout=0.0,
                       init_weights=False)
@@ -114,7 +115,8 @@ def _peft_tensors(module_path: str, delta: LohaDelta) -> dict:
         raise ValueError(f"'{module_path}' is a convolution LoHa; unfused adapters support linear layers only")
     factors = {"hada_w1_a": delta.w1a * float(delta.scale), "hada_w1_b": delta.w1b, "hada_w2_a": delta.w2a,
                "hada_w2_b": delta.w2b}
-    return {f"{module_path}.{name}": tensor.to(torch.float32) for name, tensor in factors.items()}
+    return ({f"{module_path}.{name}": tensor.to(torch.float32) for name, tensor in factors.items()},
+            (("r", delta.rank),))
 
 
 KIND = AdapterKind(

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from .base import AdapterKind, alpha_of, flat_shape
+from .base import AdapterKind, PeftForm, alpha_of, flat_shape
 
 
 @dataclass
@@ -127,9 +127,50 @@ def build(module: str, parts: dict, tensors, display_name: str, peft) -> LokrDel
     return LokrDelta(w1, w2, alpha, scale)
 
 
+def _peft_tensors(module_path: str, delta: LokrDelta) -> tuple:
+    """peft's LoKr layer for a Linear holds ``lokr_w1`` (or ``lokr_w1_a``/``_b``) and ``lokr_w2`` (or
+    ``lokr_w2_a``/``_b``) and adds ``kron(w1, w2) * alpha / r`` (peft/tuners/lokr/layer.py). It shapes them itself:
+    ``factorization(dim, decompose_factor)`` of each dimension, w2 full when ``r >= max(w2 dims) / 2``, w1 factored
+    only with ``decompose_both`` and ``r < max(w1 dims) / 2`` (LyCORIS uses the same rules). The settings reproduce
+    the file's own shapes, or the module is refused naming them."""
+    from peft.tuners.lokr.layer import factorization
+
+    if len(delta.w2) == 3 or delta.w2[-1].dim() != 2:
+        raise ValueError(f"'{module_path}' is a convolution LoKr; unfused adapters support linear layers only")
+    a, b = int(delta.w1[0].shape[0]), int(delta.w1[-1].shape[1])
+    c, d = int(delta.w2[0].shape[0]), int(delta.w2[-1].shape[1])
+    factor = next((f for f in (-1, a, b, c, d) if factorization(a * c, f) == (a, c)
+                   and factorization(b * d, f) == (b, d)), None)
+    w1_factored, w2_factored = len(delta.w1) == 2, len(delta.w2) == 2
+    rank = delta.rank or max(c, d)  # both factors full: any r >= max(c, d) / 2 keeps peft's w2 full
+    fits = (factor is not None and w2_factored == (rank < max(c, d) / 2)
+            and (not w1_factored or rank < max(a, b) / 2)
+            and (not (w1_factored and w2_factored) or int(delta.w1[1].shape[0]) == rank))
+    if not fits:
+        raise ValueError(f"'{module_path}': its Kronecker factors ({a}x{b} ⊗ {c}x{d}, rank {delta.rank}) are not a "
+                         "split peft's LoKr tuner makes")
+    scale = float(delta.scale)
+    names = ("lokr_w1_a", "lokr_w1_b") if w1_factored else ("lokr_w1",)
+    state = {name: t * (scale if i == 0 else 1.0) for i, (name, t) in enumerate(zip(names, delta.w1))}
+    state.update(zip(("lokr_w2_a", "lokr_w2_b") if w2_factored else ("lokr_w2",), delta.w2))
+    settings = (("r", rank), ("decompose_factor", factor), ("decompose_both", w1_factored))
+    return {f"{module_path}.{name}": t.to(torch.float32) for name, t in state.items()}, settings
+
+
+def _peft_config(target_modules: str, with_bias: bool, settings: tuple):
+    from peft import LoKrConfig
+
+    options = dict(settings)
+    # alpha = r: the scale is folded into w1 (the Kronecker product is linear in it)
+    return LoKrConfig(r=options["r"], alpha=options["r"], target_modules=target_modules, rank_dropout=0.0,
+                      module_dropout=0.0, init_weights=False, decompose_factor=options["decompose_factor"],
+                      decompose_both=options["decompose_both"])
+
+
 KIND = AdapterKind(
     name="lokr",
     suffix_parts=tuple((f".{p}", p) for p in ("lokr_w1_a", "lokr_w1_b", "lokr_w2_a", "lokr_w2_b", "lokr_t2",
                                                "lokr_w1", "lokr_w2")),
     build=build,
+    peft_form=PeftForm(config=_peft_config, tensors=_peft_tensors),
 )

@@ -88,9 +88,10 @@ def build(module: str, parts: dict, tensors, display_name: str, peft) -> LowRank
     return LowRankDelta(down=down, up=up, alpha=alpha, scale=scale)
 
 
-def _peft_config(rank: int, target_modules: str, with_bias: bool):
+def _peft_config(target_modules: str, with_bias: bool, settings: tuple):
     from peft import LoraConfig
 
+    rank = dict(settings)["r"]
     kwargs = dict(r=rank, lora_alpha=rank, target_modules=target_modules, lora_dropout=0.0,
                   init_lora_weights=False)  # the weights are set right after injection
     if with_bias:
@@ -107,7 +108,7 @@ def _peft_tensors(module_path: str, delta: LowRankDelta) -> dict:
         raise ValueError(f"'{module_path}' is a convolution LoRA (down {list(delta.down.shape)}); unfused adapters "
                          "support linear layers only")
     return {f"{module_path}.lora_A.weight": delta.down.to(torch.float32),
-            f"{module_path}.lora_B.weight": delta.up.to(torch.float32) * float(delta.scale)}
+            f"{module_path}.lora_B.weight": delta.up.to(torch.float32) * float(delta.scale)}, (("r", delta.rank),)
 
 
 # (suffix, part); a more specific spelling comes before a shorter one that could also end the same key

@@ -155,10 +155,16 @@ def test_a_kind_registered_from_a_test_module_binds_and_unbinds(wan22_expert, tm
 def test_dynamic_use_of_a_fused_only_kind_says_which_kinds_run_unfused(wan22_expert, tmp_path):
     from lorabind.loaders.peft_adapters import AdapterError, to_peft_groups
 
-    make, _ = KINDS["lokr-factored"]
-    file, _ = _write(tmp_path, wan22_expert, WAN_MODULES, make, "lokr")
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
-    with pytest.raises(AdapterError, match=r"'lokr\.safetensors': 'blocks\.0\.attn1\.to_q' is a lokr adapter, which "
-                                           r"must be fused: adapter kinds that run unfused are lora, loha; lokr, dora, "
-                                           r"diff run fused only — load it with the FuseDistillLoRA node"):
-        to_peft_groups(acc.applied, "lokr.safetensors")
+    weight = wan22_expert.get_submodule("blocks.0.attn1.to_q").weight
+    file = tmp_path / "toy.safetensors"
+    save_file({"lora_unet_blocks_0_self_attn_q.toy_sign": torch.ones(weight.shape)}, str(file))
+    kinds.register(TOY)  # a kind without a PeftForm runs fused only
+    try:
+        acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+        with pytest.raises(AdapterError, match=r"'toy\.safetensors': 'blocks\.0\.attn1\.to_q' is a toy adapter, "
+                                               r"which must be fused: adapter kinds that run unfused are lora, loha, "
+                                               r"lokr; dora, toy, diff run fused only — load it with the "
+                                               r"FuseDistillLoRA node"):
+            to_peft_groups(acc.applied, "toy.safetensors")
+    finally:
+        kinds.unregister("toy")
