@@ -58,12 +58,15 @@ def cache_key(path: str, component: str) -> tuple:
 class PeftRankGroup:
     """One peft adapter to inject: every target of one adapter kind and rank, scales folded into the tensors."""
 
-    rank: int
+    kind: str
+    settings: tuple  # the kind's tuner settings shared by these modules (``PeftForm.tensors``), rank "r" among them
     modules: tuple  # exact module paths
     state_dict: dict  # the kind's peft tensors per module (e.g. "<module>.lora_A.weight", "<module>.hada_w1_a")
     with_bias: bool
-    kind: str = "lora"
-    settings: tuple = ()  # the kind's tuner settings shared by these modules (``PeftForm.tensors``)
+
+    @property
+    def rank(self) -> int:
+        return dict(self.settings)["r"]
 
 
 def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGroup]:
@@ -118,7 +121,7 @@ def to_peft_groups(targets: Mapping[str, object], label: str) -> list[PeftRankGr
                 if f"{m}.{bias_key}" not in sd:
                     layer_weight = sd[f"{m}.{bias_key.rsplit('.', 1)[0]}.weight"]  # the layer the bias belongs to
                     sd[f"{m}.{bias_key}"] = torch.zeros(layer_weight.shape[0])
-        groups.append(PeftRankGroup(dict(settings)["r"], modules, sd, with_bias, kind, settings))
+        groups.append(PeftRankGroup(kind, settings, modules, sd, with_bias))
     if not groups:
         raise AdapterError(f"'{label}' has no low-rank targets on this component; nothing to attach dynamically.")
     return groups
