@@ -88,9 +88,8 @@ def _choose_plan(files: CheckpointSet, *, label: str, device, memory: str, dtype
     files' headers (no weight is read; weights kept fp8 are sized at one byte). Refuses before loading."""
     from .. import load_plan
 
-    named = _named_files(files)
     if device.type == "cpu" and memory == "auto":
-        return load_plan.cpu_plan(_placement_index(named))
+        return load_plan.cpu_plan(_placement_index(_named_files(files)))
     return load_plan.plan_for_sizes(component_sizes(files, dtype), label=label, device=device, memory=memory)
 
 
