@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs the whole bench (--quick), about a minute
+
 SUMMARY_KEYS = {
     "fuse_speedup_vs_diffusers", "fuse_vs_floor", "switch_speedup_vs_diffusers",
     "strength_change_speedup_vs_diffusers", "peak_mem_ratio", "peft_switch_ms", "rerun_overhead",

@@ -15,6 +15,8 @@ import torch
 import lorabind
 from lorabind.loaders.tiny_models import unavailable_builtins
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"

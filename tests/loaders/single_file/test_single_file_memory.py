@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 

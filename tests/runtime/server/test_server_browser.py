@@ -19,7 +19,8 @@ from server_client import start_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BROWSER_DIR = Path(__file__).parent / "browser"
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")]
 
 
 def _chromium(tmp_path, *args: str) -> subprocess.CompletedProcess:

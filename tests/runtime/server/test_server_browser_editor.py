@@ -19,7 +19,8 @@ from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from test_server_browser import BROWSER_DIR, CHROMIUM, _chromium
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")]
 HIGH, LOW = WAN22_HIGH.rsplit("/", 1)[1], WAN22_LOW.rsplit("/", 1)[1]
 
 

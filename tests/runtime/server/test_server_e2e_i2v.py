@@ -16,6 +16,8 @@ from lorabind.runtime.server.in_process_server import BackgroundServer
 from lorabind.runtime.server.config import PACK_DIR
 from server_client import Client, run_async
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 WORKFLOWS = PACK_DIR / "workflows"
 I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v")
 

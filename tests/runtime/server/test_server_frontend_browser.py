@@ -32,6 +32,7 @@ except ImportError:  # the test extra brings it
     sync_playwright = None
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)"),
     pytest.mark.skipif(sync_playwright is None, reason='playwright is not installed (pip install "lorabind[test]")'),
     pytest.mark.skipif(routes_frontend.frontend_static_dir() is None,

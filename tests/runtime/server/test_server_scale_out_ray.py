@@ -22,6 +22,8 @@ from lorabind.runtime.server import ServerConfig  # noqa: E402
 from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
 from server_client import Client, run_async  # noqa: E402
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
 
 

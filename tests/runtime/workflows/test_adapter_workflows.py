@@ -18,6 +18,8 @@ from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches"]
 PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)

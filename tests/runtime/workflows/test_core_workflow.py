@@ -13,6 +13,8 @@ from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 API_PROMPT = json.loads((WORKFLOWS / "wan22_tiny_t2v.api.json").read_text())
 UI_WORKFLOW = json.loads((WORKFLOWS / "wan22_tiny_t2v.json").read_text())

@@ -19,6 +19,8 @@ from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
 
+pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 BASE = (1.0, 0.7, 0.4, 0.15, 0.0)
 # mode -> (model key, expected video sigmas, expected audio sigmas)

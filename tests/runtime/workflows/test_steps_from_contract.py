@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import lorabind
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.runtime.cli import main
+
+pytestmark = pytest.mark.slow  # runs whole workflows end to end
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 
