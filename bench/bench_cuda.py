@@ -176,6 +176,7 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
 
 def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, size: tuple) -> dict:
     """diffusers' model offload peak, then our swap plan: the swap time vs the upload floor, and its peak."""
+    from lorabind.loaders.families import component_roles
     from lorabind.loaders.memory import MemoryPlan
     from lorabind.loaders.placement import ModelPlacement
     from lorabind.loaders.generation import denoise
@@ -197,7 +198,7 @@ def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, s
     plan = MemoryPlan(memory="swap_experts", resident=("transformer",), placement={n: "swap" for n in experts},
                       prefetch=False)
     model = _loaded_model(experts, 0.5 + 0.5 / steps)
-    model.placement = ModelPlacement(dict(experts), plan, device, model.model_index)
+    model.placement = ModelPlacement(dict(experts), plan, device, component_roles(model.model_index))
     model.placement.apply()
     model.placement.activate("transformer")
     nbytes = model.placement.staged["transformer_2"].nbytes

@@ -10,6 +10,7 @@ weight is written; an error or interrupt part-way restores everything touched, t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -117,6 +118,7 @@ def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False,
     ``on_progress(done, total)`` follows the layers being (re)patched: fusing a 14B expert takes minutes on a CPU.
     """
     state = binding_state(model)
+    adapters = [_on_component(model, spec) for spec in adapters]
     with state.lock:
         return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt, on_progress)
 
@@ -189,11 +191,22 @@ def unbind(model) -> None:
         state.stats.tensors_restored += result.restored
 
 
-def pin_adapter(model, path: str, component: str = "transformer", pinned: bool = True) -> None:
-    """Never evict this adapter file from ``model``'s adapter cache once loaded (``pinned=False`` undoes it)."""
+def pin_adapter(model, path: str, component: str = "", pinned: bool = True) -> None:
+    """Never evict this adapter file from ``model``'s adapter cache once loaded (``pinned=False`` undoes it);
+    ``component`` "" is the main denoiser."""
     state = binding_state(model)
     with state.lock:
-        state.adapters.pin(path, component, pinned)
+        state.adapters.pin(path, component or main_denoiser(model), pinned)
+
+
+def main_denoiser(model) -> str:
+    """The model's main denoiser: its family lists it first among ``model.components``."""
+    return next(iter(model.components))
+
+
+def _on_component(model, spec):
+    """An adapter spec with its component named (an ``AdapterSpec`` without one attaches to the main denoiser)."""
+    return spec if spec.component else dataclasses.replace(spec, component=main_denoiser(model))
 
 
 def release_adapters(model) -> None:

@@ -13,19 +13,6 @@ from importlib import metadata
 
 from .errors import ModelLoadError
 
-# family -> {distribution: minimum version}; from checks against older releases (diffusers 0.32–0.35,
-# transformers 4.46–4.57): WanPipeline appears in diffusers 0.33, its transformer_2/boundary_ratio (Wan2.2 MoE)
-# and QwenImagePipeline in 0.35, Qwen2.5-VL text encoders in transformers 4.49, MiniMax-H3 in diffusers 0.42.
-REQUIREMENTS = {
-    "wan2.1": {"diffusers": "0.33"},
-    "wan2.2_moe": {"diffusers": "0.35"},
-    "wan2.2_ti2v": {"diffusers": "0.35"},  # expand_timesteps came with Wan2.2 in 0.35
-    "qwen_image": {"diffusers": "0.35", "transformers": "4.49"},
-    "minimax_h3": {"diffusers": "0.42"},
-}
-
-_LABELS = {"wan2.1": "Wan2.1", "wan2.2_moe": "Wan2.2 MoE", "wan2.2_ti2v": "Wan2.2 TI2V", "qwen_image": "Qwen-Image", "minimax_h3": "MiniMax-H3"}
-
 
 def _numeric(version: str) -> tuple:
     """Leading numeric release parts: "0.42.1" -> (0, 42, 1), "5.0.0rc1" -> (5, 0, 0)."""
@@ -40,9 +27,12 @@ def installed_version(distribution: str) -> str | None:
 
 
 def unmet_requirements(family: str) -> list[str]:
-    """Human-readable unmet requirements of a family, e.g. ["diffusers >= 0.42 (installed 0.35.2)"]."""
+    """Human-readable unmet requirements of a family's requirements id (``ModelFamily.requirements``: the
+    family owns its versions), e.g. ["diffusers >= 0.42 (installed 0.35.2)"]."""
+    from .families import requirements_for
+
     unmet = []
-    for distribution, minimum in REQUIREMENTS.get(family, {}).items():
+    for distribution, minimum in requirements_for(family)[0].items():
         installed = installed_version(distribution)
         if installed is None or _numeric(installed) < _numeric(minimum):
             unmet.append(f"{distribution} >= {minimum} (installed {installed or 'none'})")
@@ -53,5 +43,7 @@ def require(family: str, what: str = "") -> None:
     """Raise ModelLoadError naming the versions a family needs when the installed ones are older."""
     unmet = unmet_requirements(family)
     if unmet:
-        subject = what or _LABELS.get(family, family)
+        from .families import requirements_for
+
+        subject = what or requirements_for(family)[1]
         raise ModelLoadError(f"{subject} needs {' and '.join(unmet)}; upgrade with pip to use this model family")

@@ -33,7 +33,7 @@ class FuseSpec:
 
     path: str  # absolute, resolved path of the .safetensors file or PEFT folder
     strength: float
-    component: str  # "transformer", "transformer_2", "transformer_ref", ...
+    component: str  # the denoiser component it goes into (the model's family names them)
     name: str = ""  # display name (relative name under the loras root) for messages
     lenient: bool = False  # keys that match nothing in the model are skipped (listed) instead of refused
 
@@ -44,7 +44,7 @@ class AdapterSpec:
 
     path: str
     scale: float
-    component: str = "transformer"
+    component: str = ""  # the denoiser it attaches to; "" = the model's main denoiser
     name: str = ""
     lenient: bool = False  # as FuseSpec.lenient
 

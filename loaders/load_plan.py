@@ -18,9 +18,9 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "
 def stored_dtype(folder: Path, model_index: dict) -> str:
     """The floating dtype the denoiser's weights are stored in (what ``dtype=auto`` loads), read from one
     safetensors header; float32 when there is nothing to read (a conservative size)."""
-    for name in model_index:
-        if not name.startswith("transformer"):
-            continue
+    from .families import denoiser_components
+
+    for name in denoiser_components(model_index):
         for file in sorted((folder / name).glob("*.safetensors")):
             try:
                 with open(file, "rb") as f:
@@ -45,23 +45,24 @@ def free_memory(device) -> tuple[int, int | None]:
     return free, None
 
 
-def cpu_plan(model_index: dict):
+def cpu_plan(roles: dict):
     """``auto`` on the CPU: everything stays in RAM. Offloading to the memory it already lives in saves nothing,
-    so no sizes are measured (a config the planner cannot read is then the loader's error, as before)."""
+    so no sizes are measured (a config the planner cannot read is then the loader's error, as before).
+    ``roles``: {component: role} of the weighted components (``ModelFamily.component_roles``)."""
     from .memory import MemoryPlan
-    from .memory.sizes import component_role
 
-    names = tuple(n for n in model_index if component_role(n, model_index) is not None)
+    names = tuple(roles)
     return MemoryPlan(memory="full", resident=names, placement={n: "device" for n in names},
                       reason="auto on the CPU: every component stays in RAM")
 
 
 def choose_plan(folder: Path, model_index: dict, *, device, memory: str, dtype=None):
     """The ``MemoryPlan`` for loading ``folder`` onto ``device``; raises ``ModelLoadError`` when it does not fit."""
+    from .families import component_roles
     from .memory import component_sizes
 
     if device.type == "cpu" and memory == "auto":
-        return cpu_plan(model_index)
+        return cpu_plan(component_roles(model_index))
 
     dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(folder, model_index)
     return plan_for_sizes(component_sizes(folder, dtype_name), label=folder.name, device=device, memory=memory)

@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import json_limits
-from .errors import KeyMatchError, ModelLoadError
+from .errors import ModelLoadError
+from .model_index import is_set
 
 
 @dataclass
@@ -33,16 +34,16 @@ class MetaModel:
 
 
 ASSET_MODES = ("copy", "symlink", "hardlink")
-EXPERT_OF_ROLE = {"high": "transformer", "low": "transformer_2"}  # Wan2.2 MoE: which expert a named file is for
 
 
-def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: str = "transformer",
+def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: str | None = None,
                       dtype=None, lenient: bool = False, asset_mode: str = "copy", overwrite: bool = False) -> dict:
     """Fuse ``loras`` into ``model_dir``'s denoisers and write ``out_dir``.
 
-    ``loras``: ``(path, strength)`` (into ``component``) or ``(component, path, strength)``, so both Wan2.2
-    experts are baked in one run. ``dtype`` (a torch dtype, None = as stored) is the merged components' tensor
-    type. Untouched files are copied, symlinked or hardlinked (``asset_mode``). The fused LoRAs' contracts and
+    ``loras``: ``(path, strength)`` (into ``component``; None: the model's main denoiser) or ``(component, path,
+    strength)`` (a None component likewise), so both Wan2.2 experts are baked in one run. The model's family
+    refuses files whose names say another slot (``ModelFamily.check_slots``). ``dtype`` (a torch dtype, None =
+    as stored) is the merged components' tensor type. Untouched files are copied, symlinked or hardlinked (``asset_mode``). The fused LoRAs' contracts and
     what was fused are written into the output ``model_index.json`` (``baked_contracts``). Returns the JSON-able
     report. Raises ``FileExistsError`` when ``out_dir`` exists (unless ``overwrite``) and ``LoraBindError``
     subclasses naming the file/key before anything is written; an error while writing leaves no ``out_dir``.
@@ -50,7 +51,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     from . import families
     from .baked_contracts import INDEX_KEY, contract_to_json, file_sha256
     from .lora.preparation import declared_contract, prepare_lora
-    from .model_store import denoiser_names, detect_family, read_model_index
+    from .model_store import detect_family, read_model_index
     from .patching import PatchLayer, plan_state_keys
 
     if asset_mode not in ASSET_MODES:
@@ -63,10 +64,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
         raise ModelLoadError(f"--out {out_dir} must be neither the source folder {model_dir} nor inside it")
     model_index = read_model_index(source)
     family = detect_family(model_index)
-    requests = [(item[0], item[1], float(item[2])) if len(item) == 3 else (component, item[0], float(item[1]))
-                for item in loras]
-    if len(denoiser_names(model_index)) > 1:
-        check_expert_slots([(comp, os.path.basename(str(path).rstrip("/\\"))) for comp, path, _ in requests])
+    requests = _placed_requests(model_index, family, loras, component)
     model = MetaModel(name=os.path.basename(source), family=family, components={
         comp: component_structure(source, comp, model_index) for comp in dict.fromkeys(c for c, _, _ in requests)})
     layers: dict = {comp: [] for comp in model.components}
@@ -109,20 +107,18 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
             "contracts": [c.describe() for c in contracts], "fuses": fuses, "warnings": warnings}
 
 
-def check_expert_slots(assignments: list) -> None:
-    """Wan2.2 MoE: refuse a LoRA whose file name says it belongs to the other expert (naming both files when a
-    pair is swapped). ``assignments``: ``(component, file name)``."""
-    from .lora.preparation import expert_role
+def _placed_requests(model_index: dict, family: str, loras: list, component) -> list:
+    """``(component, path, strength)`` of each LoRA (a missing component: ``component``, else the main denoiser),
+    the family's slot check passed (a file whose name says another expert is refused, naming it)."""
+    from . import families
+    from .model_store import denoiser_names
 
-    wrong = [(comp, name, role) for comp, name in assignments
-             if (role := expert_role(name)) is not None and comp in EXPERT_OF_ROLE.values()
-             and EXPERT_OF_ROLE[role] != comp]
-    if not wrong:
-        return
-    words = "; ".join(f"{name} says {role} noise but goes into {comp}" for comp, name, role in wrong)
-    swapped = " (the pair is swapped)" if {w[2] for w in wrong} == {"high", "low"} else ""
-    raise KeyMatchError(f"LoRA files in the wrong expert{swapped}: {words}; put high-noise files "
-                        f"into transformer and low-noise files into transformer_2")
+    main = denoiser_names(model_index)[0]
+    requests = [(item[0] or main, item[1], float(item[2])) if len(item) == 3
+                else (component or main, item[0], float(item[1])) for item in loras]
+    families.family_by_id(family).check_slots(
+        model_index, [(comp, os.path.basename(str(path).rstrip("/\\")), "") for comp, path, _ in requests])
+    return requests
 
 
 def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> int:
@@ -162,8 +158,8 @@ def component_structure(folder: str, component: str, model_index: dict):
     import torch
 
     entry = model_index.get(component)
-    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
-        present = sorted(k for k, v in model_index.items() if isinstance(v, list) and v and v[0])
+    if not is_set(entry):
+        present = sorted(k for k, v in model_index.items() if is_set(v))
         raise ModelLoadError(f"{folder}: no component '{component}' in model_index.json (components: "
                              f"{', '.join(present)})")
     library, class_name = entry

@@ -13,6 +13,12 @@ from . import json_limits
 from .errors import ModelLoadError
 
 
+def is_set(entry) -> bool:
+    """A model_index component entry is set unless it is ``[null, null]`` (diffusers' "absent"): the one test
+    every reader of an index uses (a two-expert Wan2.2 folder is told from Wan2.1 by it)."""
+    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
+
+
 def read_model_index(path) -> dict:
     index_file = Path(path) / "model_index.json"
     try:

@@ -48,11 +48,6 @@ _load_counts: dict[str, int] = {}
 _lock = threading.Lock()
 
 
-def _is_set(entry) -> bool:
-    """A model_index component entry is set unless it is ``[null, null]`` (diffusers' "absent")."""
-    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
-
-
 def detect_family(model_index: dict) -> str:
     """Model family id from a ``model_index.json`` dict (the family registry decides); ``ModelLoadError`` for
     unsupported pipelines."""
@@ -70,8 +65,10 @@ def require_libraries(model_index: dict, family: str, label: str) -> None:
 
 
 def denoiser_names(model_index: dict) -> list[str]:
-    """The denoiser components (``transformer``, ``transformer_2``, ``transformer_ref``...) that are set."""
-    return [key for key, entry in model_index.items() if key.startswith("transformer") and _is_set(entry)]
+    """The denoiser components that are set, as the folder's family names them (the main one first)."""
+    from .families import denoiser_components
+
+    return denoiser_components(model_index)
 
 
 def resolve_dtype(dtype):
@@ -164,6 +161,7 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     """
     from . import load_plan, placement, speed
     from .devices import resolve_device, resolve_memory
+    from .families import family_by_id
 
     folder = Path(path).expanduser().resolve()
     index_file = folder / "model_index.json"
@@ -190,15 +188,9 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
             raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc
         if hasattr(pipeline, "set_progress_bar_config"):
             pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
-        listed = denoiser_names(model_index)
-        components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
-        dropped = sorted(set(listed) - set(components))
-        if dropped:  # e.g. an older diffusers ignores transformer_2 with only a warning
-            raise ModelLoadError(f"{folder}: model_index.json lists {dropped} but the installed diffusers did not "
-                                 f"load them; {family} needs a newer diffusers")
-        for module in components.values():
-            module.eval().requires_grad_(False)
-        placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device, model_index)
+        components = _denoisers(pipeline, model_index, folder, family)
+        placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device,
+                                          family_by_id(family).component_roles(model_index))
         placed.apply(on_progress)
         speed.apply_speed_options(components, attention=attention, compile=compile)
         _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
@@ -208,6 +200,20 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
         )
 
     return load_shared(key, load)
+
+
+def _denoisers(pipeline, model_index: dict, folder: Path, family: str) -> dict:
+    """{name: module} of the index's denoisers, in eval mode without gradients; one the installed diffusers
+    dropped (an older release ignores an unknown component with only a warning) is refused by name."""
+    listed = denoiser_names(model_index)
+    components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
+    dropped = sorted(set(listed) - set(components))
+    if dropped:
+        raise ModelLoadError(f"{folder}: model_index.json lists {dropped} but the installed diffusers did not "
+                             f"load them; {family} needs a newer diffusers")
+    for module in components.values():
+        module.eval().requires_grad_(False)
+    return components
 
 
 def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:

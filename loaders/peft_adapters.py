@@ -188,7 +188,7 @@ class AdapterCache:
         self.entries[key] = entry
         return entry
 
-    def pin(self, path: str, component: str = "transformer", pinned: bool = True) -> None:
+    def pin(self, path: str, component: str, pinned: bool = True) -> None:
         """Keep this file's adapter on ``component`` cached once loaded (the file need not be loaded yet)."""
         ident = (os.path.realpath(path), component)
         if pinned:

@@ -45,7 +45,9 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from .memory.sizes import DENOISER_ROLES, ENCODER_ROLES, component_role
+from .families.interface import ROLE_VAE
+from .memory.planner import default_decode_bytes
+from .memory.sizes import DENOISER_ROLES, ENCODER_ROLES
 
 CPU = torch.device("cpu")
 _VAE_SPATIAL_FACTOR = 8  # latent -> pixels in every supported VAE (Wan, Qwen-Image, MiniMax-H3)
@@ -174,11 +176,14 @@ class _Staged:
 class ModelPlacement:
     """The live placement of one ``LoadedModel``'s components under one ``MemoryPlan`` on one device."""
 
-    def __init__(self, modules: dict, plan, device: torch.device, model_index: dict):
+    def __init__(self, modules: dict, plan, device: torch.device, roles: dict):
+        """``roles``: {component: role} from the model's family (``ModelFamily.component_roles``)."""
         self.modules = {name: m for name, m in modules.items() if isinstance(m, nn.Module)}
         self.plan = plan
         self.device = torch.device(device)
-        self.roles = {name: component_role(name, model_index) for name in self.modules}
+        self.roles = {name: roles.get(name) for name in self.modules}
+        # the image VAE: the first VAE of the family's roles, in index order (an audio VAE comes after it)
+        self.image_vae = next((n for n, role in roles.items() if role == ROLE_VAE and n in self.modules), None)
         self.placement = {name: plan.placement.get(name, "device") for name in self.modules}
         self.staged: dict[str, _Staged] = {}
         self.stats = PlacementStats()
@@ -204,7 +209,7 @@ class ModelPlacement:
                 self._install_hooks(name, module)
             if on_progress is not None:
                 on_progress(index + 1, len(names))
-        vae = self.modules.get("vae")
+        vae = self.modules.get(self.image_vae)
         if self.plan.vae_tiling and vae is not None and hasattr(vae, "enable_tiling"):
             vae.enable_tiling()
         self._install_decode_hooks()
@@ -240,18 +245,15 @@ class ModelPlacement:
         phase is over (``end_denoise``) and, on CUDA, the decode's working memory is made room for. Why a hook
         and not a call in the sampler: every family decodes through its own code, and this keeps the plan's
         phases in one place."""
-        from .memory import default_decode_bytes
-
         def before_decoder(mod, args):
             self.end_denoise()
             latent = args[0] if args and torch.is_tensor(args[0]) else None
-            scale = _VAE_SPATIAL_FACTOR
-            self.prepare_decode(default_decode_bytes(latent.shape[-1] * scale, latent.shape[-2] * scale)
-                                if latent is not None and latent.dim() >= 4 else 0)
+            width, height = (latent.shape[-1], latent.shape[-2]) if latent is not None and latent.dim() >= 4 else (0, 0)
+            self.prepare_image_decode(width * _VAE_SPATIAL_FACTOR, height * _VAE_SPATIAL_FACTOR)
 
         for name, module in self.modules.items():
             decoder = getattr(module, "decoder", None)
-            if self.roles.get(name) == "vae" and isinstance(decoder, nn.Module):
+            if self.roles.get(name) == ROLE_VAE and isinstance(decoder, nn.Module):
                 self._hook_handles.append(decoder.register_forward_pre_hook(before_decoder))
 
     # ------------------------------------------------------------------ moving staged components
@@ -313,10 +315,14 @@ class ModelPlacement:
             if self.placement[name] == "on_demand" and self.roles.get(name) in DENOISER_ROLES:
                 staged.drop()
 
+    def prepare_image_decode(self, width: int, height: int) -> None:
+        """``prepare_decode`` with the planner's working-memory estimate for decoding ``width`` x ``height``."""
+        self.prepare_decode(default_decode_bytes(width, height) if width and height else 0)
+
     def prepare_decode(self, nbytes: int = 0) -> None:
         """Before a VAE decode: everything placed, and on CUDA room for ``nbytes`` of decode working memory."""
         self.ensure_placed()
-        self._make_room(nbytes, keep="vae")
+        self._make_room(nbytes, keep=self.image_vae)
 
     # ------------------------------------------------------------------ binding
 
@@ -380,18 +386,13 @@ class ModelPlacement:
         if place in ("swap", "on_demand"):
             where = str(self.device) if self.staged[name].on_device else "cpu"
             return f"{where} ({place})"
-        if self.released and place == "device":
-            return "cpu (released)"
-        return str(self.device) if place == "device" else "cpu"
+        return ("cpu (released)" if self.released else str(self.device)) if place == "device" else "cpu"
 
     def describe(self) -> dict:
-        return {
-            "device": str(self.device), "memory": self.plan.memory, "reason": self.plan.reason,
-            "vae_tiling": bool(self.plan.vae_tiling), "prefetch": bool(self.plan.prefetch),
-            "components": {name: self.where(name) for name in self.modules},
-            "swaps": self.stats.swaps, "uploads": dict(self.stats.uploads),
-            "upload_seconds": round(self.stats.upload_seconds, 4),
-        }
+        return {"device": str(self.device), "memory": self.plan.memory, "reason": self.plan.reason,
+                "vae_tiling": bool(self.plan.vae_tiling), "prefetch": bool(self.plan.prefetch),
+                "components": {name: self.where(name) for name in self.modules}, "swaps": self.stats.swaps,
+                "uploads": dict(self.stats.uploads), "upload_seconds": round(self.stats.upload_seconds, 4)}
 
 
 def placement_of(model) -> Optional[ModelPlacement]:

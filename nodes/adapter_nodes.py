@@ -11,19 +11,13 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..loaders import families
-from ..loaders.contracts import contract_to_dict
-from ..loaders.errors import LoraBindError, LoraFileError
-from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, AdapterSpec, FuseSpec
-from ..loaders.lora import read_lora
-from ..loaders.lora.preparation import declared_contract, expert_role, prepare_lora
-from ..loaders.peft_adapters import file_identity, to_peft_groups
+from .. import usecases
+from ..usecases import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, LoraBindError, LoraFileError, file_identity
 from . import comfy_bridge
 
 CATEGORY = "lorabind/adapters"
 NONE_CHOICE = "None"
 AUTO_COMPONENT = "auto"
-HIGH_EXPERT, LOW_EXPERT = "transformer", "transformer_2"
 
 _STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
 _LENIENT = ("BOOLEAN", {"default": False, "tooltip": "Skip keys that match nothing in the model (they are "
@@ -63,35 +57,11 @@ def lora_inputs_identity(*names: str) -> str:
     return "|".join(parts)
 
 
-def accounting_text(report: dict) -> str:
-    counts = report.get("counts", {})
-    return (
-        f"{report['lora']} -> {report['component']}: {counts.get('applied', 0)} file tensors change "
-        f"{report.get('parameters', 0)} model parameters; {counts.get('expected_unmatched', 0)} expected-unmatched, "
-        f"{counts.get('unmatched', 0)} unmatched"
-    )
-
-
-def contract_text(contract) -> list:
-    """The UI line of a declared contract ([] when there is none)."""
-    return [] if contract is None else ["contract: " + contract_to_dict(contract)["text"]]
-
-
-def prepare_fuse(model_handle, family, name: str, path: str, strength: float, component: str, node: str,
-                 lenient: bool = False):
-    """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines)."""
-    family.check_artifact(model_handle.model, os.path.basename(name), component)  # e.g. an I2V file on a T2V model
-    prepared = prepare_lora(path, model_handle.model, component, name=name, lenient=lenient, where=node)
-    report = prepared.report()
-    contract = declared_contract(family, prepared.lora, name, strength)
-    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient))
-    return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
-
-
-def _ui(result, accounting: list, contracts: list, text: list) -> dict:
+def _ui(attached) -> dict:
     return {
-        "ui": {"lorabind_accounting": accounting, "lorabind_contract": contracts, "text": text},
-        "result": (result,),
+        "ui": {"lorabind_accounting": attached.accounting, "lorabind_contract": attached.contracts,
+               "text": attached.text},
+        "result": (attached.handle,),
     }
 
 
@@ -121,9 +91,9 @@ class LoadPEFTAdapter:
                               "adapter_model.safetensors) or .safetensors LoRA file under the loras folder."}),
                 "scale": ("FLOAT", dict(_STRENGTH, tooltip="Adapter scale for the run (1.0 = as trained, "
                                         "0 = off). Applied on top of the file's own alpha/r.")),
-                "component": ([HIGH_EXPERT, LOW_EXPERT], {"default": HIGH_EXPERT, "tooltip": "Denoiser the "
-                              "adapter attaches to: transformer (Wan2.2: the high-noise expert) or transformer_2 "
-                              "(Wan2.2 low-noise expert)."}),
+                "component": (usecases.lora_components(), {
+                    "default": usecases.lora_components()[0], "tooltip": "Denoiser the adapter attaches to: "
+                    "transformer (Wan2.2: the high-noise expert) or transformer_2 (Wan2.2 low-noise expert)."}),
             },
             "optional": {
                 "adapter": (SOCKET_ADAPTER, {"tooltip": "Upstream adapter stack to add this adapter to."}),
@@ -135,20 +105,10 @@ class LoadPEFTAdapter:
     def IS_CHANGED(cls, lora_name="", **_):
         return lora_inputs_identity(lora_name)
 
-    def load(self, lora_name, scale, component=HIGH_EXPERT, adapter: Optional[AdapterHandle] = None,
-             lenient=False):
+    def load(self, lora_name, scale, component="", adapter: Optional[AdapterHandle] = None, lenient=False):
         path = resolve_lora(lora_name, "lora_name", "LoadPEFTAdapter")
-        # read_lora is the engine's cached reader (bind() later finds the file there); the peft conversion is
-        # the one bind() uses, run here once so a file that cannot be dynamic (full diffs, convolutions) is
-        # refused at this node, naming it, rather than at sampling time.
-        lf = read_lora(path)
-        to_peft_groups(lf.targets, lora_name)
-        contract = declared_contract(families.guess_family(lf), lf, lora_name, scale)
-        spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name,
-                           lenient=bool(lenient))
-        handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
-        text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]
-        return _ui(handle, [], [contract_to_dict(contract)], text)
+        component = component or usecases.lora_components()[0]
+        return _ui(usecases.attach_adapter(lora_name, path, scale, component, adapter, lenient))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -176,7 +136,7 @@ class FuseDistillLoRA:
                 "lora_name": (lora_choices(), {"tooltip": "LoRA file under the loras folder."}),
                 "strength": ("FLOAT", dict(_STRENGTH, tooltip="Fuse strength (1.0 = as published; 0 = the "
                                            "LoRA and its contract are off).")),
-                "component": ([AUTO_COMPONENT, HIGH_EXPERT, LOW_EXPERT], {"default": AUTO_COMPONENT, "tooltip":
+                "component": ([AUTO_COMPONENT, *usecases.lora_components()], {"default": AUTO_COMPONENT, "tooltip":
                               "Denoiser to fuse into. auto: the only transformer, or for Wan2.2 MoE the expert "
                               "the file name says (high_noise -> transformer, low_noise -> transformer_2)."}),
             },
@@ -189,26 +149,15 @@ class FuseDistillLoRA:
 
     def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT, lenient=False):
         path = resolve_lora(lora_name, "lora_name", "FuseDistillLoRA")
-        component = self._component(model, lora_name, component)
-        spec, report, contract, text = prepare_fuse(model, families.for_model_family(model.family), lora_name, path,
-                                                    strength, component, "FuseDistillLoRA", lenient)
-        handle = model.with_fuses(spec, contracts=(contract,) if contract else ())
-        return _ui(handle, [report], [contract_to_dict(contract)], text)
-
-    @staticmethod
-    def _component(model, lora_name: str, component: str) -> str:
-        if component != AUTO_COMPONENT:
-            return component
-        if not families.has_expert_pair(model):
-            return HIGH_EXPERT
-        role = expert_role(lora_name)
-        if role is None:
-            raise LoraBindError(
-                f"FuseDistillLoRA: {lora_name} does not say which expert of the Wan2.2 MoE model "
-                f"{model.model.name} it is for; set component to transformer (high noise) or transformer_2 "
-                f"(low noise), or use WanMoELoRAPair"
-            )
-        return HIGH_EXPERT if role == "high" else LOW_EXPERT
+        chosen = None if component == AUTO_COMPONENT else component
+        try:
+            attached = usecases.attach_fuse(model, lora_name, path, strength, chosen, where="FuseDistillLoRA",
+                                            lenient=lenient)
+        except LoraBindError as exc:
+            if chosen is None and "does not say which expert" in str(exc):
+                raise type(exc)(f"{exc}, or use WanMoELoRAPair") from None
+            raise
+        return _ui(attached)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -250,53 +199,22 @@ class WanMoELoRAPair:
         return lora_inputs_identity(high_noise_lora, low_noise_lora)
 
     def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength, lenient=False):
-        self._check_model(model)
-        self._check_slots(high_noise_lora, low_noise_lora)
-        family_module = families.for_model_family(model.family)
-        slots = (("high_noise_lora", high_noise_lora, high_noise_strength, HIGH_EXPERT),
-                 ("low_noise_lora", low_noise_lora, low_noise_strength, LOW_EXPERT))
-        specs, contracts, reports, contract_dicts, text = [], [], [], [], []
-        for input_name, name, strength, component in slots:
-            if name == NONE_CHOICE:
-                text.append(f"{input_name}: none")
-                continue
-            path = resolve_lora(name, input_name, "WanMoELoRAPair")
-            spec, report, contract, lines = prepare_fuse(model, family_module, name, path, strength, component,
-                                                         "WanMoELoRAPair", lenient)
-            specs.append(spec)
-            reports.append(report)
-            contract_dicts.append(contract_to_dict(contract))
-            text += lines
-            if contract is not None:
-                contracts.append(contract)
-        handle = model.with_fuses(*specs, contracts=tuple(contracts)) if specs else model
-        return _ui(handle, reports, contract_dicts, text)
-
-    @staticmethod
-    def _check_model(model) -> None:
-        loaded = model.model
-        if not families.has_expert_pair(loaded):
+        experts = usecases.expert_slots(model)
+        if experts is None:
+            loaded = model.model
             raise LoraBindError(
                 f"WanMoELoRAPair needs a Wan2.2 MoE model with two experts (transformer = high noise, "
                 f"transformer_2 = low noise); {loaded.name} is a {loaded.family} model with components "
                 f"{sorted(loaded.components)}. Use FuseDistillLoRA for a single-transformer model."
             )
-
-    @staticmethod
-    def _check_slots(high_name: str, low_name: str) -> None:
-        high_role = expert_role(high_name) if high_name != NONE_CHOICE else None
-        low_role = expert_role(low_name) if low_name != NONE_CHOICE else None
-        if high_role == "low" or low_role == "high":
-            raise LoraBindError(
-                f"WanMoELoRAPair: the LoRA files are in the wrong slots: high_noise_lora is {high_name} and "
-                f"low_noise_lora is {low_name}, but their names say "
-                f"{_role_words(high_role)} and {_role_words(low_role)}; put the high-noise file in "
-                f"high_noise_lora and the low-noise file in low_noise_lora"
-            )
-
-
-def _role_words(role: Optional[str]) -> str:
-    return {"high": "high noise", "low": "low noise"}.get(role, "no expert")
+        slots = []
+        for input_name, name, strength, component in (
+                ("high_noise_lora", high_noise_lora, high_noise_strength, experts[0]),
+                ("low_noise_lora", low_noise_lora, low_noise_strength, experts[1])):
+            chosen = None if name == NONE_CHOICE else name
+            path = resolve_lora(name, input_name, "WanMoELoRAPair") if chosen else None
+            slots.append((input_name, chosen, path, strength, component))
+        return _ui(usecases.attach_fuses(model, slots, where="WanMoELoRAPair", lenient=lenient))
 
 
 NODE_CLASS_MAPPINGS = {

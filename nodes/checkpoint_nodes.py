@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loaders.families import checkpoint_contracts
-from ..loaders.handles import SOCKET_MODEL, ModelHandle
-from ..loaders.single_file.fp8 import ROUNDINGS
-from ..loaders.single_file.pipelines import detect_set, load_single_files
-from ..loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+from .. import usecases
+from ..usecases import ROUNDINGS, SOCKET_MODEL, ensure_tiny_single_files, tiny_file_names
 from . import comfy_bridge
 from .comfy_bridge import folder_paths
 from .model_nodes import model_placement_inputs
 
 NO_FILE = "none"
 DTYPES = ("bfloat16", "float16", "float32")
-TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
 
 
 def list_files(kind: str) -> list[str]:
@@ -50,23 +46,8 @@ def resolve_file(kind: str, name: str) -> tuple[str, str]:
 
 
 def tokenizer_dirs() -> list[Path]:
-    """Folders that may hold a Qwen2.5-VL tokenizer: ``--tokenizer`` and ``models/tokenizers/`` (and their
-    subfolders), then diffusers folders' ``tokenizer/`` (the tiny built-ins last). ComfyUI's own copy is added
-    by the loader."""
-    paths = folder_paths()
-    found = []
-    for kind in (TOKENIZER_KIND, "diffusers"):
-        try:
-            roots = [Path(p) for p in paths.get_folder_paths(kind)]
-        except KeyError:
-            continue
-        if kind == TOKENIZER_KIND:
-            found += [p for root in roots for p in [root, *sorted(root.glob("*/"))] if p.is_dir()]
-            continue
-        for root in roots:
-            folders = sorted(root.glob("*/tokenizer"), key=lambda p: (p.parent.name.startswith("tiny-"), str(p)))
-            found += [p for p in folders if (p.parent / "model_index.json").is_file()]
-    return found
+    """Folders that may hold a Qwen2.5-VL tokenizer (``usecases.tokenizer_dirs``)."""
+    return usecases.tokenizer_dirs(folder_paths())
 
 
 class LoraBindCheckpointLoader:
@@ -130,14 +111,12 @@ class LoraBindCheckpointLoader:
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
         image_encoder = resolve_file("clip_vision", clip_vision) if clip_vision != NO_FILE else None
-        files = detect_set(denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder),
-                           image_encoder)
         comfy_bridge.install_unload_hook()
-        model = load_single_files(files, dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,
-                                  device=device if device != "auto" else comfy_bridge.default_device(),
-                                  memory=memory, attention=attention, compile=compile,
-                                  before_device_alloc=comfy_bridge.free_device_memory)
-        return ModelHandle(model, contracts=checkpoint_contracts(model)), files.describe()
+        return usecases.load_checkpoint_files(
+            denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder), image_encoder,
+            dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,
+            device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
+            attention=attention, compile=compile, before_device_alloc=comfy_bridge.free_device_memory)
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindCheckpointLoader": LoraBindCheckpointLoader}

@@ -2,15 +2,18 @@
 
 Inside ComfyUI we use its ``folder_paths``, ``comfy.utils.ProgressBar``, its interrupt check and its
 ``model_management`` (the default device; freeing its models before ours take VRAM; releasing ours when it
-unloads); headless we use the runtime's equivalents (``runtime.folder_paths``, ``runtime.context``, the session
-defaults of ``loaders.devices``). Every node goes through these functions so that no node module imports
-ComfyUI at import time.
+unloads); headless we use the runtime's equivalents, which the runtime installs in ``usecases.host`` (the nodes
+never import the runtime: it imports them), and the session defaults of ``loaders.devices``. Every node goes
+through these functions so that no node module imports ComfyUI at import time.
 """
 
 from __future__ import annotations
 
 import importlib
 from functools import lru_cache
+
+from ..usecases import host
+from ..usecases.model_folders import find_peft_folder, peft_folder_names, safe_relative_name
 
 
 @lru_cache(maxsize=1)
@@ -30,9 +33,7 @@ def folder_paths():
     mods = _comfy_modules()
     if mods is not None:
         return mods[0]
-    from ..runtime import folder_paths as runtime_folder_paths
-
-    return runtime_folder_paths
+    return host.folder_paths()
 
 
 def lora_names() -> list[str]:
@@ -41,8 +42,6 @@ def lora_names() -> list[str]:
     paths = folder_paths()
     names = list(paths.get_filename_list("loras"))
     if _comfy_modules() is not None:
-        from ..runtime.folder_paths import peft_folder_names
-
         names = sorted(set(names) | set(peft_folder_names(paths.get_folder_paths("loras"))))
     return names
 
@@ -52,8 +51,6 @@ def lora_full_path(name: str) -> str | None:
     paths = folder_paths()
     path = paths.get_full_path("loras", name)
     if path is None and _comfy_modules() is not None:
-        from ..runtime.folder_paths import find_peft_folder
-
         path = find_peft_folder(paths.get_folder_paths("loras"), name)
     return path
 
@@ -62,8 +59,6 @@ def checked_model_name(kind: str, name: str) -> str:
     """``name`` normalised, or ValueError naming it when it is absolute or leaves the ``kind`` folder (``..``).
     The runtime's rule, applied inside ComfyUI too: ComfyUI's ``get_full_path`` silently re-roots such names,
     and a request that asks for ``../../etc/passwd`` should hear that it was refused, not get another file."""
-    from ..runtime.folder_paths import safe_relative_name
-
     return safe_relative_name(kind, name)
 
 
@@ -89,9 +84,7 @@ def check_interrupted() -> None:
     if mods is not None:
         mods[2].throw_exception_if_processing_interrupted()
         return
-    from ..runtime.context import current_context
-
-    ctx = current_context()
+    ctx = host.current_context()
     if ctx is not None:
         ctx.check_interrupted()
 
@@ -113,9 +106,7 @@ class ProgressBar:
         if self._comfy_bar is not None:
             self._comfy_bar.update_absolute(self.value, self.total)
             return
-        from ..runtime.context import current_context
-
-        ctx = current_context()
+        ctx = host.current_context()
         if ctx is not None:
             ctx.report_progress(self.value, self.total, extra)
 
@@ -152,9 +143,9 @@ def install_unload_hook() -> bool:
         return True
 
     def unload_all_models(*args, **kwargs):
-        from ..loaders import model_store
+        from .. import usecases
 
-        model_store.release_device_memory()  # folder and single-file models share the cache
+        usecases.release_device_memory()  # folder and single-file models share the cache
         return current(*args, **kwargs)
 
     setattr(unload_all_models, _UNLOAD_HOOK_MARK, True)
@@ -179,9 +170,7 @@ class WorkProgress:
         if _comfy_modules() is not None:
             self._update_comfy(int(value), int(total))
             return
-        from ..runtime.context import current_context
-
-        ctx = current_context()
+        ctx = host.current_context()
         if ctx is not None:
             ctx.report_work(self.label, int(value), int(total))
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..loaders.generation import encode_text
-from ..loaders.handles import SOCKET_CONDITIONING, SOCKET_MODEL
+from ..usecases import SOCKET_CONDITIONING, SOCKET_MODEL, encode_text
 
 
 class LoraBindTextEncode:

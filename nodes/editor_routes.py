@@ -14,9 +14,7 @@ import asyncio
 
 from aiohttp import web
 
-from ..loaders.contracts import lora_file_contract, model_folder_contract
-from ..loaders.errors import LoraBindError
-from ..loaders.tiny_models import BUILTIN_NAMES
+from ..usecases import BUILTIN_NAMES, LoraBindError, lora_file_contract, model_folder_contract
 from . import comfy_bridge
 from .model_nodes import find_model_folder
 

@@ -3,8 +3,7 @@ LoraBindImageToVideo: the start latent of image-to-video, carrying the start (an
 
 from __future__ import annotations
 
-from ..loaders.generation import empty_latent, image_to_video_latent
-from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
+from ..usecases import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, empty_latent, image_to_video_latent
 
 MAX_RESOLUTION = 8192
 # The largest empty latent accepted, estimated before any model is known with the smallest geometry any family

@@ -6,21 +6,9 @@ import os
 
 import torch
 
-from ..loaders.contracts import SamplingRequest
-from ..loaders.errors import LoraBindError
-from ..loaders.families import minimax_h3 as family
-from ..loaders.families.minimax_h3 import TASKS, TURBO_GRAMMAR, file_contract
-from ..loaders.handles import (
-    SOCKET_AUDIO,
-    SOCKET_IMAGE,
-    SOCKET_LATENT,
-    SOCKET_MODEL,
-    SOCKET_SCHEDULE,
-    SOCKET_SIGMAS,
-    AdapterSpec,
-    ScheduleHandle,
-)
-from ..loaders.wav_files import write_wav
+from .. import usecases
+from ..usecases import (SOCKET_AUDIO, SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS,
+                        TASKS, LoraBindError, write_wav)
 from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
 from .output_nodes import SAVERS_CATEGORY, output_target
@@ -74,38 +62,11 @@ class MiniMaxTurboSchedule:
         return lora_inputs_identity(lora_name)  # the contract is read from the file: re-run when it changes
 
     def attach(self, model, lora_name, scale, task):
-        if not family.FAMILY.serves(model):
-            raise LoraBindError(
-                f"MiniMaxTurboSchedule: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
-                f"{model.family}"
-            )
-        path = _lora_path(lora_name)
-        contract = file_contract(path)
-        if contract is None:
-            raise LoraBindError(
-                f"MiniMaxTurboSchedule: {lora_name} declares no MiniMax-H3 contract: its name does not follow "
-                f"{TURBO_GRAMMAR} and its metadata has no key_format='minimax-h3-native'. Use LoadPEFTAdapter for "
-                f"other LoRAs."
-            )
-        chosen = contract.tasks[0] if task == "auto" else task
-        contract = family.with_scale(family.on_checkpoint(contract, model.model.model_index), scale, chosen)
-        handle = model.with_adapters(
-            AdapterSpec(path, float(scale), component=contract.partition, name=lora_name), contracts=(contract,)
-        )
-        words = [family.describe_contract(contract)]
-        if scale == 0:
-            sigmas = contract.sigmas  # the artifact's own schedule, shown even though it is switched off
-            words.append("scale 0: the adapter is off and its contract is not applied")
-        else:
-            request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
-            resolved = family.resolve_schedule(handle.contracts, request, handle)
-            sigmas = resolved.sigmas
-            words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
-                         f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
-        sigma_tensor = torch.tensor(sigmas, dtype=torch.float32)
+        checked = usecases.check_contract(model, lora_name, lambda: _lora_path(lora_name), scale, task,
+                                          where="MiniMaxTurboSchedule")
         return {
-            "ui": {"lorabind_contract": [family.contract_dict(contract)], "text": words},
-            "result": (handle, ScheduleHandle(contract), sigma_tensor),
+            "ui": {"lorabind_contract": [checked.view], "text": checked.text},
+            "result": (checked.handle, checked.schedule, torch.tensor(checked.sigmas, dtype=torch.float32)),
         }
 
 
@@ -127,9 +88,7 @@ class MiniMaxDecodeAudio:
         }
 
     def decode(self, model, latent):
-        if "audio" not in latent.extra:
-            raise LoraBindError(f"MiniMaxDecodeAudio: the latent ({latent.family}) carries no MiniMax-H3 audio")
-        return (family.FAMILY.decode_audio(model.model, latent),)
+        return (usecases.decode_audio(model, latent, where="MiniMaxDecodeAudio"),)
 
 
 class MiniMaxFirstFrame:
@@ -152,9 +111,7 @@ class MiniMaxFirstFrame:
         }
 
     def anchor(self, model, latent, image):
-        if not family.FAMILY.serves(model):
-            raise LoraBindError(f"MiniMaxFirstFrame: model {model.model.name} is {model.family}, not MiniMax-H3")
-        return (family.FAMILY.with_first_frame(model.model, latent, image),)
+        return (usecases.with_first_frame(model, latent, image, where="MiniMaxFirstFrame"),)
 
 
 class LoraBindSaveAudio:

@@ -2,66 +2,28 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
-from ..loaders.binding import set_adapter_cache_size
-from ..loaders.devices import MEMORY_NAMES, device_choices
-from ..loaders.families import checkpoint_contracts
-from ..loaders.handles import SOCKET_MODEL, ModelHandle
-from ..loaders.model_store import DTYPE_NAMES, load_model
-from ..loaders.speed import ATTENTION_NAMES
-from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin, needs_build
+from .. import usecases
+from ..usecases import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
 from . import comfy_bridge
 from .comfy_bridge import ProgressBar, folder_paths
 
-MODEL_FOLDER_KIND = "diffusers"
-
-
-def _diffusers_roots() -> list[Path]:
-    return [Path(p) for p in folder_paths().get_folder_paths(MODEL_FOLDER_KIND)]
-
 
 def list_model_folders() -> list[str]:
-    """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
-    the built-in tiny models, which the loader builds on first use (so a fresh install works offline)."""
-    names = set(BUILTIN_NAMES)
-    for root in _diffusers_roots():
-        if not root.is_dir():
-            continue
-        for current, dirs, files in os.walk(root, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            if "model_index.json" in files:
-                names.add(Path(current).relative_to(root).as_posix())
-                dirs[:] = []  # a pipeline's subfolders are its components, not more models
-    names.discard(".")
-    return sorted(names)
+    """The loader's choices: every model folder under the ``diffusers`` roots plus the built-in tiny models."""
+    return usecases.list_models(folder_paths())
 
 
 def find_model_folder(model_name: str) -> Optional[Path]:
     """The existing folder a COMBO value names, confined to the ``diffusers`` roots (None when absent)."""
-    relative = Path(model_name.replace("\\", "/"))
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
-        raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
-    for root in _diffusers_roots():
-        if (root / relative / "model_index.json").is_file():
-            return root / relative
-    return None
+    return usecases.find_model(folder_paths(), model_name)
 
 
 def resolve_model_folder(model_name: str) -> Path:
-    """``find_model_folder``, building a missing (or stale, see ``needs_build``) built-in tiny model first;
-    otherwise a missing folder raises."""
-    folder = find_model_folder(model_name)
-    if folder is not None and not (model_name in BUILTIN_NAMES and needs_build(folder)):
-        return folder
-    roots = _diffusers_roots()
-    default_root = next((r for r in roots if r.name == MODEL_FOLDER_KIND), None)
-    if model_name in BUILTIN_NAMES and default_root is not None:
-        return build_builtin(model_name, default_root.parent)  # builders write <models root>/diffusers/<name>
-    searched = ", ".join(str(r) for r in roots) or "(no diffusers folder configured)"
-    raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json under {searched}")
+    """The folder to load, a missing built-in tiny model built first (``usecases.resolve_model``)."""
+    return usecases.resolve_model(folder_paths(), model_name)
 
 
 def model_placement_inputs() -> dict:
@@ -147,13 +109,13 @@ class LoraBindModelLoader:
         folder = resolve_model_folder(model_name)
         progress = ProgressBar(1)
         comfy_bridge.install_unload_hook()
-        model = load_model(folder, name=model_name, dtype=dtype, device=device if device != "auto" else
-                           comfy_bridge.default_device(), memory=memory, attention=attention, compile=compile,
-                           on_progress=lambda done, total: progress.update_absolute(done, total=total),
-                           before_device_alloc=comfy_bridge.free_device_memory)
-        if max_cached_adapters:
-            set_adapter_cache_size(model, max_cached_adapters)
-        return (ModelHandle(model, contracts=checkpoint_contracts(model)),)
+        handle = usecases.load_model(
+            folder, name=model_name, max_cached_adapters=max_cached_adapters, dtype=dtype,
+            device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
+            attention=attention, compile=compile,
+            on_progress=lambda done, total: progress.update_absolute(done, total=total),
+            before_device_alloc=comfy_bridge.free_device_memory)
+        return (handle,)
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindModelLoader": LoraBindModelLoader}

@@ -14,9 +14,7 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from ..loaders.atomic_files import write_atomically
-from ..loaders.handles import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
-from ..loaders.generation import decode
+from ..usecases import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, decode, write_atomically
 from .comfy_bridge import folder_paths
 
 SAVERS_CATEGORY = "lorabind/output"  # every node that writes files (images, audio)

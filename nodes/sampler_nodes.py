@@ -4,29 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..loaders import binding, generation
-from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
-from ..loaders.families import family_for, has_expert_pair
-from ..loaders.handles import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL,
-                               SOCKET_SCHEDULE, SOCKET_SIGMAS)
+from .. import usecases
+from ..usecases import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE,
+                        SOCKET_SIGMAS)
 from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
-
-
-def schedule_report(model, schedule) -> dict:
-    """The resolved schedule as JSON for the UI: what actually runs, step by step."""
-    family = family_for(model)
-    return {
-        "steps": schedule.steps,
-        "sigmas": [float(s) for s in schedule.sigmas],
-        "audio_sigmas": [float(s) for s in schedule.audio_sigmas] if schedule.audio_sigmas else None,
-        "shift": schedule.shift,
-        "cfg": list(schedule.cfg) if isinstance(schedule.cfg, (tuple, list)) else schedule.cfg,
-        "boundary": family.effective_boundary(model, schedule),
-        "task": schedule.task,
-        "experts": family.experts_per_step(model, schedule),  # None: the denoiser follows the task
-        "contracts": [contract_to_dict(c) for c in schedule.contracts],
-        "overrides": list(schedule.overrides),
-    }
 
 
 def _report_lines(report: dict, enforced: bool) -> list[str]:
@@ -123,33 +104,21 @@ class LoraBindSampler:
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
                adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0):
-        for name, value in (("cfg_low_noise", cfg_low_noise), ("boundary", boundary)):
-            if value and not has_expert_pair(model):
-                raise ValueError(f"{name} is only for Wan2.2 MoE models (two experts); {model.model.name} is "
-                                 f"{model.family}: set {name} to 0")
-        if audio_flow_shift and not family_for(model).has_audio:
-            raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
-                             "set audio_flow_shift to 0")
-        request = SamplingRequest(steps=steps, cfg=(cfg, cfg_low_noise) if cfg_low_noise else cfg, shift=shift,
-                                  boundary=boundary or None, task=generation.implied_task(model.model, latent),
-                                  audio_shift=audio_flow_shift or None, enforce_contract=enforce_contract)
-        # Everything that can refuse the run happens here, before bind() writes a single weight.
-        resolved = resolve_schedule(model, adapter, schedule, request)
-        generation.check_inputs(model.model, positive, negative, latent, resolved)
-        adapters = model.adapters + (adapter.adapters if adapter is not None else ())
-        # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
-        # clients read every step-progress message as a sampling step.
-        bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupted,
-                                   on_progress=WorkProgress("binding LoRA layers").update)
-        progress = ProgressBar(resolved.steps)
+        options = usecases.SampleOptions(seed=seed, steps=steps, cfg=cfg, shift=shift, boundary=boundary,
+                                         enforce_contract=enforce_contract, cfg_low_noise=cfg_low_noise,
+                                         audio_flow_shift=audio_flow_shift)
+        bars: list = []  # the step bar starts with the first step, after binding
 
         def report_step(done: int, total: int) -> None:
-            progress.update_absolute(done, total=total)
+            if not bars:
+                bars.append(ProgressBar(total))
+            bars[0].update_absolute(done, total=total)
 
-        samples = generation.denoise(model.model, positive, negative, latent, resolved, seed,
-                                   on_step=report_step, check_interrupt=check_interrupted)
-        report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
-                  "placement": model.model.placement.describe() if model.model.placement is not None else None}
+        # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
+        # clients read every step-progress message as a sampling step.
+        samples, resolved, report = usecases.sample(
+            model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
+            on_bind=WorkProgress("binding LoRA layers").update, check_interrupt=check_interrupted)
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
                 "result": (samples, sigmas)}

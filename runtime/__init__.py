@@ -1,1 +1,11 @@
-"""Headless runtime: graph executor, workflow conversion, model registry, HTTP/WebSocket server, CLI."""
+"""Headless runtime: graph executor, workflow conversion, model registry, HTTP/WebSocket server, CLI.
+
+Importing it installs the runtime as the nodes' headless host (``usecases.host``): its model registry and its
+execution context. The nodes never import the runtime (it imports them to run them).
+"""
+
+from ..usecases import host as _host
+from . import context as _context
+from . import folder_paths as _folder_paths
+
+_host.install(folder_paths=_folder_paths, current_context=_context.current_context)

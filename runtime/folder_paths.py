@@ -14,8 +14,11 @@ from __future__ import annotations
 import os
 import time
 
+# the one folder walker and name rules (shared with the nodes inside ComfyUI); re-exported in ComfyUI's shape
+from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, peft_folder_names,  # noqa: F401
+                                      safe_relative_name, walk)
+
 SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
-PEFT_CONFIG = "adapter_config.json"
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)
 
@@ -76,28 +79,6 @@ def _kind(folder_name: str) -> tuple[list[str], set[str]]:
     return folder_names_and_paths[folder_name]
 
 
-def safe_relative_name(folder_name: str, filename: str) -> str:
-    """Validate a model name: a relative path with ``/`` that stays inside its root. Returns it normalised.
-
-    Refuses absolute paths, drive letters and ``..`` components with an error naming the kind and the name.
-    """
-    if not isinstance(filename, str) or not filename.strip():
-        raise ValueError(f"Empty model name for folder '{folder_name}'.")
-    name = filename.replace("\\", "/")
-    parts = [part for part in name.split("/") if part not in ("", ".")]
-    if name.startswith("/") or os.path.isabs(filename) or (len(name) > 1 and name[1] == ":"):
-        raise ValueError(
-            f"Refusing model name '{filename}' for folder '{folder_name}': it is an absolute path; names are "
-            f"relative to the '{folder_name}' folder of the models root."
-        )
-    if ".." in parts:
-        raise ValueError(
-            f"Refusing model name '{filename}' for folder '{folder_name}': '..' would leave the "
-            f"'{folder_name}' folder of the models root."
-        )
-    return "/".join(parts)
-
-
 def get_filename_list(folder_name: str) -> list[str]:
     """Sorted relative names (``/``-separated) of every model of a kind across its directories.
 
@@ -106,7 +87,7 @@ def get_filename_list(folder_name: str) -> list[str]:
     """
     paths, extensions = _kind(folder_name)
     names: set[str] = set()
-    for prefix, dirs, files in _walk(paths):
+    for prefix, dirs, files in walk(paths):
         if FOLDER in extensions:
             if "model_index.json" in files and prefix:
                 names.add(prefix.rstrip("/"))
@@ -120,51 +101,6 @@ def get_filename_list(folder_name: str) -> list[str]:
             if not extensions or os.path.splitext(file)[1].lower() in extensions:
                 names.add(prefix + file)
     return sorted(names)
-
-
-def peft_folder_names(roots: list[str]) -> list[str]:
-    """PEFT adapter folders (holding ``adapter_config.json``) under ``roots``, as relative names. For ComfyUI,
-    whose own ``loras`` list has files only."""
-    names = set()
-    for prefix, dirs, files in _walk(roots):
-        if PEFT_CONFIG in files and prefix:
-            names.add(prefix.rstrip("/"))
-            dirs[:] = []
-    return sorted(names)
-
-
-def find_peft_folder(roots: list[str], name: str) -> str | None:
-    """The PEFT folder ``name`` under one of ``roots`` (ComfyUI's ``get_full_path`` finds files only)."""
-    relative = safe_relative_name("loras", name)
-    for root in roots:
-        candidate = os.path.join(root, *relative.split("/"))
-        if os.path.isfile(os.path.join(candidate, PEFT_CONFIG)):
-            return candidate
-    return None
-
-
-def _walk(roots: list[str]):
-    """``(prefix, dirs, files)`` of every folder under ``roots``; ``prefix`` is the relative name plus ``/``
-    ("" at a root). Hidden folders are skipped; clearing ``dirs`` prunes. Linked folders are followed (models often
-    live on another disk), each real folder once: a link to an ancestor (``ln -s . loop``) would otherwise make
-    the walk endless."""
-    visited: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
-    for root in roots:
-        if not os.path.isdir(root):
-            continue
-        for current, dirs, files in os.walk(root, followlinks=True):
-            try:
-                stat = os.stat(current)
-            except OSError:
-                dirs[:] = []
-                continue
-            if (stat.st_dev, stat.st_ino) in visited:
-                dirs[:] = []
-                continue
-            visited.add((stat.st_dev, stat.st_ino))
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            relative = os.path.relpath(current, root).replace(os.sep, "/")
-            yield ("" if relative == "." else relative + "/"), dirs, files
 
 
 def get_full_path(folder_name: str, filename: str) -> str | None:

@@ -1,7 +1,9 @@
-"""The package's structure rules, checked on the source: no import circles, and no model-family dispatch
-(``family == "…"``) outside ``loaders/families/``.
+"""The package's structure rules, checked on the source: no import circles; and outside ``loaders/families/``
+no model-family dispatch (``family == "…"``), no component-name literal (``"transformer_2"``, a
+``startswith("transformer")`` convention) and no table keyed by (or listing) family ids.
 
-Both walk the files with ``ast``/Python rather than a shell, so they run anywhere the suite runs.
+All walk the files with ``ast``/Python rather than a shell, so they run anywhere the suite runs. The checks take
+the package folder as an argument, so they can be pointed at an older checkout to show they catch its leaks.
 """
 
 from __future__ import annotations
@@ -14,15 +16,15 @@ import lorabind
 
 PACKAGE_DIR = Path(lorabind.__file__).parent
 PACKAGE = "lorabind"
-SOURCE_FOLDERS = ("loaders", "nodes", "runtime")
+SOURCE_FOLDERS = ("loaders", "nodes", "runtime", "usecases")
 # the grep of HELPERS.md / issue #10: a family id compared or tested for membership
 FAMILY_DISPATCH = re.compile(r"family *(==|!=|in *\()")
 
 
-def source_files() -> list:
-    files = [PACKAGE_DIR / "__init__.py"]
+def source_files(package_dir: Path = PACKAGE_DIR) -> list:
+    files = [package_dir / "__init__.py"]
     for folder in SOURCE_FOLDERS:
-        files += sorted((PACKAGE_DIR / folder).rglob("*.py"))
+        files += sorted((package_dir / folder).rglob("*.py"))
     return files
 
 
@@ -91,7 +93,8 @@ def find_cycle(graph: dict):
 
 def test_the_import_graph_is_read():
     graph = import_graph()
-    assert "lorabind.loaders.contracts" in graph["lorabind.nodes.sampler_nodes"]
+    assert "lorabind.usecases" in graph["lorabind.nodes.sampler_nodes"]
+    assert "lorabind.loaders.contracts" in graph["lorabind.usecases.sampling"]
     assert "lorabind.loaders.families.interface" in graph["lorabind.loaders.families.wan.family"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -99,6 +102,44 @@ def test_the_import_graph_is_read():
 
 def test_the_package_has_no_import_circle():
     assert find_cycle(import_graph()) is None
+
+
+def folder_of(module: str) -> str:
+    """The folder a module lives in (a package's own ``__init__`` belongs to its folder)."""
+    path = PACKAGE_DIR.joinpath(*module.split(".")[1:])
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def folder_graph(graph: dict) -> dict:
+    """{folder: folders it imports}. The package root and ``loaders`` itself (the engine's flat modules, split
+    into subsystem packages in a later step) are left out: every folder imports ``loaders.errors``."""
+    left_out = {PACKAGE, f"{PACKAGE}.loaders"}
+    folders: dict = {}
+    for module, targets in graph.items():
+        source = folder_of(module)
+        if source in left_out:
+            continue
+        edges = folders.setdefault(source, set())
+        edges.update(t for t in map(folder_of, targets) if t != source and t not in left_out)
+    return folders
+
+
+def test_nodes_and_runtime_are_no_folder_cycle():
+    """The runtime imports the nodes to run them; the nodes reach its registry and execution context through
+    ``usecases.host`` only (before: lazy imports of ``runtime.folder_paths``/``runtime.context``)."""
+    folders = folder_graph(import_graph())
+    runtime = [f for f in folders if f == f"{PACKAGE}.runtime" or f.startswith(f"{PACKAGE}.runtime.")]
+    assert f"{PACKAGE}.nodes" in set().union(*(folders[f] for f in runtime))
+    assert not set(runtime) & folders[f"{PACKAGE}.nodes"]
+    assert not set(runtime) & folders[f"{PACKAGE}.usecases"]
+    assert f"{PACKAGE}.loaders.memory" not in folders[f"{PACKAGE}.loaders.families"]
+
+
+def test_nodes_import_the_use_case_facade_not_the_engine():
+    engine = f"{PACKAGE}.loaders"
+    for module, targets in import_graph().items():
+        if module.startswith(f"{PACKAGE}.nodes"):
+            assert not [t for t in targets if t == engine or t.startswith(engine + ".")], module
 
 
 def test_contract_types_import_nothing_of_ours():
@@ -125,3 +166,65 @@ def test_the_dispatch_pattern_matches_what_it_should():
 
 def test_no_family_dispatch_outside_the_family_packages():
     assert dispatch_lines() == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# family knowledge stays in the family packages
+
+# The tiny-model factory builds each family's folders (it names their components by necessity); it leaves the
+# engine in the package split that follows, and its family-id tables are still checked.
+FACTORY = Path("loaders") / "tiny_models"
+
+
+def family_vocabulary() -> tuple:
+    """(component names the families give their denoisers, every family / model family / requirements id)."""
+    from lorabind.loaders import families
+
+    components, ids = set(), set()
+    for family in families.all_families():
+        components.update(family.lora_components)
+        components.update(name for name, role in family.index_roles.items() if "denoiser" in role or "expert" in role)
+        ids.update({family.id, *family.model_families, *family.requirements})
+    return frozenset(components), frozenset(ids)
+
+
+def _string_constants(node) -> list:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def family_knowledge_leaks(package_dir: Path = PACKAGE_DIR) -> list:
+    """``file:line: why`` for each component-name literal outside the family packages and the factory, and each
+    dict literal outside the family packages with a family id among its keys or values."""
+    components, ids = family_vocabulary()
+    families_dir = package_dir / "loaders" / "families"
+    found = []
+    for path in source_files(package_dir):
+        if families_dir in path.parents:
+            continue
+        relative = path.relative_to(package_dir)
+        in_factory = FACTORY in relative.parents
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in components and not in_factory:
+                found.append(f"{relative}:{node.lineno}: component name {node.value!r}")
+            if isinstance(node, ast.Dict):
+                listed = [v for part in (*node.keys, *node.values) if part is not None for v in _string_constants(part)]
+                named = sorted(set(listed) & ids)
+                if named:
+                    found.append(f"{relative}:{node.lineno}: a table of family ids {named}")
+    return found
+
+
+def test_the_leak_check_sees_literals_and_tables(tmp_path):
+    (tmp_path / "loaders" / "families").mkdir(parents=True)
+    for folder in ("nodes", "runtime", "usecases"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "nodes" / "leaky.py").write_text(
+        'LOW = "transformer_2"\nREQ = {"wan2.1": 1}\nok = name.startswith("trans") and "vae"\n')
+    (tmp_path / "loaders" / "families" / "fine.py").write_text('LOW = "transformer_2"\nREQ = {"wan2.1": 1}\n')
+    assert family_knowledge_leaks(tmp_path) == [
+        "nodes/leaky.py:1: component name 'transformer_2'", "nodes/leaky.py:2: a table of family ids ['wan2.1']"]
+
+
+def test_no_component_name_or_family_table_outside_the_family_packages():
+    assert family_knowledge_leaks() == []

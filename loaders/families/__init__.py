@@ -4,7 +4,10 @@ The registry below is the only way the engine, the nodes, the CLI and the server
 ask for the family of a model (``family_for``), of a ``model_index.json`` (``family_for_index``, or just its
 model family id: ``detect_model_family``), of a family id (``family_by_id``) or of a LoRA file's names
 (``guess_family``), and call the family object. Adding a family means adding one package and its name to
-``_FAMILY_PACKAGES``.
+``_FAMILY_PACKAGES`` (or, for a family that lives outside the pack, such as a test's, one ``register`` call).
+The helpers below answer the questions asked before a model is loaded (roles of an index's components, library
+requirements, shipped configurations, built-in tiny models) from the families, so no table keyed by family id
+exists outside ``families/``.
 """
 
 from __future__ import annotations
@@ -17,11 +20,23 @@ from .interface import ModelFamily, has_expert_pair as _has_expert_pair
 
 # Registry order is the order ``guess_family`` tries (Wan's names first, as before the registry existed).
 _FAMILY_PACKAGES = ("wan", "qwen_image", "minimax_h3")
+_registered: list = []  # families registered at run time (``register``), after the packages
 
 
 def all_families() -> tuple:
     """Every family object, in registry order (imported lazily: importing the registry stays cheap)."""
-    return tuple(import_module(f".{name}", __name__).FAMILY for name in _FAMILY_PACKAGES)
+    return tuple(import_module(f".{name}", __name__).FAMILY for name in _FAMILY_PACKAGES) + tuple(_registered)
+
+
+def register(family: ModelFamily) -> None:
+    """Add a family object that is not one of the pack's packages (a test's toy family); idempotent."""
+    if family not in _registered:
+        _registered.append(family)
+
+
+def unregister(family: ModelFamily) -> None:
+    if family in _registered:
+        _registered.remove(family)
 
 
 def family_serving(model_family: str) -> Optional[ModelFamily]:
@@ -93,3 +108,37 @@ def checkpoint_contracts(model) -> tuple:
 
     contract = family_for(model).checkpoint_contract(model.model_index, model.name)
     return ((contract,) if contract is not None else ()) + baked_contracts(model.model_index, model.name)
+
+
+def component_roles(model_index: dict) -> dict:
+    """{component: role} of a ``model_index.json``'s weighted components, as its family names them."""
+    return family_for_index(model_index).component_roles(model_index)
+
+
+def denoiser_components(model_index: dict) -> list:
+    """The set denoisers of a ``model_index.json``, the main one first."""
+    return family_for_index(model_index).denoiser_components(model_index)
+
+
+def requirements_for(requirements_id: str) -> tuple:
+    """``({distribution: minimum version}, label)`` of a requirements id (``ModelFamily.requirements``);
+    ``({}, id)`` for an id no family lists."""
+    for family in all_families():
+        if requirements_id in family.requirements:
+            return family.requirements[requirements_id], family.labels.get(requirements_id, requirements_id)
+    return {}, requirements_id
+
+
+def real_config_names() -> tuple:
+    """The shipped real configurations every family lists (``lorabind plan NAME``)."""
+    return tuple(name for family in all_families() for name in family.real_configs)
+
+
+def tiny_recipes() -> dict:
+    """{built-in tiny model name: TinyRecipe} of every family."""
+    return {recipe.name: recipe for family in all_families() for recipe in family.tiny_models}
+
+
+def lora_components() -> list:
+    """Every denoiser name a LoRA can be attached to by name, in registry order (the adapter nodes' choices)."""
+    return list(dict.fromkeys(name for family in all_families() for name in family.lora_components))

@@ -129,11 +129,8 @@ class DiffusersFlowFamily(ModelFamily):
         vae = model.pipeline.vae
         placement = placement_of(model)
         if placement is not None:
-            from ..memory import default_decode_bytes
-
             scale = 2 ** len(vae.config.temperal_downsample)  # latent -> pixel factor of the Wan/Qwen VAEs
-            placement.prepare_decode(default_decode_bytes(latent.samples.shape[-1] * scale,
-                                                          latent.samples.shape[-2] * scale))
+            placement.prepare_image_decode(latent.samples.shape[-1] * scale, latent.samples.shape[-2] * scale)
         device, dtype = device_and_dtype(vae)
         z = latent.samples.to(device, dtype)
         channels = vae.config.z_dim

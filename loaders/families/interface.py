@@ -6,9 +6,15 @@ decoding, family-specific sampling) is answered by the family object, so nodes, 
 shared engine never test a family name. Adding a family means adding one package implementing ``ModelFamily``
 (plus its tiny-model recipe) and listing it in ``families/__init__.py``.
 
+What is known before loading is the family's too, so no module outside ``families/`` names a component or keys a
+table by family id: the roles of a ``model_index.json``'s components (``component_roles``: what the planner and
+placement size and move), which denoiser a LoRA file goes to and the slot check (``component_for_file``,
+``check_slots``, both used by ``check_artifact``), the library versions and labels (``requirements``,
+``labels``), the real configurations ``lorabind plan`` ships (``real_configs``), the built-in tiny models
+(``tiny_models``: recipes the factory builds) and the component names of single files (``single_file_parts``).
+
 Hooks for later work, by design:
 - ``load_pipeline`` takes a ``PipelineSource``: a diffusers folder, or modules built from single files;
-- ``components`` names every module with its role, so a device planner can decide what lives where;
 - every denoiser forward goes through ``ModelFamily.forward`` (one place per family to wrap with a
   swap/offload hook).
 """
@@ -18,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from ..errors import KeyMatchError
+from ..model_index import is_set
 from ..schedule_rules import contract_dict
 
 # Component roles (``ModelFamily.denoiser_roles`` / ``components``), the vocabulary ``loaders.memory`` plans with.
@@ -27,10 +35,30 @@ ROLE_LOW_NOISE = "low_noise_expert"  # Wan2.2 MoE: runs below the boundary (``tr
 ROLE_TEXT_ENCODER = "text_encoder"
 ROLE_IMAGE_ENCODER = "image_encoder"
 ROLE_VAE = "vae"  # video and audio VAEs alike
+# A denoiser that only other tasks use (MiniMax-H3's ``transformer_ref`` serves Ref2VA only): a run loads it
+# instead of the main one, never next to it, so a plan sizes the run by the main one.
+ROLE_ALTERNATE = "alternate_denoiser"
+DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
 
 
 SOURCE_DIFFUSERS = "diffusers"
 SOURCE_SINGLE_FILE = "single_file"
+
+# The components most diffusers pipelines name the same way (each family's ``index_roles`` starts from these).
+SHARED_INDEX_ROLES = {"text_encoder": ROLE_TEXT_ENCODER, "image_encoder": ROLE_IMAGE_ENCODER, "vae": ROLE_VAE}
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """A built-in tiny model of a family: ``name`` (its folder under ``models/diffusers``), the requirements id
+    it needs (``ModelFamily.requirements``), and the builder the tiny-model factory runs: ``builder`` in module
+    ``module`` (relative to ``loaders.tiny_models`` when it starts with a dot), ``builder(models_root)``. Named,
+    not imported, so the engine never imports the factory."""
+
+    name: str
+    requirements_id: str
+    module: str
+    builder: str
 
 
 @dataclass(frozen=True)
@@ -64,6 +92,15 @@ class ModelFamily:
     id: str = ""  # key-map family id ("wan", "qwen_image", "minimax_h3"), shown by ``inspect``
     model_families: tuple = ()  # the LoadedModel.family values served ("wan2.1", "wan2.2_moe")
     has_audio: bool = False  # the model generates a soundtrack on its own schedule (``audio_flow_shift``)
+    # {model_index component: ROLE_*} of the components with weights; the first denoiser is the main one
+    index_roles: dict = {}
+    # the denoisers a LoRA can be attached to by name (the adapter nodes' ``component`` choices)
+    lora_components: tuple = ()
+    # {requirements id: {distribution: minimum version}} and {requirements id: label} (``loaders.compat``)
+    requirements: dict = {}
+    labels: dict = {}
+    real_configs: tuple = ()  # folders under ``loaders/memory/real_configs`` (``lorabind plan NAME``)
+    tiny_models: tuple = ()  # TinyRecipe of each built-in tiny model
 
     def serves(self, model) -> bool:
         """True when ``model`` (anything with ``.family``: LoadedModel, handles) is this family's."""
@@ -92,16 +129,37 @@ class ModelFamily:
         """{denoiser component name: role} of a loaded model (``ROLE_*``)."""
         return {name: ROLE_DENOISER for name in model.components}
 
-    def components(self, model) -> dict:
-        """{component name: (module, role)} for every module the family runs: denoisers, text encoder, VAEs."""
-        found = {name: (module, role) for name, role in self.denoiser_roles(model).items()
-                 for module in (model.components.get(name),) if module is not None}
-        for name, role in (("text_encoder", ROLE_TEXT_ENCODER), ("image_encoder", ROLE_IMAGE_ENCODER),
-                           ("vae", ROLE_VAE), ("audio_vae", ROLE_VAE)):
-            module = getattr(model.pipeline, name, None)
-            if module is not None:
-                found[name] = (module, role)
-        return found
+    def component_roles(self, model_index: dict) -> dict:
+        """{component: ROLE_*} of the set components of a ``model_index.json`` with weights (tokenizers and
+        schedulers have none), in index order: what the planner sizes and placement moves."""
+        return {name: self.index_roles[name] for name in model_index
+                if name in self.index_roles and is_set(model_index[name])}
+
+    def denoiser_components(self, model_index: dict) -> list:
+        """The set denoiser components of an index, the main one first (alternates last)."""
+        roles = self.component_roles(model_index)
+        return ([n for n, r in roles.items() if r in DENOISER_ROLES] +
+                [n for n, r in roles.items() if r == ROLE_ALTERNATE])
+
+    def component_for_file(self, model_index: dict, file_name: str, *, strict: bool = True) -> str:
+        """The denoiser a LoRA file goes to when none is named: the main one (a family with experts overrides
+        this to read the file name; ``strict`` False picks the main one where the name does not say)."""
+        return self.denoiser_components(model_index)[0]
+
+    def check_slots(self, model_index: dict, assignments: list) -> None:
+        """Refuse (``KeyMatchError``) LoRA files put into a denoiser their names say is the wrong one.
+        ``assignments``: ``(component, file name, input name or "")``. Nothing to check without experts."""
+
+    def single_file_parts(self, denoisers: list, vae, text_encoder, image_encoder=None) -> dict:
+        """{component name: part} for the parts of a single-file set, named as this family's diffusers folder
+        names them (denoisers in ``lora_components`` order)."""
+        named = dict(zip(self.lora_components, denoisers))
+        if len(named) < len(denoisers):
+            raise KeyMatchError(f"{self.id} models take at most {len(self.lora_components)} denoiser file(s)")
+        named.update(vae=vae, text_encoder=text_encoder)
+        if image_encoder is not None:
+            named["image_encoder"] = image_encoder
+        return named
 
     def forward(self, model, component: str, **inputs):
         """THE denoiser forward: every model prediction of the family calls its denoisers through here."""
@@ -134,8 +192,10 @@ class ModelFamily:
         return None
 
     def check_artifact(self, model, file_name: str, component: str) -> None:
-        """Refuse (ContractError naming both) a LoRA file made for another kind of model of this family, before
-        anything is fused (Wan: an I2V file on a T2V expert and the reverse)."""
+        """Refuse a LoRA file made for another kind of model of this family or another slot, before anything is
+        fused (Wan: an I2V file on a T2V expert and the reverse, ContractError; a low-noise file in the
+        high-noise expert, KeyMatchError): ``check_slots`` plus the family's own artifact rules."""
+        self.check_slots(model.model_index, [(component, file_name, "")])
 
     def checkpoint_contract(self, model_index: dict, model_name: str):
         """A ScheduleContract pinned by the checkpoint itself (``model_index.json``), or None."""

@@ -52,7 +52,7 @@ class KeyAccounting:
 
 
 def account(mapped: MappedLora, component_module, *, lenient: bool = False,
-            component: str = "transformer") -> KeyAccounting:
+            component: str = "denoiser") -> KeyAccounting:
     """Check every target of ``mapped`` against ``component_module`` (e.g. ``pipeline.transformer``).
 
     Unmatched keys raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message."""

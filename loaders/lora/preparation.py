@@ -3,14 +3,14 @@
 Read (cached) -> map onto the model family's module paths -> account every tensor against the component's real
 module tree. Binding, the adapter nodes, ``lorabind inspect`` and ``lorabind merge`` all call this one function,
 so a file is refused with the same words wherever it is used, and what ``inspect`` reports is exactly what a fuse
-would apply. Also here: the small questions every caller asks about a LoRA file (which Wan2.2 expert its name
-says, its rank, the contract it declares).
+would apply. Also here: the small questions every caller asks about a LoRA file (its rank, the contract it
+declares); which denoiser a file's name says it belongs in is its model family's answer
+(``ModelFamily.component_for_file``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -64,16 +64,6 @@ def prepare_lora(path: str, model, component: str, *, name: str = "", lenient: b
     lora = read_lora(path)
     accounting = account(map_to_model(lora, model.family), module, lenient=lenient, component=component)
     return PreparedLora(name=label, path=str(path), component=component, lora=lora, accounting=accounting)
-
-
-def expert_role(lora_name: str) -> Optional[str]:
-    """"high" / "low" when the file name says which Wan2.2 expert it was trained for (``…high_noise…``,
-    ``…_HIGH_…``, ``low_noise``, ``_LOW_``), None when it does not say (or says both)."""
-    tokens = set(re.split(r"[^a-z0-9]+", lora_name.lower()))
-    high, low = "high" in tokens, "low" in tokens
-    if high == low:
-        return None
-    return "high" if high else "low"
 
 
 def lora_rank(lora: LoraFile) -> Optional[int]:

@@ -8,7 +8,7 @@ from .sizes import ComponentSize, component_sizes
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
                dtype: str = "bfloat16") -> tuple[MemoryPlan, list[ComponentSize]]:
-    """The memory plan for ``model`` (a diffusers folder or a name from ``REAL_CONFIG_NAMES``) on a device with
+    """The memory plan for ``model`` (a diffusers folder or a shipped configuration name) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs only."""
     sizes = component_sizes(model, dtype=dtype)
     host = None if ram_gib is None else int(ram_gib * GIB)

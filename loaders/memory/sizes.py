@@ -15,54 +15,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..families import component_roles, real_config_names
+from ..families.interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_IMAGE_ENCODER,
+                                  ROLE_LOW_NOISE, ROLE_TEXT_ENCODER)
 from ..model_index import read_model_index
 
-DENOISER_ROLES = ("denoiser", "high_noise_expert", "low_noise_expert")
-# A denoiser that only other tasks use (MiniMax-H3's ``transformer_ref`` serves Ref2VA only): a run loads it
-# instead of ``transformer``, never next to it, so a plan sizes the run by the main one.
-ALTERNATE_ROLE = "alternate_denoiser"
-EXPERT_ROLES = ("high_noise_expert", "low_noise_expert")
-ENCODER_ROLES = ("text_encoder", "image_encoder")
+# The role vocabulary is the families' (``families.interface``); the planner groups components by it.
+DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
+ALTERNATE_ROLE = ROLE_ALTERNATE
+EXPERT_ROLES = (ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
+ENCODER_ROLES = (ROLE_TEXT_ENCODER, ROLE_IMAGE_ENCODER)
 # Configurations of the real models (configs only, no weights), typed from the public releases; each
-# model_index.json names its source in "_lorabind_source".
+# model_index.json names its source in "_lorabind_source". Which ones ship is the families' list
+# (``ModelFamily.real_configs``).
 REAL_CONFIGS_DIR = Path(__file__).parent / "real_configs"
-REAL_CONFIG_NAMES = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
-                     "qwen-image", "minimax-h3")
 
 
 @dataclass(frozen=True)
 class ComponentSize:
-    name: str  # the model_index component: "transformer", "transformer_2", "text_encoder", "vae", ...
-    role: str  # "denoiser", "high_noise_expert", "low_noise_expert", "text_encoder", "image_encoder", "vae"
+    name: str  # the model_index component
+    role: str  # its family's role for it (``families.interface.ROLE_*``)
     bytes: int  # weights at the dtype the component runs in
     largest_layer_bytes: int  # the largest single module holding parameters directly (e.g. one Linear)
     largest_block_bytes: int = 0  # the largest repeated block (the unit block-level offload streams)
     blocks_bytes: int = 0  # all repeated blocks together (the rest stays put under block offload)
     parameters: int = 0  # parameter count (published model sizes are quoted in parameters)
-
-
-def component_role(name: str, model_index: dict) -> str | None:
-    """The role of a ``model_index`` component, or None for one without weights (tokenizer, scheduler).
-
-    The diffusers convention decides: a pipeline with ``transformer_2`` set is a two-expert model whose
-    ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``); otherwise ``transformer`` is the
-    denoiser and any other ``transformer_*`` serves other tasks (``ALTERNATE_ROLE``).
-    """
-    entry = model_index.get(name)
-    if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] and entry[1]):
-        return None
-    if name.startswith("transformer"):
-        two_experts = bool((model_index.get("transformer_2") or [None])[0])
-        if not two_experts:
-            return "denoiser" if name == "transformer" else ALTERNATE_ROLE
-        return {"transformer": "high_noise_expert", "transformer_2": "low_noise_expert"}.get(name, ALTERNATE_ROLE)
-    if name.startswith("text_encoder"):
-        return "text_encoder"
-    if name.startswith("image_encoder"):
-        return "image_encoder"
-    if name.endswith("vae") or name.startswith("vae"):
-        return "vae"
-    return None
 
 
 def _component_class(library: str, class_name: str, where: Path):
@@ -76,13 +53,14 @@ def _component_class(library: str, class_name: str, where: Path):
 
 
 def resolve_model_source(model) -> Path:
-    """A diffusers folder, or the folder of a shipped real configuration named in ``REAL_CONFIG_NAMES``."""
-    if str(model) in REAL_CONFIG_NAMES:
+    """A diffusers folder, or the folder of a shipped real configuration (``families.real_config_names``)."""
+    names = real_config_names()
+    if str(model) in names:
         return REAL_CONFIGS_DIR / str(model)
     folder = Path(model).expanduser()
     if not (folder / "model_index.json").is_file():
         raise ModelLoadError(f"{model}: neither a diffusers folder (no model_index.json) nor a known configuration "
-                             f"({', '.join(REAL_CONFIG_NAMES)})")
+                             f"({', '.join(names)})")
     return folder
 
 
@@ -173,11 +151,8 @@ def component_sizes(model_source, dtype="bfloat16") -> list[ComponentSize]:
     folder = resolve_model_source(model_source)
     model_index = read_model_index(folder)
     sizes = []
-    for name, entry in model_index.items():
-        role = component_role(name, model_index)
-        if role is None:
-            continue
-        library, class_name = entry
+    for name, role in component_roles(model_index).items():
+        library, class_name = model_index[name]
         measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name))
         sizes.append(ComponentSize(name=name, role=role, **measured))
     return sizes

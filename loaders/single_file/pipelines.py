@@ -69,18 +69,26 @@ def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple,
                      detect(*image_encoder) if image_encoder is not None else None)
 
 
+def _family(files: CheckpointSet):
+    from ..families import family_by_id
+
+    return family_by_id(files.family)
+
+
 def _named_files(files: CheckpointSet) -> dict:
-    """component name -> Detected, named as the equivalent diffusers folder names them."""
-    named = dict(zip(("transformer", "transformer_2"), files.denoisers))
-    named.update(vae=files.vae, text_encoder=files.text_encoder)
-    if files.image_encoder is not None:
-        named["image_encoder"] = files.image_encoder
-    return named
+    """component name -> Detected, named as the equivalent diffusers folder names them (the family decides)."""
+    return _family(files).single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
+                                            files.image_encoder)
 
 
-def _placement_index(named: dict) -> dict:
-    """A ``model_index``-shaped dict of the weighted components, for the planner's and placement's roles."""
+def _parts_index(named: dict) -> dict:
+    """The ``model_index`` entries of the set's parts: what the family reads their roles from."""
     return {name: [d.kind.library, catalog.model_class(d.kind).__name__] for name, d in named.items()}
+
+
+def _roles(named: dict, family) -> dict:
+    """{component: role} of the set's parts, as the family gives them for the equivalent ``model_index``."""
+    return family.component_roles(_parts_index(named))
 
 
 def _choose_plan(files: CheckpointSet, *, label: str, device, memory: str, dtype):
@@ -89,23 +97,23 @@ def _choose_plan(files: CheckpointSet, *, label: str, device, memory: str, dtype
     from .. import load_plan
 
     if device.type == "cpu" and memory == "auto":
-        return load_plan.cpu_plan(_placement_index(_named_files(files)))
+        return load_plan.cpu_plan(_roles(_named_files(files), _family(files)))
     return load_plan.plan_for_sizes(component_sizes(files, dtype), label=label, device=device, memory=memory)
 
 
 def component_sizes(files: CheckpointSet, dtype) -> list:
     """``memory.sizes.ComponentSize`` of each file of the set as ``load_component`` will hold it at ``dtype``."""
-    from ..memory.sizes import component_role, measure_module
+    from ..memory.sizes import measure_module
 
     named = _named_files(files)
-    index = _placement_index(named)
+    roles = _roles(named, _family(files))
     sizes = []
     for name, detected in named.items():
         module = build_empty(detected)
         if hasattr(module, "tie_weights"):  # transformers 5 ties shared embeddings (umt5) at load, not when built
             module.tie_weights()
         keep = fp32_modules(type(module), detected, dtype)
-        sizes.append(measure_module(name, component_role(name, index), module, dtype, keep,
+        sizes.append(measure_module(name, roles[name], module, dtype, keep,
                                     one_byte=fp8_parameters(detected, module)))
     return sizes
 
@@ -155,8 +163,9 @@ def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Itera
             pipeline = family_object.load_pipeline(source)
         pipeline.set_progress_bar_config(disable=True)
         model_index = pipeline_index(pipeline)
-        denoisers = {n: components[n] for n in ("transformer", "transformer_2") if n in components}
-        placed = ModelPlacement(components, plan, torch_device, _placement_index(named))
+        roles = _roles(named, family_object)
+        denoisers = {n: components[n] for n in family_object.denoiser_components(_parts_index(named))}
+        placed = ModelPlacement(components, plan, torch_device, roles)
         placed.apply()
         speed.apply_speed_options(denoisers, attention=attention, compile=compile)
         return LoadedModel(path=high.path, name=name, family=family_object.detect(model_index), pipeline=pipeline,

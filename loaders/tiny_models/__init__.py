@@ -7,34 +7,32 @@ command with no download: ``lorabind run`` calls ``ensure_builtin_models`` and t
 
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from .. import compat
+from ..families import tiny_recipes
 from . import lora_fixtures, minimax_h3, single_files
 from ._common import diffusers_dir, log, stale_reason
 from .input_images import ensure_input_images, write_input_images
-from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
-from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
-from .wan_i2v import (WAN21_I2V_NAME, WAN22_I2V_NAME, WAN22_TI2V_NAME, build_tiny_wan21_i2v, build_tiny_wan22_i2v,
-                      build_tiny_wan22_ti2v)
 
-# name -> builder(models_root) -> folder written.
+# Which built-ins exist, and which library versions each needs, is each family's list (``ModelFamily.tiny_models``);
+# the recipes name the builder here that writes the folder.
+RECIPES = tiny_recipes()
+BUILTIN_NAMES = tuple(RECIPES)
+BUILTIN_FAMILIES = {name: recipe.requirements_id for name, recipe in RECIPES.items()}
+
+
+def _builder(recipe) -> Callable:
+    return getattr(import_module(recipe.module, __name__), recipe.builder)
+
+
+# builders that write several folders at once (MiniMax-H3's plain and pinned models) are run by name set
+_SHARED_BUILDERS = {r.builder for r in RECIPES.values() if [o.builder for o in RECIPES.values()].count(r.builder) > 1}
+# name -> builder(models_root) -> folder written, for the built-ins built one folder at a time
 BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
-    WAN22_NAME: build_tiny_wan22,
-    WAN21_NAME: build_tiny_wan21,
-    QWEN_IMAGE_NAME: build_tiny_qwen_image,
-    WAN22_I2V_NAME: build_tiny_wan22_i2v,
-    WAN21_I2V_NAME: build_tiny_wan21_i2v,
-    WAN22_TI2V_NAME: build_tiny_wan22_ti2v,
-}
-# Built by ``minimax_h3.build_tiny_minimax_h3`` (its own owner), both folders at once.
-MINIMAX_H3_NAMES = (minimax_h3.TINY_NAME, minimax_h3.TINY_PINNED_NAME)
-BUILTIN_NAMES = tuple(BUILTIN_MODELS) + MINIMAX_H3_NAMES
-# the model family of each built-in, for the library versions it needs (loaders.compat)
-BUILTIN_FAMILIES = {WAN22_NAME: "wan2.2_moe", WAN21_NAME: "wan2.1", QWEN_IMAGE_NAME: "qwen_image",
-                    WAN22_I2V_NAME: "wan2.2_moe", WAN21_I2V_NAME: "wan2.1", WAN22_TI2V_NAME: "wan2.2_ti2v",
-                    **{name: "minimax_h3" for name in MINIMAX_H3_NAMES}}
+    name: _builder(recipe) for name, recipe in RECIPES.items() if recipe.builder not in _SHARED_BUILDERS}
 
 
 def unavailable_builtins() -> dict[str, str]:
@@ -46,14 +44,27 @@ def unavailable_builtins() -> dict[str, str]:
 def build_builtin(name: str, models_root) -> Path:
     """Build one built-in model (MiniMax-H3: its whole set) and return its folder."""
     models_root = Path(models_root)
-    if name in BUILTIN_FAMILIES:
-        compat.require(BUILTIN_FAMILIES[name], f"the built-in {name}")
-    if name in BUILTIN_MODELS:
-        return BUILTIN_MODELS[name](models_root)
-    if name in MINIMAX_H3_NAMES:
-        minimax_h3.build_tiny_minimax_h3(models_root)
-        return diffusers_dir(models_root) / name
-    raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
+    compat.require(recipe.requirements_id, f"the built-in {name}")
+    _builder(recipe)(models_root)
+    return diffusers_dir(models_root) / name
+
+
+def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
+    """Run each named recipe's builder once (a shared builder writes all its folders); the folders written."""
+    written: list[Path] = []
+    done = set()
+    for name in dict.fromkeys(names):
+        recipe = RECIPES[name]
+        if recipe.builder in done:
+            continue
+        done.add(recipe.builder)
+        compat.require(recipe.requirements_id, f"the built-in {name}")
+        result = _builder(recipe)(models_root)
+        written += [Path(p) for p in result] if isinstance(result, (list, tuple)) else [Path(result)]
+    return written
 
 
 def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None) -> list[Path]:
@@ -70,9 +81,8 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=Non
     models_root = Path(models_root)
     if names is None:
         skipped = unavailable_builtins()
-        written = [build(models_root) for name, build in BUILTIN_MODELS.items() if name not in skipped]
-        if not set(MINIMAX_H3_NAMES) & set(skipped):
-            written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
+        written = _build_recipes([name for name in BUILTIN_NAMES if name not in skipped], models_root)
+        if minimax_h3.TINY_NAME not in skipped:
             written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
         written += single_files.write_tiny_single_files(models_root)
@@ -82,13 +92,7 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=Non
     unknown = sorted(set(names) - set(BUILTIN_NAMES))
     if unknown:
         raise KeyError(f"unknown built-in model(s) {unknown}; known: {sorted(BUILTIN_NAMES)}")
-    written: list[Path] = []
-    for name in dict.fromkeys(names):
-        if name in BUILTIN_MODELS:
-            written.append(build_builtin(name, models_root))
-        elif not any(path.name == name for path in written):  # a MiniMax-H3 name: its set is built together
-            written += [Path(p) for p in minimax_h3.build_tiny_minimax_h3(models_root)]
-    return written
+    return _build_recipes(names, models_root)
 
 
 def _strings_in(value) -> Iterable[str]:

@@ -25,8 +25,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--base", required=True, metavar="DIR", help="the base diffusers model folder")
     parser.add_argument("--tuned", required=True, metavar="DIR", help="the tuned (e.g. merged) diffusers model folder")
     parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
-    parser.add_argument("--component", default="transformer", metavar="NAME",
-                        help="denoiser component folder to compare (default: transformer)")
+    parser.add_argument("--component", default=None, metavar="NAME",
+                        help="denoiser component folder to compare (default: the model's main denoiser, e.g. "
+                             "transformer)")
     parser.add_argument("--config", metavar="FILE",
                         help="JSON file with any of: layers, rank, alpha, dtype, diffs, key_prefix, device "
                              "(LightX2V's extractor options; command-line values win)")
@@ -89,14 +90,16 @@ def run(args) -> int:
     return 0
 
 
-def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str = "transformer", rank: int = 32,
+def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str | None = None, rank: int = 32,
                     alpha="rank", dtype="bf16", layers=(), diffs: bool = True, key_prefix: str = "transformer.",
                     device: str = "cpu") -> dict:
     import torch
 
     from ...loaders.devices import resolve_device
     from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_safetensors_atomically
+    from ...loaders.model_store import denoiser_names, read_model_index
 
+    component = component or denoiser_names(read_model_index(base_dir))[0]
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_ARGUMENTS)} or auto, got {dtype!r}")
     options = ExtractOptions(

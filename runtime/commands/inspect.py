@@ -176,14 +176,13 @@ def _tensor_counts(lora) -> dict:
 
 
 def _accounting(lora, model) -> dict:
-    """The key accounting on the component the file targets: for a model with a low-noise expert the one its
-    name says (low-noise files -> transformer_2), else the main transformer. Unmatched keys are listed (and
-    exit 1 through ``refusal``); a shape that does not fit raises like a fuse would."""
-    from ...loaders.lora.preparation import expert_role, prepare_lora
+    """The key accounting on the component the file targets: the one the model's family puts it in (Wan2.2:
+    low-noise files -> the low-noise expert), else the main denoiser. Unmatched keys are listed (and exit 1
+    through ``refusal``); a shape that does not fit raises like a fuse would."""
+    from ...loaders.families import family_for
+    from ...loaders.lora.preparation import prepare_lora
 
-    component = "transformer"
-    if "transformer_2" in model.components and expert_role(lora.name) == "low":
-        component = "transformer_2"
+    component = family_for(model).component_for_file(model.model_index, lora.name, strict=False)
     prepared = prepare_lora(lora.path, model, component, name=lora.name, lenient=True, where="lorabind inspect")
     accounting = prepared.accounting
     return {"model": model.name or model.path, "model_family": model.family, "component": component,

@@ -21,9 +21,9 @@ def add_arguments(parser) -> None:
                         help="LoRA file or PEFT folder, optionally with the component it goes into and a strength "
                              "(default 1.0); repeatable, e.g. --lora transformer=HIGH.safetensors --lora "
                              "transformer_2=LOW.safetensors bakes a Wan2.2 pair in one run")
-    parser.add_argument("--component", default="transformer", metavar="NAME",
-                        help="component for --lora values that name none (default: transformer; Wan2.2 "
-                             "low-noise: transformer_2)")
+    parser.add_argument("--component", default=None, metavar="NAME",
+                        help="component for --lora values that name none (default: the model's main denoiser, "
+                             "e.g. transformer; Wan2.2 low-noise: transformer_2)")
     parser.add_argument("--out", required=True, metavar="DIR", help="new model folder to write")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out (only once the new folder is complete)")

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from lorabind.loaders import load_plan, model_store
+from lorabind.loaders import families, load_plan, model_store
 from lorabind.loaders.binding import bind, release_adapters, unbind
 from lorabind.loaders.generation import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
@@ -151,7 +151,7 @@ def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_ro
         encoder = model.pipeline.text_encoder
         model.placement.remove()
         model.placement = ModelPlacement(dict(model.pipeline.components), plan, torch.device("cpu"),
-                                         model.model_index)
+                                         families.component_roles(model.model_index))
         model.placement.apply()
         assert _is_group_offload_enabled(encoder)
         hooked = [m for m in encoder.modules() if getattr(m, "_diffusers_hook", None) is not None]

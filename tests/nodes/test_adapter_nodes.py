@@ -96,8 +96,9 @@ def test_wan_pair_refuses_swapped_files_naming_both(wan22):
     with pytest.raises(LoraBindError) as err:
         WanMoELoRAPair().pair(wan22, F.WAN22_LOW, 1.0, F.WAN22_HIGH, 1.0)
     message = str(err.value)
-    assert "wrong slots" in message
-    assert f"high_noise_lora is {F.WAN22_LOW}" in message and f"low_noise_lora is {F.WAN22_HIGH}" in message
+    assert "wrong slots (the pair is swapped)" in message
+    assert f"{F.WAN22_LOW} says low noise but goes into transformer (high_noise_lora)" in message
+    assert f"{F.WAN22_HIGH} says high noise but goes into transformer_2 (low_noise_lora)" in message
 
 
 def test_wan_pair_refuses_a_wan21_model(wan21):

@@ -60,8 +60,8 @@ def test_bridge_is_inert_headless():
 def test_loader_passes_device_plan_and_comfyui_hooks_to_the_model_store(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr("lorabind.nodes.model_nodes.resolve_model_folder", lambda name: tmp_path)
-    monkeypatch.setattr("lorabind.nodes.model_nodes.checkpoint_contracts", lambda model: ())
-    monkeypatch.setattr("lorabind.nodes.model_nodes.load_model",
+    monkeypatch.setattr("lorabind.usecases.models.checkpoint_contracts", lambda model: ())
+    monkeypatch.setattr("lorabind.usecases.models.load_folder",
                         lambda folder, **kwargs: seen.update(kwargs) or types.SimpleNamespace(family="wan2.1"))
     LoraBindModelLoader().load("tiny-wan21-t2v", "auto", device="auto", memory="offload_blocks")
     assert seen["device"] is None and seen["memory"] == "offload_blocks"  # headless: the session default decides

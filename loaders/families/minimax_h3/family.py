@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..interface import ROLE_DENOISER, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, ModelFamily, PipelineSource
+from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS,
+                         SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
 from . import contracts, keymap, pipeline, sampling
 from .resolve import resolve
 
@@ -14,6 +15,16 @@ class MiniMaxH3Family(ModelFamily):
     id = contracts.FAMILY_ID
     model_families = (contracts.FAMILY_ID,)
     has_audio = True
+    # ``transformer`` runs t2va / fl2va; ``transformer_ref`` only ref2va, so a run loads one or the other
+    index_roles = {"transformer": ROLE_DENOISER, "transformer_ref": ROLE_ALTERNATE, "audio_vae": ROLE_VAE,
+                   **SHARED_INDEX_ROLES}
+    lora_components = ("transformer",)
+    requirements = {contracts.FAMILY_ID: {"diffusers": "0.42"}}  # MiniMax-H3 arrived in diffusers 0.42
+    labels = {contracts.FAMILY_ID: "MiniMax-H3"}
+    real_configs = ("minimax-h3",)
+    # one builder writes both folders (the pinned one is a copy with a pinned release)
+    tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID, ".minimax_h3", "build_tiny_minimax_h3")
+                        for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
 
     def detect(self, model_index: dict) -> Optional[str]:
         class_name = str(model_index.get("_class_name", ""))

@@ -8,16 +8,25 @@ import torch
 
 from ...handles import ConditioningHandle, LatentHandle
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
+from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, TinyRecipe
 from . import contracts, keymap
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
 FAMILY_ID = "qwen_image"
+DENOISER = "transformer"
 
 
 class QwenImageFamily(DiffusersFlowFamily):
     id = FAMILY_ID
     model_families = (FAMILY_ID,)
     renormalize = staticmethod(renormalize)
+    index_roles = {DENOISER: ROLE_DENOISER, **SHARED_INDEX_ROLES}
+    lora_components = (DENOISER,)
+    # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49
+    requirements = {FAMILY_ID: {"diffusers": "0.35", "transformers": "4.49"}}
+    labels = {FAMILY_ID: "Qwen-Image"}
+    real_configs = ("qwen-image",)
+    tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID, ".qwen_image", "build_tiny_qwen_image"),)
 
     def detect(self, model_index: dict) -> Optional[str]:
         return self.id if str(model_index.get("_class_name", "")).startswith("QwenImage") else None
@@ -27,7 +36,7 @@ class QwenImageFamily(DiffusersFlowFamily):
         from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
         parts = source.components
-        return QwenImagePipeline(transformer=parts["transformer"], vae=parts["vae"],
+        return QwenImagePipeline(transformer=parts[DENOISER], vae=parts["vae"],
                                  scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=parts["text_encoder"],
                                  tokenizer=source.tokenizer)
 

@@ -8,16 +8,28 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
+from ...model_index import is_set
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
-from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
-from . import contracts, keymap
+from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
+from . import contracts, keymap, slots
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .prediction import WanPrediction
 from .single_files import assemble_wan_pipeline
+from .slots import HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT
 
-HIGH_NOISE_EXPERT = "transformer"
-LOW_NOISE_EXPERT = "transformer_2"
-TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its compat.REQUIREMENTS entry
+TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its ``requirements`` entry
+# From checks against older releases (diffusers 0.32-0.35): WanPipeline appears in diffusers 0.33, its
+# transformer_2/boundary_ratio (Wan2.2 MoE) in 0.35, and expand_timesteps (TI2V) came with Wan2.2 in 0.35.
+REQUIREMENTS = {"wan2.1": {"diffusers": "0.33"}, contracts.MOE_FAMILY: {"diffusers": "0.35"},
+                TI2V_REQUIREMENTS: {"diffusers": "0.35"}}
+LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V"}
+TINY_MODELS = (
+    TinyRecipe("tiny-wan22-t2v", contracts.MOE_FAMILY, ".wan", "build_tiny_wan22"),
+    TinyRecipe("tiny-wan21-t2v", "wan2.1", ".wan", "build_tiny_wan21"),
+    TinyRecipe("tiny-wan22-i2v", contracts.MOE_FAMILY, ".wan_i2v", "build_tiny_wan22_i2v"),
+    TinyRecipe("tiny-wan21-i2v", "wan2.1", ".wan_i2v", "build_tiny_wan21_i2v"),
+    TinyRecipe("tiny-wan22-ti2v", TI2V_REQUIREMENTS, ".wan_i2v", "build_tiny_wan22_ti2v"),
+)
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
 # which would change what the cross-attention sees, so we pass the __call__ value explicitly.
 WAN_TEXT_TOKENS = 512
@@ -26,19 +38,37 @@ DEFAULT_I2V_BOUNDARY = 0.9
 DEFAULT_T2V_BOUNDARY = 0.875
 
 
-def _is_set(entry) -> bool:
-    """A model_index component entry is set unless it is ``[null, null]`` (diffusers' "absent")."""
-    return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
-
-
 class WanFamily(DiffusersFlowFamily):
     id = "wan"
     model_families = ("wan2.1", contracts.MOE_FAMILY)
+    index_roles = {HIGH_NOISE_EXPERT: ROLE_DENOISER, LOW_NOISE_EXPERT: ROLE_LOW_NOISE, **SHARED_INDEX_ROLES}
+    lora_components = (HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT)
+    requirements = REQUIREMENTS
+    labels = LABELS
+    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+    tiny_models = TINY_MODELS
 
     def detect(self, model_index: dict) -> Optional[str]:
         if not str(model_index.get("_class_name", "")).startswith("Wan"):
             return None
-        return contracts.MOE_FAMILY if _is_set(model_index.get("transformer_2")) else "wan2.1"
+        return contracts.MOE_FAMILY if is_set(model_index.get(LOW_NOISE_EXPERT)) else "wan2.1"
+
+    def component_roles(self, model_index: dict) -> dict:
+        """With ``transformer_2`` set, ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``)."""
+        roles = super().component_roles(model_index)
+        if LOW_NOISE_EXPERT in roles and HIGH_NOISE_EXPERT in roles:
+            roles[HIGH_NOISE_EXPERT] = ROLE_HIGH_NOISE
+        return roles
+
+    def component_for_file(self, model_index: dict, file_name: str, *, strict: bool = True) -> str:
+        """A two-expert model: the expert the file name says (``…high_noise…`` / ``…low_noise…``)."""
+        if LOW_NOISE_EXPERT not in self.component_roles(model_index):
+            return HIGH_NOISE_EXPERT
+        return slots.expert_for_file(file_name, strict=strict)
+
+    def check_slots(self, model_index: dict, assignments: list) -> None:
+        if LOW_NOISE_EXPERT in self.component_roles(model_index):
+            slots.check_slots(assignments)
 
     def requirements_id(self, model_family, model_index=None, variant=None):
         # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)
@@ -52,8 +82,8 @@ class WanFamily(DiffusersFlowFamily):
     def denoiser_roles(self, model) -> dict:
         if model.family != contracts.MOE_FAMILY:
             return {name: ROLE_DENOISER for name in model.components}
-        roles = {HIGH_NOISE_EXPERT: ROLE_HIGH_NOISE, LOW_NOISE_EXPERT: ROLE_LOW_NOISE}
-        return {name: role for name, role in roles.items() if name in model.components}
+        return {name: role for name, role in self.component_roles(model.model_index).items()
+                if name in model.components}
 
     # LoRA key map and contracts
     recognizes = staticmethod(keymap.recognizes)
@@ -63,6 +93,7 @@ class WanFamily(DiffusersFlowFamily):
     declared_contract = staticmethod(contracts.declared_contract)
 
     def check_artifact(self, model, file_name: str, component: str) -> None:
+        super().check_artifact(model, file_name, component)
         contracts.check_artifact_fits(model, file_name, component, self.image_variant(model))
 
     def contract_to_dict(self, contract) -> dict:

@@ -50,11 +50,14 @@ def test_roles_and_components_of_the_tiny_models(load_tiny, mm_models):
         "tiny-minimax-h3": {"transformer": "denoiser", "transformer_ref": "denoiser"},
     }
     assert [families.has_expert_pair(m) for m in (wan22, wan21, qwen, minimax)] == [True, False, False, False]
-    parts = families.family_for(minimax).components(minimax)
-    assert {name: role for name, (_, role) in parts.items()} == {
-        "transformer": "denoiser", "transformer_ref": "denoiser", "text_encoder": "text_encoder", "vae": "vae",
-        "audio_vae": "vae"}
-    assert parts["vae"][0] is minimax.pipeline.vae
+    # what is known before loading: the roles of the index's components (planner and placement size by them)
+    assert families.component_roles(minimax.model_index) == {
+        "transformer": "denoiser", "transformer_ref": "alternate_denoiser", "vae": "vae", "audio_vae": "vae",
+        "text_encoder": "text_encoder"}
+    assert families.component_roles(wan22.model_index) == {
+        "text_encoder": "text_encoder", "transformer": "high_noise_expert", "transformer_2": "low_noise_expert",
+        "vae": "vae"}
+    assert families.denoiser_components(minimax.model_index) == ["transformer", "transformer_ref"]
     assert [families.family_for(m).has_audio for m in (wan22, qwen, minimax)] == [False, False, True]
 
 

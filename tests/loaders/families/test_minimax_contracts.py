@@ -212,7 +212,7 @@ def test_the_generic_contract_view_uses_the_minimax_keys_for_every_caller():
 
 
 def test_adapter_node_ui_words_a_minimax_contract_in_its_own_terms():
-    from lorabind.nodes.adapter_nodes import contract_text
+    from lorabind.usecases.adapters import contract_text
 
     contract = mm.declared_contract("minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors", {}, 4)
     assert contract_text(contract) == ["contract: " + mm.describe_contract(contract)]

@@ -92,8 +92,8 @@ def test_i2v_files_on_t2v_experts_and_t2v_files_on_i2v_experts_are_refused_namin
 
 
 def test_a_swapped_i2v_pair_is_refused_like_the_t2v_one(pair):
-    with pytest.raises(LoraBindError, match=f"high_noise_lora is {F.WAN22_I2V_LOW} and low_noise_lora is "
-                                            f"{F.WAN22_I2V_HIGH}, but their names say low noise and high noise"):
+    with pytest.raises(LoraBindError, match=f"the pair is swapped\\): {F.WAN22_I2V_LOW} says low noise but goes into "
+                                            f"transformer \\(high_noise_lora\\); {F.WAN22_I2V_HIGH} says high"):
         pair("tiny-wan22-i2v", F.WAN22_I2V_LOW, F.WAN22_I2V_HIGH)
 
 

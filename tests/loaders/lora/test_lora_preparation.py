@@ -7,7 +7,8 @@ from lorabind.loaders.binding import bind
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import for_model_family
 from lorabind.loaders.handles import FuseSpec, ModelHandle
-from lorabind.loaders.lora.preparation import declared_contract, expert_role, lora_rank, prepare_lora
+from lorabind.loaders.families.wan.slots import expert_role
+from lorabind.loaders.lora.preparation import declared_contract, lora_rank, prepare_lora
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.runtime.commands.inspect import inspect_lora

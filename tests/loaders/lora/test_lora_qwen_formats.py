@@ -15,7 +15,7 @@ from lorabind.loaders.lora import account, map_to_model, read_lora
 
 
 def _account(path, model, **kw):
-    return account(map_to_model(read_lora(path), "qwen_image"), model, **kw)
+    return account(map_to_model(read_lora(path), "qwen_image"), model, component="transformer", **kw)
 
 
 def test_lightning_style_file_applies_every_tensor(tmp_path, qwen_transformer):

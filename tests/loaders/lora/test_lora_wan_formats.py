@@ -14,8 +14,8 @@ from lorabind.loaders.lora import account, map_to_model, read_lora
 IMAGE_PARTS = ("k_img", "v_img", "norm_k_img", "img_emb")
 
 
-def _account(path, model, family="wan2.2_moe", **kw):
-    return account(map_to_model(read_lora(path), family), model, **kw)
+def _account(path, model, family="wan2.2_moe", component="transformer", **kw):
+    return account(map_to_model(read_lora(path), family), model, component=component, **kw)
 
 
 def test_native_lightx2v_file_applies_every_tensor(tmp_path, wan22_expert):

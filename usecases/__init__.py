@@ -1,0 +1,51 @@
+"""The use-case layer: what the hosts (ComfyUI nodes, ``lorabind run``, ``lorabind serve``) ask of the engine.
+
+Why: the rules that are neither a node's declaration nor engine mechanics (which denoiser a file goes to, the
+sampler's order of checks, composing a contract, listing and resolving models, finding tokenizers) live here once,
+so every host runs them the same way. Nodes import this one facade, never the engine's modules. The facade is
+lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
+
+Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
+``tokenizer_dirs`` (models); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
+``lora_components`` (adapters); ``sample`` (sampling); ``check_contract``, ``decode_audio``, ``with_first_frame``
+(MiniMax-H3); plus the engine names a node declaration needs (socket types, choices, handles, errors).
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    ".models": ("list_models", "find_model", "resolve_model", "load_model", "load_checkpoint_files",
+                "tokenizer_dirs", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
+    ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
+                  "contract_text"),
+    ".sampling": ("sample", "SampleOptions", "schedule_report"),
+    ".minimax": ("check_contract", "decode_audio", "with_first_frame", "TASKS"),
+    "..loaders.families": ("lora_components",),
+    "..loaders.handles": ("SOCKET_ADAPTER", "SOCKET_AUDIO", "SOCKET_CONDITIONING", "SOCKET_IMAGE",
+                          "SOCKET_LATENT", "SOCKET_MODEL", "SOCKET_SCHEDULE", "SOCKET_SIGMAS", "AdapterHandle",
+                          "ModelHandle"),
+    "..loaders.errors": ("LoraBindError", "LoraFileError"),
+    "..loaders.generation": ("encode_text", "empty_latent", "image_to_video_latent", "decode"),
+    "..loaders.contracts": ("lora_file_contract", "model_folder_contract"),
+    "..loaders.devices": ("MEMORY_NAMES", "device_choices"),
+    "..loaders.model_store": ("DTYPE_NAMES", "release_device_memory"),
+    "..loaders.speed": ("ATTENTION_NAMES",),
+    "..loaders.single_file.fp8": ("ROUNDINGS",),
+    "..loaders.peft_adapters": ("file_identity",),
+    "..loaders.atomic_files": ("write_atomically",),
+    "..loaders.wav_files": ("write_wav",),
+    "..loaders.tiny_models": ("BUILTIN_NAMES",),
+    "..loaders.tiny_models.single_files": ("ensure_tiny_single_files", "tiny_file_names"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name):
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module, __name__), name)
+
+
+def __dir__():
+    return sorted(_MODULE_OF)

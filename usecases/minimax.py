@@ -1,0 +1,74 @@
+"""MiniMax-H3 use cases. ``check_contract``: attach an adapter that declares its own schedule (Turbo / native)
+and say what the sampler will have to run; the soundtrack and the first-frame anchor.
+
+Why a use case: composing the contract is a rule, not a node's job: the artifact's contract (from its published
+name or metadata), bound to the checkpoint it runs on, scaled, for the chosen task, and resolved once so the
+request the sampler will see is known (and refused) before anything is sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..loaders.contracts import SamplingRequest
+from ..loaders.errors import LoraBindError
+from ..loaders.families import minimax_h3
+from ..loaders.handles import AdapterSpec, ScheduleHandle
+
+TASKS = minimax_h3.TASKS
+
+
+@dataclass(frozen=True)
+class CheckedContract:
+    handle: object  # the model handle with the adapter attached
+    schedule: ScheduleHandle  # the adapter's contract, for the sampler's schedule input
+    sigmas: tuple  # the video sigmas the contract implies
+    view: dict  # the contract as the UI shows it
+    text: list  # what the node reports
+
+
+def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: float, task: str, *,
+                   where: str) -> CheckedContract:
+    """The adapter (its file found by ``path_of()``) attached to ``model`` with its contract; ``task`` "auto" is
+    the artifact's first task. Refuses, naming ``where``, a model of another family (before looking for the
+    file) and a file that declares no contract."""
+    if not minimax_h3.FAMILY.serves(model):
+        raise LoraBindError(f"{where}: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
+                            f"{model.family}")
+    path = path_of()
+    contract = minimax_h3.file_contract(path)
+    if contract is None:
+        raise LoraBindError(
+            f"{where}: {lora_name} declares no MiniMax-H3 contract: its name does not follow "
+            f"{minimax_h3.TURBO_GRAMMAR} and its metadata has no key_format='minimax-h3-native'. Use "
+            f"LoadPEFTAdapter for other LoRAs.")
+    chosen = contract.tasks[0] if task == "auto" else task
+    contract = minimax_h3.with_scale(minimax_h3.on_checkpoint(contract, model.model.model_index), scale, chosen)
+    handle = model.with_adapters(AdapterSpec(path, float(scale), component=contract.partition, name=lora_name),
+                                 contracts=(contract,))
+    words = [minimax_h3.describe_contract(contract)]
+    if scale == 0:
+        sigmas = contract.sigmas  # the artifact's own schedule, shown even though it is switched off
+        words.append("scale 0: the adapter is off and its contract is not applied")
+    else:
+        request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
+        resolved = minimax_h3.resolve_schedule(handle.contracts, request, handle)
+        sigmas = resolved.sigmas
+        words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
+                     f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
+    return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), minimax_h3.contract_dict(contract), words)
+
+
+def decode_audio(model, latent, *, where: str) -> dict:
+    """The soundtrack of a sampled MiniMax-H3 latent as ComfyUI AUDIO."""
+    if "audio" not in latent.extra:
+        raise LoraBindError(f"{where}: the latent ({latent.family}) carries no MiniMax-H3 audio")
+    return minimax_h3.FAMILY.decode_audio(model.model, latent)
+
+
+def with_first_frame(model, latent, image, *, where: str):
+    """The latent anchored on a first frame (task fl2va)."""
+    if not minimax_h3.FAMILY.serves(model):
+        raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
+    return minimax_h3.FAMILY.with_first_frame(model.model, latent, image)

@@ -1,0 +1,94 @@
+"""Walking model folders: the one walker (with its loop guard) and the rules for names inside a models root.
+
+Why here: the headless registry (``runtime.folder_paths``), the model loader node's list and the PEFT folders added
+to ComfyUI's LoRA list all walk folders that users fill with links to other disks. A link to an ancestor
+(``ln -s . loop``) makes a naive ``os.walk(followlinks=True)`` endless, and the list runs on every
+``/object_info`` request, every workflow validation and every canvas refresh; one walker, used by all of them,
+keeps that guard in one place. Torch-free (the CLI's fast start imports it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+PEFT_CONFIG = "adapter_config.json"
+MODEL_INDEX = "model_index.json"
+
+
+def walk(roots: Iterable[str]):
+    """``(prefix, dirs, files)`` of every folder under ``roots``; ``prefix`` is the relative name plus ``/``
+    ("" at a root). Hidden folders are skipped; clearing ``dirs`` prunes. Linked folders are followed (models often
+    live on another disk), each real folder once: a link to an ancestor would otherwise make the walk endless."""
+    visited: set[tuple[int, int]] = set()  # (device, inode) of each folder walked
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for current, dirs, files in os.walk(root, followlinks=True):
+            try:
+                stat = os.stat(current)
+            except OSError:
+                dirs[:] = []
+                continue
+            if (stat.st_dev, stat.st_ino) in visited:
+                dirs[:] = []
+                continue
+            visited.add((stat.st_dev, stat.st_ino))
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            relative = os.path.relpath(current, root).replace(os.sep, "/")
+            yield ("" if relative == "." else relative + "/"), dirs, files
+
+
+def folders_holding(roots: Iterable[str], marker: str) -> list[str]:
+    """Relative names of the folders under ``roots`` that hold ``marker`` (a model's ``model_index.json``, a
+    PEFT adapter's ``adapter_config.json``); their own subfolders are not searched further."""
+    names = set()
+    for prefix, dirs, files in walk(roots):
+        if marker in files and prefix:
+            names.add(prefix.rstrip("/"))
+            dirs[:] = []
+    return sorted(names)
+
+
+def peft_folder_names(roots: list[str]) -> list[str]:
+    """PEFT adapter folders (holding ``adapter_config.json``) under ``roots``, as relative names. For ComfyUI,
+    whose own ``loras`` list has files only."""
+    return folders_holding(roots, PEFT_CONFIG)
+
+
+def safe_relative_name(folder_name: str, filename: str) -> str:
+    """Validate a model name: a relative path with ``/`` that stays inside its root. Returns it normalised.
+
+    Refuses absolute paths, drive letters and ``..`` components with an error naming the kind and the name.
+    """
+    if not isinstance(filename, str) or not filename.strip():
+        raise ValueError(f"Empty model name for folder '{folder_name}'.")
+    name = filename.replace("\\", "/")
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if name.startswith("/") or os.path.isabs(filename) or (len(name) > 1 and name[1] == ":"):
+        raise ValueError(
+            f"Refusing model name '{filename}' for folder '{folder_name}': it is an absolute path; names are "
+            f"relative to the '{folder_name}' folder of the models root."
+        )
+    if ".." in parts:
+        raise ValueError(
+            f"Refusing model name '{filename}' for folder '{folder_name}': '..' would leave the "
+            f"'{folder_name}' folder of the models root."
+        )
+    return "/".join(parts)
+
+
+def find_peft_folder(roots: list[str], name: str) -> Optional[str]:
+    """The PEFT folder ``name`` under one of ``roots`` (ComfyUI's ``get_full_path`` finds files only)."""
+    relative = safe_relative_name("loras", name)
+    for root in roots:
+        candidate = os.path.join(root, *relative.split("/"))
+        if os.path.isfile(os.path.join(candidate, PEFT_CONFIG)):
+            return candidate
+    return None
+
+
+def model_folder_names(roots: list[Path]) -> list[str]:
+    """Every diffusers model folder (holding ``model_index.json``) under ``roots``, as relative names."""
+    return folders_holding([str(root) for root in roots], MODEL_INDEX)

@@ -1,0 +1,94 @@
+"""Finding, resolving and loading models for a host: the model list, a name to a folder, a folder to a handle.
+
+Why here: the loader nodes, ``lorabind run`` (validation lists every node's choices) and the server's
+``/object_info`` all list the same models; the list walks the users' folders with the one guarded walker
+(``model_folders.walk``) and adds the built-in tiny models, which are built on first use. A host passes its
+registry (ComfyUI's ``folder_paths`` or the runtime's), so nothing here knows which host runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..loaders.binding import set_adapter_cache_size
+from ..loaders.families import checkpoint_contracts
+from ..loaders.handles import ModelHandle
+from ..loaders.model_store import load_model as load_folder
+from ..loaders.single_file.pipelines import detect_set, load_single_files
+from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin, needs_build
+from .model_folders import model_folder_names
+
+MODEL_FOLDER_KIND = "diffusers"
+TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
+
+
+def diffusers_roots(registry) -> list[Path]:
+    return [Path(p) for p in registry.get_folder_paths(MODEL_FOLDER_KIND)]
+
+
+def list_models(registry) -> list[str]:
+    """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
+    the built-in tiny models, which the loader builds on first use (so a fresh install works offline)."""
+    return sorted(set(BUILTIN_NAMES) | set(model_folder_names(diffusers_roots(registry))))
+
+
+def find_model(registry, model_name: str) -> Optional[Path]:
+    """The existing folder a model name names, confined to the ``diffusers`` roots (None when absent)."""
+    relative = Path(model_name.replace("\\", "/"))
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
+    for root in diffusers_roots(registry):
+        if (root / relative / "model_index.json").is_file():
+            return root / relative
+    return None
+
+
+def resolve_model(registry, model_name: str) -> Path:
+    """``find_model``, building a missing (or stale, see ``needs_build``) built-in tiny model first; otherwise a
+    missing folder raises."""
+    folder = find_model(registry, model_name)
+    if folder is not None and not (model_name in BUILTIN_NAMES and needs_build(folder)):
+        return folder
+    roots = diffusers_roots(registry)
+    default_root = next((r for r in roots if r.name == MODEL_FOLDER_KIND), None)
+    if model_name in BUILTIN_NAMES and default_root is not None:
+        return build_builtin(model_name, default_root.parent)  # builders write <models root>/diffusers/<name>
+    searched = ", ".join(str(r) for r in roots) or "(no diffusers folder configured)"
+    raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json under {searched}")
+
+
+def load_model(folder: Path, *, name: str, max_cached_adapters: int = 0, **options) -> ModelHandle:
+    """The shared model of a folder as a handle carrying the contracts its checkpoint pins; ``options`` are
+    ``model_store.load_model``'s (dtype, device, memory, attention, compile, progress, device-memory hook)."""
+    model = load_folder(folder, name=name, **options)
+    if max_cached_adapters:
+        set_adapter_cache_size(model, max_cached_adapters)
+    return ModelHandle(model, contracts=checkpoint_contracts(model))
+
+
+def load_checkpoint_files(denoisers: list, vae: tuple, text_encoder: tuple, image_encoder=None, **options):
+    """(handle, what was detected) for ComfyUI's single files, ``(path, name)`` each; ``options`` are
+    ``load_single_files``'s."""
+    files = detect_set(denoisers, vae, text_encoder, image_encoder)
+    model = load_single_files(files, **options)
+    return ModelHandle(model, contracts=checkpoint_contracts(model)), files.describe()
+
+
+def tokenizer_dirs(registry) -> list[Path]:
+    """Folders that may hold a Qwen2.5-VL tokenizer: ``--tokenizer`` and ``models/tokenizers/`` (and their
+    subfolders), then diffusers folders' ``tokenizer/`` (the tiny built-ins last). ComfyUI's own copy is added
+    by the loader."""
+    found = []
+    for kind in (TOKENIZER_KIND, MODEL_FOLDER_KIND):
+        try:
+            roots = [Path(p) for p in registry.get_folder_paths(kind)]
+        except KeyError:
+            continue
+        if kind == TOKENIZER_KIND:
+            found += [p for root in roots for p in [root, *sorted(root.glob("*/"))] if p.is_dir()]
+            continue
+        for root in roots:
+            folders = sorted(root.glob("*/tokenizer"), key=lambda p: (p.parent.name.startswith("tiny-"), str(p)))
+            found += [p for p in folders if (p.parent / "model_index.json").is_file()]
+    return found
