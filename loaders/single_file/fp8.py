@@ -25,6 +25,7 @@ the original fp8 bytes back. peft adapters over fp8 weights keep their own weigh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,6 +58,35 @@ def dequantize(stored, scale, dtype):
     if scale is None:
         return stored.to(dtype)
     return (stored.float() * scale.float()).to(dtype)
+
+
+def checked_scale(scale, file_name: str, key: str):
+    """The file's ``scale_weight`` as a float32 scalar, or ``ModelLoadError`` naming the file and key: one finite,
+    positive number. Why at load: a NaN/Inf scale turns every weight it scales into NaN (a "successful" black
+    image), a zero one erases the layer, a negative one flips it, and a non-scalar one fails only inside the
+    sampler, far from the file that caused it."""
+    from ..errors import ModelLoadError
+
+    if scale.numel() != 1:
+        raise ModelLoadError(f"{file_name}: {key} has shape {tuple(scale.shape)}; an fp8 scale is one number")
+    value = scale.float().reshape(())
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ModelLoadError(f"{file_name}: {key} is {number}; an fp8 scale must be a finite positive number "
+                             "(the file is damaged)")
+    return value
+
+
+def refuse_nan(stored, file_name: str, key: str) -> None:
+    """``ModelLoadError`` naming the file and key when fp8 weights hold NaN (e4m3fn has no infinity; its NaN is
+    every exponent and mantissa bit set): they would make the whole output NaN."""
+    import torch
+
+    from ..errors import ModelLoadError
+
+    count = int(((stored.view(torch.uint8) & 0x7F) == 0x7F).sum())
+    if count:
+        raise ModelLoadError(f"{file_name}: {key} holds {count} NaN fp8 value(s); the file is damaged")
 
 
 ROUNDINGS = ("nearest", "stochastic")
