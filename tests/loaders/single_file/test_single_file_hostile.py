@@ -55,7 +55,7 @@ def test_nan_fp8_weights_are_refused_at_load_naming_file_and_key(single_file_roo
     def poison(tensors):
         key = next(k for k in sorted(tensors) if tensors[k].dtype == torch.float8_e4m3fn)
         bits = tensors[key].view(torch.uint8).clone()
-        bits.view(-1)[:3] = 0x7F  # e4m3fn's NaN
+        bits.view(-1)[:3] = torch.tensor([0x7F, 0xFF, 0x7F], dtype=torch.uint8)  # e4m3fn's NaNs: +NaN, -NaN
         tensors[key] = bits.view(torch.float8_e4m3fn)
         return key
 
