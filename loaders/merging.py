@@ -60,8 +60,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     source = os.path.realpath(model_dir)
     requests = [(item[0], item[1], float(item[2])) if len(item) == 3 else (component, item[0], float(item[1]))
                 for item in loras]
-    output = dict(written_by="lorabind merge", kind="folder", overwrite=overwrite,
-                  inputs=[model_dir, *(path for _, path, _ in requests)])
+    output = dict(kind="folder", overwrite=overwrite, inputs=[model_dir, *(path for _, path, _ in requests)])
     target = check_output(out_dir, **output)
     model_index = read_model_index(source)
     family = detect_family(model_index)
@@ -84,7 +83,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     plans = {comp: plan_state_keys(comp, model.components[comp], comp_layers)  # every shape checked first
              for comp, comp_layers in layers.items()}
 
-    with safe_output(out_dir, **output) as folder:  # a temporary folder beside out_dir, renamed at the end
+    with safe_output(out_dir, written_by="lorabind merge", **output) as folder:  # a temporary folder beside out_dir, renamed at the end
         rewritten = {os.path.realpath(os.path.join(source, comp)) for comp in plans}
         linked = _place_assets(source, folder, rewritten, asset_mode)
         written = sum(_write_component(source, folder, comp, plan, dtype) for comp, plan in plans.items())

@@ -49,14 +49,13 @@ def output_metadata(written_by: str) -> dict:
     return {MARKER_KEY: written_by}
 
 
-def check_output(path: str, *, written_by: str, kind: str = "folder", inputs=(), overwrite: bool = False,
-                 label: str = "--out") -> str:
+def check_output(path: str, *, kind: str = "folder", inputs=(), overwrite: bool = False, label: str = "--out") -> str:
     """The absolute target path when ``path`` may be written (rules 1-4 above), else ``OutputRefusedError``.
     Call it before any expensive work; ``safe_output`` checks again right before it writes."""
     if kind not in KINDS:
         raise ValueError(f"output kind must be one of {KINDS}, got {kind!r}")
-    target = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(path))), os.path.basename(
-        os.path.abspath(path)))
+    absolute = os.path.abspath(path)
+    target = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
     if os.path.islink(target):
         raise OutputRefusedError(f"{label} {path} is a symlink; give the real path of the new {kind}")
     _refuse_inside_inputs(path, os.path.realpath(target), inputs, label)
@@ -68,7 +67,7 @@ def check_output(path: str, *, written_by: str, kind: str = "folder", inputs=(),
         raise OutputRefusedError(f"{label} {path}: cannot be examined ({exc.strerror})") from None
     if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
         raise OutputRefusedError(f"{label} {path} is a device, FIFO or socket, not a {kind}; refusing to write there")
-    _check_existing(path, target, stat.S_ISDIR(info.st_mode), kind, overwrite, written_by, label)
+    _check_existing(path, target, stat.S_ISDIR(info.st_mode), kind, overwrite, label)
     return target
 
 
@@ -86,7 +85,7 @@ def _within(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-def _check_existing(path, target, is_dir, kind, overwrite, written_by, label) -> None:
+def _check_existing(path, target, is_dir, kind, overwrite, label) -> None:
     if kind == "file" and is_dir:
         raise OutputRefusedError(f"{label} {path} is a folder; give a file name inside it")
     if kind == "folder" and not is_dir:
@@ -138,7 +137,7 @@ def safe_output(path: str, *, written_by: str, kind: str = "folder", inputs=(), 
     """Yield a staging path to write the output at (a fresh empty folder, or a file name inside one), then move
     it to ``path`` (see the module docstring). A ``file`` output must carry ``output_metadata(written_by)``; a
     ``folder`` output gets its marker here."""
-    target = check_output(path, written_by=written_by, kind=kind, inputs=inputs, overwrite=overwrite, label=label)
+    target = check_output(path, kind=kind, inputs=inputs, overwrite=overwrite, label=label)
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".lorabind-output-", dir=parent)
@@ -148,7 +147,7 @@ def safe_output(path: str, *, written_by: str, kind: str = "folder", inputs=(), 
             os.mkdir(staged)
         yield staged
         _finish(staged, kind, written_by)
-        check_output(path, written_by=written_by, kind=kind, inputs=inputs, overwrite=overwrite, label=label)
+        check_output(path, kind=kind, inputs=inputs, overwrite=overwrite, label=label)
         if kind == "folder" and os.path.isdir(target):
             os.replace(target, os.path.join(staging, "previous"))  # a full folder cannot be renamed over
         os.replace(staged, target)

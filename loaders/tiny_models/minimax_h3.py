@@ -165,12 +165,12 @@ def build_tiny_minimax_h3(models_root) -> list[Path]:
     require("minimax_h3", "the built-in tiny MiniMax-H3 model")  # before any folder is removed or created
     root = diffusers_dir(models_root)
     plain, pinned = root / TINY_NAME, root / TINY_PINNED_NAME
-    output = dict(written_by=WRITTEN_BY, overwrite=True, label="built-in model folder")
+    output = dict(overwrite=True, label="built-in model folder")
     for folder in (plain, pinned):  # both refused before either is written when one is not a built-in
         check_output(str(folder), **output)
-    with safe_output(str(plain), **output) as staged:
+    with safe_output(str(plain), written_by=WRITTEN_BY, **output) as staged:
         _write_base(Path(staged))
-    with safe_output(str(pinned), **output) as staged:
+    with safe_output(str(pinned), written_by=WRITTEN_BY, **output) as staged:
         shutil.copytree(plain, staged, dirs_exist_ok=True)
         index = json.loads((Path(staged) / "model_index.json").read_text())
         index["_minimax_h3"] = PINNED_RELEASE

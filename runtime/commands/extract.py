@@ -102,7 +102,7 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str =
     import torch
 
     from ...loaders.devices import resolve_device
-    from ...loaders.extraction import WRITTEN_BY, ComponentWeights, ExtractOptions, extract_lora, save_extracted
+    from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
     from ...loaders.safe_output import check_output
 
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:
@@ -113,7 +113,7 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str =
         layers=tuple(layers or ()), diffs=bool(diffs), key_prefix=str(key_prefix),
         device=str(resolve_device(device)))
     inputs = (base_dir, tuned_dir)
-    check_output(out, written_by=WRITTEN_BY, kind="file", inputs=inputs, overwrite=overwrite)  # before any SVD
+    check_output(out, kind="file", inputs=inputs, overwrite=overwrite)  # before any SVD
     base = ComponentWeights(base_dir, component)
     tuned = ComponentWeights(tuned_dir, component)
     result = extract_lora(base, tuned, options)

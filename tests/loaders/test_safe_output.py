@@ -179,7 +179,7 @@ def test_devices_and_sockets_are_refused_and_a_failed_write_leaves_the_target(tm
     from lorabind.loaders.safe_output import OutputRefusedError, check_output, safe_output
 
     with pytest.raises(OutputRefusedError, match="device, FIFO or socket"):
-        check_output("/dev/null", written_by="test", kind="file")
+        check_output("/dev/null", kind="file")
     target = tmp_path / "out"
     with safe_output(str(target), written_by="test") as staged:
         Path(staged, "a").write_text("first")
