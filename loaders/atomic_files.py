@@ -20,7 +20,7 @@ def _current_umask() -> int:
 
 # Read once at import: os.umask can only be read by setting it, which is process-wide, so doing it per write
 # could race with another thread creating a file.
-_FILE_MODE = 0o666 & ~_current_umask()
+FILE_MODE = 0o666 & ~_current_umask()
 
 
 def write_atomically(path: str, write: Callable[[str], None]) -> None:
@@ -30,7 +30,7 @@ def write_atomically(path: str, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(temp_path)
-        os.chmod(temp_path, _FILE_MODE)
+        os.chmod(temp_path, FILE_MODE)
         os.replace(temp_path, path)
     except BaseException:
         if os.path.exists(temp_path):

@@ -4,7 +4,8 @@ Per parameter: a 2-D ``weight`` becomes a low-rank pair from the SVD of ``tuned 
 at min(out, in); √S split evenly between up and down, so neither factor dwarfs the other in low precision);
 any other changed tensor (biases, norms, conv kernels, modulation tables) is stored whole as a diff, so
 nothing the tuning changed is lost. Identical tensors are skipped. Every key and shape is checked before any
-SVD runs, and the file is written to a temporary name and renamed, so a failure never leaves a partial file.
+SVD runs, and the file is written by ``safe_output``'s rule, so a failure never leaves a partial file and an
+existing file is replaced only when an earlier extract wrote it.
 
 Output keys use diffusers module names with a prefix (default ``transformer.``, what diffusers' Wan/Qwen
 pipelines write): ``<module>.lora_A.weight`` (down), ``<module>.lora_B.weight`` (up), ``<module>.alpha`` when an
@@ -24,10 +25,11 @@ from typing import Callable, Optional
 
 import torch
 
-from .atomic_files import write_atomically
 from .errors import LoraBindError
+from .safe_output import output_metadata, safe_output
 
 OUTPUT_PREFIX = "transformer."
+WRITTEN_BY = "lorabind extract"
 
 
 @dataclass(frozen=True)
@@ -180,10 +182,13 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
     return result
 
 
-def save_safetensors_atomically(tensors: dict, out_path: str, metadata: dict) -> None:
-    """Write to a temporary file in the destination folder, then rename: never a partial file at ``out_path``."""
+def save_extracted(tensors: dict, out_path: str, metadata: dict, *, inputs=(), overwrite: bool = False) -> None:
+    """Write the LoRA file by ``safe_output``'s rule: never over a file lorabind did not write (the base model's
+    weights, say), never inside an input, and through a temporary file renamed at the end, so a failure (a full
+    disk) never leaves a partial file at ``out_path``."""
     from safetensors.torch import save_file
 
-    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     text_metadata = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
-    write_atomically(out_path, lambda temp_path: save_file(tensors, temp_path, metadata=text_metadata))
+    text_metadata.update(output_metadata(WRITTEN_BY))
+    with safe_output(out_path, written_by=WRITTEN_BY, kind="file", inputs=inputs, overwrite=overwrite) as staged:
+        save_file(tensors, staged, metadata=text_metadata)

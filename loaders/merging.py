@@ -5,8 +5,8 @@ weight, cast back once, every key accounted for by ``prepare_lora``), but the mo
 component is built on the ``meta`` device for the key accounting and its weight files are streamed one shard at a
 time, so a 14B expert merges in about one shard of memory (loading it and keeping the patcher's restore backups
 would hold the model several times). Text encoders, VAE and every other file are copied byte for byte. The new
-folder is assembled under a temporary name next to ``out_dir`` and renamed at the end; the source folder is never
-written.
+folder is written by ``safe_output``'s rule (assembled beside ``out_dir``, renamed at the end, never inside an
+input); the source folder is never written.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import importlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 
 from . import json_limits
 from .errors import ModelLoadError
 from .model_index import is_set
+from .safe_output import MARKER_FILE, check_output, safe_output
 
 
 @dataclass
@@ -45,8 +45,10 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     refuses files whose names say another slot (``ModelFamily.check_slots``). ``dtype`` (a torch dtype, None =
     as stored) is the merged components' tensor type. Untouched files are copied, symlinked or hardlinked (``asset_mode``). The fused LoRAs' contracts and
     what was fused are written into the output ``model_index.json`` (``baked_contracts``). Returns the JSON-able
-    report. Raises ``FileExistsError`` when ``out_dir`` exists (unless ``overwrite``) and ``LoraBindError``
-    subclasses naming the file/key before anything is written; an error while writing leaves no ``out_dir``.
+    report. ``out_dir`` follows ``safe_output``'s rule (``OutputRefusedError`` for an existing folder that is not
+    an earlier output, or one without ``overwrite``, a path inside the source or a LoRA, a device...). Raises
+    ``LoraBindError`` subclasses naming the file/key before anything is written; an error while writing leaves
+    ``out_dir`` as it was.
     """
     from . import families
     from .baked_contracts import INDEX_KEY, contract_to_json, file_sha256
@@ -57,14 +59,11 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     if asset_mode not in ASSET_MODES:
         raise ValueError(f"asset mode must be one of {ASSET_MODES}, got {asset_mode!r}")
     source = os.path.realpath(model_dir)
-    target = os.path.abspath(out_dir)
-    if os.path.exists(target) and not overwrite:
-        raise FileExistsError(f"--out {out_dir} already exists; choose a new folder or pass --overwrite")
-    if target == source or target.startswith(source + os.sep) or source.startswith(target + os.sep):
-        raise ModelLoadError(f"--out {out_dir} must be neither the source folder {model_dir} nor inside it")
     model_index = read_model_index(source)
     family = detect_family(model_index)
     requests = _placed_requests(model_index, family, loras, component)
+    output = dict(kind="folder", overwrite=overwrite, inputs=[model_dir, *(path for _, path, _ in requests)])
+    target = check_output(out_dir, **output)
     model = MetaModel(name=os.path.basename(source), family=family, components={
         comp: component_structure(source, comp, model_index) for comp in dict.fromkeys(c for c, _, _ in requests)})
     layers: dict = {comp: [] for comp in model.components}
@@ -82,11 +81,8 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     plans = {comp: plan_state_keys(comp, model.components[comp], comp_layers)  # every shape checked first
              for comp, comp_layers in layers.items()}
 
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".lorabind-merge-", dir=parent)
-    try:
-        folder = os.path.join(staging, "model")
+    # a temporary folder beside out_dir, renamed at the end
+    with safe_output(out_dir, written_by="lorabind merge", **output) as folder:
         rewritten = {os.path.realpath(os.path.join(source, comp)) for comp in plans}
         linked = _place_assets(source, folder, rewritten, asset_mode)
         written = sum(_write_component(source, folder, comp, plan, dtype) for comp, plan in plans.items())
@@ -96,9 +92,6 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
                                   "contracts": [contract_to_json(c) for c in contracts]}
         with open(os.path.join(folder, "model_index.json"), "w", encoding="utf-8") as handle:
             json.dump(model_index, handle, indent=2)
-        _swap_into_place(folder, target, staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return {"model": os.path.basename(source), "components": sorted(plans), "out": target,
             # every tensor of the merged components is written anew; the LoRAs change `tensors_fused` of them
             "tensors_fused": sum(len(p) for p in plans.values()),
@@ -131,7 +124,7 @@ def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> 
         for name in names:
             src = os.path.join(where, name)
             if (os.path.realpath(where) in rewritten and name.endswith(".safetensors")) or \
-                    (relative == "." and name == "model_index.json"):
+                    (relative == "." and name in ("model_index.json", MARKER_FILE)):
                 continue
             dst = os.path.join(folder, relative, name)
             if asset_mode == "symlink":
@@ -143,13 +136,6 @@ def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> 
                 continue
             linked += 1
     return linked
-
-
-def _swap_into_place(folder: str, target: str, staging: str) -> None:
-    """Move the finished folder to ``target``; an existing ``target`` (``--overwrite``) is replaced only now."""
-    if os.path.exists(target):
-        os.replace(target, os.path.join(staging, "previous"))
-    os.replace(folder, target)
 
 
 def component_structure(folder: str, component: str, model_index: dict):

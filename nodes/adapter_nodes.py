@@ -37,7 +37,8 @@ def resolve_lora(name: str, input_name: str, node: str) -> str:
     """Absolute path of a loras-root name; the error names the node and the input."""
     path = comfy_bridge.lora_full_path(name) if name else None
     if not path or not os.path.exists(path):
-        raise LoraFileError(f"{node}: {input_name} '{name}' is not in the loras folder")
+        raise LoraFileError(f"{node}: {input_name} '{name}' is not in the loras folder (a symlink to a file "
+                            "outside the loras folders is refused like a name with '..')")
     return path
 
 

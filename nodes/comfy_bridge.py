@@ -10,6 +10,7 @@ through these functions so that no node module imports ComfyUI at import time.
 from __future__ import annotations
 
 import importlib
+import os
 from functools import lru_cache
 
 from ..usecases import host
@@ -38,21 +39,47 @@ def folder_paths():
 
 def lora_names() -> list[str]:
     """LoRA files and PEFT adapter folders under the loras folders. ComfyUI's own list has files only, so inside
-    ComfyUI the PEFT folders under its loras folders are added."""
+    ComfyUI the PEFT folders under its loras folders are added. Names that link out of the loras folders are left
+    out, as ``lora_full_path`` refuses them."""
     paths = folder_paths()
     names = list(paths.get_filename_list("loras"))
     if _comfy_modules() is not None:
         names = sorted(set(names) | set(peft_folder_names(paths.get_folder_paths("loras"))))
-    return names
+    roots = _real_lora_roots()
+    return [name for name in names if _stays_inside(_listed_lora_path(name), roots)]
 
 
 def lora_full_path(name: str) -> str | None:
-    """Absolute path of a name from ``lora_names`` (ComfyUI's ``get_full_path`` finds files only)."""
+    """Absolute path of a name from ``lora_names`` (ComfyUI's ``get_full_path`` finds files only); None when there
+    is none, or when the file, the folder or a file in it is a symlink to a place outside every loras folder:
+    a LoRA name must not reach other files, as no model name may (linking a whole loras folder from another disk
+    is fine: each folder counts by its real path)."""
+    path = _listed_lora_path(name)
+    return path if _stays_inside(path, _real_lora_roots()) else None
+
+
+def _listed_lora_path(name: str) -> str | None:
     paths = folder_paths()
     path = paths.get_full_path("loras", name)
     if path is None and _comfy_modules() is not None:
         path = find_peft_folder(paths.get_folder_paths("loras"), name)
     return path
+
+
+def _real_lora_roots() -> list[str]:
+    return [os.path.realpath(root) for root in folder_paths().get_folder_paths("loras")]
+
+
+def _stays_inside(path: str | None, roots: list[str]) -> bool:
+    """Whether ``path`` (and, for a PEFT folder, each entry in it) resolves inside one of ``roots``."""
+    if path is None:
+        return False
+    entries = [os.path.join(path, entry) for entry in os.listdir(path)] if os.path.isdir(path) else []
+    for candidate in (path, *entries):
+        real = os.path.realpath(candidate)
+        if not any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+            return False
+    return True
 
 
 def checked_model_name(kind: str, name: str) -> str:

@@ -191,6 +191,11 @@ class ModelFamily:
         """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused."""
         return None
 
+    def check_expert_files(self, denoisers: tuple) -> None:
+        """Refuse (ModelLoadError naming both files) two single files, high-noise first
+        (``single_file.detect.Detected``), that have the shapes of this family's experts but are not a pair of
+        them; the shapes were already checked (Wan: a Wan2.1 14B file given as a Wan2.2 A14B expert)."""
+
     def check_artifact(self, model, file_name: str, component: str) -> None:
         """Refuse a LoRA file made for another kind of model of this family or another slot, before anything is
         fused (Wan: an I2V file on a T2V expert and the reverse, ContractError; a low-noise file in the

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -29,6 +30,13 @@ _ITEMSIZE = {
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
 # A header larger than this is not a LoRA header (real ones are well under 2 MiB); refuse before reading it.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
+# ``check_header_budget``: a real file has a few thousand tensors; the format nests three levels deep
+# (header object -> entry object -> shape / data_offsets list)
+MAX_HEADER_TENSORS = 100_000
+MAX_HEADER_DEPTH = 3
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,26 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
         spans.append((begin, end, key))
     _check_tiling(spans, data_size, display_name)
     return SafetensorsHeader(metadata=dict(metadata), tensors=tensors)
+
+
+def check_header_budget(raw_header: bytes, display_name: str, *, error=LoraFileError,
+                        max_bytes: int = _MAX_HEADER_BYTES) -> None:
+    """Refuse a header that is too large, lists too many tensors or nests deeper than the format does, before
+    any JSON parser sees it: parsing a crafted header costs seconds and gigabytes (800K empty tensors), or
+    a ``RecursionError`` (100K nested lists). Counting and the depth check run at C speed on the raw bytes."""
+    if len(raw_header) > max_bytes:
+        raise error(f"{display_name}: safetensors header of {len(raw_header)} bytes is over the {max_bytes}-byte "
+                    "budget; real files have headers of a few megabytes at most")
+    tensors = raw_header.count(b'"data_offsets"')
+    if tensors > MAX_HEADER_TENSORS:
+        raise error(f"{display_name}: safetensors header lists {tensors} tensors, over the budget of "
+                    f"{MAX_HEADER_TENSORS}; refused before parsing")
+    brackets = _JSON_STRING.sub(b"", raw_header).translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_HEADER_DEPTH):  # each pass removes the innermost level of every nesting
+        brackets = _INNERMOST.sub(b"", brackets)
+    if brackets:
+        raise error(f"{display_name}: safetensors header nests deeper than the format's {MAX_HEADER_DEPTH} "
+                    "levels (or its brackets do not match); the file is damaged or crafted")
 
 
 class _DuplicateKey(Exception):

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import json_limits
 from ..errors import ModelLoadError
 from ..families import component_roles, real_config_names
 from ..families.interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_IMAGE_ENCODER,
@@ -68,10 +69,38 @@ def _read_config(folder: Path) -> str:
     config_file = folder / "config.json"
     try:
         text = config_file.read_text(encoding="utf-8")
-        json.loads(text)
+        config = json_limits.loads(text)
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{config_file}: cannot be read: {exc}") from exc
+    check_config_sizes(config, str(config_file))
     return text
+
+
+# Bounds on what a config may ask to build, far above every real model (largest repeat count in the shipped
+# configs: 80; largest width: 262144): building a module on the meta device costs Python time per layer, so
+# ``num_layers: 200000`` took minutes and gigabytes before anything was planned.
+MAX_REPEATS = 512  # integers named like a count of layers/blocks ("num_layers", "layers_per_block", "depth")
+MAX_WIDTH = 1 << 20  # integers named like a width ("hidden_size", "vocab_size", "in_channels", ...)
+MAX_LIST = 256  # list lengths ("block_out_channels" builds one block per entry)
+_REPEAT_WORDS = frozenset({"layers", "blocks", "depth"})
+_WIDTH_WORDS = frozenset({"size", "dim", "channels", "heads", "embeddings", "features", "vocab"})
+
+
+def check_config_sizes(config, where: str, key: str = "") -> None:
+    """``ModelLoadError`` naming the file and key for a number or list beyond the bounds above."""
+    if isinstance(config, dict):
+        for name, value in config.items():
+            check_config_sizes(value, where, str(name))
+    elif isinstance(config, list):
+        if len(config) > MAX_LIST:
+            raise ModelLoadError(f"{where}: {key} lists {len(config)} entries; at most {MAX_LIST} are accepted")
+        for item in config:
+            check_config_sizes(item, where, key)
+    elif isinstance(config, int) and not isinstance(config, bool):
+        words = set(key.lower().split("_"))
+        bound = MAX_REPEATS if words & _REPEAT_WORDS and not words & _WIDTH_WORDS else MAX_WIDTH
+        if (words & (_REPEAT_WORDS | _WIDTH_WORDS)) and not 0 <= config <= bound:
+            raise ModelLoadError(f"{where}: {key} is {config}; a model this size is not planned (at most {bound})")
 
 
 def _build_on_meta(cls, config_text: str):

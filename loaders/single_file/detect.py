@@ -9,14 +9,15 @@ same shapes) and whether a Wan-layout VAE is Qwen-Image's (same network and shap
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from .. import json_limits
 from ..errors import ModelLoadError
+from ..lora.safetensors_header import check_header_budget
 from . import catalog, fp8
 from .layouts import strip_prefix
 
@@ -61,30 +62,57 @@ class Detected:
         return f"{self.name}: {self.title} ({self.precision})"
 
 
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # real checkpoints' headers are well under 2 MiB
-
-
 def read_shapes(path: str, name: str) -> tuple[dict, dict]:
-    """({key: shape}, {key: safetensors dtype}) from the header alone.
+    """({key: shape}, {key: safetensors dtype}) from the header alone, every entry checked against the file.
 
     Why not ``safe_open``: it maps the whole file to read the header, and mapping a 28 GB checkpoint fails on
-    machines with strict overcommit even though detection reads a few kilobytes.
+    machines with strict overcommit even though detection reads a few kilobytes. Why the checks: a damaged or
+    crafted header (nested 100K deep, a shape of ``Infinity``, tensors past the end of a truncated file) must be
+    refused here, naming the file, not surface later as a raw ``RecursionError``/``OverflowError`` or a bare
+    ``SafetensorError`` from the loader.
     """
     if not str(path).endswith((".safetensors", ".sft")):
         raise ModelLoadError(f"{name}: only .safetensors single files are read (pickle formats are refused); "
                              "convert the file first")
     try:
+        file_size = os.path.getsize(path)
         with open(path, "rb") as handle:
             prefix = handle.read(8)
             (length,) = struct.unpack("<Q", prefix) if len(prefix) == 8 else (0,)
-            if not 0 < length <= _MAX_HEADER_BYTES:
-                raise ValueError(f"header length {length} is not plausible")
-            header = json.loads(handle.read(length))
-        shapes = {k: tuple(int(d) for d in v["shape"]) for k, v in header.items() if k != "__metadata__"}
-        dtypes = {k: str(v["dtype"]) for k, v in header.items() if k != "__metadata__"}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
+            if not 0 < length <= file_size - 8:
+                raise ValueError(f"header length {length} does not fit the file's {file_size} bytes (truncated?)")
+            raw = handle.read(min(length, _MAX_HEADER_BYTES + 1))
+        check_header_budget(raw, name, error=ModelLoadError, max_bytes=_MAX_HEADER_BYTES)
+        header = json_limits.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+        header.pop("__metadata__", None)
+        entries = {key: _entry(key, value, file_size - 8 - length) for key, value in header.items()}
+    except (OSError, ValueError, struct.error) as exc:
         raise ModelLoadError(f"{name}: not a readable safetensors file: {exc}") from exc
-    return shapes, dtypes
+    return {k: shape for k, (shape, _) in entries.items()}, {k: dtype for k, (_, dtype) in entries.items()}
+
+
+_MAX_HEADER_BYTES = 16 * 1024 * 1024  # real checkpoints' headers are well under 2 MiB
+
+
+def _entry(key: str, entry, data_size: int) -> tuple:
+    """(shape, dtype) of one header entry, or ValueError naming the key: integer dimensions, and data that lies
+    inside the file."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"entry {key!r} is not an object")
+    shape, dtype, offsets = entry.get("shape"), entry.get("dtype"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError(f"tensor {key!r} has an invalid shape {shape!r}")
+    if not isinstance(dtype, str):
+        raise ValueError(f"tensor {key!r} has an invalid dtype {dtype!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"tensor {key!r} has invalid data_offsets {offsets!r}")
+    if offsets[1] > data_size:
+        raise ValueError(f"tensor {key!r} ends at byte {offsets[1]} of a {data_size}-byte data buffer; the file "
+                         "is truncated")
+    return tuple(shape), dtype
 
 
 def _precision(shapes: dict, dtypes: dict) -> str:
@@ -195,6 +223,9 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
                                    "one; put the high-noise file first")
         if first.expert and first.expert == second.expert:
             _refuse(first, second, f"both are {first.expert}-noise experts")
+        from ..families import family_by_id
+
+        family_by_id(first.family).check_expert_files((first, second))
     for other in (vae, text_encoder, *([image_encoder] if image_encoder is not None else [])):
         if other.kind.kind not in first.kind.takes:
             _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "

@@ -25,6 +25,7 @@ the original fp8 bytes back. peft adapters over fp8 weights keep their own weigh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,6 +58,39 @@ def dequantize(stored, scale, dtype):
     if scale is None:
         return stored.to(dtype)
     return (stored.float() * scale.float()).to(dtype)
+
+
+def checked_scale(scale, file_name: str, key: str):
+    """The file's ``scale_weight`` as a float32 scalar, or ``ModelLoadError`` naming the file and key: one finite,
+    positive number. Why at load: a NaN/Inf scale turns every weight it scales into NaN (a "successful" black
+    image), a zero one erases the layer, a negative one flips it, and a non-scalar one fails only inside the
+    sampler, far from the file that caused it."""
+    from ..errors import ModelLoadError
+
+    if scale.numel() != 1:
+        raise ModelLoadError(f"{file_name}: {key} has shape {tuple(scale.shape)}; an fp8 scale is one number")
+    value = scale.float().reshape(())
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        raise ModelLoadError(f"{file_name}: {key} is {number}; an fp8 scale must be a finite positive number "
+                             "(the file is damaged)")
+    return value
+
+
+def refuse_nan(stored, file_name: str, key: str) -> None:
+    """``ModelLoadError`` naming the file and key when fp8 weights hold NaN (e4m3fn has no infinity; its NaNs are
+    the bytes 0x7F and 0xFF): they would make the whole output NaN. Two max reductions find them (0x7F is the
+    largest byte as int8, 0xFF as uint8): about a third of the cost of copying the tensor once, where a masked
+    compare costs several copies; the NaNs are counted only when there are some."""
+    import torch
+
+    from ..errors import ModelLoadError
+
+    as_unsigned = stored.view(torch.uint8)
+    if int(stored.view(torch.int8).max()) != 0x7F and int(as_unsigned.max()) != 0xFF:
+        return
+    count = int(((as_unsigned & 0x7F) == 0x7F).sum())
+    raise ModelLoadError(f"{file_name}: {key} holds {count} NaN fp8 value(s); the file is damaged")
 
 
 ROUNDINGS = ("nearest", "stochastic")

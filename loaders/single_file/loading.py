@@ -98,7 +98,7 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     # modules whose callers cast their input to the weight's dtype (umt5's ``wo``): an fp8 weight there is
     # dequantized on load instead of kept fp8
     never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
-    with safe_open(detected.path, framework="pt") as handle:
+    with _reading(detected), safe_open(detected.path, framework="pt") as handle:
         file_keys = set(handle.keys())
         sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
     prefix = detected.prefix
@@ -113,11 +113,14 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
                              f"e.g. {missing[:3]} (truncated or a different variant)")
     order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
     for batch in _batches(order):
-        with safe_open(detected.path, framework="pt") as handle:
+        with _reading(detected), safe_open(detected.path, framework="pt") as handle:
             for native_key in batch:
                 tensor = handle.get_tensor(prefix + native_key)
                 scale_key = _scale_key(native_key, native_keys) if tensor.dtype == torch.float8_e4m3fn else None
-                scale = handle.get_tensor(prefix + scale_key).float() if scale_key else None
+                scale = fp8.checked_scale(handle.get_tensor(prefix + scale_key), detected.name,
+                                          prefix + scale_key) if scale_key else None
+                if tensor.dtype == torch.float8_e4m3fn:
+                    fp8.refuse_nan(tensor, detected.name, prefix + native_key)
                 for key, part in layout.split(native_key, tensor, plan[native_key]).items():
                     if part.dtype == torch.float8_e4m3fn and keeps_fp32(key, never_fp8):
                         part, scale_here = fp8.dequantize(part, scale, torch.float32), None
@@ -129,6 +132,19 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     if leftover:
         raise ModelLoadError(f"{detected.name}: no tensor for {leftover[:3]} of {detected.title}")
     return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _reading(detected: Detected):
+    """The safetensors library's own errors (a file changed or damaged after detection) as a ``ModelLoadError``
+    naming the file; its bare messages name neither the file nor the tensor."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        raise ModelLoadError(f"{detected.name}: cannot be read as safetensors ({exc}); the file is damaged or "
+                             "truncated") from None
 
 
 def fp8_parameters(detected: Detected, model) -> set:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 from ..model_store import quiet_library_progress
+from ..safe_output import safe_output
 
 log = logging.getLogger("lorabind.tiny_models")
+WRITTEN_BY = "lorabind build-tiny"  # the safe_output marker of every built-in folder
 BUILT_WITH_KEY = "_lorabind_built_with"  # model_index.json: the library versions a tiny model was built with
 _LIBRARIES = ("torch", "diffusers", "transformers")
 # transformers 5 saves a fast tokenizer as "TokenizersBackend", a class transformers 4.x does not have;
@@ -50,20 +50,13 @@ def fixture_lora_dir(models_root) -> Path:
 
 
 def save_pipeline_atomically(pipeline, folder: Path) -> Path:
-    """``save_pretrained`` into a sibling temp folder, then swap it in, so a reader never sees half a model."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    staging.chmod(0o755)  # mkdtemp creates 0700; the model folder should read like any other
-    try:
+    """``save_pretrained`` by ``safe_output``'s rule: into a sibling temp folder swapped in at the end, so a reader
+    never sees half a model, and only over an earlier built-in folder, never over a user's own folder that happens
+    to carry a built-in's name."""
+    with safe_output(str(folder), written_by=WRITTEN_BY, overwrite=True, label="built-in model folder") as staged:
         with quiet_library_progress():  # no "Writing model shards" bar in the middle of `lorabind run`
-            pipeline.save_pretrained(staging, safe_serialization=True)
-        finish_folder(staging)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+            pipeline.save_pretrained(staged, safe_serialization=True)
+        finish_folder(Path(staged))
     return folder
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from ..compat import require
 from ..model_store import quiet_library_progress
-from ._common import FIXTURE_LORA_FOLDER, diffusers_dir, finish_folder, fixture_lora_dir, seeded
+from ..safe_output import check_output, safe_output
+from ._common import FIXTURE_LORA_FOLDER, WRITTEN_BY, diffusers_dir, finish_folder, fixture_lora_dir, seeded
 from .lora_fixtures import save_fixture
 
 TINY_NAME = "tiny-minimax-h3"
@@ -164,15 +165,16 @@ def build_tiny_minimax_h3(models_root) -> list[Path]:
     require("minimax_h3", "the built-in tiny MiniMax-H3 model")  # before any folder is removed or created
     root = diffusers_dir(models_root)
     plain, pinned = root / TINY_NAME, root / TINY_PINNED_NAME
-    for folder in (plain, pinned):
-        if folder.exists():
-            shutil.rmtree(folder)
-    plain.mkdir(parents=True)
-    _write_base(plain)
-    shutil.copytree(plain, pinned)
-    index = json.loads((pinned / "model_index.json").read_text())
-    index["_minimax_h3"] = PINNED_RELEASE
-    (pinned / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    output = dict(overwrite=True, label="built-in model folder")
+    for folder in (plain, pinned):  # both refused before either is written when one is not a built-in
+        check_output(str(folder), **output)
+    with safe_output(str(plain), written_by=WRITTEN_BY, **output) as staged:
+        _write_base(Path(staged))
+    with safe_output(str(pinned), written_by=WRITTEN_BY, **output) as staged:
+        shutil.copytree(plain, staged, dirs_exist_ok=True)
+        index = json.loads((Path(staged) / "model_index.json").read_text())
+        index["_minimax_h3"] = PINNED_RELEASE
+        (Path(staged) / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     return [plain, pinned]
 
 

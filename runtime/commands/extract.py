@@ -24,7 +24,10 @@ DEFAULTS = {"rank": 32, "alpha": "rank", "dtype": "bf16", "layers": [], "diffs":
 def add_arguments(parser) -> None:
     parser.add_argument("--base", required=True, metavar="DIR", help="the base diffusers model folder")
     parser.add_argument("--tuned", required=True, metavar="DIR", help="the tuned (e.g. merged) diffusers model folder")
-    parser.add_argument("--out", required=True, metavar="FILE", help="output .safetensors file")
+    parser.add_argument("--out", required=True, metavar="FILE",
+                        help="output .safetensors file (a new file; never inside --base or --tuned)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --out that an earlier extract wrote; any other file is refused")
     parser.add_argument("--component", default=None, metavar="NAME",
                         help="denoiser component folder to compare (default: the model's main denoiser, e.g. "
                              "transformer)")
@@ -81,9 +84,13 @@ def run(args) -> int:
         print(f"lorabind extract: refused: --out {args.out} must end in .safetensors", file=sys.stderr)
         return EXIT_REFUSED
     try:
-        summary = extract_to_file(args.base, args.tuned, args.out, component=args.component, **_settings(args))
+        summary = extract_to_file(args.base, args.tuned, args.out, component=args.component,
+                                  overwrite=args.overwrite, **_settings(args))
     except LoraBindError as exc:
         print(f"lorabind extract: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except OSError as exc:  # e.g. a full disk: the temporary file is already gone
+        print(f"lorabind extract: failed, nothing written to {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_REFUSED
     print(f"lorabind extract: wrote {args.out}")
     print(json.dumps(summary, indent=2))
@@ -92,12 +99,13 @@ def run(args) -> int:
 
 def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str | None = None, rank: int = 32,
                     alpha="rank", dtype="bf16", layers=(), diffs: bool = True, key_prefix: str = "transformer.",
-                    device: str = "cpu") -> dict:
+                    device: str = "cpu", overwrite: bool = False) -> dict:
     import torch
 
     from ...loaders.devices import resolve_device
-    from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_safetensors_atomically
+    from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
     from ...loaders.model_store import denoiser_names, read_model_index
+    from ...loaders.safe_output import check_output
 
     component = component or denoiser_names(read_model_index(base_dir))[0]
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:
@@ -107,6 +115,8 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
         dtype=getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype not in (None, "auto") else None,
         layers=tuple(layers or ()), diffs=bool(diffs), key_prefix=str(key_prefix),
         device=str(resolve_device(device)))
+    inputs = (base_dir, tuned_dir)
+    check_output(out, kind="file", inputs=inputs, overwrite=overwrite)  # before any SVD
     base = ComponentWeights(base_dir, component)
     tuned = ComponentWeights(tuned_dir, component)
     result = extract_lora(base, tuned, options)
@@ -117,5 +127,5 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
         metadata["extract_alpha"] = str(options.alpha)
     if options.layers:
         metadata["extract_layers"] = json.dumps(list(options.layers))
-    save_safetensors_atomically(result.tensors, out, metadata)
+    save_extracted(result.tensors, out, metadata, inputs=inputs, overwrite=overwrite)
     return result.summary()

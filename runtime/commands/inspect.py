@@ -79,7 +79,38 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
         "metadata": dict(lora.metadata),
         "contract": contract_to_dict(contract) or None,
         "accounting": _accounting(lora, model) if model is not None else None,
+        "warnings": overflow_warnings(prepared.targets),
     }
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+_CHECKED_ROWS = 1024  # rows of a product computed at a time when its bound says it might overflow
+
+
+def overflow_warnings(targets: dict) -> list:
+    """One line per low-rank pair whose product ``scale · up @ down`` overflows float32 at strength 1: every value
+    of the file is finite (the reader checks), yet the bind would fail on the NaN/Inf it makes. Cheap: the exact
+    product is computed only for pairs whose bound ``scale · rank · max|up| · max|down|`` passes float32's
+    range, which no real LoRA comes near."""
+    import torch
+
+    warnings = []
+    for module, patch in targets.items():
+        delta = patch.low_rank
+        if delta is None or delta.kind != "lora":
+            continue
+        up = delta.up.float().reshape(delta.up.shape[0], -1)
+        down = delta.down.float().reshape(delta.down.shape[0], -1)
+        scale = abs(float(delta.scale))
+        bound = scale * delta.rank * float(up.abs().max()) * float(down.abs().max())
+        if bound <= _FLOAT32_MAX:
+            continue
+        if any(not bool(torch.isfinite((up[start:start + _CHECKED_ROWS] @ down) * scale).all())
+               for start in range(0, up.shape[0], _CHECKED_ROWS)):
+            warnings.append(f"{module}: scale x up @ down overflows float32 at strength 1 (largest |up| "
+                            f"{float(up.abs().max()):.3g}, |down| {float(down.abs().max()):.3g}); binding this "
+                            "file would fail")
+    return warnings
 
 
 def format_report(report: dict) -> str:
@@ -98,6 +129,7 @@ def format_report(report: dict) -> str:
     contract = report["contract"]
     lines.append("  contract: " + (contract.get("text") or json.dumps(contract) if contract else
                                    "none declared (neither its file name nor its metadata declares one)"))
+    lines.extend(f"  warning:  {line}" for line in report.get("warnings", []))
     accounting = report["accounting"]
     if accounting is not None:
         counts = accounting.get("counts", {})

@@ -24,9 +24,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--component", default=None, metavar="NAME",
                         help="component for --lora values that name none (default: the model's main denoiser, "
                              "e.g. transformer; Wan2.2 low-noise: transformer_2)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="new model folder to write")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="new model folder to write (a new path or an empty folder; never inside --model or "
+                             "a LoRA)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing --out (only once the new folder is complete)")
+                        help="replace an existing --out that an earlier merge wrote (only once the new folder is "
+                             "complete); any other existing path is refused")
     parser.add_argument("--asset-mode", choices=("copy", "symlink", "hardlink"), default="copy",
                         help="how files the merge does not change reach --out (default copy; symlink/hardlink "
                              "save the space of text encoders and VAE)")
@@ -63,7 +66,7 @@ def run(args) -> int:
                                    args.out, lenient=args.lenient, asset_mode=args.asset_mode,
                                    overwrite=args.overwrite,
                                    dtype=getattr(torch, DTYPE_ARGUMENTS[args.dtype]) if args.dtype else None)
-    except (LoraBindError, FileExistsError) as exc:
+    except LoraBindError as exc:
         print(f"lorabind merge: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except OSError as exc:  # e.g. a full disk: the half-written folder is already gone

@@ -35,7 +35,7 @@ def run(args) -> int:
         print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...]", file=sys.stderr)
         return 2
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
-    from ...loaders.errors import ModelLoadError
+    from ...loaders.errors import LoraBindError
     from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins
 
     if args.only:
@@ -46,7 +46,7 @@ def run(args) -> int:
             return 2
     try:
         written = build_tiny(models_root, args.only, input_dir=None if args.only else args.input)
-    except ModelLoadError as exc:
+    except LoraBindError as exc:  # a library too old, or a folder in the way that no build wrote
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1
     if not args.only:

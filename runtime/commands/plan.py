@@ -1,15 +1,20 @@
 """`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--json]`: the memory plan, without loading weights.
 
 MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...).
-Exits 1 when the plan does not fit, so scripts can check before starting a long job.
+Exits 1 when the plan does not fit, so scripts can check before starting a long job, and 2 for bad input (a
+memory amount that is not a finite positive number of GiB, a model folder that cannot be read or is too large to
+be real), so a script never mistakes one for the other.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 
 EXIT_DOES_NOT_FIT = 1
+MAX_GIB = float(1 << 20)  # a mebi-GiB (1 PiB): far above any machine, far below where byte counts overflow
 MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.memory.MEMORY_PLANS
 
 
@@ -17,12 +22,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a diffusers model folder, or a shipped configuration: wan2.1-t2v-1.3b, wan2.1-t2v-14b, "
                              "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3")
-    parser.add_argument("--vram", type=float, required=True, metavar="GIB", help="free device memory in GiB")
-    parser.add_argument("--ram", type=float, metavar="GIB", help="free host memory in GiB (unchecked when absent)")
+    parser.add_argument("--vram", type=gib_amount, required=True, metavar="GIB", help="free device memory in GiB")
+    parser.add_argument("--ram", type=gib_amount, metavar="GIB",
+                        help="free host memory in GiB (unchecked when absent)")
     parser.add_argument("--memory", choices=MEMORY_CHOICES, default="auto", help="plan to check (default: auto)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                         help="dtype the model runs in (default: bfloat16)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def gib_amount(text: str) -> float:
+    """A memory amount in GiB: finite, positive and at most ``MAX_GIB``; anything else is an argparse error (exit
+    2, the status for bad input) instead of a crash with the "does not fit" status."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GiB") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_GIB):
+        raise argparse.ArgumentTypeError(f"{text!r} GiB: give a finite positive amount of at most {MAX_GIB:g} GiB")
+    return value
 
 
 def run(args) -> int:

@@ -30,7 +30,7 @@ def fake_comfyui(monkeypatch, tmp_path):
 
     folder_paths = types.SimpleNamespace(
         get_filename_list=lambda kind: [f"{kind}-from-comfyui.safetensors"],
-        get_full_path=lambda kind, name: str(tmp_path / name),
+        get_full_path=lambda kind, name: str(tmp_path / kind / name),  # inside its folder, as ComfyUI gives it
         get_folder_paths=lambda kind: [str(tmp_path / kind)],
     )
     install_comfyui_modules(monkeypatch, folder_paths, utils=types.SimpleNamespace(ProgressBar=FakeProgressBar),
@@ -177,3 +177,32 @@ def test_save_audio_is_filed_with_the_other_savers():
     from lorabind.nodes import NODE_CLASS_MAPPINGS
 
     assert NODE_CLASS_MAPPINGS["LoraBindSaveAudio"].CATEGORY == NODE_CLASS_MAPPINGS["LoraBindSaveImage"].CATEGORY
+
+
+def test_lora_symlinks_out_of_the_loras_folders_are_refused_and_not_listed(registry_at, tmp_path):
+    from lorabind.loaders.errors import LoraFileError
+    from lorabind.nodes.adapter_nodes import resolve_lora
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "secret.safetensors").write_bytes(b"not for the loras folder")
+    (outside / "adapter_model.safetensors").write_bytes(b"nor this")
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    (loras / "mine.safetensors").write_bytes(b"a real one")
+    (loras / "alias.safetensors").symlink_to(loras / "mine.safetensors")  # inside: fine
+    (loras / "escape.safetensors").symlink_to(outside / "secret.safetensors")
+    peft = loras / "peft_escape"
+    peft.mkdir()
+    (peft / "adapter_config.json").write_text("{}")
+    (peft / "adapter_model.safetensors").symlink_to(outside / "adapter_model.safetensors")
+    linked_root = tmp_path / "linked_models"  # a whole models folder linked from another disk stays usable
+    linked_root.symlink_to(tmp_path / "models", target_is_directory=True)
+    for root in (tmp_path / "models", linked_root):
+        registry_at(root)
+        assert comfy_bridge.lora_names() == ["alias.safetensors", "mine.safetensors"]
+        assert comfy_bridge.lora_full_path("alias.safetensors") is not None
+        for name in ("escape.safetensors", "peft_escape"):
+            assert comfy_bridge.lora_full_path(name) is None
+            with pytest.raises(LoraFileError, match=f"'{name}' is not in the loras folder .*symlink"):
+                resolve_lora(name, "lora_name", "FuseDistillLoRA")

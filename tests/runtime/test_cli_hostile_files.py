@@ -3,6 +3,7 @@ LoRA tensors, a symlink loop in the models folder. Each a clear message naming t
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import threading
@@ -76,6 +77,22 @@ def test_inspect_reports_non_finite_tensors(tmp_path, capsys):
                "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.ones(24, 2)}, str(path))
     code, out, err = _run(["inspect", str(path)], capsys)
     assert code == 1 and "tensor 'diffusion_model.blocks.0.self_attn.q.lora_down.weight' holds NaN" in err
+
+
+@pytest.mark.parametrize("up_value,warned", [(1e38, True), (1e37, False)])
+def test_inspect_warns_when_a_pairs_product_overflows(tmp_path, capsys, up_value, warned):
+    path = tmp_path / "huge.safetensors"  # finite factors; rank 4: up @ down = 4 x up_value
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.ones(4, 24),
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.full((24, 4), up_value),
+               "diffusion_model.blocks.0.self_attn.k.lora_down.weight": torch.ones(4, 24),
+               "diffusion_model.blocks.0.self_attn.k.lora_up.weight": torch.ones(24, 4)}, str(path))
+    code, out, _ = _run(["inspect", str(path)], capsys)
+    assert code == 0
+    assert ("warning:" in out and "overflows float32 at strength 1" in out) == warned
+    code, out, _ = _run(["inspect", str(path), "--json"], capsys)
+    warnings = json.loads(out)["warnings"]
+    assert len(warnings) == (1 if warned else 0)
+    assert all(w.startswith("blocks.0.self_attn.q: ") for w in warnings)  # the k pair is fine
 
 
 def test_merge_refuses_non_finite_results_and_writes_nothing(tiny_wan22, tmp_path, capsys):

@@ -1,6 +1,9 @@
 """`lorabind plan`: text and JSON output, exit codes, refusals."""
 
 import json
+import shutil
+
+import pytest
 
 from lorabind.runtime import cli
 
@@ -31,3 +34,27 @@ def test_unknown_model_is_refused_naming_the_known_ones(capsys, tmp_path):
     code = cli.main(["plan", str(tmp_path / "nothing"), "--vram", "24"])
     err = capsys.readouterr().err
     assert code == 2 and "nothing: neither a diffusers folder" in err and "wan2.2-t2v-a14b" in err
+
+
+@pytest.mark.parametrize("option", ["--vram", "--ram"])
+@pytest.mark.parametrize("amount", ["nan", "inf", "1e308", "-1", "0", "lots"])
+def test_memory_amounts_must_be_finite_and_positive_exit_2(capsys, option, amount):
+    arguments = ["plan", "wan2.1-t2v-1.3b", "--vram", "24", option, amount]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(arguments)
+    assert exited.value.code == 2  # bad input; 1 means "does not fit"
+    assert f"argument {option}: '{amount}'" in capsys.readouterr().err
+
+
+def test_a_config_of_200000_layers_is_refused_before_it_is_built(capsys, tmp_path):
+    from lorabind.loaders.memory.sizes import REAL_CONFIGS_DIR
+
+    model = tmp_path / "huge"
+    shutil.copytree(REAL_CONFIGS_DIR / "wan2.1-t2v-1.3b", model)
+    config_file = model / "transformer" / "config.json"
+    config = json.loads(config_file.read_text())
+    config["num_layers"] = 200_000
+    config_file.write_text(json.dumps(config))
+    assert cli.main(["plan", str(model), "--vram", "24"]) == 2
+    err = capsys.readouterr().err
+    assert f"{config_file}: num_layers is 200000" in err and "at most 512" in err

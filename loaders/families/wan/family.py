@@ -14,7 +14,7 @@ from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_I
 from . import contracts, keymap, slots
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .prediction import WanPrediction
-from .single_files import assemble_wan_pipeline
+from .single_files import assemble_wan_pipeline, check_expert_files
 from .slots import HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT
 
 TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its ``requirements`` entry
@@ -75,6 +75,8 @@ class WanFamily(DiffusersFlowFamily):
         if variant == "ti2v" or (model_index or {}).get("expand_timesteps"):
             return TI2V_REQUIREMENTS
         return model_family
+
+    check_expert_files = staticmethod(check_expert_files)
 
     def assemble_single_files(self, source):
         return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)

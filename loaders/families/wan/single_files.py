@@ -9,7 +9,13 @@ CLIP vision encoder and its image processor. Two experts get the published ``bou
 
 from __future__ import annotations
 
+import os
+import re
+
+from ...errors import ModelLoadError
 from .image_conditioning import clip_image_processor
+
+_WAN21_NAME = re.compile(r"wan[-_ .]?2[._]?1(?![0-9])", re.IGNORECASE)
 
 
 def _scheduler():
@@ -18,6 +24,22 @@ def _scheduler():
 
     return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0,
                                    num_train_timesteps=1000)
+
+
+def check_expert_files(denoisers: tuple) -> None:
+    """Wan2.2 A14B's experts have exactly Wan2.1 14B's shapes, so the shapes cannot tell a Wan2.1 file from an
+    expert; its name can (``detect`` reads the version from it, as ComfyUI's file names say it). A Wan2.1 file
+    in an expert slot would run as that expert and give wrong videos without any error, so it is refused
+    naming both files, as an I2V LoRA on a T2V model is."""
+    if len(denoisers) != 2:
+        return
+    for slot, file in zip(("high-noise", "low-noise"), denoisers):
+        if file.version == "2.1" or _WAN21_NAME.search(os.path.basename(file.name)):
+            raise ModelLoadError(
+                f"{denoisers[0].name} and {denoisers[1].name} do not fit together: {file.name} is a Wan2.1 file "
+                f"({file.title}), given as the Wan2.2 {slot} expert. Wan2.2 A14B needs its two expert files "
+                "(ComfyUI names them ..._high_noise_... and ..._low_noise_...); if this file is one, give it its "
+                "expert's name")
 
 
 def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):

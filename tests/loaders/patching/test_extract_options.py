@@ -36,7 +36,7 @@ def _modules(tensors) -> set:
 def _extract(models, *extra) -> dict:
     out = models / "out.safetensors"
     assert main(["extract", "--base", str(models / "base"), "--tuned", str(models / "tuned"), "--out", str(out),
-                 *extra]) == 0
+                 "--overwrite", *extra]) == 0  # each call replaces the previous call's file
     with safe_open(str(out), "pt") as handle:
         return {"tensors": {k: handle.get_tensor(k) for k in handle.keys()}, "metadata": handle.metadata()}
 

@@ -17,6 +17,7 @@ from lorabind.loaders.extraction import low_rank_factors
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
 from lorabind.loaders.model_store import LoadedModel
+from lorabind.loaders.safe_output import MARKER_FILE
 from lorabind.runtime.cli import main
 
 COMPONENT = "transformer_2"
@@ -71,7 +72,8 @@ def test_merge_writes_a_complete_folder_with_exact_fused_weights(tiny_wan22_fold
     after = file_hashes(out)
     assert set(after) == set(merged["source_before"])
     changed = {name for name in after if after[name] != merged["source_before"][name]}
-    assert changed == {f"{COMPONENT}/diffusion_pytorch_model.safetensors", "model_index.json"}
+    # (and the output marker: the source was written by build-tiny, the copy by merge)
+    assert changed == {f"{COMPONENT}/diffusion_pytorch_model.safetensors", "model_index.json", MARKER_FILE}
     # model_index.json gains only what was baked in: file name, strength and content hash, no local path
     with open(os.path.join(tiny_wan22_folder, "model_index.json"), encoding="utf-8") as handle:
         source_index = json.load(handle)
@@ -192,7 +194,7 @@ def test_merge_refusals(tiny_wan22_folder, merged, tmp_path, capsys):
     assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{bad}:0.5", "--component", COMPONENT,
                  "--out", str(out)]) == 1
     assert "bad.safetensors" in capsys.readouterr().err
-    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".lorabind-merge-")]
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".lorabind-output-")]
     with safe_open(os.path.join(tiny_wan22_folder, COMPONENT, "diffusion_pytorch_model.safetensors"), "pt") as f:
         assert "blocks.0.attn1.to_q.weight" in f.keys()
 

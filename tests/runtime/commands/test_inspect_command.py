@@ -11,7 +11,7 @@ from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
 
 REPORT_KEYS = {"file", "path", "format", "family", "rank", "alpha", "scale", "counts", "kinds", "metadata",
-               "contract", "accounting"}
+               "contract", "accounting", "warnings"}
 
 
 def inspect_json(capsys, *argv):

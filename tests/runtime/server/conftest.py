@@ -3,6 +3,7 @@ models root holding everything ``lorabind models build-tiny`` writes (for the ro
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,10 @@ def _link_entries(source: Path, target: Path) -> None:
 @pytest.fixture(scope="session")
 def build_tiny_root(tmp_path_factory, tiny_models_root, mm_root):
     """One models root holding everything ``lorabind models build-tiny`` writes: the Wan/Qwen and the MiniMax-H3
-    models and fixture LoRAs (the session fixtures build them in two roots; linked here, not rebuilt)."""
+    models and fixture LoRAs (the session fixtures build them in two roots; linked or copied here, not rebuilt)."""
     root = tmp_path_factory.mktemp("build_tiny_root")
     for source in (Path(tiny_models_root), Path(mm_root)):
         _link_entries(source / "diffusers", root / "diffusers")
-        _link_entries(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny")
+        # copied, not linked: a LoRA that links out of the loras folder is refused (README, "Safe defaults")
+        shutil.copytree(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny", dirs_exist_ok=True)
     return root
