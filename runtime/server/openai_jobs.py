@@ -17,7 +17,7 @@ from typing import Optional
 from . import prompt_log
 from .composition_root import ServerState
 from .openai_errors import OpenAIRequestError
-from .openai_templates import Template
+from .openai_templates import ADAPTER_NODE, Template
 from .queue import QueueItem
 
 OPENAI_EXTRA_KEY = "lorabind_openai"  # extra_data entry describing the request (kept in /queue and /history)
@@ -91,7 +91,8 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
 def validation_error(template: Template, prompt: dict, result) -> OpenAIRequestError:
     """The first node error, named by the request field that set the input (or the adapter it came from)."""
     for node_id, node_error in (result.node_errors or {}).items():
-        for error in node_error.get("errors", []):
+        errors = sorted(node_error.get("errors", []), key=lambda error: not _states_own_input(error))
+        for error in errors:
             input_name = (error.get("extra_info") or {}).get("input_name")
             request_field = _field_of(template, prompt, node_id, input_name)
             where = f"node {node_id} ({node_error.get('class_type')}) input {input_name}"
@@ -103,9 +104,17 @@ def validation_error(template: Template, prompt: dict, result) -> OpenAIRequestE
                               f"({template.file_name})")
 
 
+def _states_own_input(error: dict) -> bool:
+    """A node's VALIDATE_INPUTS failure is reported once per input it takes, with one reason; the reason names
+    the input at fault first (``height 100000 is outside 16..8192``)."""
+    input_name = (error.get("extra_info") or {}).get("input_name")
+    reason = str(error.get("details", "")).partition(" - ")[2]
+    return bool(input_name) and reason.startswith(f"{input_name} ")
+
+
 def _field_of(template: Template, prompt: dict, node_id: str, input_name) -> Optional[str]:
     if node_id not in template.prompt:
-        return "lora" if prompt.get(node_id, {}).get("class_type") == "LoadPEFTAdapter" else None
+        return "lora" if prompt.get(node_id, {}).get("class_type") == ADAPTER_NODE else None
     return template.fields_of(node_id).get(input_name)
 
 

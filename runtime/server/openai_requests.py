@@ -21,6 +21,7 @@ CHAT_FIELDS = frozenset({"model", "messages", "stream", "n", "user", "modalities
 IMAGE_FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "user"})
 VIDEO_FIELDS = frozenset({"model", "prompt", "size", "seconds", "user"})
 RESPONSE_FORMATS = ("b64_json", "url")
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string"}
 
 
 @dataclass
@@ -142,8 +143,7 @@ def _typed(name: str, value, kind: type):
     if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, kind) or (kind is float and not math.isfinite(value)):
-        raise OpenAIRequestError(f"{name}: expected {'a string' if kind is str else f'a {kind.__name__}'}, got "
-                                 f"{value!r}", param=name)
+        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}", param=name)
     return value
 
 

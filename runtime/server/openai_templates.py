@@ -27,6 +27,7 @@ FIELDS = {
 ADAPTER_HOOK = "lora"  # the input (an adapter socket) that per-request PEFT adapters are chained into
 DISTILL_HOOK = "distill_lora"  # the input (a model socket) that --lora-backend distill files are chained into
 HOOKS = (ADAPTER_HOOK, DISTILL_HOOK)
+ADAPTER_NODE = "LoadPEFTAdapter"  # the node a per-request adapter becomes
 VIDEO_FIELD = "num_frames"  # a template that lets requests choose a frame count makes videos
 
 
@@ -39,6 +40,7 @@ class Template:
     prompt: dict
     bindings: dict[str, list[tuple[str, str]]]  # request field -> [(node id, input name)]
     hooks: dict[str, tuple[str, str]] = field(default_factory=dict)  # hook -> (node id, input name)
+    adapter_defaults: dict = field(default_factory=dict)  # the adapter node's declared input defaults
 
     @property
     def is_video(self) -> bool:
@@ -74,7 +76,8 @@ def load_template(name: str, path: str, node_classes: dict) -> Template:
             isinstance(node, dict) and isinstance(node.get("inputs"), dict) for node in prompt.values()):
         raise ValueError(f"--openai-model {name}: {file_name} is not an API workflow (node id -> {{class_type, "
                          "inputs}}); export it with ComfyUI's 'Export (API)'")
-    template = Template(name, file_name, prompt, {})
+    template = Template(name, file_name, prompt, {}, adapter_defaults=_declared_defaults(node_classes,
+                                                                                         ADAPTER_NODE))
     for node_id, node in prompt.items():
         declared = (node.get("_meta") or {}).get("openai") or {}
         if not isinstance(declared, dict):
@@ -91,6 +94,14 @@ def load_template(name: str, path: str, node_classes: dict) -> Template:
         raise ValueError(f"{file_name}: no node maps the request field 'prompt' (add \"_meta\": {{\"openai\": "
                          "{\"prompt\": \"text\"}} to the positive text encoder)")
     return template
+
+
+def _declared_defaults(node_classes: dict, class_type: str) -> dict:
+    """{input: default} of a node's required inputs that declare one (what a new node of it gets)."""
+    node_class = node_classes.get(class_type)
+    required = node_class.INPUT_TYPES().get("required", {}) if node_class is not None else {}
+    return {name: spec[1]["default"] for name, spec in required.items()
+            if len(spec) > 1 and isinstance(spec[1], dict) and "default" in spec[1]}
 
 
 def _check_binding(file_name: str, node_id: str, node: dict, request_field, input_name, node_classes) -> None:
@@ -118,8 +129,9 @@ def fill_in(template: Template, values: dict, adapters: list[tuple[str, float]])
         node_id, input_name = template.hooks[ADAPTER_HOOK]
         upstream = prompt[node_id]["inputs"].get(input_name)
         for lora_name, scale in adapters:
-            inputs = {"lora_name": lora_name, "scale": scale, **({"adapter": upstream} if upstream else {})}
-            upstream = [add_node(prompt, "LoadPEFTAdapter", inputs, f"request adapter {lora_name}"), 0]
+            inputs = {**template.adapter_defaults, "lora_name": lora_name, "scale": scale,
+                      **({"adapter": upstream} if upstream else {})}
+            upstream = [add_node(prompt, ADAPTER_NODE, inputs, f"request adapter {lora_name}"), 0]
         prompt[node_id]["inputs"][input_name] = upstream
     return prompt
 
