@@ -10,15 +10,12 @@ server-side path (vllm-omni's ``lora.path``); it must lie inside the LoRA folder
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 
 from .. import folder_paths
 from .openai_errors import OpenAIRequestError
-from .openai_templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node
+from .openai_templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node, typed_value
 
-log = logging.getLogger("lorabind.server")
 
 MAX_REQUEST_ADAPTERS = 8
 # vllm-omni's lora object: name, path (or local_path), scale, int_id (its cache key; ours is the file itself)
@@ -46,26 +43,11 @@ def _adapter(entry) -> tuple[str, float]:
     path = entry.get("path", entry.get("local_path"))
     if not isinstance(path, str) or not path.strip():
         raise OpenAIRequestError("lora.path: the adapter's path on the server is required", param="lora.path")
-    scale = _number(entry.get("scale", 1.0), float)
-    if scale is None or not math.isfinite(scale):
-        raise OpenAIRequestError(f"lora.scale: expected a number, got {entry.get('scale')!r}", param="lora.scale")
-    int_id = _number(entry.get("int_id", 1), int)
-    if int_id is None or int_id < 1:
+    scale = typed_value("lora.scale", entry.get("scale", 1.0), float)
+    if typed_value("lora.int_id", entry.get("int_id", 1), int) < 1:
         raise OpenAIRequestError(f"lora.int_id: expected a positive integer, got {entry.get('int_id')!r}",
                                  param="lora.int_id")
     return confined_lora_name(path), scale
-
-
-def _number(value, kind: type):
-    """A JSON number, or the text of one (multipart forms send every value as text); None otherwise."""
-    if isinstance(value, str):
-        try:
-            return kind(value.strip())
-        except ValueError:
-            return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        return None
-    return kind(value)
 
 
 def confined_lora_name(path: str) -> str:

@@ -8,20 +8,18 @@ field the model's template maps, ``lora`` or ``client_id``; anything else is ref
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .openai_errors import OpenAIRequestError
 from .openai_loras import request_adapters
-from .openai_templates import FIELDS, Template, check_values
+from .openai_templates import FIELDS, Template, check_values, typed_value
 
 MAX_IMAGES_PER_REQUEST = 10  # OpenAI's own limit for ``n``
 CHAT_FIELDS = frozenset({"model", "messages", "stream", "n", "user", "modalities"})
 IMAGE_FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "user"})
 VIDEO_FIELDS = frozenset({"model", "prompt", "size", "seconds", "user"})
 RESPONSE_FORMATS = ("b64_json", "url")
-_KIND_WORDS = {int: "an integer", float: "a number", str: "a string"}
 
 
 @dataclass
@@ -114,7 +112,7 @@ def _request(template: Template, generation: dict, count: int = 1) -> Generation
         if name not in FIELDS:
             raise OpenAIRequestError(f"{name}: unknown request field", param=name, code="unknown_field")
     check_values(template, generation)
-    values = {name: _typed(name, value, FIELDS[name]) for name, value in generation.items()}
+    values = {name: typed_value(name, value, FIELDS[name]) for name, value in generation.items()}
     if count > 1 and "seed" not in template.bindings:
         raise OpenAIRequestError(f"n: model {template.name!r} maps no seed, so its {count} images would be the same",
                                  param="n")
@@ -129,22 +127,6 @@ def _split_size(generation: dict) -> None:
     if not (sep and width.isdigit() and height.isdigit()):
         raise OpenAIRequestError(f"size: expected WIDTHxHEIGHT such as 1024x1024, got {size!r}", param="size")
     generation["width"], generation["height"] = int(width), int(height)
-
-
-def _typed(name: str, value, kind: type):
-    """The value as the field's type; form fields arrive as strings and are converted."""
-    if isinstance(value, str) and kind is not str:
-        try:
-            value = kind(value.strip())
-        except ValueError:
-            pass
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, kind) or (kind is float and not math.isfinite(value)):
-        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}", param=name)
-    return value
 
 
 def _count(n) -> int:

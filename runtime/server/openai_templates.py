@@ -12,6 +12,7 @@ hooks name where per-request adapters and the server's distill LoRAs are chained
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ DISTILL_HOOK = "distill_lora"  # the input (a model socket) that --lora-backend 
 HOOKS = (ADAPTER_HOOK, DISTILL_HOOK)
 ADAPTER_NODE = "LoadPEFTAdapter"  # the node a per-request adapter becomes
 VIDEO_FIELD = "num_frames"  # a template that lets requests choose a frame count makes videos
+_KIND_WORDS = {int: "an integer", float: "a number", str: "a string"}
 
 
 @dataclass
@@ -142,6 +144,23 @@ def add_node(prompt: dict, class_type: str, inputs: dict, title: str) -> str:
     node_id = str(max(numeric, default=0) + 1)
     prompt[node_id] = {"class_type": class_type, "inputs": inputs, "_meta": {"title": title}}
     return node_id
+
+
+def typed_value(name: str, value, kind: type):
+    """The value as the field's type (400 naming the field otherwise); multipart forms send every value as text,
+    which is converted."""
+    if isinstance(value, str) and kind is not str:
+        try:
+            value = kind(value.strip())
+        except ValueError:
+            pass
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, kind) or (kind is float and not math.isfinite(value)):
+        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}", param=name)
+    return value
 
 
 def check_values(template: Template, values: dict) -> None:

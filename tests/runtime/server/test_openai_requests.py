@@ -174,3 +174,14 @@ def test_a_contract_mismatch_is_a_400_naming_the_file_and_the_field(loras):
     assert "Qwen-Image-Lightning-4steps-V1.0.safetensors" in error.message
     entry["status"]["messages"][0][1]["exception_type"] = "RuntimeError"
     assert failure(template, entry).status == 500
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--openai-model", "qwen-image"], "expected NAME=WORKFLOW.api.json"),
+    (["--openai-model", "m=x.api.json", "--allow-lora-dir", "/no/such/folder"], "not a folder"),
+])
+def test_serve_refuses_bad_openai_flags_before_starting(args, words, capsys):
+    from lorabind.runtime.cli import main
+
+    assert main(["serve", *args]) == 2
+    assert words in capsys.readouterr().out
