@@ -42,9 +42,16 @@ class LoraBindEmptyLatent:
 
     @classmethod
     def VALIDATE_INPUTS(cls, width=None, height=None, frames=None, batch_size=None):
-        """Refuse a latent too large to allocate before the prompt runs (linked inputs arrive as None)."""
+        """Refuse a latent too large to allocate before the prompt runs (linked inputs arrive as None). The
+        declared min/max are checked here too: a node with VALIDATE_INPUTS gets no bound checks from the
+        executor (ComfyUI's rule)."""
         if None in (width, height, frames, batch_size):
             return True
+        declared = cls.INPUT_TYPES()["required"]
+        for name, value in (("width", width), ("height", height), ("frames", frames), ("batch_size", batch_size)):
+            low, high = declared[name][1]["min"], declared[name][1]["max"]
+            if not low <= value <= high:
+                return f"{name} {value} is outside {low}..{high}"
         estimate = batch_size * 16 * ((max(frames, 1) - 1) // 4 + 1) * (height // 8) * (width // 8) * 4
         if estimate > MAX_LATENT_BYTES:
             return (f"a {width}x{height} latent of {frames} frames, batch {batch_size}, needs at least "

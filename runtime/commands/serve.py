@@ -42,6 +42,24 @@ def add_arguments(parser) -> None:
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
+    add_openai_arguments(parser)
+
+
+def add_openai_arguments(parser) -> None:
+    """The OpenAI-style endpoints (/v1/...) and LoRA the vllm-omni way (its flag names)."""
+    parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
+                        help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
+                        "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
+                        "(repeatable)")
+    parser.add_argument("--lora-backend", choices=("peft", "distill"), default="peft",
+                        help="what --lora-path files are: distill = fused into every served model they fit for the "
+                        "server's lifetime (Wan2.2: high then low); peft (default) = adapters preloaded into the "
+                        "cache for requests to use")
+    parser.add_argument("--lora-path", nargs="+", default=(), metavar="FILE",
+                        help="LoRA files (paths inside the LoRA folders, or names under models/loras)")
+    parser.add_argument("--allow-lora-dir", action="append", default=[], metavar="DIR",
+                        help="another folder LoRA names and request adapter paths may come from (repeatable); "
+                        "everything else outside models/loras is refused")
 
 
 def run(args) -> int:
@@ -54,6 +72,10 @@ def run(args) -> int:
         return 2
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
+        return 2
+    openai_error = check_openai_arguments(args)
+    if openai_error:
+        print(f"lorabind serve: {openai_error}")
         return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
@@ -72,7 +94,9 @@ def run(args) -> int:
     config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
                           input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
-                          replicas=args.replicas,
+                          replicas=args.replicas, openai_models=tuple(args.openai_models),
+                          distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
+                          lora_dirs=tuple(args.allow_lora_dir),
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     try:
         run_server(config)
@@ -80,6 +104,23 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def check_openai_arguments(args) -> str | None:
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``); with the peft backend the
+    ``--lora-path`` files join ``--preload-adapter``. An error text, or None."""
+    from ..server.openai_templates import parse_model_option
+
+    try:
+        args.openai_models = [parse_model_option(option) for option in args.openai_model]
+    except ValueError as exc:
+        return str(exc)
+    for folder in args.allow_lora_dir:
+        if not os.path.isdir(folder):
+            return f"--allow-lora-dir {folder}: not a folder"
+    if args.lora_backend == "peft":
+        args.preload_adapter = [*args.preload_adapter, *args.lora_path]
+    return None
 
 
 def apply_adapter_cache_arguments(args) -> str | None:

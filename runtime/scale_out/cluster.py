@@ -24,7 +24,7 @@ def _replica_resources(replicas: int) -> dict:
 
 
 def start_replicas(address: str | None, replicas: int, node_classes: dict, *, models_root: str, input_dir: str,
-                   output_dir: str, temp_dir: str, routing: str = "affinity"):
+                   output_dir: str, temp_dir: str, routing: str = "affinity", lora_dirs: tuple = ()):
     """Deploy ``replicas`` executors and return the front's ``RayExecutor``.
 
     ``address``: None starts a local cluster in this process; "auto" or "HOST:PORT" joins a running one
@@ -47,7 +47,7 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     options = _replica_resources(replicas)
     log.info("deploying %d lorabind replica(s) with %s", replicas, options)
     app = LorabindReplica.options(num_replicas=replicas, ray_actor_options=options).bind(
-        node_classes, models_root, input_dir, NAMESPACE, session_defaults()["memory"])
+        node_classes, models_root, input_dir, NAMESPACE, session_defaults()["memory"], tuple(lora_dirs))
     # Our own log lines say where each prompt went; Ray's per-call access log would repeat them per replica.
     handle = serve.run(app, name=APP_NAME, route_prefix=None,
                        logging_config={"enable_access_log": False, "log_level": "WARNING"})

@@ -36,7 +36,8 @@ def _fuse_passes() -> int:
 
 @serve.deployment(max_ongoing_requests=16)
 class LorabindReplica:
-    def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None):
+    def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None,
+                 lora_dirs: tuple = ()):
         from ...loaders.devices import set_session_defaults
         from .. import folder_paths
         from ..executor import PromptExecutor
@@ -48,6 +49,8 @@ class LorabindReplica:
         self.folders = {"output": os.path.join(work, "output"), "temp": os.path.join(work, "temp")}
         folder_paths.configure(models_root=models_root, output_dir=self.folders["output"], input_dir=input_dir,
                                temp_dir=self.folders["temp"])
+        for folder in lora_dirs:  # the front's --allow-lora-dir folders (the same paths on every node)
+            folder_paths.add_model_folder_path("loras", folder)
         self.executor = PromptExecutor(node_classes)
         # The replica's Ray actor name (SERVE_REPLICA::lorabind#LorabindReplica#<tag>): what `ray kill` takes.
         self.replica = serve.get_replica_context().replica_id.to_full_id_str()

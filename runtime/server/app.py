@@ -155,7 +155,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
     ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
     cache-less one for request validation, so validating never touches the state of a running prompt."""
-    from . import routes_files, routes_info, routes_jobs, routes_prompt, routes_userdata
+    from . import routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_userdata
     from .routes_frontend import add_frontend_routes
 
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
@@ -178,6 +178,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
         app.router.add_route(route.method, route.path, route.handler)
         app.router.add_route(route.method, "/api" + route.path, route.handler)
     routes_info.add_static_routes(app, state)
+    routes_openai.register(app, state)  # /v1/…: OpenAI-style endpoints over --openai-model templates
     add_frontend_routes(app)  # last: it mounts the frontend's folder at /
 
     app.on_startup.append(_on_startup)
@@ -211,6 +212,10 @@ def run_server(config: ServerConfig) -> None:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{config.port}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
+    from .routes_openai import startup_lines
+
+    for line in startup_lines(app):
+        print(line)
     from .routes_frontend import INSTALL_HINT, frontend_static_dir
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None

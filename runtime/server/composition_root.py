@@ -41,7 +41,8 @@ class ServerState:
             executor = start_replicas(
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
                 node_classes, models_root=self.config.models_root, input_dir=self.config.input_dir,
-                output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing)
+                output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing,
+                lora_dirs=self.config.lora_dirs)
             concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
         if executor is None or validator is None:
             from ..executor import PromptExecutor
@@ -83,6 +84,8 @@ def _configure_folder_paths(config: ServerConfig) -> None:
 
     folder_paths.configure(models_root=config.models_root, output_dir=config.output_dir,
                            input_dir=config.input_dir, temp_dir=config.temp_dir)
+    for folder in config.lora_dirs:  # --allow-lora-dir
+        folder_paths.add_model_folder_path("loras", folder)
 
 
 STATE_KEY = web.AppKey("lorabind_state", ServerState)

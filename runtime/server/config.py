@@ -35,6 +35,13 @@ class ServerConfig:
     ray_address: Optional[str] = None
     replicas: int = 1
     routing: str = "affinity"  # or "round_robin" (for comparison: bench/scale_out.py)
+    # OpenAI-style endpoints (``serve --openai-model NAME=WORKFLOW.api.json``): (name, template path) pairs.
+    openai_models: tuple = ()
+    # ``--lora-backend distill --lora-path FILE...``: fused into every served template they fit, for the server's
+    # lifetime (vllm-omni's distill backend); with the peft backend the files are preloaded adapters instead.
+    distill_loras: tuple = ()
+    # ``--allow-lora-dir``: folders besides <models>/loras that LoRA names and request adapter paths may come from.
+    lora_dirs: tuple = ()
 
     @property
     def max_upload_bytes(self) -> int:
@@ -54,6 +61,7 @@ class ServerConfig:
                                  f"where uploads could reach it; choose another with --state-dir")
         state.mkdir(parents=True, exist_ok=True)
         self.state_dir = str(state)
+        self.lora_dirs = tuple(str(Path(d).expanduser().resolve()) for d in self.lora_dirs)
         return self
 
     def directory_for(self, kind: str) -> Optional[str]:

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Callable
 
 from ...loaders import json_limits
 from ...loaders.atomic_files import write_atomically
@@ -34,6 +35,9 @@ class HistoryStore:
         self._entries: dict[str, dict] = {}
         self._files: dict[str, Path] = {}
         self._seq = 0
+        # called with (prompt_id, entry) after each entry is stored: how a request waiting for its prompt (the
+        # OpenAI-style endpoints) learns that it finished without polling
+        self.listeners: list[Callable[[str, dict], None]] = []
         self._load()
 
     def _load(self) -> None:
@@ -76,6 +80,8 @@ class HistoryStore:
             self._entries[prompt_id] = entry
             while len(self._entries) > self.max_size:
                 self._remove_locked(next(iter(self._entries)))
+        for listener in list(self.listeners):
+            listener(prompt_id, entry)
 
     def get(self, prompt_id: str) -> dict:
         """``{prompt_id: entry}`` or ``{}`` — ComfyUI's answer for ``GET /history/{id}``."""

@@ -44,6 +44,9 @@ class ClientRegistry:
         self._status_payload = status_payload
         self._feature_flags = feature_flags
         self.running_node: Callable[[str], Optional[str]] = lambda sid: None
+        # called with (event, data) for every execution message, sent or not (the client may not be connected):
+        # how the OpenAI-style video status learns a job's progress
+        self.observers: list[Callable[[str, dict], None]] = []
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -51,6 +54,8 @@ class ClientRegistry:
     # -- sending (any thread) -------------------------------------------------------------------------
     def send(self, event: str, data: dict, sid: Optional[str]) -> None:
         """Send to one client; ``sid=None`` means every connected client (ComfyUI's broadcast)."""
+        for observer in list(self.observers):
+            observer(event, data)
         if self._loop is None or self._loop.is_closed():
             return
         try:

@@ -8,6 +8,7 @@ the next prompts still run. Skips when the ``ray`` extra is not installed.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import lorabind
 
 pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
+openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
 
 from lorabind.runtime.server import ServerConfig  # noqa: E402
 from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
@@ -36,7 +38,8 @@ def ray_server(tmp_path_factory):
     lora_fixtures.write_fixture_loras(root / "models")
     config = ServerConfig(port=0, models_root=str(root / "models"), output_dir=str(root / "output"),
                           input_dir=str(root / "input"), temp_dir=str(root / "temp"), ray_address="local",
-                          replicas=2)
+                          replicas=2, openai_models=(("wan-4step", str(WORKFLOW)),
+                                                     ("wan-base", str(WORKFLOW.with_name("wan22_tiny_t2v.api.json")))))
     srv = BackgroundServer(config).start(timeout=300)
     yield srv
     srv.stop(timeout=120)
@@ -99,6 +102,38 @@ def test_prompts_end_to_end_and_fused_once_per_replica(ray_server):
                      if "images" in o}
             assert len(names) == 8
         finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_the_chat_endpoint_runs_on_the_replicas_routed_by_binding(ray_server):
+    """Two served templates bind different LoRA sets: their chat requests queue like any prompt, so each set
+    lands on one replica (the affinity routing), and the answers carry the videos the replicas made."""
+    async def body():
+        client = Client(ray_server.url, client_id="openai-routing")
+        api = openai.AsyncOpenAI(base_url=ray_server.url + "/v1", api_key="unused", timeout=300)
+        try:
+            before = (await _routing(client))["replicas"]
+            chats = [api.chat.completions.create(model=model, messages=[{"role": "user", "content": "a fox"}],
+                                                 extra_body={"seed": seed})
+                     for seed, model in enumerate(["wan-4step", "wan-base"] * 2)]
+            answers = await asyncio.gather(*chats)
+            for answer in answers:
+                status, data = await client.get(answer.choices[0].message.content[0]["video_url"]["url"]
+                                                .replace(ray_server.url, ""))
+                assert status == 200 and data[:4] == b"RIFF"
+            after = (await _routing(client))["replicas"]
+            added: dict = {}  # fingerprint -> {replica: prompts added by this test}
+            for replica, stats in after.items():
+                for fingerprint, count in stats["fingerprints"].items():
+                    old = before.get(replica, {}).get("fingerprints", {}).get(fingerprint, 0)
+                    if count > old:
+                        added.setdefault(fingerprint, {})[replica] = count - old
+            assert sorted(len(replicas) for replicas in added.values()) == [1, 1], added
+            assert sorted(sum(replicas.values()) for replicas in added.values()) == [2, 2], added
+        finally:
+            await api.close()
             await client.close()
 
     run_async(body)

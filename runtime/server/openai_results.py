@@ -1,0 +1,91 @@
+"""A finished prompt's history entry -> what the ``/v1`` endpoints answer: its files (as data URLs, ``/view``
+links or bytes) or the error, named by the request field that caused it.
+
+Files are found through the history's ``images`` entries (ComfyUI's ``{filename, subfolder, type}``) and read
+from the folder behind ``type``, confined to it like ``/view``. A one-frame result is an image (PNG); several
+frames are a video (our save node writes an animated WebP).
+"""
+
+from __future__ import annotations
+
+import base64
+import mimetypes
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass
+
+from .config import ServerConfig
+from .openai_errors import OpenAIRequestError
+from .openai_templates import Template
+
+_MIME = {".png": "image/png", ".webp": "image/webp", ".gif": "image/gif", ".mp4": "video/mp4",
+         ".webm": "video/webm", ".wav": "audio/wav"}
+_USER_ERRORS = ("ContractError", "KeyMatchError", "LoraFileError")  # the request asked for something impossible
+
+
+@dataclass
+class ResultFile:
+    path: str
+    query: str  # filename=…&subfolder=…&type=… for /view
+    mime: str
+    animated: bool
+
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{self.b64()}"
+
+    def b64(self) -> str:
+        with open(self.path, "rb") as handle:
+            return base64.b64encode(handle.read()).decode("ascii")
+
+    def view_url(self, origin: str) -> str:
+        return f"{origin}/view?{self.query}"
+
+
+def result_files(entry: dict, config: ServerConfig) -> list[ResultFile]:
+    """Every saved image/video of the entry, in node order."""
+    files = []
+    for node_output in (entry.get("outputs") or {}).values():
+        animated = any((node_output or {}).get("animated") or [])
+        for image in (node_output or {}).get("images") or []:
+            path = _confined(config, image)
+            if path is None:
+                continue
+            mime = _MIME.get(os.path.splitext(path)[1].lower()) or mimetypes.guess_type(path)[0] or \
+                "application/octet-stream"
+            query = urllib.parse.urlencode({"filename": image.get("filename"), "subfolder": image.get("subfolder", ""),
+                                            "type": image.get("type", "output")})
+            files.append(ResultFile(path, query, mime, animated))
+    return files
+
+
+def _confined(config: ServerConfig, image: dict):
+    folder = config.directory_for(image.get("type", "output"))
+    if folder is None or not isinstance(image.get("filename"), str):
+        return None
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, str(image.get("subfolder") or ""), image["filename"]))
+    return path if path.startswith(root + os.sep) and os.path.isfile(path) else None
+
+
+def failure(template: Template, entry: dict) -> OpenAIRequestError:
+    """Why the prompt did not finish: a contract mismatch (and other refusals of the request's own values) is a
+    400 naming the file and the request field; an interrupt or a server-side failure is a 500."""
+    events = {name: data for name, data in (entry.get("status") or {}).get("messages", []) if isinstance(data, dict)}
+    if "execution_interrupted" in events:
+        return OpenAIRequestError("the prompt was interrupted (POST /interrupt) before it finished", status=500,
+                                  code="interrupted")
+    error = events.get("execution_error") or {}
+    text = str(error.get("exception_message", "the prompt failed")).strip()
+    node_id = error.get("node_id")
+    if not str(error.get("exception_type", "")).endswith(_USER_ERRORS):
+        return OpenAIRequestError(f"node {node_id} ({error.get('node_type')}) failed: {text}", status=500,
+                                  code="execution_error")
+    fields = template.fields_of(node_id) if node_id in template.prompt else {}
+    named = [(input_name, field) for input_name, field in fields.items()
+             if re.search(rf"\b{re.escape(input_name)} must\b", text)]
+    if not named:
+        return OpenAIRequestError(f"{text} ({template.file_name})", code="contract_mismatch")
+    input_name, request_field = named[0]
+    return OpenAIRequestError(f"{request_field}: {text} (the request's {request_field} sets {input_name} of node "
+                              f"{node_id} in {template.file_name})", param=request_field, code="contract_mismatch")
