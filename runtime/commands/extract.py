@@ -107,7 +107,6 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
     from ...loaders.model_store import denoiser_names, read_model_index
     from ...loaders.safe_output import check_output
 
-    component = component or denoiser_names(read_model_index(base_dir))[0]
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_ARGUMENTS)} or auto, got {dtype!r}")
     options = ExtractOptions(
@@ -116,7 +115,8 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
         layers=tuple(layers or ()), diffs=bool(diffs), key_prefix=str(key_prefix),
         device=str(resolve_device(device)))
     inputs = (base_dir, tuned_dir)
-    check_output(out, kind="file", inputs=inputs, overwrite=overwrite)  # before any SVD
+    check_output(out, kind="file", inputs=inputs, overwrite=overwrite)  # before anything is read
+    component = component or denoiser_names(read_model_index(base_dir))[0]
     base = ComponentWeights(base_dir, component)
     tuned = ComponentWeights(tuned_dir, component)
     result = extract_lora(base, tuned, options)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -102,6 +103,9 @@ def fake_model(root: Path, name: str, tensors: dict) -> str:
     folder = root / name / "transformer"
     folder.mkdir(parents=True)
     save_file(tensors, str(folder / WEIGHTS))
+    # a diffusers folder always has its index; extract finds the main denoiser there
+    (root / name / "model_index.json").write_text(json.dumps(
+        {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}))
     return str(root / name)
 
 

@@ -163,6 +163,9 @@ def fake_component(root, name, tensors):
     folder = root / name / "transformer"
     folder.mkdir(parents=True)
     save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"))
+    # a diffusers folder always has its index; extract finds the main denoiser there
+    (root / name / "model_index.json").write_text(json.dumps(
+        {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}))
     return str(root / name)
 
 
