@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from lorabind.loaders.lora.canonical import LowRankDelta, TargetPatch
@@ -241,3 +244,16 @@ def assert_fault_mid_fuse_leaves_base(model, applied: dict, key: str) -> None:
     assert len(calls) == 2 and patcher.patched == set()
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+def write_component_folder(root, name: str, tensors: dict) -> str:
+    """A bare diffusers model folder: one ``transformer`` component and the model_index.json every diffusers
+    folder has (extract and merge find the main denoiser there)."""
+    from safetensors.torch import save_file
+
+    folder = Path(root) / name
+    (folder / "transformer").mkdir(parents=True)
+    save_file(tensors, str(folder / "transformer" / "diffusion_pytorch_model.safetensors"))
+    (folder / "model_index.json").write_text(json.dumps(
+        {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}))
+    return str(folder)

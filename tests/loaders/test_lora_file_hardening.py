@@ -113,6 +113,7 @@ def test_nested_repetition_patterns_match_in_bounded_time(tmp_path):
     assert read_lora(folder).targets[name].low_rank.scale == 1.0  # no match: r=2, lora_alpha=2
 
 
+@pytest.mark.slow
 def test_a_pattern_too_costly_to_match_is_refused_naming_it(tmp_path):
     folder = _peft_folder(tmp_path, {"alpha_pattern": {"(a|aa)+b": 4}}, _modules("blocks.0." + "a" * 34))
     with pytest.raises(LoraFileError, match=r"adapter: adapter config pattern '\(a\|aa\)\+b' takes too long"):

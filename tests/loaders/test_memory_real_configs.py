@@ -18,6 +18,7 @@ PUBLISHED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_meta_built_sizes_match_the_published_ones(name):
     sizes = {s.name: s for s in component_sizes(name)}

@@ -52,6 +52,7 @@ def _patch_sets(root, name):
     return [(distill(1.0), adapter), (distill(0.5), [])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny-wan22-t2v", "tiny-wan21-t2v"])
 def test_bind_switch_unbind_under_every_plan_matches_full_and_restores_base_weights(name, models_root):
     results = {}
@@ -90,6 +91,7 @@ def test_adapter_layers_injected_under_block_offload_get_new_hooks(models_root):
     unbind(model)
 
 
+@pytest.mark.slow
 def test_expert_swap_one_at_a_time_resident_at_the_end_and_binds_written_back(models_root, monkeypatch):
     plan_for = load_plan.choose_plan
     monkeypatch.setattr(load_plan, "choose_plan",
@@ -134,6 +136,7 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(models_root, monkeyp
     assert model_store.load_count(folder) == loads
 
 
+@pytest.mark.slow
 def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_root):
     """The planner streams a text encoder too large for the device even alone (umt5-xxl on 8 GiB); its layers sit
     one level down, so it is offloaded leaf by leaf (block level would make it one group)."""
@@ -161,6 +164,7 @@ def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_ro
         model_store.clear_cache()
 
 
+@pytest.mark.slow
 def test_offload_model_takes_the_denoiser_off_the_device_for_the_decode(models_root):
     """``on_demand`` denoisers are on the device only while denoising: the VAE decode (and the next encode) need
     the room. The decoder's forward starts the decode phase, whichever family code calls it."""

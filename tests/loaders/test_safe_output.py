@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from patching_helpers import write_component_folder
 from safetensors.torch import save_file
 
 from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH
@@ -100,13 +100,7 @@ def test_merge_overwrite_replaces_its_own_output_and_an_empty_folder_takes_one(s
 
 
 def fake_model(root: Path, name: str, tensors: dict) -> str:
-    folder = root / name / "transformer"
-    folder.mkdir(parents=True)
-    save_file(tensors, str(folder / WEIGHTS))
-    # a diffusers folder always has its index; extract finds the main denoiser there
-    (root / name / "model_index.json").write_text(json.dumps(
-        {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}))
-    return str(root / name)
+    return write_component_folder(root, name, tensors)
 
 
 @pytest.fixture

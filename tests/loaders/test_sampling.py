@@ -34,6 +34,7 @@ def _record_forwards(model):
     return calls, handles
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("boundary", [None, 0.7])
 def test_wan22_steps_at_or_above_the_boundary_run_on_the_high_noise_expert(wan22, boundary):
     model, pos, neg, latent = wan22
@@ -50,6 +51,7 @@ def test_wan22_steps_at_or_above_the_boundary_run_on_the_high_noise_expert(wan22
     assert {name for name, _ in calls} == {"transformer", "transformer_2"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cfg, passes", [(1.0, 1), (5.0, 2), ((5.0, 1.0), None)])
 def test_cfg_one_is_a_single_forward_per_step(wan22, cfg, passes):
     model, pos, neg, latent = wan22
@@ -70,6 +72,7 @@ def test_cfg_one_is_a_single_forward_per_step(wan22, cfg, passes):
             assert len(names) == passes
 
 
+@pytest.mark.slow
 def test_same_seed_same_latents_other_seed_differs(wan22):
     model, pos, neg, latent = wan22
     a = denoise(model, pos, neg, latent, _schedule(), seed=7).samples
@@ -108,6 +111,7 @@ def _use_exact_sigmas(pipe, sigmas):
     scheduler.set_timesteps = set_timesteps.__get__(scheduler)
 
 
+@pytest.mark.slow
 def test_wan22_matches_the_diffusers_pipeline_on_the_same_schedule(wan22, tiny_models_root):
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
@@ -129,6 +133,7 @@ def test_wan22_matches_the_diffusers_pipeline_on_the_same_schedule(wan22, tiny_m
     assert torch.allclose(frames, pipe_frames.permute(0, 2, 3, 1), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_qwen_image_matches_the_diffusers_pipeline_and_decodes_to_an_image(load_tiny):
     model = load_tiny("tiny-qwen-image")
     pos, neg = encode_text(model, "a red car"), encode_text(model, "blurry")

@@ -71,6 +71,7 @@ def test_sampler_refuses_a_contract_mismatch_before_binding(models_configured, m
     assert binds == []
 
 
+@pytest.mark.slow
 def test_sampler_reports_the_resolved_schedule(models_configured):
     (handle,) = LoraBindModelLoader().load("tiny-wan22-t2v", "auto")
     encode = LoraBindTextEncode()

@@ -70,6 +70,7 @@ def test_loader_passes_device_plan_and_comfyui_hooks_to_the_model_store(monkeypa
     assert optional["memory"][0] == list(devices.MEMORY_NAMES) and optional["device"][1]["default"] == "auto"
 
 
+@pytest.mark.slow
 def test_run_command_device_and_memory_reach_every_loader(monkeypatch, tmp_path):
     """The tiny Wan2.1 workflow through ``lorabind run --device cpu --memory offload_blocks``: the loader says
     ``auto`` and the sampler's printed report shows the plan the command line chose."""

@@ -43,6 +43,7 @@ def _forwards(model, run):
     return [(name, round(t, 3)) for name, t in calls]
 
 
+@pytest.mark.slow
 def test_sigmas_output_is_comfyui_sigmas_of_the_schedule_that_ran(inputs, registry):
     handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
     (paired,) = WanMoELoRAPair().pair(handle, F.WAN22_HIGH, 1.0, F.WAN22_LOW, 1.0)["result"]
@@ -55,6 +56,7 @@ def test_sigmas_output_is_comfyui_sigmas_of_the_schedule_that_ran(inputs, regist
     assert samples.samples.shape == latent.samples.shape
 
 
+@pytest.mark.slow
 def test_cfg_low_noise_guides_each_wan22_expert_separately(inputs):
     handle, pos, neg, latent = inputs["tiny-wan22-t2v"]
     model = handle.model

@@ -75,6 +75,7 @@ def test_minimax_h3_refuses_single_files_saying_to_use_its_folder(tmp_path):
 
 @pytest.mark.parametrize("name, experts", [("tiny-wan22-t2v", ["transformer", "transformer_2"]),
                                            ("tiny-qwen-image", ["transformer", "transformer"])])
+@pytest.mark.slow
 def test_every_denoiser_forward_goes_through_the_family(name, experts, load_tiny, monkeypatch):
     model = load_tiny(name)
     family = families.family_for(model)
@@ -94,6 +95,7 @@ def test_every_denoiser_forward_goes_through_the_family(name, experts, load_tiny
     assert seen == experts
 
 
+@pytest.mark.slow
 def test_minimax_forwards_go_through_the_family(mm_models, monkeypatch):
     model = mm_models["plain"]
     family = families.family_for(model)

@@ -82,6 +82,7 @@ def _one_step(model, seed=3):
     return out.samples, out.extra["audio"]
 
 
+@pytest.mark.slow
 def test_grouped_qkv_native_lora_equals_the_same_delta_on_to_q_to_k_to_v(mm_models, tmp_path):
     model = mm_models["plain"]
     g = torch.Generator().manual_seed(7)

@@ -50,6 +50,7 @@ def prompts(mm_models):
     return S.encode_prompt(model, "a dog runs in the city"), S.encode_prompt(model, "blurry")
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_other_seed_differs(mm_models, prompts):
     model = mm_models["plain"]
     latent = S.empty_latents(model, 32, 32, 2)
@@ -172,6 +173,7 @@ def test_wav_round_trip_keeps_samples_and_comment(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.wav"]  # no temp file left behind
 
 
+@pytest.mark.slow
 def test_ref2v_turbo_workflow_runs_on_transformer_ref(mm_registry, mm_models):
     workflows = Path(lorabind.__file__).parent / "workflows"
     prompt = json.loads((workflows / "minimax_h3_turbo_4step_768p.api.json").read_text())

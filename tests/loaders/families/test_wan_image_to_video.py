@@ -59,6 +59,7 @@ def _ours(model, width, height, frames, cfg, end=None):
     ("tiny-wan21-i2v", 32, 32, 5, 3.0, False),   # CLIP image branch
     ("tiny-wan22-ti2v", 64, 64, 5, 4.0, False),  # expand_timesteps, 48-channel VAE
 ])
+@pytest.mark.slow
 def test_latent_equals_the_diffusers_image_to_video_pipeline(load_tiny, name, width, height, frames, cfg, with_end):
     model = load_tiny(name)
     end = example_image("end") if with_end else None
@@ -101,6 +102,7 @@ def test_ti2v_first_latent_frame_is_the_vae_encoding_of_the_start_image_exactly(
     assert not torch.equal(result.samples[:, :, 1:], torch.zeros_like(result.samples[:, :, 1:]))
 
 
+@pytest.mark.slow
 def test_ti2v_runs_the_image_frame_at_timestep_zero(load_tiny):
     model = load_tiny("tiny-wan22-ti2v")
     seen = []
@@ -129,6 +131,7 @@ def test_models_that_cannot_take_the_images_are_refused_naming_the_input(load_ti
         image_to_video_latent(model, example_image("start"), end_image, 64, 64, 5)
 
 
+@pytest.mark.slow
 def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_another_kind(load_tiny):
     from lorabind.loaders.generation import check_inputs
 
@@ -163,6 +166,7 @@ def flf2v_model(tmp_path_factory):
     return load_model(str(folder), name="tiny-wan21-flf2v")
 
 
+@pytest.mark.slow
 def test_wan21_first_and_last_frame_equals_the_diffusers_pipeline(flf2v_model):
     """Wan2.1 FLF2V: both images go through the CLIP branch (the end image too) and the VAE condition."""
     end = example_image("end")

@@ -70,6 +70,7 @@ def _check_family(tmp_path, model, family, sd, strip):
     return reference
 
 
+@pytest.mark.slow
 def test_every_wan_spelling_applies_every_tensor(tmp_path, wan22_expert):
     # the reference covers diff, diff_b, diff_m, norm diffs, conv pairs and alpha on non-block layers
     reference = _check_family(tmp_path, wan22_expert, "wan2.2_moe", wan_native_lora(seed=9), "diffusion_model.")

@@ -32,6 +32,7 @@ def test_lightning_style_file_applies_every_tensor(tmp_path, qwen_transformer):
     assert set(acc.applied) == linears  # the generator covers every Linear of the transformer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["diffusion_model", "kohya", "lora_A/B", "no alpha"])
 def test_layouts_give_the_same_patches(tmp_path, qwen_transformer, layout):
     sd = qwen_lora(alpha=4.0, seed=7)

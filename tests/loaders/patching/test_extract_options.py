@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
+from patching_helpers import write_component_folder
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from lorabind.runtime.cli import main
 
@@ -21,8 +21,7 @@ def models(tmp_path):
             "blocks.1.ffn.proj.weight": torch.randn(6, 48)}
     tuned = {key: value + 0.01 * torch.randn_like(value) for key, value in base.items()}
     for name, state in (("base", base), ("tuned", tuned)):
-        (tmp_path / name / "transformer").mkdir(parents=True)
-        save_file(state, str(tmp_path / name / "transformer" / "diffusion_pytorch_model.safetensors"))
+        write_component_folder(tmp_path, name, state)
     return tmp_path
 
 

@@ -65,6 +65,7 @@ def diffusers_fused(make_transformer, path, dtype, strength):
     return {k.replace(".base_layer.", "."): v for k, v in reference.state_dict().items() if "lora_" not in k}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_linears_match_diffusers_fuse(make_model, make_transformer, tmp_path, dtype):
     model = make_model(dtype)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from patching_helpers import expected_value, lightx2v_lora
+from patching_helpers import expected_value, lightx2v_lora, write_component_folder
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -109,6 +109,7 @@ def test_merge_report_says_what_its_counts_count(tiny_wan22_folder, merged, tmp_
     assert report["tensors_copied_unchanged"] == len(component_state(tiny_wan22_folder)) - len(merged["expected"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [None, 16.0])
 def test_extract_at_full_rank_reproduces_the_merged_deltas(tiny_wan22_folder, merged, alpha):
     assert merged["rc"] == 0
@@ -160,13 +161,7 @@ def test_low_rank_factors_truncate_to_the_best_rank_r_approximation():
 
 
 def fake_component(root, name, tensors):
-    folder = root / name / "transformer"
-    folder.mkdir(parents=True)
-    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"))
-    # a diffusers folder always has its index; extract finds the main denoiser there
-    (root / name / "model_index.json").write_text(json.dumps(
-        {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}))
-    return str(root / name)
+    return write_component_folder(root, name, tensors)
 
 
 def test_extract_refuses_mismatched_models_and_writes_nothing(tmp_path, capsys):

@@ -65,6 +65,7 @@ def peft_folder(tmp_path, make_transformer):
     return str(folder), targets
 
 
+@pytest.mark.slow
 def test_peft_folder_with_alpha_not_rank_runs_at_its_exact_scale(make_model, make_transformer, peft_folder):
     folder, targets = peft_folder
     model = make_model()
@@ -127,6 +128,7 @@ def test_scale_zero_switching_and_removal_are_exact(make_model, make_transformer
     assert not hasattr(module, "peft_config") and cache.entries == {}
 
 
+@pytest.mark.slow
 def test_lru_eviction_pinning_and_in_use_protection(make_model, make_transformer, tmp_path):
     ref = make_transformer()
     files = [write_diffusers_lora(tmp_path / f"a{i}.safetensors",
@@ -174,6 +176,7 @@ def test_full_diffs_cannot_be_dynamic(make_model, make_transformer, tmp_path):
     assert report.written == 1
 
 
+@pytest.mark.slow
 def test_fuse_and_adapter_together_then_unbind_restores_everything(make_model, make_transformer, peft_folder, tmp_path):
     folder, _ = peft_folder
     fused = write_diffusers_lora(tmp_path / "fused.safetensors",
@@ -196,6 +199,7 @@ def test_fuse_and_adapter_together_then_unbind_restores_everything(make_model, m
         assert_bit_identical(base[name], module)
 
 
+@pytest.mark.slow
 def test_interrupted_bind_keeps_the_previous_adapters_and_weights(make_model, make_transformer, peft_folder, tmp_path):
     folder, _ = peft_folder
     ref = make_transformer()

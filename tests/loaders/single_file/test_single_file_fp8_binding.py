@@ -111,6 +111,7 @@ def test_distill_pair_fused_into_fp8_experts_then_unbound_leaves_the_file_bytes(
     assert all(torch.equal(restored[k], in_file[k]) for k in in_file)
 
 
+@pytest.mark.slow
 def test_peft_adapter_runs_over_fp8_storage_without_touching_it(root):
     from lorabind.loaders.single_file import fp8
 

@@ -46,6 +46,7 @@ def _render(model, size):
     return images
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_i2v_single_files_in_bf16_render_bit_identical_to_the_folder(models_root, case):
     folder, stems, clip_vision, vae, size, family, pipeline_class = CASES[case]

@@ -25,6 +25,7 @@ def _load(memory: str):
     return model
 
 
+@pytest.mark.slow
 def test_every_memory_plan_renders_bit_identical_to_full(models_root):
     reference = render(_load("full"), frames=5)
     for memory in ("swap_experts", "offload_model", "offload_blocks"):

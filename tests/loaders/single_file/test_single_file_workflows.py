@@ -42,6 +42,7 @@ def _folder_run(case: str):
     return render(model, frames=frames)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_single_files_in_bf16_render_bit_identical_to_the_folder(models_root, case):
     model, detected = _single_file_model(case, "bf16")
@@ -52,6 +53,7 @@ def test_single_files_in_bf16_render_bit_identical_to_the_folder(models_root, ca
     assert from_files.shape == from_folder.shape and torch.equal(from_files, from_folder)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp8_e4m3fn", "fp8_scaled"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_single_files_in_fp8_render_within_the_stated_tolerance(models_root, case, precision):

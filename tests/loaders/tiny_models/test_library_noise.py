@@ -10,6 +10,7 @@ import pytest
 from lorabind.loaders import compat
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(compat.unmet_requirements("minimax_h3")), reason="MiniMax-H3 needs a newer diffusers")
 def test_building_and_loading_minimax_h3_is_quiet(tmp_path, capfd):
     from lorabind.loaders.model_store import load_model

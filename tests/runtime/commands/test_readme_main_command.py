@@ -8,6 +8,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 import lorabind
 from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
@@ -22,6 +24,7 @@ def readme_main_command() -> list:
     return shlex.split(line.split("lorabind run ", 1)[1])
 
 
+@pytest.mark.slow
 def test_readme_main_command_runs_the_lightx2v_pair_and_says_so(tiny_models_root, tmp_path, capsys):
     (workflow,) = readme_main_command()
     assert workflow == "workflows/wan22_lightx2v_4step.json"

@@ -28,6 +28,7 @@ def run(models_root, tmp_path, name, *extra):
         folder_paths.configure()
 
 
+@pytest.mark.slow
 def test_following_the_contract_errors_advice_on_the_command_line_runs_and_records_the_override(
         models_root, tmp_path, capsys):
     assert run(models_root, tmp_path, "wan22_mismatched_contract") == 1

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lorabind
 from lorabind.runtime.scale_out.fingerprint import binding_fingerprint
 from lorabind.runtime.scale_out.outputs import place_files, rename_in_ui, take_files
@@ -78,6 +80,7 @@ def test_a_carried_file_cannot_leave_the_front_folder(tmp_path):
         raise AssertionError("a subfolder escaping the output folder was accepted")
 
 
+@pytest.mark.slow
 def test_the_single_machine_server_never_imports_ray(tmp_path):
     code = ("import sys; from lorabind.runtime.server import ServerConfig, create_app; "
             f"create_app(ServerConfig(port=0, models_root={str(tmp_path / 'm')!r}, output_dir="

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from server_client import Client, run_async
 from server_fake_nodes import FAKE_NODES, count_and_save
 
@@ -165,6 +167,7 @@ def test_websocket_feature_flags_and_reconnect_status(server):
     run_async(body)
 
 
+@pytest.mark.slow
 def test_free_resets_the_worker_cache_between_prompts(server):
     async def body():
         client = Client(server.url)

@@ -97,6 +97,7 @@ def test_stopping_says_it_interrupts_the_running_prompt(tmp_path, caplog):
     assert any(line.startswith(f"prompt {pid} interrupted at node 1 (SrvCountSteps)") for line in server_lines(caplog))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT")
 def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
     with socket.socket() as probe:
