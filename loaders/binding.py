@@ -53,8 +53,11 @@ class BindingState:
 
 @dataclass
 class BindReport:
-    fuses: list = field(default_factory=list)  # per fuse: name, path, component, strength, accounting dict
-    adapters: list = field(default_factory=list)  # per active adapter: name, path, component, scale, accounting
+    # per fuse: name, component, strength, accounting dict; per active adapter: name, component, scale, accounting.
+    # Files are named as the graph names them (relative to the loras folder), never by path: the report is the
+    # sampler's UI output, which reaches the browser and /history.
+    fuses: list = field(default_factory=list)
+    adapters: list = field(default_factory=list)
     written: int = 0  # tensors (re)patched by this bind
     restored: int = 0  # tensors returned to their original by this bind
     unchanged: int = 0  # patched tensors left as they were (same contributions)
@@ -134,7 +137,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
         targets, accounting = _accounted_targets(model, state, spec, lenient or spec.lenient, content_key)
         layers.append(PatchLayer(key=content_key, component=spec.component,
                                  strength=float(spec.strength), targets=targets, name=_label(spec)))
-        report.fuses.append({"name": _label(spec), "path": spec.path, "component": spec.component,
+        report.fuses.append({"name": _label(spec), "component": spec.component,
                              "strength": float(spec.strength), "accounting": copy.deepcopy(accounting)})
     state.patcher.plan(layers)
     wanted_adapters = []
@@ -146,7 +149,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
         key = cache_key(spec.path, spec.component)
         groups = None if key in state.adapters.entries else to_peft_groups(targets, _label(spec))
         wanted_adapters.append((key, spec, groups))
-        report.adapters.append({"name": _label(spec), "path": spec.path, "component": spec.component,
+        report.adapters.append({"name": _label(spec), "component": spec.component,
                                 "scale": float(spec.scale), "accounting": copy.deepcopy(accounting)})
 
     cache = state.adapters

@@ -16,6 +16,7 @@ import contextlib
 import os
 import threading
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +44,11 @@ class LoadedModel:
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 
-_cache: dict[tuple, LoadedModel] = {}
+# Every model loaded and still alive, by key. Weak, so that what keeps a model alive is decided in one place:
+# ``_kept`` below, or (inside ComfyUI, see ``follow_host_node_cache``) the host's node cache holding its handles.
+_cache: "weakref.WeakValueDictionary[tuple, LoadedModel]" = weakref.WeakValueDictionary()
+_kept: dict[tuple, LoadedModel] = {}  # the store's own strong references, unless the host owns model lifetime
+_host_owns_lifetime = False
 _load_counts: dict[str, int] = {}
 _lock = threading.Lock()
 
@@ -159,11 +164,32 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     ``load_workers`` (default ``default_load_workers()``) > 1 loads a sharded model's files in parallel
     (``parallel_loading``: 283 s -> 56 s for a 64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement).
     """
+    folder = Path(path).expanduser().resolve()
+    label = name or folder.name
+    with _errors_name_the_model(folder, label):
+        return _load_model(folder, label, dtype, device, memory, attention, compile, on_progress,
+                           before_device_alloc, load_workers)
+
+
+@contextlib.contextmanager
+def _errors_name_the_model(folder: Path, label: str):
+    """A ``ModelLoadError`` names the model by ``label`` (its name under the models folder), never by its absolute
+    path: the message reaches the browser and ``/history``. Library messages quoting the folder's files are
+    rewritten the same way (``tiny-wan21-t2v/transformer/diffusion_pytorch_model.safetensors``)."""
+    try:
+        yield
+    except ModelLoadError as exc:
+        if str(folder) not in str(exc):
+            raise
+        raise ModelLoadError(str(exc).replace(str(folder), label)) from exc.__cause__
+
+
+def _load_model(folder: Path, label: str, dtype, device, memory, attention, compile, on_progress,
+                before_device_alloc, load_workers) -> LoadedModel:
     from . import load_plan, placement, speed
     from .devices import resolve_device, resolve_memory
     from .families import family_by_id
 
-    folder = Path(path).expanduser().resolve()
     index_file = folder / "model_index.json"
     model_index = read_model_index(folder)
     torch_dtype = resolve_dtype(dtype)
@@ -174,7 +200,7 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
 
     def load() -> LoadedModel:
         family = detect_family(model_index)
-        require_libraries(model_index, family, f"{folder.name} ({family})")
+        require_libraries(model_index, family, f"{label} ({family})")
         refuse_pickle_weights(folder, model_index)
         speed.check_attention(attention, torch_device)
         plan = load_plan.choose_plan(folder, model_index, device=torch_device, memory=memory_name, dtype=torch_dtype)
@@ -185,31 +211,31 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
             with quiet_library_progress(), shard_loading(workers):
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
         except Exception as exc:
-            raise ModelLoadError(f"{folder}: cannot load the {family} pipeline: {exc}") from exc
+            raise ModelLoadError(f"{label}: cannot load the {family} pipeline: {exc}") from exc
         if hasattr(pipeline, "set_progress_bar_config"):
             pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
-        components = _denoisers(pipeline, model_index, folder, family)
+        components = _denoisers(pipeline, model_index, label, family)
         placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device,
                                           family_by_id(family).component_roles(model_index))
         placed.apply(on_progress)
         speed.apply_speed_options(components, attention=attention, compile=compile)
         _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
         return LoadedModel(
-            path=str(folder), name=name or folder.name, family=family, pipeline=pipeline,
+            path=str(folder), name=label, family=family, pipeline=pipeline,
             components=components, model_index=model_index, placement=placed,
         )
 
     return load_shared(key, load)
 
 
-def _denoisers(pipeline, model_index: dict, folder: Path, family: str) -> dict:
+def _denoisers(pipeline, model_index: dict, label: str, family: str) -> dict:
     """{name: module} of the index's denoisers, in eval mode without gradients; one the installed diffusers
     dropped (an older release ignores an unknown component with only a warning) is refused by name."""
     listed = denoiser_names(model_index)
     components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
     dropped = sorted(set(listed) - set(components))
     if dropped:
-        raise ModelLoadError(f"{folder}: model_index.json lists {dropped} but the installed diffusers did not "
+        raise ModelLoadError(f"{label}: model_index.json lists {dropped} but the installed diffusers did not "
                              f"load them; {family} needs a newer diffusers")
     for module in components.values():
         module.eval().requires_grad_(False)
@@ -230,9 +256,26 @@ def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:
             return cached
         model = load()
         for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
+            _kept.pop(stale, None)
             _release(_cache.pop(stale))
         _cache[key] = model
+        if not _host_owns_lifetime:
+            _kept[key] = model
         return model
+
+
+def follow_host_node_cache() -> None:
+    """From now on a model lives exactly as long as something outside the store holds it (its handles in the
+    host's node cache), instead of until ``clear_cache``.
+
+    Why: inside ComfyUI the node cache decides what stays in memory. Its "Free model and node cache" drops the
+    cached node outputs and collects garbage, and that must free our models too (RAM on a CPU machine, where
+    "unload models" has no device memory to give back). Models already loaded stay while their handles do.
+    Headless, the runtime keeps the store's own references (its ``/free`` calls ``clear_cache``)."""
+    global _host_owns_lifetime
+    with _lock:
+        _host_owns_lifetime = True
+        _kept.clear()
 
 
 def _release(model: LoadedModel) -> None:
@@ -264,6 +307,7 @@ def loaded_models() -> list[LoadedModel]:
 def clear_cache() -> None:
     """Forget every loaded model (tests; the server's "free memory" request), giving device memory back first."""
     with _lock:
-        for model in _cache.values():
+        for model in list(_cache.values()):
             _release(model)
         _cache.clear()
+        _kept.clear()

@@ -28,5 +28,7 @@ for _name in _NODE_MODULES:
     NODE_CLASS_MAPPINGS.update(_module.NODE_CLASS_MAPPINGS)
     NODE_DISPLAY_NAME_MAPPINGS.update(getattr(_module, "NODE_DISPLAY_NAME_MAPPINGS", {}))
 
-# Inside ComfyUI its server answers the editor's routes too (headless, ``lorabind serve`` registers them itself).
+# Inside ComfyUI its server answers the editor's routes too (headless, ``lorabind serve`` registers them itself),
+# and its unload / free-cache controls reach our models from the first prompt on.
 comfy_bridge.add_server_routes(editor_routes.ROUTES)
+comfy_bridge.follow_comfyui_memory_management()

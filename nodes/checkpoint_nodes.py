@@ -111,7 +111,6 @@ class LoraBindCheckpointLoader:
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
         image_encoder = resolve_file("clip_vision", clip_vision) if clip_vision != NO_FILE else None
-        comfy_bridge.install_unload_hook()
         return usecases.load_checkpoint_files(
             denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder), image_encoder,
             dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,

@@ -14,7 +14,7 @@ import os
 from functools import lru_cache
 
 from ..usecases import host
-from ..usecases.model_folders import find_peft_folder, peft_folder_names, safe_relative_name
+from ..usecases.model_folders import find_peft_folder, lora_names as list_loras, safe_relative_name
 
 
 @lru_cache(maxsize=1)
@@ -38,13 +38,11 @@ def folder_paths():
 
 
 def lora_names() -> list[str]:
-    """LoRA files and PEFT adapter folders under the loras folders. ComfyUI's own list has files only, so inside
-    ComfyUI the PEFT folders under its loras folders are added. Names that link out of the loras folders are left
-    out, as ``lora_full_path`` refuses them."""
-    paths = folder_paths()
-    names = list(paths.get_filename_list("loras"))
-    if _comfy_modules() is not None:
-        names = sorted(set(names) | set(peft_folder_names(paths.get_folder_paths("loras"))))
+    """LoRA files and PEFT adapter folders under the loras folders: one rule inside ComfyUI and headless
+    (``usecases.model_folders.lora_names``), so a prompt valid in one is valid in the other; ComfyUI's own list
+    would add each PEFT folder's inner weight file and pickle files. Names that link out of the loras folders
+    are left out, as ``lora_full_path`` refuses them."""
+    names = list_loras(folder_paths().get_folder_paths("loras"))
     roots = _real_lora_roots()
     return [name for name in names if _stays_inside(_listed_lora_path(name), roots)]
 
@@ -157,15 +155,29 @@ def free_device_memory(nbytes: int, device) -> None:
 _UNLOAD_HOOK_MARK = "_lorabind_releases_too"
 
 
+def follow_comfyui_memory_management() -> bool:
+    """Inside ComfyUI, at pack import: our models follow ComfyUI's memory controls from the start, before any
+    model loads. "Unload models" (its ``/free`` route, the button, out-of-memory recovery) gives our device
+    memory back; "Free model and node cache" also drops ComfyUI's node cache, and with it our models, since
+    the model store then keeps a model only while a cached handle holds it. False headless."""
+    if not install_unload_hook():
+        return False
+    from .. import usecases
+
+    usecases.follow_host_node_cache()
+    return True
+
+
 def install_unload_hook() -> bool:
-    """Make ComfyUI's "unload models" (its ``/free`` route, the Unload Models button, out-of-memory recovery)
-    release our models' device memory too. ComfyUI has no callback registry for this, so we wrap
-    ``model_management.unload_all_models`` once; the wrapper calls ours, then ComfyUI's. False headless."""
+    """Make ComfyUI's ``model_management.unload_all_models`` release our models' device memory too. ComfyUI has
+    no callback registry for this, so we wrap it once; the wrapper calls ours, then ComfyUI's. False headless."""
     mods = _comfy_modules()
     if mods is None:
         return False
     model_management = mods[2]
-    current = model_management.unload_all_models
+    current = getattr(model_management, "unload_all_models", None)
+    if current is None:  # a ComfyUI without it has no unload control to follow
+        return False
     if getattr(current, _UNLOAD_HOOK_MARK, False):
         return True
 

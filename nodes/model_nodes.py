@@ -8,7 +8,7 @@ from typing import Optional
 from .. import usecases
 from ..usecases import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
 from . import comfy_bridge
-from .comfy_bridge import ProgressBar, folder_paths
+from .comfy_bridge import WorkProgress, folder_paths
 
 
 def list_model_folders() -> list[str]:
@@ -107,13 +107,12 @@ class LoraBindModelLoader:
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
              max_cached_adapters=0):
         folder = resolve_model_folder(model_name)
-        progress = ProgressBar(1)
-        comfy_bridge.install_unload_hook()
+        # placing components is work, not sampling steps: ComfyUI clients count every `progress` message as a step
+        placing = WorkProgress("placing model components")
         handle = usecases.load_model(
             folder, name=model_name, max_cached_adapters=max_cached_adapters, dtype=dtype,
             device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
-            attention=attention, compile=compile,
-            on_progress=lambda done, total: progress.update_absolute(done, total=total),
+            attention=attention, compile=compile, on_progress=placing.update,
             before_device_alloc=comfy_bridge.free_device_memory)
         return (handle,)
 

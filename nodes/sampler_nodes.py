@@ -46,6 +46,11 @@ def _expert_switch_lines(report: dict) -> list[str]:
             for step in range(1, len(experts)) if experts[step] != experts[step - 1]]
 
 
+def _bind_label(model) -> str:
+    """What the bind's work is called while it runs: without fuses it can only restore layers to base weights."""
+    return "binding LoRA layers" if model.fuses else "restoring base weights"
+
+
 class LoraBindSampler:
     DESCRIPTION = (
         "Flow-matching Euler sampler over an explicit sigma schedule. Before touching any weight it checks the "
@@ -118,7 +123,7 @@ class LoraBindSampler:
         # clients read every step-progress message as a sampling step.
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
-            on_bind=WorkProgress("binding LoRA layers").update, check_interrupt=check_interrupted)
+            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted)
         sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
                 "result": (samples, sigmas)}

@@ -15,10 +15,9 @@ import os
 import time
 
 # the one folder walker and name rules (shared with the nodes inside ComfyUI); re-exported in ComfyUI's shape
-from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, peft_folder_names,  # noqa: F401
-                                      safe_relative_name, walk)
+from ..usecases.model_folders import (PEFT_CONFIG, SAFETENSORS_EXTENSIONS, find_peft_folder,  # noqa: F401
+                                      lora_names, safe_relative_name, walk)
 
-SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)
 
@@ -82,20 +81,18 @@ def _kind(folder_name: str) -> tuple[list[str], set[str]]:
 def get_filename_list(folder_name: str) -> list[str]:
     """Sorted relative names (``/``-separated) of every model of a kind across its directories.
 
-    ``diffusers``: folders containing ``model_index.json``. Otherwise files with an allowed extension, plus,
-    for ``loras``, PEFT folders (``adapter_config.json``), whose inner files are not listed separately.
+    ``diffusers``: folders containing ``model_index.json``; ``loras``: ``lora_names`` (PEFT folders as themselves).
+    Otherwise files with an allowed extension.
     """
     paths, extensions = _kind(folder_name)
+    if folder_name == "loras":
+        return lora_names(paths)
     names: set[str] = set()
     for prefix, dirs, files in walk(paths):
         if FOLDER in extensions:
             if "model_index.json" in files and prefix:
                 names.add(prefix.rstrip("/"))
                 dirs[:] = []
-            continue
-        if folder_name == "loras" and PEFT_CONFIG in files and prefix:
-            names.add(prefix.rstrip("/"))
-            dirs[:] = []
             continue
         for file in files:
             if not extensions or os.path.splitext(file)[1].lower() in extensions:

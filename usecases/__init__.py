@@ -28,7 +28,7 @@ _EXPORTS = {
     "..loaders.generation": ("encode_text", "empty_latent", "image_to_video_latent", "decode"),
     "..loaders.contracts": ("lora_file_contract", "model_folder_contract"),
     "..loaders.devices": ("MEMORY_NAMES", "device_choices"),
-    "..loaders.model_store": ("DTYPE_NAMES", "release_device_memory"),
+    "..loaders.model_store": ("DTYPE_NAMES", "release_device_memory", "follow_host_node_cache"),
     "..loaders.speed": ("ATTENTION_NAMES",),
     "..loaders.single_file.fp8": ("ROUNDINGS",),
     "..loaders.peft_adapters": ("file_identity",),

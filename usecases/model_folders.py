@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 PEFT_CONFIG = "adapter_config.json"
+SAFETENSORS_EXTENSIONS = {".safetensors", ".sft"}
 MODEL_INDEX = "model_index.json"
 
 
@@ -51,10 +52,19 @@ def folders_holding(roots: Iterable[str], marker: str) -> list[str]:
     return sorted(names)
 
 
-def peft_folder_names(roots: list[str]) -> list[str]:
-    """PEFT adapter folders (holding ``adapter_config.json``) under ``roots``, as relative names. For ComfyUI,
-    whose own ``loras`` list has files only."""
-    return folders_holding(roots, PEFT_CONFIG)
+def lora_names(roots: list[str]) -> list[str]:
+    """The one LoRA list, headless and inside ComfyUI: the safetensors files and PEFT adapter folders (holding
+    ``adapter_config.json``) under ``roots``, as relative names. A PEFT folder is listed as itself, never its
+    inner ``adapter_model.safetensors``, and pickle formats are not listed (the pack refuses them); ComfyUI's
+    own ``loras`` list has both, so inside ComfyUI the pack lists with this function too."""
+    names: set[str] = set()
+    for prefix, dirs, files in walk(roots):
+        if PEFT_CONFIG in files and prefix:
+            names.add(prefix.rstrip("/"))
+            dirs[:] = []
+            continue
+        names.update(prefix + file for file in files if os.path.splitext(file)[1].lower() in SAFETENSORS_EXTENSIONS)
+    return sorted(names)
 
 
 def safe_relative_name(folder_name: str, filename: str) -> str:

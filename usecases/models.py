@@ -54,8 +54,9 @@ def resolve_model(registry, model_name: str) -> Path:
     default_root = next((r for r in roots if r.name == MODEL_FOLDER_KIND), None)
     if model_name in BUILTIN_NAMES and default_root is not None:
         return build_builtin(model_name, default_root.parent)  # builders write <models root>/diffusers/<name>
-    searched = ", ".join(str(r) for r in roots) or "(no diffusers folder configured)"
-    raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json under {searched}")
+    # named as the models folder names it, not by absolute path: the message reaches the browser
+    raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json in the "
+                            f"{MODEL_FOLDER_KIND} model folder{'s' if len(roots) > 1 else ''}")
 
 
 def load_model(folder: Path, *, name: str, max_cached_adapters: int = 0, **options) -> ModelHandle:

@@ -70,7 +70,7 @@ def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
 def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None) -> list[Path]:
     """(Re)build built-in models and return every path written.
 
-    ``names=None`` builds everything the installed libraries support (``unavailable_builtins`` names what is
+    ``names=None`` builds every model the installed libraries support (``unavailable_builtins`` names what is
     skipped and why): the models above, the MiniMax-H3 models, the fixture LoRAs (files with the real
     published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models), the tiny
     single files in ComfyUI's folders (``single_files``) and, with ``input_dir``, the example start/end images
@@ -82,8 +82,10 @@ def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=Non
     if names is None:
         skipped = unavailable_builtins()
         written = _build_recipes([name for name in BUILTIN_NAMES if name not in skipped], models_root)
-        if minimax_h3.TINY_NAME not in skipped:
-            written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
+        # written even when the MiniMax-H3 models cannot be built here (they need only torch): the examples
+        # then pass validation and the model loader refuses them naming the diffusers version needed, instead
+        # of ComfyUI answering "Value not in list" for the LoRA
+        written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
         written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
         written += single_files.write_tiny_single_files(models_root)
         if input_dir is not None:

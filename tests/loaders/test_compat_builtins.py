@@ -31,3 +31,19 @@ def test_loading_a_folder_of_a_newer_family_names_the_version(tiny_models_root, 
     monkeypatch.setattr(compat, "installed_version", lambda name: {"transformers": "4.46.3"}.get(name, "9.0"))
     with pytest.raises(ModelLoadError, match=r"my-qwen \(qwen_image\) needs transformers >= 4\.49 \(installed 4\.46\.3\)"):
         load_model(folder)
+
+
+def test_build_tiny_writes_the_minimax_fixture_loras_even_where_the_models_cannot_be_built(
+        diffusers_0_35, tmp_path, monkeypatch):
+    """Listed fixtures let a MiniMax-H3 example pass validation inside ComfyUI, so that its model loader refuses it
+    with the version message (ComfyUI would otherwise answer "Value not in list" for the LoRA)."""
+    from lorabind.loaders import tiny_models
+    from lorabind.loaders.tiny_models import minimax_h3
+
+    built = []  # the model builds are recorded, not run: only the MiniMax-H3 part of the build matters here
+    monkeypatch.setattr(tiny_models, "_build_recipes", lambda names, root: built.extend(names) or [])
+    monkeypatch.setattr(tiny_models.single_files, "write_tiny_single_files", lambda root: [])
+    tiny_models.build_tiny(tmp_path)
+    assert built and not [name for name in built if name.startswith("tiny-minimax-h3")]
+    assert sorted(n for n in minimax_h3.FIXTURE_NAMES if (tmp_path / "loras" / n).is_file()) == sorted(
+        minimax_h3.FIXTURE_NAMES)

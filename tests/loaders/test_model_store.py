@@ -73,3 +73,63 @@ def test_missing_folder_names_the_file(tmp_path):
     (tmp_path / "broken" / "model_index.json").write_text(json.dumps({"_class_name": "WanPipeline"}))
     with pytest.raises(ModelLoadError, match="broken"):
         load_model(tmp_path / "broken")
+
+
+def test_a_failing_load_names_the_model_and_its_files_relative_never_by_absolute_path(tiny_models_root, tmp_path):
+    """The message reaches the browser and /history (inside ComfyUI too): the folder by its model name."""
+    folder = shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", tmp_path / "broken-wan21")
+    (folder / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(folder, name="team/broken-wan21")
+    message = str(caught.value)
+    assert message.startswith("team/broken-wan21: cannot load the wan2.1 pipeline: ")
+    assert "team/broken-wan21/transformer/diffusion_pytorch_model.safetensors" in message
+    assert str(tmp_path) not in message and "/tmp" not in message
+
+
+@pytest.fixture
+def fresh_store(monkeypatch):
+    """The model store's cache state, swapped for an empty one for one test (lifetime mode included)."""
+    import weakref
+
+    from lorabind.loaders import model_store
+
+    monkeypatch.setattr(model_store, "_cache", weakref.WeakValueDictionary())
+    monkeypatch.setattr(model_store, "_kept", {})
+    monkeypatch.setattr(model_store, "_host_owns_lifetime", False)
+    return model_store
+
+
+def _stand_in_model(name):
+    from lorabind.loaders.model_store import LoadedModel
+
+    return LoadedModel(path=f"/models/{name}", name=name, family="wan2.1", pipeline=None)
+
+
+def test_headless_the_store_keeps_models_until_it_is_cleared(fresh_store):
+    import gc
+
+    fresh_store.load_shared(("/models/a", 1), lambda: _stand_in_model("a"))
+    gc.collect()
+    assert [m.name for m in fresh_store.loaded_models()] == ["a"]
+    fresh_store.clear_cache()
+    assert fresh_store.loaded_models() == []
+
+
+def test_when_the_host_owns_lifetime_a_model_lives_as_long_as_a_handle_holds_it(fresh_store):
+    """Inside ComfyUI: its "Free model and node cache" drops the cached handles, and that frees our models."""
+    import gc
+
+    kept_from_before = fresh_store.load_shared(("/models/a", 1), lambda: _stand_in_model("a"))
+    fresh_store.follow_host_node_cache()
+    held = fresh_store.load_shared(("/models/b", 1), lambda: _stand_in_model("b"))
+    assert fresh_store.load_shared(("/models/b", 1), lambda: _stand_in_model("b again")) is held  # still shared
+    gc.collect()
+    assert sorted(m.name for m in fresh_store.loaded_models()) == ["a", "b"]
+    del kept_from_before
+    gc.collect()
+    assert [m.name for m in fresh_store.loaded_models()] == ["b"]
+    del held
+    gc.collect()
+    assert fresh_store.loaded_models() == []
+    assert fresh_store.load_shared(("/models/b", 1), lambda: _stand_in_model("b reloaded")).name == "b reloaded"

@@ -57,9 +57,11 @@ def test_bridge_falls_back_to_the_runtime_without_comfyui():
     assert comfy_bridge.folder_paths() is runtime_folder_paths
 
 
-def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_comfyui):
+def test_comfyui_style_import_by_path_lists_our_nodes_from_comfyui_folders(fake_comfyui, tmp_path):
     """ComfyUI loads custom_nodes/<pack>/__init__.py by path, naming the module after the full path with every
-    "." replaced by "_x_" (so only relative imports can work)."""
+    "." replaced by "_x_" (so only relative imports can work). LoRAs are listed from ComfyUI's loras folders."""
+    (tmp_path / "loras").mkdir()
+    (tmp_path / "loras" / "loras-from-comfyui.safetensors").write_bytes(b"x")
     with _pack_loaded_by_path() as (module, _):
         mappings = module.NODE_CLASS_MAPPINGS
         assert module.WEB_DIRECTORY == "./web"
@@ -87,21 +89,25 @@ def _pack_loaded_by_path():
 
 
 def test_peft_folders_are_offered_and_resolved_inside_comfyui(monkeypatch, tmp_path):
-    """ComfyUI lists and finds only files under models/loras; PEFT adapter folders are added by the pack."""
+    """ComfyUI lists and finds only files under models/loras (a PEFT folder's inner weight file and pickle files
+    too); the pack lists by the headless rule: PEFT folders as themselves, safetensors only."""
     from lorabind.nodes import adapter_nodes
+    from lorabind.runtime import folder_paths as runtime_folder_paths
 
     loras = tmp_path / "loras"
     (loras / "styles" / "ink").mkdir(parents=True)
     (loras / "styles" / "ink" / "adapter_config.json").write_text("{}")
     (loras / "styles" / "ink" / "adapter_model.safetensors").write_bytes(b"x")
     (loras / "plain.safetensors").write_bytes(b"x")
+    (loras / "old.ckpt").write_bytes(b"x")
     files_only = types.SimpleNamespace(
-        get_filename_list=lambda kind: ["plain.safetensors"],
+        get_filename_list=lambda kind: ["old.ckpt", "plain.safetensors", "styles/ink/adapter_model.safetensors"],
         get_full_path=lambda kind, name: str(loras / name) if (loras / name).is_file() else None,
         get_folder_paths=lambda kind: [str(loras)])
     install_comfyui_modules(monkeypatch, files_only)
     try:
         assert adapter_nodes.lora_choices() == ["plain.safetensors", "styles/ink"]
+        assert runtime_folder_paths.lora_names([str(loras)]) == adapter_nodes.lora_choices()  # the headless rule
         assert adapter_nodes.resolve_lora("styles/ink", "lora_name", "LoadPEFTAdapter") == str(loras / "styles" / "ink")
         with pytest.raises(ValueError, match="'..' would leave"):
             comfy_bridge.lora_full_path("../loras/styles/ink")

@@ -99,3 +99,15 @@ def test_run_command_refuses_a_bad_device(tmp_path, capsys):
 
     assert main(["run", str(tmp_path / "w.json"), "--device", "gpu0"]) == 2
     assert "--device: unknown device 'gpu0'" in capsys.readouterr().err
+
+
+def test_inside_comfyui_the_pack_follows_its_memory_controls_from_import_on(fake_model_management, monkeypatch):
+    """Before any model loads: the unload hook is in, and the store leaves model lifetime to ComfyUI's node cache."""
+    management, calls = fake_model_management
+    switched = []
+    monkeypatch.setattr(model_store, "follow_host_node_cache", lambda: switched.append(1))
+    assert comfy_bridge.follow_comfyui_memory_management() is True
+    assert switched == [1] and getattr(management.unload_all_models, "_lorabind_releases_too")
+    monkeypatch.setitem(sys.modules, "comfy.model_management", None)  # headless: nothing to follow
+    comfy_bridge._comfy_modules.cache_clear()
+    assert comfy_bridge.follow_comfyui_memory_management() is False and switched == [1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from patching_helpers import (assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora)
@@ -72,6 +74,8 @@ def test_bind_fuses_each_file_into_its_component(make_model, loras):
     # every tensor of the attn file (A, B, alpha, diff_b per module) is accounted as applied
     assert report.fuses[0]["accounting"]["counts"]["applied"] == 4 * len(attn)
     assert report.to_dict()["written"] == report.written
+    # the report is the sampler's UI output: files by name only, no local path (loras[...][0] is one)
+    assert loras["attn"][0].startswith("/") and loras["attn"][0] not in json.dumps(report.to_dict())
 
 
 def test_rebinding_the_same_patch_set_writes_nothing(make_model, loras):

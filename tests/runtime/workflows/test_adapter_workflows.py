@@ -216,3 +216,26 @@ def test_sampler_reports_fuse_layers_as_work_and_only_steps_as_progress(executor
         ("binding LoRA layers", "running", sampler, "fuse-progress")}
     names = [name for name, _ in events]
     assert names.index("progress_state") < names.index("progress")  # binding, then the steps
+
+    # the same sampler without the LoRA only restores the fused layers: its work is named for that
+    prompt["6"]["inputs"]["model"] = ["1", 0]
+    events.clear()
+    assert executor.execute(prompt, "restore-progress", on_event=lambda name, data: events.append((name, data))).success
+    labels = {d["nodes"][sampler]["label"] for name, d in events if name == "progress_state" and sampler in d["nodes"]}
+    assert labels == {"restoring base weights"}
+    assert [(d["value"], d["max"]) for name, d in events if name == "progress"] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+
+
+def test_model_loader_reports_placing_components_as_work_never_as_steps(executor, tmp_path):
+    """A fresh load places each component: labelled work (``progress_state``), so no client counts it as a step."""
+    from lorabind.loaders import model_store
+
+    model_store.clear_cache()
+    events = []
+    result = executor.execute(load("wan21_distill"), "load-progress",
+                              on_event=lambda name, data: events.append((name, data)))
+    assert result.success
+    loader_work = [d["nodes"]["1"] for name, d in events if name == "progress_state" and "1" in d["nodes"]]
+    assert loader_work and {w["label"] for w in loader_work} == {"placing model components"}
+    assert loader_work[-1]["value"] == loader_work[-1]["max"] > 1
+    assert {d["node"] for name, d in events if name == "progress"} == {"6"}  # only the sampler's steps

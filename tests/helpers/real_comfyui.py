@@ -1,0 +1,176 @@
+"""Real ComfyUI (0.3.64, the test peer in ``../shared/peers/``) with this pack loaded, held up for a test module.
+
+``real-comfyui.sh`` builds ComfyUI's venv on first use (about 60-80 s, cached under ``~/.cache/real-comfyui/``),
+installs the pack's requirements, starts ComfyUI on CPU with the pack symlinked into ``custom_nodes/lorabind``
+and then runs our ``--exec`` command, which here only reports the URL and waits for the test to say stop. So one
+start serves every test of a module, and each test talks to ComfyUI's own HTTP and WebSocket API.
+
+The harness lives beside the repository, not in it: ``$LORABIND_REAL_COMFYUI`` names it, else the first
+``shared/peers/real-comfyui.sh`` above the repository. Without it the tests are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARNESS_VARIABLE = "LORABIND_REAL_COMFYUI"
+PROBE_PACK = Path(__file__).with_name("comfyui_probe_pack.py")
+START_TIMEOUT_S = 1500  # a first venv build (pip) plus the pack's requirements; a warm start takes seconds
+
+
+def harness_script() -> Path | None:
+    """``real-comfyui.sh``: ``$LORABIND_REAL_COMFYUI``, else ``shared/peers/`` in a folder above the repository."""
+    named = os.environ.get(HARNESS_VARIABLE)
+    if named:
+        return Path(named)
+    for folder in REPO_ROOT.parents:
+        candidate = folder / "shared" / "peers" / "real-comfyui.sh"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def require_harness() -> Path:
+    script = harness_script()
+    if script is None:
+        pytest.skip(f"no real ComfyUI harness (shared/peers/real-comfyui.sh above {REPO_ROOT}, or "
+                    f"${HARNESS_VARIABLE})")
+    return script
+
+
+@dataclass
+class PromptRun:
+    """One prompt's answer from /prompt and, when it was queued, its WebSocket messages and /history entry."""
+
+    status: int
+    body: dict
+    messages: list = field(default_factory=list)
+    history: dict = field(default_factory=dict)
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [m["data"] for m in self.messages if m.get("type") == kind]
+
+    @property
+    def error(self) -> dict | None:
+        errors = self.of_type("execution_error")
+        return errors[0] if errors else None
+
+
+class RealComfyUI:
+    """ComfyUI up with the pack (``with RealComfyUI(...) as comfy``); ``comfy.url``, ``comfy.base``."""
+
+    def __init__(self, work_dir: Path, models_dir: Path, *, venv: Path | None = None, pip: str = "",
+                 env: dict | None = None):
+        self.work_dir, self.models_dir = Path(work_dir), Path(models_dir)
+        self.venv, self.pip, self.extra_env = venv, pip, env or {}
+        self.url = ""
+        self.base = Path()
+        self._process = None
+
+    def __enter__(self) -> "RealComfyUI":
+        script = require_harness()
+        ready, self._stop = self.work_dir / "ready", self.work_dir / "stop"
+        wait = (f'echo "$COMFY_URL $COMFY_BASE" > "{ready}.tmp" && mv "{ready}.tmp" "{ready}"; '
+                f'while [ ! -e "{self._stop}" ]; do sleep 0.2; done')
+        command = ["bash", str(script), "--name", "lorabind", "--models-dir", str(self.models_dir),
+                   "--extra-pack", str(PROBE_PACK), "--exec", wait]
+        if self.venv is not None:
+            command += ["--venv", str(self.venv)]
+        if self.pip:
+            command += ["--pip", self.pip, "--no-pack-reqs"]
+        self._log = self.work_dir / "harness.log"
+        self._process = subprocess.Popen(command + [str(REPO_ROOT)], stdout=self._log.open("w"),
+                                         stderr=subprocess.STDOUT, env={**os.environ, **self.extra_env})
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.exists():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise AssertionError(f"real ComfyUI did not come up:\n{self.log_tail()}")
+            time.sleep(0.5)
+        url, base = ready.read_text().split()
+        self.url, self.base = url, Path(base)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.touch()
+        try:
+            self._process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self._log.read_text(errors="replace").splitlines()[-lines:])
+
+    def get(self, path: str):
+        return asyncio.run(self._get(path))
+
+    def post(self, path: str, body: dict):
+        return asyncio.run(self._post(path, body))
+
+    def run(self, prompt: dict, timeout: float = 300) -> PromptRun:
+        """Queue ``prompt`` and follow it on the WebSocket until ComfyUI says it is done."""
+        return asyncio.run(self._run(prompt, timeout))
+
+    async def _get(self, path: str):
+        async with aiohttp.ClientSession() as session, session.get(self.url + path) as response:
+            return response.status, await response.json()
+
+    async def _post(self, path: str, body: dict):
+        async with aiohttp.ClientSession() as session, session.post(self.url + path, json=body) as response:
+            text = await response.text()
+            return response.status, (json.loads(text) if text.strip() else {})
+
+    async def _run(self, prompt: dict, timeout: float) -> PromptRun:
+        client_id = uuid.uuid4().hex
+        async with aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{self.url}/ws?clientId={client_id}", max_msg_size=0) as socket:
+                async with session.post(f"{self.url}/prompt", json={"prompt": prompt, "client_id": client_id}) as r:
+                    run = PromptRun(r.status, await r.json())
+                if r.status != 200:
+                    return run
+                prompt_id = run.body["prompt_id"]
+                await _follow(socket, prompt_id, run.messages, time.monotonic() + timeout)
+            async with session.get(f"{self.url}/history/{prompt_id}") as r:
+                run.history = (await r.json()).get(prompt_id, {})
+        return run
+
+
+async def _follow(socket, prompt_id: str, messages: list, deadline: float) -> None:
+    """Collect this prompt's text messages until ``executing`` with no node (ComfyUI's "done")."""
+    while True:
+        message = await socket.receive(timeout=max(1.0, deadline - time.monotonic()))
+        if message.type != aiohttp.WSMsgType.TEXT:
+            if message.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                raise AssertionError("ComfyUI closed the WebSocket before the prompt finished")
+            continue  # binary: previews and progress text
+        data = json.loads(message.data)
+        if (data.get("data") or {}).get("prompt_id") not in (None, prompt_id):
+            continue
+        messages.append(data)
+        if data.get("type") == "executing" and data["data"].get("node") is None:
+            return
+
+
+def strings_in(value):
+    """Every string inside a JSON-like value (keys too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from strings_in(item)
