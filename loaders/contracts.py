@@ -77,33 +77,46 @@ def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
     the same ``contract``): ``{"file", "family", "contract", "contracts", "reason"}``; ``contract`` is None, and
     ``reason`` says why, when it declares none. ``lora_name`` is the name relative to the loras root (some
     releases keep the step count in the folder name)."""
-    from .lora import read_lora
-    from .lora.preparation import declared_contract
-
-    lora = read_lora(path)
-    family = families.guess_family(lora)
-    contract = contract_to_dict(declared_contract(family, lora, lora_name or lora.name)) or None
+    name, family, found = lora_file_contracts(path, lora_name)
+    contract = contract_to_dict(found[0]) if found else None
     reason = None
     if family is None:
         reason = "no known model family matches its keys"
     elif contract is None:
         reason = "its name and metadata declare no sampling contract"
-    return _declaration(lora.name, family, [contract] if contract else [], reason)
+    return _declaration(name, family, [contract] if contract else [], reason)
+
+
+def lora_file_contracts(path: str, lora_name: str | None = None) -> tuple:
+    """``(file name, family or None, (ScheduleContract,) or ())``: a LoRA's declaration as objects, read from its
+    name, header and metadata (no model needed)."""
+    from .lora import read_lora
+    from .lora.preparation import declared_contract
+
+    lora = read_lora(path)
+    family = families.guess_family(lora)
+    contract = declared_contract(family, lora, lora_name or lora.name)
+    return lora.name, family, (contract,) if contract is not None else ()
 
 
 def model_folder_contract(path: str, model_name: str) -> dict:
     """What a diffusers model folder pins, read from its ``model_index.json`` alone (no weight is loaded): the
     checkpoint's own schedule and the contracts ``lorabind merge`` baked in, the ones the model loader puts on
     its handle. Same shape as ``lora_file_contract``; ``contract`` is the first of ``contracts``."""
+    family, found = model_folder_contracts(path, model_name)
+    reason = None if found else "its model_index.json pins no schedule and carries no baked-in contract"
+    return _declaration(model_name, family, [contract_to_dict(c) for c in found], reason)
+
+
+def model_folder_contracts(path: str, model_name: str) -> tuple:
+    """``(family, (ScheduleContract, ...))`` a model folder's ``model_index.json`` pins or carries baked in."""
     from .baked_contracts import baked_contracts
     from .model_index import read_model_index
 
     index = read_model_index(path)
     family = families.family_for_index(index)
     pinned = family.checkpoint_contract(index, model_name)
-    found = ((pinned,) if pinned is not None else ()) + baked_contracts(index, model_name)
-    reason = None if found else "its model_index.json pins no schedule and carries no baked-in contract"
-    return _declaration(model_name, family, [contract_to_dict(c) for c in found], reason)
+    return family, ((pinned,) if pinned is not None else ()) + baked_contracts(index, model_name)
 
 
 def _declaration(name: str, family, contracts: list, reason) -> dict:

@@ -111,6 +111,13 @@ def describe_artifact(contract: ScheduleContract) -> str:
 
 
 
+def mismatch_message(contract: ScheduleContract, field: str, input_name: str, value, requested) -> str:
+    """"X is a 4-step distill LoRA: steps must be 4, got 20 (...)": the refusal of an enforced field, worded
+    the same wherever it is found (the sampler, or ``lorabind run`` before anything loads)."""
+    return (f"{describe_artifact(contract)}: {input_name} must be {_fmt(field, value)}, got {_fmt(field, requested)} "
+            f"({declared_by_words(contract)}set enforce_contract off to override it explicitly)")
+
+
 def contract_value(contract: ScheduleContract, field: str) -> Any:
     """A contract's constraint on one field; explicit sigmas imply their step count."""
     if field == "steps" and contract.steps is None and contract.sigmas is not None:
@@ -204,11 +211,7 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
         if _same(field, value, requested):
             continue
         if request.enforce_contract:
-            raise ContractError(
-                f"{describe_artifact(contract)}: {input_name} must be {_fmt(field, value)}, "
-                f"got {_fmt(field, requested)} ({declared_by_words(contract)}set enforce_contract off to override "
-                f"it explicitly)"
-            )
+            raise ContractError(mismatch_message(contract, field, input_name, value, requested))
         overrides.append(
             f"{input_name}={_fmt(field, requested)} overrides {contract.source} "
             f"({field}={_fmt(field, value)} in its contract)"

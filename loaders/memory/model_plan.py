@@ -2,17 +2,82 @@
 
 from __future__ import annotations
 
-from .planner import GIB, MemoryPlan, plan_memory
+from dataclasses import replace
+
+from .planner import GIB, MEMORY_PLANS, MemoryPlan, plan_memory
 from .sizes import ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
-               dtype: str = "bfloat16") -> tuple[MemoryPlan, list[ComponentSize]]:
-    """The memory plan for ``model`` (a diffusers folder or a shipped configuration name) on a device with
-    ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs only."""
-    sizes = component_sizes(model, dtype=dtype)
+               dtype: str = "bfloat16", weights: str = "bf16",
+               files: tuple = ()) -> tuple[MemoryPlan, list[ComponentSize]]:
+    """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16" or
+    "fp8" as the published single files store them) or for the single ``files`` named (their headers decide,
+    ``model`` is then ignored) on a device with ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory,
+    unchecked when None). Reads configs and headers only. A plan that does not fit says what would: the same
+    model with fp8 weights, or the least memory the smallest plan needs."""
+    sizes = files_sizes(files, dtype) if files else component_sizes(model, dtype=dtype, weights=weights)
+    plan = _plan(sizes, vram_gib, ram_gib, memory)
+    if plan.fits:
+        return plan, sizes
+    hint = None
+    if not files and weights != "fp8":
+        fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory)
+        if fp8_plan.fits:
+            hint = (f"with fp8 weights (--weights fp8: ComfyUI's *_fp8_e4m3fn* single files) it fits: "
+                    f"memory={fp8_plan.memory}, peak {fp8_plan.peak_device_bytes / GIB:.1f} GiB on the device, "
+                    f"{fp8_plan.peak_host_bytes / GIB:.1f} GiB on the host")
+    if hint is None:
+        hint = least_memory_hint(sizes, model if not files else None, dtype, weights)
+    return replace(plan, reason=f"{plan.reason}; {hint}"), sizes
+
+
+def _plan(sizes, vram_gib: float, ram_gib, memory: str) -> MemoryPlan:
     host = None if ram_gib is None else int(ram_gib * GIB)
-    return plan_memory(sizes, device_free_bytes=int(vram_gib * GIB), host_free_bytes=host, requested=memory), sizes
+    return plan_memory(sizes, device_free_bytes=int(vram_gib * GIB), host_free_bytes=host, requested=memory)
+
+
+def least_memory_hint(sizes, model, dtype: str, weights: str) -> str:
+    """The nearest machine that runs it: the least device and host memory a plan needs (fp8 weights when the
+    model has a published fp8 form and bf16 weights are asked for)."""
+    candidates = [("", sizes)]
+    if model is not None and weights != "fp8":
+        candidates.append((" with --weights fp8", component_sizes(model, dtype=dtype, weights="fp8")))
+    best = None
+    for words, candidate in candidates:
+        for name in MEMORY_PLANS[1:]:
+            plan = plan_memory(candidate, device_free_bytes=1 << 60, host_free_bytes=None, requested=name)
+            if plan.fits and (best is None or _need(plan) < _need(best[1])):
+                best = (words, plan)
+    words, plan = best
+    return (f"the nearest that fits: memory={plan.memory}{words} needs {plan.peak_device_bytes / GIB:.1f} GiB of "
+            f"device memory and {plan.peak_host_bytes / GIB:.1f} GiB of host memory")
+
+
+def _need(plan: MemoryPlan) -> tuple:
+    return (plan.peak_host_bytes + plan.peak_device_bytes, plan.peak_device_bytes)
+
+
+def files_sizes(files: tuple, dtype: str) -> list[ComponentSize]:
+    """Sizes of the components of ComfyUI single files (denoisers, VAE, text/image encoders; any order) from
+    their headers: the set is detected and checked as the loader checks it, fp8 weights sized at one byte."""
+    from ..single_file.detect import check_set, detect
+    from ..single_file.pipelines import component_sizes as single_file_sizes
+
+    detected = [detect(str(path), str(path)) for path in files]
+    by_role = {role: [d for d in detected if d.role == role] for role in ("denoiser", "vae", "text_encoder",
+                                                                            "image_encoder")}
+    missing = [role for role in ("denoiser", "vae", "text_encoder") if not by_role[role]]
+    if missing:
+        from ..errors import ModelLoadError
+
+        raise ModelLoadError(f"--files names no {' and no '.join(missing)} file; a plan needs the denoiser(s), the VAE "
+                             "and the text encoder")
+    image_encoder = by_role["image_encoder"][0] if by_role["image_encoder"] else None
+    checked = check_set(by_role["denoiser"], by_role["vae"][0], by_role["text_encoder"][0], image_encoder)
+    import torch
+
+    return single_file_sizes(checked, getattr(torch, dtype))
 
 
 def plan_to_json(plan: MemoryPlan, sizes: list[ComponentSize]) -> dict:

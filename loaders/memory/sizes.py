@@ -117,16 +117,32 @@ def _build_on_meta(cls, config_text: str):
         return cls._from_config(config_obj) if hasattr(cls, "_from_config") else cls(config_obj)
 
 
+WEIGHTS = ("bf16", "fp8")  # how the weights are stored: ``fp8`` as ComfyUI's fp8 single files store them
+FP8_ROLES = DENOISER_ROLES + (ROLE_TEXT_ENCODER,)  # ComfyUI publishes fp8 files of these; VAEs stay bf16
+
+
 @functools.lru_cache(maxsize=64)
-def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str) -> dict:
+def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str,
+                    fp8_blocks: bool = False) -> dict:
     """Sizes of one component from its config; cached because building a 14B module on the meta device takes
-    seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again."""
+    seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again.
+    ``fp8_blocks``: the matrices of the repeated blocks take one byte each, as ComfyUI's fp8 files store them
+    (``*_fp8_e4m3fn*.safetensors``: the blocks' linear weights in fp8, norms, biases and embeddings not)."""
     import torch
 
     cls = _component_class(library, class_name, Path(where))
     module = _build_on_meta(cls, config_text)
     keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
-    return _measure(module, getattr(torch, dtype_name), keep)
+    one_byte = block_matrices(module) if fp8_blocks else frozenset()
+    return _measure(module, getattr(torch, dtype_name), keep, one_byte)
+
+
+def block_matrices(module) -> frozenset:
+    """Names of the 2-D weights inside the module's repeated blocks (``_no_split_modules``)."""
+    block_classes = set(getattr(module, "_no_split_modules", None) or ())
+    prefixes = [prefix for prefix, sub in module.named_modules() if type(sub).__name__ in block_classes]
+    return frozenset(name for name, p in module.named_parameters()
+                     if p.dim() == 2 and name.endswith(".weight") and any(name.startswith(f"{b}.") for b in prefixes))
 
 
 def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = (),
@@ -172,16 +188,19 @@ def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset())
             "blocks_bytes": sum(blocks), "parameters": parameters}
 
 
-def component_sizes(model_source, dtype="bfloat16") -> list[ComponentSize]:
+def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> list[ComponentSize]:
     """Sizes of every weighted component of a diffusers folder or shipped configuration name
     (``model_index.json`` + per-component ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on
-    the meta device."""
+    the meta device; ``weights="fp8"`` sizes the denoisers and text encoders as fp8 files (``WEIGHTS``)."""
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"weights {weights!r}: choose one of {list(WEIGHTS)}")
     dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
     folder = resolve_model_source(model_source)
     model_index = read_model_index(folder)
     sizes = []
     for name, role in component_roles(model_index).items():
         library, class_name = model_index[name]
-        measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name))
+        measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name),
+                                   weights == "fp8" and role in FP8_ROLES)
         sizes.append(ComponentSize(name=name, role=role, **measured))
     return sizes

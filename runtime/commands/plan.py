@@ -1,6 +1,10 @@
-"""`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--json]`: the memory plan, without loading weights.
+"""`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--weights bf16|fp8] [--json]`, or
+`lorabind plan --files FILE... --vram GIB ...`: the memory plan, without loading weights.
 
-MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...).
+MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...);
+``--weights fp8`` sizes it as ComfyUI's fp8 single files store it. ``--files`` plans the single files named (a
+denoiser or an expert pair, the VAE, the text encoder) from their headers. A plan that does not fit names the
+nearest one that does (fp8 weights, or the least memory the smallest plan needs).
 Exits 1 when the plan does not fit, so scripts can check before starting a long job, and 2 for bad input (a
 memory amount that is not a finite positive number of GiB, a model folder that cannot be read or is too large to
 be real), so a script never mistakes one for the other.
@@ -19,7 +23,7 @@ MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_bloc
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("model", metavar="MODEL",
+    parser.add_argument("model", metavar="MODEL", nargs="?",
                         help="a diffusers model folder, or a shipped configuration: wan2.1-t2v-1.3b, wan2.1-t2v-14b, "
                              "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3")
     parser.add_argument("--vram", type=gib_amount, required=True, metavar="GIB", help="free device memory in GiB")
@@ -28,6 +32,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--memory", choices=MEMORY_CHOICES, default="auto", help="plan to check (default: auto)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                         help="dtype the model runs in (default: bfloat16)")
+    parser.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
+                        help="how MODEL's weights are stored: bf16, or fp8 as ComfyUI's *_fp8_e4m3fn* single files "
+                             "(default: bf16)")
+    parser.add_argument("--files", metavar="FILE", nargs="+", default=(),
+                        help="plan these single files instead of MODEL (denoiser(s), VAE, text encoder), read from "
+                             "their headers")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -47,9 +57,12 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.memory.model_plan import format_plan, plan_model, plan_to_json
 
+    if bool(args.model) == bool(args.files):
+        print("lorabind plan: give either MODEL or --files FILE... (not both)", file=sys.stderr)
+        return 2
     try:
         plan, sizes = plan_model(args.model, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
-                                 dtype=args.dtype)
+                                 dtype=args.dtype, weights=args.weights, files=tuple(args.files))
     except LoraBindError as exc:
         print(f"lorabind plan: {exc}", file=sys.stderr)
         return 2

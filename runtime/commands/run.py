@@ -51,6 +51,15 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
     ensure_builtin_models(prompt, models_root, input_dir, announce=lambda line: print(line, flush=True))
 
 
+def contract_refusals(prompt: dict, node_classes: dict) -> list:
+    """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
+    no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    from ...usecases.prompt_contracts import early_contract_refusals
+    from .. import folder_paths
+
+    return early_contract_refusals(prompt, node_classes, folder_paths)
+
+
 def run(args) -> int:
     from .. import folder_paths
     from ..device_options import apply_device_arguments
@@ -95,6 +104,12 @@ def run(args) -> int:
         return 1
     if validation.node_errors:
         print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
+    refusals = contract_refusals(prompt, node_classes)
+    if refusals:
+        print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
+                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+              file=sys.stderr)
+        return 1
 
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
     display = ProgressDisplay(prompt, len(_upstream_closure(prompt, validation.outputs)))
