@@ -58,3 +58,57 @@ def test_a_config_of_200000_layers_is_refused_before_it_is_built(capsys, tmp_pat
     assert cli.main(["plan", str(model), "--vram", "24"]) == 2
     err = capsys.readouterr().err
     assert f"{config_file}: num_layers is 200000" in err and "at most 512" in err
+
+
+def test_fp8_weights_shrink_the_denoisers_and_the_text_encoder_not_the_vae(capsys):
+    sizes = {}
+    for weights in ("bf16", "fp8"):
+        cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "80", "--weights", weights, "--json"])
+        sizes[weights] = {c["name"]: c["bytes"] for c in json.loads(capsys.readouterr().out)["components"]}
+    gib = 1024**3
+    # ComfyUI's wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors is 14.3 GB (13.3 GiB); the bf16 one 28.6 GB
+    assert 13.0 * gib < sizes["fp8"]["transformer"] < 14.0 * gib < 26.0 * gib < sizes["bf16"]["transformer"]
+    assert sizes["fp8"]["text_encoder"] < 0.65 * sizes["bf16"]["text_encoder"]
+    assert sizes["fp8"]["vae"] == sizes["bf16"]["vae"]
+
+
+def test_a_plan_that_does_not_fit_names_the_nearest_that_does(capsys):
+    code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "8", "--ram", "16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["fits"] is False
+    assert "the nearest that fits: memory=offload_blocks with --weights fp8 needs" in data["reason"]
+
+
+def test_files_plan_reads_single_file_headers_and_sizes_fp8_at_one_byte(tmp_path, capsys):
+    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+
+    names = tiny_file_names()
+    ensure_tiny_single_files([n for ns in names.values() for n in ns], tmp_path)
+    sub = "lorabind-tiny"
+    common = [tmp_path / "vae" / sub / "wan_2.1_vae_tiny.safetensors",
+              tmp_path / "text_encoders" / sub / "umt5_tiny_bf16.safetensors"]
+    bytes_of = {}
+    for precision in ("bf16", "fp8_e4m3fn"):
+        experts = [tmp_path / "diffusion_models" / sub / f"wan2.2_t2v_{e}_noise_tiny_{precision}.safetensors"
+                   for e in ("high", "low")]
+        code = cli.main(["plan", "--files", *map(str, experts + common), "--vram", "8", "--json"])
+        data = json.loads(capsys.readouterr().out)
+        assert code == 0 and data["fits"] is True
+        bytes_of[precision] = {c["name"]: c["bytes"] for c in data["components"]}
+    assert set(bytes_of["bf16"]) == {"transformer", "transformer_2", "vae", "text_encoder"}
+    assert bytes_of["fp8_e4m3fn"]["transformer"] < bytes_of["bf16"]["transformer"]
+    assert bytes_of["fp8_e4m3fn"]["vae"] == bytes_of["bf16"]["vae"]
+
+
+def test_files_without_a_vae_are_refused_naming_what_is_missing(tmp_path, capsys):
+    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+
+    ensure_tiny_single_files(tiny_file_names()["diffusion_models"], tmp_path)
+    expert = tmp_path / "diffusion_models" / "lorabind-tiny" / "wan2.2_t2v_high_noise_tiny_bf16.safetensors"
+    assert cli.main(["plan", "--files", str(expert), "--vram", "8"]) == 2
+    assert "--files names no vae and no text_encoder file" in capsys.readouterr().err
+
+
+def test_model_and_files_together_are_refused(capsys):
+    assert cli.main(["plan", "qwen-image", "--files", "a.safetensors", "--vram", "8"]) == 2
+    assert "give either MODEL or --files" in capsys.readouterr().err
