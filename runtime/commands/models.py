@@ -1,4 +1,6 @@
 """``lorabind models build-tiny``: (re)build the built-in offline tiny models and fixture LoRAs.
+``lorabind models check WORKFLOW``: every model file the workflow names, found or missing, with the folders searched
+(exit 1 when one is missing).
 
 Module-level imports stay light (the CLI's ``--help`` must not load torch); the builders load inside ``run``.
 """
@@ -28,11 +30,21 @@ def add_arguments(parser) -> None:
                        help=f"input folder for the example images (default {DEFAULT_INPUT_DIR})")
     build.add_argument("--only", metavar="NAME", nargs="+", default=None,
                        help="build only these models (e.g. tiny-wan22-t2v)")
+    check = sub.add_parser(
+        "check", help="list every model file a workflow names: found (and what it is) or missing (and where "
+                      "it was looked for)")
+    check.add_argument("workflow", metavar="WORKFLOW.json", help="workflow (UI or API format)")
+    check.add_argument("--models", metavar="DIR", default=None,
+                       help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
 
 
 def run(args) -> int:
-    if getattr(args, "models_command", None) != "build-tiny":
-        print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...]", file=sys.stderr)
+    command = getattr(args, "models_command", None)
+    if command == "check":
+        return check(args)
+    if command != "build-tiny":
+        print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...] | models check WORKFLOW.json",
+              file=sys.stderr)
         return 2
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
     from ...loaders.errors import LoraBindError
@@ -56,3 +68,25 @@ def run(args) -> int:
         print(f"wrote {path}")
     print(f"{len(written)} item(s) under {models_root.resolve()}")
     return 0
+
+
+def check(args) -> int:
+    """Print one line per file the workflow names; 1 when any is missing, 2 for a workflow that cannot be read."""
+    from ...usecases.model_check import check_prompt_files
+    from .. import folder_paths
+    from ..workflow_format import WorkflowFormatError, to_api_prompt
+    from .run import RunError, _load_json, load_node_classes
+
+    folder_paths.configure(models_root=args.models)
+    try:
+        node_classes, display_names = load_node_classes()
+        prompt, _ = to_api_prompt(_load_json(args.workflow), node_classes, display_names)
+    except (RunError, WorkflowFormatError) as exc:
+        print(f"lorabind models check: {args.workflow}: {exc}", file=sys.stderr)
+        return 2
+    checks = check_prompt_files(prompt, folder_paths)
+    for item in checks:
+        print(item.line())
+    missing = [c for c in checks if not c.found]
+    print(f"{len(checks) - len(missing)} found, {len(missing)} missing under {Path(folder_paths.models_dir).resolve()}")
+    return 1 if missing else 0

@@ -1,0 +1,80 @@
+"""`lorabind models check WORKFLOW` and the real-size example workflows in workflows/real/ (issue 26). The real
+workflows are not run (no real weights here); they are checked for structure and for what `models check` says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import lorabind
+from lorabind.runtime import folder_paths
+from lorabind.runtime.cli import main
+
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+REAL = sorted((WORKFLOWS / "real").glob("*.json"))
+
+
+def _check(workflow: Path, models_root: Path) -> int:
+    try:
+        return main(["models", "check", str(workflow), "--models", str(models_root)])
+    finally:
+        folder_paths.configure()
+
+
+def test_there_are_the_three_real_workflows():
+    assert [p.name for p in REAL] == ["qwen_image_lightning.json", "wan22_i2v_a14b_lightx2v.json",
+                                      "wan22_t2v_a14b_lightx2v.json"]
+
+
+@pytest.mark.parametrize("workflow", REAL, ids=lambda p: p.stem)
+def test_real_workflow_is_a_well_formed_prompt_of_known_nodes(workflow):
+    from lorabind.runtime.commands.run import load_node_classes
+
+    node_classes, _ = load_node_classes()
+    prompt = json.loads(workflow.read_text())
+    for node_id, node in prompt.items():
+        assert node["class_type"] in node_classes, node_id
+        declared = node_classes[node["class_type"]].INPUT_TYPES()
+        known = {**declared.get("required", {}), **declared.get("optional", {})}
+        assert set(node["inputs"]) <= set(known), (node_id, set(node["inputs"]) - set(known))
+        for value in node["inputs"].values():
+            if isinstance(value, list):
+                assert value[0] in prompt, (node_id, value)
+
+
+def test_models_check_on_an_empty_models_folder_names_every_file_with_its_folder(tmp_path, capsys):
+    assert _check(WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json", tmp_path) == 1
+    out = capsys.readouterr().out
+    expected = [
+        ("denoiser", "diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
+        ("denoiser_low_noise", "diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
+        ("vae", "vae/wan_2.1_vae.safetensors", "vae"),
+        ("text_encoder", "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors", "text_encoders"),
+        ("high_noise_lora", "loras/wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors", "loras"),
+        ("low_noise_lora", "loras/wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors", "loras"),
+    ]
+    lines = [line for line in out.splitlines() if line.startswith("MISSING")]
+    assert len(lines) == len(expected)
+    for line, (input_name, name, folder) in zip(lines, expected):
+        assert f" {input_name}: {name} — searched " in line and str(tmp_path / folder) in line
+    assert "0 found, 6 missing" in out
+
+
+@pytest.mark.parametrize("workflow", REAL, ids=lambda p: p.stem)
+def test_every_real_workflow_reports_each_missing_file(workflow, tmp_path, capsys):
+    assert _check(workflow, tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "found    " not in out and out.count("MISSING") >= 4
+
+
+def test_models_check_says_what_a_found_file_is(tiny_models_root, capsys):
+    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+
+    ensure_tiny_single_files([n for names in tiny_file_names().values() for n in names], tiny_models_root)
+    assert _check(WORKFLOWS / "wan22_single_files_fp8.json", tiny_models_root) == 0
+    out = capsys.readouterr().out
+    assert ("found    node 1 denoiser: diffusion_models/lorabind-tiny/wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors"
+            " — Wan2.2 T2V tiny high-noise expert (fp8_scaled)") in out
+    assert "4 found, 0 missing" in out
