@@ -293,7 +293,8 @@ class _InputValidator:
                 list_info, config = f"(list of length {len(options)})", None
             else:
                 list_info = str(options)
-            return _error("value_not_in_list", "Value not in list", f"{name}: '{value}' not in {list_info}",
+            return _error("value_not_in_list", "Value not in list",
+                          f"{name}: '{value}' not in {list_info}{_searched_folders(name)}",
                           {"input_name": name, "input_config": config, "received_value": value})
         return None
 
@@ -314,3 +315,16 @@ class _InputValidator:
                 errors.append(_error("custom_validation_failed", "Custom validation failed for node", details,
                                      {"input_name": name}))
         return errors
+
+
+def _searched_folders(input_name: str) -> str:
+    """"; searched models/diffusion_models, models/unet" for an input that names a model file (issue 26: a missing
+    model said "Value not in list" without saying where it was looked for). Relative to the models root: the
+    browser sees this message."""
+    from ...usecases.model_check import FILE_INPUTS, searched_text
+    from .. import folder_paths
+
+    kind = FILE_INPUTS.get(input_name)
+    if kind is None:
+        return ""
+    return f"; {searched_text(folder_paths, kind, models_root=folder_paths.models_dir)}"

@@ -78,3 +78,14 @@ def test_models_check_says_what_a_found_file_is(tiny_models_root, capsys):
     assert ("found    node 1 denoiser: diffusion_models/lorabind-tiny/wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors"
             " — Wan2.2 T2V tiny high-noise expert (fp8_scaled)") in out
     assert "4 found, 0 missing" in out
+
+
+def test_run_of_a_missing_model_says_which_folders_were_searched_without_absolute_paths(tmp_path, capsys):
+    try:
+        code = main(["run", str(WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json"), "--models", str(tmp_path)])
+    finally:
+        folder_paths.configure()
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "input 'denoiser': Value not in list" in err and "searched models/unet, models/diffusion_models" in err
+    assert "searched models/loras" in err and str(tmp_path) not in err  # the same text reaches the browser
