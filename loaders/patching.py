@@ -450,3 +450,12 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
             raise NonFiniteResultError(
                 f"the fused value is not finite in {str(dest.dtype).replace('torch.', '')}: strength x scale x "
                 f"up @ down (or a diff) exceeds the dtype's range")
+
+
+def patched_value(original: torch.Tensor, deltas: Sequence[WeightDelta], strength: float) -> torch.Tensor:
+    """``original + strength · Σ deltas`` as a new float32 tensor, computed like a fuse (same kinds, same row
+    chunks) but not rounded: for a host whose own patcher rounds and writes the value (ComfyUI's ModelPatcher,
+    which hands its weight over in float32). ``original`` is the unpatched weight a DoRA delta is computed from."""
+    value = torch.empty(original.shape, dtype=torch.float32, device=original.device)
+    write_patched(value, original, [_Contribution("", float(strength), tuple(deltas))])
+    return value

@@ -18,6 +18,7 @@ _NODE_MODULES = (
     "output_nodes",
     "adapter_nodes",
     "minimax_nodes",
+    "comfy_native_nodes",
 )
 
 NODE_CLASS_MAPPINGS: dict = {}

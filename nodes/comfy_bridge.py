@@ -229,3 +229,66 @@ class WorkProgress:
             except Exception:  # progress text is a courtesy; older servers lack it
                 pass
         progress.get_progress_state().update_progress(executing.node_id, value, total, None)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ComfyUI's own MODEL (the ComfyUI-native nodes): its weight patches and its sampler wrappers
+
+
+def require_comfyui(node: str) -> None:
+    """The ComfyUI-native nodes work on ComfyUI's own MODEL; headless there is none, so say so by node name."""
+    if _comfy_modules() is None:
+        from ..usecases import LoraBindError
+
+        raise LoraBindError(f"{node} works on ComfyUI's own MODEL and needs ComfyUI: it runs only inside ComfyUI. "
+                            "In lorabind run/serve use LoraBindModelLoader with FuseDistillLoRA / WanMoELoRAPair "
+                            "and LoraBindSampler instead")
+
+
+@lru_cache(maxsize=1)
+def _weight_patch_class():
+    """A ComfyUI weight adapter whose value is computed by ``compute(weight_fp32, strength)``: ComfyUI's patcher
+    calls it per weight when it loads, offloads or low-VRAM-streams the model, so our deltas follow its memory
+    paths and nothing is computed before that (ComfyUI hands it the float32 weight and rounds the result)."""
+    base = importlib.import_module("comfy.weight_adapter.base").WeightAdapterBase
+
+    class LoraBindWeightPatch(base):
+        name = "lorabind"
+
+        def __init__(self, compute, label: str):
+            self.compute, self.label = compute, label
+            self.loaded_keys, self.weights = set(), []
+
+        def calculate_weight(self, weight, key, strength, strength_model, offset, function,
+                             intermediate_dtype=None, original_weight=None):
+            return self.compute(weight, float(strength))
+
+    return LoraBindWeightPatch
+
+
+def add_weight_patches(model, computes: dict, strength: float, label: str) -> int:
+    """Add ``{state-dict key: compute}`` to ``model`` (a ComfyUI ModelPatcher, already cloned) as patches at
+    ``strength``; returns how many keys ComfyUI took (every one, or the caller reports the difference)."""
+    patch_class = _weight_patch_class()
+    patches = {key: patch_class(compute, label) for key, compute in computes.items()}
+    return len(model.add_patches(patches, float(strength)))
+
+
+def model_shapes(model) -> dict:
+    """{state-dict key: shape} of a ComfyUI ModelPatcher's model, the names its patches are keyed by."""
+    return {key: tuple(value.shape) for key, value in model.model_state_dict().items()}
+
+
+def add_sample_check(model, key: str, check) -> None:
+    """Run ``check(sigmas, cfg)`` before every ComfyUI sampler run of ``model`` (KSampler, KSamplerAdvanced,
+    SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the guider, before any
+    model is loaded or step is taken. Raising there fails the node with our message. One wrapper per ``key``."""
+    wrappers = importlib.import_module("comfy.patcher_extension").WrappersMP
+
+    def outer_sample(executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
+        # a guider without a cfg (BasicGuider) runs the positive prompt alone, which is cfg 1
+        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(executor.class_obj, "cfg", 1.0)))
+        return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
+
+    model.remove_wrappers_with_key(wrappers.OUTER_SAMPLE, key)
+    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, key, outer_sample)

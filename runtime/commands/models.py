@@ -30,6 +30,10 @@ def add_arguments(parser) -> None:
                        help=f"input folder for the example images (default {DEFAULT_INPUT_DIR})")
     build.add_argument("--only", metavar="NAME", nargs="+", default=None,
                        help="build only these models (e.g. tiny-wan22-t2v)")
+    build.add_argument("--comfyui", action="store_true",
+                       help="also the files ComfyUI's own loaders accept (the ComfyUI-native example): two Wan2.2 "
+                       "experts ComfyUI detects, their lightx2v LoRA pair, and ComfyUI's full-size Wan2.1 VAE with "
+                       "random weights (about 250 MB)")
     check = sub.add_parser(
         "check", help="list every model file a workflow names: found (and what it is) or missing (and where "
                       "it was looked for)")
@@ -61,6 +65,10 @@ def run(args) -> int:
     except LoraBindError as exc:  # a library too old, or a folder in the way that no build wrote
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1
+    if args.comfyui:
+        from ...loaders.tiny_models.comfyui_files import write_comfyui_files
+
+        written += write_comfyui_files(models_root)
     if not args.only:
         for name, why in unavailable_builtins().items():
             print(f"skipped {name}: {why}")

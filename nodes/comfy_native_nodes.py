@@ -1,0 +1,197 @@
+"""ComfyUI-native nodes: our LoRA engine and contracts on ComfyUI's own ``MODEL``, sampled by ComfyUI's samplers.
+
+Why: a ComfyUI user's workflow is made of core nodes (UNETLoader, ModelSamplingSD3, KSamplerAdvanced, ...). These
+nodes slot into it: our reader and key accounting turn a LoRA file into deltas under the model's own parameter
+names, which are added to a clone of the model as ComfyUI patches (so ComfyUI's patcher, offload and low-VRAM paths
+apply them), and the file's contract travels with the model as a sampler wrapper that checks the sigmas and cfg
+of any ComfyUI sampler before its first step. They work only inside ComfyUI (headless there is no such MODEL).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from .. import usecases
+from ..usecases import LoraBindError
+from . import comfy_bridge
+from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora
+
+CATEGORY = "lorabind/ComfyUI models"
+CONTRACTS_ATTACHMENT = "lorabind_contracts"  # the contracts a MODEL carries (ModelPatcher attachments)
+CHECK_WRAPPER_KEY = "lorabind_contract_check"
+
+_STRENGTH = ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01,
+                       "tooltip": "LoRA strength (1.0 = as trained; 0 = off, and its contract too)."})
+_LENIENT = ("BOOLEAN", {"default": False, "tooltip": "Skip keys that match nothing in the model (they are listed "
+                        "in the accounting) instead of refusing the file. Off: every key must fit."})
+_ENFORCE = ("BOOLEAN", {"default": True, "tooltip": "Check the sampler's sigmas and cfg against the LoRA's "
+                        "contract before the first step. Off: sampled anyway, and the override is recorded."})
+
+
+def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: str, input_name: str = "lora_name"):
+    """Our read + key accounting of ``lora_name`` against ComfyUI's ``model``: nothing patched yet."""
+    comfy_bridge.require_comfyui(where)
+    path = resolve_lora(lora_name, input_name, where)
+    return usecases.prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path,
+                                      strength, lenient=lenient, where=where)
+
+
+def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None):
+    """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
+    patched = model.clone()
+    computes = {key: partial(_patched_weight, deltas) for key, deltas in prepared.deltas.items()}
+    taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
+    if taken != len(computes):  # our names come from this model's state dict: a difference is a bug to report
+        raise LoraBindError(f"ComfyUI took {taken} of the {len(computes)} patches of {lora_name}")
+    records = tuple(patched.get_attachment(CONTRACTS_ATTACHMENT) or ())
+    lines = list(prepared.text)
+    if prepared.contract is not None:
+        record = usecases.HostContract(prepared.contract, part or usecases.PART_ANY, switch, bool(enforce))
+        records += (record,)
+        lines.append(record.describe())
+    _set_contracts(patched, records)
+    comfy_bridge.WorkProgress(lines[0]).update(1, 1)  # the accounting as the node's progress text
+    return patched, lines
+
+
+def _patched_weight(deltas, weight, strength):
+    return usecases.host_patched_value(weight, deltas, strength)
+
+
+def _set_contracts(model, records: tuple) -> None:
+    model.set_attachments(CONTRACTS_ATTACHMENT, records)
+    if records:
+        comfy_bridge.add_sample_check(model, CHECK_WRAPPER_KEY, partial(_check_sampler, records))
+
+
+def _check_sampler(records, sigmas, cfg) -> None:
+    for line in usecases.check_sampling(records, sigmas, cfg):
+        print(f"[lorabind] {line}")  # an override is recorded in ComfyUI's log, never silent
+
+
+def _sigmas(values):
+    import torch
+
+    return torch.tensor(list(values or ()), dtype=torch.float32)
+
+
+class LoraBindLoRA:
+    DESCRIPTION = (
+        "Apply a LoRA to ComfyUI's own MODEL with lorabind's engine: every layout and adapter kind, every file "
+        "tensor accounted for (an unmatched key is an error unless 'lenient'), applied as ComfyUI patches on a "
+        "clone. The file's sampling contract travels with the model and is checked on any ComfyUI sampler "
+        "before its first step."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "apply"
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("A clone of the model with the LoRA as patches and its contract attached.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL", {"tooltip": "ComfyUI's MODEL (UNETLoader, ...) — not modified."}),
+            "lora_name": (lora_choices(), {"tooltip": "LoRA file or PEFT folder under the loras folder."}),
+            "strength": _STRENGTH, "lenient": _LENIENT, "enforce_contract": _ENFORCE}}
+
+    @classmethod
+    def IS_CHANGED(cls, lora_name="", **_):
+        return lora_inputs_identity(lora_name)
+
+    def apply(self, model, lora_name, strength, lenient=False, enforce_contract=True):
+        prepared = prepare_lora(model, lora_name, strength, lenient, "LoraBindLoRA")
+        patched, lines = apply_lora(model, prepared, lora_name, strength, enforce_contract)
+        return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
+
+
+class LoraBindLoRAPair:
+    DESCRIPTION = (
+        "A Wan2.2 high-noise / low-noise LoRA pair on ComfyUI's two expert MODELs. Swapped files are refused by "
+        "name. Also out: the pair's contract sigmas split at the expert boundary and the switch step, for "
+        "SamplerCustomAdvanced or KSamplerAdvanced's start/end steps; each expert's sampler must run its part."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "pair"
+    RETURN_TYPES = ("MODEL", "MODEL", "SIGMAS", "SIGMAS", "INT")
+    RETURN_NAMES = ("model_high", "model_low", "sigmas_high", "sigmas_low", "switch_step")
+    OUTPUT_TOOLTIPS = ("High-noise expert with its LoRA.", "Low-noise expert with its LoRA.",
+                       "The contract's sigmas the high-noise expert samples (empty without a contract).",
+                       "The contract's sigmas the low-noise expert samples (empty without a contract).",
+                       "The step where the low-noise expert takes over (KSamplerAdvanced end / start step).")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        choices = lora_choices()
+        return {"required": {
+            "model_high": ("MODEL", {"tooltip": "The high-noise expert (…high_noise… file)."}),
+            "model_low": ("MODEL", {"tooltip": "The low-noise expert (…low_noise… file)."}),
+            "lora_high": (choices, {"tooltip": "LoRA for the high-noise expert."}),
+            "lora_low": (choices, {"tooltip": "LoRA for the low-noise expert."}),
+            "strength_high": _STRENGTH, "strength_low": _STRENGTH,
+            "boundary": ("FLOAT", {"default": 0.875, "min": 0.0, "max": 1.0, "step": 0.005, "tooltip":
+                         "Sigma below which the low-noise expert runs: Wan2.2 T2V A14B 0.875, I2V A14B 0.9."}),
+            "lenient": _LENIENT, "enforce_contract": _ENFORCE}}
+
+    @classmethod
+    def IS_CHANGED(cls, lora_high="", lora_low="", **_):
+        return lora_inputs_identity(lora_high, lora_low)
+
+    def pair(self, model_high, model_low, lora_high, lora_low, strength_high, strength_low, boundary,
+             lenient=False, enforce_contract=True):
+        where = "LoraBindLoRAPair"
+        comfy_bridge.require_comfyui(where)
+        family = usecases.host_family(comfy_bridge.model_shapes(model_high), f"{where} model_high")
+        usecases.check_expert_pair(family, lora_high, lora_low, where)  # by name, before any file is read
+        high = prepare_lora(model_high, lora_high, strength_high, lenient, where, "lora_high")
+        low = prepare_lora(model_low, lora_low, strength_low, lenient, where, "lora_low")
+        contract = high.contract or low.contract
+        table = usecases.sigma_table(contract) if contract is not None else None
+        switch = usecases.switch_step(table, boundary) if table else 0
+        model_high, high_lines = apply_lora(model_high, high, lora_high, strength_high, enforce_contract,
+                                            usecases.PART_HIGH, switch)
+        model_low, low_lines = apply_lora(model_low, low, lora_low, strength_low, enforce_contract,
+                                          usecases.PART_LOW, switch)
+        lines = high_lines + low_lines
+        if table:
+            lines.append(f"switch at step {switch} of {len(table) - 1} (boundary {boundary:g})")
+        ui = {"text": lines, "lorabind_accounting": [high.report, low.report]}
+        sigmas_high, sigmas_low = (table[:switch + 1], table[switch:]) if table else ((), ())
+        return {"ui": ui, "result": (model_high, model_low, _sigmas(sigmas_high), _sigmas(sigmas_low), switch)}
+
+
+class LoraBindContractSigmas:
+    DESCRIPTION = ("The sampling contract's sigma table of the LoRAs on a MODEL (from LoraBindLoRA / "
+                   "LoraBindLoRAPair), as SIGMAS for SamplerCustomAdvanced.")
+    CATEGORY = CATEGORY
+    FUNCTION = "sigmas"
+    RETURN_TYPES = ("SIGMAS",)
+    RETURN_NAMES = ("sigmas",)
+    OUTPUT_TOOLTIPS = ("steps + 1 sigmas ending in 0, as the contract declares them.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL", {"tooltip": "A MODEL with a contract attached by our LoRA nodes."})}}
+
+    def sigmas(self, model):
+        comfy_bridge.require_comfyui("LoraBindContractSigmas")
+        records = model.get_attachment(CONTRACTS_ATTACHMENT) or ()
+        tables = [usecases.sigma_table(record.contract) for record in records]
+        tables = [table for table in tables if table]
+        if not tables:
+            raise LoraBindError("LoraBindContractSigmas: the MODEL carries no LoRA with a sigma contract (apply a "
+                                "distill LoRA with LoraBindLoRA or LoraBindLoRAPair first)")
+        text = [f"sigmas {', '.join(f'{s:.4f}' for s in tables[0])} ({records[0].contract.source})"]
+        return {"ui": {"text": text}, "result": (_sigmas(tables[0]),)}
+
+
+NODE_CLASS_MAPPINGS = {
+    "LoraBindLoRA": LoraBindLoRA,
+    "LoraBindLoRAPair": LoraBindLoRAPair,
+    "LoraBindContractSigmas": LoraBindContractSigmas,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "LoraBindLoRA": "LoRA on ComfyUI MODEL (lorabind)",
+    "LoraBindLoRAPair": "Wan2.2 LoRA Pair on ComfyUI MODELs (lorabind)",
+    "LoraBindContractSigmas": "Contract Sigmas (lorabind)",
+}

@@ -1,0 +1,167 @@
+"""LoRAs and contracts on a host's own model (ComfyUI's ``MODEL``), for the ComfyUI-native nodes.
+
+Why a use-case module: which denoiser a file's keys fit, the key accounting, the declared contract, the expert
+slot check and "is this sampling run what the contract says" are the same rules our own model path applies; a
+host model differs only in that the host's patcher writes the weights and the host's sampler runs the steps. So
+the nodes hand over what the host model exposes (state-dict names and shapes, the sigmas and cfg a sampler is
+about to use) and get back deltas under the host's names, contract records and refusals in our words.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from ..loaders import families
+from ..loaders.contracts import contract_to_dict
+from ..loaders.errors import ContractError
+from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
+from ..loaders.lora.native_targets import host_deltas, native_denoiser, prepare_native
+from ..loaders.lora.preparation import declared_contract
+from ..loaders.patching import patched_value
+from ..loaders.schedule_rules import contract_value, describe_artifact
+from ..loaders.sigmas import on_high_noise_expert, shifted_sigmas
+from .adapters import accounting_text, contract_text
+
+# How far a sampled sigma may be from the contract's published table. ComfyUI builds its flow-model sigma table in
+# float32 from 1000 training timesteps (``ModelSamplingDiscreteFlow``: sigma(t/1000) shifted) and its "simple"
+# scheduler picks every (1000/steps)-th entry: the published points exactly, up to float32 rounding (~1e-7). Its
+# "normal" scheduler spaces timesteps from the table's last entry (t = 1/1000), not from 0, which moves inner
+# points by up to about 1e-3 at shift 5. 2e-3 accepts both and still tells a 4-step table from any other step
+# count or shift (the nearest neighbour of the lightx2v table, 5 steps or shift 4, is more than 1e-2 away).
+SIGMA_TOLERANCE = 2e-3
+CFG_TOLERANCE = 1e-6
+PART_ALL, PART_HIGH, PART_LOW, PART_ANY = "all", "high", "low", "any contiguous part"
+
+
+@dataclass(frozen=True)
+class HostContract:
+    """A contract travelling with a host model: which part of its sigma table this model may sample (``part``,
+    and for an expert the step where the pair switches), and whether it is enforced."""
+
+    contract: object  # ScheduleContract
+    part: str = PART_ANY
+    switch_step: Optional[int] = None
+    enforced: bool = True
+
+    def describe(self) -> str:
+        state = "enforced" if self.enforced else "NOT enforced (enforce_contract off)"
+        return f"contract {state}: {contract_to_dict(self.contract)['text']}"
+
+
+@dataclass
+class HostLora:
+    """One LoRA prepared for a host model: ``deltas`` {host key: (WeightDelta, ...)}, the accounting report, the
+    declared contract (None when none) and the text lines a node shows."""
+
+    deltas: dict
+    report: dict
+    contract: object = None
+    text: list = field(default_factory=list)
+
+
+def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, strength: float, *,
+                      lenient: bool, where: str) -> HostLora:
+    """Read, map and account the LoRA for the host denoiser described by ``shapes`` ({state-dict key: shape})."""
+    denoiser = native_denoiser(shapes, model_name)
+    prepared = prepare_native(path, denoiser, name=lora_name, lenient=lenient, where=where)
+    report = prepared.report()
+    contract = declared_contract(denoiser.family_object, prepared.lora, lora_name, strength)
+    text = [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
+    return HostLora(host_deltas(prepared, denoiser), report, contract, text)
+
+
+def host_family(shapes: dict, model_name: str) -> str:
+    """The model family id of the host denoiser described by ``shapes`` (KeyMatchError when we map none)."""
+    return native_denoiser(shapes, model_name).family
+
+
+def host_patched_value(original, deltas, strength: float):
+    """The float32 value of one host weight with the deltas added (the host's patcher rounds it)."""
+    return patched_value(original, deltas, strength)
+
+
+def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str) -> None:
+    """Refuse a swapped pair by name, as our own pair node does (the family's slot check on a two-expert model)."""
+    family = families.family_by_id(family_id)
+    index = {component: ["library", "Class"] for component in family.index_roles}
+    roles = {role: component for component, role in family.component_roles(index).items()}
+    if ROLE_HIGH_NOISE not in roles:
+        return
+    family.check_slots(index, [(roles[ROLE_HIGH_NOISE], high_name, f"{where} lora_high"),
+                               (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")])
+
+
+def sigma_table(contract) -> Optional[tuple]:
+    """The contract's sigma points (steps + 1, ending in 0), None when it pins no schedule."""
+    if contract.sigmas is not None:
+        return tuple(float(s) for s in contract.sigmas)
+    steps, shift = contract_value(contract, "steps"), contract.shift
+    return shifted_sigmas(int(steps), float(shift)) if steps and shift else None
+
+
+def switch_step(table: Sequence[float], boundary: float) -> int:
+    """The first step the low-noise expert runs (its sigma below ``boundary``); len(steps) when none does."""
+    steps = list(table[:-1])
+    return next((i for i, sigma in enumerate(steps) if not on_high_noise_expert(sigma, boundary)), len(steps))
+
+
+def expected_part(record: HostContract) -> Optional[tuple]:
+    """The sigmas a model carrying ``record`` must sample, None for "any contiguous part of the table"."""
+    table = sigma_table(record.contract)
+    if table is None or record.part == PART_ANY:
+        return None
+    if record.part == PART_HIGH:
+        return table[: record.switch_step + 1]
+    if record.part == PART_LOW:
+        return table[record.switch_step:]
+    return table
+
+
+def check_sampling(records: Sequence[HostContract], sigmas: Sequence[float], cfg: Optional[float]) -> list:
+    """Check a host sampler's sigmas and cfg against every enforced contract before its first step: ContractError
+    naming the file and the field on a mismatch. Returns the lines for contracts that were not enforced."""
+    skipped = []
+    for record in records:
+        problem = _mismatch(record, [float(s) for s in sigmas], cfg)
+        if problem is None:
+            continue
+        if not record.enforced:
+            skipped.append(f"{record.contract.source}: {problem} (not enforced: enforce_contract off)")
+            continue
+        raise ContractError(f"{describe_artifact(record.contract)}: {problem}. Set the sampler to the contract, or "
+                            f"turn enforce_contract off on the LoRA node to override it")
+    return skipped
+
+
+def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float]) -> Optional[str]:
+    contract = record.contract
+    if contract.cfg is not None and cfg is not None and abs(float(cfg) - float(contract.cfg)) > CFG_TOLERANCE:
+        return f"cfg must be {contract.cfg:g}, the sampler uses cfg {float(cfg):g}"
+    table = sigma_table(contract)
+    if table is None:
+        return None
+    wanted = expected_part(record)
+    shown = _show(sigmas)
+    if wanted is not None:
+        if not _close(sigmas, wanted):
+            steps = contract_value(contract, "steps")
+            return (f"steps/sigmas: the {record.part}-noise part of its {steps}-step table is {_show(wanted)}, the "
+                    f"sampler runs {shown} ({len(sigmas) - 1} steps)") if record.part != PART_ALL else (
+                f"steps/sigmas: it needs {steps} steps on {_show(wanted)}, the sampler runs {len(sigmas) - 1} "
+                f"steps on {shown}")
+        return None
+    if not any(_close(sigmas, table[start:start + len(sigmas)]) for start in range(len(table) - len(sigmas) + 1)):
+        return (f"steps/sigmas: the sampler runs {len(sigmas) - 1} steps on {shown}, which is no part of its "
+                f"{contract_value(contract, 'steps')}-step table {_show(table)}")
+    return None
+
+
+def _close(got: Sequence[float], wanted: Sequence[float]) -> bool:
+    return len(got) == len(wanted) and len(got) > 1 and all(
+        math.isfinite(a) and abs(a - b) <= SIGMA_TOLERANCE for a, b in zip(got, wanted))
+
+
+def _show(sigmas: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{s:.4f}" for s in sigmas) + "]"
