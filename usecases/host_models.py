@@ -147,8 +147,8 @@ def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float]) -> Optio
     if wanted is not None:
         if not _close(sigmas, wanted):
             steps = contract_value(contract, "steps")
-            return (f"steps/sigmas: the {record.part}-noise part of its {steps}-step table is {_show(wanted)}, the "
-                    f"sampler runs {shown} ({len(sigmas) - 1} steps)") if record.part != PART_ALL else (
+            return (f"steps/sigmas: the {record.part}-noise part of its {steps}-step table is {_show(wanted)}, this "
+                    f"sampler runs {shown} ({len(sigmas) - 1} step(s) of another schedule)") if record.part != PART_ALL else (
                 f"steps/sigmas: it needs {steps} steps on {_show(wanted)}, the sampler runs {len(sigmas) - 1} "
                 f"steps on {shown}")
         return None

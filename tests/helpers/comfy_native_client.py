@@ -1,0 +1,53 @@
+"""Queue several API prompts on a running ComfyUI and record how each ended (run by ``real-comfyui.sh --exec``).
+
+``python comfy_native_client.py URL PROMPTS.json RESULTS.json``: PROMPTS maps a label to an API prompt; RESULTS
+maps the label to ``{"status": "success" | "error", "error": <execution_error payload or None>, "outputs":
+{node id: ui output}}``. Prompts run one after another, each followed on the WebSocket until ComfyUI says done.
+"""
+
+import asyncio
+import json
+import sys
+import uuid
+
+import aiohttp
+
+
+async def _run_one(session, url: str, prompt: dict) -> dict:
+    client_id = uuid.uuid4().hex
+    async with session.ws_connect(f"{url}/ws?clientId={client_id}", max_msg_size=0) as socket:
+        async with session.post(f"{url}/prompt", json={"prompt": prompt, "client_id": client_id}) as reply:
+            body = await reply.json()
+        if reply.status != 200:
+            return {"status": "rejected", "error": body, "outputs": {}}
+        prompt_id, error = body["prompt_id"], None
+        while True:
+            message = await socket.receive(timeout=600)
+            if message.type != aiohttp.WSMsgType.TEXT:
+                continue
+            event = json.loads(message.data)
+            data = event.get("data") or {}
+            if data.get("prompt_id") not in (None, prompt_id):
+                continue
+            if event["type"] == "execution_error":
+                error = data
+            if event["type"] in ("execution_error", "execution_success") or (
+                    event["type"] == "executing" and data.get("node") is None):
+                break
+    async with session.get(f"{url}/history/{prompt_id}") as reply:
+        entry = (await reply.json()).get(prompt_id, {})
+    return {"status": "error" if error else "success", "error": error, "outputs": entry.get("outputs", {})}
+
+
+async def main(url: str, prompts_path: str, results_path: str) -> None:
+    prompts = json.load(open(prompts_path))
+    results = {}
+    async with aiohttp.ClientSession() as session:
+        for label, prompt in prompts.items():
+            results[label] = await _run_one(session, url, prompt)
+            print(label, results[label]["status"])
+    json.dump(results, open(results_path, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
