@@ -25,12 +25,13 @@ from ..loaders.sigmas import on_high_noise_expert, shifted_sigmas
 from .adapters import accounting_text, contract_text
 
 # How far a sampled sigma may be from the contract's published table. ComfyUI builds its flow-model sigma table in
-# float32 from 1000 training timesteps (``ModelSamplingDiscreteFlow``: sigma(t/1000) shifted) and its "simple"
-# scheduler picks every (1000/steps)-th entry: the published points exactly, up to float32 rounding (~1e-7). Its
-# "normal" scheduler spaces timesteps from the table's last entry (t = 1/1000), not from 0, which moves inner
-# points by up to about 1e-3 at shift 5. 2e-3 accepts both and still tells a 4-step table from any other step
-# count or shift (the nearest neighbour of the lightx2v table, 5 steps or shift 4, is more than 1e-2 away).
-SIGMA_TOLERANCE = 2e-3
+# float32 from 1000 training timesteps (ModelSamplingSD3: sigma(t/1000) shifted) and its "simple" scheduler picks
+# every (1000/steps)-th entry: the published points up to float32 rounding (~1e-7; measured at 4 steps, shift 5:
+# [1, 0.9375, 0.83333, 0.625, 0]). Its other schedulers are other schedules: "sgm_uniform" spaces from the
+# table's last entry (t = 1/1000) and lands up to 4.6e-3 off ([1, 0.93789, 0.83471, 0.62963, 0]); "normal" and
+# "beta" differ by 0.1 or more. 1e-4 keeps float32 noise in and those out, as well as any other step count or
+# shift (the nearest neighbours of the lightx2v table, 5 steps or shift 4, are more than 1e-2 away).
+SIGMA_TOLERANCE = 1e-4
 CFG_TOLERANCE = 1e-6
 PART_ALL, PART_HIGH, PART_LOW, PART_ANY = "all", "high", "low", "any contiguous part"
 
