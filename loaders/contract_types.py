@@ -14,6 +14,8 @@ from typing import Any, Optional
 # ScheduleContract.kind of a file whose metadata says it has no contract although its name suggests one: it
 # constrains nothing, and exists so the override is shown wherever contracts are.
 NO_CONTRACT = "none"
+# ScheduleContract.declared_by values that are part of the artifact itself (anything else names a contract table)
+OWN_DECLARATIONS = ("file name", "metadata", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class ScheduleContract:
     # (the model's model_index.json). Shown wherever the contract is, so a surprising one can be traced.
     declared_by: str = ""
     note: str = ""  # e.g. the file name suggested another contract than its metadata declares (metadata wins)
+    # Fields the artifact's release leaves to the user (a distill file whose name carries no step count): shown
+    # with the contract, so "steps open" is a statement about the file, not a contract that was missed.
+    open_fields: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line in words, for UI badges and logs."""
@@ -58,9 +63,12 @@ class ScheduleContract:
             parts.append(f"cfg={self.cfg:g}")
         if self.tasks:
             parts.append("tasks=" + ",".join(self.tasks))
+        if self.open_fields:
+            parts.append(", ".join(self.open_fields) + " open")
         text = " ".join(parts)
-        if self.declared_by:
-            text += f" (declared by its {self.declared_by})"
+        if self.declared_by:  # "its file name" / "its metadata", or a table line, which is not the file's own
+            whose = "its " if self.declared_by in OWN_DECLARATIONS else ""
+            text += f" (declared by {whose}{self.declared_by})"
         return f"{text}; {self.note}" if self.note else text
 
 

@@ -89,14 +89,39 @@ def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
 
 def lora_file_contracts(path: str, lora_name: str | None = None) -> tuple:
     """``(file name, family or None, (ScheduleContract,) or ())``: a LoRA's declaration as objects, read from its
-    name, header and metadata (no model needed)."""
+    name, header, metadata and contract table (no model needed)."""
     from .lora import read_lora
-    from .lora.preparation import declared_contract
 
     lora = read_lora(path)
     family = families.guess_family(lora)
-    contract = declared_contract(family, lora, lora_name or lora.name)
+    contract = discover_contract(path, lora_name, family=family, lora=lora)
     return lora.name, family, (contract,) if contract is not None else ()
+
+
+def discover_contract(path: str, lora_name: str | None = None, *, family=None, lora=None,
+                      strength: float = 1.0) -> Optional[ScheduleContract]:
+    """THE contract a LoRA file or PEFT folder declares: ``inspect``, the fuse and adapter verbs (so the
+    sampler), the contract endpoint, ``merge``, ``extract`` and the prompt's early check all ask here, so they
+    cannot disagree about one file. None when there is no family, no contract, or the file is applied at
+    strength 0 (off).
+
+    Sources, strongest first: the file's safetensors metadata, a matching ``lorabind-contracts.json`` entry
+    beside it (``contract_table``), its name. The name is read with the folder holding the file taken from
+    ``path`` (not ``lora_name``), so a caller holding the loras-relative name and one holding a path on disk
+    read the same thing (LightX2V's release layout keeps the step count in the folder). ``family`` defaults to
+    the one the file's keys say; ``lora`` is the file as read, when the caller has it.
+    """
+    from .contract_table import table_entry
+    from .lora import read_lora
+    from .lora.preparation import lora_rank
+
+    lora = lora if lora is not None else read_lora(path)
+    family = family if family is not None else families.guess_family(lora)
+    if family is None or strength == 0:
+        return None
+    full = os.path.abspath(str(path).rstrip("/\\"))
+    named = f"{os.path.basename(os.path.dirname(full))}/{os.path.basename(full)}"
+    return family.declared_contract(named, lora.metadata, lora_rank(lora), table_entry(path))
 
 
 def model_folder_contract(path: str, model_name: str) -> dict:

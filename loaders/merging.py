@@ -52,7 +52,8 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     """
     from . import families
     from .baked_contracts import INDEX_KEY, contract_to_json, file_sha256
-    from .lora.preparation import declared_contract, prepare_lora
+    from .contracts import discover_contract
+    from .lora.preparation import prepare_lora
     from .model_store import detect_family, read_model_index
     from .patching import PatchLayer, plan_state_keys
 
@@ -75,7 +76,8 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
         fuses.append({"name": prepared.name, "component": comp, "strength": strength,
                       "sha256": file_sha256(path), "accounting": prepared.accounting.to_dict()})
         warnings.extend(prepared.accounting.warnings)
-        contract = declared_contract(families.for_model_family(family), prepared.lora, prepared.name, strength)
+        contract = discover_contract(path, prepared.name, family=families.for_model_family(family),
+                                     lora=prepared.lora, strength=strength)
         if contract is not None:
             contracts.append(contract)
     plans = {comp: plan_state_keys(comp, model.components[comp], comp_layers)  # every shape checked first

@@ -42,6 +42,8 @@ _DECLARED_BY_WORDS = {
 def declared_by_words(contract: ScheduleContract) -> str:
     """"its file name declares this contract; " — the start of an error's parenthesis ("" when unknown)."""
     words = _DECLARED_BY_WORDS.get(contract.declared_by)
+    if words is None and contract.declared_by:  # a contract table entry: "lorabind-contracts.json line 3"
+        words = f"{contract.declared_by} declares this contract"
     return f"{words}; " if words else ""
 
 
@@ -92,6 +94,7 @@ def contract_dict(contract: ScheduleContract) -> dict:
         "shift": contract.shift,
         "cfg": contract.cfg,
         "tasks": list(contract.tasks) if contract.tasks else None,
+        "open": list(contract.open_fields),
         "rank": contract.rank,
         "alpha": contract.alpha,
         "scale": contract.scale,

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..loaders import families
-from ..loaders.contracts import contract_to_dict
+from ..loaders.contracts import contract_to_dict, discover_contract
 from ..loaders.errors import LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.handles import AdapterHandle, AdapterSpec, FuseSpec
 from ..loaders.lora import read_lora
-from ..loaders.lora.preparation import declared_contract, prepare_lora
+from ..loaders.lora.preparation import prepare_lora
 from ..loaders.peft_adapters import to_peft_groups
 
 
@@ -67,7 +67,7 @@ def prepare_fuse(model_handle, name: str, path: str, strength: float, component:
     family.check_artifact(model_handle.model, os.path.basename(name), component)
     prepared = prepare_lora(path, model_handle.model, component, name=name, lenient=lenient, where=where)
     report = prepared.report()
-    contract = declared_contract(family, prepared.lora, name, strength)
+    contract = discover_contract(path, name, family=family, lora=prepared.lora, strength=strength)
     spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient))
     return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
 
@@ -119,7 +119,7 @@ def attach_adapter(lora_name: str, path: str, scale: float, component: str,
     that cannot be dynamic (full diffs, convolutions) is refused here, naming it, not at sampling time."""
     lf = read_lora(path)  # the engine's cached reader: bind() finds the file there later
     to_peft_groups(lf.targets, lora_name)
-    contract = declared_contract(families.guess_family(lf), lf, lora_name, scale)
+    contract = discover_contract(path, lora_name, lora=lf, strength=scale)
     spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name, lenient=bool(lenient))
     handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
     text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]

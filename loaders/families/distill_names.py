@@ -28,6 +28,42 @@ def distill_contract(file_name: str, family: str, shift: float, rank: Optional[i
     return _distill(file_name, family, int(steps_match[1]), shift, 1.0, rank, "file name")
 
 
+def declared(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, table, family: str,
+             shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
+    """The contract a Wan/Qwen-Image file declares: its metadata's ``sampling_contract``, else a matching user
+    contract table entry (``contract_table.TableEntry`` or None), else what its name says (``by_name``)."""
+    if table is not None:
+        by_name = _from_table(by_name, file_name, table, family, shift, rank)
+    return with_metadata(by_name, file_name, metadata, family, shift, rank)
+
+
+def open_contract(file_name: str, family: str, rank: Optional[int], open_fields: tuple, note: str, *,
+                  shift: Optional[float] = None, cfg: Optional[float] = None) -> ScheduleContract:
+    """A distill file whose name carries no step count: what its release pins (often cfg 1, the Qwen-Image
+    Lightning shift) and which fields it leaves to the user, said in the contract instead of "none declared"."""
+    return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, shift=shift,
+                            cfg=cfg, rank=rank, declared_by="file name", open_fields=tuple(open_fields), note=note)
+
+
+def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, family: str, shift: float,
+                rank: Optional[int]) -> Optional[ScheduleContract]:
+    source = os.path.basename(file_name)
+    values = _parse_contract_text(table.contract, f"{table.where}: the contract {table.contract!r} for {source}")
+    if values is None:
+        if by_name is None:
+            return None
+        return ScheduleContract(source=by_name.source, kind=NO_CONTRACT, family=family, rank=rank,
+                                declared_by=table.where,
+                                note=f"'none' in {table.where} overrides the contract its file name suggests "
+                                     f"({_summary(by_name)})")
+    declared_here = _distill(file_name, family, values["steps"], values.get("shift", shift), values.get("cfg", 1.0),
+                             rank, table.where)
+    if by_name is not None and _summary(by_name) != _summary(declared_here):
+        declared_here = replace(declared_here, note=f"its file name suggests {_summary(by_name)}; {table.where} "
+                                                    f"wins")
+    return declared_here
+
+
 def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, family: str,
                   shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
     """The file's contract: its metadata's ``sampling_contract`` when present (it wins over the name, and a name
@@ -35,18 +71,19 @@ def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata:
     raw = (metadata or {}).get(CONTRACT_METADATA_KEY)
     if raw is None:
         return by_name
-    values = _parse_metadata_contract(str(raw), os.path.basename(file_name))
+    values = _parse_contract_text(str(raw), f"{os.path.basename(file_name)}: safetensors metadata "
+                                            f"{CONTRACT_METADATA_KEY}={str(raw)!r}")
     if values is None:
         if by_name is None:
             return None
         return ScheduleContract(source=by_name.source, kind=NO_CONTRACT, family=family, rank=rank,
                                 declared_by="metadata",
-                                note=f"{CONTRACT_METADATA_KEY}=none in its metadata overrides the contract its file "
-                                     f"name suggests ({_summary(by_name)})")
+                                note=f"{CONTRACT_METADATA_KEY}=none in its metadata overrides the contract "
+                                     f"{_suggested_by(by_name)} suggests ({_summary(by_name)})")
     declared = _distill(file_name, family, values["steps"], values.get("shift", shift), values.get("cfg", 1.0),
                         rank, "metadata")
     if by_name is not None and _summary(by_name) != _summary(declared):
-        declared = replace(declared, note=f"its file name suggests {_summary(by_name)}; the metadata wins")
+        declared = replace(declared, note=f"{_suggested_by(by_name)} suggests {_summary(by_name)}; the metadata wins")
     return declared
 
 
@@ -58,12 +95,19 @@ def _distill(file_name: str, family: str, steps: int, shift: float, cfg: float, 
 
 
 def _summary(contract: ScheduleContract) -> str:
-    return f"steps={contract.steps} shift={contract.shift:g} cfg={contract.cfg:g}"
+    return " ".join(f"{name}={'open' if value is None else format(value, 'g')}"
+                    for name, value in (("steps", contract.steps), ("shift", contract.shift), ("cfg", contract.cfg)))
 
 
-def _parse_metadata_contract(raw: str, source: str) -> Optional[dict]:
+def _suggested_by(contract: ScheduleContract) -> str:
+    """"its file name", or the table line the overridden contract came from."""
+    return "its file name" if contract.declared_by == "file name" else contract.declared_by
+
+
+def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
     """"steps=4, shift=5, cfg=1" -> {"steps": 4, "shift": 5.0, "cfg": 1.0}; "none" -> None. ContractError when
-    malformed, naming the file and the key: a contract that cannot be read must not be silently dropped."""
+    malformed, starting with ``where`` (the file and key, or the table line): a contract that cannot be read
+    must not be silently dropped."""
     if raw.strip().lower() == NO_CONTRACT:
         return None
     values: dict = {}
@@ -76,6 +120,5 @@ def _parse_metadata_contract(raw: str, source: str) -> Optional[dict]:
         if values.get("steps", 0) < 1 or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
             raise ValueError("steps must be >= 1, shift > 0 and cfg >= 0")
     except ValueError as exc:
-        raise ContractError(f"{source}: safetensors metadata {CONTRACT_METADATA_KEY}={raw!r} is malformed ({exc}); "
-                            f"write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
+        raise ContractError(f"{where} is malformed ({exc}); write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
     return values

@@ -187,8 +187,11 @@ class ModelFamily:
     # ---------------------------------------------------------------------------------------------------------
     # contracts
 
-    def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int]):
-        """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused."""
+    def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int], table=None):
+        """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused.
+        ``file_name`` is the file's name with the folder holding it (release layouts keep the step count
+        there); ``table`` a matching user contract table entry (``contract_table.TableEntry``) or None: the
+        file's metadata wins over it, and it wins over the name."""
         return None
 
     def check_expert_files(self, denoisers: tuple) -> None:

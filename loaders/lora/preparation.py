@@ -3,9 +3,9 @@
 Read (cached) -> map onto the model family's module paths -> account every tensor against the component's real
 module tree. Binding, the adapter nodes, ``lorabind inspect`` and ``lorabind merge`` all call this one function,
 so a file is refused with the same words wherever it is used, and what ``inspect`` reports is exactly what a fuse
-would apply. Also here: the small questions every caller asks about a LoRA file (its rank, the contract it
-declares); which denoiser a file's name says it belongs in is its model family's answer
-(``ModelFamily.component_for_file``).
+would apply. Also here: the small questions every caller asks about a LoRA file (its rank, its adapter kinds).
+The contract it declares is ``contracts.discover_contract``'s answer; which denoiser a file's name says it
+belongs in is its model family's (``ModelFamily.component_for_file``).
 """
 
 from __future__ import annotations
@@ -107,15 +107,3 @@ def kind_summary(targets: dict) -> dict:
         if "on" in item:
             item["on"] = sorted(item["on"])
     return summary
-
-
-def declared_contract(family, lora: LoraFile, lora_name: str, strength: float = 1.0):
-    """The sampling contract the file declares for ``family`` (a family from ``loaders.families``), or None
-    (no family, no contract, or applied at strength 0 = off).
-
-    ``lora_name`` is the name relative to the loras root: releases such as Wan2.2-Lightning keep the step count
-    in the folder name (``…-4steps-…/high_noise_model.safetensors``), not in the file name.
-    """
-    if family is None or strength == 0:
-        return None
-    return family.declared_contract(lora_name, lora.metadata, lora_rank(lora))

@@ -49,9 +49,9 @@ def run(args) -> int:
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
     from ...loaders import families
-    from ...loaders.contracts import contract_to_dict
+    from ...loaders.contracts import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
-    from ...loaders.lora.preparation import declared_contract, kind_summary
+    from ...loaders.lora.preparation import kind_summary
 
     lora = read_lora(path)
     family_module = families.guess_family(lora)
@@ -65,7 +65,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     # alpha-8 default for files that declare none)
     prepared = family_module.prepare(lora, family_module.model_families[0]) if family_module else lora
     lows = [patch.low_rank for patch in prepared.targets.values() if patch.low_rank is not None]
-    contract = declared_contract(family_module, lora, lora.name)
+    contract = discover_contract(path, family=family_module, lora=lora)
     return {
         "file": lora.name,
         "path": os.path.abspath(path),

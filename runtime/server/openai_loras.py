@@ -117,13 +117,13 @@ def _file_facts(lora_name: str) -> tuple:
     """(family or None, the contract dict it declares) of a LoRA file. A file whose family cannot be told fits
     every template; the fuse node's key check decides at the first request."""
     from ...loaders import families
-    from ...loaders.contracts import contract_to_dict
+    from ...loaders.contracts import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
-    from ...loaders.lora.preparation import declared_contract
 
-    lora = read_lora(folder_paths.get_full_path_or_raise("loras", lora_name))
+    path = folder_paths.get_full_path_or_raise("loras", lora_name)
+    lora = read_lora(path)
     family = families.guess_family(lora)
-    return family, contract_to_dict(declared_contract(family, lora, lora.name)) or {}
+    return family, contract_to_dict(discover_contract(path, lora_name, family=family, lora=lora)) or {}
 
 
 def _model_family(template: Template):

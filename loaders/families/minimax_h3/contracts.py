@@ -193,13 +193,20 @@ def native_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Sche
     )
 
 
-def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
+def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
+                      table=None) -> Optional[ScheduleContract]:
     """Turbo (by name) or native (by ``key_format``) contract; None for other files; ContractError if refused.
 
     ``file_name`` may be relative to the loras root (``turbo/minimax_h3_….safetensors``): the published grammar
-    is about the file's own name, so only that is parsed and named in messages.
+    is about the file's own name, so only that is parsed and named in messages. A contract table entry
+    (``table``) is refused: a MiniMax-H3 contract is two schedules, a task and an alpha, which the table's
+    ``steps/shift/cfg`` words cannot say, and silently ignoring the user's entry would be worse.
     """
     file_name = os.path.basename(str(file_name).replace("\\", "/"))
+    if table is not None:
+        raise ContractError(f"{table.where}: {file_name} is a MiniMax-H3 adapter, whose contract comes from its "
+                            f"published name or its metadata; a contract table entry cannot declare one (narrow "
+                            f"the pattern so it does not match this file)")
     if (metadata or {}).get("key_format") == NATIVE_KEY_FORMAT:  # the metadata wins over a Turbo-like name
         contract = native_contract(file_name, metadata, rank)
         if parse_turbo_name(file_name) is not None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Optional
 
 from ...contract_types import ScheduleContract
-from ..distill_names import distill_contract, with_metadata
+from ..distill_names import declared, distill_contract, open_contract
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
 # Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with
@@ -17,9 +18,21 @@ _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
 LIGHTNING_SHIFT = 3.0
 
 
-def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
-    """``Qwen-Image-Lightning-4steps-V1.0.safetensors`` (and the Edit/2509/2512/2511 variants) -> N steps,
-    shift 3, cfg 1. A ``sampling_contract`` in the metadata wins over the name (``distill_names.with_metadata``)."""
-    by_name = distill_contract(file_name, "qwen_image", LIGHTNING_SHIFT, rank) if _LIGHTNING.search(file_name) else None
-    return with_metadata(by_name, file_name, metadata, "qwen_image", LIGHTNING_SHIFT, rank)
+# Qwen-Image-2512-Lightning.safetensors, the vllm-omni LoRA guide's own example (docs/user_guide/diffusion/lora.md,
+# distill backend table), names no step count: the release has 4- and 8-step files. Shift 3 and cfg 1 hold for
+# every Lightning file, so only the step count is left open.
+LIGHTNING_STEPS_OPEN_NOTE = "its name carries no step count: steps are left open (Lightning releases 4- and 8-step files)"
 
+
+def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
+                      table=None) -> Optional[ScheduleContract]:
+    """``Qwen-Image-Lightning-4steps-V1.0.safetensors`` (and the Edit/2509/2512/2511 variants) -> N steps,
+    shift 3, cfg 1; a Lightning name without a step count pins shift 3 and cfg 1 and leaves the steps open.
+    Only the file's own name is read. The metadata wins over a contract table entry, which wins over the name
+    (``distill_names.declared``)."""
+    name = os.path.basename(str(file_name).replace("\\", "/").rstrip("/"))
+    by_name = None
+    if _LIGHTNING.search(name):
+        by_name = distill_contract(name, "qwen_image", LIGHTNING_SHIFT, rank) or open_contract(
+            name, "qwen_image", rank, ("steps",), LIGHTNING_STEPS_OPEN_NOTE, shift=LIGHTNING_SHIFT, cfg=1.0)
+    return declared(by_name, name, metadata, table, "qwen_image", LIGHTNING_SHIFT, rank)

@@ -10,7 +10,7 @@ from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContrac
 from ...errors import ContractError
 from ...schedule_rules import contract_value, describe_artifact
 from ...sigmas import on_high_noise_expert
-from ..distill_names import distill_contract, with_metadata
+from ..distill_names import declared, distill_contract, open_contract
 
 MOE_FAMILY = "wan2.2_moe"
 
@@ -40,24 +40,62 @@ I2V_PAIR_NOTE = ("published recipes differ on shift and expert split: LightX2V s
 _I2V = re.compile(r"(?<![a-z0-9])i2v(?![a-z0-9])", re.IGNORECASE)
 _T2V = re.compile(r"(?<![a-z0-9])t2v(?![a-z0-9])", re.IGNORECASE)
 _LIGHTX2V = re.compile(r"lightx2v", re.IGNORECASE)
+# LightX2V's release layout: one folder per release, the experts under generic names (reference §2.6:
+# lightx2v/Wan2.2-Lightning/<release>/{high,low}_noise_model.safetensors).
+_RELEASE_LAYOUT = re.compile(r"(high|low)_noise_model\.safetensors", re.IGNORECASE)
+_CAUSVID = re.compile(r"causvid", re.IGNORECASE)
+# A step-and-CFG distill name without a step count (Kijai's lightx2v_T2V_14B_cfg_step_distill_v2_lora_rank64_bf16,
+# LightX2V's Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank32): LightX2V's step distillation is trained for
+# 4 steps "without CFG" (LightX2V docs, method_tutorials/step_distill), so cfg 1 is pinned; the community runs
+# these files at 4 to 8 steps and several shifts, so those are left to the user.
+STEPS_OPEN_NOTE = ("its name carries no step count: steps and shift are left open (LightX2V distills these for "
+                   "4 steps without CFG; people run them at 4 to 8)")
+# CausVid LoRAs (Kijai's Wan21_CausVid_14B_T2V_lora_rank32*, Wan21_CausVid_bidirect2_T2V_1_3B_lora_rank32): the
+# release notes and community tests run them at 4 to 12 steps, cfg 1 up to about 3, at reduced strength; no
+# field is fixed by the release.
+CAUSVID_NOTE = ("a CausVid LoRA: steps, shift and cfg are left open (its release runs it at 4 to 12 steps, "
+                "cfg 1 to 3)")
 
 
-def declared_contract(file_name: str, metadata: dict, rank: Optional[int]) -> Optional[ScheduleContract]:
+def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
+                      table=None) -> Optional[ScheduleContract]:
     """``…lightx2v_4step…`` / ``…Lightning…8steps…`` -> N steps at shift 5, cfg 1. ``file_name`` may include
-    its folder (Lightning ships ``<release>-4steps-.../high_noise_model.safetensors``). Names without a step
-    count (e.g. ``…cfg_step_distill_lora_rank64``) declare nothing: the community runs them at several counts.
-    The Wan2.2 I2V lightx2v pair pins steps and cfg only (see ``I2V_PAIR_NOTE``). A ``sampling_contract`` in the
-    metadata wins over the name (``distill_names.with_metadata``)."""
+    its folder: LightX2V's release layout (``Wan2.2-…-4steps-…-Seko-V1.1/high_noise_model.safetensors``) keeps
+    the step count in the folder name; for any other file only its own name counts (a folder the user named
+    "lightx2v" does not make every LoRA in it a distill file). A distill name without a step count
+    (``…cfg_step_distill_lora_rank64``, CausVid) gets a contract that says which fields it leaves open. The
+    Wan2.2 I2V lightx2v pair pins steps and cfg only (see ``I2V_PAIR_NOTE``). The file's metadata wins over a
+    contract table entry (``table``), which wins over the name (``distill_names.declared``)."""
+    text = _grammar_text(file_name)
     # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
-    family = MOE_FAMILY if _WAN22.search(file_name) else "wan2.1"
-    by_name = None
-    if _DISTILL_MARKER.search(file_name) and not _OTHER_FAMILY.search(file_name):
-        by_name = distill_contract(file_name, family, DISTILL_SHIFT, rank)
-        if by_name is not None and artifact_task(file_name) == "i2v":
-            by_name = replace(by_name, tasks=("i2v",))
-            if family == MOE_FAMILY and _LIGHTX2V.search(file_name):
-                by_name = replace(by_name, sigmas=None, shift=None, extra=(("note", I2V_PAIR_NOTE),))
-    return with_metadata(by_name, file_name, metadata, family, DISTILL_SHIFT, rank)
+    family = MOE_FAMILY if _WAN22.search(text) else "wan2.1"
+    return declared(_by_name(text, family, rank), text, metadata, table, family, DISTILL_SHIFT, rank)
+
+
+def _grammar_text(file_name: str) -> str:
+    """The part of a loras-relative name the grammar reads: the file name, with its folder for the release
+    layout's generic ``high_noise_model`` / ``low_noise_model`` names."""
+    parts = str(file_name).replace("\\", "/").rstrip("/").split("/")
+    if len(parts) > 1 and _RELEASE_LAYOUT.fullmatch(parts[-1]):
+        return "/".join(parts[-2:])
+    return parts[-1]
+
+
+def _by_name(text: str, family: str, rank: Optional[int]) -> Optional[ScheduleContract]:
+    if _OTHER_FAMILY.search(text):
+        return None
+    if _CAUSVID.search(text):
+        return open_contract(text, family, rank, ("steps", "shift", "cfg"), CAUSVID_NOTE)
+    by_steps = distill_contract(text, family, DISTILL_SHIFT, rank)
+    if not (_DISTILL_MARKER.search(text) or (by_steps is not None and _RELEASE_LAYOUT.search(text))):
+        return None
+    if by_steps is None:
+        by_steps = open_contract(text, family, rank, ("steps", "shift"), STEPS_OPEN_NOTE, cfg=1.0)
+    if artifact_task(text) == "i2v":
+        by_steps = replace(by_steps, tasks=("i2v",))
+        if family == MOE_FAMILY and _LIGHTX2V.search(text) and by_steps.steps is not None:
+            by_steps = replace(by_steps, sigmas=None, shift=None, extra=(("note", I2V_PAIR_NOTE),))
+    return by_steps
 
 
 def artifact_task(file_name: str) -> Optional[str]:

@@ -47,8 +47,9 @@ def test_wan_8step_name_uses_the_8_step_shift_5_grid():
 
 
 @pytest.mark.parametrize("name", [
-    "Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank64.safetensors",  # no step count in the name
     "my_wan_style_lora.safetensors",
+    "lightx2v/my_wan_style_lora.safetensors",  # a folder the user named: only the release layout's folder counts
+    "my_loras/high_noise_model.safetensors",  # the release layout's file name, but no step count in the folder
     "Qwen-Image-Lightning-4steps-V1.0.safetensors",
     "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors",
 ])
@@ -87,6 +88,42 @@ def test_qwen_lightning_schedule_equals_its_reference_scheduler():
 
 def test_qwen_names_without_a_contract_and_no_checkpoint_contracts():
     assert qwen_image.declared_contract("qwen_style_lora.safetensors", {}, 16) is None
-    assert qwen_image.declared_contract("Qwen-Image-Lightning.safetensors", {}, 16) is None
     assert qwen_image.FAMILY.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
     assert wan.FAMILY.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None
+
+
+@pytest.mark.parametrize("name, family, tasks, pinned, open_fields", [
+    ("lightx2v_T2V_14B_cfg_step_distill_v2_lora_rank64_bf16.safetensors", "wan2.1", None, {"cfg": 1.0},
+     ("steps", "shift")),
+    ("Wan21_T2V_14B_lightx2v_cfg_step_distill_lora_rank32.safetensors", "wan2.1", None, {"cfg": 1.0},
+     ("steps", "shift")),
+    ("lightx2v_I2V_14B_480p_cfg_step_distill_rank128_bf16.safetensors", "wan2.1", ("i2v",), {"cfg": 1.0},
+     ("steps", "shift")),
+    ("lightx2v_I2V_14B_720p_cfg_step_distill_rank64_bf16.safetensors", "wan2.1", ("i2v",), {"cfg": 1.0},
+     ("steps", "shift")),
+    ("Wan21_CausVid_14B_T2V_lora_rank32.safetensors", "wan2.1", None, {}, ("steps", "shift", "cfg")),
+    ("Wan21_CausVid_bidirect2_T2V_1_3B_lora_rank32.safetensors", "wan2.1", None, {}, ("steps", "shift", "cfg")),
+])
+def test_distill_names_without_a_step_count_say_which_fields_they_leave_open(name, family, tasks, pinned,
+                                                                            open_fields):
+    contract = wan.declared_contract(name, {}, 64)
+    assert (contract.kind, contract.family, contract.tasks, contract.open_fields) == (
+        "distill", family, tasks, open_fields)
+    assert (contract.steps, contract.sigmas) == (None, None)
+    assert {field: getattr(contract, field) for field in ("shift", "cfg") if getattr(contract, field) is not None} \
+        == pinned
+    assert contract.describe().startswith(f"{name}: distill") and " open" in contract.describe()
+
+
+def test_release_layout_reads_the_step_count_from_its_folder():
+    for folder in ("Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1", "Wan2.2-T2V-A14B-4steps-lora-250928"):
+        for expert in ("high_noise_model", "low_noise_model"):
+            contract = wan.declared_contract(f"{folder}/{expert}.safetensors", {}, 64)
+            assert (contract.steps, contract.family, contract.source) == (4, "wan2.2_moe", f"{expert}.safetensors")
+
+
+def test_qwen_lightning_without_a_step_count_pins_shift_and_cfg_and_leaves_steps_open():
+    contract = qwen_image.declared_contract("loras/Qwen-Image-2512-Lightning.safetensors", {}, 16)
+    assert (contract.kind, contract.steps, contract.sigmas, contract.shift, contract.cfg, contract.open_fields) == (
+        "distill", None, None, 3.0, 1.0, ("steps",))
+    assert contract.source == "Qwen-Image-2512-Lightning.safetensors"

@@ -8,7 +8,8 @@ from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import for_model_family
 from lorabind.loaders.handles import FuseSpec, ModelHandle
 from lorabind.loaders.families.wan.slots import expert_role
-from lorabind.loaders.lora.preparation import declared_contract, lora_rank, prepare_lora
+from lorabind.loaders.contracts import discover_contract
+from lorabind.loaders.lora.preparation import lora_rank, prepare_lora
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.runtime.commands.inspect import inspect_lora
@@ -68,14 +69,14 @@ def test_expert_role_from_published_file_names(name, role):
     assert expert_role(name) == role
 
 
-def test_declared_contract_is_off_at_strength_zero_and_without_a_family(load_tiny, tiny_models_root):
+def test_declared_contract_is_off_at_strength_zero(load_tiny, tiny_models_root):
     model = load_tiny("tiny-wan22-t2v")
-    prepared = prepare_lora(str(tiny_models_root / "loras" / F.WAN22_HIGH), model, "transformer")
+    path = str(tiny_models_root / "loras" / F.WAN22_HIGH)
+    prepared = prepare_lora(path, model, "transformer")
     family = for_model_family(model.family)
-    contract = declared_contract(family, prepared.lora, F.WAN22_HIGH, 1.0)
+    contract = discover_contract(path, F.WAN22_HIGH, family=family, lora=prepared.lora, strength=1.0)
     assert (contract.steps, contract.family) == (4, "wan2.2_moe")
-    assert declared_contract(family, prepared.lora, F.WAN22_HIGH, 0.0) is None
-    assert declared_contract(None, prepared.lora, F.WAN22_HIGH, 1.0) is None
+    assert discover_contract(path, F.WAN22_HIGH, family=family, lora=prepared.lora, strength=0.0) is None
 
 
 SUFFIX_OF_PART = {"down": ".lora_down.weight", "up": ".lora_up.weight", "alpha": ".alpha", "weight": ".diff",
