@@ -1,0 +1,106 @@
+"""The user contract table (``lorabind-contracts.json`` beside the LoRAs): an entry gives a contract to any name;
+the file's metadata beats the table and the table beats the name; errors name the table and the line."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lorabind.loaders.contract_table import TABLE_NAME, parse_table
+from lorabind.loaders.contracts import SamplingRequest, discover_contract, lora_file_contract, resolve_schedule
+from lorabind.loaders.errors import ContractError
+from lorabind.loaders.handles import ModelHandle
+from types import SimpleNamespace
+
+LIGHTX2V = "wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
+
+
+def write_lora(folder, name, metadata=None):
+    tensors = {"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.ones(4, 8),
+               "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.ones(8, 4)}
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+def write_table(folder, text):
+    (folder / TABLE_NAME).write_text(text, encoding="utf-8")
+
+
+def test_a_table_entry_gives_a_contract_to_an_arbitrary_name(tmp_path):
+    path = write_lora(tmp_path, "my_speedup_v3.safetensors")
+    assert discover_contract(str(path)) is None
+    write_table(tmp_path, '{\n  "other.safetensors": "steps=8",\n  "my_speedup_*.safetensors": "steps=6, cfg=1"\n}\n')
+    contract = discover_contract(str(path))
+    assert (contract.steps, contract.shift, contract.cfg, contract.family) == (6, 5.0, 1.0, "wan2.1")
+    assert contract.declared_by == f"{TABLE_NAME} line 3"
+    assert contract.describe().endswith(f"(declared by {TABLE_NAME} line 3)")
+    # the sampler enforces it, and its refusal says where the contract comes from
+    handle = ModelHandle(model=SimpleNamespace(family="wan2.1", name="tiny", model_index={}), contracts=(contract,))
+    with pytest.raises(ContractError, match=rf"steps must be 6, got 20 \({TABLE_NAME} line 3 declares this contract"):
+        resolve_schedule(handle, None, None, SamplingRequest(steps=20, cfg=1.0, shift=5.0))
+
+
+def test_the_table_beats_the_name_and_none_removes_a_name_contract(tmp_path):
+    path = write_lora(tmp_path, LIGHTX2V)
+    assert discover_contract(str(path)).steps == 4
+    write_table(tmp_path, json.dumps({LIGHTX2V: "steps=8, shift=3"}))
+    contract = discover_contract(str(path))
+    assert (contract.steps, contract.shift, contract.declared_by) == (8, 3.0, f"{TABLE_NAME} line 1")
+    assert contract.note == f"its file name suggests steps=4 shift=5 cfg=1; {TABLE_NAME} line 1 wins"
+    write_table(tmp_path, json.dumps({LIGHTX2V: "none"}))
+    removed = discover_contract(str(path))
+    assert (removed.kind, removed.steps) == ("none", None)
+
+
+def test_the_files_metadata_beats_the_table(tmp_path):
+    path = write_lora(tmp_path, "mine.safetensors", {"sampling_contract": "steps=2"})
+    write_table(tmp_path, '{"mine.safetensors": "steps=8"}')
+    contract = discover_contract(str(path))
+    assert (contract.steps, contract.declared_by) == (2, "metadata")
+    assert contract.note == f"{TABLE_NAME} line 1 suggests steps=8 shift=5 cfg=1; the metadata wins"
+
+
+def test_a_sha256_entry_matches_the_content_whatever_the_name(tmp_path):
+    path = write_lora(tmp_path, "renamed_download.safetensors")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    write_table(tmp_path, json.dumps({f"sha256:{digest}": "steps=4"}))
+    assert discover_contract(str(path)).steps == 4
+    other = write_lora(tmp_path, "other.safetensors", {"x": "different bytes"})
+    assert discover_contract(str(other)) is None
+
+
+def test_a_table_one_folder_up_serves_a_release_folder_and_patterns_may_name_the_folder(tmp_path):
+    path = write_lora(tmp_path, "MyRelease/high_noise_model.safetensors")
+    write_table(tmp_path, '{"MyRelease/*.safetensors": "steps=3"}')
+    assert discover_contract(str(path)).steps == 3
+    # the nearest table wins: one in the release folder itself
+    write_table(tmp_path / "MyRelease", '{"high_noise_model.safetensors": "steps=5"}')
+    assert discover_contract(str(path)).steps == 5
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ('{\n  "a.safetensors": "steps=4",\n  "b.safetensors": 4\n}', 3, "must be a string"),
+    ('{\n  "a.safetensors": "steps=four"\n}', 2, "is malformed"),
+    ('{\n  "a.safetensors": "steps=4",\n  "a.safetensors": "steps=8"\n}', 3, "already given on line 2"),
+    ('{\n  "sha256:abc": "steps=4"\n}', 2, "64 lowercase hex digits"),
+    ('{\n  "a.safetensors": "steps=4"\n  "b.safetensors": "steps=4"\n}', 3, "expected ','"),
+    ('[\n  "a.safetensors"\n]', 1, "one JSON object"),
+])
+def test_table_errors_name_the_table_and_the_line(tmp_path, text, line, words):
+    path = write_lora(tmp_path, "a.safetensors")
+    write_table(tmp_path, text)
+    with pytest.raises(ContractError, match=rf"^{TABLE_NAME} line {line}: .*{words}"):
+        discover_contract(str(path))
+    # the contract endpoint's declaration refuses it with the same words
+    with pytest.raises(ContractError, match=rf"^{TABLE_NAME} line {line}"):
+        lora_file_contract(str(path), "a.safetensors")
+
+
+def test_parse_table_keeps_file_order_and_lines():
+    assert parse_table('{"a": "steps=4",\n\n "b*": "none"}') == [("a", "steps=4", 1), ("b*", "none", 3)]
