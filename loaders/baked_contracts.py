@@ -56,3 +56,32 @@ def file_sha256(path: str) -> str:
                 for block in iter(lambda: handle.read(1 << 20), b""):
                     digest.update(block)
     return digest.hexdigest()
+
+
+def extracted_contract_metadata(model_index: dict, component: str) -> dict:
+    """The ``sampling_contract`` metadata a LoRA ``extract``ed from ``component`` of a merged folder carries: the
+    contract baked in with the LoRAs fused into that component, so the extracted file still runs only as the
+    files it came from did (issue 28: the extract used to drop it). {} when nothing baked into it declares a
+    step count. Two fuses into one component declaring different contracts are refused: no one file can say
+    both."""
+    from .errors import ContractError
+    from .families.distill_names import CONTRACT_METADATA_KEY
+
+    baked = model_index.get(INDEX_KEY)
+    if not isinstance(baked, dict):
+        return {}
+    fused_here = {os.path.basename(str(entry.get("name", ""))) for entry in baked.get("fused") or ()
+                  if isinstance(entry, dict) and entry.get("component") == component}
+    texts = {_metadata_text(entry) for entry in baked.get("contracts") or ()
+             if isinstance(entry, dict) and entry.get("source") in fused_here and entry.get("steps")}
+    if len(texts) > 1:
+        raise ContractError(f"the LoRAs baked into {component} declare different contracts ({sorted(texts)}); an "
+                            f"extracted file can carry only one")
+    return {CONTRACT_METADATA_KEY: texts.pop()} if texts else {}
+
+
+def _metadata_text(entry: dict) -> str:
+    """"steps=4, shift=5, cfg=1" (a field the contract leaves open is left out: the reader's default applies)."""
+    parts = [f"steps={int(entry['steps'])}"]
+    parts += [f"{name}={float(entry[name]):g}" for name in ("shift", "cfg") if entry.get(name) is not None]
+    return ", ".join(parts)

@@ -102,6 +102,7 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
                     device: str = "cpu", overwrite: bool = False) -> dict:
     import torch
 
+    from ...loaders.baked_contracts import extracted_contract_metadata
     from ...loaders.devices import resolve_device
     from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
     from ...loaders.model_store import denoiser_names, read_model_index
@@ -127,5 +128,6 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
         metadata["extract_alpha"] = str(options.alpha)
     if options.layers:
         metadata["extract_layers"] = json.dumps(list(options.layers))
+    metadata.update(extracted_contract_metadata(read_model_index(tuned_dir), component))
     save_extracted(result.tensors, out, metadata, inputs=inputs, overwrite=overwrite)
     return result.summary()

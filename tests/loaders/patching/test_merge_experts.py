@@ -119,3 +119,19 @@ def test_overwrite_replaces_only_a_finished_folder_and_a_fault_leaves_no_output(
     # and an --overwrite that fails keeps the old folder whole
     assert _merge(pair, out, f"transformer={pair['high']}:0.25", extra=("--overwrite",)) == 1
     assert '"strength": 0.5' in (out / "model_index.json").read_text()
+
+
+def test_an_extract_from_the_merged_folder_keeps_the_baked_contract(pair, tmp_path):
+    from safetensors import safe_open
+
+    from lorabind.loaders.contracts import discover_contract
+
+    out = tmp_path / "baked"
+    assert _merge(pair, out, f"transformer={pair['high']}", f"transformer_2={pair['low']}") == 0
+    extracted = tmp_path / "extracted_lora.safetensors"
+    assert main(["extract", "--base", pair["model"], "--tuned", str(out), "--component", "transformer_2",
+                 "--rank", "4", "--out", str(extracted)]) == 0
+    with safe_open(str(extracted), framework="pt") as handle:
+        assert handle.metadata()["sampling_contract"] == "steps=4, shift=5, cfg=1"
+    contract = discover_contract(str(extracted))
+    assert (contract.steps, contract.shift, contract.cfg, contract.declared_by) == (4, 5.0, 1.0, "metadata")
