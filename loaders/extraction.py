@@ -146,8 +146,9 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
     if options.alpha is not None and options.alpha <= 0:
         raise ExtractionError(f"--alpha must be positive (got {options.alpha})")
     check_correspondence(base, tuned)
-    result = ExtractionResult()
     keys = sorted(base.keys())
+    _check_layers_match(keys, options)
+    result = ExtractionResult()
     prefix = options.key_prefix
     for index, key in enumerate(keys):
         module, _, param = key.rpartition(".")
@@ -180,6 +181,18 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
         what = f" in the layers {list(options.layers)}" if options.layers else ""
         raise ExtractionError(f"{tuned.folder} is identical to {base.folder}{what}: there is nothing to extract")
     return result
+
+
+def _check_layers_match(keys: list, options: ExtractOptions) -> None:
+    """``--layers`` globs that select no module at all are a typo, not "identical models": say so, naming
+    them and a few real module names to write them against."""
+    if not options.layers:
+        return
+    modules = sorted({key.rpartition(".")[0] for key in keys})
+    unmatched = [glob_ for glob_ in options.layers if not any(fnmatch.fnmatchcase(m, glob_) for m in modules)]
+    if len(unmatched) == len(options.layers):
+        raise ExtractionError(f"--layers {unmatched} match no module of the component (its modules are named "
+                              f"like {', '.join(modules[:3])}): nothing was compared")
 
 
 def save_extracted(tensors: dict, out_path: str, metadata: dict, *, inputs=(), overwrite: bool = False) -> None:

@@ -77,3 +77,12 @@ def test_unknown_config_keys_are_refused_naming_them(models, capsys):
     assert main(["extract", "--base", str(models / "base"), "--tuned", str(models / "tuned"), "--out",
                  str(models / "x.safetensors"), "--config", str(config)]) == 1
     assert "unknown keys ['lora_rank']" in capsys.readouterr().err
+
+
+def test_layers_that_match_no_module_say_so_instead_of_identical(models, capsys):
+    out = models / "never.safetensors"
+    assert main(["extract", "--base", str(models / "base"), "--tuned", str(models / "tuned"), "--out", str(out),
+                 "--layers", "blocks.*.attn1.to_q"]) == 1
+    err = capsys.readouterr().err
+    assert "--layers ['blocks.*.attn1.to_q'] match no module of the component" in err
+    assert "blocks.0.attn.to_k" in err and "identical" not in err and not out.exists()
