@@ -19,7 +19,7 @@ from .. import json_limits
 from ..errors import ModelLoadError
 from ..lora.safetensors_header import check_header_budget
 from . import catalog, fp8
-from .layouts import strip_prefix
+from .layouts import DIFFUSION_PREFIXES, strip_prefix
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)
@@ -132,6 +132,20 @@ def _candidates(shapes: dict, base_name: str) -> list:
     return hinted or [k for k in kinds if not k.name_hint]
 
 
+def _unknown_prefix(shapes: dict):
+    """The one prefix before a known kind's marker keys in a file no kind matched (a saver we do not know), or
+    None: such a file is refused naming it, not as "not a single file lorabind knows"."""
+    for kind in catalog.KINDS.values():
+        marker = kind.markers[0] if kind.markers else None
+        found = {key[: -len(marker)] for key in shapes if marker and key.endswith("." + marker)}
+        if len(found) != 1:
+            continue
+        (prefix,) = found
+        if all(prefix + m in shapes for m in kind.markers):
+            return prefix
+    return None
+
+
 def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -> Detected:
     """Identify one file among ``models``; ``ModelLoadError`` naming the file (and its shapes) when nothing fits."""
     name = name or os.path.basename(path)
@@ -139,6 +153,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
     prefixes = {k[: len(k) - len(strip_prefix(k))] for k in raw_shapes}
     prefix = max(prefixes, key=len) if len(prefixes) == 1 else ""
     shapes = {strip_prefix(k): v for k, v in raw_shapes.items()}
+    dtypes = {strip_prefix(k): v for k, v in dtypes.items()}  # keyed like shapes (a raw KeyError otherwise)
     base_name = os.path.basename(name)
     kinds = _candidates(shapes, base_name)
     if not kinds:
@@ -146,6 +161,11 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
         if refused is not None:
             raise ModelLoadError(f"{name}: a {refused.title} single file, which lorabind does not load. "
                                  f"{refused.instead}")
+        unknown = _unknown_prefix(shapes)
+        if unknown is not None:
+            raise ModelLoadError(f"{name}: its keys carry the prefix {unknown!r}, which lorabind does not know; the "
+                                 f"layouts published files and ComfyUI's savers use are "
+                                 f"{', '.join(repr(p) for p in DIFFUSION_PREFIXES)} or none")
         raise ModelLoadError(
             f"{name}: not a single file lorabind knows (looked for a Wan or Qwen-Image denoiser, a Wan/Qwen-Image "
             "VAE, a umt5 or Qwen2.5-VL text encoder or a CLIP vision encoder by their key names). MiniMax-H3 and "
