@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..loaders import families
-from ..loaders.contracts import contract_to_dict
+from ..loaders.contracts import contract_to_dict, discover_contract
 from ..loaders.errors import ContractError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.lora.native_targets import host_deltas, native_denoiser, prepare_native
-from ..loaders.lora.preparation import declared_contract
 from ..loaders.patching import patched_value
 from ..loaders.schedule_rules import contract_value, describe_artifact
 from ..loaders.sigmas import on_high_noise_expert, shifted_sigmas
@@ -68,7 +67,8 @@ def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, 
     denoiser = native_denoiser(shapes, model_name)
     prepared = prepare_native(path, denoiser, name=lora_name, lenient=lenient, where=where)
     report = prepared.report()
-    contract = declared_contract(denoiser.family_object, prepared.lora, lora_name, strength)
+    contract = discover_contract(path, lora_name, family=denoiser.family_object, lora=prepared.lora,
+                                 strength=strength)
     text = [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
     return HostLora(host_deltas(prepared, denoiser), report, contract, text)
 
