@@ -133,7 +133,8 @@ def fuse_entry(expert, device, dtype) -> dict:
 def _loaded_model(experts: dict, boundary: float):
     from lorabind.loaders.model_store import LoadedModel
 
-    index = {"boundary_ratio": boundary, **{n: ["diffusers", "WanTransformer3DModel"] for n in experts}}
+    index = {"_class_name": "WanPipeline", "boundary_ratio": boundary,
+             **{n: ["diffusers", "WanTransformer3DModel"] for n in experts}}
     return LoadedModel(path="", name="bench", family="wan2.2_moe", pipeline=types.SimpleNamespace(**experts),
                        components=dict(experts), model_index=index)
 
