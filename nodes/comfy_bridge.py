@@ -302,6 +302,11 @@ def _patched_parameter(model, key: str, compute, strength: float):
     return torch.nn.Parameter(value, requires_grad=False)
 
 
+def patched_keys(model) -> set:
+    """The state-dict keys a ComfyUI ModelPatcher already changes (weight patches and object patches)."""
+    return set(model.patches) | set(model.object_patches)
+
+
 def model_shapes(model) -> dict:
     """{state-dict key: shape} of a ComfyUI ModelPatcher's model, the names its patches are keyed by."""
     return {key: tuple(value.shape) for key, value in model.model_state_dict().items()}

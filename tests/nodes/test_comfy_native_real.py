@@ -48,6 +48,29 @@ def _variant(**changes) -> dict:
     return prompt
 
 
+def _custom_sampler_prompt(cfg: float) -> dict:
+    """One expert with a single LoraBindLoRA, sampled by SamplerCustomAdvanced on LoraBindContractSigmas."""
+    tiny = json.loads(TINY_WORKFLOW.read_text())
+    prompt = {node_id: tiny[node_id] for node_id in ("1", "3", "5", "6", "10")}
+    high = tiny["7"]["inputs"]["lora_high"]
+    nodes = {
+        "20": ("LoraBindLoRA", {"model": ["1", 0], "lora_name": high, "strength": 1.0, "lenient": False,
+                                "enforce_contract": True}),
+        "21": ("ModelSamplingSD3", {"model": ["20", 0], "shift": 5.0}),
+        "22": ("LoraBindContractSigmas", {"model": ["21", 0]}),
+        "23": ("RandomNoise", {"noise_seed": 7}),
+        "24": ("KSamplerSelect", {"sampler_name": "euler"}),
+        "25": ("CFGGuider", {"model": ["21", 0], "positive": ["5", 0], "negative": ["6", 0], "cfg": cfg}),
+        "26": ("SamplerCustomAdvanced", {"noise": ["23", 0], "guider": ["25", 0], "sampler": ["24", 0],
+                                         "sigmas": ["22", 0], "latent_image": ["10", 0]}),
+        "27": ("VAEDecode", {"samples": ["26", 0], "vae": ["3", 0]}),
+        "28": ("SaveAnimatedWEBP", {"images": ["27", 0], "filename_prefix": f"custom_sigmas_cfg{cfg:g}", "fps": 16.0,
+                                    "lossless": False, "quality": 80, "method": "default"}),
+    }
+    prompt.update({node_id: {"class_type": kind, "inputs": inputs} for node_id, (kind, inputs) in nodes.items()})
+    return prompt
+
+
 @pytest.fixture(scope="module")
 def comfy_results(tmp_path_factory):
     work = tmp_path_factory.mktemp("comfy_native")
@@ -61,6 +84,10 @@ def comfy_results(tmp_path_factory):
         "steps20": _variant(**{"11": {"steps": 20, "noise_seed": 1}, "12": {"steps": 20, "noise_seed": 1}}),
         "cfg5": _variant(**{"11": {"cfg": 5.0, "noise_seed": 2}, "12": {"cfg": 5.0, "noise_seed": 2}}),
         "swapped": _variant(**{"7": {"lora_high": pair["lora_low"], "lora_low": pair["lora_high"]}}),
+        "enforce_off": _variant(**{"7": {"enforce_contract": False}, "11": {"cfg": 5.0, "noise_seed": 3},
+                                   "12": {"cfg": 5.0, "noise_seed": 3}}),
+        "custom_sigmas": _custom_sampler_prompt(1.0),
+        "custom_cfg5": _custom_sampler_prompt(5.0),
         **{f"probe_{label}": probe_prompt(models, label, case) for label, case in CASES.items()},
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
@@ -68,15 +95,16 @@ def comfy_results(tmp_path_factory):
     command = [str(_harness()), "--name", "lorabind", "--models-dir", str(models), "--extra-pack", str(TEST_PACK),
                "--nodes", "LoraBindLoRA,LoraBindLoRAPair,LoraBindContractSigmas",
                "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
-                         f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'", str(REPO)]
+                         f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
+               str(REPO)]
     run = subprocess.run(["bash", *command], capture_output=True, text=True, timeout=1800)
     assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
     assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
-    return json.loads(results.read_text()), work / "output", models
+    return json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text()
 
 
 def test_the_tiny_workflow_runs_in_real_comfyui_and_writes_its_output(comfy_results):
-    results, output, _ = comfy_results
+    results, output = comfy_results[:2]
     assert results["contract"]["status"] == "success", results["contract"]["error"]
     (saved,) = [out for out in results["contract"]["outputs"].values() if "images" in out]
     (image,) = saved["images"]
@@ -99,6 +127,26 @@ def test_a_swapped_pair_is_refused_by_name_in_real_comfyui(comfy_results):
     error = comfy_results[0]["swapped"]["error"]
     assert error["node_id"] == "7" and "the pair is swapped" in error["exception_message"]
     assert HIGH_LORA in error["exception_message"]
+
+
+def test_enforce_contract_off_samples_anyway_and_records_the_override(comfy_results):
+    run, log = comfy_results[0]["enforce_off"], comfy_results[3]
+    assert run["status"] == "success", run["error"]
+    assert "contract NOT enforced (enforce_contract off)" in " ".join(run["outputs"]["7"]["text"])
+    (override,) = {line for line in log.splitlines() if line.startswith("[lorabind]") and HIGH_LORA in line}
+    assert "not enforced: enforce_contract off" in override and "cfg must be 1" in override
+
+
+def test_a_single_lora_node_and_contract_sigmas_drive_sampler_custom_advanced(comfy_results):
+    run = comfy_results[0]["custom_sigmas"]
+    assert run["status"] == "success", run["error"]
+    assert "0 unmatched" in " ".join(run["outputs"]["20"]["text"])
+    assert "sigmas 1.0000, 0.9375, 0.8333, 0.6250, 0.0000" in run["outputs"]["22"]["text"][0]
+    assert any("images" in output for output in run["outputs"].values())
+    refused = comfy_results[0]["custom_cfg5"]
+    assert refused["status"] == "error" and refused["error"]["node_id"] == "26"
+    assert HIGH_LORA in refused["error"]["exception_message"]
+    assert "cfg must be 1" in refused["error"]["exception_message"]
 
 
 def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_the_stand_in():
