@@ -267,11 +267,44 @@ def _weight_patch_class():
 
 
 def add_weight_patches(model, computes: dict, strength: float, label: str) -> int:
-    """Add ``{state-dict key: compute}`` to ``model`` (a ComfyUI ModelPatcher, already cloned) as patches at
-    ``strength``; returns how many keys ComfyUI took (every one, or the caller reports the difference)."""
+    """Add ``{state-dict key: compute}`` to ``model`` (a ComfyUI ModelPatcher, already cloned) at ``strength``;
+    returns how many keys were taken (every one, or the caller reports the difference).
+
+    Why two routes: ComfyUI's patcher writes weight patches only into modules that hold all their parameters
+    themselves (``ModelPatcher._load_list`` skips "random weights in non leaf modules"), so a patch on, say, a
+    Wan block's own ``modulation`` (a LoRA's ``diff_m``) is accepted and then never applied. Those parameters get
+    their patched value now, as object patches (ComfyUI swaps them in when it patches the model and back after);
+    every other key stays a weight patch, computed when ComfyUI's patcher loads the weight."""
     patch_class = _weight_patch_class()
-    patches = {key: patch_class(compute, label) for key, compute in computes.items()}
-    return len(model.add_patches(patches, float(strength)))
+    weight_keys = [key for key in computes if _patcher_writes(model, key)]
+    taken = len(model.add_patches({key: patch_class(computes[key], label) for key in weight_keys}, float(strength)))
+    for key in computes.keys() - set(weight_keys):
+        model.add_object_patch(key, _patched_parameter(model, key, computes[key], strength))
+        taken += 1
+    return taken
+
+
+def _patcher_writes(model, key: str) -> bool:
+    """Whether ComfyUI's weight patcher reaches ``key``: its module owns every parameter under it."""
+    owner_path = key.rpartition(".")[0]
+    owner = model.get_model_object(owner_path) if owner_path else model.model
+    own = {name for name, _ in owner.named_parameters(recurse=False)}
+    return all(name in own for name, _ in owner.named_parameters())
+
+
+def _patched_parameter(model, key: str, compute, strength: float):
+    """The parameter's patched value, from its value in this clone (an earlier LoRA node's object patch, else the
+    model's own weight), in its own dtype and device."""
+    import torch
+
+    current = model.get_model_object(key)
+    value = compute(current.detach().float(), float(strength)).to(device=current.device, dtype=current.dtype)
+    return torch.nn.Parameter(value, requires_grad=False)
+
+
+def patched_keys(model) -> set:
+    """The state-dict keys a ComfyUI ModelPatcher already changes (weight patches and object patches)."""
+    return set(model.patches) | set(model.object_patches)
 
 
 def model_shapes(model) -> dict:

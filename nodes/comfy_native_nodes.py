@@ -36,8 +36,10 @@ def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: s
                                       strength, lenient=lenient, where=where)
 
 
-def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None):
+def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None,
+               where: str = "LoraBindLoRA"):
     """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
+    usecases.check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
     patched = model.clone()
     computes = {key: partial(_patched_weight, deltas) for key, deltas in prepared.deltas.items()}
     taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
@@ -149,9 +151,9 @@ class LoraBindLoRAPair:
         table = usecases.sigma_table(contract) if contract is not None else None
         switch = usecases.switch_step(table, boundary) if table else 0
         model_high, high_lines = apply_lora(model_high, high, lora_high, strength_high, enforce_contract,
-                                            usecases.PART_HIGH, switch)
+                                            usecases.PART_HIGH, switch, where)
         model_low, low_lines = apply_lora(model_low, low, lora_low, strength_low, enforce_contract,
-                                          usecases.PART_LOW, switch)
+                                          usecases.PART_LOW, switch, where)
         lines = high_lines + low_lines
         if table:
             lines.append(f"switch at step {switch} of {len(table) - 1} (boundary {boundary:g})")

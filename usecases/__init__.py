@@ -6,7 +6,7 @@ so every host runs them the same way. Nodes import this one facade, never the en
 lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
 
 Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
-``tokenizer_dirs`` (models); ``prepare_host_lora``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
+``tokenizer_dirs`` (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
 ``lora_components`` (adapters); ``sample`` (sampling); ``check_contract``, ``decode_audio``, ``with_first_frame``
 (MiniMax-H3); plus the engine names a node declaration needs (socket types, choices, handles, errors).
@@ -20,7 +20,8 @@ _EXPORTS = {
     ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
                   "contract_text"),
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",
-                     "sigma_table", "switch_step", "HostContract", "PART_ALL", "PART_HIGH", "PART_LOW", "PART_ANY"),
+                     "check_stacking", "sigma_table", "switch_step", "HostContract", "PART_ALL", "PART_HIGH",
+                     "PART_LOW", "PART_ANY"),
     ".sampling": ("sample", "SampleOptions", "schedule_report"),
     ".minimax": ("check_contract", "decode_audio", "with_first_frame", "TASKS"),
     "..loaders.families": ("lora_components",),

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from ..loaders import families
 from ..loaders.contracts import contract_to_dict, discover_contract
-from ..loaders.errors import ContractError
+from ..loaders.errors import ContractError, LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.lora.native_targets import host_deltas, native_denoiser, prepare_native
 from ..loaders.patching import patched_value
@@ -71,6 +71,25 @@ def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, 
                                  strength=strength)
     text = [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
     return HostLora(host_deltas(prepared, denoiser), report, contract, text)
+
+
+# Kinds whose change to a weight is computed from that weight (DoRA renormalises the adapted weight's columns).
+BASE_DEPENDENT_KINDS = frozenset({"dora"})
+
+
+def check_stacking(deltas: dict, patched_keys, lora_name: str, where: str) -> None:
+    """Refuse a DoRA LoRA on weights an earlier LoRA node already patches. Our fuse computes every LoRA's change
+    from the original weight and adds them up, so the order never matters; ComfyUI's patcher instead hands each
+    patch the weight as the patches before it left it (the original is not passed), so a DoRA placed after
+    another LoRA would renormalise the already-patched weight and give another result. Placed first, it is exact
+    (later LoRAs only add). ``LoraBindError`` naming the file and a key, with what to do."""
+    stacked = sorted(key for key, key_deltas in deltas.items() if key in patched_keys
+                     and any(getattr(delta, "kind", "") in BASE_DEPENDENT_KINDS for delta in key_deltas))
+    if stacked:
+        raise LoraBindError(
+            f"{where}: {lora_name} is a DoRA LoRA, and {len(stacked)} of the weights it changes ({stacked[0]}, ...) "
+            f"are already patched by an earlier LoRA node. DoRA computes from the original weight, which ComfyUI "
+            f"does not pass on to later patches: apply {lora_name} first, then the other LoRAs")
 
 
 def host_family(shapes: dict, model_name: str) -> str:

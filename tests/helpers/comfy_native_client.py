@@ -34,9 +34,20 @@ async def _run_one(session, url: str, prompt: dict) -> dict:
             if event["type"] in ("execution_error", "execution_success") or (
                     event["type"] == "executing" and data.get("node") is None):
                 break
-    async with session.get(f"{url}/history/{prompt_id}") as reply:
-        entry = (await reply.json()).get(prompt_id, {})
+    entry = await _history_entry(session, url, prompt_id)
     return {"status": "error" if error else "success", "error": error, "outputs": entry.get("outputs", {})}
+
+
+async def _history_entry(session, url: str, prompt_id: str) -> dict:
+    """The prompt's history entry. ComfyUI sends ``execution_success`` before it files the history (a fast prompt's
+    entry can be missing right after the event), so ask again for a while."""
+    for _ in range(100):
+        async with session.get(f"{url}/history/{prompt_id}") as reply:
+            entry = (await reply.json()).get(prompt_id)
+        if entry is not None:
+            return entry
+        await asyncio.sleep(0.1)
+    return {}
 
 
 async def main(url: str, prompts_path: str, results_path: str) -> None:

@@ -1,7 +1,7 @@
 """Test-only ComfyUI node pack (never shipped, never in a user workflow): a stand-in for ComfyUI's Wan text
 encoder. ComfyUI's CLIPLoader (type wan) always builds UMT5-XXL (5.7B parameters), which a test machine cannot
 afford; this node gives a CONDITIONING of the shape that encoder gives (a [1, tokens, 4096] float tensor),
-seeded by the text so two prompts differ."""
+seeded by the text so two prompts differ. Also the patcher probe (patcher_probe.py)."""
 
 import zlib
 
@@ -22,4 +22,6 @@ class LoraBindTestWanConditioning:
         return ([[torch.randn(1, 16, 4096, generator=generator) * 0.1, {}]],)
 
 
-NODE_CLASS_MAPPINGS = {"LoraBindTestWanConditioning": LoraBindTestWanConditioning}
+from .patcher_probe import NODE_CLASS_MAPPINGS as _PROBES  # noqa: E402  (the weight-equality probe)
+
+NODE_CLASS_MAPPINGS = {"LoraBindTestWanConditioning": LoraBindTestWanConditioning, **_PROBES}

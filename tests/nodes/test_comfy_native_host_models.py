@@ -1,0 +1,74 @@
+"""``usecases/host_models.py`` without ComfyUI: the contract check a ComfyUI sampler run gets (whole table, an
+expert's part, any contiguous part, cfg, enforce_contract off), the pair's switch step, and the refusal of a DoRA
+LoRA stacked after another LoRA on ComfyUI's MODEL."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from lorabind.loaders.contract_types import ScheduleContract
+from lorabind.loaders.errors import ContractError, LoraBindError
+from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.usecases import host_models as hm
+
+LIGHTX2V = ScheduleContract(source="wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors",
+                            kind="distill", family="wan2.2_moe", steps=4, shift=5.0, cfg=1.0)
+TABLE = shifted_sigmas(4, 5.0)  # [1, 0.9375, 0.8333, 0.625, 0]
+
+
+def test_the_table_is_the_shifted_published_points_and_the_pair_switches_below_the_boundary():
+    assert hm.sigma_table(LIGHTX2V) == pytest.approx((1.0, 0.9375, 0.833333, 0.625, 0.0), abs=1e-6)
+    assert hm.switch_step(TABLE, 0.875) == 2
+    assert hm.switch_step(TABLE, 0.0) == 4  # no step below the boundary: the high-noise expert runs them all
+    assert hm.sigma_table(ScheduleContract(source="x", kind="distill", family="wan2.1", cfg=1.0)) is None
+
+
+def test_each_expert_must_sample_its_part_of_the_table():
+    high = hm.HostContract(LIGHTX2V, hm.PART_HIGH, switch_step=2)
+    low = hm.HostContract(LIGHTX2V, hm.PART_LOW, switch_step=2)
+    assert hm.check_sampling([high], TABLE[:3], 1.0) == []
+    assert hm.check_sampling([low], TABLE[2:], 1.0) == []
+    with pytest.raises(ContractError) as wrong_part:
+        hm.check_sampling([high], TABLE[2:], 1.0)
+    message = str(wrong_part.value)
+    assert LIGHTX2V.source in message and "steps/sigmas" in message and "high-noise part" in message
+
+
+@pytest.mark.parametrize("sigmas, cfg, field", [
+    (shifted_sigmas(20, 5.0), 1.0, "steps/sigmas"),
+    (TABLE, 5.0, "cfg must be 1"),
+    ([s + 2e-4 for s in TABLE[:-1]] + [0.0], 1.0, "steps/sigmas"),  # just over the 1e-4 tolerance
+])
+def test_a_run_off_the_contract_is_refused_naming_the_file_and_the_field(sigmas, cfg, field):
+    with pytest.raises(ContractError) as refused:
+        hm.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], sigmas, cfg)
+    assert LIGHTX2V.source in str(refused.value) and field in str(refused.value)
+
+
+def test_a_single_lora_accepts_any_contiguous_part_and_float32_noise():
+    record = hm.HostContract(LIGHTX2V)  # PART_ANY: LoraBindLoRA on one model
+    assert hm.check_sampling([record], [s + 5e-5 for s in TABLE[1:4]], 1.0) == []
+    with pytest.raises(ContractError, match="no part of its 4-step table"):
+        hm.check_sampling([record], [1.0, 0.5, 0.0], 1.0)
+
+
+def test_enforce_contract_off_samples_anyway_and_returns_the_override_line():
+    record = hm.HostContract(LIGHTX2V, hm.PART_ALL, enforced=False)
+    (line,) = hm.check_sampling([record], TABLE, 5.0)
+    assert LIGHTX2V.source in line and "not enforced" in line and "cfg must be 1" in line
+    assert "NOT enforced" in record.describe()
+
+
+def _deltas(kind):
+    return {"diffusion_model.blocks.0.self_attn.q.weight": (SimpleNamespace(kind=kind),)}
+
+
+def test_a_dora_lora_after_another_lora_on_the_same_weights_is_refused_naming_file_and_key():
+    patched = {"diffusion_model.blocks.0.self_attn.q.weight"}
+    with pytest.raises(LoraBindError) as refused:
+        hm.check_stacking(_deltas("dora"), patched, "style_dora.safetensors", "LoraBindLoRA")
+    message = str(refused.value)
+    assert "style_dora.safetensors" in message and "blocks.0.self_attn.q.weight" in message
+    assert "apply style_dora.safetensors first" in message
+    hm.check_stacking(_deltas("dora"), set(), "style_dora.safetensors", "LoraBindLoRA")  # first: exact
+    hm.check_stacking(_deltas("low_rank"), patched, "x.safetensors", "LoraBindLoRA")  # additive: any order
