@@ -7,6 +7,8 @@ import logging
 import subprocess
 import sys
 
+import pytest
+
 import lorabind.loaders  # noqa: F401  (installs the filter)
 
 FALLBACK = ("`CLIPImageProcessor` requires torchvision (not installed); falling back to `CLIPImageProcessorPil` "
@@ -22,6 +24,7 @@ def test_only_the_known_image_processor_fallback_is_dropped(caplog):
         "`Foo` requires torchvision (not installed); install it"]
 
 
+@pytest.mark.slow  # builds tiny models / imports diffusers in a fresh process
 def test_importing_the_wan_i2v_pipeline_after_lorabind_prints_nothing():
     code = "import lorabind.loaders\nfrom diffusers import WanImageToVideoPipeline\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -3,6 +3,7 @@ image-to-video template opened with red nodes until a prompt had built its fixtu
 
 from __future__ import annotations
 
+import pytest
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from lorabind.runtime.server.example_assets import prepare_example_assets
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 
 
+@pytest.mark.slow  # builds tiny models / imports diffusers in a fresh process
 def test_the_templates_files_are_built_once_and_announced(tmp_path):
     served = tmp_path / "workflows"
     served.mkdir()
