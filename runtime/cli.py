@@ -52,6 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lorabind: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_went_away()
+
+
+def _reader_went_away() -> int:
+    """``lorabind plan --json | head``: the reader closed the pipe, which is its right, not our error. Point
+    stdout at the null device so the interpreter's final flush cannot raise again, and exit as a shell's
+    SIGPIPE'd command would (128 + 13) instead of printing a traceback."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return 141
 
 
 if __name__ == "__main__":

@@ -44,8 +44,15 @@ class LoadImage:
         # Taking ``image`` here means the value is not checked against the listed choices (ComfyUI's rule), so
         # "subfolder/name.png" and "name.png [output]" work as in ComfyUI.
         if not folder_paths.exists_annotated_filepath(image):
-            return f"Invalid image file: {image}"
+            return f"Invalid image file: {image}: {WHERE_IMAGES_GO}"
         return True
+
+
+# Said with every image that is not found: a valid PNG elsewhere on disk fails here, and a newcomer's first
+# guess is that the file is broken (issue 30). No local path: the browser shows this text.
+WHERE_IMAGES_GO = ("LoadImage reads only the input folder (`--input DIR` of `lorabind run` and `lorabind serve`, "
+                   "default ./input): copy the image there, or upload it with POST /upload/image, and give its name "
+                   "relative to that folder (e.g. start.png or lorabind-tiny/start.png)")
 
 
 class SaveImage:

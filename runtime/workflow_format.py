@@ -5,10 +5,11 @@ only reference implementation is the frontend's TypeScript (``graphToPrompt`` / 
 reproduce its rules (reference comfyui.md §5): positional ``widgets_values`` mapped through the node
 definitions (with the hidden control value after ``control_after_generate`` / seed widgets, ``forceInput``
 inputs skipped, defaults for widgets an older save has no value for), links resolved by input *name*,
-``Reroute`` / ``PrimitiveNode`` resolved in every mode, muted nodes (mode 2) dropped with the inputs that pointed
-at them, bypassed nodes (mode 4) passed through by type, ``Note`` / ``MarkdownNote`` ignored, subgraphs flattened
-into ``outer:inner`` ids (a muted or bypassed instance's inner nodes included, each instance with its own promoted
-widget values), expansion capped at ``MAX_EXPANDED_NODES``.
+``PrimitiveNode`` values supplied in every mode, muted nodes (mode 2, Reroutes and subgraph instances too) dropped
+with the inputs that pointed at them, bypassed nodes (mode 4) passed through by type, ``Note`` / ``MarkdownNote``
+ignored, subgraphs flattened into ``outer:inner`` ids (a muted or bypassed instance's inner nodes left out, each
+instance with its own promoted widget values), expansion capped at ``MAX_EXPANDED_NODES``. The reference is the
+frontend we serve (1.58.1): its exports of the mode cases are kept in ``tests/runtime/frontend_exports_1.58.1.json``.
 """
 
 from __future__ import annotations
@@ -242,9 +243,10 @@ class _UiConverter:
     def _emit_scope(self, scope: _Scope) -> None:
         for node in scope.nodes.values():
             if node.get("type") in self.subgraphs:
-                # whatever the instance's mode: the frontend emits a muted or bypassed instance's inner nodes too
-                # (only links *through* a bypassed instance are rerouted, see _resolve_output)
-                self._emit_scope(self._child_scope(scope, node))
+                # frontend 1.58.1 (graphToPrompt over ExecutableNodeDTOs) exports none of a muted or bypassed
+                # instance's inner nodes; links *through* a bypassed instance are rerouted (_resolve_output)
+                if node.get("mode", 0) not in (MODE_MUTED, MODE_BYPASS):
+                    self._emit_scope(self._child_scope(scope, node))
                 continue
             if node.get("mode", 0) in (MODE_MUTED, MODE_BYPASS) or node.get("type") in VIRTUAL_TYPES:
                 continue
@@ -308,13 +310,15 @@ class _UiConverter:
         if node is None:
             return None
         mode, node_type = node.get("mode", 0), node.get("type")
-        # The frontend's order (ExecutableNodeDTO.resolveOutput, PrimitiveNode.applyToGraph): a PrimitiveNode
-        # pushes its value into its targets in every mode; a Reroute passes its link through in every mode; a
-        # bypassed node (subgraph instances too) hands over a matching input; a muted subgraph instance is still
-        # resolved inside; only a link from another muted node ends (the input is then deleted).
+        # Frontend 1.58.1's order (ExecutableNodeDTO.resolveOutput, PrimitiveNode.applyToGraph), as its export
+        # shows (tests/runtime/frontend_exports_1.58.1.json): a PrimitiveNode pushes its value into its targets in
+        # every mode; a bypassed node (Reroutes and subgraph instances too) hands over a matching input; a link
+        # from a muted node ends, muted Reroutes and subgraph instances included (the input is then deleted).
         if node_type == "PrimitiveNode":
             values = node.get("widgets_values") or []
             return _Value(values[0]) if values else None
+        if mode == MODE_MUTED:
+            return _DROP
         if node_type == "Reroute":
             inputs = node.get("inputs") or []
             return self._resolve_link(scope, inputs[0].get("link")) if inputs else None
@@ -329,8 +333,6 @@ class _UiConverter:
                 if link.target_id == SUBGRAPH_OUTPUT_ID and link.target_slot == slot:
                     return self._resolve_output(child, link.origin_id, link.origin_slot)
             return None
-        if mode == MODE_MUTED:
-            return _DROP
         if node_type in VIRTUAL_TYPES:
             return None
         return _Ref(f"{scope.prefix}{origin_id}", slot)

@@ -66,6 +66,7 @@ def run(args) -> int:
     from ..executor import PromptExecutor
     from ..progress_display import ProgressDisplay
     from ..workflow_format import WorkflowFormatError, to_api_prompt
+    from ..workflow_mode_notes import older_frontend_differences
 
     device_error = apply_device_arguments(args)
     if device_error:
@@ -81,6 +82,8 @@ def run(args) -> int:
         nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
         if kind == "ui":
             print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
+            for note in older_frontend_differences(workflow):
+                print(f"warning: {note}", file=sys.stderr)
         else:
             print(f"{args.workflow}: API prompt of {nodes_text}")
         changed = apply_overrides(prompt, args.overrides, node_classes)

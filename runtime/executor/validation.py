@@ -13,6 +13,7 @@ Constants are cast (INT/FLOAT/STRING/BOOLEAN) and ``{"__value__": [...]}`` unwra
 
 from __future__ import annotations
 
+import difflib
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +44,12 @@ def _unknown_class(node_classes: dict, node_id: str, class_type: str) -> dict:
     """ComfyUI's message and details, then what a user needs next: this runtime has no ComfyUI core nodes
     (KSampler, CheckpointLoaderSimple, ...), only the classes listed."""
     offered = sorted(node_classes)
+    guess = closest_names(class_type, offered, count=1)
+    did_you_mean = f" Did you mean '{guess[0]}'?" if guess else ""
     return _error(
         "invalid_prompt", f"Cannot execute because node {class_type} does not exist.",
-        f"Node ID '#{node_id}'. This runtime offers only these nodes: {', '.join(offered)}. ComfyUI's core nodes "
+        f"Node ID '#{node_id}'.{did_you_mean} This runtime offers only these nodes: {', '.join(offered)}. "
+        "ComfyUI's core nodes "
         "(KSampler, CheckpointLoaderSimple, ...) are not available headless; run such a workflow inside ComfyUI.",
         {"node_id": node_id, "class_type": class_type, "available_node_types": offered})
 
@@ -294,7 +298,8 @@ class _InputValidator:
             else:
                 list_info = str(options)
             return _error("value_not_in_list", "Value not in list",
-                          f"{name}: '{value}' not in {list_info}{_searched_folders(name)}",
+                          f"{name}: '{value}' not in {list_info}{_searched_folders(name)}"
+                          f"{_closest_text(value, options)}",
                           {"input_name": name, "input_config": config, "received_value": value})
         return None
 
@@ -315,6 +320,25 @@ class _InputValidator:
                 errors.append(_error("custom_validation_failed", "Custom validation failed for node", details,
                                      {"input_name": name}))
         return errors
+
+
+def closest_names(wanted: Any, choices, count: int = 3) -> list:
+    """The ``count`` choices nearest to ``wanted`` by spelling, case-blind (``WanMoELoraPair`` finds
+    ``WanMoELoRAPair``): a typo costs a newcomer minutes when the error only lists everything there is."""
+    if not isinstance(wanted, str):
+        return []
+    by_folded = {}
+    for choice in choices:
+        if isinstance(choice, str):
+            by_folded.setdefault(choice.casefold(), choice)
+    found = difflib.get_close_matches(wanted.casefold(), list(by_folded), n=count, cutoff=0.5)
+    return [by_folded[folded] for folded in found]
+
+
+def _closest_text(value: Any, options) -> str:
+    """"; closest: 'a', 'b', 'c'" (nothing when no option is near)."""
+    near = closest_names(value, options)
+    return "; closest: " + ", ".join(f"'{name}'" for name in near) if near else ""
 
 
 def _searched_folders(input_name: str) -> str:

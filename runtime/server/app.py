@@ -220,6 +220,10 @@ def run_server(config: ServerConfig) -> None:
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None
           else f"  editor: not installed ({INSTALL_HINT})")
+    from .example_assets import prepare_example_assets
+
+    prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir,
+                           announce=lambda line: print(f"  examples: {line}", flush=True))
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)

@@ -76,7 +76,11 @@ def test_validation_choices_and_change_detection(folders):
     assert choices == ["b.png"] and options == {"image_upload": True}  # top level only, as ComfyUI lists
     assert LoadImage.VALIDATE_INPUTS("sub/c.png") is True
     for bad in ("missing.png", "../b.png", "/etc/hostname", "x.png [output]"):
-        assert LoadImage.VALIDATE_INPUTS(bad) == f"Invalid image file: {bad}"
+        # a valid image outside the input folder is refused saying where to put it (never which local path)
+        message = LoadImage.VALIDATE_INPUTS(bad)
+        assert message.startswith(f"Invalid image file: {bad}: LoadImage reads only the input folder (`--input DIR`")
+        assert "copy the image there, or upload it with POST /upload/image" in message
+        assert str(folders) not in message
     _rgba(folders / "out" / "x.png")
     assert LoadImage.VALIDATE_INPUTS("x.png [output]") is True
     before = LoadImage.IS_CHANGED("b.png")

@@ -7,32 +7,9 @@ import pytest
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import WorkflowFormatError, detect_format, to_api_prompt
 from runtime_fake_nodes import FAKE_NODES
+from ui_workflow_builders import SEEDED_SUBGRAPH, _seeded_subgraph, _two_instances, out, sock, ui_node
 
 SUBGRAPH_ID = "5f0c2f6e-0000-4000-8000-000000000001"
-
-
-def ui_node(node_id, node_type, *, inputs=(), outputs=(), widgets=None, mode=0, title=None):
-    node = {"id": node_id, "type": node_type, "pos": [0, 0], "size": [200, 80], "flags": {}, "order": node_id,
-            "mode": mode, "inputs": list(inputs), "outputs": list(outputs), "properties": {}}
-    if widgets is not None:
-        node["widgets_values"] = widgets
-    if title is not None:
-        node["title"] = title
-    return node
-
-
-def sock(name, type_, link=None, widget=False):
-    entry = {"name": name, "type": type_, "link": link}
-    if widget:
-        entry["widget"] = {"name": name}
-    return entry
-
-
-def out(type_, links, widget=None):
-    entry = {"name": type_, "type": type_, "links": links}
-    if widget:
-        entry["widget"] = {"name": widget}
-    return entry
 
 
 def hand_made_workflow():
@@ -145,39 +122,6 @@ def test_malformed_link_is_a_workflow_format_error():
 
 # --- issue #13: where we diverged from the frontend's graphToPrompt --------------------------------------------
 
-SEEDED_SUBGRAPH = "5f0c2f6e-0000-4000-8000-0000000000aa"
-
-
-def _seeded_subgraph(nested=None):
-    """A subgraph with a promoted seed (input "seed" -> inner RtSeeded's seed widget) and an unpromoted base."""
-    inner = ui_node(1, "RtSeeded", inputs=[sock("base", "INT", 201), sock("seed", "INT", 202, widget=True)],
-                    outputs=[out("INT", [203])], widgets=[999, "fixed", "add", "fixed", "", "plain", 1.0, 0])
-    definition = {
-        "id": SEEDED_SUBGRAPH, "name": "seeded", "version": 1,
-        "inputNode": {"id": -10, "bounding": [0, 0, 10, 10]}, "outputNode": {"id": -20, "bounding": [0, 0, 10, 10]},
-        "inputs": [{"id": "in-base", "name": "base", "type": "INT", "linkIds": [201]},
-                   {"id": "in-seed", "name": "seed", "type": "INT", "linkIds": [202]}],
-        "outputs": [{"id": "out", "name": "out", "type": "INT", "linkIds": [203]}],
-        "widgets": [], "nodes": [inner] + (nested or []),
-        "links": [{"id": 201, "origin_id": -10, "origin_slot": 0, "target_id": 1, "target_slot": 0, "type": "INT"},
-                  {"id": 202, "origin_id": -10, "origin_slot": 1, "target_id": 1, "target_slot": 1, "type": "INT"},
-                  {"id": 203, "origin_id": 1, "origin_slot": 0, "target_id": -20, "target_slot": 0, "type": "INT"}]}
-    return definition
-
-
-def _two_instances(first_mode=0, widgets=((11,), (22,))):
-    # as the frontend exports them: the unlinked promoted "seed" input is left off each instance's inputs
-    nodes = [ui_node(1, "RtInt", outputs=[out("INT", [1, 2])], widgets=[3]),
-             ui_node(2, SEEDED_SUBGRAPH, mode=first_mode, inputs=[sock("base", "INT", 1)],
-                     outputs=[out("INT", [3])], widgets=list(widgets[0])),
-             ui_node(3, SEEDED_SUBGRAPH, inputs=[sock("base", "INT", 2)], outputs=[out("INT", [4])],
-                     widgets=list(widgets[1])),
-             ui_node(4, "RtShow", inputs=[sock("value", "INT,FLOAT", 3)]),
-             ui_node(5, "RtShow", inputs=[sock("value", "INT,FLOAT", 4)])]
-    links = [[1, 1, 0, 2, 0, "INT"], [2, 1, 0, 3, 0, "INT"], [3, 2, 0, 4, 0, "INT"], [4, 3, 0, 5, 0, "INT"]]
-    return {"nodes": nodes, "links": links, "version": 0.4, "definitions": {"subgraphs": [_seeded_subgraph()]}}
-
-
 def test_each_subgraph_instance_keeps_its_own_promoted_widget_value():
     prompt, _ = to_api_prompt(_two_instances(), FAKE_NODES)
     assert (prompt["2:1"]["inputs"]["seed"], prompt["3:1"]["inputs"]["seed"]) == (11, 22)
@@ -185,25 +129,6 @@ def test_each_subgraph_instance_keeps_its_own_promoted_widget_value():
     # older saves kept a slot for the seed's control_after_generate companion
     legacy, _ = to_api_prompt(_two_instances(widgets=((11, "fixed"), (22, "randomize"))), FAKE_NODES)
     assert (legacy["2:1"]["inputs"]["seed"], legacy["3:1"]["inputs"]["seed"]) == (11, 22)
-
-
-def test_a_muted_subgraph_instance_still_exports_its_inner_nodes():
-    prompt, _ = to_api_prompt(_two_instances(first_mode=2), FAKE_NODES)
-    assert prompt["2:1"]["inputs"]["seed"] == 11
-    assert prompt["4"]["inputs"] == {"value": ["2:1", 0]}  # not a missing input downstream
-
-
-def test_muted_reroutes_pass_through_and_muted_or_bypassed_primitives_still_supply_their_value():
-    for mode in (2, 4):
-        nodes = [ui_node(1, "RtInt", outputs=[out("INT", [1])], widgets=[3]),
-                 ui_node(2, "Reroute", mode=mode, inputs=[sock("", "*", 1)], outputs=[out("INT", [2])]),
-                 ui_node(3, "PrimitiveNode", mode=mode, outputs=[out("INT", [3], widget="seed")], widgets=[77, "fixed"]),
-                 ui_node(4, "RtSeeded", inputs=[sock("base", "INT", 2), sock("seed", "INT", 3, widget=True)],
-                         outputs=[out("INT", [])], widgets=[5, "fixed", "add", "fixed", "", "plain", 1.0, 0])]
-        links = [[1, 1, 0, 2, 0, "INT"], [2, 2, 0, 4, 0, "INT"], [3, 3, 0, 4, 1, "INT"]]
-        prompt, _ = to_api_prompt({"nodes": nodes, "links": links}, FAKE_NODES)
-        assert prompt["4"]["inputs"]["base"] == ["1", 0], mode
-        assert prompt["4"]["inputs"]["seed"] == 77, mode
 
 
 def test_missing_widget_values_get_the_node_defaults():

@@ -311,3 +311,36 @@ def test_exception_in_an_upstream_node_is_filed_under_that_node():
     error = single_error(result, "2")
     assert error["type"] == "exception_during_validation" and error["details"] == "division by zero"
     assert error["extra_info"]["exception_type"] == "ZeroDivisionError"
+
+
+def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_closest(tmp_path, monkeypatch):
+    from lorabind.runtime import folder_paths
+
+    options = ["None"] + [f"lorabind-tiny/wan2.{n}_lora_{i}.safetensors" for n in (1, 2) for i in range(12)]
+
+    class Picker:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"lora_name": (options,)}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+
+    monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
+    monkeypatch.setattr(folder_paths, "get_folder_paths", lambda kind: [str(tmp_path / kind)])
+    wrong = "wan2.2_lora_3.safetensors"  # the fixture's name without its folder
+    result = PromptExecutor({"Picker": Picker}).validate(
+        {"1": {"class_type": "Picker", "inputs": {"lora_name": wrong}}})
+    details = result.node_errors["1"]["errors"][0]["details"]
+    prefix = f"lora_name: '{wrong}' not in (list of length 25); searched models/loras; closest: "
+    assert details.startswith(prefix), details
+    closest = details[len(prefix):].split(", ")
+    assert len(closest) == 3 and closest[0] == "'lorabind-tiny/wan2.2_lora_3.safetensors'"
+
+
+def test_a_mistyped_node_class_gets_a_did_you_mean():
+    unknown = validate({"9": {"class_type": "rtshowstrin", "inputs": {}}})
+    assert unknown.error["details"].startswith("Node ID '#9'. Did you mean 'RtShowString'? This runtime offers ")
+    far = validate({"9": {"class_type": "KSamplerAdvanced", "inputs": {}}})
+    assert "Did you mean" not in far.error["details"]

@@ -62,7 +62,8 @@ def test_frontend_index_and_assets_are_served_beside_the_api(server):
             assert status == 200 and b"window.comfyAPI.app.app" in shim
             # the API and our extension still answer first, the static mount never shadows them
             assert (await client.get("/api/settings"))[1] == {}
-            assert (await client.get("/extensions"))[1] == ["/extensions/lorabind/lorabind.js"]
+            assert (await client.get("/extensions"))[1] == ["/extensions/lorabind/lorabind.js",
+                                                          "/extensions/lorabind/lorabind_start.js"]
             assert (await client.get("/extensions/lorabind/lorabind.js"))[0] == 200
             assert (await client.get("/assets/../../pyproject.toml"))[0] == 404
             assert (await client.get("/no-such-file.js"))[0] == 404

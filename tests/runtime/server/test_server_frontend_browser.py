@@ -109,7 +109,9 @@ def test_edit_run_save_and_reopen_in_the_served_frontend(tiny_models_root, tmp_p
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page, errors = _open(browser, server.url + "/")
 
-            # a first visit opens the template browser, where our examples are the "lorabind" templates
+            # a first visit opens our main example (test_server_frontend_start.py); the template browser lists
+            # our examples as the "lorabind" templates
+            page.evaluate("() => { app.extensionManager.command.execute('Comfy.BrowseTemplates'); }")
             page.wait_for_selector('[role="dialog"]:has-text("lorabind")', timeout=TIMEOUT_MS)
             page.keyboard.press("Escape")
             page.wait_for_selector('[role="dialog"]', state="detached")

@@ -109,14 +109,17 @@ export async function loadGraph(app, workflow, objectInfo) {
     return created;
 }
 
-/** Load the lorabind extension as ComfyUI does (its URLs from GET /extensions) and run its setup; record page
- * errors into `result.errors`. Returns the extension's module. */
+/** Load the lorabind extensions as ComfyUI does (their URLs from GET /extensions) and run their setup; record
+ * page errors into `result.errors`. Returns the module of lorabind.js (the contracts extension). */
 export async function loadExtension(app, result) {
     addEventListener("error", (event) => result.errors.push(String(event.message)));
     addEventListener("unhandledrejection", (event) => result.errors.push(String(event.reason)));
     let module = null;
     const urls = await (await fetch("/extensions")).json();
-    for (const url of urls.filter((u) => u.startsWith("/extensions/lorabind/"))) module = await import(url);
+    for (const url of urls.filter((u) => u.startsWith("/extensions/lorabind/"))) {
+        const imported = await import(url);
+        if (url.endsWith("/lorabind.js")) module = imported;
+    }
     for (const extension of app.extensions) await extension.setup?.(app);
     return module;
 }

@@ -1,0 +1,65 @@
+"""Every ``lorabind`` command in the README's ``bash`` blocks, run exactly as written from a clone's folder (issue
+30: ``inspect`` and ``merge`` pointed at ``models/loras/wan2.2_…`` while the fixtures live in
+``models/loras/lorabind-tiny/``, and failed when copied). Lines with a placeholder (``FILE``, ``DIR``) are
+templates, and ``serve`` runs until stopped (the server tests cover it); everything else must exit 0."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+import lorabind
+from lorabind.runtime import folder_paths
+from lorabind.runtime.cli import main
+
+PACK = Path(lorabind.__file__).parent
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b")  # FILE, DIR, WORKFLOW: a template, not a command
+LONG_RUNNING = ("serve",)
+
+
+def readme_commands() -> list[str]:
+    """The ``lorabind …`` lines of the README's ``bash`` blocks, continuation lines joined, comments dropped."""
+    text = PACK.joinpath("README.md").read_text(encoding="utf-8")
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if line.startswith("lorabind "):
+                commands.append(line)
+    return commands
+
+
+def runnable(command: str) -> bool:
+    return not PLACEHOLDER.search(command) and shlex.split(command)[1] not in LONG_RUNNING
+
+
+def test_the_readme_names_the_fixture_folder_in_every_runnable_path():
+    commands = [command for command in readme_commands() if runnable(command)]
+    assert [shlex.split(c)[1] for c in commands] == ["run", "run", "run", "inspect", "merge", "extract"]
+    for command in commands:
+        for lora in re.findall(r"models/loras/\S+", command):
+            assert lora.startswith("models/loras/lorabind-tiny/"), command
+
+
+@pytest.mark.slow
+def test_the_readme_commands_run_verbatim_in_a_clone(tiny_models_root, tmp_path, monkeypatch, capsys):
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "workflows").symlink_to(PACK / "workflows")
+    (clone / "models").symlink_to(tiny_models_root)  # what the Quick start's first run built
+    monkeypatch.chdir(clone)
+    monkeypatch.delenv("LORABIND_MODELS", raising=False)
+    for command in filter(runnable, readme_commands()):
+        try:
+            code = main(shlex.split(command)[1:])
+        finally:
+            folder_paths.configure()
+        out, err = capsys.readouterr()
+        assert code == 0, f"{command}\n{err[-2000:]}"
+    assert (clone / "merged" / "tiny-wan22-lightx2v-high" / "model_index.json").is_file()
+    assert (clone / "extracted.safetensors").is_file()
+    assert sorted(os.listdir(clone / "output" / "lorabind"))[:1] == ["wan22_lightx2v_4step_00001_.webp"]
