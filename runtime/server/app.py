@@ -139,15 +139,29 @@ def cors_middleware(allowed_origin: str):
 
 @web.middleware
 async def json_errors_middleware(request: web.Request, handler):
-    """Unexpected exceptions become a logged 500 with a JSON body instead of aiohttp's bare text page."""
+    """Unexpected exceptions become a logged 500 with a JSON body instead of aiohttp's bare text page. The body
+    never carries a local absolute path (the log has the full traceback): an OSError shows its reason without
+    the file name, and the server's folders are named by their role."""
     try:
         return await handler(request)
     except (web.HTTPException, ConnectionError):
         raise
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
-        return web.json_response({"error": {"type": "server_error", "message": f"{type(exc).__name__}: {exc}",
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        message = without_local_folders(f"{type(exc).__name__}: {reason}", request.app[STATE_KEY].config)
+        return web.json_response({"error": {"type": "server_error", "message": message,
                                             "details": request.path, "extra_info": {}}}, status=500)
+
+
+def without_local_folders(text: str, config: ServerConfig) -> str:
+    """``text`` with each of the server's absolute folders replaced by its role (``<state folder>``, ...)."""
+    folders = {"state folder": config.state_dir, "models folder": config.models_root, "output folder":
+               config.output_dir, "input folder": config.input_dir, "temp folder": config.temp_dir}
+    for role, folder in sorted(folders.items(), key=lambda item: -len(item[1] or "")):
+        if folder:
+            text = text.replace(folder, f"<{role}>")
+    return text
 
 
 def create_app(config: ServerConfig, *, node_classes: dict | None = None, display_names: dict | None = None,
@@ -155,7 +169,8 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
     ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
     cache-less one for request validation, so validating never touches the state of a running prompt."""
-    from . import routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_userdata
+    from . import (routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_settings,
+                   routes_userdata)
     from .routes_frontend import add_frontend_routes
 
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
@@ -172,6 +187,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     routes_files.register(routes)
     routes_info.register(routes)
     routes_userdata.register(routes)
+    routes_settings.register(routes)
     routes_jobs.register(routes)
     routes.get("/ws")(state.clients.handle)
     for route in routes:

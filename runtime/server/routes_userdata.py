@@ -7,43 +7,34 @@ uploads and ``/view``, and surviving a restart.
 
 Every path a request names is confined to that folder: relative, no ``..``, no control characters, and the
 real path (symlinks resolved) must stay inside; anything else is refused with 400/403 rather than cleaned up,
-as in ``routes_files``. Bodies are bounded (``MAX_USERDATA_BYTES``, ``MAX_SETTINGS_BYTES``) whatever
-``--max-upload-size`` says, and listings stop at ``MAX_LISTED_FILES``.
+as in ``routes_files``. Bodies are bounded (``MAX_USERDATA_BYTES``) whatever ``--max-upload-size`` says; the
+folder's file count and size have quotas (``user_files``), and a listing longer than a quota allows is refused
+rather than cut short without a word. Settings are in ``routes_settings``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import mimetypes
 import os
 import re
-import threading
 from pathlib import Path
 
 from aiohttp import web
 
-from ...loaders import json_limits
-from ...loaders.atomic_files import write_atomically
+from . import user_files
 from .composition_root import STATE_KEY
-from .http_json import bad_request
+from .http_json import bad_request, read_bounded_body, too_large
 
 MAX_USERDATA_BYTES = 32 * 1024 * 1024  # a saved workflow with many nodes is a few MB; user.css far less
-MAX_SETTINGS_BYTES = 1024 * 1024  # the frontend's settings are a few hundred small values
-MAX_LISTED_FILES = 10_000
 MAX_PATH_BYTES = 1024
-SETTINGS_FILE = "comfy.settings.json"  # ComfyUI's name, inside the user's folder
+MAX_NAME_PART_BYTES = 255  # what common file systems allow for one name
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
-_settings_lock = threading.Lock()
 
 
 def register(routes: web.RouteTableDef) -> None:
     routes.get("/users")(get_users)
     routes.post("/users")(post_users)
-    routes.get("/settings")(get_settings)
-    routes.post("/settings")(post_settings)
-    routes.get("/settings/{id}")(get_setting)
-    routes.post("/settings/{id}")(post_setting)
     routes.get("/userdata")(list_userdata)
     routes.get("/userdata/{file}")(get_userdata)
     routes.post("/userdata/{file}")(post_userdata)
@@ -70,6 +61,9 @@ def confined_path(root: Path, relative: str, field: str = "file") -> Path:
             or len(relative.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise bad_request("invalid_path", f"'{field}' must be a relative path inside the user folder without "
                           f"'..', got {relative[:300]!r}.")
+    if any(len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_PART_BYTES for part in parts):
+        raise bad_request("invalid_path", f"'{field}' has a name longer than {MAX_NAME_PART_BYTES} bytes, which "
+                          f"file systems refuse: {relative[:300]!r}.")
     target = (root / relative).resolve()
     if root not in target.parents:
         raise bad_request("invalid_path", f"'{field}' {relative!r} leads outside the user folder.", status=403)
@@ -102,75 +96,6 @@ async def post_users(request: web.Request) -> web.Response:
                              status=400)
 
 
-# -- settings ---------------------------------------------------------------------------------------------------
-
-def _settings_path(request: web.Request) -> Path:
-    return user_root(request) / SETTINGS_FILE
-
-
-def _read_settings(path: Path) -> dict:
-    """The stored settings; a missing, unreadable or hand-damaged file reads as no settings (the frontend then
-    uses its defaults) rather than breaking the page."""
-    try:
-        settings = json_limits.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def _update_settings(path: Path, changes: dict) -> None:
-    with _settings_lock:  # two tabs saving at once must not lose each other's keys
-        settings = _read_settings(path)
-        settings.update(changes)
-        text = json.dumps(settings, indent=4)
-        write_atomically(str(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"))
-
-
-async def _bounded_body(request: web.Request, limit: int) -> bytes:
-    """The raw body, 413 past ``limit`` (checked on the declared length first, then on what arrives)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-    body = bytearray()
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        body += chunk
-        if len(body) > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-    return bytes(body)
-
-
-async def get_settings(request: web.Request) -> web.Response:
-    return web.json_response(await asyncio.to_thread(_read_settings, _settings_path(request)))
-
-
-async def get_setting(request: web.Request) -> web.Response:
-    settings = await asyncio.to_thread(_read_settings, _settings_path(request))
-    return web.json_response(settings.get(request.match_info["id"]))
-
-
-async def _json_value(request: web.Request):
-    raw = await _bounded_body(request, MAX_SETTINGS_BYTES)
-    try:
-        return json_limits.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise bad_request("invalid_json", f"Request body is not valid JSON: {exc}")
-
-
-async def post_settings(request: web.Request) -> web.Response:
-    """Merge ``{id: value, ...}`` into the stored settings."""
-    changes = await _json_value(request)
-    if not isinstance(changes, dict):
-        raise bad_request("invalid_json", f"Request body must be a JSON object, got {type(changes).__name__}.")
-    await asyncio.to_thread(_update_settings, _settings_path(request), changes)
-    return web.Response(status=200)
-
-
-async def post_setting(request: web.Request) -> web.Response:
-    """Store one setting; the body is its JSON value."""
-    value = await _json_value(request)
-    await asyncio.to_thread(_update_settings, _settings_path(request), {request.match_info["id"]: value})
-    return web.Response(status=200)
-
-
 # -- user data files --------------------------------------------------------------------------------------------
 
 async def list_userdata(request: web.Request) -> web.Response:
@@ -200,8 +125,9 @@ async def list_userdata(request: web.Request) -> web.Response:
                     files.append(info)
                 else:
                     files.append([relative, *relative.split("/")] if split else relative)
-                if len(files) >= MAX_LISTED_FILES:
-                    return files
+                if len(files) > user_files.MAX_USER_FILES:
+                    raise too_large(f"{directory!r} holds more than {user_files.MAX_USER_FILES} files, the most a "
+                                    "listing returns; delete some, or list one of its subfolders.")
         return files
 
     return web.json_response(await asyncio.to_thread(listing))
@@ -225,22 +151,27 @@ async def get_userdata(request: web.Request) -> web.StreamResponse:
 
 
 async def post_userdata(request: web.Request) -> web.Response:
-    """Write the raw body to the file (atomically); 409 when it exists and ``overwrite=false``."""
+    """Write the raw body to the file (atomically); 409 when it exists and ``overwrite=false``, checked when the
+    body has arrived, together with the write (``user_files``)."""
     root = user_root(request)
-    path = confined_path(root, request.match_info["file"])
-    if path.is_dir():
-        raise bad_request("invalid_path", f"{request.match_info['file']!r} is a folder.")
-    if not _flag(request, "overwrite", True) and path.exists():
+    shown = request.match_info["file"]
+    path = confined_path(root, shown)
+    body = await read_bounded_body(request, MAX_USERDATA_BYTES)
+    written = await _stored(user_files.write_user_file, root, path, body, _flag(request, "overwrite", True), shown)
+    if not written:
         return web.Response(status=409, text="File already exists")
-    body = await _bounded_body(request, MAX_USERDATA_BYTES)
-
-    def write() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(str(path), lambda temp: Path(temp).write_bytes(body))
-
-    await asyncio.to_thread(write)
     return web.json_response(_file_info(path, root) if _flag(request, "full_info", False)
                              else path.relative_to(root).as_posix())
+
+
+async def _stored(operation, *args) -> bool:
+    """Run a ``user_files`` operation in a thread; its refusals become JSON errors with their status."""
+    try:
+        return await asyncio.to_thread(operation, *args)
+    except user_files.UserFileRefused as exc:
+        if exc.status == 413:
+            raise too_large(str(exc))
+        raise bad_request("invalid_path", str(exc), status=exc.status)
 
 
 async def delete_userdata(request: web.Request) -> web.Response:
@@ -257,13 +188,9 @@ async def move_userdata(request: web.Request) -> web.Response:
     root = user_root(request)
     source = confined_path(root, request.match_info["file"])
     dest = confined_path(root, request.match_info["dest"], "dest")
-    if not source.is_file():
-        raise web.HTTPNotFound(text=f"no user file {request.match_info['file']!r}")
-    if dest.is_dir():
-        raise bad_request("invalid_path", f"{request.match_info['dest']!r} is a folder.")
-    if not _flag(request, "overwrite", True) and dest.exists():
+    moved = await _stored(user_files.move_user_file, root, source, dest, _flag(request, "overwrite", True),
+                          request.match_info["dest"])
+    if not moved:
         return web.Response(status=409, text="File already exists")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(source, dest)
     return web.json_response(_file_info(dest, root) if _flag(request, "full_info", False)
                              else dest.relative_to(root).as_posix())

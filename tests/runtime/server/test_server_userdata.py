@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from server_client import Client, run_async, start_server
 
-from lorabind.runtime.server import routes_userdata
+from lorabind.runtime.server import routes_settings, routes_userdata
 
 
 def _userdata(server) -> Path:
@@ -52,7 +52,7 @@ def test_settings_are_merged_stored_and_read_back(server):
 
 
 def test_settings_body_is_bounded(server, monkeypatch):
-    monkeypatch.setattr(routes_userdata, "MAX_SETTINGS_BYTES", 64)
+    monkeypatch.setattr(routes_settings, "MAX_SETTINGS_BYTES", 64)
 
     async def body():
         client = Client(server.url)
