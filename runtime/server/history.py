@@ -24,13 +24,20 @@ from ..executor.execution import node_meta
 log = logging.getLogger("lorabind.server")
 
 MAXIMUM_HISTORY_SIZE = 10000  # ComfyUI's limit; the oldest entries are dropped first
+# Entries are kept in memory too, each with its prompt and extra_data (the UI workflow): bounded in bytes of JSON
+# as well as in number, or 10 prompts of 20 MB each held 256 MB. The newest entry is always kept.
+MAXIMUM_HISTORY_BYTES = 128 * 1024 * 1024
 SENSITIVE_EXTRA_DATA_KEYS = ("auth_token_comfy_org", "api_key_comfy_org")
 
 
 class HistoryStore:
-    def __init__(self, folder: str | os.PathLike, max_size: int = MAXIMUM_HISTORY_SIZE):
+    def __init__(self, folder: str | os.PathLike, max_size: int = MAXIMUM_HISTORY_SIZE,
+                 max_bytes: int = MAXIMUM_HISTORY_BYTES):
         self.folder = Path(folder)
         self.max_size = max_size
+        self.max_bytes = max_bytes
+        self._sizes: dict[str, int] = {}  # prompt id -> bytes of its entry's JSON
+        self._bytes = 0  # their sum
         self._lock = threading.Lock()
         self._entries: dict[str, dict] = {}
         self._files: dict[str, Path] = {}
@@ -50,25 +57,39 @@ class HistoryStore:
         records = []
         for path in self.folder.glob("*.json"):
             try:
-                records.append((*_parse_record(path.read_text(encoding="utf-8")), path))
+                text = path.read_text(encoding="utf-8")
+                records.append((*_parse_record(text), path, len(text)))
             except (OSError, ValueError) as exc:
                 _move_aside(path, exc)
-        for seq, prompt_id, entry, path in sorted(records, key=lambda r: r[0]):
-            self._entries[prompt_id] = entry
-            self._files[prompt_id] = path
+        for seq, prompt_id, entry, path, size in sorted(records, key=lambda r: r[0]):
+            self._keep_locked(prompt_id, entry, path, size)
             self._seq = seq + 1
+        self._trim_locked()
 
-    def _write_locked(self, prompt_id: str, entry: dict) -> Path:
+    def _write_locked(self, prompt_id: str, entry: dict) -> tuple[Path, int]:
         name = f"{self._seq:012d}-{hashlib.sha1(prompt_id.encode()).hexdigest()[:16]}.json"
         record = {"seq": self._seq, "prompt_id": prompt_id, "entry": entry}
         self._seq += 1
         path = self.folder / name
         text = json.dumps(record, default=str)
         write_atomically(str(path), lambda temp: Path(temp).write_text(text, encoding="utf-8"))
-        return path
+        return path, len(text)
+
+    def _keep_locked(self, prompt_id: str, entry: dict, path: Path, size: int) -> None:
+        self._entries[prompt_id] = entry
+        self._files[prompt_id] = path
+        self._bytes += size - self._sizes.get(prompt_id, 0)
+        self._sizes[prompt_id] = size
+
+    def _trim_locked(self) -> None:
+        """Drop the oldest entries past the count or the byte budget (never the newest one)."""
+        while len(self._entries) > self.max_size or (
+                len(self._entries) > 1 and self._bytes > self.max_bytes):
+            self._remove_locked(next(iter(self._entries)))
 
     def _remove_locked(self, prompt_id: str) -> None:
         self._entries.pop(prompt_id, None)
+        self._bytes -= self._sizes.pop(prompt_id, 0)
         path = self._files.pop(prompt_id, None)
         if path is not None:
             path.unlink(missing_ok=True)
@@ -76,12 +97,14 @@ class HistoryStore:
     def add(self, prompt_id: str, entry: dict) -> None:
         with self._lock:
             self._remove_locked(prompt_id)
-            self._files[prompt_id] = self._write_locked(prompt_id, entry)
-            self._entries[prompt_id] = entry
-            while len(self._entries) > self.max_size:
-                self._remove_locked(next(iter(self._entries)))
+            self._keep_locked(prompt_id, entry, *self._write_locked(prompt_id, entry))
+            self._trim_locked()
         for listener in list(self.listeners):
             listener(prompt_id, entry)
+
+    def contains(self, prompt_id: str) -> bool:
+        with self._lock:
+            return prompt_id in self._entries
 
     def get(self, prompt_id: str) -> dict:
         """``{prompt_id: entry}`` or ``{}`` — ComfyUI's answer for ``GET /history/{id}``."""

@@ -46,6 +46,7 @@ class PromptQueue:
         self._arrival = itertools.count()
         self._counter = 0
         self._running: list[QueueItem] = []
+        self._claimed: set[str] = set()  # ids of prompts being validated, not queued yet
         self._cond = threading.Condition()
         self._closed = False
         self.on_change = on_change
@@ -59,8 +60,24 @@ class PromptQueue:
             self._counter += 1
         return -number if front else number
 
+    def claim(self, prompt_id: str) -> bool:
+        """Reserve ``prompt_id`` for a prompt about to be validated; False when it is queued, running or
+        claimed already. Checked and reserved under one lock, so two requests can never both get one id."""
+        with self._cond:
+            in_use = prompt_id in self._claimed or any(
+                item.prompt_id == prompt_id for item in (*self._running, *(entry[2] for entry in self._heap)))
+            if not in_use:
+                self._claimed.add(prompt_id)
+            return not in_use
+
+    def release(self, prompt_id: str) -> None:
+        """Give back a claimed id whose prompt was refused."""
+        with self._cond:
+            self._claimed.discard(prompt_id)
+
     def put(self, item: QueueItem) -> None:
         with self._cond:
+            self._claimed.discard(item.prompt_id)
             heapq.heappush(self._heap, (item.number, next(self._arrival), item))
             self._cond.notify()
         self._changed()

@@ -12,11 +12,14 @@ import uuid
 
 from aiohttp import web
 
-from . import prompt_log
+from . import identifiers, prompt_log
 from .composition_root import STATE_KEY, ServerState
 from .history import SENSITIVE_EXTRA_DATA_KEYS
-from .http_json import bad_request, dumps, read_json_body
+from .http_json import bad_request, dumps, read_json_body, too_large
 from .queue import QueueItem
+
+
+MAX_EXTRA_DATA_BYTES = 8 * 1024 * 1024
 
 
 def register(routes: web.RouteTableDef) -> None:
@@ -64,36 +67,72 @@ async def post_prompt(request: web.Request) -> web.Response:
     if not isinstance(prompt, dict) or not all(isinstance(node, dict) for node in prompt.values()):
         raise bad_request("invalid_prompt", "Field 'prompt' must be an object mapping node ids to "
                           "{class_type, inputs} objects (API format) or a UI workflow.")
-
-    prompt_id = body.get("prompt_id") or str(uuid.uuid4())
-    if not isinstance(prompt_id, str):
-        raise bad_request("invalid_prompt", f"Field 'prompt_id' must be a string, got {prompt_id!r}.")
-    extra_data = body.get("extra_data") or {}
-    if not isinstance(extra_data, dict):
-        raise bad_request("invalid_prompt", "Field 'extra_data' must be an object.")
+    extra_data = await _extra_data(body)
     targets = body.get("partial_execution_targets")
     if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
         raise bad_request("invalid_prompt", "Field 'partial_execution_targets' must be a list of node ids.")
+    number = state.queue.next_number(_explicit_number(body), front=bool(body.get("front")))
+    prompt_id = _claim_prompt_id(state, body.get("prompt_id"))
     try:
-        explicit = float(body["number"]) if "number" in body else None
-    except (TypeError, ValueError):
-        explicit = math.nan
-    if explicit is not None and not math.isfinite(explicit):  # inf/nan would break the queue order and JSON
-        raise bad_request("invalid_prompt", f"Field 'number' must be a finite number, got {body['number']!r}.")
-    number = state.queue.next_number(explicit, front=bool(body.get("front")))
-
-    result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, targets)
-    if not result.ok:
-        return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
-
-    extra_data = dict(extra_data)
-    extra_data["create_time"] = int(time.time() * 1000)  # as ComfyUI: the jobs list sorts and shows it
-    if body.get("client_id"):
-        extra_data["client_id"] = str(body["client_id"])
-    sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
-    state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
+        result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, targets)
+        if not result.ok:
+            return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
+        sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
+        state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
+    finally:
+        state.queue.release(prompt_id)  # a no-op once queued; frees the id of a refused prompt
     prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"))
     return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": result.node_errors})
+
+
+def _claim_prompt_id(state: ServerState, requested) -> str:
+    """The server's own UUID, or the client's id when it is well formed and new (not pending, running, in the
+    history or being validated): a reused id would overwrite another client's history entry."""
+    if requested is None or requested == "":
+        prompt_id = str(uuid.uuid4())
+        state.queue.claim(prompt_id)
+        return prompt_id
+    if not identifiers.is_well_formed(requested):
+        raise bad_request("invalid_prompt", f"Field 'prompt_id' must be {identifiers.RULE}, got "
+                          f"{str(requested)[:80]!r}; leave it out and the server assigns one.")
+    if state.history.contains(requested) or not state.queue.claim(requested):
+        raise bad_request("invalid_prompt", f"prompt_id {requested!r} is already in use (queued, running or in the "
+                          "history); send a new one, or leave it out and the server assigns one.")
+    return requested
+
+
+def _explicit_number(body: dict):
+    """The client's ``number`` (its queue position), None when absent; 400 unless a finite number."""
+    if "number" not in body:
+        return None
+    try:
+        explicit = float(body["number"])
+    except (TypeError, ValueError):
+        explicit = math.nan
+    if not math.isfinite(explicit):  # inf/nan would break the queue order and JSON
+        raise bad_request("invalid_prompt", f"Field 'number' must be a finite number, got {body['number']!r}.")
+    return explicit
+
+
+async def _extra_data(body: dict) -> dict:
+    """A copy of ``extra_data`` with ``create_time`` and the well-formed ``client_id``, bounded in bytes: it is
+    kept in the history (in memory and on disk) for as long as the entry lives."""
+    extra_data = body.get("extra_data") or {}
+    if not isinstance(extra_data, dict):
+        raise bad_request("invalid_prompt", "Field 'extra_data' must be an object.")
+    size = len(await asyncio.to_thread(dumps, extra_data))
+    if size > MAX_EXTRA_DATA_BYTES:
+        raise too_large(f"Field 'extra_data' has {size} bytes of JSON, over the limit of {MAX_EXTRA_DATA_BYTES}; "
+                        "a UI workflow is a few hundred KB.")
+    extra_data = dict(extra_data)
+    extra_data["create_time"] = int(time.time() * 1000)  # as ComfyUI: the jobs list sorts and shows it
+    client_id = body.get("client_id")
+    if client_id:
+        if not identifiers.is_well_formed(client_id):
+            raise bad_request("invalid_prompt", f"Field 'client_id' must be {identifiers.RULE}, got "
+                              f"{str(client_id)[:80]!r}.")
+        extra_data["client_id"] = client_id
+    return extra_data
 
 
 def _no_prompt_details(body) -> str:

@@ -5,23 +5,34 @@ is handed to the loop with ``call_soon_threadsafe`` (FIFO, so per-client order i
 put in that socket's queue; one writer task per socket drains it. A slow or vanished client therefore never
 blocks the worker or other clients, and messages for a client that is not connected are dropped — exactly
 ComfyUI's behaviour (queued work keeps running; a reconnecting client learns the state from ``status``).
+
+Why registration: client ids are visible to everyone in ``/queue`` and ``/history``, and in ComfyUI whoever
+connects with an id receives its events. Here the first connection with an id registers it and gets a token in
+its first message (``status``: ``sid`` and ``client_token``); a later connection gets that id only with
+``&clientToken=<token>``. Without it, it is given a fresh id in ``sid``, which ComfyUI's clients adopt, so they
+keep working; they just never receive another client's events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import secrets
 import uuid
+from collections import OrderedDict
 from typing import Callable, Optional
 
 from aiohttp import WSMsgType, web
 
 from ...loaders import json_limits
+from . import identifiers
 
 log = logging.getLogger("lorabind.server")
 
 _CLOSE = object()  # outbox sentinel: stop the writer task
+MAX_REGISTRATIONS = 10_000  # ids remembered once their connection is gone (oldest forgotten first)
 
 
 def _message(event: str, data: dict) -> str:
@@ -40,6 +51,7 @@ class ClientRegistry:
 
     def __init__(self, status_payload: Callable[[], dict], feature_flags: Callable[[], dict]):
         self._clients: dict[str, _Client] = {}
+        self._tokens: OrderedDict[str, str] = OrderedDict()  # client id -> token of the connection that registered it
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._status_payload = status_payload
         self._feature_flags = feature_flags
@@ -75,7 +87,7 @@ class ClientRegistry:
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        sid = request.query.get("clientId") or uuid.uuid4().hex
+        sid, token = self._register(request.query.get("clientId"), request.query.get("clientToken"))
         previous = self._clients.get(sid)
         if previous is not None:
             previous.outbox.put_nowait(_CLOSE)
@@ -83,7 +95,8 @@ class ClientRegistry:
         self._clients[sid] = client
         writer = asyncio.ensure_future(self._write_loop(client))
         try:
-            client.outbox.put_nowait(_message("status", {"status": self._status_payload(), "sid": sid}))
+            client.outbox.put_nowait(_message("status", {"status": self._status_payload(), "sid": sid,
+                                                          "client_token": token}))
             node = self.running_node(sid)
             if node is not None:
                 client.outbox.put_nowait(_message("executing", {"node": node}))
@@ -98,6 +111,29 @@ class ClientRegistry:
             client.outbox.put_nowait(_CLOSE)
             await writer
         return ws
+
+    def _register(self, requested: Optional[str], token: Optional[str]) -> tuple[str, str]:
+        """(client id, token) for a new connection: the requested id when it is new (first come) or the token
+        matches its registration; otherwise a fresh id."""
+        if identifiers.is_well_formed(requested):
+            known = self._tokens.get(requested)
+            if known is None:
+                return requested, self._new_registration(requested)
+            if token is not None and hmac.compare_digest(known, token):
+                self._tokens.move_to_end(requested)
+                return requested, known
+            log.info("websocket asked for client id %s without its token; given a fresh id", requested)
+        sid = uuid.uuid4().hex
+        return sid, self._new_registration(sid)
+
+    def _new_registration(self, sid: str) -> str:
+        token = secrets.token_urlsafe(24)
+        self._tokens[sid] = token
+        if len(self._tokens) > MAX_REGISTRATIONS:  # forget the oldest ids nobody is connected with
+            idle = [known for known in self._tokens if known not in self._clients and known != sid]
+            for known in idle[:len(self._tokens) - MAX_REGISTRATIONS]:
+                del self._tokens[known]
+        return token
 
     def _on_client_message(self, client: _Client, text: str) -> None:
         """Clients may announce feature flags; we answer with ours. Anything else is ignored, as ComfyUI does."""

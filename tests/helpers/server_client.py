@@ -29,8 +29,10 @@ class Client:
         self.ws = None
         self.messages: list[dict] = []
 
-    async def connect(self) -> dict:
-        self.ws = await self.session.ws_connect(f"{self.base_url}/ws?clientId={self.client_id}")
+    async def connect(self, token: str | None = None) -> dict:
+        """Open the WebSocket; ``token`` (the first connection's ``client_token``) takes over a registered id."""
+        query = f"clientId={self.client_id}" + (f"&clientToken={token}" if token else "")
+        self.ws = await self.session.ws_connect(f"{self.base_url}/ws?{query}")
         return await self.receive()
 
     async def receive(self, timeout: float = 30.0) -> dict:

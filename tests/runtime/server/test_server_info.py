@@ -145,10 +145,11 @@ def test_websocket_feature_flags_and_reconnect_status(server):
             pid = (await client.queue_prompt(count_and_save(steps=300, delay=0.01)))["prompt_id"]
             while (await client.receive())["type"] != "progress":
                 pass
-            # a second socket with the same id replaces the first and learns what is running
+            # a second socket with the same id and its token replaces the first and learns what is running
             second = Client(server.url, "flags")
             try:
-                status = await second.connect()
+                status = await second.connect(token=hello["data"]["client_token"])
+                assert status["data"]["sid"] == "flags"
                 assert status["data"]["status"]["exec_info"]["queue_remaining"] == 1
                 assert await second.receive() == {"type": "executing", "data": {"node": "1"}}
                 await second.post("/interrupt", {})

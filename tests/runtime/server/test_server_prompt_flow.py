@@ -13,8 +13,10 @@ def test_prompt_runs_with_comfyui_message_sequence(server):
         client = Client(server.url)
         try:
             hello = await client.connect()
+            token = hello["data"]["client_token"]
+            assert isinstance(token, str) and len(token) >= 32
             assert hello == {"type": "status", "data": {"status": {"exec_info": {"queue_remaining": 0}},
-                                                        "sid": "client-a"}}
+                                                        "sid": "client-a", "client_token": token}}
             queued = await client.queue_prompt(count_and_save(steps=3))
             assert set(queued) == {"prompt_id", "number", "node_errors"} and queued["node_errors"] == {}
             pid = queued["prompt_id"]
