@@ -5,17 +5,17 @@ ComfyUI, through ``PromptServer`` (``comfy_bridge.add_server_routes``): one hand
 or MiniMax-H3 Turbo/native adapter (``loras``) or a diffusers model folder (``diffusers``: a pinned schedule or
 baked-in contracts) declares, so the canvas can show it, and warn on the sampler, before anything runs. The
 contract is a property of the file: the answer needs no graph and no loaded model. Names stay inside the
-configured model folders (400 for ``..`` or absolute names, 404 for names that are not there).
+configured model folders (400 for ``..`` or absolute names, 404 for names that are not there). Files are read
+in a worker pool with a timeout, and answers are cached by file identity (``contract_lookups``).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
-from ..usecases import BUILTIN_NAMES, LoraBindError, lora_file_contract, model_folder_contract
+from ..usecases import BUILTIN_NAMES, lora_file_contract, model_folder_contract
 from . import comfy_bridge
+from .contract_lookups import LOOKUPS, refusal
 from .model_nodes import find_model_folder
 
 CONTRACT_PATH = "/lorabind/contract"
@@ -35,8 +35,8 @@ _FOLDERS = {
 
 
 def _answer(name: str, reason: str, status: int) -> web.Response:
-    return web.json_response({"file": name, "family": None, "contract": None, "contracts": [], "reason": reason},
-                             status=status)
+    status, body = refusal(name, reason, status)
+    return web.json_response(body, status=status)
 
 
 async def get_declared_contract(request: web.Request) -> web.Response:
@@ -52,17 +52,17 @@ async def get_declared_contract(request: web.Request) -> web.Response:
     except ValueError as exc:
         return _answer(name, str(exc), 400)
     what, find, declaration = _FOLDERS[kind]
+    if not name:  # "." or "./": the folder itself, which is no model
+        return _answer(request.query["name"], f"the name must name a {what} inside the {kind} folder, not the "
+                       "folder itself", 400)
     path = find(name)
     if path is None and kind == "diffusers" and name in BUILTIN_NAMES:  # the loader builds it, so not an error
         return _answer(name, "a built-in tiny model that is not built yet: the loader builds it on first use, and "
                              "what it pins is known then", 200)
     if path is None:
         return _answer(name, f"no {what} named {name!r} in the {kind} folder", 404)
-    try:
-        report = await asyncio.to_thread(declaration, path, name)
-    except LoraBindError as exc:  # a refused file (pickle, broken header, a contract it declares wrongly)
-        return _answer(name, str(exc), 422)
-    return web.json_response(report)
+    status, body = await LOOKUPS.answer(kind, name, path, declaration)
+    return web.json_response(body, status=status)
 
 
 ROUTES = (("GET", CONTRACT_PATH, get_declared_contract),)
