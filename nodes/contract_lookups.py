@@ -87,7 +87,7 @@ class ContractLookups:
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), TIMEOUT_S)
         except asyncio.TimeoutError:
-            return refusal(name, f"reading {name!r} takes longer than {TIMEOUT_S:.0f} s; ask again later", 503)
+            return refusal(name, f"reading {name!r} takes longer than {TIMEOUT_S:g} s; ask again later", 503)
 
     def _read(self, key: tuple, name: str, path: str, declaration) -> Answer:
         answer = None

@@ -1,0 +1,58 @@
+"""Issue 31: a budget for every header (bytes, tensors, nesting depth), checked before the header is parsed.
+Hostile files are generated here; the 90 MB header is a sparse file (nothing of it is read)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lorabind.loaders import json_limits
+from lorabind.loaders.errors import LoraFileError
+from lorabind.loaders.lora.header_budget import json_header_depth
+from lorabind.loaders.lora.safetensors_header import read_header
+from hostile_files import write_huge_header, write_many_tensors
+
+
+def test_a_90_mb_header_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "huge.safetensors"
+    write_huge_header(path)
+    monkeypatch.setattr(json_limits, "loads", lambda *a, **k: pytest.fail("the header was parsed"))
+    with pytest.raises(LoraFileError, match=r"^huge.safetensors: its header has more than 33554432 bytes"):
+        read_header(str(path), "huge.safetensors")
+
+
+def test_a_header_with_too_many_tensors_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    path = tmp_path / "many.safetensors"
+    write_many_tensors(path)
+    monkeypatch.setattr(json_limits, "loads", lambda *a, **k: pytest.fail("the header was parsed"))
+    with pytest.raises(LoraFileError, match=r"^many.safetensors: its header has more than 50000 tensors"):
+        read_header(str(path), "many.safetensors")
+
+
+def test_a_header_nested_deeper_than_the_format_is_refused(tmp_path):
+    header = json.dumps({"a.alpha": {"dtype": "F32", "shape": [[[1]]], "data_offsets": [0, 4]}}).encode()
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    with pytest.raises(LoraFileError, match=r"^deep.safetensors: its header has more than 3 levels of nesting"):
+        read_header(str(path), "deep.safetensors")
+
+
+def test_brackets_inside_metadata_strings_do_not_count(tmp_path):
+    """kohya stores JSON inside metadata strings (ss_tag_frequency): its braces are text, not nesting."""
+    path = tmp_path / "kohya.safetensors"
+    tag_frequency = json.dumps({"dir": {"tag[1]": 3, "a \"quoted\" {tag}": 1}}) + "[[[[{{{{"
+    save_file({"a.lora_down.weight": torch.zeros(2, 4), "a.lora_up.weight": torch.zeros(4, 2)}, str(path),
+              metadata={"ss_tag_frequency": tag_frequency})
+    header = read_header(str(path), "kohya.safetensors")
+    assert header.metadata["ss_tag_frequency"] == tag_frequency and len(header.tensors) == 2
+
+
+@pytest.mark.parametrize(("text", "depth"), [(b"1", 0), (b"{}", 1), (b'{"a": [[1], []]}', 3),
+                                             (b'{"a": "[[[[", "b": {"c": "]]]}"}}', 2),
+                                             (b"[" * 1000 + b"]" * 1000, 4), (b"[" * 1000, 0)])
+def test_json_header_depth_counts_containers_outside_strings(text, depth):
+    assert json_header_depth(text, limit=3) == depth

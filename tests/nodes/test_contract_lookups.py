@@ -1,0 +1,102 @@
+"""Issue 31: contract lookups run in a worker pool with a timeout and are cached by file identity, refusals
+included, in a bounded cache; hostile LoRAs are refused within the header budget."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from lorabind.nodes import contract_lookups
+from lorabind.nodes.contract_lookups import LOOKUPS, ContractLookups
+from lorabind.nodes.editor_routes import CONTRACT_PATH, get_declared_contract
+from hostile_files import write_huge_header, write_many_tensors
+
+
+def _ask(names: list[str]) -> list[tuple[int, dict]]:
+    app = web.Application()
+    app.router.add_get(CONTRACT_PATH, get_declared_contract)
+
+    async def run():
+        async with TestClient(TestServer(app)) as client:
+            answers = []
+            for name in names:
+                response = await client.get(CONTRACT_PATH, params={"name": name})
+                answers.append((response.status, await response.json()))
+            return answers
+
+    return asyncio.run(run())
+
+
+def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registry_at, tmp_path):
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    write_huge_header(loras / "huge-header.safetensors")
+    write_many_tensors(loras / "many-tensors.safetensors")
+    registry_at(tmp_path / "models")
+    reads = LOOKUPS.reads
+    answers = _ask(["huge-header.safetensors", "many-tensors.safetensors"] * 5)
+    assert LOOKUPS.reads == reads + 2  # each file read once; four more asks each were cache hits
+    assert {status for status, _ in answers} == {422}
+    assert "its header has more than 33554432 bytes" in answers[0][1]["reason"]
+    assert "its header has more than 50000 tensors" in answers[1][1]["reason"]
+    assert str(tmp_path) not in str(answers)
+    stat = os.stat(loras / "many-tensors.safetensors")
+    os.utime(loras / "many-tensors.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    _ask(["many-tensors.safetensors"])
+    assert LOOKUPS.reads == reads + 3  # a changed file is read again
+
+
+def test_the_loras_folder_itself_is_no_name(registry_at, tmp_path):
+    (tmp_path / "models" / "loras").mkdir(parents=True)
+    registry_at(tmp_path / "models")
+    for name in (".", "./", "a/.."):
+        (status, body), = _ask([name])
+        assert status == 400 and body["contract"] is None, (name, body)
+        assert "not the folder itself" in body["reason"] or "'..'" in body["reason"]
+
+
+def _files(tmp_path, count: int) -> list[str]:
+    paths = []
+    for n in range(count):
+        path = tmp_path / f"f{n}.safetensors"
+        path.write_bytes(b"x")
+        paths.append(str(path))
+    return paths
+
+
+def test_concurrent_lookups_share_one_read_and_a_slow_one_times_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(contract_lookups, "TIMEOUT_S", 0.3)
+    lookups, calls, release = ContractLookups(), [], threading.Event()
+    path, = _files(tmp_path, 1)
+
+    def slow_declaration(path: str, name: str) -> dict:
+        calls.append(name)
+        release.wait(10)
+        return {"file": name, "contract": None}
+
+    async def run():
+        answers = await asyncio.gather(*(lookups.answer("loras", "f0", path, slow_declaration) for _ in range(3)))
+        release.set()
+        time.sleep(0.1)  # the read finishes in the background and is cached
+        return answers, await lookups.answer("loras", "f0", path, slow_declaration)
+
+    timed_out, later = asyncio.run(run())
+    assert [status for status, _ in timed_out] == [503] * 3 and "longer than 0.3 s" in timed_out[0][1]["reason"]
+    assert later == (200, {"file": "f0", "contract": None}) and calls == ["f0"]
+
+
+def test_the_cache_is_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(contract_lookups, "MAX_ENTRIES", 5)
+    lookups = ContractLookups()
+
+    async def run(paths):
+        for path in paths:
+            await lookups.answer("loras", os.path.basename(path), path, lambda p, n: {"file": n})
+
+    asyncio.run(run(_files(tmp_path, 12)))
+    assert len(lookups._answers) == 5 and lookups.reads == 12
