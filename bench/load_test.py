@@ -3,6 +3,8 @@ Wan2.2 workflow, and we check that none is lost, none runs twice, and every clie
 execution messages. Prints throughput and the server's peak RSS.
 
 Run: ``python -m bench.load_test`` (8 clients x 25 prompts) or ``python -m bench.load_test --quick``.
+``--hostile`` measures issue 31's attacks instead: how long ``GET /queue`` takes while two 90 MB bodies of small
+objects are posted, and what contract lookups of a LoRA with a 90 MB header (800K empty tensors) cost.
 The server is a real ``lorabind serve`` subprocess on a free 127.0.0.1 port with a temporary models/output
 root; it is stopped at the end, and the whole run is bounded by ``--timeout``.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
+from .hostile_requests import measure_hostile, proc_status_mib, write_hostile_models
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "workflows" / "wan22_tiny_t2v.api.json"
 
@@ -36,13 +41,7 @@ def _free_port() -> int:
 
 def _peak_rss_mib(pid: int) -> float | None:
     """VmHWM (peak resident set) of the server process, from /proc (Linux)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return proc_status_mib(pid, "VmHWM")
 
 
 def _prompt(seed: int, prefix: str) -> dict:
@@ -148,11 +147,39 @@ async def _load(url: str, clients: int, prompts: int) -> tuple[float, list[str],
     return elapsed, problems, ran
 
 
+@contextlib.contextmanager
+def _serving(tmp: str, models: str):
+    """A ``lorabind serve`` subprocess on a free loopback port, stopped (SIGINT) on exit; yields (url, pid)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "lorabind.runtime.cli", "serve", "--listen", "127.0.0.1",
+               "--port", str(port), "--models", models, "--output", os.path.join(tmp, "output"),
+               "--input", os.path.join(tmp, "input"), "--temp", os.path.join(tmp, "temp")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    log_path = Path(tmp) / "server.log"  # a file, not a pipe: an unread pipe would block the server
+    with open(log_path, "w") as log, subprocess.Popen(command, env=env, stdout=log, stderr=log) as server:
+        try:
+            asyncio.run(_wait_until_up(url, server, timeout=120))
+            yield url, server.pid
+        except BaseException:
+            print(f"server log (last lines):\n{log_path.read_text()[-3000:]}", file=sys.stderr)
+            raise
+        finally:
+            server.send_signal(signal.SIGINT)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=25, help="prompts per client")
     parser.add_argument("--quick", action="store_true", help="2 clients x 3 prompts")
+    parser.add_argument("--hostile", action="store_true",
+                        help="instead: GET /queue while two 90 MB bodies are posted, and contract lookups of a LoRA "
+                             "with a 90 MB header (bench/hostile_requests.py)")
     parser.add_argument("--models", default=None, help="models root (default: a temporary one, built on demand)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     args = parser.parse_args(argv)
@@ -161,28 +188,14 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="lorabind-load-") as tmp:
         models = args.models or os.path.join(tmp, "models")
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = [sys.executable, "-m", "lorabind.runtime.cli", "serve", "--listen", "127.0.0.1",
-                   "--port", str(port), "--models", models, "--output", os.path.join(tmp, "output"),
-                   "--input", os.path.join(tmp, "input"), "--temp", os.path.join(tmp, "temp")]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        log_path = Path(tmp) / "server.log"  # a file, not a pipe: an unread pipe would block the server
-        with open(log_path, "w") as log, subprocess.Popen(command, env=env, stdout=log, stderr=log) as server:
-            try:
-                asyncio.run(_wait_until_up(url, server, timeout=120))
-                elapsed, problems, ran = asyncio.run(
-                    asyncio.wait_for(_load(url, args.clients, args.prompts), timeout=args.timeout))
-                peak = _peak_rss_mib(server.pid)
-            except BaseException:
-                print(f"server log (last lines):\n{log_path.read_text()[-3000:]}", file=sys.stderr)
-                raise
-            finally:
-                server.send_signal(signal.SIGINT)
-                try:
-                    server.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    server.kill()
+        if args.hostile:
+            write_hostile_models(models)
+            with _serving(tmp, models) as (url, pid):
+                return asyncio.run(asyncio.wait_for(measure_hostile(url, pid), timeout=args.timeout))
+        with _serving(tmp, models) as (url, pid):
+            elapsed, problems, ran = asyncio.run(
+                asyncio.wait_for(_load(url, args.clients, args.prompts), timeout=args.timeout))
+            peak = _peak_rss_mib(pid)
 
     print(f"load test: {args.clients} clients x {args.prompts} prompts = {ran} prompts (tiny Wan2.2, loopback)")
     print(f"  wall time   {elapsed:8.2f} s")
