@@ -32,6 +32,9 @@ from . import identifiers
 log = logging.getLogger("lorabind.server")
 
 _CLOSE = object()  # outbox sentinel: stop the writer task
+# Clients send only small control messages (feature_flags), parsed on the event loop: aiohttp's default 4 MB of
+# small JSON objects would hold it for seconds. A larger message closes the socket (code 1009).
+MAX_CLIENT_MESSAGE_BYTES = 64 * 1024
 MAX_REGISTRATIONS = 10_000  # ids remembered once their connection is gone (oldest forgotten first)
 
 
@@ -85,7 +88,7 @@ class ClientRegistry:
 
     # -- the /ws handler (event loop) -----------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(max_msg_size=MAX_CLIENT_MESSAGE_BYTES)
         await ws.prepare(request)
         sid, token = self._register(request.query.get("clientId"), request.query.get("clientToken"))
         previous = self._clients.get(sid)

@@ -138,3 +138,21 @@ def test_history_is_bounded_in_bytes_keeping_the_newest(tmp_path):
     assert list(store.list()) == ["huge"]
     assert list(HistoryStore(folder, max_bytes=10_000).list()) == ["huge"]
     assert json.loads(next(folder.glob("*.json")).read_text())["prompt_id"] == "huge"
+
+
+def test_a_large_websocket_message_closes_only_that_socket(server):
+    async def body():
+        client, other = Client(server.url, "big-talker"), Client(server.url, "bystander")
+        try:
+            await client.connect()
+            await other.connect()
+            await client.ws.send_str("[" + ",".join(["{}"] * 40_000) + "]")  # 120 KB of small objects
+            closing = await client.ws.receive(timeout=10)
+            assert closing.type.name in ("CLOSE", "CLOSED", "CLOSING") and client.ws.close_code == 1009
+            pid = (await other.queue_prompt(count_and_save(steps=1)))["prompt_id"]
+            assert "execution_success" in [m["type"] for m in await other.wait_done(pid)]
+        finally:
+            await client.close()
+            await other.close()
+
+    run_async(body)
