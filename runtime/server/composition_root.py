@@ -57,6 +57,7 @@ class ServerState:
         self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
         self.worker = PromptWorker(self.queue, self.history, self.clients, executor, concurrency=concurrency)
         self.clients.running_node = self.worker.running_node
+        self.clients.has_prompts = self.queue.has_client
 
     def status_payload(self) -> dict:
         return {"exec_info": {"queue_remaining": self.queue.remaining()}}

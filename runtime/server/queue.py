@@ -126,6 +126,11 @@ class PromptQueue:
             pending = [item.as_list() for _, _, item in sorted(self._heap)]  # arrival is unique: items never compared
         return running, pending
 
+    def has_client(self, client_id: str) -> bool:
+        """Is a prompt of this client pending or running? (Its events still have somewhere to go.)"""
+        with self._cond:
+            return any(item.client_id == client_id for item in (*self._running, *(entry[2] for entry in self._heap)))
+
     def remaining(self) -> int:
         with self._cond:
             return len(self._heap) + len(self._running)

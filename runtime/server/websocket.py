@@ -8,9 +8,11 @@ ComfyUI's behaviour (queued work keeps running; a reconnecting client learns the
 
 Why registration: client ids are visible to everyone in ``/queue`` and ``/history``, and in ComfyUI whoever
 connects with an id receives its events. Here the first connection with an id registers it and gets a token in
-its first message (``status``: ``sid`` and ``client_token``); a later connection gets that id only with
-``&clientToken=<token>``. Without it, it is given a fresh id in ``sid``, which ComfyUI's clients adopt, so they
-keep working; they just never receive another client's events.
+its first message (``status``: ``sid`` and ``client_token``). While that connection is open, or prompts queued
+under the id are pending or running, another connection gets the id only with ``&clientToken=<token>``; without
+it, it is given a fresh id in ``sid``, which ComfyUI's clients adopt, so they keep working: they just never
+receive another client's events. Once the owner is gone and its prompts are done the id is free again, so a
+script that connects with the same fixed id on every run keeps working.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ log = logging.getLogger("lorabind.server")
 _CLOSE = object()  # outbox sentinel: stop the writer task
 # Clients send only small control messages (feature_flags), parsed on the event loop: aiohttp's default 4 MB of
 # small JSON objects would hold it for seconds. A larger message closes the socket (code 1009).
-MAX_CLIENT_MESSAGE_BYTES = 64 * 1024
+MAX_CLIENT_MESSAGE_BYTES = 256 * 1024
 MAX_REGISTRATIONS = 10_000  # ids remembered once their connection is gone (oldest forgotten first)
 
 
@@ -59,6 +61,7 @@ class ClientRegistry:
         self._status_payload = status_payload
         self._feature_flags = feature_flags
         self.running_node: Callable[[str], Optional[str]] = lambda sid: None
+        self.has_prompts: Callable[[str], bool] = lambda sid: False  # queued or running under this client id
         # called with (event, data) for every execution message, sent or not (the client may not be connected):
         # how the OpenAI-style video status learns a job's progress
         self.observers: list[Callable[[str, dict], None]] = []
@@ -116,11 +119,11 @@ class ClientRegistry:
         return ws
 
     def _register(self, requested: Optional[str], token: Optional[str]) -> tuple[str, str]:
-        """(client id, token) for a new connection: the requested id when it is new (first come) or the token
-        matches its registration; otherwise a fresh id."""
+        """(client id, token) for a new connection: the requested id when it is free (first come, or its owner
+        is gone and has no prompts left) or the token matches its registration; otherwise a fresh id."""
         if identifiers.is_well_formed(requested):
             known = self._tokens.get(requested)
-            if known is None:
+            if known is None or (requested not in self._clients and not self.has_prompts(requested)):
                 return requested, self._new_registration(requested)
             if token is not None and hmac.compare_digest(known, token):
                 self._tokens.move_to_end(requested)

@@ -92,10 +92,9 @@ def test_a_client_cannot_reuse_or_forge_prompt_ids(server, caplog):
 
 def test_a_second_connection_gets_a_client_id_only_with_its_token(server):
     async def body():
-        victim, spy = Client(server.url, "victim"), Client(server.url, "victim")
+        victim, spy, later = Client(server.url, "victim"), Client(server.url, "victim"), Client(server.url, "victim")
         try:
-            hello = await victim.connect()
-            token = hello["data"]["client_token"]
+            token = (await victim.connect())["data"]["client_token"]
             spied = await spy.connect()  # a ComfyUI client ignoring tokens: given its own id, which it adopts
             assert spied["data"]["sid"] != "victim" and spied["data"]["client_token"] != token
             pid = (await victim.queue_prompt(count_and_save(steps=2)))["prompt_id"]
@@ -103,12 +102,20 @@ def test_a_second_connection_gets_a_client_id_only_with_its_token(server):
             with pytest.raises(asyncio.TimeoutError):
                 while True:  # status broadcasts only: none of the victim's execution messages
                     assert (await spy.receive(timeout=1.0))["type"] == "status"
+            busy = (await victim.queue_prompt(count_and_save(steps=300, delay=0.01)))["prompt_id"]
+            await victim.ws.close()  # gone, but its prompt runs: the id stays its own
             await spy.ws.close()
-            again = await spy.connect(token=token)
-            assert again["data"]["sid"] == "victim" and again["data"]["client_token"] == token
+            assert (await spy.connect())["data"]["sid"] != "victim"
+            assert (await spy.connect(token=token))["data"]["sid"] == "victim"  # the owner, back with its token
+            await spy.post("/interrupt", {})
+            assert "execution_interrupted" in [m["type"] for m in await spy.wait_done(busy)]
+            await spy.ws.close()
+            await asyncio.sleep(0.2)  # the server has seen the close
+            # the owner is gone and its prompts are done: the id is free again (a script reusing a fixed id)
+            assert (await later.connect())["data"]["sid"] == "victim"
         finally:
-            await victim.close()
-            await spy.close()
+            for client in (victim, spy, later):
+                await client.close()
 
     run_async(body)
 
@@ -146,7 +153,7 @@ def test_a_large_websocket_message_closes_only_that_socket(server):
         try:
             await client.connect()
             await other.connect()
-            await client.ws.send_str("[" + ",".join(["{}"] * 40_000) + "]")  # 120 KB of small objects
+            await client.ws.send_str("[" + ",".join(["{}"] * 100_000) + "]")  # 300 KB of small objects
             closing = await client.ws.receive(timeout=10)
             assert closing.type.name in ("CLOSE", "CLOSED", "CLOSING") and client.ws.close_code == 1009
             pid = (await other.queue_prompt(count_and_save(steps=1)))["prompt_id"]
