@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import identifiers
 from .openai_errors import OpenAIRequestError
 from .openai_loras import request_adapters
 from .openai_templates import FIELDS, Template, check_values, typed_value
@@ -104,8 +105,9 @@ def _split(body: dict, endpoint_fields: frozenset) -> tuple[dict, dict]:
 def _request(template: Template, generation: dict, count: int = 1) -> GenerationRequest:
     adapters = request_adapters(generation.pop("lora"), template) if "lora" in generation else []
     client_id = generation.pop("client_id", None)
-    if client_id is not None and not isinstance(client_id, str):
-        raise OpenAIRequestError("client_id: expected the WebSocket clientId string", param="client_id")
+    if client_id is not None and not identifiers.is_well_formed(client_id):
+        raise OpenAIRequestError(f"client_id: expected the WebSocket clientId, {identifiers.RULE}",
+                                 param="client_id")
     if "size" in generation:
         _split_size(generation)
     for name in generation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from lorabind.loaders.lora.header_budget import SAFETENSORS_BUDGET
+from lorabind.loaders.lora.safetensors_header import MAX_HEADER_TENSORS
 
 
 def write_huge_header(path, header_bytes: int = 90 * 1024 * 1024) -> None:
@@ -14,7 +14,7 @@ def write_huge_header(path, header_bytes: int = 90 * 1024 * 1024) -> None:
         handle.truncate(8 + header_bytes)
 
 
-def write_many_tensors(path, count: int = SAFETENSORS_BUDGET.max_tensors + 1) -> None:
+def write_many_tensors(path, count: int = MAX_HEADER_TENSORS + 1) -> None:
     """A well-formed header of ``count`` empty LoRA tensors (no data at all)."""
     entries = b",".join(b'"lora_unet_b%d.lora_down.weight":{"dtype":"F16","shape":[0,4],"data_offsets":[0,0]}' % i
                         for i in range(count))

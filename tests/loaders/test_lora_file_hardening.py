@@ -45,7 +45,7 @@ def test_a_deeply_nested_header_or_adapter_config_is_a_clear_refusal(tmp_path):
     header = b"[" * 100_000
     path = tmp_path / "deep.safetensors"
     path.write_bytes(struct.pack("<Q", len(header)) + header)
-    with pytest.raises(LoraFileError, match=r"deep.safetensors: safetensors header is not valid JSON \(JSON nested"):
+    with pytest.raises(LoraFileError, match=r"deep.safetensors: safetensors header nests deeper than the format's 3"):
         read_lora(str(path))
     folder = tmp_path / "peft"
     folder.mkdir()

@@ -42,8 +42,8 @@ def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registr
     answers = _ask(["huge-header.safetensors", "many-tensors.safetensors"] * 5)
     assert LOOKUPS.reads == reads + 2  # each file read once; four more asks each were cache hits
     assert {status for status, _ in answers} == {422}
-    assert "its header has more than 33554432 bytes" in answers[0][1]["reason"]
-    assert "its header has more than 50000 tensors" in answers[1][1]["reason"]
+    assert "safetensors header is over the 33554432-byte budget" in answers[0][1]["reason"]
+    assert "safetensors header lists 100001 tensors, over the budget" in answers[1][1]["reason"]
     assert str(tmp_path) not in str(answers)
     stat = os.stat(loras / "many-tensors.safetensors")
     os.utime(loras / "many-tensors.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))

@@ -119,7 +119,10 @@ def test_integer_alpha_scalar_is_a_number(tmp_path):
 
 def test_header_that_is_not_json_is_refused(tmp_path):
     bad = tmp_path / "garbage.safetensors"
-    bad.write_bytes(struct.pack("<Q", 4) + b"{{{{")
+    bad.write_bytes(struct.pack("<Q", 4) + b"{{{{")  # refused by the header budget: its brackets do not match
+    with pytest.raises(LoraFileError, match=r"garbage\.safetensors: .* \(or its brackets do not match\)"):
+        read_lora(str(bad))
+    bad.write_bytes(struct.pack("<Q", 5) + b'{"a"}')
     with pytest.raises(LoraFileError, match=r"garbage\.safetensors: safetensors header is not valid JSON"):
         read_lora(str(bad))
 

@@ -163,3 +163,12 @@ def test_a_large_websocket_message_closes_only_that_socket(server):
             await other.close()
 
     run_async(body)
+
+
+def test_openai_requests_take_only_well_formed_client_ids():
+    from lorabind.runtime.server.openai_errors import OpenAIRequestError
+    from lorabind.runtime.server.openai_requests import _request
+
+    for forged in ("me\n12:00:00 prompt forged finished", 7):
+        with pytest.raises(OpenAIRequestError, match="client_id: expected the WebSocket clientId, 1 to 128"):
+            _request(None, {"client_id": forged})
