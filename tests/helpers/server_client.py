@@ -47,6 +47,13 @@ class Client:
             text = await resp.text()
             return resp.status, (json.loads(text) if text and resp.content_type == "application/json" else text)
 
+    async def request(self, method: str, path: str, body=None):
+        """Any method; a body that is not bytes or str is sent as JSON. (status, JSON or raw bytes, headers)."""
+        data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+        async with self.session.request(method, self.base_url + path, data=data) as resp:
+            raw = await resp.read()
+            return resp.status, (json.loads(raw) if resp.content_type == "application/json" else raw), resp.headers
+
     async def get(self, path: str, **kwargs):
         async with self.session.get(self.base_url + path, **kwargs) as resp:
             body = await resp.read()

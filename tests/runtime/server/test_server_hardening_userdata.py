@@ -15,13 +15,6 @@ def _userdata(server) -> Path:
     return Path(server.config.state_dir, "userdata")
 
 
-async def _request(client: Client, method: str, path: str, body=None):
-    data = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
-    async with client.session.request(method, client.base_url + path, data=data) as resp:
-        raw = await resp.read()
-        return resp.status, (json.loads(raw) if resp.content_type == "application/json" else raw.decode())
-
-
 def _nested(depth: int):
     value = 1
     for _ in range(depth):
@@ -33,8 +26,8 @@ def test_a_setting_the_reader_would_refuse_is_refused_on_write(server):
     async def body():
         client = Client(server.url)
         try:
-            assert (await _request(client, "POST", "/api/settings", {"Comfy.Locale": "en"}))[0] == 200
-            status, reply = await _request(client, "POST", "/api/settings/deep", _nested(100))
+            assert (await client.request("POST", "/api/settings", {"Comfy.Locale": "en"}))[0] == 200
+            status, reply, _ = await client.request("POST", "/api/settings/deep", _nested(100))
             assert status == 400 and "would not be readable" in reply["error"]["message"], reply
             assert (await client.get("/api/settings"))[1] == {"Comfy.Locale": "en"}
         finally:
@@ -51,7 +44,7 @@ def test_damaged_settings_are_an_error_and_are_never_overwritten(server):
             assert status == 500 and "comfy.settings.json" in reply["error"]["message"]
             assert server.config.state_dir not in json.dumps(reply)
             assert (await client.get("/api/settings/Comfy.Locale"))[0] == 500
-            status, _ = await _request(client, "POST", "/api/settings", {"Comfy.Locale": "fr"})
+            status, _, _ = await client.request("POST", "/api/settings", {"Comfy.Locale": "fr"})
             assert status == 500
         finally:
             await client.close()
@@ -69,7 +62,8 @@ def test_settings_cannot_grow_past_the_size_the_reader_accepts(server, monkeypat
     async def body():
         client = Client(server.url)
         try:
-            answers = [(await _request(client, "POST", f"/api/settings/k{n}", json.dumps("v" * 900)))[0] for n in range(3)]
+            answers = [(await client.request("POST", f"/api/settings/k{n}", json.dumps("v" * 900)))[0]
+                       for n in range(3)]
             assert answers == [200, 200, 413]
             assert set((await client.get("/api/settings"))[1]) == {"k0", "k1"}
         finally:
@@ -97,7 +91,7 @@ def test_overwrite_false_is_checked_when_the_body_has_arrived(server):
         try:
             slow = asyncio.ensure_future(slow_writer(client))
             await asyncio.sleep(0.5)  # its handler has started
-            status, _ = await _request(client, "POST", "/api/userdata/workflows%2Frace.json?overwrite=false",
+            status, _, _ = await client.request("POST", "/api/userdata/workflows%2Frace.json?overwrite=false",
                                        {"writer": "fast"})
             assert status == 200
             arrived.set()
@@ -116,15 +110,15 @@ def test_user_files_have_count_and_size_quotas_and_listings_are_never_cut(server
     async def body():
         client = Client(server.url)
         try:
-            saves = [(await _request(client, "POST", f"/api/userdata/workflows%2F{n}.json", "x" * 200))[0]
+            saves = [(await client.request("POST", f"/api/userdata/workflows%2F{n}.json", "x" * 200))[0]
                      for n in range(4)]
             assert saves == [200, 200, 200, 413]
-            assert (await _request(client, "POST", "/api/userdata/workflows%2F0.json", "y" * 300))[0] == 200
-            status, reply = await _request(client, "POST", "/api/userdata/workflows%2F1.json", "z" * 700)
+            assert (await client.request("POST", "/api/userdata/workflows%2F0.json", "y" * 300))[0] == 200
+            status, reply, _ = await client.request("POST", "/api/userdata/workflows%2F1.json", "z" * 700)
             assert status == 413 and "1000 bytes" in reply["error"]["message"]
             for n in range(4, 6):  # placed by hand, past the quota
                 (_userdata(server) / f"workflows/{n}.json").write_text("{}")
-            status, reply = await _request(client, "GET", "/api/userdata?dir=workflows")
+            status, reply, _ = await client.request("GET", "/api/userdata?dir=workflows")
             assert status == 413 and "more than 3 files" in reply["error"]["message"]
         finally:
             await client.close()
@@ -137,12 +131,12 @@ def test_impossible_names_are_400s_without_the_state_path(server):
         client = Client(server.url)
         try:
             long_part = "workflows%2F" + "a" * 256 + ".json"
-            assert (await _request(client, "POST", "/api/userdata/workflows%2Fa.json", {}))[0] == 200
-            answers = [await _request(client, "POST", f"/api/userdata/{name}", {})
+            assert (await client.request("POST", "/api/userdata/workflows%2Fa.json", {}))[0] == 200
+            answers = [await client.request("POST", f"/api/userdata/{name}", {})
                        for name in (long_part, "workflows%2Fa.json%2Fb.json")]
-            answers.append(await _request(client, "POST", "/api/userdata/workflows%2Fa.json/move/"
+            answers.append(await client.request("POST", "/api/userdata/workflows%2Fa.json/move/"
                                           "workflows%2Fa.json%2Fc.json"))
-            for status, reply in answers:
+            for status, reply, _ in answers:
                 assert status == 400, reply
                 assert server.config.state_dir not in json.dumps(reply)
             assert "longer than 255 bytes" in answers[0][1]["error"]["message"]
