@@ -66,6 +66,15 @@ def _poll_queue(url: str, until: threading.Event) -> list[float]:
     return latencies
 
 
+async def _queue_when_idle(url: str, seconds: float = 2.0) -> float:
+    """The slowest ``GET /queue`` over ``seconds`` with nothing else going on: this machine's noise floor."""
+    done = threading.Event()
+    polling = asyncio.ensure_future(asyncio.to_thread(_poll_queue, url, done))
+    await asyncio.sleep(seconds)
+    done.set()
+    return max(await polling)
+
+
 async def _queue_during_big_posts(url: str) -> tuple[float, int, list[str]]:
     """(slowest GET /queue, how many were asked, the posts' outcomes) while two 90 MB bodies are posted."""
     body = b'{"prompt": {"1": {"class_type": "x", "inputs": {}}}, "extra_data": {"junk": [' \
@@ -99,9 +108,11 @@ async def _contract_lookups(url: str, pid: int) -> dict:
 
 async def measure_hostile(url: str, pid: int) -> int:
     lookups = await _contract_lookups(url, pid)
+    idle = await _queue_when_idle(url)
     slowest, asked, posts = await _queue_during_big_posts(url)
     print("hostile requests (issue 31), loopback:")
-    print(f"  GET /queue while two 90 MB bodies are posted: slowest {slowest:.3f} s of {asked} asked")
+    print(f"  GET /queue while two 90 MB bodies are posted: slowest {slowest:.3f} s of {asked} asked "
+          f"(idle: slowest {idle:.3f} s)")
     print(f"  the two posts: {'; '.join(posts)}")
     status, reason = lookups["answers"][0]
     repeat = lookups["repeat_ms"]
