@@ -8,28 +8,10 @@ import os
 import threading
 import time
 
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
-
 from lorabind.nodes import contract_lookups
 from lorabind.nodes.contract_lookups import LOOKUPS, ContractLookups
-from lorabind.nodes.editor_routes import CONTRACT_PATH, get_declared_contract
+from contract_endpoint import ask_contracts
 from hostile_files import write_huge_header, write_many_tensors
-
-
-def _ask(names: list[str]) -> list[tuple[int, dict]]:
-    app = web.Application()
-    app.router.add_get(CONTRACT_PATH, get_declared_contract)
-
-    async def run():
-        async with TestClient(TestServer(app)) as client:
-            answers = []
-            for name in names:
-                response = await client.get(CONTRACT_PATH, params={"name": name})
-                answers.append((response.status, await response.json()))
-            return answers
-
-    return asyncio.run(run())
 
 
 def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registry_at, tmp_path):
@@ -39,7 +21,7 @@ def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registr
     write_many_tensors(loras / "many-tensors.safetensors")
     registry_at(tmp_path / "models")
     reads = LOOKUPS.reads
-    answers = _ask(["huge-header.safetensors", "many-tensors.safetensors"] * 5)
+    answers = ask_contracts(["huge-header.safetensors", "many-tensors.safetensors"] * 5)
     assert LOOKUPS.reads == reads + 2  # each file read once; four more asks each were cache hits
     assert {status for status, _ in answers} == {422}
     assert "safetensors header is over the 33554432-byte budget" in answers[0][1]["reason"]
@@ -47,7 +29,7 @@ def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registr
     assert str(tmp_path) not in str(answers)
     stat = os.stat(loras / "many-tensors.safetensors")
     os.utime(loras / "many-tensors.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
-    _ask(["many-tensors.safetensors"])
+    ask_contracts(["many-tensors.safetensors"])
     assert LOOKUPS.reads == reads + 3  # a changed file is read again
 
 
@@ -55,7 +37,7 @@ def test_the_loras_folder_itself_is_no_name(registry_at, tmp_path):
     (tmp_path / "models" / "loras").mkdir(parents=True)
     registry_at(tmp_path / "models")
     for name in (".", "./", "a/.."):
-        (status, body), = _ask([name])
+        (status, body), = ask_contracts([name])
         assert status == 400 and body["contract"] is None, (name, body)
         assert "not the folder itself" in body["reason"] or "'..'" in body["reason"]
 

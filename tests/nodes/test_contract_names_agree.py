@@ -60,24 +60,11 @@ def encoded(load_tiny):
 
 
 def _endpoint_contracts(names: list) -> list:
-    from aiohttp import web
-    from aiohttp.test_utils import TestClient, TestServer
+    from contract_endpoint import ask_contracts
 
-    from lorabind.nodes.editor_routes import CONTRACT_PATH, get_declared_contract
-
-    app = web.Application()
-    app.router.add_get(CONTRACT_PATH, get_declared_contract)
-
-    async def ask():
-        async with TestClient(TestServer(app)) as client:
-            answers = []
-            for name in names:
-                response = await client.get(CONTRACT_PATH, params={"name": name})
-                assert response.status == 200, (name, await response.text())
-                answers.append((await response.json())["contract"])
-            return answers
-
-    return asyncio.run(ask())
+    answers = ask_contracts(names)
+    assert all(status == 200 for status, _ in answers), list(zip(names, answers))
+    return [body["contract"] for _, body in answers]
 
 
 def _run(encoded_inputs, fused, steps, contract):
