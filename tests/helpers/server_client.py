@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import aiohttp
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_fake_nodes import FAKE_NODES
+
+
+def user_folder(server: BackgroundServer) -> Path:
+    """Where a server keeps its user's settings and saved workflows."""
+    return Path(server.config.state_dir, "userdata")
 
 
 def start_server(tmp_path, **config_kwargs) -> BackgroundServer:

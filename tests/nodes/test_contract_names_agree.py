@@ -4,7 +4,6 @@ count is enforced in a run; a name without one says which fields it leaves open.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 

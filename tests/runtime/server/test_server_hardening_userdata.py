@@ -5,14 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 from lorabind.runtime.server import routes_settings, user_files
-from server_client import Client, run_async
-
-
-def _userdata(server) -> Path:
-    return Path(server.config.state_dir, "userdata")
+from server_client import Client, run_async, user_folder
 
 
 def _nested(depth: int):
@@ -49,7 +44,7 @@ def test_damaged_settings_are_an_error_and_are_never_overwritten(server):
         finally:
             await client.close()
 
-    stored = _userdata(server) / routes_settings.SETTINGS_FILE
+    stored = user_folder(server) / routes_settings.SETTINGS_FILE
     stored.parent.mkdir(parents=True, exist_ok=True)
     stored.write_text('{"Comfy.Locale": "en", "broken', encoding="utf-8")
     run_async(body)
@@ -70,7 +65,7 @@ def test_settings_cannot_grow_past_the_size_the_reader_accepts(server, monkeypat
             await client.close()
 
     run_async(body)
-    assert (_userdata(server) / routes_settings.SETTINGS_FILE).stat().st_size <= 2000
+    assert (user_folder(server) / routes_settings.SETTINGS_FILE).stat().st_size <= 2000
 
 
 def test_overwrite_false_is_checked_when_the_body_has_arrived(server):
@@ -100,7 +95,7 @@ def test_overwrite_false_is_checked_when_the_body_has_arrived(server):
             await client.close()
 
     run_async(body)
-    assert json.loads((_userdata(server) / "workflows/race.json").read_text()) == {"writer": "fast"}
+    assert json.loads((user_folder(server) / "workflows/race.json").read_text()) == {"writer": "fast"}
 
 
 def test_user_files_have_count_and_size_quotas_and_listings_are_never_cut(server, monkeypatch):
@@ -117,7 +112,7 @@ def test_user_files_have_count_and_size_quotas_and_listings_are_never_cut(server
             status, reply, _ = await client.request("POST", "/api/userdata/workflows%2F1.json", "z" * 700)
             assert status == 413 and "1000 bytes" in reply["error"]["message"]
             for n in range(4, 6):  # placed by hand, past the quota
-                (_userdata(server) / f"workflows/{n}.json").write_text("{}")
+                (user_folder(server) / f"workflows/{n}.json").write_text("{}")
             status, reply, _ = await client.request("GET", "/api/userdata?dir=workflows")
             assert status == 413 and "more than 3 files" in reply["error"]["message"]
         finally:

@@ -8,13 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from server_client import Client, run_async, start_server
+from server_client import Client, run_async, start_server, user_folder
 
 from lorabind.runtime.server import routes_settings, routes_userdata
-
-
-def _userdata(server) -> Path:
-    return Path(server.config.state_dir, "userdata")
 
 
 def test_settings_are_merged_stored_and_read_back(server):
@@ -29,7 +25,7 @@ def test_settings_are_merged_stored_and_read_back(server):
             _, settings = await client.get("/api/settings")
             assert settings == {"Comfy.Locale": "en", "A": 2, "Comfy.TutorialCompleted": True}
             assert (await client.get("/api/settings/A"))[1] == 2
-            stored = json.loads((_userdata(server) / "comfy.settings.json").read_text())
+            stored = json.loads((user_folder(server) / "comfy.settings.json").read_text())
             assert stored == settings
             status, error, _ = await client.request("POST", "/api/settings", [1, 2])
             assert status == 400 and "must be a JSON object" in error["error"]["message"]
@@ -92,7 +88,7 @@ def test_workflow_save_list_load_rename_delete(server):
                                    "workflows%2Frenamed.json?overwrite=false"))[0] == 409
             assert (await client.request("DELETE", "/api/userdata/workflows%2Frenamed.json"))[0] == 204
             assert (await client.request("DELETE", "/api/userdata/workflows%2Frenamed.json"))[0] == 404
-            assert json.loads((_userdata(server) / "workflows/sub/deep.json").read_text()) == {"nodes": []}
+            assert json.loads((user_folder(server) / "workflows/sub/deep.json").read_text()) == {"nodes": []}
         finally:
             await client.close()
 
@@ -159,7 +155,7 @@ def test_symlink_out_of_the_user_folder_is_not_followed(server, tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret.json").write_text('{"secret": 1}')
-    workflows = _userdata(server) / "workflows"
+    workflows = user_folder(server) / "workflows"
     workflows.mkdir(parents=True, exist_ok=True)
     os.symlink(outside, workflows / "link")
     os.symlink(outside / "secret.json", workflows / "secret.json")
@@ -187,7 +183,7 @@ def test_userdata_body_is_bounded(server, monkeypatch):
         client = Client(server.url)
         try:
             status, _, _ = await client.request("POST", "/api/userdata/workflows%2Fbig.json", b"x" * 1001)
-            assert status == 413 and not (_userdata(server) / "workflows" / "big.json").exists()
+            assert status == 413 and not (user_folder(server) / "workflows" / "big.json").exists()
             status, _, _ = await client.request("POST", "/api/userdata/workflows%2Fsmall.json", b"x" * 1000)
             assert status == 200
         finally:
