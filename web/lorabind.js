@@ -3,7 +3,8 @@
  *
  * What it shows
  *   - On the nodes that name a file carrying a sampling contract (FuseDistillLoRA, WanMoELoRAPair,
- *     LoadPEFTAdapter, MiniMaxTurboSchedule, LoraBindModelLoader): a badge with the contract each file declares
+ *     LoadPEFTAdapter, MiniMaxTurboSchedule, LoraBindModelLoader, and the ComfyUI-native LoraBindLoRA and
+ *     LoraBindLoRAPair): a badge with the contract each file declares
  *     (steps / shift / cfg / tasks, and where it is declared) and, after a run, the key accounting.
  *   - On LoraBindSampler: the combined contract of everything connected upstream, and a warning, naming the
  *     artifact, on each widget (steps / shift / cfg / cfg_low_noise / audio_flow_shift) that disagrees with it;
@@ -36,7 +37,7 @@ import { api } from "../../scripts/api.js";
 // node class -> its file widgets: [widget, model folder (the endpoint's `folder`), the strength/scale widget at
 // whose 0 the artifact and its contract are off (loaders.contracts.collect_contracts), or null]. Kept as one
 // JSON line: tests/nodes/test_web_contract_widgets.py checks it against the nodes' INPUT_TYPES.
-const CONTRACT_WIDGETS = {"FuseDistillLoRA": [["lora_name", "loras", "strength"]], "WanMoELoRAPair": [["high_noise_lora", "loras", "high_noise_strength"], ["low_noise_lora", "loras", "low_noise_strength"]], "LoadPEFTAdapter": [["lora_name", "loras", "scale"]], "MiniMaxTurboSchedule": [["lora_name", "loras", "scale"]], "LoraBindModelLoader": [["model_name", "diffusers", null]]};
+const CONTRACT_WIDGETS = {"FuseDistillLoRA": [["lora_name", "loras", "strength"]], "WanMoELoRAPair": [["high_noise_lora", "loras", "high_noise_strength"], ["low_noise_lora", "loras", "low_noise_strength"]], "LoadPEFTAdapter": [["lora_name", "loras", "scale"]], "MiniMaxTurboSchedule": [["lora_name", "loras", "scale"]], "LoraBindModelLoader": [["model_name", "diffusers", null]], "LoraBindLoRA": [["lora_name", "loras", "strength"]], "LoraBindLoRAPair": [["lora_high", "loras", "strength_high"], ["lora_low", "loras", "strength_low"]]};
 const NO_FILE = "None";
 const SAMPLER_NODE = "LoraBindSampler";
 const BADGE_WIDGET = "lorabind_badge";
