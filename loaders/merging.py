@@ -50,36 +50,22 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     ``LoraBindError`` subclasses naming the file/key before anything is written; an error while writing leaves
     ``out_dir`` as it was.
     """
-    from . import families
-    from .baked_contracts import INDEX_KEY, contract_to_json, file_sha256
-    from .contracts import discover_contract
-    from .lora.preparation import prepare_lora
-    from .model_store import detect_family, read_model_index
-    from .patching import PatchLayer, plan_state_keys
+    from .baked_contracts import INDEX_KEY
+    from .model_store import denoiser_names, detect_family, read_model_index
+    from .patching import plan_state_keys
 
     if asset_mode not in ASSET_MODES:
         raise ValueError(f"asset mode must be one of {ASSET_MODES}, got {asset_mode!r}")
     source = os.path.realpath(model_dir)
     model_index = read_model_index(source)
     family = detect_family(model_index)
-    requests = _placed_requests(model_index, family, loras, component)
+    requests = placed_requests(model_index, family, denoiser_names(model_index)[0], loras, component)
     output = dict(kind="folder", overwrite=overwrite, inputs=[model_dir, *(path for _, path, _ in requests)])
     target = check_output(out_dir, **output)
     model = MetaModel(name=os.path.basename(source), family=family, components={
         comp: component_structure(source, comp, model_index) for comp in dict.fromkeys(c for c, _, _ in requests)})
-    layers: dict = {comp: [] for comp in model.components}
-    fuses, warnings, contracts = [], [], []
-    for comp, path, strength in requests:
-        prepared = prepare_lora(path, model, comp, lenient=lenient, where="lorabind merge")
-        layers[comp].append(PatchLayer(key=os.path.realpath(path), component=comp, strength=strength,
-                                       targets=prepared.targets, name=prepared.name))
-        fuses.append({"name": prepared.name, "component": comp, "strength": strength,
-                      "sha256": file_sha256(path), "accounting": prepared.accounting.to_dict()})
-        warnings.extend(prepared.accounting.warnings)
-        contract = discover_contract(path, prepared.name, family=families.for_model_family(family),
-                                     lora=prepared.lora, strength=strength)
-        if contract is not None:
-            contracts.append(contract)
+    layers, fuses, warnings, placed_contracts = prepare_layers(model, requests, lenient=lenient)
+    contracts = [contract for _, contract in placed_contracts]
     plans = {comp: plan_state_keys(comp, model.components[comp], comp_layers)  # every shape checked first
              for comp, comp_layers in layers.items()}
 
@@ -88,10 +74,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
         rewritten = {os.path.realpath(os.path.join(source, comp)) for comp in plans}
         linked = _place_assets(source, folder, rewritten, asset_mode)
         written = sum(_write_component(source, folder, comp, plan, dtype) for comp, plan in plans.items())
-        model_index[INDEX_KEY] = {"merged_by": "lorabind merge",
-                                  "fused": [{k: f[k] for k in ("name", "component", "strength", "sha256")}
-                                            for f in fuses],
-                                  "contracts": [contract_to_json(c) for c in contracts]}
+        model_index[INDEX_KEY] = baked_record(fuses, contracts)
         with open(os.path.join(folder, "model_index.json"), "w", encoding="utf-8") as handle:
             json.dump(model_index, handle, indent=2)
     return {"model": os.path.basename(source), "components": sorted(plans), "out": target,
@@ -102,18 +85,63 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
             "contracts": [c.describe() for c in contracts], "fuses": fuses, "warnings": warnings}
 
 
-def _placed_requests(model_index: dict, family: str, loras: list, component) -> list:
-    """``(component, path, strength)`` of each LoRA (a missing component: ``component``, else the main denoiser),
-    the family's slot check passed (a file whose name says another expert is refused, naming it)."""
+def placed_requests(model_index: dict, family: str, main: str, loras: list, component) -> list:
+    """``(component, path, strength)`` of each LoRA: ``(path, strength)``, ``(component, path, strength)`` or
+    ``(component, path, strength, slot name)`` (a missing component: ``component``, else ``main``), the
+    family's slot check passed (a file whose name says another expert is refused, naming it). ``model_index``
+    needs only the denoiser entries (a single-file merge passes its parts)."""
     from . import families
-    from .model_store import denoiser_names
 
-    main = denoiser_names(model_index)[0]
-    requests = [(item[0] or main, item[1], float(item[2])) if len(item) == 3
-                else (component or main, item[0], float(item[1])) for item in loras]
-    families.family_by_id(family).check_slots(
+    family_object = families.family_by_id(family)
+    requests = [(item[0] or _slot(family_object, model_index, item, main), item[1], float(item[2]))
+                if len(item) >= 3 else (component or main, item[0], float(item[1])) for item in loras]
+    family_object.check_slots(
         model_index, [(comp, os.path.basename(str(path).rstrip("/\\")), "") for comp, path, _ in requests])
     return requests
+
+
+def _slot(family, model_index: dict, item: tuple, main: str) -> str:
+    """A LoRA given without a component: ``main``, or the component a slot name says (LightX2V's config names
+    each expert's LoRA ``high_noise_model`` / ``low_noise_model``: the family reads it like a file name)."""
+    if len(item) == 4 and item[3]:
+        return family.component_for_file(model_index, str(item[3]), strict=True)
+    return main
+
+
+def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
+    """Every LoRA read, mapped and accounted against ``model`` (a ``MetaModel``) before anything is written:
+    ``({component: [PatchLayer]}, fuse reports, warnings, [(component, contract)])``. Shared by the folder and
+    the single-file merge, so both account keys and discover contracts the same way."""
+    from . import families
+    from .baked_contracts import file_sha256
+    from .contracts import discover_contract
+    from .lora.preparation import prepare_lora
+    from .patching import PatchLayer
+
+    layers: dict = {comp: [] for comp in model.components}
+    fuses, warnings, contracts = [], [], []
+    for comp, path, strength in requests:
+        prepared = prepare_lora(path, model, comp, lenient=lenient, where="lorabind merge")
+        layers[comp].append(PatchLayer(key=os.path.realpath(path), component=comp, strength=strength,
+                                       targets=prepared.targets, name=prepared.name))
+        fuses.append({"name": prepared.name, "component": comp, "strength": strength,
+                      "sha256": file_sha256(path), "accounting": prepared.accounting.to_dict()})
+        warnings.extend(prepared.accounting.warnings)
+        contract = discover_contract(path, prepared.name, family=families.for_model_family(model.family),
+                                     lora=prepared.lora, strength=strength)
+        if contract is not None:
+            contracts.append((comp, contract))
+    return layers, fuses, warnings, contracts
+
+
+def baked_record(fuses: list, contracts: list) -> dict:
+    """What a merged model carries about its fuses (``baked_contracts``: no local paths): under ``_lorabind``
+    in a folder's ``model_index.json``, as JSON text under the same key in a single file's metadata."""
+    from .baked_contracts import contract_to_json
+
+    return {"merged_by": "lorabind merge",
+            "fused": [{k: f[k] for k in ("name", "component", "strength", "sha256")} for f in fuses],
+            "contracts": [contract_to_json(c) for c in contracts]}
 
 
 def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> int:

@@ -62,14 +62,14 @@ class Detected:
         return f"{self.name}: {self.title} ({self.precision})"
 
 
-def read_shapes(path: str, name: str) -> tuple[dict, dict]:
+def read_shapes(path: str, name: str, *, want_metadata: bool = False):
     """({key: shape}, {key: safetensors dtype}) from the header alone, every entry checked against the file.
 
     Why not ``safe_open``: it maps the whole file to read the header, and mapping a 28 GB checkpoint fails on
     machines with strict overcommit even though detection reads a few kilobytes. Why the checks: a damaged or
     crafted header (nested 100K deep, a shape of ``Infinity``, tensors past the end of a truncated file) must be
     refused here, naming the file, not surface later as a raw ``RecursionError``/``OverflowError`` or a bare
-    ``SafetensorError`` from the loader.
+    ``SafetensorError`` from the loader. ``want_metadata``: return the ``__metadata__`` dict instead.
     """
     if not str(path).endswith((".safetensors", ".sft")):
         raise ModelLoadError(f"{name}: only .safetensors single files are read (pickle formats are refused); "
@@ -86,11 +86,19 @@ def read_shapes(path: str, name: str) -> tuple[dict, dict]:
         header = json_limits.loads(raw)
         if not isinstance(header, dict):
             raise ValueError("the header is not a JSON object")
-        header.pop("__metadata__", None)
+        metadata = header.pop("__metadata__", None)
         entries = {key: _entry(key, value, file_size - 8 - length) for key, value in header.items()}
     except (OSError, ValueError, struct.error) as exc:
         raise ModelLoadError(f"{name}: not a readable safetensors file: {exc}") from exc
+    if want_metadata:
+        return metadata if isinstance(metadata, dict) else {}
     return {k: shape for k, (shape, _) in entries.items()}, {k: dtype for k, (_, dtype) in entries.items()}
+
+
+def read_metadata(path: str, name: str = "") -> dict:
+    """A single file's ``__metadata__`` (what ``lorabind merge`` baked in), read and checked as ``read_shapes``
+    reads the header: no mapping of the whole file."""
+    return read_shapes(path, name or os.path.basename(path), want_metadata=True)
 
 
 _MAX_HEADER_BYTES = 16 * 1024 * 1024  # real checkpoints' headers are well under 2 MiB
@@ -229,23 +237,8 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
         if item.role != expected:
             raise ModelLoadError(f"{item.name}: given as the {expected.replace('_', ' ')} but it is a "
                                  f"{item.role.replace('_', ' ')} ({item.describe()})")
-    if not 1 <= len(denoisers) <= 2:
-        raise ModelLoadError(f"give one denoiser file, or two (high-noise, low-noise); got {len(denoisers)}")
+    check_denoisers(denoisers)
     first = denoisers[0]
-    if len(denoisers) == 2:
-        second = denoisers[1]
-        if not (first.kind.experts and second.kind.experts):
-            _refuse(first, second, "only Wan2.2 A14B has two experts")
-        if first.model != second.model:
-            _refuse(first, second, "the two experts must be the same model (size and variant)")
-        if (first.expert, second.expert) == ("low", "high"):
-            _refuse(first, second, "given swapped: the first is the low-noise expert, the second the high-noise "
-                                   "one; put the high-noise file first")
-        if first.expert and first.expert == second.expert:
-            _refuse(first, second, f"both are {first.expert}-noise experts")
-        from ..families import family_by_id
-
-        family_by_id(first.family).check_expert_files((first, second))
     for other in (vae, text_encoder, *([image_encoder] if image_encoder is not None else [])):
         if other.kind.kind not in first.kind.takes:
             _refuse(first, other, f"a {other.kind.kind} ({other.title}) does not go with a {first.kind.kind}, which "
@@ -260,6 +253,28 @@ def check_set(denoisers: Sequence[Detected], vae: Detected, text_encoder: Detect
                                      f"{text_width}")
     _check_image_encoder(first, image_encoder)
     return CheckpointSet(denoisers=tuple(denoisers), vae=vae, text_encoder=text_encoder, image_encoder=image_encoder)
+
+
+def check_denoisers(denoisers: Sequence[Detected]) -> None:
+    """One denoiser file, or two experts of one model in (high-noise, low-noise) order: else ``ModelLoadError``
+    naming both files. Shared by the loader's set check and ``lorabind merge`` on single files."""
+    if not 1 <= len(denoisers) <= 2:
+        raise ModelLoadError(f"give one denoiser file, or two (high-noise, low-noise); got {len(denoisers)}")
+    if len(denoisers) == 1:
+        return
+    first, second = denoisers
+    if not (first.kind.experts and second.kind.experts):
+        _refuse(first, second, "only Wan2.2 A14B has two experts")
+    if first.model != second.model:
+        _refuse(first, second, "the two experts must be the same model (size and variant)")
+    if (first.expert, second.expert) == ("low", "high"):
+        _refuse(first, second, "given swapped: the first is the low-noise expert, the second the high-noise "
+                               "one; put the high-noise file first")
+    if first.expert and first.expert == second.expert:
+        _refuse(first, second, f"both are {first.expert}-noise experts")
+    from ..families import family_by_id
+
+    family_by_id(first.family).check_expert_files((first, second))
 
 
 def _check_image_encoder(denoiser: Detected, image_encoder: Optional[Detected]) -> None:

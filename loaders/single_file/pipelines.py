@@ -21,6 +21,7 @@ from . import catalog, fp8, tokenizers
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
+from .merge import baked_index_entry
 
 class SingleFileWeightSources:
     """Where each denoiser weight can be re-read for an exact restore (``loaders.weight_sources``): its native key
@@ -162,7 +163,7 @@ def load_single_files(files: CheckpointSet, *, dtype=None, tokenizer_dirs: Itera
         with quiet_library_progress():
             pipeline = family_object.load_pipeline(source)
         pipeline.set_progress_bar_config(disable=True)
-        model_index = pipeline_index(pipeline)
+        model_index = {**pipeline_index(pipeline), **baked_index_entry(files.denoisers)}
         roles = _roles(named, family_object)
         denoisers = {n: components[n] for n in family_object.denoiser_components(_parts_index(named))}
         placed = ModelPlacement(components, plan, torch_device, roles)
