@@ -99,8 +99,21 @@ class LoraBindImageToVideo:
         }
 
     def encode(self, model, start_image, width, height, frames, batch_size, end_image=None):
-        return (image_to_video_latent(model.model, start_image, end_image, width=width, height=height,
-                                      frames=frames, batch=batch_size),)
+        latent = image_to_video_latent(model.model, start_image, end_image, width=width, height=height,
+                                       frames=frames, batch=batch_size)
+        resized = [line for name, image in (("start_image", start_image), ("end_image", end_image))
+                   if (line := _resize_note(name, image, width, height))]
+        return {"ui": {"text": resized}, "result": (latent,)} if resized else (latent,)
+
+
+def _resize_note(name: str, image, width: int, height: int) -> str:
+    """Said when an image is not the video's size: it is stretched to width x height, and a person who gave a
+    photo should know its proportions were not kept (issue 30: resizing was silent)."""
+    if image is None or tuple(image.shape[1:3]) == (height, width):
+        return ""
+    image_height, image_width = int(image.shape[1]), int(image.shape[2])
+    kept = "kept" if image_width * height == image_height * width else "not kept"
+    return f"{name} {image_width}x{image_height} resized to {width}x{height} (aspect ratio {kept})"
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindEmptyLatent": LoraBindEmptyLatent, "LoraBindImageToVideo": LoraBindImageToVideo}

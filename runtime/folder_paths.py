@@ -38,6 +38,10 @@ output_directory = ""
 input_directory = ""
 temp_directory = ""
 folder_names_and_paths: dict[str, tuple[list[str], set[str]]] = {}
+# name -> real path of files a person named on the command line (`lorabind run --input-file NODE=PATH`): they
+# are read where they are, under their own name, instead of being copied into the input folder. Never filled
+# by the server: a request cannot name a file outside its folders.
+explicit_input_files: dict[str, str] = {}
 
 
 def configure(models_root: str | None = None, output_dir: str | None = None, input_dir: str | None = None,
@@ -50,6 +54,7 @@ def configure(models_root: str | None = None, output_dir: str | None = None, inp
     input_directory = os.path.abspath(input_dir or "input")
     temp_directory = os.path.abspath(temp_dir or "temp")
     folder_names_and_paths.clear()
+    explicit_input_files.clear()
     for kind, subdirs in _DEFAULT_KINDS.items():
         extensions = {FOLDER} if kind == "diffusers" else set(SAFETENSORS_EXTENSIONS)
         folder_names_and_paths[kind] = ([os.path.join(models_dir, sub) for sub in subdirs], extensions)
@@ -143,8 +148,11 @@ def get_annotated_filepath(name: str, default_dir: str | None = None) -> str:
     """The path of a file value such as ``"lorabind-tiny/start.png"`` or ``"x.png [output]"``, ComfyUI's way.
 
     Unlike ComfyUI, a name that would leave its folder (absolute, ``..``, a symlink pointing out) raises
-    ``ValueError`` instead of resolving anywhere on disk.
+    ``ValueError`` instead of resolving anywhere on disk; only a file given by path on the command line
+    (``explicit_input_files``) is read outside the input folder.
     """
+    if default_dir is None and name in explicit_input_files:
+        return explicit_input_files[name]
     base_dir = default_dir or input_directory
     for suffix, kind in _ANNOTATIONS.items():
         if name.endswith(suffix):

@@ -183,6 +183,23 @@ def _widget_default(spec) -> Any:
     return {"INT": 0, "FLOAT": 0.0, "STRING": "", "BOOLEAN": False}.get(input_type)
 
 
+def widget_slots(info: dict) -> dict:
+    """{widget input name: (its index in a list-form ``widgets_values``, its spec)} for a node's ``/object_info``
+    entry, in the frontend's order: declared order, ``forceInput`` inputs skipped, hidden control values after
+    seed / ``control_after_generate`` widgets counted."""
+    slots, position = {}, 0
+    for section in ("required", "optional"):
+        declared = info["input"].get(section) or {}
+        for name in info["input_order"].get(section, []):
+            spec = declared[name]
+            input_type = spec[0]
+            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if (_is_combo(input_type) or input_type in WIDGET_TYPES) and not options.get("forceInput", False):
+                slots[name] = (position, spec)
+                position += 1 + _control_values_after(name, input_type, options)
+    return slots
+
+
 class _UiConverter:
     def __init__(self, workflow: dict, node_classes: dict, display_names: dict):
         self.workflow = workflow
@@ -274,27 +291,14 @@ class _UiConverter:
     def _widget_inputs(self, info: dict, node: dict) -> dict:
         """Map ``widgets_values`` (a list, or a dict keyed by widget name) onto the widget inputs."""
         stored = node.get("widgets_values")
-        widgets, declared_specs = [], {}
-        for section in ("required", "optional"):
-            declared = info["input"].get(section) or {}
-            for name in info["input_order"].get(section, []):
-                spec = declared[name]
-                input_type = spec[0]
-                options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                is_widget = _is_combo(input_type) or input_type in WIDGET_TYPES
-                if is_widget and not options.get("forceInput", False):
-                    widgets.append((name, _control_values_after(name, input_type, options)))
-                    declared_specs[name] = spec
+        widgets = widget_slots(info)
         if isinstance(stored, dict):
-            return {name: stored[name] for name, _ in widgets if name in stored}
-        values, position = {}, 0
+            return {name: stored[name] for name in widgets if name in stored}
         stored = stored if isinstance(stored, list) else []
-        for name, extra in widgets:
-            # an older save stores fewer values than the node now has widgets: the frontend keeps the widgets'
-            # defaults for the rest (they are created from the node definition before the values are applied)
-            values[name] = stored[position] if position < len(stored) else _widget_default(declared_specs[name])
-            position += 1 + extra
-        return values
+        # an older save stores fewer values than the node now has widgets: the frontend keeps the widgets'
+        # defaults for the rest (they are created from the node definition before the values are applied)
+        return {name: stored[position] if position < len(stored) else _widget_default(spec)
+                for name, (position, spec) in widgets.items()}
 
     # -- link resolution (the frontend's resolveInput) ----------------------------------------------------
     def _resolve_link(self, scope: _Scope, link_id) -> Any:

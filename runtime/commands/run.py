@@ -32,6 +32,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--set", metavar="NODE.INPUT=VALUE", action="append", default=[], dest="overrides",
                         help="override one node input; VALUE is parsed as JSON, else taken as a string "
                         "(repeatable), e.g. --set 3.seed=42 --set 6.text=\"a cat\"")
+    parser.add_argument("--input-file", metavar="NODE=PATH", action="append", default=[], dest="input_files",
+                        help="an image for a LoadImage node, read where it is (outside the input folder too), "
+                             "e.g. --input-file 3=~/photos/start.png (repeatable)")
     add_device_arguments(parser)
 
 
@@ -67,6 +70,7 @@ def run(args) -> int:
     from ..progress_display import ProgressDisplay
     from ..workflow_format import WorkflowFormatError, to_api_prompt
     from ..workflow_mode_notes import older_frontend_differences
+    from ..workflow_overrides import OverrideError
 
     device_error = apply_device_arguments(args)
     if device_error:
@@ -86,8 +90,8 @@ def run(args) -> int:
                 print(f"warning: {note}", file=sys.stderr)
         else:
             print(f"{args.workflow}: API prompt of {nodes_text}")
-        changed = apply_overrides(prompt, args.overrides, node_classes)
-    except RunError as exc:
+        changed, workflow = _apply_command_line_changes(prompt, workflow, kind, args, node_classes, display_names)
+    except (RunError, OverrideError) as exc:
         print(f"lorabind run: {exc}", file=sys.stderr)
         return 1
     except WorkflowFormatError as exc:
@@ -132,6 +136,24 @@ def run(args) -> int:
     return 0
 
 
+def _apply_command_line_changes(prompt: dict, workflow, kind: str, args, node_classes: dict, display_names: dict):
+    """``--set`` and ``--input-file`` on the prompt and, for a UI workflow, on the copy embedded in the outputs;
+    says which files are read from where. Returns ({node_id: {input: value}}, the workflow to embed)."""
+    from ..workflow_overrides import apply_input_files, apply_overrides, embed_overrides
+
+    changed = apply_overrides(prompt, args.overrides, node_classes)
+    files, lines = apply_input_files(prompt, args.input_files, node_classes)
+    for line in lines:
+        print(line)
+    for node_id, inputs in files.items():
+        changed.setdefault(node_id, {}).update(inputs)
+    if kind == "ui" and changed:
+        workflow, not_embedded = embed_overrides(workflow, changed, node_classes, display_names)
+        for note in not_embedded:
+            print(f"warning: {note}", file=sys.stderr)
+    return changed, workflow
+
+
 def _load_json(path: str):
     try:
         with open(path, encoding="utf-8") as handle:
@@ -142,55 +164,6 @@ def _load_json(path: str):
         raise RunError(f"cannot read workflow file '{path}': {exc}") from None
     except json.JSONDecodeError as exc:
         raise RunError(f"workflow file '{path}' is not valid JSON: {exc}") from None
-
-
-def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> dict:
-    """Apply ``NODE.INPUT=VALUE`` overrides in place; unknown node ids and input names are errors.
-
-    VALUE is parsed by the input's declared type: a BOOLEAN takes true/false, on/off, yes/no, 1/0 (any case),
-    anything else is JSON, else a plain string. Returns {node_id: ["input=value", ...]}: the error text uses it
-    so that a node's title from the workflow (which may name the old value) is not shown as if still true."""
-    from ..executor.definitions import parse_bool
-
-    changed: dict = {}
-    for item in overrides:
-        target, has_value, raw = item.partition("=")
-        node_id, dot, input_name = target.rpartition(".")
-        if not has_value or not dot or not node_id or not input_name:
-            raise RunError(f"--set '{item}': expected NODE.INPUT=VALUE, e.g. --set 3.seed=42")
-        if node_id not in prompt:
-            raise RunError(f"--set '{item}': the workflow has no node with id '{node_id}' "
-                           f"(node ids: {', '.join(sorted(prompt))})")
-        node = prompt[node_id]
-        inputs = dict(node.get("inputs") or {})
-        declared = _declared_inputs(node_classes.get(node.get("class_type")))
-        known = list(dict.fromkeys([*inputs, *declared]))
-        if input_name not in known:
-            raise RunError(f"--set '{item}': node {node_id} ({node.get('class_type')}) has no input "
-                           f"'{input_name}' (inputs: {', '.join(known)})")
-        if declared.get(input_name) == "BOOLEAN":
-            try:
-                value = parse_bool(raw)
-            except ValueError as exc:
-                raise RunError(f"--set '{item}': input '{input_name}' of node {node_id} is a BOOLEAN: {exc}") from None
-        else:
-            try:
-                value = json.loads(raw)
-            except ValueError:
-                value = raw
-        inputs[input_name] = value
-        prompt[node_id] = {**node, "inputs": inputs}
-        changed.setdefault(node_id, []).append(f"{input_name}={json.dumps(value)}")
-    return changed
-
-
-def _declared_inputs(node_class) -> dict:
-    """{input name: declared type} of a node class (type is a string such as "BOOLEAN", or "COMBO")."""
-    if node_class is None:
-        return {}
-    declared = node_class.INPUT_TYPES()
-    return {name: spec[0] if isinstance(spec, (list, tuple)) and spec and isinstance(spec[0], str) else "COMBO"
-            for section in ("required", "optional") for name, spec in (declared.get(section) or {}).items()}
 
 
 def format_node_errors(node_errors: dict) -> str:
@@ -232,14 +205,16 @@ def format_validation_failure(error: dict, node_errors: dict) -> str:
 def format_execution_error(error: dict | None, prompt: dict | None = None, changed: dict | None = None) -> str:
     """``node 6 "Sampler" (LoraBindSampler) failed: Type: message`` — the title is what the user sees in the
     ComfyUI canvas, so it is shown when the workflow has one. For a node whose inputs ``--set`` changed
-    (``changed``: {node_id: ["steps=8", ...]}) the title may name the old values ("Sampler (4 steps)"), so the
+    (``changed``: {node_id: {"steps": 8, ...}}) the title may name the old values ("Sampler (4 steps)"), so the
     changed inputs are shown instead."""
+    from ..workflow_overrides import describe_changes
+
     if not error:
         return "lorabind run: execution failed"
     message = str(error.get("exception_message", "")).strip()
     node_id = error.get("node_id")
     title = ((prompt or {}).get(node_id, {}).get("_meta") or {}).get("title")
-    overridden = (changed or {}).get(node_id)
+    overridden = describe_changes(changed, node_id)
     if overridden:
         shown_title = f" (with --set {', '.join(overridden)})"
     else:
