@@ -172,6 +172,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     from . import (routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_settings,
                    routes_userdata)
     from .routes_frontend import add_frontend_routes
+    from .routes_logs import add_log_routes
 
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
                    json_errors_middleware]
@@ -195,6 +196,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
         app.router.add_route(route.method, "/api" + route.path, route.handler)
     routes_info.add_static_routes(app, state)
     routes_openai.register(app, state)  # /v1/…: OpenAI-style endpoints over --openai-model templates
+    add_log_routes(app, state)  # /internal/logs/…: the editor's Logs panel
     add_frontend_routes(app)  # last: it mounts the frontend's folder at /
 
     app.on_startup.append(_on_startup)

@@ -83,12 +83,23 @@ def _history_job(prompt_id: str, entry: dict, *, detail: bool = False) -> dict:
     count, previewable, preview = _outputs_summary(outputs)
     job = {"id": prompt_id, "status": "cancelled" if failed and interrupted else "failed" if failed else "completed",
            "priority": number, "create_time": extra_data.get("create_time", 0), "execution_start_time": start,
-           "execution_end_time": end, "execution_error": error, "outputs_count": count,
+           "execution_end_time": end, "execution_error": _naming_the_node(error), "outputs_count": count,
            "previewable_outputs_count": previewable, "preview_output": preview,
            "workflow_id": _workflow_id(extra_data)}
     if detail:
         job.update(outputs=outputs, execution_status=status, workflow={"prompt": prompt, "extra_data": extra_data})
     return job
+
+
+def _naming_the_node(error: dict | None) -> dict | None:
+    """The execution_error with its node in front of the message: the queue panel of frontend 1.58.1 shows a
+    failed job's ``exception_message`` and nothing else of it (its row is a fixed "Failed / Failed"), so without
+    this a failed job said what went wrong but not where (issue 30). The history keeps ComfyUI's payload."""
+    if not error or error.get("node_id") is None:
+        return error
+    prefix = f"node {error['node_id']} ({error.get('node_type')}): "
+    message = str(error.get("exception_message") or "")
+    return error if message.startswith(prefix) else {**error, "exception_message": prefix + message}
 
 
 def _all_jobs(state: ServerState, statuses: set[str]) -> list[dict]:

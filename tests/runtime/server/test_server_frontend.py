@@ -103,7 +103,13 @@ def test_jobs_list_the_queue_and_history_as_the_frontend_reads_them(server):
                                                    "nodeId": "2", "mediaType": "images"}
             assert completed["outputs_count"] == 1 and completed["workflow_id"] == "wf-1"
             assert completed["execution_end_time"] >= completed["execution_start_time"] >= completed["create_time"]
-            assert "SrvFail refuses value 3" in history["jobs"][0]["execution_error"]["exception_message"]
+            # the queue panel shows only the message: it names the node (the history keeps ComfyUI's payload)
+            error = history["jobs"][0]["execution_error"]
+            assert error["exception_message"] == "node 1 (SrvFail): SrvFail refuses value 3\n"
+            assert (error["node_id"], error["node_type"]) == ("1", "SrvFail")
+            _, kept = await client.get(f"/api/history/{failed}")
+            assert [m[1]["exception_message"] for m in kept[failed]["status"]["messages"]
+                    if m[0] == "execution_error"] == ["SrvFail refuses value 3\n"]
             _, page = await client.get("/api/jobs?status=completed,failed&limit=1&offset=1")
             assert [j["id"] for j in page["jobs"]] == [done] and page["pagination"]["has_more"] is False
 
