@@ -224,12 +224,13 @@ async def _on_shutdown(app: web.Application) -> None:
 
 def run_server(config: ServerConfig) -> None:
     """Serve until Ctrl-C (used by ``lorabind serve``)."""
-    app = create_app(config)
     hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
     for host in hosts:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{config.port}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
+    _prepare_examples(config)
+    app = create_app(config)
     from .routes_openai import startup_lines
 
     for line in startup_lines(app):
@@ -238,10 +239,6 @@ def run_server(config: ServerConfig) -> None:
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None
           else f"  editor: not installed ({INSTALL_HINT})")
-    from .example_assets import prepare_example_assets
-
-    prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir,
-                           announce=lambda line: print(f"  examples: {line}", flush=True))
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
@@ -253,6 +250,23 @@ def run_server(config: ServerConfig) -> None:
 
 
 _SHUTDOWN_S = 2.0
+
+
+def _prepare_examples(config: ServerConfig) -> None:
+    """What the templates name (models, fixture LoRAs, start images), then each template's thumbnail: before the
+    app exists, so the worker never shares the models with a thumbnail run."""
+    from .. import folder_paths
+    from ..core_nodes import runtime_node_classes
+    from .example_assets import prepare_example_assets
+    from .template_thumbnails import render_template_thumbnails
+
+    def announce(line: str) -> None:
+        print(f"  examples: {line}", flush=True)
+
+    config = config.resolved()
+    prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=announce)
+    folder_paths.configure(models_root=config.models_root, input_dir=config.input_dir)
+    render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)
 
 
 def _log_to_stderr() -> None:

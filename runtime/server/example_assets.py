@@ -11,7 +11,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
+
+# The template browser lists ours in the order /workflow_templates gives (frontend 1.58.1 sorts templates without
+# a date or usage count stably), so this is the order a newcomer meets them: the main example first, then the
+# other Wan examples, Qwen-Image, the adapter and single-file variants, MiniMax-H3 last. Others follow A-Z.
+TEMPLATE_ORDER = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mismatched_contract",
+                  "wan21_distill", "wan21_i2v", "wan22_ti2v", "qwen_image_lightning", "wan22_tiny_t2v",
+                  "peft_two_branches", "wan22_single_files_fp8", "minimax_h3_turbo_8step",
+                  "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
+
+
+def ordered_templates(names: Iterable[str]) -> list[str]:
+    """``names`` by importance (``TEMPLATE_ORDER``), the ones it does not know after them, A-Z."""
+    rank = {name: index for index, name in enumerate(TEMPLATE_ORDER)}
+    return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
 
 
 def prepare_example_assets(workflows_dir: str, models_root: str, input_dir: str,

@@ -15,6 +15,7 @@ from aiohttp import web
 from ...loaders.devices import host_memory
 from .composition_root import STATE_KEY, ServerState
 from .config import PACK_NAME
+from .example_assets import ordered_templates
 from .http_json import dumps
 
 
@@ -45,7 +46,20 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
             app.router.add_static(f"/extensions/{name}", directory, append_version=False)
     workflows = Path(state.config.workflows_dir)
     if workflows.is_dir():
+        # before the folder: the thumbnails are rendered into the state folder, not beside the templates
+        app.router.add_get(f"/api/workflow_templates/{PACK_NAME}/{{name}}.jpg", get_template_thumbnail)
         app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", workflows)
+
+
+async def get_template_thumbnail(request: web.Request) -> web.StreamResponse:
+    """A template's card picture (``template_thumbnails``); 404 for one not rendered (the card's placeholder)."""
+    from .template_thumbnails import thumbnail_folder
+
+    name = request.match_info["name"]
+    path = thumbnail_folder(request.app[STATE_KEY].config.state_dir) / f"{name}.jpg"
+    if "/" in name or name.startswith(".") or not path.is_file():
+        raise web.HTTPNotFound(text=f"no thumbnail for template {name!r}")
+    return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
 
 
 async def get_routing(request: web.Request) -> web.Response:
@@ -189,8 +203,9 @@ async def get_global_subgraphs(request: web.Request) -> web.Response:
 
 
 async def get_workflow_templates(request: web.Request) -> web.Response:
-    """``{pack: [names]}`` of the UI-format workflows; the ``*.api.json`` twins are for scripts, not the browser."""
+    """``{pack: [names]}`` of the UI-format workflows, main example first; the ``*.api.json`` twins are for
+    scripts, not the browser."""
     workflows = Path(request.app[STATE_KEY].config.workflows_dir)
-    names = sorted(p.name[:-len(".json")] for p in workflows.glob("*.json") if not p.name.endswith(".api.json")) \
-        if workflows.is_dir() else []
+    names = ordered_templates(p.name[:-len(".json")] for p in workflows.glob("*.json")
+                              if not p.name.endswith(".api.json")) if workflows.is_dir() else []
     return web.json_response({PACK_NAME: names} if names else {})

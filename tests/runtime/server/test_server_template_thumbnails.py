@@ -1,0 +1,93 @@
+"""The template browser's cards (issue 30): our templates come main example first, and each has its own
+thumbnail, a frame of its own output on the tiny model rendered at serve start (never committed), served where
+frontend 1.58.1 asks for it (``/api/workflow_templates/lorabind/<name>.jpg``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from server_client import Client, run_async
+
+import lorabind
+from lorabind.runtime import folder_paths
+from lorabind.runtime.server.example_assets import TEMPLATE_ORDER, ordered_templates
+from lorabind.runtime.server.template_thumbnails import render_template_thumbnails, thumbnail_folder
+
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+
+
+def test_templates_are_listed_main_example_first_and_every_shipped_one_has_a_place(server):
+    shipped = sorted(p.name[:-5] for p in WORKFLOWS.glob("*.json") if not p.name.endswith(".api.json"))
+    assert sorted(TEMPLATE_ORDER) == shipped  # a new example must be given its place
+
+    async def body():
+        client = Client(server.url)
+        try:
+            status, templates = await client.get("/api/workflow_templates")
+            assert status == 200 and templates == {"lorabind": list(TEMPLATE_ORDER)}
+            assert templates["lorabind"][0] == "wan22_lightx2v_4step"
+            status, _ = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg")
+            assert status == 404  # not rendered for this server: the card shows its placeholder
+            folder = thumbnail_folder(server.config.state_dir)
+            folder.mkdir(parents=True)
+            (folder / "wan22_lightx2v_4step.jpg").write_bytes(b"\xff\xd8jpeg")
+            status, picture = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg")
+            assert status == 200 and picture == b"\xff\xd8jpeg"
+            status, workflow = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.json")
+            assert status == 200 and "nodes" in workflow
+            assert (await client.get("/api/workflow_templates/lorabind/..%2Fsecret.jpg"))[0] == 404
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_unknown_templates_follow_a_to_z():
+    assert ordered_templates(["zz", "minimax_h3_native", "aa", "wan22_lightx2v_4step"]) == \
+        ["wan22_lightx2v_4step", "minimax_h3_native", "aa", "zz"]
+
+
+@pytest.mark.slow  # runs two templates on the tiny models
+def test_each_template_gets_a_frame_of_its_own_output_once(tiny_models_root, tmp_path):
+    from PIL import Image
+
+    from lorabind.runtime.core_nodes import runtime_node_classes
+
+    served = tmp_path / "workflows"
+    served.mkdir()
+    for name in ("wan22_lightx2v_4step", "qwen_image_lightning", "wan22_mismatched_contract"):
+        shutil.copy(WORKFLOWS / f"{name}.api.json", served)
+    folder_paths.configure(models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
+                           input_dir=str(tmp_path / "input"))
+    said = []
+    try:
+        results = render_template_thumbnails(str(served), str(tmp_path / "state"), runtime_node_classes()[0],
+                                             said.append)
+        assert folder_paths.get_output_directory() == str(tmp_path / "output")  # put back
+    finally:
+        folder_paths.configure()
+    assert results["wan22_lightx2v_4step"] == results["qwen_image_lightning"] == "rendered"
+    assert results["wan22_mismatched_contract"].startswith("it fails when run (") and \
+        "steps" in results["wan22_mismatched_contract"]
+    folder = thumbnail_folder(str(tmp_path / "state"))
+    pictures = {name: Image.open(folder / f"{name}.jpg") for name in ("wan22_lightx2v_4step", "qwen_image_lightning")}
+    for picture in pictures.values():
+        assert picture.format == "JPEG" and max(picture.size) >= 128
+        assert len(picture.convert("RGB").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 8, "a blank picture"
+    assert pictures["wan22_lightx2v_4step"].tobytes() != pictures["qwen_image_lightning"].tobytes()
+    assert not (tmp_path / "output").exists()  # the runs wrote nowhere the user looks
+    assert said[0].startswith("rendering 3 template thumbnail(s)") and len(said) == 2
+    index = json.loads((folder / "index.json").read_text())
+    assert {name: entry["result"] for name, entry in index.items()} == results
+    # nothing changed: nothing rendered, nothing said; a changed template is rendered again
+    assert render_template_thumbnails(str(served), str(tmp_path / "state"), {}, said.append) == {}
+    (folder / "qwen_image_lightning.jpg").unlink()
+    (served / "wan22_mismatched_contract.api.json").write_text("{}")
+    # (no node classes this time: what would run again is refused at validation, which shows it was tried)
+    assert render_template_thumbnails(str(served), str(tmp_path / "state"), {}, said.append) == {
+        "qwen_image_lightning": "it does not validate (Cannot execute because node LoraBindModelLoader does not "
+                                "exist.)",
+        "wan22_mismatched_contract": "it does not validate (Prompt has no outputs)"}
