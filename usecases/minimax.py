@@ -55,6 +55,7 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
         request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
         resolved = minimax_h3.resolve_schedule(handle.contracts, request, handle)
         sigmas = resolved.sigmas
+        words += list(resolved.notes)
         words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
                      f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
     return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), minimax_h3.contract_dict(contract), words)
