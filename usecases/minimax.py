@@ -17,6 +17,7 @@ from ..loaders.families import minimax_h3
 from ..loaders.handles import AdapterSpec, ScheduleHandle
 
 TASKS = minimax_h3.TASKS
+MAX_REFERENCE_IMAGES = minimax_h3.MAX_IMAGE_REFERENCES
 
 
 @dataclass(frozen=True)
@@ -73,3 +74,10 @@ def with_first_frame(model, latent, image, *, where: str):
     if not minimax_h3.FAMILY.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
     return minimax_h3.FAMILY.with_first_frame(model.model, latent, image)
+
+
+def with_reference_images(model, latent, images, *, where: str):
+    """The latent with reference images for task ref2va (at most ``minimax_h3.MAX_IMAGE_REFERENCES``)."""
+    if not minimax_h3.FAMILY.serves(model):
+        raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
+    return minimax_h3.FAMILY.with_references(model.model, latent, images)
