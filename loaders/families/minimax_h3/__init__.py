@@ -3,7 +3,8 @@
 Modules: ``keymap`` (LoRA names, fused-layer rewrites), ``contracts`` (Turbo / native / checkpoint-pinned
 contracts and their wording), ``resolve`` (a request against them: two schedules, a task, a partition),
 ``pipeline`` (load, encode, latents, first frame, decode), ``prediction`` (the packed sequence and one forward),
-``references`` (ref2va reference images), ``sampling`` (the two-schedule Euler loop), ``family`` (the ``ModelFamily`` implementation).
+``references`` (ref2va reference images), ``sampling`` (the two-schedule Euler loop), ``family`` (the
+``ModelFamily`` implementation).
 """
 
 from .contracts import (  # noqa: F401  (the package's public contract functions)
