@@ -99,3 +99,4 @@ class ResolvedSchedule:
     audio_sigmas: Optional[tuple] = None
     contracts: tuple = ()
     overrides: tuple = ()
+    notes: tuple = ()  # why this schedule ran when several were declared (e.g. a native adapter over a pinned one)

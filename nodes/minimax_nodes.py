@@ -114,6 +114,32 @@ class MiniMaxFirstFrame:
         return (usecases.with_first_frame(model, latent, image, where="MiniMaxFirstFrame"),)
 
 
+class MiniMaxReferenceImages:
+    DESCRIPTION = ("Gives a MiniMax-H3 latent reference images (Ref2VA, run on transformer_ref): each image is resized "
+                   "to the model's reference short edge, encoded by its VAE and held just short of clean while the "
+                   "video and soundtrack are generated. Chain two nodes for images of different sizes.")
+    CATEGORY = CATEGORY
+    FUNCTION = "attach"
+    RETURN_TYPES = (SOCKET_LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("The latent with its references; sample it with task ref2va.",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "The MiniMax-H3 model whose VAE encodes the references."}),
+                "latent": (SOCKET_LATENT, {"tooltip": "An empty MiniMax-H3 latent (references may differ in size)."}),
+                "reference_images": (SOCKET_IMAGE, {
+                    "tooltip": f"Reference images, one per batch item, in the order the model reads them (at most "
+                               f"{usecases.MAX_REFERENCE_IMAGES} per latent, this node's and earlier ones')."}),
+            }
+        }
+
+    def attach(self, model, latent, reference_images):
+        return (usecases.with_reference_images(model, latent, reference_images, where="MiniMaxReferenceImages"),)
+
+
 class LoraBindSaveAudio:
     DESCRIPTION = "Saves audio as 16-bit WAV with the prompt and workflow embedded (LIST/INFO ICMT chunk)."
     CATEGORY = SAVERS_CATEGORY  # with LoraBindSaveImage: any AUDIO can be saved, not only MiniMax-H3's
@@ -147,11 +173,13 @@ NODE_CLASS_MAPPINGS = {
     "MiniMaxTurboSchedule": MiniMaxTurboSchedule,
     "MiniMaxDecodeAudio": MiniMaxDecodeAudio,
     "MiniMaxFirstFrame": MiniMaxFirstFrame,
+    "MiniMaxReferenceImages": MiniMaxReferenceImages,
     "LoraBindSaveAudio": LoraBindSaveAudio,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "MiniMaxTurboSchedule": "MiniMax-H3 Turbo / Native Schedule (lorabind)",
     "MiniMaxDecodeAudio": "MiniMax-H3 Decode Audio (lorabind)",
     "MiniMaxFirstFrame": "MiniMax-H3 First Frame (lorabind)",
+    "MiniMaxReferenceImages": "MiniMax-H3 Reference Images (lorabind)",
     "LoraBindSaveAudio": "Save Audio WAV (lorabind)",
 }

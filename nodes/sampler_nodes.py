@@ -21,6 +21,7 @@ def _report_lines(report: dict, enforced: bool) -> list[str]:
         lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
         lines += _expert_switch_lines(report)
     lines += [f"contract override: {text}" for text in report["overrides"]]
+    lines += [f"schedule: {text}" for text in report.get("notes", ())]
     bound = report["bind"]
     lines.append(f"bind: {len(bound['fuses'])} LoRA(s) fused, {len(bound['adapters'])} adapter(s) active; "
                  f"{bound['written']} model parameters written, {bound['restored']} restored to base")

@@ -17,6 +17,7 @@ from ..loaders.families import minimax_h3
 from ..loaders.handles import AdapterSpec, ScheduleHandle
 
 TASKS = minimax_h3.TASKS
+MAX_REFERENCE_IMAGES = minimax_h3.MAX_IMAGE_REFERENCES
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
         request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
         resolved = minimax_h3.resolve_schedule(handle.contracts, request, handle)
         sigmas = resolved.sigmas
+        words += list(resolved.notes)
         words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
                      f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
     return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), minimax_h3.contract_dict(contract), words)
@@ -72,3 +74,10 @@ def with_first_frame(model, latent, image, *, where: str):
     if not minimax_h3.FAMILY.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
     return minimax_h3.FAMILY.with_first_frame(model.model, latent, image)
+
+
+def with_reference_images(model, latent, images, *, where: str):
+    """The latent with reference images for task ref2va (at most ``minimax_h3.MAX_IMAGE_REFERENCES``)."""
+    if not minimax_h3.FAMILY.serves(model):
+        raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
+    return minimax_h3.FAMILY.with_references(model.model, latent, images)

@@ -43,6 +43,7 @@ def schedule_report(model, schedule) -> dict:
         "experts": family.experts_per_step(model, schedule),  # None: the denoiser follows the task
         "contracts": [contract_to_dict(c) for c in schedule.contracts],
         "overrides": list(schedule.overrides),
+        "notes": list(schedule.notes),  # why this schedule ran, when another was declared too
     }
 
 

@@ -24,7 +24,11 @@ from .lora_fixtures import save_fixture
 
 TINY_NAME = "tiny-minimax-h3"
 TINY_PINNED_NAME = "tiny-minimax-h3-pinned"
+# The release block both tiny folders carry: references encoded at a 32-pixel short edge (the released model's
+# 2048 would be 65536 rows per reference here), read like any other release setting.
+TINY_RELEASE = {"reference_image_short_edge": 32}
 PINNED_RELEASE = {
+    **TINY_RELEASE,
     "partition": "fl2va",
     "tasks": ["t2va", "fl2va"],
     "sigma_shift_scales": {"video": 12.0, "audio": 3.0},
@@ -156,6 +160,7 @@ def _write_base(folder: Path) -> None:
     tokenizer.save_pretrained(folder / "tokenizer")
     index = {"_class_name": "MiniMaxH3ModularPipeline", "_diffusers_version": diffusers.__version__}
     index.update(_component_entries())
+    index["_minimax_h3"] = TINY_RELEASE
     (folder / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     finish_folder(folder)
 

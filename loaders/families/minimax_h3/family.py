@@ -7,7 +7,7 @@ from typing import Optional
 
 from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS,
                          SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
-from . import contracts, keymap, pipeline, sampling
+from . import contracts, keymap, pipeline, references, sampling
 from .resolve import resolve
 
 
@@ -83,3 +83,7 @@ class MiniMaxH3Family(ModelFamily):
     def with_first_frame(self, model, latent, image):
         """The latent anchored on a first frame (task fl2va)."""
         return pipeline.with_first_frame(model, latent, image)
+
+    def with_references(self, model, latent, images):
+        """The latent with reference images appended (task ref2va)."""
+        return references.with_references(model, latent, images)

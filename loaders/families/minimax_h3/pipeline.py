@@ -143,6 +143,9 @@ def empty_latents(model, width: int, height: int, frames: int, audio_seconds: Op
 
 def with_first_frame(model, latent: LatentHandle, image) -> LatentHandle:
     """The latent with ``image`` (IMAGE [1, H, W, C]) as its FL2VA first-frame keyframe anchor."""
+    if latent.extra.get("references"):
+        raise LoraBindError(f"{model.name}: the latent carries reference images (task ref2va); a first frame is "
+                            "task fl2va: start from an empty latent")
     vae = part(model, "vae")
     height, width = latent.samples.shape[-2] * vae.spatial_compression_ratio, latent.samples.shape[-1] * (
         vae.spatial_compression_ratio)
@@ -157,7 +160,10 @@ def with_first_frame(model, latent: LatentHandle, image) -> LatentHandle:
 
 
 def implied_task(latent: LatentHandle) -> Optional[str]:
-    """"fl2va" for a latent anchored on a first frame, else None (for ``SamplingRequest.task``)."""
+    """"fl2va" for a latent anchored on a first frame, "ref2va" for one with reference images, else None (for
+    ``SamplingRequest.task``)."""
+    if latent.extra.get("references"):
+        return "ref2va"
     return "fl2va" if latent.extra.get("keyframes") is not None else None
 
 

@@ -19,16 +19,27 @@ VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
 KEYFRAME_T = 0.999  # keyframe anchors are held just short of clean, as the released model was trained
 
 
-def layout(transformer, num_text: int, video, audio, anchors: tuple):
-    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3PrepareLayoutStep
+def layout(transformer, num_text: int, video, audio, anchors: tuple, references: tuple = ()):
+    """The packed sequence's structure: ``[text | keyframes | audio | video]``, or with ``references`` (ref2va
+    conditioning latents) ``[text | one block per reference | audio | video]``."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (MiniMaxH3PrepareLayoutStep,
+                                                                        MiniMaxH3Ref2VAPrepareLayoutStep)
 
     import torch
 
     _, _, frames, lat_h, lat_w = video.shape
-    positions, tags, video_idx, audio_idx, text_idx, n_cond, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-        torch.full((num_text,), TEXT_TAG, dtype=torch.long), frames, lat_h, lat_w, audio.shape[-1],
-        tuple(transformer.config.patch_size), AUDIO_CHANNELS, AUDIO_TAG, VIDEO_TAG, anchors,
-    )
+    text_tags = torch.full((num_text,), TEXT_TAG, dtype=torch.long)
+    common = (tuple(transformer.config.patch_size), AUDIO_CHANNELS, AUDIO_TAG, VIDEO_TAG)
+    if references:
+        from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ImageReference
+
+        kinds = [MiniMaxH3ImageReference(image=None)] * len(references)  # the builder reads only their kind
+        positions, tags, video_idx, audio_idx, text_idx, n_cond, _ = (
+            MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+                text_tags, kinds, list(references), [], frames, lat_h, lat_w, audio.shape[-1], *common))
+    else:
+        positions, tags, video_idx, audio_idx, text_idx, n_cond, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+            text_tags, frames, lat_h, lat_w, audio.shape[-1], *common, anchors)
     return {"position_ids": positions.float(), "token_tags": tags, "video_indices": video_idx,
             "audio_indices": audio_idx, "text_indices": text_idx, "n_cond": n_cond}
 

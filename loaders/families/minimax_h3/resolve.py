@@ -86,16 +86,24 @@ def _check_task_and_partition(contract, task, partition, model_handle, checks: _
             )
 
 
-def _schedule_owner(active: list, task: str, model_name: str) -> Optional[ScheduleContract]:
-    """The one contract whose schedule the run uses; two different schedules on one run are a conflict."""
+def _schedule_owner(active: list, task: str, model_name: str) -> tuple[Optional[ScheduleContract], tuple]:
+    """The one contract whose schedule the run uses, and why it won when another declared one too.
+
+    An active native adapter's ``base_schedule`` overrides the checkpoint's pinned one (the vllm-omni MiniMax-H3
+    guide: "when active the adapter schedule overrides the base checkpoint"); any other two different schedules on
+    one run are a conflict.
+    """
     pinned = [c for c in active if c.kind == "pinned" and task in (c.tasks or ())]
     natives = [c for c in active if c.kind == "native"]
     turbos = [c for c in active if c.kind == "turbo"]
+    notes: tuple = ()
     if natives and pinned:
-        raise ContractError(
-            f"{natives[0].source} is a MiniMax-H3 native LoRA with its own base_schedule; it cannot be activated on "
-            f"{pinned[0].source}, a checkpoint that already pins base_schedule {list(pinned[0].base_schedule)}"
+        notes = (
+            f"schedule of {natives[0].source} (native LoRA, base_schedule {list(natives[0].base_schedule)}) "
+            f"overrides {pinned[0].source}'s pinned base_schedule {list(pinned[0].base_schedule)}: an active native "
+            f"adapter's own schedule wins over the checkpoint's",
         )
+        pinned = []
     owners = turbos + natives + pinned
     for other in owners[1:]:
         first = owners[0]
@@ -111,7 +119,7 @@ def _schedule_owner(active: list, task: str, model_name: str) -> Optional[Schedu
                 f"{other.steps} steps) declare different sampling schedules for one {model_name} run; "
                 f"activate only one of them (or set one adapter's scale to 0)"
             )
-    return owners[0] if owners else None
+    return (owners[0] if owners else None), notes
 
 
 def _steps_message(owner: ScheduleContract, requested: int) -> str:
@@ -162,7 +170,7 @@ def resolve(contracts: Sequence[ScheduleContract], request: SamplingRequest, mod
     for contract in active:
         if contract.kind in ("turbo", "native"):
             _check_task_and_partition(contract, task, partition, model_handle, checks)
-    owner = _schedule_owner(active, task, model.name)
+    owner, notes = _schedule_owner(active, task, model.name)
 
     requested_steps = None if _omitted(request.steps) else int(request.steps)
     if owner is None:
@@ -196,4 +204,5 @@ def resolve(contracts: Sequence[ScheduleContract], request: SamplingRequest, mod
         audio_sigmas=audio_sigmas,
         contracts=tuple(active),
         overrides=tuple(checks.overrides),
+        notes=notes,
     )

@@ -17,6 +17,7 @@ from ...handles import LatentHandle
 from .contracts import DEFAULT_TASK, FAMILY_ID, PARTITION_BY_TASK
 from .pipeline import part
 from .prediction import layout, pack_video, unpack_video, velocity
+from .references import noised_rows
 
 
 def check_inputs(model, positive, negative, latent: LatentHandle, schedule) -> None:
@@ -37,6 +38,17 @@ def check_inputs(model, positive, negative, latent: LatentHandle, schedule) -> N
 
 def _check_task(model, task: str, latent: LatentHandle) -> None:
     anchored = latent.extra.get("keyframes") is not None
+    referenced = bool(latent.extra.get("references"))
+    if task == "ref2va" and not referenced:
+        raise LoraBindError(
+            f"{model.name}: task ref2va needs reference images (reference_images on the MiniMax-H3 Reference Images "
+            f"node); without them the run would be text-only"
+        )
+    if task != "ref2va" and referenced:
+        raise LoraBindError(
+            f"{model.name}: the latent carries reference images, which is task ref2va, but the schedule was resolved "
+            f"for {task}; request task=ref2va (e.g. on the MiniMax-H3 schedule node)"
+        )
     if task == "fl2va" and not anchored:
         raise LoraBindError(
             f"{model.name}: task fl2va needs a first-frame keyframe in the latent (MiniMax-H3 First Frame node)"
@@ -52,7 +64,8 @@ def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, 
             on_step: Optional[Callable[[int, int], None]] = None,
             check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
     """Euler over the EXPLICIT ``schedule.sigmas`` (video) and ``schedule.audio_sigmas`` (audio), one forward per
-    step (two with cfg != 1 and a negative prompt); T2VA/FL2VA on ``transformer``, Ref2VA on ``transformer_ref``.
+    step (two with cfg != 1 and a negative prompt); T2VA/FL2VA on ``transformer``, Ref2VA on ``transformer_ref``
+    (its reference rows noised first, from the same generator, as diffusers' pipeline draws them).
     ``forward(model, partition, **inputs)`` is the family's one denoiser forward."""
     import torch
 
@@ -67,15 +80,17 @@ def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, 
     sigmas, audio_sigmas = list(schedule.sigmas), list(schedule.audio_sigmas or schedule.sigmas)
     patch = transformer.config.patch_size
     generator = torch.Generator("cpu").manual_seed(int(seed))  # CPU noise: the same result on every device
+    references = tuple(latent.extra.get("references", ()))
+    ref_rows = noised_rows(references, generator, patch, latent.samples.shape[0]) if references else None
     video_shape, audio_start = latent.samples.shape, latent.extra["audio"].float()
     video = sigmas[0] * torch.randn(video_shape, generator=generator) + (1 - sigmas[0]) * latent.samples.float()
     audio = audio_sigmas[0] * torch.randn(audio_start.shape, generator=generator) + (1 - audio_sigmas[0]) * audio_start
     batch, channels, audio_dim, audio_len = audio.shape
     keyframes = latent.extra.get("keyframes")
     anchors = tuple(latent.extra.get("keyframe_anchors", ())) if keyframes is not None else ()
-    cond_rows = pack_video(keyframes.float(), patch) if keyframes is not None else None
+    cond_rows = pack_video(keyframes.float(), patch) if keyframes is not None else ref_rows
     conds = [positive] + ([negative] if negative is not None and float(schedule.cfg) != 1.0 else [])
-    layouts = [layout(transformer, c.embeds.shape[1], video, audio, anchors) for c in conds]
+    layouts = [layout(transformer, c.embeds.shape[1], video, audio, anchors, references) for c in conds]
     n_cond = layouts[0]["n_cond"]
     total = len(sigmas) - 1
     for i in range(total):

@@ -153,11 +153,21 @@ def test_native_overrides_the_default_schedule_and_steps_are_intervals(fake_mode
         mm.resolve_schedule((native(),), req(task="fl2va"), fake_model())
 
 
-def test_native_on_a_pinned_checkpoint_is_rejected(fake_model):
+def test_native_on_a_pinned_checkpoint_runs_the_adapter_schedule_and_says_why(fake_model):
+    """The guide: an active native adapter's base_schedule overrides the checkpoint's pinned one."""
+    own = (1.0, 0.8, 0.5, 0.2, 0.0)  # differs from the pinned BASE, so the winner is visible in the sigmas
+    adapter = mm.with_scale(mm.declared_contract(NATIVE, {**NATIVE_META, "base_schedule": "1.0,0.8,0.5,0.2,0.0"}, 4),
+                            1.0)
     pinned = mm.checkpoint_contract(PINNED_INDEX, "tiny-minimax-h3-pinned")
-    with pytest.raises(ContractError, match=f"{NATIVE} is a MiniMax-H3 native LoRA .* cannot be activated on "
-                                            f"tiny-minimax-h3-pinned, a checkpoint that already pins base_schedule"):
-        mm.resolve_schedule((pinned, native()), req(), fake_model(PINNED_INDEX, name="tiny-minimax-h3-pinned"))
+    model = fake_model(PINNED_INDEX, name="tiny-minimax-h3-pinned")
+    resolved = mm.resolve_schedule((pinned, mm.on_checkpoint(adapter, PINNED_INDEX)), req(), model)
+    assert resolved.steps == 4
+    assert resolved.sigmas == shift_schedule(own, 12.0) and resolved.audio_sigmas == shift_schedule(own, 3.0)
+    assert resolved.notes == (
+        f"schedule of {NATIVE} (native LoRA, base_schedule {list(own)}) overrides tiny-minimax-h3-pinned's pinned "
+        f"base_schedule {list(BASE)}: an active native adapter's own schedule wins over the checkpoint's",)
+    off = mm.resolve_schedule((pinned, mm.with_scale(adapter, 0.0)), req(), model)  # scale 0: the pin is back
+    assert off.sigmas == shift_schedule(BASE, 12.0) and off.notes == ()
 
 
 def test_scale_zero_means_no_contract(fake_model):

@@ -80,10 +80,12 @@ def test_rows_carry_one_minus_sigma_for_video_and_audio(mm_models, prompts):
 
 def test_ref2va_runs_on_transformer_ref(mm_models, prompts):
     model = mm_models["plain"]
+    latent = S.with_references(model, S.empty_latents(model, 32, 32, 1), torch.rand(1, 32, 32, 3))
+    assert S.implied_task(latent) == "ref2va"
     with Forwards(model) as seen:
-        out = S.FAMILY.denoise(model, prompts[0], None, S.empty_latents(model, 32, 32, 1),
-                        dataclasses.replace(SCHEDULE, task="ref2va"), 0)
+        out = S.FAMILY.denoise(model, prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="ref2va"), 0)
     assert [name for name, _, _ in seen.calls] == ["transformer_ref"] * 3
+    assert all(rows == 16 + 16 for _, _, rows in seen.calls)  # one 32x32 reference (16 rows) + 16 generated rows
     assert out.samples.shape == (1, 4, 1, 8, 8)
 
 
@@ -117,6 +119,10 @@ def test_check_inputs_refuses_before_any_forward(mm_models, prompts):
         (prompts[0], None, latent, dataclasses.replace(SCHEDULE, audio_sigmas=(1.0, 0.0)),
          "video and audio schedules differ in length"),
         (prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="fl2va"), "task fl2va needs a first-frame"),
+        (prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="ref2va"),
+         "task ref2va needs reference images .*without them the run would be text-only"),
+        (prompts[0], None, S.with_references(model, latent, torch.rand(1, 32, 32, 3)), SCHEDULE,
+         "the latent carries reference images, which is task ref2va, but the schedule was resolved for t2va"),
     ]
     with Forwards(model) as seen:
         for positive, negative, lat, schedule, message in cases:
@@ -173,14 +179,38 @@ def test_wav_round_trip_keeps_samples_and_comment(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.wav"]  # no temp file left behind
 
 
+class NoiseImage:
+    """Test-only IMAGE source (the pack has no image loader node): a seeded random picture."""
+
+    CATEGORY = "tests"
+    FUNCTION = "make"
+    RETURN_TYPES = ("IMAGE",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"seed": ("INT", {"default": 0})}}
+
+    def make(self, seed):
+        return (torch.rand(1, 32, 32, 3, generator=torch.Generator().manual_seed(seed)),)
+
+
 @pytest.mark.slow
 def test_ref2v_turbo_workflow_runs_on_transformer_ref(mm_registry, mm_models):
+    """The ref2v Turbo file with reference images runs on transformer_ref; without them it is refused by name."""
     workflows = Path(lorabind.__file__).parent / "workflows"
     prompt = json.loads((workflows / "minimax_h3_turbo_4step_768p.api.json").read_text())
     prompt["2"]["inputs"]["lora_name"] = "lorabind-tiny/minimax_h3_ref2v_turbo_4step_v0.1_bf16.safetensors"
     prompt["6"]["inputs"]["shift"] = 12.0
+    executor = PromptExecutor(dict(NODE_CLASS_MAPPINGS, NoiseImage=NoiseImage))
+    refused = executor.execute(prompt, "ref2v-no-references")
+    assert not refused.success and refused.error["node_type"] == "LoraBindSampler"
+    assert "task ref2va needs reference images" in refused.error["exception_message"]
+    prompt["20"] = {"class_type": "NoiseImage", "inputs": {"seed": 1}}
+    prompt["21"] = {"class_type": "MiniMaxReferenceImages",
+                    "inputs": {"model": ["1", 0], "latent": ["5", 0], "reference_images": ["20", 0]}}
+    prompt["6"]["inputs"]["latent"] = ["21", 0]
     with Forwards(mm_models["plain"]) as seen:
-        result = PromptExecutor(dict(NODE_CLASS_MAPPINGS)).execute(prompt, "ref2v")
+        result = executor.execute(prompt, "ref2v")
     assert result.success, result.error
     assert [name for name, _, _ in seen.calls] == ["transformer_ref"] * 4
 
@@ -213,4 +243,5 @@ def test_tiny_builders_are_deterministic_small_and_pinned(tmp_path, mm_root):
     pinned = json.loads((folders[1] / "model_index.json").read_text())["_minimax_h3"]
     assert pinned["base_schedule"] == [1.0, 0.7, 0.4, 0.15, 0.0]
     assert pinned["sigma_shift_scales"] == {"video": 12.0, "audio": 3.0}
-    assert "_minimax_h3" not in json.loads((folders[0] / "model_index.json").read_text())
+    assert json.loads((folders[0] / "model_index.json").read_text())["_minimax_h3"] == {
+        "reference_image_short_edge": 32}  # no base_schedule: the plain folder pins nothing

@@ -143,13 +143,18 @@ def test_task_mismatch_is_refused_at_the_schedule_node(executor, mm_models):
         result.error["exception_message"])
 
 
-def test_native_on_the_pinned_checkpoint_is_refused(executor):
+def test_native_on_the_pinned_checkpoint_runs_the_adapter_schedule(executor):
     prompt = load("minimax_h3_native")
     prompt[node_id(prompt, "LoraBindModelLoader")]["inputs"]["model_name"] = "tiny-minimax-h3-pinned"
     result = executor.execute(prompt, "native-on-pinned")
-    assert not result.success
-    assert "cannot be activated on tiny-minimax-h3-pinned, a checkpoint that already pins base_schedule" in (
-        result.error["exception_message"])
+    assert result.success, result.error
+    sampler = result.outputs[node_id(prompt, "LoraBindSampler")]
+    (schedule,) = sampler["lorabind_schedule"]
+    assert schedule["steps"] == 4 and schedule["sigmas"] == pytest.approx(list(shift_schedule(BASE, 12.0)))
+    (note,) = schedule["notes"]
+    assert note.startswith("schedule of minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors (native LoRA")
+    assert "overrides tiny-minimax-h3-pinned's pinned base_schedule" in note
+    assert f"schedule: {note}" in sampler["text"]
 
 
 def test_scale_zero_turns_the_adapter_and_its_contract_off(executor):
