@@ -16,6 +16,7 @@ import torch
 from lorabind.loaders import binding
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache, map_to_model, read_lora
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.model_store import LoadedModel
 
 from .measure import alternate, timed
@@ -90,7 +91,7 @@ class Floor:
 
 
 def read_lora_mapped(path: str) -> dict:
-    return map_to_model(read_lora(path), "wan2.1").targets
+    return map_to_model(read_lora(path), "wan2.1", family_by_id("wan2.1")).targets
 
 
 def _drop_file_cache(model: LoadedModel) -> None:

@@ -15,6 +15,7 @@ import torch
 from lorabind.loaders import binding
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import map_to_model, read_lora
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.model_store import LoadedModel
 
 from .measure import PeakRSS
@@ -25,7 +26,7 @@ def measure(size, lora_path: str) -> dict:
     transformer = build_transformer(size)
     model = LoadedModel(path="<bench>", name="bench", family="wan2.1", pipeline=None,
                         components={"transformer": transformer})
-    targets = map_to_model(read_lora(lora_path), "wan2.1").targets
+    targets = map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets
     modules = dict(transformer.named_modules())
     backup = largest = 0
     for module_path, target in targets.items():

@@ -21,6 +21,7 @@ import torch
 from lorabind.loaders import binding
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import map_to_model, read_lora
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.model_store import LoadedModel
 
 from .bench_fuse import DiffusersSide, fuse_timers
@@ -65,7 +66,7 @@ def _fuse(path: str) -> FuseSpec:
 
 def largest_patched_layer(model: LoadedModel, lora_path: str) -> int:
     modules = dict(model.components["transformer"].named_modules())
-    targets = map_to_model(read_lora(lora_path), "wan2.1").targets
+    targets = map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets
     return max(modules[path].weight.nbytes for path in targets)
 
 
@@ -82,7 +83,7 @@ def measure_rss(folder: str, lora_path: str) -> dict:
     model = load_model(folder)
     _fault_in(model)
     largest = largest_patched_layer(model, lora_path)  # also reads and caches the LoRA: we measure the bind
-    for target in map_to_model(read_lora(lora_path), "wan2.1").targets.values():
+    for target in map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets.values():
         target.low_rank.up.sum(), target.low_rank.down.sum()
     gc.collect()
     with PeakRSS() as peak:

@@ -245,6 +245,7 @@ def _content_key(path: str) -> str:
 def _accounted_targets(model, state: BindingState, spec, lenient: bool, content_key: str):
     """``prepare_lora`` for one spec (memoised per ``content_key``, the caller's ``_content_key(spec.path)``):
     (targets, accounting dict)."""
+    from .families import family_for, guess_family
     from .lora.preparation import prepare_lora
 
     memo_key = (content_key, spec.component, bool(lenient))
@@ -252,7 +253,8 @@ def _accounted_targets(model, state: BindingState, spec, lenient: bool, content_
     if hit is not None:
         state.accounted.move_to_end(memo_key)
         return hit
-    prepared = prepare_lora(spec.path, model, spec.component, name=_label(spec), lenient=lenient)
+    prepared = prepare_lora(spec.path, model, spec.component, family_for(model), guess_family=guess_family,
+                            name=_label(spec), lenient=lenient)
     state.accounted[memo_key] = (prepared.targets, prepared.accounting.to_dict())
     while len(state.accounted) > MAX_MEMOISED_ACCOUNTINGS:
         state.accounted.popitem(last=False)

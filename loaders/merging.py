@@ -118,17 +118,18 @@ def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
     from .lora.preparation import prepare_lora
     from .patching import PatchLayer
 
+    keymap = families.family_by_id(model.family)
     layers: dict = {comp: [] for comp in model.components}
     fuses, warnings, contracts = [], [], []
     for comp, path, strength in requests:
-        prepared = prepare_lora(path, model, comp, lenient=lenient, where="lorabind merge")
+        prepared = prepare_lora(path, model, comp, keymap, guess_family=families.guess_family, lenient=lenient,
+                                where="lorabind merge")
         layers[comp].append(PatchLayer(key=os.path.realpath(path), component=comp, strength=strength,
                                        targets=prepared.targets, name=prepared.name))
         fuses.append({"name": prepared.name, "component": comp, "strength": strength,
                       "sha256": file_sha256(path), "accounting": prepared.accounting.to_dict()})
         warnings.extend(prepared.accounting.warnings)
-        contract = discover_contract(path, prepared.name, family=families.for_model_family(model.family),
-                                     lora=prepared.lora, strength=strength)
+        contract = discover_contract(path, prepared.name, family=keymap, lora=prepared.lora, strength=strength)
         if contract is not None:
             contracts.append((comp, contract))
     return layers, fuses, warnings, contracts

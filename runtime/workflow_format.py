@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .executor.validation import types_compatible
 from .node_info import node_info
+from .socket_types import types_compatible
 
 MODE_MUTED = 2
 MODE_BYPASS = 4

@@ -65,7 +65,8 @@ def prepare_fuse(model_handle, name: str, path: str, strength: float, component:
     refuses a file made for another model kind or slot first (``check_artifact``), before any key is read."""
     family = families.family_for(model_handle.model)
     family.check_artifact(model_handle.model, os.path.basename(name), component)
-    prepared = prepare_lora(path, model_handle.model, component, name=name, lenient=lenient, where=where)
+    prepared = prepare_lora(path, model_handle.model, component, family, guess_family=families.guess_family,
+                            name=name, lenient=lenient, where=where)
     report = prepared.report()
     contract = discover_contract(path, name, family=family, lora=prepared.lora, strength=strength)
     spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient))

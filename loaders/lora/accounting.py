@@ -9,10 +9,9 @@ does not fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import KeyMatchError
-from .. import families as family_registry  # module import: families imports lora.canonical
 from .canonical import MappedLora, TargetPatch, low_rank_parts, merged_keys
 
 _SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
@@ -51,13 +50,15 @@ class KeyAccounting:
         }
 
 
-def account(mapped: MappedLora, component_module, *, lenient: bool = False,
-            component: str = "denoiser") -> KeyAccounting:
-    """Check every target of ``mapped`` against ``component_module`` (e.g. ``pipeline.transformer``).
+def account(mapped: MappedLora, component_module, *, lenient: bool = False, component: str = "denoiser",
+            guess_family: Optional[Callable] = None) -> KeyAccounting:
+    """Check every target of ``mapped`` against ``component_module`` (the denoiser's module tree).
 
-    Unmatched keys raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message."""
+    Unmatched keys raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message, naming
+    the family the file's names look like when ``guess_family(lora) -> ModelFamily | None`` (the registry's
+    ``families.guess_family``, passed in: ``lora/`` never imports the registry) says it is another one."""
     lora = mapped.source
-    family = family_registry.for_model_family(mapped.family)
+    family = mapped.keymap
     file_names = _file_names_by_key(mapped)
     modules = dict(component_module.named_modules())
     acc = KeyAccounting(file=lora.name, format=lora.format, family=mapped.family, component=component,
@@ -104,7 +105,7 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
     _summarise(acc)
     if acc.unmatched:
         acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
-                       f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family)}"
+                       f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family, guess_family)}"
                        f"Check that the LoRA is for this model, or skip these keys explicitly: the fuse and "
                        f"adapter nodes' 'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'")
         if not lenient:
@@ -112,9 +113,9 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False,
     return acc
 
 
-def _family_hint(lora, model_family: str) -> str:
+def _family_hint(lora, model_family: str, guess_family: Optional[Callable]) -> str:
     """Name the family a wrong-model LoRA seems to be for: the most common cause of unmatched keys."""
-    guessed = family_registry.guess_family(lora)
+    guessed = guess_family(lora) if guess_family is not None else None
     if guessed is None or model_family in guessed.model_families:
         return ""
     return f"Its module names look like a {'/'.join(guessed.model_families)} LoRA. "

@@ -8,7 +8,7 @@ family. The patcher and the key accounting only ever see ``TargetPatch`` objects
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .kinds import FullDiff, delta_parts
 from .kinds.low_rank import LowRankDelta  # noqa: F401  (re-exported: the plain LoRA kind's delta)
@@ -80,7 +80,8 @@ class MappedLora:
     """A ``LoraFile`` mapped onto one model family's diffusers module paths."""
 
     source: LoraFile
-    family: str
+    family: str  # the model family id mapped onto ("wan2.2_moe")
     targets: dict  # diffusers module path -> TargetPatch
     expected_unmatched: dict = field(default_factory=dict)  # raw key -> reason
     unmatched: list = field(default_factory=list)  # raw keys the family map does not know
+    keymap: Any = None  # the ``ModelFamily`` that mapped it (``account`` asks it why a key is expected to miss)

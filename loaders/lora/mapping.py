@@ -3,12 +3,14 @@
 Nothing is dropped here: every tensor of the file ends up in a mapped target, in ``expected_unmatched`` with a
 reason, or in ``unmatched`` (diffusers' own converters silently drop ``diff``/``diff_m``/norm keys; we do not).
 Whether a mapped module really exists in a given model is checked later by ``accounting.account``.
+
+The family object is passed in, never looked up here: the family registry imports the families' key maps, which
+import this package, so asking the registry from ``lora/`` would close a circle.
 """
 
 from __future__ import annotations
 
 from ..errors import KeyMatchError
-from .. import families as family_registry  # module import: families imports lora.canonical
 from .canonical import LoraFile, MappedLora, TargetPatch, low_rank_parts, merged_keys
 
 _OWN_PARAMETERS = ("weight", "bias")  # a module's own parameters; any other diff targets another parameter
@@ -17,14 +19,11 @@ TEXT_ENCODER_REASON = ("text-encoder LoRA key: lorabind applies LoRAs to the dif
                        "the text-encoder part of this file is not used")
 
 
-def map_to_model(lora: LoraFile, model_family: str) -> MappedLora:
-    """Map every target of ``lora`` to the diffusers module path of ``model_family``'s transformer."""
-    try:
-        family = family_registry.for_model_family(model_family)
-    except KeyError:
-        raise KeyMatchError(f"{lora.name}: no LoRA key map for model family {model_family!r}") from None
+def map_to_model(lora: LoraFile, model_family: str, family) -> MappedLora:
+    """Map every target of ``lora`` to the diffusers module paths of ``model_family``'s denoiser, by the key map
+    of ``family`` (the ``ModelFamily`` serving ``model_family``; ``families.family_by_id``)."""
     prepared = family.prepare(lora, model_family)
-    mapped = MappedLora(source=prepared, family=model_family, targets={})
+    mapped = MappedLora(source=prepared, family=model_family, targets={}, keymap=family)
     module_parts = low_rank_parts() | frozenset(_OWN_PARAMETERS)
     for name, patch in prepared.targets.items():
         own_diffs = {p: patch.param_diffs[p] for p in _OWN_PARAMETERS if p in patch.param_diffs}

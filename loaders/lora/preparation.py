@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import KeyMatchError
 from . import kinds
@@ -45,10 +45,13 @@ class PreparedLora:
         return {"lora": self.name, **self.accounting.to_dict()}
 
 
-def prepare_lora(path: str, model, component: str, *, name: str = "", lenient: bool = False,
-                 where: str = "") -> PreparedLora:
+def prepare_lora(path: str, model, component: str, family, *, guess_family: Optional[Callable] = None,
+                 name: str = "", lenient: bool = False, where: str = "") -> PreparedLora:
     """Read, map and account the LoRA at ``path`` for ``component`` of ``model`` (anything with ``family``,
-    ``components`` and ``name``: a LoadedModel, or the meta-device structure ``merge`` builds).
+    ``components`` and ``name``: a LoadedModel, or the meta-device structure ``merge`` builds). ``family`` is the
+    model's ``ModelFamily`` and ``guess_family`` the registry's guess (``families.family_for`` /
+    ``families.guess_family``): the caller passes them because the registry imports the key maps, which import
+    this package.
 
     Raises ``LoraFileError`` (unreadable file), ``KeyMatchError`` (no such component, keys that fit nothing
     unless ``lenient``, shapes that do not fit) with messages naming the file; ``where`` (a node name, a command)
@@ -62,7 +65,8 @@ def prepare_lora(path: str, model, component: str, *, name: str = "", lenient: b
             f"{prefix}{label} is meant for component '{component}', which model {model.name} ({model.family}) "
             f"does not have (components: {', '.join(sorted(model.components)) or 'none'})")
     lora = read_lora(path)
-    accounting = account(map_to_model(lora, model.family), module, lenient=lenient, component=component)
+    accounting = account(map_to_model(lora, model.family, family), module, lenient=lenient, component=component,
+                         guess_family=guess_family)
     return PreparedLora(name=label, path=str(path), component=component, lora=lora, accounting=accounting)
 
 

@@ -211,11 +211,13 @@ def _accounting(lora, model) -> dict:
     """The key accounting on the component the file targets: the one the model's family puts it in (Wan2.2:
     low-noise files -> the low-noise expert), else the main denoiser. Unmatched keys are listed (and exit 1
     through ``refusal``); a shape that does not fit raises like a fuse would."""
-    from ...loaders.families import family_for
+    from ...loaders.families import family_for, guess_family
     from ...loaders.lora.preparation import prepare_lora
 
-    component = family_for(model).component_for_file(model.model_index, lora.name, strict=False)
-    prepared = prepare_lora(lora.path, model, component, name=lora.name, lenient=True, where="lorabind inspect")
+    family = family_for(model)
+    component = family.component_for_file(model.model_index, lora.name, strict=False)
+    prepared = prepare_lora(lora.path, model, component, family, guess_family=guess_family, name=lora.name,
+                            lenient=True, where="lorabind inspect")
     accounting = prepared.accounting
     return {"model": model.name or model.path, "model_family": model.family, "component": component,
             **accounting.to_dict(), "refusal": accounting.refusal or None}

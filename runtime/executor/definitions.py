@@ -58,15 +58,6 @@ def full_type_name(klass: type) -> str:
     return f"{module}.{klass.__qualname__}"
 
 
-def combo_options(input_type: Any, extra_info: dict) -> list | None:
-    """The allowed values of a COMBO input in either form: a list type, or ``"COMBO"`` with ``options``."""
-    if isinstance(input_type, (list, tuple)):
-        return list(input_type)
-    if input_type == "COMBO":
-        return list(extra_info.get("options", []))
-    return None
-
-
 def accepted_arguments(function) -> tuple[set[str], bool]:
     """(named parameters, has **kwargs) of a node method, used to filter what VALIDATE_INPUTS receives."""
     try:

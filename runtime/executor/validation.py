@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .call_over_lists import gather_inputs, map_over_lists
-from .definitions import CASTS, NodeDefinitions, accepted_arguments, combo_options, full_type_name
+from ..socket_types import combo_options, types_compatible
+from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name
 from .graph import DependencyCycleError, find_cycle
 
 
@@ -62,19 +63,6 @@ def copy_prompt(prompt: dict) -> dict:
         if isinstance(node, dict) and isinstance(node.get("inputs"), dict):
             copied[str(node_id)]["inputs"] = dict(node["inputs"])
     return copied
-
-
-def types_compatible(received: Any, expected: Any) -> bool:
-    """ComfyUI's validate_node_input (non-strict): equal, or comma-separated type sets overlapping."""
-    if received == expected or expected == "*" or received == "*":
-        return True
-    if combo_options(expected, {}) is not None and combo_options(received, {}) is not None:
-        return True
-    if not isinstance(received, str) or not isinstance(expected, str):
-        return False
-    received_set = {part.strip() for part in received.split(",")}
-    expected_set = {part.strip() for part in expected.split(",")}
-    return bool(received_set & expected_set)
 
 
 def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=None,

@@ -13,6 +13,7 @@ from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import read_lora
 from lorabind.loaders.tiny_models.minimax_h3 import TRANSFORMER_CONFIG, native_metadata
+from lorabind.loaders.families import family_by_id
 
 HEADS, HEAD_DIM = TRANSFORMER_CONFIG["num_attention_heads"], TRANSFORMER_CONFIG["attention_head_dim"]
 HIDDEN, FFN = TRANSFORMER_CONFIG["hidden_size"], TRANSFORMER_CONFIG["ffn_dim"]
@@ -43,7 +44,7 @@ def test_fixture_files_are_recognized_and_map_with_zero_unmatched(mm_root):
     for path in sorted((mm_root / "loras" / "lorabind-tiny" / "lorabind-tiny").glob("minimax_h3_*.safetensors")):
         lf = read_lora(str(path))
         assert mm.recognizes(lf), path.name
-        mapped = map_to_model(lf, "minimax_h3")
+        mapped = map_to_model(lf, "minimax_h3", family_by_id("minimax_h3"))
         assert mapped.unmatched == [] and all(mm.map_target(t) == t for t in mapped.targets)
 
 
@@ -170,7 +171,7 @@ def test_files_with_unknowable_contract_are_never_mapped_for_binding(copy_as, mm
     path = tmp_path / copy_as
     shutil.copy(mm_root / "loras" / "lorabind-tiny" / "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", path)
     with pytest.raises(ContractError, match=copy_as.replace(".", r"\.")):
-        map_to_model(read_lora(str(path)), "minimax_h3")
+        map_to_model(read_lora(str(path)), "minimax_h3", family_by_id("minimax_h3"))
 
 
 def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
@@ -186,7 +187,7 @@ def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
     path = mm_root / "loras" / "lorabind-tiny" / NATIVE_FIXTURE_NAME
     raw = {k.removeprefix("transformer."): v.float() for k, v in load_file(str(path)).items()}
     theirs = _convert_non_diffusers_minimax_h3_lora_to_diffusers(raw)
-    ours = map_to_model(read_lora(str(path)), "minimax_h3").targets
+    ours = map_to_model(read_lora(str(path)), "minimax_h3", family_by_id("minimax_h3")).targets
     assert {f"transformer.{name}.lora_B.weight" for name in ours} == {k for k in theirs if ".lora_B." in k}
     for name, patch in ours.items():
         assert patch.low_rank.scale == 1.0  # lora_alpha / lora_rank = 1: diffusers applies B @ A as is
@@ -208,4 +209,4 @@ def test_a_loha_module_in_a_native_file_is_refused_by_name(tmp_path):
     save_file(sd, str(path), metadata=native_metadata(RANK))
     with pytest.raises(KeyMatchError, match=r"native_loha\.safetensors: module 'blocks\.0\.attn\.qkv_proj' is a loha "
                                             r"adapter; MiniMax-H3 LoRA files are read as plain low-rank pairs"):
-        map_to_model(read_lora(str(path)), "minimax_h3")
+        map_to_model(read_lora(str(path)), "minimax_h3", family_by_id("minimax_h3"))

@@ -10,6 +10,7 @@ import torch
 from formats_helpers import qwen_lora, save, wan_native_lora
 
 from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
+from lorabind.loaders.families import family_by_id
 
 FACTOR_SPELLINGS = {
     "lora_down/lora_up": (".lora_down.weight", ".lora_up.weight"),
@@ -54,14 +55,14 @@ def canonical(applied: dict) -> dict:
 
 def _check_family(tmp_path, model, family, sd, strip):
     clear_lora_cache()
-    reference = account(map_to_model(read_lora(save(sd, tmp_path / "reference.safetensors")), family), model)
+    reference = account(map_to_model(read_lora(save(sd, tmp_path / "reference.safetensors")), family, family_by_id(family)), model)
     expected = canonical(reference.applied)
     failures = []
     for prefix in PREFIXES:
         for spelling, factors in FACTOR_SPELLINGS.items():
             variant = respell(sd, strip, prefix, factors)
             name = f"{prefix or 'bare'}{spelling.replace('/', '-')}.safetensors"
-            acc = account(map_to_model(read_lora(save(variant, tmp_path / name)), family), model)
+            acc = account(map_to_model(read_lora(save(variant, tmp_path / name)), family, family_by_id(family)), model)
             got = canonical(acc.applied)
             if acc.counts != {"applied": len(variant), "expected_unmatched": 0, "unmatched": 0} or (
                     got.keys() != expected.keys() or not all(torch.equal(got[k], v) for k, v in expected.items())):

@@ -10,6 +10,7 @@ from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.lora import kinds
 from lorabind.loaders.lora.kinds.base import AdapterKind
 from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.families import family_by_id
 
 # kohya/LyCORIS-flattened module name -> diffusers module path, per tiny model
 WAN_MODULES = {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"}
@@ -82,7 +83,7 @@ def test_fused_delta_matches_float64_reference_and_restores(request, tmp_path, f
     modules = WAN_MODULES if family == "wan" else QWEN_MODULES
     make, reference = KINDS[kind]
     file, sd = _write(tmp_path, model, modules, make, kind)
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1" if family == "wan" else "qwen_image"), model)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1" if family == "wan" else "qwen_image", family_by_id("wan2.1" if family == "wan" else "qwen_image")), model)
     assert acc.counts["applied"] == len(sd) and not acc.unmatched
     assert {p.low_rank.kind for p in acc.applied.values()} == {kind.split("-")[0]}
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -105,7 +106,7 @@ def test_fused_delta_matches_float64_reference_and_restores(request, tmp_path, f
 def test_fault_mid_fuse_leaves_base_untouched(wan22_expert, tmp_path, kind):
     make, _ = KINDS[kind]
     file, _ = _write(tmp_path, wan22_expert, WAN_MODULES, make, kind)
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
     assert_fault_mid_fuse_leaves_base(wan22_expert, acc.applied, kind)
 
 
@@ -140,7 +141,7 @@ def test_a_kind_registered_from_a_test_module_binds_and_unbinds(wan22_expert, tm
     before = weight.detach().clone()
     kinds.register(TOY)
     try:
-        acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+        acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
         patcher = WeightPatcher({"transformer": wan22_expert})
         patcher.apply([PatchLayer("toy", "transformer", 2.0, acc.applied)])
         signs = torch.sign(torch.randn(weight.shape, generator=torch.Generator().manual_seed(3)))
@@ -160,7 +161,7 @@ def test_dynamic_use_of_a_fused_only_kind_says_which_kinds_run_unfused(wan22_exp
     save_file({"lora_unet_blocks_0_self_attn_q.toy_sign": torch.ones(weight.shape)}, str(file))
     kinds.register(TOY)  # a kind without a PeftForm runs fused only
     try:
-        acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+        acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
         with pytest.raises(AdapterError, match=r"'toy\.safetensors': 'blocks\.0\.attn1\.to_q' is a toy adapter, "
                                                r"which must be fused: adapter kinds that run unfused are lora, loha, "
                                                r"lokr; dora, toy, diff run fused only — load it with the "

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.families import family_by_id
 
 WAN = ("wan2.1", {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"})
 QWEN = ("qwen_image", {"transformer_blocks_0_attn_to_q": "transformer_blocks.0.attn.to_q",
@@ -28,7 +29,7 @@ def _relative_error(got, expected) -> float:
 
 
 def _fuse(model, file, model_family, strength=1.0, key="dora"):
-    acc = account(map_to_model(read_lora(str(file)), model_family), model)
+    acc = account(map_to_model(read_lora(str(file)), model_family, family_by_id(model_family)), model)
     patcher = WeightPatcher({"transformer": model})
     patcher.apply([PatchLayer(key, "transformer", strength, acc.applied)])
     return acc, patcher
@@ -160,8 +161,8 @@ def test_dora_stacked_with_a_plain_lora_is_order_independent_and_switches_exactl
     dora_sd, plain_sd = _kohya_dora(wan22_expert, modules, "in"), _plain_lora(wan22_expert, modules)
     save_file(dora_sd, str(tmp_path / "dora.safetensors"))
     save_file(plain_sd, str(tmp_path / "plain.safetensors"))
-    dora = account(map_to_model(read_lora(str(tmp_path / "dora.safetensors")), "wan2.1"), wan22_expert).applied
-    plain = account(map_to_model(read_lora(str(tmp_path / "plain.safetensors")), "wan2.1"), wan22_expert).applied
+    dora = account(map_to_model(read_lora(str(tmp_path / "dora.safetensors")), "wan2.1", family_by_id("wan2.1")), wan22_expert).applied
+    plain = account(map_to_model(read_lora(str(tmp_path / "plain.safetensors")), "wan2.1", family_by_id("wan2.1")), wan22_expert).applied
     layers = {"dora": PatchLayer("dora", "transformer", 1.0, dora), "plain": PatchLayer("plain", "transformer", 0.5, plain)}
     path = "blocks.0.attn1.to_q"
     weight = wan22_expert.get_submodule(path).weight
@@ -191,7 +192,7 @@ def test_dora_stacked_with_a_plain_lora_is_order_independent_and_switches_exactl
 def test_fault_mid_dora_fuse_leaves_the_base_untouched(wan22_expert, tmp_path, axis):
     _, modules = WAN
     save_file(_kohya_dora(wan22_expert, modules, axis), str(tmp_path / "dora.safetensors"))
-    acc = account(map_to_model(read_lora(str(tmp_path / "dora.safetensors")), "wan2.1"), wan22_expert)
+    acc = account(map_to_model(read_lora(str(tmp_path / "dora.safetensors")), "wan2.1", family_by_id("wan2.1")), wan22_expert)
     assert_fault_mid_fuse_leaves_base(wan22_expert, acc.applied, "dora")
 
 

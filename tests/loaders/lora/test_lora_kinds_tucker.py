@@ -10,6 +10,7 @@ from lorabind.loaders.errors import LoraFileError
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.lora.kinds import by_name
 from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.families import family_by_id
 
 RANK = 3
 
@@ -84,7 +85,7 @@ def test_wan_patch_embedding_conv3d_fuses_to_the_published_contraction(wan22_exp
     sd = make(torch.Generator().manual_seed(11), "lora_unet_patch_embedding", out, inp, kernel)
     file = tmp_path / f"{case}.safetensors"
     save_file(sd, str(file))
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
     assert acc.counts["applied"] == len(sd) and list(acc.applied) == ["patch_embedding"]
     before = weight.detach().clone()
     patcher = WeightPatcher({"transformer": wan22_expert})

@@ -7,6 +7,7 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.peft_adapters import AdapterCache, AdapterError, to_peft_groups
+from lorabind.loaders.families import family_by_id
 
 # kohya/LyCORIS-flattened module name -> diffusers module path on the tiny Wan expert
 MODULES = {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"}
@@ -43,7 +44,7 @@ def test_a_loha_with_a_bias_diff_is_refused_unfused_naming_the_module(wan22_expe
     file, sd = _write_loha(tmp_path, wan22_expert)
     sd["lora_unet_blocks_0_self_attn_q.diff_b"] = torch.ones(wan22_expert.get_submodule("blocks.0.attn1.to_q").weight.shape[0])
     save_file(sd, str(file))
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
     with pytest.raises(AdapterError, match=r"'style_loha\.safetensors': 'blocks\.0\.attn1\.to_q' has a bias diff, which "
                                            r"a dynamic loha adapter cannot carry"):
         to_peft_groups(acc.applied, file.name)
@@ -80,7 +81,7 @@ def _lokr_reference(sd, name):
 def _assert_unfused_equals_fused(model, file, sd, reference, kind):
     """At scale 0.7 each target layer computes ``x @ (W + 0.7·ΔW)ᵀ + b`` with the float64 reference ΔW; at scale 0
     exactly the base layer; after unloading, the model's state dict is the original one."""
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), model)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), model)
     groups = to_peft_groups(acc.applied, file.name)
     assert {g.kind for g in groups} == {kind}
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -122,7 +123,7 @@ def test_a_lokr_split_peft_cannot_make_is_refused_naming_the_shapes(wan22_expert
         sd[f"lora_unet_{name}.lokr_w1"] = torch.ones(3, 2)
         sd[f"lora_unet_{name}.lokr_w2"] = torch.ones(out // 3, inp // 2)
     save_file(sd, str(file))
-    acc = account(map_to_model(read_lora(str(file)), "wan2.1"), wan22_expert)
+    acc = account(map_to_model(read_lora(str(file)), "wan2.1", family_by_id("wan2.1")), wan22_expert)
     with pytest.raises(AdapterError, match=r"'blocks\.0\.attn1\.to_q': its Kronecker factors \(3x2 ⊗ 8x12, rank 0\) "
                                            r"are not a split peft's LoKr tuner makes"):
         to_peft_groups(acc.applied, file.name)

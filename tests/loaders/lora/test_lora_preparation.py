@@ -13,12 +13,13 @@ from lorabind.loaders.lora.preparation import lora_rank, prepare_lora
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.runtime.commands.inspect import inspect_lora
+from lorabind.loaders.families import family_for, guess_family
 
 
 def test_prepared_lora_carries_the_targets_that_fit_and_a_named_report(load_tiny, tiny_models_root):
     model = load_tiny("tiny-wan22-t2v")
     path = str(tiny_models_root / "loras" / F.WAN22_LOW)
-    prepared = prepare_lora(path, model, "transformer_2", name=F.WAN22_LOW)
+    prepared = prepare_lora(path, model, "transformer_2", family_for(model), guess_family=guess_family, name=F.WAN22_LOW)
     assert prepared.targets is prepared.accounting.applied and prepared.targets
     modules = dict(model.components["transformer_2"].named_modules())
     assert all(dest in modules for dest in prepared.targets)
@@ -35,7 +36,7 @@ def test_a_missing_component_is_refused_in_the_same_words_by_binding_and_nodes(l
     words = (f"{F.WAN21_DISTILL} is meant for component 'transformer_2', which model tiny-wan21-t2v (wan2.1) "
              f"does not have (components: transformer)")
     with pytest.raises(KeyMatchError) as direct:
-        prepare_lora(path, model, "transformer_2", name=F.WAN21_DISTILL)
+        prepare_lora(path, model, "transformer_2", family_for(model), guess_family=guess_family, name=F.WAN21_DISTILL)
     assert str(direct.value) == words
     with pytest.raises(KeyMatchError) as bound:
         bind(model, [FuseSpec(path=path, strength=1.0, component="transformer_2", name=F.WAN21_DISTILL)], [])
@@ -49,8 +50,8 @@ def test_lenient_preparation_keeps_the_strict_refusal_text_that_inspect_reports(
     model = load_tiny("tiny-wan21-t2v")
     path = str(tiny_models_root / "loras" / F.QWEN_LIGHTNING)  # a Qwen-Image file on a Wan model
     with pytest.raises(KeyMatchError) as strict:
-        prepare_lora(path, model, "transformer")
-    lenient = prepare_lora(path, model, "transformer", lenient=True)
+        prepare_lora(path, model, "transformer", family_for(model), guess_family=guess_family)
+    lenient = prepare_lora(path, model, "transformer", family_for(model), guess_family=guess_family, lenient=True)
     assert lenient.accounting.refusal == str(strict.value)
     assert lenient.accounting.unmatched and "match nothing in the transformer (wan2.1)" in lenient.accounting.refusal
     report = inspect_lora(path, model_dir=str(tiny_models_root / "diffusers" / "tiny-wan21-t2v"))
@@ -72,7 +73,7 @@ def test_expert_role_from_published_file_names(name, role):
 def test_declared_contract_is_off_at_strength_zero(load_tiny, tiny_models_root):
     model = load_tiny("tiny-wan22-t2v")
     path = str(tiny_models_root / "loras" / F.WAN22_HIGH)
-    prepared = prepare_lora(path, model, "transformer")
+    prepared = prepare_lora(path, model, "transformer", family_for(model))
     family = for_model_family(model.family)
     contract = discover_contract(path, F.WAN22_HIGH, family=family, lora=prepared.lora, strength=1.0)
     assert (contract.steps, contract.family) == (4, "wan2.2_moe")
@@ -87,7 +88,7 @@ def test_targets_keep_their_source_keys_grouped_by_part(load_tiny, tiny_models_r
     """Reading names each key's part, mapping moves it with its part (Wan ``diff_m`` becomes the diff of
     ``scale_shift_table``), and the accounting counts the parts it applied: no key string is parsed again."""
     model = load_tiny("tiny-wan22-t2v")
-    prepared = prepare_lora(str(tiny_models_root / "loras" / F.WAN22_HIGH), model, "transformer")
+    prepared = prepare_lora(str(tiny_models_root / "loras" / F.WAN22_HIGH), model, "transformer", family_for(model))
     seen = {}
     for dest, patch in prepared.targets.items():
         assert set(patch.source_keys) <= set(SUFFIX_OF_PART), dest

@@ -10,12 +10,13 @@ from formats_helpers import effective_deltas, qwen_lora, rename, save, wan_nativ
 
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError, LoraFileError
-from lorabind.loaders.families import qwen_image, wan
+from lorabind.loaders.families import family_by_id, qwen_image, wan
 from lorabind.loaders.lora import account, map_to_model, read_lora
 
 
 def _account(path, model, **kw):
-    return account(map_to_model(read_lora(path), "qwen_image"), model, component="transformer", **kw)
+    return account(map_to_model(read_lora(path), "qwen_image", family_by_id("qwen_image")), model,
+                   component="transformer", guess_family=families.guess_family, **kw)
 
 
 def test_lightning_style_file_applies_every_tensor(tmp_path, qwen_transformer):
@@ -58,7 +59,7 @@ def test_kohya_top_level_names_are_redotted(tmp_path, qwen_transformer):
     lora = read_lora(save(sd, tmp_path / "kohya.safetensors"))
     assert lora.format == "kohya"
     assert "norm_out_linear" in lora.targets and "time_text_embed_timestep_embedder_linear_2" in lora.targets
-    mapped = map_to_model(lora, "qwen_image")
+    mapped = map_to_model(lora, "qwen_image", family_by_id("qwen_image"))
     assert {"norm_out.linear", "time_text_embed.timestep_embedder.linear_2", "transformer_blocks.0.attn.to_out.0",
             "transformer_blocks.0.attn.to_add_out", "transformer_blocks.0.img_mlp.net.0.proj"} <= set(mapped.targets)
 

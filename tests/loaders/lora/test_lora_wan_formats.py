@@ -10,12 +10,13 @@ from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import wan
 from lorabind.loaders.lora import account, map_to_model, read_lora
+from lorabind.loaders.families import family_by_id
 
 IMAGE_PARTS = ("k_img", "v_img", "norm_k_img", "img_emb")
 
 
 def _account(path, model, family="wan2.2_moe", component="transformer", **kw):
-    return account(map_to_model(read_lora(path), family), model, component=component, **kw)
+    return account(map_to_model(read_lora(path), family, family_by_id(family)), model, component=component, **kw)
 
 
 def test_native_lightx2v_file_applies_every_tensor(tmp_path, wan22_expert):
@@ -195,7 +196,7 @@ def test_one_module_named_twice_is_refused(tmp_path):
           "blocks.0.attn1.to_q.lora_A.weight": torch.randn(2, 24),
           "blocks.0.attn1.to_q.lora_B.weight": torch.randn(24, 2)}
     with pytest.raises(KeyMatchError, match=r"twice\.safetensors: keys .* both target 'blocks\.0\.attn1\.to_q'"):
-        map_to_model(read_lora(save(sd, tmp_path / "twice.safetensors")), "wan2.1")
+        map_to_model(read_lora(save(sd, tmp_path / "twice.safetensors")), "wan2.1", family_by_id("wan2.1"))
 
 
 def test_recognizes_wan_names_without_a_model(tmp_path):

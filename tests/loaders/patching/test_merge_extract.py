@@ -19,6 +19,7 @@ from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_
 from lorabind.loaders.model_store import LoadedModel
 from lorabind.loaders.safe_output import MARKER_FILE
 from lorabind.runtime.cli import main
+from lorabind.loaders.families import family_by_id
 
 COMPONENT = "transformer_2"
 
@@ -122,7 +123,7 @@ def test_extract_at_full_rank_reproduces_the_merged_deltas(tiny_wan22_folder, me
     clear_lora_cache()
     lora = read_lora(out_file)
     base_module = load_transformer(tiny_wan22_folder)
-    acc = account(map_to_model(lora, "wan2.2_moe"), base_module, component=COMPONENT)
+    acc = account(map_to_model(lora, "wan2.2_moe", family_by_id("wan2.2_moe")), base_module, component=COMPONENT)
     base = component_state(tiny_wan22_folder)
     # every merged delta comes back: low-rank on 2-D weights (rank capped at min(out, in)), diffs on the rest
     assert {f"{m}.weight" for m, t in acc.applied.items() if t.low_rank is not None} | {
@@ -310,7 +311,7 @@ def test_merge_of_a_dora_file_equals_its_fuse_bit_for_bit(tiny_wan22_folder, tmp
     out = str(tmp_path / "merged_dora")
     assert main(["merge", "--model", tiny_wan22_folder, "--lora", f"{lora}:0.6", "--component", "transformer",
                  "--out", out]) == 0
-    applied = account(map_to_model(read_lora(lora), "wan2.2_moe"), module).applied
+    applied = account(map_to_model(read_lora(lora), "wan2.2_moe", family_by_id("wan2.2_moe")), module).applied
     WeightPatcher({"transformer": module}).apply([PatchLayer("dora", "transformer", 0.6, applied)])
     merged_state, base = component_state(out, "transformer"), component_state(tiny_wan22_folder, "transformer")
     for path in ("blocks.0.attn1.to_q", "blocks.1.ffn.net.2"):

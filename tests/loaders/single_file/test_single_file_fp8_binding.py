@@ -13,6 +13,7 @@ from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
 from lorabind.loaders.single_file.pipelines import detect_set, load_single_files
 from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
 from lorabind.loaders.tiny_models.single_files import SUBFOLDER
+from lorabind.loaders.families import family_by_id
 
 EXPERTS = {"transformer": "wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors",
            "transformer_2": "wan2.2_t2v_low_noise_tiny_fp8_scaled.safetensors"}
@@ -62,7 +63,7 @@ def _expected_nearest(root, model, component, name) -> torch.Tensor:
 
     module_path = name.rsplit(".", 1)[0]
     lora = map_to_model(read_lora(str(root / "loras" / (WAN22_HIGH if component == "transformer" else WAN22_LOW))),
-                        model.family)
+                        model.family, family_by_id(model.family))
     target = lora.targets[module_path]
     delta = target.low_rank
     entry = model.components[component].get_submodule(module_path)._lorabind_fp8["weight"]

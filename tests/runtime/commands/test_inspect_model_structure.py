@@ -13,6 +13,7 @@ import pytest
 from lorabind.loaders import model_store
 from lorabind.loaders.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
+from lorabind.loaders.families import family_by_id
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ def test_inspect_model_reads_no_weight_and_accounts_like_the_engine(models_root,
     full = models_root / "diffusers" / "tiny-wan22-t2v"
     lora = str(models_root / "loras" / F.WAN22_LOW)
     loaded = model_store.load_model(str(full))
-    expected = account(map_to_model(read_lora(lora), loaded.family), loaded.components["transformer_2"],
+    expected = account(map_to_model(read_lora(lora), loaded.family, family_by_id(loaded.family)), loaded.components["transformer_2"],
                        component="transformer_2").to_dict()
 
     def no_pipeline(*args, **kwargs):
