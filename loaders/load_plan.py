@@ -1,8 +1,8 @@
 """Choose a model's memory plan before loading it, and refuse before loading when nothing fits.
 
 Why before: a 14B expert that does not fit takes minutes to load and then fails with an out-of-memory error in
-the middle of a run. The sizes come from the configs on the meta device (``loaders.memory.component_sizes``),
-so the answer costs no weight reads; the message says what is needed, what is free and which plan would work.
+the middle of a run. The sizes come from the configs on the meta device (each source's ``component_sizes``), so
+the answer costs no weight reads; the message says what is needed, what is free and which plan would work.
 """
 
 from __future__ import annotations
@@ -56,16 +56,12 @@ def cpu_plan(roles: dict):
                       reason="auto on the CPU: every component stays in RAM")
 
 
-def choose_plan(folder: Path, model_index: dict, *, device, memory: str, dtype=None):
-    """The ``MemoryPlan`` for loading ``folder`` onto ``device``; raises ``ModelLoadError`` when it does not fit."""
-    from .families import component_roles
-    from .memory import component_sizes
-
+def choose_plan(source, *, device, memory: str, dtype=None):
+    """The ``MemoryPlan`` for loading a ``model_sources.ModelSource`` onto ``device`` at ``dtype`` (None: as
+    stored); raises ``ModelLoadError`` naming the source when it does not fit."""
     if device.type == "cpu" and memory == "auto":
-        return cpu_plan(component_roles(model_index))
-
-    dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(folder, model_index)
-    return plan_for_sizes(component_sizes(folder, dtype_name), label=folder.name, device=device, memory=memory)
+        return cpu_plan(source.component_roles())
+    return plan_for_sizes(source.component_sizes(dtype), label=source.label, device=device, memory=memory)
 
 
 def plan_for_sizes(sizes, *, label: str, device, memory: str):

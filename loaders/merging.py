@@ -12,7 +12,6 @@ input); the source folder is never written.
 from __future__ import annotations
 
 import glob
-import importlib
 import json
 import os
 import shutil
@@ -51,7 +50,8 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     ``out_dir`` as it was.
     """
     from .baked_contracts import INDEX_KEY
-    from .model_store import denoiser_names, detect_family, read_model_index
+    from .model_index import read_model_index
+    from .model_store import denoiser_names, detect_family
     from .patching import plan_state_keys
 
     if asset_mode not in ASSET_MODES:
@@ -172,7 +172,7 @@ def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> 
 def component_structure(folder: str, component: str, model_index: dict):
     """The component's module tree on the ``meta`` device: names and shapes for the key accounting, no weights
     (the weights are streamed from the files one shard at a time by ``_write_component``)."""
-    import torch
+    from .meta_modules import build_on_meta, component_class
 
     entry = model_index.get(component)
     if not is_set(entry):
@@ -181,10 +181,8 @@ def component_structure(folder: str, component: str, model_index: dict):
                              f"{', '.join(present)})")
     library, class_name = entry
     try:
-        cls = getattr(importlib.import_module(library), class_name)
-        config = cls.load_config(folder, subfolder=component, local_files_only=True)
-        with torch.device("meta"):
-            return cls.from_config(config).eval()
+        cls = component_class(library, class_name)
+        return build_on_meta(cls, cls.load_config(folder, subfolder=component, local_files_only=True))
     except Exception as exc:
         raise ModelLoadError(f"{folder}: cannot build component '{component}' ({class_name}): {exc}") from exc
 

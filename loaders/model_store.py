@@ -13,7 +13,6 @@ different pipeline from the same folder placed for another.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 import weakref
@@ -21,10 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from . import compat
 from .errors import ModelLoadError
-from .model_index import read_model_index
-from .parallel_loading import shard_loading
 
 
 @dataclass(eq=False)
@@ -59,14 +55,6 @@ def detect_family(model_index: dict) -> str:
     from .families import detect_model_family
 
     return detect_model_family(model_index)
-
-
-def require_libraries(model_index: dict, family: str, label: str) -> None:
-    """Refuse, naming the versions needed, when the installed libraries are older than a folder's model needs:
-    its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2)."""
-    from .families import family_by_id
-
-    compat.require(family_by_id(family).requirements_id(family, model_index=model_index), label)
 
 
 def denoiser_names(model_index: dict) -> list[str]:
@@ -111,64 +99,20 @@ def quiet_library_progress():
             lg.enable_progress_bar()
 
 
-def _load_pipeline(path: str, family: str, model_index: dict, dtype):
-    """The pipeline for a folder, loaded the way its family loads it (MiniMax-H3 is a modular pipeline)."""
-    from .families import family_by_id
-    from .families.interface import PipelineSource
-
-    return family_by_id(family).load_pipeline(PipelineSource(path=path, model_index=model_index, dtype=dtype))
-
-
-def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
-    """A component whose weights exist only in a pickle format (``diffusion_pytorch_model.bin``...) is refused,
-    naming the file: unpickling runs code. ``use_safetensors=True`` makes the libraries refuse it too, but
-    with a message about a missing ``.safetensors`` file that does not say why."""
-    from .lora.reader import PICKLE_SUFFIXES
-
-    for name in model_index:
-        component = folder / name
-        if name.startswith("_") or not component.is_dir():
-            continue
-        files = sorted(p.name for p in component.iterdir())
-        pickled = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
-        if pickled and not any(f.endswith(".safetensors") for f in files):
-            raise ModelLoadError(
-                f"{folder.name}/{name}/{pickled[0]}: pickle weights are not loaded (unpickling runs code); "
-                "convert the component to .safetensors")
-
-
-LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
-
-
-def default_load_workers() -> int:
-    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` (default 1, one after the other)."""
-    value = os.environ.get(LOAD_WORKERS_VARIABLE, "1").strip() or "1"
-    try:
-        return max(1, int(value))
-    except ValueError:
-        raise ModelLoadError(f"{LOAD_WORKERS_VARIABLE}={value!r} is not a whole number of worker threads") from None
-
-
 def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, attention: str = "native",
                compile: bool = False, on_progress=None, before_device_alloc=None,
                load_workers: int | None = None) -> LoadedModel:
-    """The shared ``LoadedModel`` for a diffusers folder, placed on ``device`` under a memory plan.
+    """The shared ``LoadedModel`` for a diffusers folder (``diffusers_folder.DiffusersFolder``: ``name``, and
+    ``load_workers`` for a sharded folder), loaded by ``load`` with the other options.
+    Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder."""
+    from .diffusers_folder import DiffusersFolder
 
-    Loaded once per (resolved path, index mtime, dtype, device, memory, attention, compile). ``device``/``memory``
-    None or "auto" follow ``loaders.devices`` (session defaults, then the best device / the planner's choice).
-    The plan is chosen from the configs before any weight is read; one that does not fit raises
-    ``ModelLoadError`` saying what is needed, what is free and which plan would work. ``before_device_alloc(bytes,
-    device)`` runs just before our weights take device memory (ComfyUI frees its own models there);
-    ``on_progress(done, total)`` follows loading and placing the components.
-    Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder.
-    ``load_workers`` (default ``default_load_workers()``) > 1 loads a sharded model's files in parallel
-    (``parallel_loading``: 283 s -> 56 s for a 64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement).
-    """
     folder = Path(path).expanduser().resolve()
     label = name or folder.name
     with _errors_name_the_model(folder, label):
-        return _load_model(folder, label, dtype, device, memory, attention, compile, on_progress,
-                           before_device_alloc, load_workers)
+        return load(DiffusersFolder(folder, name=label, load_workers=load_workers), dtype=dtype, device=device,
+                    memory=memory, attention=attention, compile=compile, on_progress=on_progress,
+                    before_device_alloc=before_device_alloc)
 
 
 @contextlib.contextmanager
@@ -184,62 +128,49 @@ def _errors_name_the_model(folder: Path, label: str):
         raise ModelLoadError(str(exc).replace(str(folder), label)) from exc.__cause__
 
 
-def _load_model(folder: Path, label: str, dtype, device, memory, attention, compile, on_progress,
-                before_device_alloc, load_workers) -> LoadedModel:
+def load(source, *, dtype=None, device=None, memory=None, attention: str = "native", compile: bool = False,
+         on_progress=None, before_device_alloc=None) -> LoadedModel:
+    """THE loading sequence, for every kind of ``model_sources.ModelSource``: the shared ``LoadedModel`` of
+    ``source`` placed on ``device`` under a memory plan.
+
+    Loaded once per (source and its version, dtype, the source's own options, device, memory, attention,
+    compile). ``device``/``memory`` None or "auto" follow ``loaders.devices`` (session defaults, then the best
+    device / the planner's choice). The plan is chosen from configs and headers before any weight is read; one
+    that does not fit raises ``ModelLoadError`` saying what is needed, what is free and which plan would work.
+    ``before_device_alloc(bytes, device)`` runs just before our weights take device memory (ComfyUI frees its
+    own models there); ``on_progress(done, total)`` follows placing the components.
+    """
     from . import load_plan, placement, speed
     from .devices import resolve_device, resolve_memory
-    from .families import family_by_id
 
-    index_file = folder / "model_index.json"
-    model_index = read_model_index(folder)
-    torch_dtype = resolve_dtype(dtype)
+    torch_dtype = resolve_dtype(dtype) or source.default_dtype()
     torch_device = resolve_device(device)
     memory_name = resolve_memory(memory)
-    key = (str(folder), index_file.stat().st_mtime_ns, str(torch_dtype), str(torch_device), memory_name,
-           attention, bool(compile))
+    identity, version = source.cache_identity()
+    key = (identity, version, str(torch_dtype), *source.cache_options(), str(torch_device), memory_name, attention,
+           bool(compile))
 
-    def load() -> LoadedModel:
-        family = detect_family(model_index)
-        require_libraries(model_index, family, f"{label} ({family})")
-        refuse_pickle_weights(folder, model_index)
+    def load_now() -> LoadedModel:
+        source.check()
         speed.check_attention(attention, torch_device)
-        plan = load_plan.choose_plan(folder, model_index, device=torch_device, memory=memory_name, dtype=torch_dtype)
+        plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
-        try:
-            workers = default_load_workers() if load_workers is None else load_workers
-            with quiet_library_progress(), shard_loading(workers):
-                pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
-        except Exception as exc:
-            raise ModelLoadError(f"{label}: cannot load the {family} pipeline: {exc}") from exc
-        if hasattr(pipeline, "set_progress_bar_config"):
-            pipeline.set_progress_bar_config(disable=True)  # progress goes through our own per-step callback
-        components = _denoisers(pipeline, model_index, label, family)
-        placed = placement.ModelPlacement(dict(pipeline.components), plan, torch_device,
-                                          family_by_id(family).component_roles(model_index))
+        with quiet_library_progress():
+            built = source.build(torch_dtype)
+        if hasattr(built.pipeline, "set_progress_bar_config"):
+            built.pipeline.set_progress_bar_config(disable=True)  # progress goes through our per-step callback
+        for module in built.denoisers.values():
+            module.eval().requires_grad_(False)
+        placed = placement.ModelPlacement(built.modules, plan, torch_device, built.roles)
         placed.apply(on_progress)
-        speed.apply_speed_options(components, attention=attention, compile=compile)
-        _load_counts[str(folder)] = _load_counts.get(str(folder), 0) + 1
-        return LoadedModel(
-            path=str(folder), name=label, family=family, pipeline=pipeline,
-            components=components, model_index=model_index, placement=placed,
-        )
+        speed.apply_speed_options(built.denoisers, attention=attention, compile=compile)
+        _load_counts[identity] = _load_counts.get(identity, 0) + 1
+        return LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
+                           components=built.denoisers, model_index=built.model_index, placement=placed,
+                           weight_sources=built.weight_sources)
 
-    return load_shared(key, load)
-
-
-def _denoisers(pipeline, model_index: dict, label: str, family: str) -> dict:
-    """{name: module} of the index's denoisers, in eval mode without gradients; one the installed diffusers
-    dropped (an older release ignores an unknown component with only a warning) is refused by name."""
-    listed = denoiser_names(model_index)
-    components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
-    dropped = sorted(set(listed) - set(components))
-    if dropped:
-        raise ModelLoadError(f"{label}: model_index.json lists {dropped} but the installed diffusers did not "
-                             f"load them; {family} needs a newer diffusers")
-    for module in components.values():
-        module.eval().requires_grad_(False)
-    return components
+    return load_shared(key, load_now)
 
 
 def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:

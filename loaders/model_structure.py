@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelLoadError
-from .model_store import denoiser_names, detect_family, read_model_index, require_libraries
+from .diffusers_folder import require_libraries
+from .model_index import read_model_index
+from .model_store import denoiser_names, detect_family
 
 
 @dataclass(eq=False)

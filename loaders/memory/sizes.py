@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from ..errors import ModelLoadError
 from ..families import component_roles, real_config_names
 from ..families.interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_IMAGE_ENCODER,
                                   ROLE_LOW_NOISE, ROLE_TEXT_ENCODER)
+from ..meta_modules import build_on_meta, component_class
 from ..model_index import read_model_index
 
 # The role vocabulary is the families' (``families.interface``); the planner groups components by it.
@@ -45,10 +45,8 @@ class ComponentSize:
 
 def _component_class(library: str, class_name: str, where: Path):
     """The class a ``model_index`` entry names; a missing one (older diffusers/transformers) is a clear error."""
-    import importlib
-
     try:
-        return getattr(importlib.import_module(library), class_name)
+        return component_class(library, class_name)
     except (ImportError, AttributeError):
         raise ModelLoadError(f"{where}: {library}.{class_name} is not available in the installed {library}") from None
 
@@ -103,20 +101,6 @@ def check_config_sizes(config, where: str, key: str = "") -> None:
             raise ModelLoadError(f"{where}: {key} is {config}; a model this size is not planned (at most {bound})")
 
 
-def _build_on_meta(cls, config_text: str):
-    """The module of ``cls`` configured from a ``config.json`` text, every tensor on the meta device."""
-    import torch
-
-    config = json.loads(config_text)
-    # constructors warn about their own deprecated pieces (weight_norm); that says nothing about the plan
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        if hasattr(cls, "from_config") and hasattr(cls, "load_config"):  # a diffusers ModelMixin
-            return cls.from_config(config)
-        config_obj = cls.config_class.from_dict(config)
-        return cls._from_config(config_obj) if hasattr(cls, "_from_config") else cls(config_obj)
-
-
 WEIGHTS = ("bf16", "fp8")  # how the weights are stored: ``fp8`` as ComfyUI's fp8 single files store them
 FP8_ROLES = DENOISER_ROLES + (ROLE_TEXT_ENCODER,)  # ComfyUI publishes fp8 files of these; VAEs stay bf16
 
@@ -131,7 +115,7 @@ def _measure_config(library: str, class_name: str, config_text: str, dtype_name:
     import torch
 
     cls = _component_class(library, class_name, Path(where))
-    module = _build_on_meta(cls, config_text)
+    module = build_on_meta(cls, json.loads(config_text))
     keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
     one_byte = block_matrices(module) if fp8_blocks else frozenset()
     return _measure(module, getattr(torch, dtype_name), keep, one_byte)

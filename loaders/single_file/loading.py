@@ -1,7 +1,7 @@
 """Build diffusers/transformers modules from single files, streaming each tensor to its place.
 
-The module is created with its parameters on the meta device (accelerate's ``init_empty_weights``, as diffusers'
-own ``from_single_file`` does; buffers computed at construction, like rotary tables, stay real), then every
+The module is created with its parameters on the meta device (``loaders.meta_modules``, as diffusers' own
+``from_single_file`` does; buffers computed at construction, like rotary tables, stay real), then every
 tensor is read from the file, renamed/split by the component's layout and assigned as the parameter itself.
 Peak memory is the model plus one tensor, never the checkpoint twice. Why not ``from_single_file``: it loads
 the whole checkpoint into a state dict, converts it (a second copy for renamed tensors) and always casts fp8 up.
@@ -22,6 +22,7 @@ import contextlib
 from typing import Optional
 
 from ..errors import ModelLoadError
+from ..meta_modules import build_on_meta
 from . import catalog, fp8
 from .detect import Detected
 from .native_files import keeps_fp32
@@ -30,23 +31,9 @@ _BATCH_BYTES = 256 * 1024 * 1024
 _IGNORED_KEYS = (fp8.SCALED_MARKER, "spiece_model")
 
 
-def _empty_weights():
-    try:
-        from accelerate import init_empty_weights
-    except ImportError:  # pragma: no cover - without accelerate: build with real (overwritten) weights
-        return contextlib.nullcontext()
-    return init_empty_weights()
-
-
 def build_empty(detected: Detected):
     """The component's module from its shipped config, parameters on the meta device."""
-    cls = catalog.model_class(detected.kind)
-    config = dict(detected.config)
-    with _empty_weights():
-        if detected.kind.library == "diffusers":
-            return cls.from_config(config)
-        config_obj = cls.config_class.from_dict(config)
-        return cls._from_config(config_obj) if hasattr(cls, "_from_config") else cls(config_obj)
+    return build_on_meta(catalog.model_class(detected.kind), detected.config)
 
 
 def _owner(root, dotted: str):

@@ -105,7 +105,8 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
     from ...loaders.baked_contracts import extracted_contract_metadata
     from ...loaders.devices import resolve_device
     from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
-    from ...loaders.model_store import denoiser_names, read_model_index
+    from ...loaders.model_index import read_model_index
+    from ...loaders.model_store import denoiser_names
     from ...loaders.safe_output import check_output
 
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:

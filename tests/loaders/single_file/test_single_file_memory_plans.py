@@ -68,14 +68,14 @@ def test_planned_bytes_are_what_loading_holds_fp8_at_one_byte(single_file_root, 
     """The plan sizes each file as loaded: weights kept fp8 at one byte (not at the compute dtype), the
     dequantized keep-in-float32 modules at four; only the file headers are read to know which."""
     from lorabind.loaders.single_file.loading import load_component
-    from lorabind.loaders.single_file.pipelines import _named_files, component_sizes
+    from lorabind.loaders.single_file.pipelines import SingleFileSet
 
-    files = _detected_set(single_file_root, precision)
-    planned = {size.name: size.bytes for size in component_sizes(files, torch.bfloat16)}
+    source = SingleFileSet(_detected_set(single_file_root, precision))
+    planned = {size.name: size.bytes for size in source.component_sizes(torch.bfloat16)}
     held = {name: _held_bytes(load_component(detected, dtype=torch.bfloat16))
-            for name, detected in _named_files(files).items()}
+            for name, detected in source.named.items()}
     assert planned == held
     if precision == "fp8_e4m3fn":
-        bf16 = {size.name: size.bytes for size in component_sizes(_detected_set(single_file_root, "bf16"),
-                                                                  torch.bfloat16)}
+        bf16 = {size.name: size.bytes
+                for size in SingleFileSet(_detected_set(single_file_root, "bf16")).component_sizes(torch.bfloat16)}
         assert planned["transformer"] < bf16["transformer"] and planned["vae"] == bf16["vae"]

@@ -139,12 +139,12 @@ def test_a_published_fp8_set_is_planned_at_its_stored_size(real_files):
     is larger than its file by those layers' element count.)"""
     import os
 
-    from lorabind.loaders.single_file.pipelines import component_sizes
+    from lorabind.loaders.single_file.pipelines import SingleFileSet
 
     names = ("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
              "wan_2.1_vae.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors")
     files = check_set(_files(real_files, *names[:2]), *_files(real_files, *names[2:]))
-    sizes = {size.name: size for size in component_sizes(files, torch.bfloat16)}
+    sizes = {size.name: size for size in SingleFileSet(files).component_sizes(torch.bfloat16)}
     expert = sizes["transformer"]
     assert expert.bytes == pytest.approx(os.path.getsize(real_files[names[0]]), rel=0.03)
     assert expert.bytes / expert.parameters < 1.05  # ~1 byte a parameter, not bf16's 2
