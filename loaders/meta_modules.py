@@ -1,4 +1,4 @@
-"""THE way a component's module is built from its config without weights: parameters on the meta device.
+"""THE way a module without weights is built: from a component's config, or from parameter names and shapes.
 
 Three places need a module that has every parameter's name and shape but holds no weight: the memory planner
 (sizes from configs), the single-file loader (each tensor is then streamed from the file into its place) and
@@ -40,3 +40,24 @@ def build_on_meta(cls, config: dict):
     if hasattr(module, "tie_weights"):
         module.tie_weights()
     return module.eval()
+
+
+def tree_on_meta(shapes: dict):
+    """Nested plain modules with one meta parameter per ``{dotted parameter name: shape}``: ``named_modules`` and
+    each module's own parameters are what the described model has, and nothing more. What key accounting reads
+    of a model known only by names and shapes (``inspect --model`` from safetensors headers, a host's state
+    dict)."""
+    import torch
+
+    root = torch.nn.Module()
+    for key, shape in shapes.items():
+        *path, leaf = key.split(".")
+        module = root
+        for part in path:
+            child = module._modules.get(part)
+            if child is None:
+                child = torch.nn.Module()
+                module.add_module(part, child)
+            module = child
+        module.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
+    return root.eval()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ModelLoadError
+from .meta_modules import tree_on_meta
 from .diffusers_folder import require_libraries
 from .model_index import read_model_index
 from .model_store import denoiser_names, detect_family
@@ -38,7 +39,7 @@ def load_structure(path, *, name: str = "") -> ModelStructure:
     model_index = read_model_index(folder)
     family = detect_family(model_index)
     require_libraries(model_index, family, f"{folder.name} ({family})")
-    components = {component: _module_tree(_stored_shapes(folder / component))
+    components = {component: tree_on_meta(_stored_shapes(folder / component))
                   for component in denoiser_names(model_index)}
     return ModelStructure(path=str(folder), name=name or folder.name, family=family, components=components,
                           model_index=model_index)
@@ -61,22 +62,3 @@ def _stored_shapes(component_dir: Path) -> dict:
         except Exception as exc:  # a truncated or foreign file: name it
             raise ModelLoadError(f"{file}: cannot read its safetensors header: {exc}") from None
     return shapes
-
-
-def _module_tree(shapes: dict):
-    """Nested modules with one meta parameter per stored key: ``named_modules`` and each module's own
-    parameters are what the stored model has."""
-    import torch
-
-    root = torch.nn.Module()
-    for key, shape in shapes.items():
-        *path, leaf = key.split(".")
-        module = root
-        for part in path:
-            child = module._modules.get(part)
-            if child is None:
-                child = torch.nn.Module()
-                module.add_module(part, child)
-            module = child
-        module.register_parameter(leaf, torch.nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
-    return root.eval()

@@ -17,7 +17,7 @@ from ..loaders import families
 from ..loaders.contracts import contract_to_dict, discover_contract
 from ..loaders.errors import ContractError, LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
-from ..loaders.lora.native_targets import host_deltas, native_denoiser, prepare_native
+from ..loaders.native_targets import host_deltas, native_denoiser, prepare_native
 from ..loaders.patching import patched_value
 from ..loaders.schedule_rules import contract_value, describe_artifact
 from ..loaders.sigmas import on_high_noise_expert, shifted_sigmas

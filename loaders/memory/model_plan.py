@@ -10,25 +10,28 @@ from .sizes import ComponentSize, component_sizes
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
                dtype: str = "bfloat16", weights: str = "bf16",
-               files: tuple = ()) -> tuple[MemoryPlan, list[ComponentSize]]:
+               sizes: list | None = None) -> tuple[MemoryPlan, list[ComponentSize]]:
     """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16" or
-    "fp8" as the published single files store them) or for the single ``files`` named (their headers decide,
-    ``model`` is then ignored) on a device with ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory,
-    unchecked when None). Reads configs and headers only. A plan that does not fit says what would: the same
-    model with fp8 weights, or the least memory the smallest plan needs."""
-    sizes = files_sizes(files, dtype) if files else component_sizes(model, dtype=dtype, weights=weights)
+    "fp8" as the published single files store them) or for components the caller measured (``sizes``: single
+    files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
+    ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
+    only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
+    smallest plan needs."""
+    measured = sizes is not None
+    if not measured:
+        sizes = component_sizes(model, dtype=dtype, weights=weights)
     plan = _plan(sizes, vram_gib, ram_gib, memory)
     if plan.fits:
         return plan, sizes
     hint = None
-    if not files and weights != "fp8":
+    if not measured and weights != "fp8":
         fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory)
         if fp8_plan.fits:
             hint = (f"with fp8 weights (--weights fp8: ComfyUI's *_fp8_e4m3fn* single files) it fits: "
                     f"memory={fp8_plan.memory}, peak {fp8_plan.peak_device_bytes / GIB:.1f} GiB on the device, "
                     f"{fp8_plan.peak_host_bytes / GIB:.1f} GiB on the host")
     if hint is None:
-        hint = least_memory_hint(sizes, model if not files else None, dtype, weights)
+        hint = least_memory_hint(sizes, model if not measured else None, dtype, weights)
     return replace(plan, reason=f"{plan.reason}; {hint}"), sizes
 
 
@@ -56,28 +59,6 @@ def least_memory_hint(sizes, model, dtype: str, weights: str) -> str:
 
 def _need(plan: MemoryPlan) -> tuple:
     return (plan.peak_host_bytes + plan.peak_device_bytes, plan.peak_device_bytes)
-
-
-def files_sizes(files: tuple, dtype: str) -> list[ComponentSize]:
-    """Sizes of the components of ComfyUI single files (denoisers, VAE, text/image encoders; any order) from
-    their headers: the set is detected and checked as the loader checks it, fp8 weights sized at one byte."""
-    from ..single_file.detect import check_set, detect
-    from ..single_file.pipelines import component_sizes as single_file_sizes
-
-    detected = [detect(str(path), str(path)) for path in files]
-    by_role = {role: [d for d in detected if d.role == role] for role in ("denoiser", "vae", "text_encoder",
-                                                                            "image_encoder")}
-    missing = [role for role in ("denoiser", "vae", "text_encoder") if not by_role[role]]
-    if missing:
-        from ..errors import ModelLoadError
-
-        raise ModelLoadError(f"--files names no {' and no '.join(missing)} file; a plan needs the denoiser(s), the VAE "
-                             "and the text encoder")
-    image_encoder = by_role["image_encoder"][0] if by_role["image_encoder"] else None
-    checked = check_set(by_role["denoiser"], by_role["vae"][0], by_role["text_encoder"][0], image_encoder)
-    import torch
-
-    return single_file_sizes(checked, getattr(torch, dtype))
 
 
 def plan_to_json(plan: MemoryPlan, sizes: list[ComponentSize]) -> dict:

@@ -155,3 +155,21 @@ def load_single_files(files: CheckpointSet, *, tokenizer_dirs: Iterable[Path] = 
     on_progress, before_device_alloc) mean what they mean there, so a set loaded for another device or plan is
     its own cache entry."""
     return load(SingleFileSet(files, tokenizer_dirs=tokenizer_dirs, fp8_rounding=fp8_rounding), **options)
+
+
+def files_sizes(files: tuple, dtype: str) -> list:
+    """``memory.ComponentSize`` of the components of ComfyUI single files (denoisers, VAE, text/image encoders;
+    any order; ``lorabind plan --files``) from their headers: the set is detected and checked as the loader checks
+    it, fp8 weights sized at one byte."""
+    detected = [detect(str(path), str(path)) for path in files]
+    by_role = {role: [d for d in detected if d.role == role] for role in ("denoiser", "vae", "text_encoder",
+                                                                            "image_encoder")}
+    missing = [role for role in ("denoiser", "vae", "text_encoder") if not by_role[role]]
+    if missing:
+        raise ModelLoadError(f"--files names no {' and no '.join(missing)} file; a plan needs the denoiser(s), the VAE "
+                             "and the text encoder")
+    image_encoder = by_role["image_encoder"][0] if by_role["image_encoder"] else None
+    checked = check_set(by_role["denoiser"], by_role["vae"][0], by_role["text_encoder"][0], image_encoder)
+    import torch
+
+    return SingleFileSet(checked).component_sizes(getattr(torch, dtype))

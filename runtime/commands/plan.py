@@ -56,13 +56,15 @@ def gib_amount(text: str) -> float:
 def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.memory.model_plan import format_plan, plan_model, plan_to_json
+    from ...loaders.single_file.pipelines import files_sizes
 
     if bool(args.model) == bool(args.files):
         print("lorabind plan: give either MODEL or --files FILE... (not both)", file=sys.stderr)
         return 2
     try:
+        measured = files_sizes(tuple(args.files), args.dtype) if args.files else None
         plan, sizes = plan_model(args.model, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
-                                 dtype=args.dtype, weights=args.weights, files=tuple(args.files))
+                                 dtype=args.dtype, weights=args.weights, sizes=measured)
     except LoraBindError as exc:
         print(f"lorabind plan: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,9 @@ the diffusers path our key maps target (the layout's ``to_diffusers``), and a me
 paths and shapes stands in for the model during ``prepare_lora``: the same read, map and key accounting as a fuse
 into our own model, so a file is refused or accepted with the same words. The result is a table from the host's
 own keys to our adapter kinds' deltas, which the host applies with its own patcher.
+
+Beside ``lora/``, not in it: it recognises the host model with the single-file catalog and the family registry,
+both of which import ``lora/``.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..errors import KeyMatchError
-from ..single_file import catalog
-from ..single_file.layouts import strip_prefix
-from .. import families as family_registry
-from .preparation import PreparedLora, prepare_lora
+from . import families as family_registry
+from .errors import KeyMatchError
+from .lora.preparation import PreparedLora, prepare_lora
+from .meta_modules import tree_on_meta
+from .single_file import catalog
+from .single_file.layouts import strip_prefix
 
 HOST_COMPONENT = "diffusion_model"  # the component name our messages use for a host's denoiser
 
@@ -61,13 +65,14 @@ def native_denoiser(shapes: Mapping[str, tuple], name: str) -> NativeDenoiser:
         param_shapes[diffusers] = shape
     family = family_registry.family_by_id(kind.family)
     return NativeDenoiser(name=name, family=family.model_families[0],
-                          components={HOST_COMPONENT: _meta_tree(param_shapes)}, host_keys=host_keys)
+                          components={HOST_COMPONENT: tree_on_meta(param_shapes)}, host_keys=host_keys)
 
 
 def prepare_native(path: str, denoiser: NativeDenoiser, *, name: str, lenient: bool, where: str) -> PreparedLora:
     """``prepare_lora`` against the host's denoiser: every file tensor accounted for (unmatched keys raise unless
     ``lenient``), nothing patched."""
-    return prepare_lora(path, denoiser, HOST_COMPONENT, name=name, lenient=lenient, where=where)
+    return prepare_lora(path, denoiser, HOST_COMPONENT, denoiser.family_object,
+                        guess_family=family_registry.guess_family, name=name, lenient=lenient, where=where)
 
 
 def host_deltas(prepared: PreparedLora, denoiser: NativeDenoiser) -> dict:
@@ -77,23 +82,3 @@ def host_deltas(prepared: PreparedLora, denoiser: NativeDenoiser) -> dict:
         for parameter, parameter_deltas in patch.parameter_deltas().items():
             deltas[denoiser.host_keys[f"{module_path}.{parameter}"]] = parameter_deltas
     return deltas
-
-
-def _meta_tree(param_shapes: Mapping[str, tuple]):
-    """Modules on the meta device laid out by dotted paths, each holding empty parameters of the given shapes:
-    what the key accounting reads (module paths, own parameter names and shapes) and nothing more."""
-    import torch
-    from torch import nn
-
-    root = nn.Module()
-    for path, shape in param_shapes.items():
-        owner_path, _, parameter = path.rpartition(".")
-        owner = root
-        for part in owner_path.split(".") if owner_path else ():
-            child = owner._modules.get(part)
-            if child is None:
-                child = nn.Module()
-                owner.add_module(part, child)
-            owner = child
-        owner.register_parameter(parameter, nn.Parameter(torch.empty(shape, device="meta"), requires_grad=False))
-    return root
