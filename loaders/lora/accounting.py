@@ -52,11 +52,9 @@ class KeyAccounting:
 
 def account(mapped: MappedLora, component_module, *, lenient: bool = False, component: str = "denoiser",
             guess_family: Optional[Callable] = None) -> KeyAccounting:
-    """Check every target of ``mapped`` against ``component_module`` (the denoiser's module tree).
-
-    Unmatched keys raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message, naming
-    the family the file's names look like when ``guess_family(lora) -> ModelFamily | None`` (the registry's
-    ``families.guess_family``, passed in: ``lora/`` never imports the registry) says it is another one."""
+    """Check every target of ``mapped`` against ``component_module`` (the denoiser's module tree). Unmatched keys
+    raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message, naming the family the
+    file looks like when ``guess_family`` (``families.guess_family``, passed in: lora/ never imports it) says."""
     lora = mapped.source
     family = mapped.keymap
     file_names = _file_names_by_key(mapped)
