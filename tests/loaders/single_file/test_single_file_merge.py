@@ -12,6 +12,7 @@ from safetensors import safe_open
 from single_file_helpers import call
 
 from lorabind.loaders.errors import ContractError
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.model_store import clear_cache
 from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
@@ -142,7 +143,8 @@ def test_a_bf16_merge_from_fp8_files_is_the_float32_sum_rounded_once(root):
     with safe_open(str(root / "diffusion_models" / outs[0]), "pt") as handle:
         merged = handle.get_tensor(native)
         assert "scaled_fp8" not in handle.keys()
-    delta = map_to_model(read_lora(str(root / "loras" / WAN22_HIGH)), "wan2.2_moe").targets[
+    mapped = map_to_model(read_lora(str(root / "loras" / WAN22_HIGH)), "wan2.2_moe", family_by_id("wan2.2_moe"))
+    delta = mapped.targets[
         WAN_TRANSFORMER.to_diffusers(native).rsplit(".", 1)[0]].low_rank
     expected = (value + float(delta.scale) * (delta.up.float() @ delta.down.float())).to(torch.bfloat16)
     assert merged.dtype == torch.bfloat16 and torch.equal(merged, expected)
