@@ -30,7 +30,7 @@ def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> d
     VALUE is parsed by the input's declared type: a BOOLEAN takes true/false, on/off, yes/no, 1/0 (any case),
     anything else is JSON, else a plain string. Returns {node_id: {input: value}}: the error text uses it so that
     a node's title from the workflow (which may name the old value) is not shown as if still true."""
-    from .executor.definitions import parse_bool
+    from .socket_types import parse_bool
 
     changed: dict = {}
     for item in overrides:

@@ -11,28 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-TRUE_WORDS = ("true", "on", "yes", "1")
-FALSE_WORDS = ("false", "off", "no", "0")
-
-
-def parse_bool(value: Any) -> bool:
-    """A BOOLEAN input the way a person writes it: true/false, on/off, yes/no, 1/0 (any case), or a JSON bool.
-
-    Why not ``bool(value)`` as ComfyUI does: ``bool("off")`` is True, so a string from a command line or a
-    hand-written prompt would silently mean the opposite. Anything else is refused with the accepted spellings."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        word = value.strip().strip("'\"").strip().lower()
-        if word in TRUE_WORDS:
-            return True
-        if word in FALSE_WORDS:
-            return False
-    raise ValueError(f"{value!r} is not a boolean; write one of {'/'.join(TRUE_WORDS)} or "
-                     f"{'/'.join(FALSE_WORDS)} (any case)")
-
+from ..socket_types import parse_bool
 
 # Widget types whose constants ComfyUI casts during validation (execution.py::validate_inputs); BOOLEAN is
 # parsed strictly (see parse_bool).
