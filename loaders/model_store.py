@@ -24,7 +24,7 @@ from typing import Any, Callable
 from . import compat
 from .errors import ModelLoadError
 from .model_index import read_model_index
-from .parallel_loading import shard_loading
+from .parallel_loading import auto_workers, shard_loading
 
 
 @dataclass(eq=False)
@@ -140,9 +140,12 @@ def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
 LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
 
 
-def default_load_workers() -> int:
-    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` (default 1, one after the other)."""
-    value = os.environ.get(LOAD_WORKERS_VARIABLE, "1").strip() or "1"
+def default_load_workers(folder) -> int:
+    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` when set to a number, else
+    ``parallel_loading.auto_workers`` (1 on a rotating disk, else one per usable core, at most 8)."""
+    value = os.environ.get(LOAD_WORKERS_VARIABLE, "").strip()
+    if value in ("", "auto"):
+        return auto_workers(folder)
     try:
         return max(1, int(value))
     except ValueError:
@@ -161,7 +164,7 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     device)`` runs just before our weights take device memory (ComfyUI frees its own models there);
     ``on_progress(done, total)`` follows loading and placing the components.
     Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder.
-    ``load_workers`` (default ``default_load_workers()``) > 1 loads a sharded model's files in parallel
+    ``load_workers`` (default ``default_load_workers(folder)``) > 1 loads a sharded model's files in parallel
     (``parallel_loading``: 283 s -> 56 s for a 64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement).
     """
     folder = Path(path).expanduser().resolve()
@@ -207,7 +210,7 @@ def _load_model(folder: Path, label: str, dtype, device, memory, attention, comp
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
         try:
-            workers = default_load_workers() if load_workers is None else load_workers
+            workers = default_load_workers(folder) if load_workers is None else load_workers
             with quiet_library_progress(), shard_loading(workers):
                 pipeline = _load_pipeline(str(folder), family, model_index, torch_dtype)
         except Exception as exc:

@@ -179,7 +179,7 @@ def _merged_tensor(handle, detected, native: str, native_plan: dict, plan: dict,
     output ``code`` says (float32 when it is about to be quantized to fp8)."""
     import torch
 
-    from ..patching import write_patched
+    from ..fused_rows import write_patched
 
     key = detected.prefix + native
     value = handle.get_tensor(key)
