@@ -6,9 +6,10 @@ previous ones (issue 33). So a landing that touches the engine commits its quiet
 flags every figure that got worse than ``FILE``'s by more than the noise, and ``run_all.py --readme`` rewrites
 the README's performance table from the latest saved run.
 
-The noise is what repeated full runs of the same commit on the 2-core VM showed (bench/results/README.md): the
-same-process ratios moved by up to about 15% between runs at a load average under 2, and the fresh-process and
-page-cache figures (loading, cold start, real size) by up to about 25%.
+The noise per figure (``METRICS``) is the spread the README has recorded between runs of the same code on the
+2-core VM: the same-process fuse/switch ratios drifted by up to about 15% (diffusers ratio 2.0-2.6, floor ratio
+0.95-1.1), the fresh-process and page-cache figures (loading, cold start, real size) by up to about 25%. Refine it
+from repeated quiet runs as they are committed.
 """
 
 from __future__ import annotations
