@@ -86,6 +86,8 @@ def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotat
     from lorabind.loaders import model_store, parallel_loading
 
     folder = tiny_models_root / "diffusers" / "tiny-wan21-t2v"
+    assert parallel_loading.on_rotating_disk(folder / "does-not-exist") is None
+    assert 1 <= parallel_loading.usable_cores()
     monkeypatch.delenv("LORABIND_LOAD_WORKERS", raising=False)
     monkeypatch.setattr(parallel_loading, "on_rotating_disk", lambda path: None)
     for cores, want in ((1, 1), (2, 2), (6, 6), (64, parallel_loading.MAX_WORKERS)):
@@ -95,5 +97,3 @@ def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotat
     assert model_store.default_load_workers(folder) == 1
     monkeypatch.setenv("LORABIND_LOAD_WORKERS", "3")
     assert model_store.default_load_workers(folder) == 3
-    assert parallel_loading.on_rotating_disk(folder / "does-not-exist") is None
-    assert 1 <= parallel_loading.usable_cores()
