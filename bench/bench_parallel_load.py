@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import torch
 from safetensors.torch import save_file
 
 from lorabind.loaders.model_store import quiet_library_progress
-from lorabind.loaders.parallel_loading import shard_loading
+from lorabind.loaders.parallel_loading import auto_workers, shard_loading
 
 from .measure import alternate, timed
 
@@ -63,12 +64,14 @@ def write_sharded_folder(folder: str, config: dict, shard_bytes: int, seed: int 
     return len(groups)
 
 
-def run(tmp: str, quick: bool, reps: int, workers: int = 8) -> dict:
+def run(tmp: str, quick: bool, reps: int, workers: Optional[int] = None) -> dict:
+    """``workers`` None: the count the loader picks on its own for this folder (``auto_workers``)."""
     from diffusers import WanTransformer3DModel
 
     folder = os.path.join(tmp, "wan21_1_3b_transformer")
     config, shard_bytes = (QUICK, 64 << 10) if quick else (WAN21_1_3B, 256 << 20)
     shards = write_sharded_folder(folder, config, shard_bytes)
+    workers = auto_workers(folder) if workers is None else workers
 
     def load(parallel: int):
         with shard_loading(parallel), quiet_library_progress():

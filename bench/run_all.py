@@ -1,6 +1,7 @@
-"""Run every benchmark and print side-by-side ratios (issue 7).
+"""Run every benchmark and print side-by-side ratios (issue 7); keep and compare the results (issue 33).
 
-    python bench/run_all.py [--quick] [--json FILE]
+    python bench/run_all.py [--quick] [--json FILE] [--save] [--compare FILE]
+    python bench/run_all.py --readme                         # README table from the latest bench/results/ run
     python bench/run_all.py --device cuda [--json FILE]     # the device figures (bench_cuda), on a GPU
 
 Every figure is a ratio measured in one process, alternating A and B, median of >= 5 repetitions after a
@@ -23,29 +24,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
 
 from . import (bench_fuse, bench_parallel_load, bench_peft, bench_real_size, bench_rerun,  # noqa: E402
                bench_single_file, bench_startup)
+from . import history  # noqa: E402
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
-
-TARGETS = {
-    "fuse_speedup_vs_diffusers": (">=", 3.0),
-    "fuse_vs_floor": ("<=", 1.3),
-    "switch_speedup_vs_diffusers": (">=", 5.0),
-    "strength_change_speedup_vs_diffusers": (">=", 5.0),
-    "peak_mem_ratio": ("<=", 1.2),
-    "rerun_overhead": ("<=", 1.05),
-    "help_seconds": ("<", 1.0),
-    "bind_peak_rss_layers": ("<=", 3.0),
-    "single_file_peak_rss_ratio": ("<=", 1.3),
-}
-
-
-def _verdict(name: str, value: float) -> str:
-    if name not in TARGETS:
-        return ""
-    op, target = TARGETS[name]
-    ok = {">=": value >= target, "<=": value <= target, "<": value < target}[op]
-    return f"target {op} {target:g}: {'met' if ok else 'MISSED'}"
-
 
 def _memory_in_fresh_process(size_name: str, lora_path: str) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,9 +41,21 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the summary as one JSON object")
     parser.add_argument("--device", default="cpu", help="cpu (default): the CPU figures; cuda or cuda:N: the "
                         "device figures of bench_cuda (fuse, expert swap, s/step, peak VRAM next to their floors)")
-    parser.add_argument("--load-workers", type=int, default=8, metavar="N",
-                        help="threads for the parallel side of parallel_load_speedup (default 8)")
+    parser.add_argument("--load-workers", type=int, default=None, metavar="N",
+                        help="threads for the parallel side of parallel_load_speedup (default: the loader's own "
+                        "rule, parallel_loading.auto_workers)")
+    parser.add_argument("--save", action="store_true", help="also keep the figures as bench/results/<date>-<commit>"
+                        ".json (commit the quiet-machine run of every landing that touches the engine)")
+    parser.add_argument("--compare", metavar="FILE", help="print each figure beside FILE's (a saved run or a --json "
+                        "file) and flag those worse by more than the noise")
+    parser.add_argument("--readme", action="store_true", help="only rewrite README.md's performance table from the "
+                        "latest run in bench/results/ (runs no benchmark)")
     args = parser.parse_args(argv)
+    if args.readme:
+        latest = history.latest()
+        history.write_readme(latest)
+        print(f"README performance table rewritten from {latest}")
+        return 0
 
     import torch
 
@@ -91,6 +84,7 @@ def main(argv=None) -> int:
         "peak_mem_ratio": memory["peak_mem_ratio"],
         "peft_switch_ms": peft["switch_ms"],
         "rerun_overhead": rerun["rerun_overhead"],
+        "rerun_runtime_overhead": rerun["runtime_overhead"],
         "help_seconds": startup["help_seconds"],
         "import_seconds": startup["import_seconds"],
         "fuse_real_size_vs_diffusers": real["fuse"].ratio,
@@ -134,10 +128,17 @@ def main(argv=None) -> int:
 
     print("\nsummary")
     for name, value in summary.items():
-        print(f"{name}: {value:.3f} {_verdict(name, value)}".rstrip())
+        print(f"{name}: {value:.3f} {history.verdict(name, value)}".rstrip())
+    if args.compare:
+        print(f"\ncompared with {args.compare}")
+        print("\n".join(history.compare(summary, args.compare)))
+    if args.save:
+        saved = history.save(history.record(summary, {"machine": machine_description(), "size": size_name,
+                                                       "parallel_load_workers": loading["workers"]}))
+        print(f"saved {saved}")
     if args.json:
         payload = dict(summary, restore_bit_exact=fuse["restore_bit_exact"], peft_base_weights_untouched=peft[
-            "base_weights_untouched"], rerun_runtime_overhead=rerun["runtime_overhead"],
+            "base_weights_untouched"],
             real_size={"fuse_ms": {"diffusers": real["fuse"].a * 1000, "lorabind": real["fuse"].b * 1000},
                        "restore_ms": {"ram_backups": real["restore"].a * 1000, "file": real["restore"].b * 1000},
                        **real["rss"]},
@@ -145,6 +146,7 @@ def main(argv=None) -> int:
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_weights=loading["same_weights"], machine=machine_description(), size=size_name,
+            commit=history.commit(), load_average=list(os.getloadavg()),
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_threads=torch.get_num_threads())
         with open(args.json, "w") as fh:

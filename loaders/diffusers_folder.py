@@ -14,14 +14,17 @@ from . import compat
 from .errors import ModelLoadError
 from .model_index import read_model_index
 from .model_sources import BuiltModel, ModelSource
-from .parallel_loading import shard_loading
+from .parallel_loading import auto_workers, shard_loading
 
 LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
 
 
-def default_load_workers() -> int:
-    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` (default 1, one after the other)."""
-    value = os.environ.get(LOAD_WORKERS_VARIABLE, "1").strip() or "1"
+def default_load_workers(folder) -> int:
+    """Threads for a sharded folder's weight files: ``$LORABIND_LOAD_WORKERS`` when set to a number, else
+    ``parallel_loading.auto_workers`` (1 on a rotating disk, else one per usable core, at most 8)."""
+    value = os.environ.get(LOAD_WORKERS_VARIABLE, "").strip()
+    if value in ("", "auto"):
+        return auto_workers(folder)
     try:
         return max(1, int(value))
     except ValueError:
@@ -57,7 +60,7 @@ def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
 class DiffusersFolder(ModelSource):
     """``path``: the folder; ``name``: what the model is called (its name under the models root, which every
     message uses: an absolute path must not reach the browser); ``load_workers``
-    (default ``default_load_workers()``) > 1 loads a sharded model's files in parallel (283 s -> 56 s for a
+    (default ``default_load_workers(path)``) > 1 loads a sharded model's files in parallel (283 s -> 56 s for a
     64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement)."""
 
     def __init__(self, path, *, name: str = "", load_workers: int | None = None):
@@ -91,7 +94,7 @@ class DiffusersFolder(ModelSource):
     def build(self, dtype) -> BuiltModel:
         from .families.interface import PipelineSource
 
-        workers = default_load_workers() if self.load_workers is None else self.load_workers
+        workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
         try:
             with shard_loading(workers):
                 pipeline = self.family.load_pipeline(PipelineSource(path=self.path, model_index=self.model_index,

@@ -195,7 +195,7 @@ def _write_component(source: str, folder: str, component: str, plan: dict, out_d
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from .patching import NonFiniteResultError, write_patched
+    from .fused_rows import NonFiniteResultError, write_patched
 
     found, written, total_bytes = set(), 0, 0
     files = sorted(glob.glob(os.path.join(source, component, "*.safetensors")))

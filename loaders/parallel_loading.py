@@ -7,14 +7,54 @@ module constant, with a fixed worker count (``DEFAULT_HF_PARALLEL_LOADING_WORKER
 So to make the worker count an option of *our* load, we set those two module attributes for the duration of one
 load, under a lock (loads are serialised anyway: ``model_store`` holds its own lock while loading). Only diffusers
 models (transformers, VAEs) load in parallel; transformers' text encoders have no such pool.
+
+The worker count when none is asked for (``auto_workers``), so that parallel loading is never slower than
+sequential: 1 when the folder is on a rotating disk (threads reading several shards at once make it seek between
+them), else one thread per CPU core this process may run on, at most ``MAX_WORKERS``. More threads than cores
+only contend: on a loaded 2-core machine 8 workers loaded at 0.35x the sequential speed (issue 33).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+from typing import Optional
 
+MAX_WORKERS = 8  # diffusers' own default pool size
 _lock = threading.Lock()
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def on_rotating_disk(path) -> Optional[bool]:
+    """Whether ``path`` lives on a rotating disk (Linux ``/sys/dev/block/<major>:<minor>``, a partition's disk
+    one level up); None when the system does not say (overlay, network or memory file systems, other OSes)."""
+    try:
+        device = os.stat(path).st_dev
+    except OSError:
+        return None
+    block = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for flag in (f"{block}/queue/rotational", f"{block}/../queue/rotational"):
+        try:
+            with open(flag) as fh:
+                return fh.read().strip() == "1"
+        except OSError:
+            continue
+    return None
+
+
+def auto_workers(path) -> int:
+    """Shard-loading threads for the folder ``path`` when none is asked for (the rule in the module docstring)."""
+    if on_rotating_disk(path):
+        return 1
+    return max(1, min(usable_cores(), MAX_WORKERS))
 
 
 def parallel_loading_available() -> bool:

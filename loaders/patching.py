@@ -31,6 +31,8 @@ import torch
 from torch import nn
 
 from .errors import KeyMatchError
+from .finite_bounds import largest_abs
+from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from .lora.canonical import TargetPatch
 from .lora.kinds import WeightDelta
 from .single_file import fp8
@@ -109,6 +111,8 @@ class WeightPatcher:
         self.weight_sources = weight_sources
         self._originals: dict[str, torch.Tensor] = {}  # param id -> exact copy of the unpatched tensor
         self._file_backed: dict[str, FileBackedOriginal] = {}  # param id -> re-readable original
+        # param id -> max|original|, taken once with the original: what proves a fused value finite (finite_bounds)
+        self._original_abs_max: dict[str, float] = {}
         self._applied: dict[str, tuple[_Contribution, ...]] = {}  # param id -> contributions now in the tensor
         self._locations: dict[str, tuple[str, str, str]] = {}  # param id -> (component, module path, param)
         self.last_written: set[str] = set()
@@ -293,7 +297,9 @@ class WeightPatcher:
             record, original = FileBackedOriginal.register(source, tensor)
             if record is not None:
                 self._file_backed[pid] = record
+                self._original_abs_max[pid] = largest_abs(original)
                 return original
+        self._original_abs_max[pid] = largest_abs(tensor)
         original = tensor.detach().to(self.backup_device, copy=True)
         self._originals[pid] = original
         return original
@@ -304,7 +310,8 @@ class WeightPatcher:
         if contributions:
             try:
                 write_patched(tensor, original, contributions, self._workspace,
-                              storage=fp8.stored_weight(*self._module_and_name(pid)), seed_key=pid)
+                              storage=fp8.stored_weight(*self._module_and_name(pid)), seed_key=pid,
+                              original_abs_max=self._original_abs_max[pid])
             except NonFiniteResultError as exc:
                 raise NonFiniteResultError(f"{pid}: {exc} (LoRA {', '.join(c.key for c in contributions)})") from None
             self._applied[pid] = contributions
@@ -321,7 +328,7 @@ class WeightPatcher:
         self._drop_unused_originals()
 
     def _drop_unused_originals(self) -> None:
-        for held in (self._originals, self._file_backed):
+        for held in (self._originals, self._file_backed, self._original_abs_max):
             for pid in [p for p in held if p not in self._applied]:
                 del held[pid]
 
@@ -364,92 +371,6 @@ def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str
             last = owner
         groups[-1].append(pid)
     return groups
-
-
-# Rows per float32 work chunk are chosen so one chunk stays around this size: the fused value is computed and
-# written chunk by chunk, so the extra memory of a fuse is the backups plus this buffer (not a float32 copy of the
-# largest layer) and the work stays in cache instead of page-faulting a fresh full-size temporary per layer.
-CHUNK_BYTES = 8 * 1024 * 1024
-
-
-class Workspace:
-    """float32 work buffers reused across parameters, one per device, grown to the largest chunk needed (at most
-    about ``CHUNK_BYTES``). Why: a fuse allocates backups between these temporaries, and a fresh buffer per
-    parameter would leave freed holes between the backups that the allocator keeps resident."""
-
-    def __init__(self):
-        self._buffers: dict[torch.device, torch.Tensor] = {}
-
-    def take(self, numel: int, device: torch.device) -> torch.Tensor:
-        buffer = self._buffers.get(device)
-        if buffer is None or buffer.numel() < numel:
-            buffer = self._buffers[device] = torch.empty(numel, dtype=torch.float32, device=device)
-        return buffer[:numel]
-
-
-class _BaseRows:
-    """``base_rows(start, stop)``: rows of the unpatched value in float32 on the work device (fp8: times its
-    scale), for a kind whose delta depends on the base weight (DoRA); ``rows``/``cols``: the flattened shape."""
-
-    def __init__(self, source: torch.Tensor, device: torch.device, scale: Optional[torch.Tensor]):
-        self.source, self.device, self.scale = source, device, scale
-        self.rows, self.cols = int(source.shape[0]), int(source.shape[1])
-
-    def __call__(self, start: int, stop: int) -> torch.Tensor:
-        rows = self.source[start:stop].to(device=self.device, dtype=torch.float32)
-        return rows * self.scale if self.scale is not None else rows
-
-
-class NonFiniteResultError(KeyMatchError):
-    """A fused value overflows the parameter's dtype (finite factors, e.g. 1e38 scaled past bf16's range)."""
-
-
-def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence[_Contribution],
-                  workspace: Optional[Workspace] = None, *, storage=None, seed_key: str = "") -> None:
-    """``dest = original + Σ strength · delta`` over every contribution's kind deltas, computed in float32 and
-    rounded to ``dest``'s dtype exactly once per element.
-
-    ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
-    another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
-    the shape, so recomputing a value (roll-back) gives the same bits. A patcher passes its ``Workspace``.
-    ``storage``: an fp8 weight's ``fp8.StoredWeight`` — the value is fp8 x scale, the sum is divided by the scale
-    again and rounded the way it asks (``fp8.round_to_fp8``, seeded by ``seed_key``).
-    """
-    device = dest.device
-    if not dest.is_contiguous():  # rows of a non-contiguous tensor are not views of one flat buffer
-        staged = torch.empty(dest.shape, dtype=dest.dtype, device=device)
-        write_patched(staged, original, contributions, workspace, storage=storage, seed_key=seed_key)
-        dest.copy_(staged)
-        return
-    rows = dest.shape[0] if dest.dim() >= 1 else 1
-    source = original.reshape(rows, -1)
-    target = dest.view(rows, -1)
-    scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
-    base_rows = _BaseRows(source, device, scale)
-    # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
-    adders = [(delta.row_adder(device, base_rows), c.strength) for c in contributions for delta in c.deltas]
-    cols = source.shape[1]
-    step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
-    buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
-    generator = fp8.seeded_generator(seed_key) if storage is not None else None
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        chunk = buffer[: stop - start]
-        chunk.copy_(source[start:stop])
-        if scale is not None:
-            chunk.mul_(scale)
-        for add_rows, strength in adders:
-            add_rows(chunk, start, stop, strength)
-        if storage is not None:  # the one rounding, into the fp8 storage
-            if scale is not None:
-                chunk.div_(scale)
-            target[start:stop].copy_(fp8.round_to_fp8(chunk, storage.rounding, seed_key, generator))
-            continue
-        target[start:stop].copy_(chunk)  # the one rounding to dest's dtype
-        if not bool(torch.isfinite(target[start:stop]).all()) and bool(torch.isfinite(source[start:stop]).all()):
-            raise NonFiniteResultError(
-                f"the fused value is not finite in {str(dest.dtype).replace('torch.', '')}: strength x scale x "
-                f"up @ down (or a diff) exceeds the dtype's range")
 
 
 def patched_value(original: torch.Tensor, deltas: Sequence[WeightDelta], strength: float) -> torch.Tensor:

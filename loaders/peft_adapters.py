@@ -165,6 +165,9 @@ class AdapterCache:
     injections: int = 0  # how many adapters were injected (tests: a cached adapter is not re-injected)
     _counter: int = 0
     _had_peft_config: dict = field(default_factory=dict)
+    # (active scales, cached keys) the peft layers were last set to: a re-run activating the same set skips the walk
+    # over every layer of the model (the bulk of a seed-only re-run's own overhead on small models)
+    _applied: Optional[tuple] = None
 
     # -- loading
 
@@ -275,10 +278,16 @@ class AdapterCache:
         self.active = {k: float(s) for k, s in scales.items() if s != 0}
         for key in self.active:
             self.entries.move_to_end(key)
-        self._apply_activation()
+        if self._applied != self._activation_state():
+            self._apply_activation()
+
+    def _activation_state(self) -> tuple:
+        return frozenset(self.active.items()), frozenset(self.entries)
 
     def _apply_activation(self) -> None:
         from peft.tuners.tuners_utils import BaseTunerLayer
+
+        self._applied = None  # unknown until every layer is set
 
         per_component: dict[str, dict[str, float]] = {}
         for key, scale in self.active.items():
@@ -297,6 +306,7 @@ class AdapterCache:
                 for layer_name in layer.adapter_layer_names:  # inference only: no autograd on adapter weights
                     for sub in getattr(layer, layer_name).values():
                         sub.requires_grad_(False)
+        self._applied = self._activation_state()
 
 
 def _delete_peft_adapter(module: nn.Module, name: str) -> None:

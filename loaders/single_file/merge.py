@@ -3,7 +3,7 @@
 What people have is single files ("bake the lightx2v pair into my fp8 Wan2.2 experts"), and LightX2V's own
 merger writes single files in bf16 by default. The arithmetic is the folder merge's (``loaders.merging``:
 keys accounted by ``prepare_lora`` on the component built on the meta device, every fused value the exact
-float32 sum rounded once by ``patching.write_patched``); what differs is reading and writing the native layout:
+float32 sum rounded once by ``fused_rows.write_patched``); what differs is reading and writing the native layout:
 
 - each file is read through its layout (``layouts``: native names, fused tensors split), fp8 weights as their
   value (fp8 x ``scale_weight``), and written back in the same names and key prefix;
@@ -179,7 +179,7 @@ def _merged_tensor(handle, detected, native: str, native_plan: dict, plan: dict,
     output ``code`` says (float32 when it is about to be quantized to fp8)."""
     import torch
 
-    from ..patching import write_patched
+    from ..fused_rows import write_patched
 
     key = detected.prefix + native
     value = handle.get_tensor(key)

@@ -62,6 +62,7 @@ def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(
         pools.append(model_loading_utils.DEFAULT_HF_PARALLEL_LOADING_WORKERS), real_pool(*a, **k))[1])
 
     model_store.clear_cache()
+    monkeypatch.setenv("LORABIND_LOAD_WORKERS", "1")
     sequential = model_store.load_model(folder).components["transformer"].state_dict()
     assert pools == []
     model_store.clear_cache()
@@ -78,3 +79,21 @@ def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(
     with pytest.raises(ModelLoadError, match="LORABIND_LOAD_WORKERS='many' is not a whole number"):
         model_store.load_model(folder)
     model_store.clear_cache()
+
+
+def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotating_disk(tiny_models_root,
+                                                                                        monkeypatch):
+    from lorabind.loaders import diffusers_folder, parallel_loading
+
+    folder = tiny_models_root / "diffusers" / "tiny-wan21-t2v"
+    assert parallel_loading.on_rotating_disk(folder / "does-not-exist") is None
+    assert 1 <= parallel_loading.usable_cores()
+    monkeypatch.delenv("LORABIND_LOAD_WORKERS", raising=False)
+    monkeypatch.setattr(parallel_loading, "on_rotating_disk", lambda path: None)
+    for cores, want in ((1, 1), (2, 2), (6, 6), (64, parallel_loading.MAX_WORKERS)):
+        monkeypatch.setattr(parallel_loading, "usable_cores", lambda cores=cores: cores)
+        assert diffusers_folder.default_load_workers(folder) == want
+    monkeypatch.setattr(parallel_loading, "on_rotating_disk", lambda path: True)
+    assert diffusers_folder.default_load_workers(folder) == 1
+    monkeypatch.setenv("LORABIND_LOAD_WORKERS", "3")
+    assert diffusers_folder.default_load_workers(folder) == 3

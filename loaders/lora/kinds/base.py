@@ -42,6 +42,20 @@ class WeightDelta(Protocol):
     def tensors(self) -> list:
         """The file tensors it holds (for cache sizes)."""
 
+    def abs_bound(self) -> Optional[float]:
+        """An upper bound of ``max |scale · delta|`` as the kind computes it in float32 (its rounding included),
+        from the factors alone; None when the kind has no cheap bound or a float32 intermediate might overflow (the
+        patcher then scans what it writes). Why: ``finite_bounds`` proves a fused weight finite without a pass
+        over it."""
+
+    def peak_index(self) -> Optional[tuple]:
+        """``(row, column)`` of the delta (flattened to [out, -1]) where it is likely largest, None when the kind
+        cannot say; where the patcher looks for an element that proves an overflow before writing."""
+
+    def value_at(self, row: int, column: int) -> Optional[tuple]:
+        """``(exact scaled delta at that element in float64, bound on the float32 rounding error of computing
+        it)``; None when the kind cannot compute one element on its own."""
+
     def row_adder(self, device, base_rows: BaseRows) -> RowAdder:
         """A function ``add(chunk, start, stop, strength)`` doing ``chunk += strength * delta[start:stop]`` in
         float32 (``delta`` flattened to [out, -1], its ``scale`` included); the factors are converted once per

@@ -76,6 +76,17 @@ class DoraDelta:
     def tensors(self) -> list:
         return [*self.inner.tensors(), self.magnitude]
 
+    def abs_bound(self):
+        """None: the normalisation divides by ``‖W + ΔW‖``, which a bound on the factors does not keep away from 0
+        (a zero row gives NaN), so a DoRA parameter's written chunks are scanned."""
+        return None
+
+    def peak_index(self):
+        return None
+
+    def value_at(self, row: int, column: int):
+        return None
+
     def row_adder(self, device, base_rows):
         inner = self.inner.row_adder(device, base_rows)
         magnitude = self.magnitude.to(device=device, dtype=torch.float32).reshape(-1)

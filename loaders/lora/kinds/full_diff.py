@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from ...finite_bounds import FLOAT32_MAX, largest_abs, rounding_growth
 from .base import AdapterKind
 
 # part -> the module parameter it changes ("modulation" is renamed by the family, e.g. Wan's scale_shift_table)
@@ -37,6 +38,26 @@ class FullDiff:
 
     def tensors(self) -> list:
         return [self.tensor]
+
+    def _rows(self) -> torch.Tensor:
+        return self.tensor.reshape(int(self.tensor.shape[0]) if self.tensor.dim() else 1, -1)
+
+    def abs_bound(self) -> Optional[float]:
+        """``max|diff|``, grown by the float32 conversion and ``strength ·`` (a pass over the diff: a bias is
+        small; a full weight diff is read by the fuse anyway)."""
+        largest = largest_abs(self.tensor)
+        return largest * rounding_growth(2) if largest <= FLOAT32_MAX else None
+
+    def peak_index(self) -> Optional[tuple]:
+        if self.tensor.numel() == 0:
+            return None
+        rows = self._rows()
+        flat = int(rows.abs().argmax())
+        return divmod(flat, int(rows.shape[1]))
+
+    def value_at(self, row: int, column: int) -> tuple:
+        value = float(self._rows()[row, column])
+        return value, abs(value) * (rounding_growth(2) - 1.0)
 
     def row_adder(self, device, base_rows):
         rows = self.tensor.reshape(base_rows.rows, -1)

@@ -17,11 +17,13 @@ only ``hada_w1_a``'s columns for those rows and the patcher's one-layer memory b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
 
 from ...errors import LoraFileError
+from ...finite_bounds import FLOAT32_MAX, largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of, flat_shape, require
 
 _FACTORS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
@@ -64,6 +66,33 @@ class LohaDelta:
             return a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
         core = torch.einsum("i j ..., j r -> i r ...", t.to(device=device, dtype=torch.float32), b)
         return a.t(), core.reshape(core.shape[0], -1)
+
+    def _factor_bound(self, a, b, t) -> Optional[float]:
+        """Bound of one Hadamard factor ``up @ down`` as ``_pair`` computes it (Cauchy–Schwarz on the rows of
+        ``up`` and columns of ``down``; a Tucker core is bounded through its absolute values)."""
+        if t is None:
+            return product_bound(largest_norm(a, dim=1)[0], largest_norm(b, dim=0)[0], self.rank)
+        core = torch.einsum("i j ..., j r -> i r ...", t.detach().abs().double(), b.detach().abs().double())
+        down_norm = largest_norm(core, dim=0)[0] * rounding_growth(self.rank)
+        return product_bound(largest_norm(a, dim=0)[0], down_norm, self.rank)
+
+    @cached_property
+    def _bound(self) -> Optional[float]:
+        first = self._factor_bound(self.w1a, self.w1b, self.t1)
+        second = self._factor_bound(self.w2a, self.w2b, self.t2)
+        if first is None or second is None or not first * second <= FLOAT32_MAX:
+            return None
+        return abs(float(self.scale)) * first * second * rounding_growth(3)  # the product, the scale, the add
+
+    def abs_bound(self) -> Optional[float]:
+        """``|scale| · max|W1| · max|W2|`` with each factor bounded from its own pair (computed once per delta)."""
+        return self._bound
+
+    def peak_index(self):
+        return None
+
+    def value_at(self, row: int, column: int):
+        return None
 
     def row_adder(self, device, base_rows=None):
         up1, down1 = self._pair(self.w1a, self.w1b, self.t1, device)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
 
 from ...errors import LoraFileError
+from ...finite_bounds import FLOAT32_MAX, largest_abs, largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of, flat_shape
 
 
@@ -74,6 +76,37 @@ class LokrDelta:
         else:
             w2 = mats[0]
         return w2.reshape(w2.shape[0], -1)
+
+    @staticmethod
+    def _matrix_bound(factor: tuple) -> Optional[float]:
+        """``max|w|`` of one Kronecker factor as the kind computes it: exact for a full matrix, Cauchy–Schwarz for
+        a product, the absolute values through a Tucker core (``r²`` terms of three factors)."""
+        if len(factor) == 1:
+            return largest_abs(factor[0])
+        if len(factor) == 2:
+            a, b = factor
+            return product_bound(largest_norm(a, dim=1)[0], largest_norm(b, dim=0)[0], int(b.shape[0]))
+        a, b, core = (t.detach().abs().double() for t in factor)
+        rank = int(core.shape[0])
+        return float(torch.einsum("i j ..., j r, i p -> p r ...", core, b, a).max()) * rounding_growth(rank * rank + 2)
+
+    @cached_property
+    def _bound(self) -> Optional[float]:
+        first, second = self._matrix_bound(self.w1), self._matrix_bound(self.w2)
+        if first is None or second is None or not max(first, second, first * second) <= FLOAT32_MAX:
+            return None
+        return abs(float(self.scale)) * first * second * rounding_growth(3)  # the product, the scale, the add
+
+    def abs_bound(self) -> Optional[float]:
+        """``|scale| · max|w1| · max|w2|`` (every element of a Kronecker product is one product of the two),
+        computed once per delta."""
+        return self._bound
+
+    def peak_index(self):
+        return None
+
+    def value_at(self, row: int, column: int):
+        return None
 
     def row_adder(self, device, base_rows=None):
         mats = [t.to(device=device, dtype=torch.float32) for t in self.w1]

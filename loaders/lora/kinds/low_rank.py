@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
 
 from ...errors import LoraFileError
+from ...finite_bounds import largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of
 
 
@@ -47,6 +49,30 @@ class LowRankDelta:
 
     def tensors(self) -> list:
         return [self.down, self.up]
+
+    @cached_property
+    def _longest(self) -> tuple:
+        """((norm, row) of the longest row of ``up``, (norm, column) of the longest column of ``down``): the
+        factors are small, and this is computed once per delta (it lives as long as the file's read)."""
+        return largest_norm(self.up, dim=1), largest_norm(self.down, dim=0)
+
+    def abs_bound(self) -> Optional[float]:
+        """``max|scale · up @ down|`` ≤ ``|scale| · max‖up row‖ · max‖down column‖`` (Cauchy–Schwarz), grown by
+        the float32 rounding of a rank-r dot product (``finite_bounds``)."""
+        (up_norm, _), (down_norm, _) = self._longest
+        return product_bound(up_norm, down_norm, self.rank, self.scale)
+
+    def peak_index(self) -> tuple:
+        """Where the delta can be largest: the longest row of ``up`` against the longest column of ``down``."""
+        (_, row), (_, column) = self._longest
+        return row, column
+
+    def value_at(self, row: int, column: int) -> tuple:
+        """(the exact scaled delta at that element, a bound on the float32 rounding error of computing it)."""
+        up = self.up.reshape(self.up.shape[0], -1)[row].double()
+        down = self.down.reshape(self.rank, -1)[:, column].double()
+        terms = up * down * float(self.scale)
+        return float(terms.sum()), (rounding_growth(self.rank + 2) - 1.0) * float(terms.abs().sum())
 
     def row_adder(self, device, base_rows=None):
         up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)

@@ -246,9 +246,9 @@ def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dt
 @pytest.mark.parametrize("chunk_bytes", [64, 1 << 20])
 def test_row_chunked_fuse_matches_a_float64_reference_for_linear_and_conv(make_transformer, monkeypatch, chunk_bytes):
     """64 bytes forces many row chunks per parameter (a few rows each); the result must not depend on it."""
-    from lorabind.loaders import patching
+    from lorabind.loaders import fused_rows
 
-    monkeypatch.setattr(patching, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(fused_rows, "CHUNK_BYTES", chunk_bytes)
     model = make_transformer()
     base = snapshot(model)
     paths = ["blocks.0.ffn.net.0.proj", "blocks.1.attn2.to_out.0", "patch_embedding"]

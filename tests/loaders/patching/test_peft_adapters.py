@@ -128,6 +128,32 @@ def test_scale_zero_switching_and_removal_are_exact(make_model, make_transformer
     assert not hasattr(module, "peft_config") and cache.entries == {}
 
 
+def test_a_rebind_with_the_same_adapters_skips_the_layer_walk_and_a_change_does_not(make_model, peft_folder,
+                                                                                      monkeypatch):
+    """A seed-only re-run binds the same adapters at the same scales: setting every peft layer again is skipped,
+    and any change of scale still reaches the layers (the output follows it)."""
+    folder, _ = peft_folder
+    model = make_model()
+    module = model.components["transformer"]
+    bind(model, [], [AdapterSpec(folder, 1.0)])
+    out_full = forward(module)
+    cache = binding_state(model).adapters
+    walks = {"n": 0}
+    real = type(cache)._apply_activation
+
+    def counting(self):
+        walks["n"] += 1
+        return real(self)
+
+    monkeypatch.setattr(type(cache), "_apply_activation", counting)
+    bind(model, [], [AdapterSpec(folder, 1.0)])
+    assert walks["n"] == 0 and torch.equal(forward(module), out_full)
+    bind(model, [], [AdapterSpec(folder, 0.5)])
+    assert walks["n"] == 1 and not torch.equal(forward(module), out_full)
+    bind(model, [], [AdapterSpec(folder, 1.0)])
+    assert walks["n"] == 2 and torch.equal(forward(module), out_full)
+
+
 @pytest.mark.slow
 def test_lru_eviction_pinning_and_in_use_protection(make_model, make_transformer, tmp_path):
     ref = make_transformer()

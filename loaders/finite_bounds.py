@@ -1,0 +1,129 @@
+"""Proving that a fused weight stays finite without a second pass over it (issue 33).
+
+A fuse computes ``W + Σ s·Δ`` in float32 and rounds it once to the parameter's dtype; a finite original must
+never become Inf or NaN (finite factors can still overflow: ``1e19 · 1e19`` is past bfloat16's range). Scanning
+every written chunk for non-finite values cost as much as the fuse's matmuls, so the patcher decides a priori:
+
+* the LoRA's tensors are finite: the reader refuses NaN/Inf when the file is read;
+* each adapter kind bounds its scaled delta from its small factors (``WeightDelta.abs_bound``, computed once per
+  delta), e.g. a low-rank pair by Cauchy–Schwarz: ``|ΔW_ij| = |scale · Σ_k up_ik down_kj| ≤ |scale| · ‖up_i‖ ·
+  ‖down_j‖``, so ``max|ΔW| ≤ |scale| · max_i ‖up_i‖ · max_j ‖down_j‖``;
+* the patcher knows ``max|W|`` of the original (one reduction when the original is first kept);
+* rounding: each kind's bound already covers its own float32 arithmetic. A float32 sum or dot product of n terms
+  differs from the exact one by at most ``γ_n · Σ|terms|`` (``γ_n = n·u / (1 − n·u)``, ``u = 2⁻²⁴``, whatever
+  the summation order, FMA or not), so the computed value is at most ``(1 + γ_n)`` times the bound.
+
+Why that is exact: if ``(max|W| + Σ|s|·bound) · (1 + γ)`` is at most the dtype's largest finite value, every
+float32 value computed stays in range (so no Inf appears, and NaN needs an Inf or NaN operand), and rounding it
+to the dtype cannot exceed that largest value either (rounding is monotone and the largest value is
+representable). Such a parameter needs no scan. Where the bound proves nothing, one element may still prove an
+overflow (``certain_overflow``), refused before anything is written; otherwise the written chunks are scanned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+UNIT_ROUNDOFF = 2.0 ** -24  # float32
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_FLOAT64_SLACK = 1.0 + 1e-9  # the bounds themselves are computed in float64: far below this relative error
+
+
+def rounding_growth(operations: int) -> float:
+    """``1 + γ_n``: how much ``n`` float32 roundings can grow a value, relative to the sum of its absolute terms."""
+    nu = operations * UNIT_ROUNDOFF
+    return math.inf if nu >= 0.5 else 1.0 + nu / (1.0 - nu)
+
+
+def largest_abs(tensor: torch.Tensor) -> float:
+    """``max |tensor|`` (NaN when it holds a NaN, Inf when an Inf): one pass, no temporary copy. NaN too for a
+    dtype torch cannot reduce (fp8 storage, which the patcher rounds with saturation and never checks)."""
+    if tensor.numel() == 0:
+        return 0.0
+    if tensor.element_size() == 1:
+        return math.nan
+    low, high = (float(v) for v in torch.aminmax(tensor.detach().reshape(-1)))
+    return math.nan if math.isnan(low) or math.isnan(high) else max(-low, high)
+
+
+def largest_norm(matrix: torch.Tensor, dim: int) -> tuple:
+    """``(norm, index)`` of the longest row (``dim=1``) or column (``dim=0``) of ``matrix`` flattened to 2-D, the
+    norms computed in float64."""
+    if matrix.numel() == 0:
+        return 0.0, 0
+    flat = matrix.detach().reshape(matrix.shape[0], -1)
+    norm, index = torch.linalg.vector_norm(flat, dim=dim, dtype=torch.float64).max(dim=0)
+    return float(norm) * _FLOAT64_SLACK, int(index)
+
+
+def product_bound(first: float, second: float, terms: int, scale: float = 1.0) -> Optional[float]:
+    """Bound of a float32 dot product of ``terms`` terms whose exact size is at most ``first · second`` (norms),
+    then multiplied by ``scale`` (one more rounding, the scale itself rounded to float32: one more). None when the
+    unscaled product might not fit float32 (it is computed before the scale is applied)."""
+    unscaled = first * second * rounding_growth(terms)
+    if not unscaled <= FLOAT32_MAX:
+        return None
+    return abs(scale) * unscaled * rounding_growth(2)
+
+
+def finite_limit(dtype: torch.dtype) -> float:
+    """The largest value a fused weight of ``dtype`` may reach: the dtype's and the float32 work buffer's."""
+    return min(float(torch.finfo(dtype).max), FLOAT32_MAX)
+
+
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """A size at or above which a float32 result, or its rounding to ``dtype``, is certainly infinite: the power
+    of two just above the largest finite value (the rounding threshold lies between the two)."""
+    return float(2.0 ** math.ceil(math.log2(finite_limit(dtype))))
+
+
+def _ask(delta, method: str, *args):
+    """A kind's answer to one of the bound questions; None from a kind registered without them (it is scanned)."""
+    ask = getattr(delta, method, None)
+    return ask(*args) if callable(ask) else None
+
+
+def proven_finite(dtype: torch.dtype, base_abs_max: float, terms: Sequence[tuple]) -> bool:
+    """True when no element of ``W + Σ strength·delta`` can leave ``dtype``'s finite range; ``terms`` are
+    ``(strength, delta)`` pairs, ``base_abs_max`` is ``max|W|`` of the original."""
+    if not math.isfinite(base_abs_max):
+        return False
+    total = base_abs_max
+    for strength, delta in terms:
+        bound = _ask(delta, "abs_bound")
+        if bound is None:
+            return False
+        total += abs(strength) * bound
+    # the running float32 sum over the base and every contribution: one rounding each
+    return total * rounding_growth(len(terms) + 1) <= finite_limit(dtype)
+
+
+def certain_overflow(dtype: torch.dtype, source: torch.Tensor, terms: Sequence[tuple]) -> Optional[tuple]:
+    """An element ``(row, column)`` of the fused value (``source`` flattened to 2-D) that overflows ``dtype``
+    whatever the float32 rounding, found at the element where the largest contribution peaks; None when no kind
+    can say (``peak_index``/``value_at``) or that element does not prove it."""
+    probes = []
+    for strength, delta in terms:
+        index, bound = _ask(delta, "peak_index"), _ask(delta, "abs_bound")
+        if index is not None:
+            probes.append((abs(strength) * (math.inf if bound is None else bound), index))
+    if not probes:
+        return None
+    row, column = max(probes)[1]
+    base = float(source[row, column])
+    if not math.isfinite(base):
+        return None
+    value, error, size = base, 0.0, abs(base)
+    for strength, delta in terms:
+        at = _ask(delta, "value_at", row, column)
+        if at is None:
+            return None
+        exact, own_error = at
+        value += strength * exact
+        error += abs(strength) * own_error
+        size += abs(strength) * (abs(exact) + own_error)
+    error += (rounding_growth(len(terms) + 1) - 1.0) * size
+    return (row, column) if abs(value) - error >= overflow_threshold(dtype) else None

@@ -1,0 +1,127 @@
+"""The a-priori overflow bound (issue 33): a fuse proves its result finite from the factors and ``max|W|`` instead
+of scanning what it wrote, refuses a certain overflow before writing, and scans only what it cannot prove."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lorabind.loaders import fused_rows
+from lorabind.loaders.errors import LoraBindError
+from lorabind.loaders.lora.canonical import TargetPatch
+from lorabind.loaders.lora.kinds.full_diff import FullDiff
+from lorabind.loaders.lora.kinds.loha import LohaDelta
+from lorabind.loaders.lora.kinds.lokr import LokrDelta
+from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
+from lorabind.loaders.patching import PatchLayer, WeightPatcher
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """How many written chunks were scanned for non-finite values."""
+    count = {"chunks": 0}
+    real = fused_rows.chunk_is_finite
+
+    def counting(written, source):
+        count["chunks"] += 1
+        return real(written, source)
+
+    monkeypatch.setattr(fused_rows, "chunk_is_finite", counting)
+    return count
+
+
+def _linear(weight: torch.Tensor) -> torch.nn.Module:
+    root = torch.nn.Module()
+    root.proj = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True).to(weight.dtype)
+    with torch.no_grad():
+        root.proj.weight.copy_(weight)
+        root.proj.bias.zero_()
+    return root
+
+
+def _layer(delta, strength=1.0, bias=None) -> PatchLayer:
+    target = TargetPatch(module="proj", low_rank=delta, param_diffs={} if bias is None else {"bias": bias})
+    return PatchLayer(key="lora", component="transformer", strength=strength, targets={"proj": target},
+                      name="lora.safetensors")
+
+
+def test_the_bound_refuses_an_overflowing_delta_without_scanning(scans):
+    """Finite bf16 factors whose product (2e38 x 8 x strength 4) is past bf16's range: refused before any write,
+    naming the parameter, with no chunk scanned."""
+    delta = LowRankDelta(down=torch.full((8, 16), 1e19, dtype=torch.bfloat16),
+                         up=torch.full((16, 8), 1e19, dtype=torch.bfloat16), alpha=None, scale=1.0)
+    root = _linear(torch.randn(16, 16, dtype=torch.bfloat16))
+    before = root.proj.weight.detach().clone()
+    patcher = WeightPatcher({"transformer": root})
+    with pytest.raises(LoraBindError, match=r"transformer:proj.weight: the fused value is not finite in bfloat16 at "
+                                            r"element \[0, 0\]"):
+        patcher.apply([_layer(delta, strength=4.0)])
+    assert scans["chunks"] == 0
+    assert torch.equal(root.proj.weight, before) and patcher.patched == set()
+
+
+def test_an_ordinary_fuse_is_proven_finite_and_never_scanned(scans):
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 48, generator=g).to(torch.bfloat16)
+    delta = LowRankDelta(down=torch.randn(4, 48, generator=g).to(torch.bfloat16),
+                         up=torch.randn(64, 4, generator=g).to(torch.bfloat16), alpha=4.0, scale=0.5)
+    bias = torch.randn(64, generator=g).to(torch.bfloat16)
+    root = _linear(weight)
+    WeightPatcher({"transformer": root}).apply([_layer(delta, strength=0.7, bias=bias)])
+    assert scans["chunks"] == 0
+    want = weight.double() + 0.7 * 0.5 * (delta.up.double() @ delta.down.double())
+    assert (root.proj.weight.double() - want).abs().max().item() <= 0.05  # one bf16 rounding of values ~10
+    assert torch.allclose(root.proj.bias.double(), 0.7 * bias.double(), atol=1e-2)
+
+
+def test_what_the_bound_cannot_prove_is_scanned_and_fused_when_it_stays_finite(scans):
+    """max|W| = 3.3e38 and a delta of 2e37 elsewhere: the bound (3.5e38) proves nothing, the peak element does not
+    overflow either, so the chunks are scanned, found finite, and the fuse lands."""
+    weight = torch.zeros(4, 4, dtype=torch.bfloat16)
+    weight[0, 0] = 3.3e38
+    down = torch.zeros(1, 4, dtype=torch.bfloat16)
+    up = torch.zeros(4, 1, dtype=torch.bfloat16)
+    down[0, 1], up[1, 0] = 2e18, 1e19
+    root = _linear(weight)
+    WeightPatcher({"transformer": root}).apply([_layer(LowRankDelta(down=down, up=up, alpha=None, scale=1.0))])
+    assert scans["chunks"] > 0
+    assert torch.isfinite(root.proj.weight).all()
+    assert root.proj.weight[1, 1].item() == pytest.approx(2e37, rel=1e-2)
+
+
+def _computed(delta, shape) -> torch.Tensor:
+    """The delta exactly as the fuse computes it: the kind's float32 rows, added to zeros."""
+    chunk = torch.zeros(shape[0], int(torch.tensor(shape[1:]).prod()), dtype=torch.float32)
+    base_rows = SimpleNamespace(rows=chunk.shape[0], cols=chunk.shape[1])  # read by the full diff only
+    delta.row_adder(torch.device("cpu"), base_rows)(chunk, 0, shape[0], 1.0)
+    return chunk
+
+
+def _kinds(g):
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    return {
+        "lora": (LowRankDelta(down=r(4, 24), up=r(12, 4), alpha=2.0, scale=0.5), (12, 24)),
+        "lora rank 1, aligned (tight)": (LowRankDelta(down=torch.ones(1, 24), up=torch.ones(12, 1), alpha=None,
+                                                      scale=1.0), (12, 24)),
+        "loha": (LohaDelta(r(12, 3), r(3, 24), r(12, 3), r(3, 24), alpha=1.5, scale=0.5), (12, 24)),
+        "loha tucker": (LohaDelta(r(3, 6), r(3, 4), r(3, 6), r(3, 4), alpha=3.0, scale=1.0, t1=r(3, 3, 3, 3),
+                                  t2=r(3, 3, 3, 3)), (6, 4, 3, 3)),
+        "lokr factored": (LokrDelta(w1=(r(2, 3), r(3, 2)), w2=(r(6, 3), r(3, 12)), alpha=3.0, scale=1.0), (12, 24)),
+        "lokr tucker": (LokrDelta(w1=(r(2, 2),), w2=(r(3, 3), r(3, 2), r(3, 3, 3, 3)), alpha=6.0, scale=2.0),
+                        (6, 4, 3, 3)),
+        "full diff": (FullDiff(r(12, 24)), (12, 24)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_kinds(torch.Generator().manual_seed(1))))
+def test_each_kinds_bound_covers_what_the_fuse_computes(name):
+    delta, shape = _kinds(torch.Generator().manual_seed(1))[name]
+    largest = _computed(delta, shape).abs().max().item()
+    bound = delta.abs_bound()
+    assert largest <= bound
+    if "tight" in name:
+        assert bound <= largest * 1.0001  # Cauchy-Schwarz is an equality for aligned vectors
