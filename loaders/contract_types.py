@@ -49,6 +49,8 @@ class ScheduleContract:
     # Fields the artifact's release leaves to the user (a distill file whose name carries no step count): shown
     # with the contract, so "steps open" is a statement about the file, not a contract that was missed.
     open_fields: tuple[str, ...] = ()
+    # The step rule the artifact is sampled with by its publisher ("euler": the distill LoRAs); None = free.
+    scheduler: Optional[str] = None
 
     def describe(self) -> str:
         """One line in words, for UI badges and logs."""
@@ -84,6 +86,9 @@ class SamplingRequest:
     task: Optional[str] = None
     audio_shift: Optional[float] = None
     enforce_contract: bool = True
+    # A connected SIGMAS input: the schedule as given (steps and shift are then not asked for); a contract takes
+    # it when it is a contiguous part of the contract's table.
+    sigmas: Optional[tuple] = None
 
 
 @dataclass(frozen=True)
@@ -100,3 +105,17 @@ class ResolvedSchedule:
     contracts: tuple = ()
     overrides: tuple = ()
     notes: tuple = ()  # why this schedule ran when several were declared (e.g. a native adapter over a pinned one)
+    # The stage of ``sigmas`` this sampler runs: steps ``start_step`` .. ``end_step - 1`` (None: to the end).
+    # A stage that stops before the last point leaves a noisy latent for the next sampler to continue.
+    start_step: int = 0
+    end_step: Optional[int] = None
+    add_noise: bool = True  # False: the latent already is the noise state at the stage's first sigma
+    scheduler: str = "euler"  # the step rule (loaders.schedulers)
+
+    @property
+    def stage_end(self) -> int:
+        return self.steps if self.end_step is None else min(self.end_step, self.steps)
+
+    def stage_sigmas(self) -> tuple:
+        """The sigma points this stage runs: ``stage_end - start_step`` steps."""
+        return tuple(self.sigmas[self.start_step:self.stage_end + 1])

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from .contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from .errors import ContractError
-from .sigmas import shifted_sigmas, validate_schedule
+from .sigmas import shifted_sigmas, slice_offset, validate_schedule
 
 # Fields a Wan/Qwen contract may constrain, in the order they are checked and reported.
 _CHECKED_FIELDS = ("steps", "sigmas", "shift", "cfg")
@@ -52,7 +52,9 @@ def resolve_single_schedule(model, contracts: Sequence[ScheduleContract], reques
     """Resolve ``request`` against ``contracts`` for ``model`` (a ModelHandle) of a family serving the model
     families ``serves``. ``check_resolved(model, resolved, request, overrides)`` may refuse (ContractError) or
     append overrides. Raises ContractError before anything touches a weight."""
-    if request.steps is not None and request.steps < 1:  # 0: "the step count the contract declares"
+    if request.sigmas is not None:  # a SIGMAS input: its points are the schedule, whatever steps says
+        request = replace(request, steps=len(request.sigmas) - 1)
+    elif request.steps is not None and request.steps < 1:  # 0: "the step count the contract declares"
         request = replace(request, steps=_contract_steps(contracts, model))
     if not contracts:
         return _plain_schedule(request)
@@ -95,6 +97,7 @@ def contract_dict(contract: ScheduleContract) -> dict:
         "cfg": contract.cfg,
         "tasks": list(contract.tasks) if contract.tasks else None,
         "open": list(contract.open_fields),
+        "scheduler": contract.scheduler,
         "rank": contract.rank,
         "alpha": contract.alpha,
         "scale": contract.scale,
@@ -121,6 +124,14 @@ def mismatch_message(contract: ScheduleContract, field: str, input_name: str, va
             f"({declared_by_words(contract)}set enforce_contract off to override it explicitly)")
 
 
+def sigma_table(contract: ScheduleContract) -> Optional[tuple]:
+    """The contract's sigma points (steps + 1, ending in 0), None when it pins no schedule."""
+    if contract.sigmas is not None:
+        return tuple(float(s) for s in contract.sigmas)
+    steps, shift = contract_value(contract, "steps"), contract.shift
+    return shifted_sigmas(int(steps), float(shift)) if steps and shift else None
+
+
 def contract_value(contract: ScheduleContract, field: str) -> Any:
     """A contract's constraint on one field; explicit sigmas imply their step count."""
     if field == "steps" and contract.steps is None and contract.sigmas is not None:
@@ -134,7 +145,7 @@ def contract_value(contract: ScheduleContract, field: str) -> Any:
 
 def _plain_schedule(request: SamplingRequest) -> ResolvedSchedule:
     return ResolvedSchedule(
-        sigmas=shifted_sigmas(request.steps, request.shift),
+        sigmas=request.sigmas or shifted_sigmas(request.steps, request.shift),
         steps=request.steps,
         cfg=request.cfg,
         shift=request.shift,
@@ -222,12 +233,14 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
 
     steps = request.steps
     shift = float(agreed["shift"][0]) if "shift" in agreed and request.enforce_contract else float(request.shift)
+    if request.sigmas is not None:
+        _check_given_sigmas(contracts, request, overrides)
     if "cfg" in agreed and request.enforce_contract:
         cfg = float(agreed["cfg"][0])
     else:
         cfg = tuple(map(float, request.cfg)) if isinstance(request.cfg, (tuple, list)) else float(request.cfg)
-    sigmas = _contract_sigmas(agreed, steps, shift)
-    if "sigmas" in agreed and not _same("sigmas", agreed["sigmas"][0], sigmas):
+    sigmas = request.sigmas or _contract_sigmas(agreed, steps, shift)
+    if "sigmas" in agreed and request.sigmas is None and not _same("sigmas", agreed["sigmas"][0], sigmas):
         value, contract = agreed["sigmas"]
         overrides.append(
             f"sigmas={_fmt('sigmas', sigmas)} override {contract.source} (sigmas={_fmt('sigmas', value)} in its "
@@ -246,11 +259,26 @@ def _resolve_against(agreed: dict, contracts: tuple, request: SamplingRequest, o
 def _requested_fields(request: SamplingRequest) -> list:
     """(contract field, sampler input name, requested value): a per-expert cfg pair is checked value by value,
     so a contract's cfg=1 binds both Wan2.2 experts and the error names the input that differs."""
-    fields = [("steps", "steps", request.steps), ("shift", "shift", request.shift)]
+    fields = [("steps", "steps", request.steps), ("shift", "shift", request.shift)] if request.sigmas is None else []
     if isinstance(request.cfg, (tuple, list)):
         high, low = request.cfg
         return fields + [("cfg", "cfg", high), ("cfg", "cfg_low_noise", low)]
     return fields + [("cfg", "cfg", request.cfg)]
+
+
+def _check_given_sigmas(contracts: Sequence[ScheduleContract], request: SamplingRequest, overrides: list) -> None:
+    """A SIGMAS input under a contract must be a contiguous part of the contract's table (a stage of it, within
+    the float32 noise of ComfyUI's sigma nodes); anything else is refused naming the artifact."""
+    for contract in contracts:
+        table = sigma_table(contract)
+        if table is None or slice_offset(table, request.sigmas) is not None:
+            continue
+        text = (f"the sigmas input {_fmt('sigmas', request.sigmas)} is no part of its "
+                f"{contract_value(contract, 'steps')}-step table {_fmt('sigmas', table)}")
+        if request.enforce_contract:
+            raise ContractError(f"{describe_artifact(contract)}: {text} ({declared_by_words(contract)}set "
+                                f"enforce_contract off to override it explicitly)")
+        overrides.append(f"{text}; overrides {contract.source}")
 
 
 def _contract_sigmas(agreed: dict, steps: int, shift: float) -> tuple:

@@ -47,3 +47,44 @@ def validate_schedule(points: Sequence[float], source: str) -> tuple[float, ...]
     if any(b >= a for a, b in zip(values, values[1:])):
         raise ValueError(f"{source}: schedule {list(values)} must be strictly decreasing")
     return values
+
+
+# How far a sampled sigma may be from a contract's published table. ComfyUI builds its flow-model sigma table in
+# float32 from 1000 training timesteps (ModelSamplingSD3: sigma(t/1000) shifted) and its "simple" scheduler picks
+# every (1000/steps)-th entry: the published points up to float32 rounding (~1e-7; measured at 4 steps, shift 5:
+# [1, 0.9375, 0.83333, 0.625, 0]). Its other schedulers are other schedules: "sgm_uniform" spaces from the
+# table's last entry (t = 1/1000) and lands up to 4.6e-3 off ([1, 0.93789, 0.83471, 0.62963, 0]); "normal" and
+# "beta" differ by 0.1 or more. 1e-4 keeps float32 noise in and those out, as well as any other step count or
+# shift (the nearest neighbours of the lightx2v table, 5 steps or shift 4, are more than 1e-2 away).
+TABLE_TOLERANCE = 1e-4
+
+
+def sigmas_close(got: Sequence[float], wanted: Sequence[float]) -> bool:
+    """Same points within ``TABLE_TOLERANCE`` (and at least one step)."""
+    return len(got) == len(wanted) and len(got) > 1 and all(
+        math.isfinite(float(a)) and abs(float(a) - float(b)) <= TABLE_TOLERANCE for a, b in zip(got, wanted))
+
+
+def slice_offset(table: Sequence[float], sigmas: Sequence[float]):
+    """The step of ``table`` where ``sigmas`` starts when it is a contiguous part of it, else None."""
+    return next((start for start in range(len(table) - len(sigmas) + 1)
+                 if sigmas_close(sigmas, table[start:start + len(sigmas)])), None)
+
+
+def switch_step(table: Sequence[float], boundary: float) -> int:
+    """The first step the low-noise expert runs (its sigma below ``boundary``); len(steps) when none does."""
+    steps = list(table[:-1])
+    return next((i for i, sigma in enumerate(steps) if not on_high_noise_expert(sigma, boundary)), len(steps))
+
+
+def check_run_sigmas(points: Sequence[float], source: str) -> tuple[float, ...]:
+    """Sigmas a sampler is handed (ComfyUI SIGMAS, a slice of a schedule): at least 2 finite points in [0, 1],
+    strictly decreasing. Unlike a contract's full schedule they need not start at 1 or end at 0 (a stage)."""
+    values = tuple(float(p) for p in points)
+    if len(values) < 2:
+        raise ValueError(f"{source}: needs at least 2 sigma points (1 step), got {list(values)}")
+    if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"{source}: every sigma must be a finite number in 0..1, got {list(values)}")
+    if any(b >= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{source}: sigmas {list(values)} must be strictly decreasing")
+    return values

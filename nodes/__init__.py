@@ -15,6 +15,7 @@ _NODE_MODULES = (
     "conditioning_nodes",
     "latent_nodes",
     "sampler_nodes",
+    "sigma_nodes",
     "output_nodes",
     "adapter_nodes",
     "minimax_nodes",

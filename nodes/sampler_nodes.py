@@ -16,6 +16,11 @@ def _report_lines(report: dict, enforced: bool) -> list[str]:
         f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
         f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]"
     ]
+    if report.get("start_step", 0) or report.get("end_step", report["steps"]) != report["steps"]:
+        lines.append(f"stage: steps {report['start_step']}..{report['end_step'] - 1} of {report['steps']} "
+                     f"(add_noise {'on' if report['add_noise'] else 'off'})")
+    if report.get("scheduler", "euler") != "euler":
+        lines.append(f"scheduler: {report['scheduler']}")
     lines += [f"contract{' enforced' if enforced else ''}: {c['text']}" for c in report["contracts"]]
     if report["boundary"] is not None:
         lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
@@ -52,6 +57,27 @@ def _bind_label(model) -> str:
     return "binding LoRA layers" if model.fuses else "restoring base weights"
 
 
+# The staged-sampling inputs (optional, appended after the older ones so saved workflows keep their values).
+STAGE_INPUTS = {
+    "sigmas": (SOCKET_SIGMAS, {"tooltip": "ComfyUI SIGMAS (BasicScheduler, SplitSigmas, LoraBind Sigmas, a sampler's "
+                                          "sigmas output): the schedule to run instead of steps + shift. Under a "
+                                          "contract it must be a contiguous part of the contract's table."}),
+    "scheduler": (list(usecases.SCHEDULER_CHOICES), {"default": "euler", "tooltip": (
+        "Step rule over the sigmas: euler (ours), unipc / dpmpp_2m (diffusers' flow-matching schedulers), or "
+        "default: what a contract pins (distill LoRAs: euler), else the family's reference (Wan: unipc).")}),
+    "start_step": ("INT", {"default": 0, "min": 0, "max": usecases.END_OF_SCHEDULE, "tooltip": (
+        "First step of the schedule this sampler runs (a stage; KSamplerAdvanced's start_at_step).")}),
+    "end_step": ("INT", {"default": usecases.END_OF_SCHEDULE, "min": 1, "max": usecases.END_OF_SCHEDULE, "tooltip": (
+        "Step where this sampler stops (exclusive; 10000 = the end). Stopping early leaves a noisy latent for the "
+        "next sampler.")}),
+    "denoise": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 1.0, "step": 0.01, "tooltip": (
+        "Below 1: run the last 'steps' steps of a schedule of steps/denoise steps from the input latent "
+        "(img2img, refinement), as ComfyUI's KSampler.")}),
+    "add_noise": ("BOOLEAN", {"default": True, "tooltip": (
+        "Noise the latent to the stage's first sigma; off continues a latent an earlier stage left noisy.")}),
+}
+
+
 class LoraBindSampler:
     DESCRIPTION = (
         "Flow-matching Euler sampler over an explicit sigma schedule. Before touching any weight it checks the "
@@ -64,9 +90,10 @@ class LoraBindSampler:
     RETURN_TYPES = (SOCKET_LATENT, SOCKET_SIGMAS)
     RETURN_NAMES = ("latent", "sigmas")
     OUTPUT_TOOLTIPS = (
-        "The denoised latent (decode it with LoraBind VAE Decode).",
-        "The sigma schedule that actually ran (contract-resolved), as ComfyUI SIGMAS: a 1-D float tensor of "
-        "steps + 1 points ending in 0, usable by ComfyUI's custom-sampling nodes.",
+        "The denoised latent (decode it with LoraBind VAE Decode); after a stage that stopped early, its noise "
+        "state for the next sampler (add_noise off, start_step where this one stopped).",
+        "The sigmas this sampler actually ran (contract-resolved; a stage's slice of the schedule), as ComfyUI "
+        "SIGMAS: a 1-D float tensor of steps + 1 points, usable by ComfyUI's custom-sampling nodes.",
     )
     FUNCTION = "sample"
 
@@ -105,14 +132,19 @@ class LoraBindSampler:
                 "audio_flow_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
                                                "tooltip": "MiniMax-H3: time shift of the audio schedule; 0 takes "
                                                           "it from the contract or checkpoint (Turbo: 3)."}),
+                **STAGE_INPUTS,
             },
         }
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
-               adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0):
+               adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0, sigmas=None,
+               scheduler="euler", start_step=0, end_step=usecases.END_OF_SCHEDULE, denoise=1.0, add_noise=True):
         options = usecases.SampleOptions(seed=seed, steps=steps, cfg=cfg, shift=shift, boundary=boundary,
                                          enforce_contract=enforce_contract, cfg_low_noise=cfg_low_noise,
-                                         audio_flow_shift=audio_flow_shift)
+                                         audio_flow_shift=audio_flow_shift, scheduler=scheduler,
+                                         sigmas=None if sigmas is None else tuple(float(s) for s in sigmas),
+                                         start_step=start_step, end_step=end_step, denoise=denoise,
+                                         add_noise=add_noise)
         bars: list = []  # the step bar starts with the first step, after binding
 
         def report_step(done: int, total: int) -> None:
@@ -125,9 +157,9 @@ class LoraBindSampler:
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
             on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted)
-        sigmas = torch.tensor([float(s) for s in resolved.sigmas], dtype=torch.float32)
+        ran = torch.tensor([float(s) for s in resolved.stage_sigmas()], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
-                "result": (samples, sigmas)}
+                "result": (samples, ran)}
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindSampler": LoraBindSampler}

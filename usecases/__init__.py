@@ -8,8 +8,9 @@ lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free
 Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
 ``tokenizer_dirs`` (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
-``lora_components`` (adapters); ``sample`` (sampling); ``check_contract``, ``decode_audio``, ``with_first_frame``,
-``with_reference_images`` (MiniMax-H3); plus the engine names a node declaration needs (socket types, choices, handles, errors).
+``lora_components`` (adapters); ``sample``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
+``decode_audio``, ``with_first_frame``, ``with_reference_images`` (MiniMax-H3); plus the engine names a node
+declaration needs (socket types, choices, handles, errors).
 """
 
 from importlib import import_module
@@ -22,7 +23,8 @@ _EXPORTS = {
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",
                      "check_stacking", "sigma_table", "switch_step", "HostContract", "PART_ALL", "PART_HIGH",
                      "PART_LOW", "PART_ANY"),
-    ".sampling": ("sample", "SampleOptions", "schedule_report"),
+    ".sampling": ("sample", "SampleOptions", "schedule_report", "schedule_sigmas", "split_sigmas",
+                  "END_OF_SCHEDULE", "SCHEDULER_CHOICES"),
     ".minimax": ("check_contract", "decode_audio", "with_first_frame", "with_reference_images", "TASKS",
                  "MAX_REFERENCE_IMAGES"),
     "..loaders.families": ("lora_components",),

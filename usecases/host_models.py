@@ -9,7 +9,6 @@ about to use) and get back deltas under the host's names, contract records and r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -19,18 +18,10 @@ from ..loaders.errors import ContractError, LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.native_targets import host_deltas, native_denoiser, prepare_native
 from ..loaders.patching import patched_value
-from ..loaders.schedule_rules import contract_value, describe_artifact
-from ..loaders.sigmas import on_high_noise_expert, shifted_sigmas
+from ..loaders.schedule_rules import contract_value, describe_artifact, sigma_table  # noqa: F401  (API)
+from ..loaders.sigmas import sigmas_close, slice_offset, switch_step  # noqa: F401  (API)
 from .adapters import accounting_text, contract_text
 
-# How far a sampled sigma may be from the contract's published table. ComfyUI builds its flow-model sigma table in
-# float32 from 1000 training timesteps (ModelSamplingSD3: sigma(t/1000) shifted) and its "simple" scheduler picks
-# every (1000/steps)-th entry: the published points up to float32 rounding (~1e-7; measured at 4 steps, shift 5:
-# [1, 0.9375, 0.83333, 0.625, 0]). Its other schedulers are other schedules: "sgm_uniform" spaces from the
-# table's last entry (t = 1/1000) and lands up to 4.6e-3 off ([1, 0.93789, 0.83471, 0.62963, 0]); "normal" and
-# "beta" differ by 0.1 or more. 1e-4 keeps float32 noise in and those out, as well as any other step count or
-# shift (the nearest neighbours of the lightx2v table, 5 steps or shift 4, are more than 1e-2 away).
-SIGMA_TOLERANCE = 1e-4
 CFG_TOLERANCE = 1e-6
 PART_ALL, PART_HIGH, PART_LOW, PART_ANY = "all", "high", "low", "any contiguous part"
 
@@ -113,20 +104,6 @@ def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str)
                                (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")])
 
 
-def sigma_table(contract) -> Optional[tuple]:
-    """The contract's sigma points (steps + 1, ending in 0), None when it pins no schedule."""
-    if contract.sigmas is not None:
-        return tuple(float(s) for s in contract.sigmas)
-    steps, shift = contract_value(contract, "steps"), contract.shift
-    return shifted_sigmas(int(steps), float(shift)) if steps and shift else None
-
-
-def switch_step(table: Sequence[float], boundary: float) -> int:
-    """The first step the low-noise expert runs (its sigma below ``boundary``); len(steps) when none does."""
-    steps = list(table[:-1])
-    return next((i for i, sigma in enumerate(steps) if not on_high_noise_expert(sigma, boundary)), len(steps))
-
-
 def expected_part(record: HostContract) -> Optional[tuple]:
     """The sigmas a model carrying ``record`` must sample, None for "any contiguous part of the table"."""
     table = sigma_table(record.contract)
@@ -165,22 +142,17 @@ def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float]) -> Optio
     wanted = expected_part(record)
     shown = _show(sigmas)
     if wanted is not None:
-        if not _close(sigmas, wanted):
+        if not sigmas_close(sigmas, wanted):
             steps = contract_value(contract, "steps")
             return (f"steps/sigmas: the {record.part}-noise part of its {steps}-step table is {_show(wanted)}, this "
                     f"sampler runs {shown} ({len(sigmas) - 1} step(s) of another schedule)") if record.part != PART_ALL else (
                 f"steps/sigmas: it needs {steps} steps on {_show(wanted)}, the sampler runs {len(sigmas) - 1} "
                 f"steps on {shown}")
         return None
-    if not any(_close(sigmas, table[start:start + len(sigmas)]) for start in range(len(table) - len(sigmas) + 1)):
+    if slice_offset(table, sigmas) is None:
         return (f"steps/sigmas: the sampler runs {len(sigmas) - 1} steps on {shown}, which is no part of its "
                 f"{contract_value(contract, 'steps')}-step table {_show(table)}")
     return None
-
-
-def _close(got: Sequence[float], wanted: Sequence[float]) -> bool:
-    return len(got) == len(wanted) and len(got) > 1 and all(
-        math.isfinite(a) and abs(a - b) <= SIGMA_TOLERANCE for a, b in zip(got, wanted))
 
 
 def _show(sigmas: Sequence[float]) -> str:

@@ -7,12 +7,17 @@ writes a single weight, and every host (the sampler node inside ComfyUI or headl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from ..loaders import binding, generation
-from ..loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
+from ..loaders import binding, generation, schedulers
+from ..loaders.contracts import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
 from ..loaders.families import family_for, has_expert_pair
+from ..loaders.sigmas import check_run_sigmas, switch_step
+
+# end_step's "to the end of the schedule" (KSamplerAdvanced's end_at_step default)
+END_OF_SCHEDULE = 10000
+SCHEDULER_CHOICES = schedulers.CHOICES
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,20 @@ class SampleOptions:
     enforce_contract: bool = True
     cfg_low_noise: float = 0.0
     audio_flow_shift: float = 0.0
+    # stages: a SIGMAS input (None: steps + shift or the contract), the slice of it this sampler runs,
+    # KSampler's denoise (the last steps of a longer schedule) and whether noise is added to the latent first
+    sigmas: Optional[tuple] = None
+    start_step: int = 0
+    end_step: int = END_OF_SCHEDULE
+    denoise: float = 1.0
+    add_noise: bool = True
+    scheduler: str = schedulers.EULER  # what every run used before the choice existed ("default": the family's)
+
+    @property
+    def is_staged(self) -> bool:
+        return (self.sigmas is not None or self.start_step != 0 or self.end_step != END_OF_SCHEDULE
+                or self.denoise != 1.0 or not self.add_noise or self.scheduler not in
+                (schedulers.DEFAULT, schedulers.EULER))
 
 
 def schedule_report(model, schedule) -> dict:
@@ -44,6 +63,10 @@ def schedule_report(model, schedule) -> dict:
         "contracts": [contract_to_dict(c) for c in schedule.contracts],
         "overrides": list(schedule.overrides),
         "notes": list(schedule.notes),  # why this schedule ran, when another was declared too
+        "scheduler": schedule.scheduler,
+        "start_step": schedule.start_step,
+        "end_step": schedule.stage_end,
+        "add_noise": schedule.add_noise,
     }
 
 
@@ -56,6 +79,42 @@ def _check_options(model, options: SampleOptions) -> None:
     if options.audio_flow_shift and not family_for(model).has_audio:
         raise ValueError(f"audio_flow_shift is only for MiniMax-H3 models; {model.model.name} is {model.family}: "
                          "set audio_flow_shift to 0")
+    if options.is_staged and not family_for(model).runs_stages:
+        raise ValueError(f"sigmas, start_step, end_step, denoise, add_noise and scheduler are not available for "
+                         f"{model.family} models ({model.model.name} samples two schedules together): leave them "
+                         "at their defaults")
+    if not 0.0 < options.denoise <= 1.0:
+        raise ValueError(f"denoise must be in (0, 1], got {options.denoise:g}")
+    if options.denoise < 1.0 and (options.sigmas is not None or options.start_step or options.steps < 1
+                                  or options.end_step != END_OF_SCHEDULE):
+        raise ValueError("denoise below 1 runs the last steps of a longer schedule; it cannot be combined with a "
+                         "sigmas input, start_step/end_step or steps 0: use one or the other")
+
+
+def _request(model, latent, options: SampleOptions) -> SamplingRequest:
+    """The contract request: with denoise < 1 the schedule is ``int(steps / denoise)`` long (ComfyUI's
+    KSampler rule) and the stage is its last ``steps`` steps."""
+    cfg = (options.cfg, options.cfg_low_noise) if options.cfg_low_noise else options.cfg
+    steps = int(options.steps / options.denoise) if options.denoise < 1.0 else options.steps
+    sigmas = check_run_sigmas(options.sigmas, "sigmas input") if options.sigmas is not None else None
+    return SamplingRequest(steps=steps, cfg=cfg, shift=options.shift, boundary=options.boundary or None,
+                           task=generation.implied_task(model.model, latent), audio_shift=options.audio_flow_shift
+                           or None, enforce_contract=options.enforce_contract, sigmas=sigmas)
+
+
+def _staged(model, resolved, options: SampleOptions):
+    """The resolved schedule with this sampler's stage and step rule; refused by name when the stage is empty."""
+    start = resolved.steps - options.steps if options.denoise < 1.0 else options.start_step
+    if not 0 <= start < min(options.end_step, resolved.steps):
+        raise ValueError(f"start_step {start} and end_step {options.end_step} leave no step to run of the "
+                         f"{resolved.steps}-step schedule: start_step must be below end_step and the step count")
+    family = family_for(model)
+    name, overrides = schedulers.resolve_scheduler(options.scheduler, resolved.contracts,
+                                                   family.reference_scheduler, options.enforce_contract)
+    staged = replace(resolved, start_step=start, end_step=min(options.end_step, resolved.steps),
+                     add_noise=options.add_noise, scheduler=name)
+    overrides += family.check_stage(model, staged, options.enforce_contract)
+    return replace(staged, overrides=resolved.overrides + tuple(overrides))
 
 
 def sample(model, positive, negative, latent, options: SampleOptions, *, adapter=None, schedule=None,
@@ -63,11 +122,9 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
            check_interrupt: Optional[Callable[[], None]] = None) -> tuple:
     """(denoised latent, resolved schedule, report dict) for one sampler run of a model handle."""
     _check_options(model, options)
-    cfg = (options.cfg, options.cfg_low_noise) if options.cfg_low_noise else options.cfg
-    request = SamplingRequest(steps=options.steps, cfg=cfg, shift=options.shift, boundary=options.boundary or None,
-                              task=generation.implied_task(model.model, latent),
-                              audio_shift=options.audio_flow_shift or None, enforce_contract=options.enforce_contract)
-    resolved = resolve_schedule(model, adapter, schedule, request)
+    resolved = resolve_schedule(model, adapter, schedule, _request(model, latent, options))
+    if family_for(model).runs_stages:
+        resolved = _staged(model, resolved, options)
     generation.check_inputs(model.model, positive, negative, latent, resolved)
     adapters = model.adapters + (adapter.adapters if adapter is not None else ())
     bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupt,
@@ -78,3 +135,24 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
               "placement": placement.describe() if placement is not None else None}
     return samples, resolved, report
+
+
+def schedule_sigmas(model, steps: int, shift: float, *, adapter=None, schedule=None, enforce: bool = True):
+    """The ResolvedSchedule a sampler with these steps and shift would run on ``model`` (its contracts checked
+    as the sampler checks them: a steps/shift mismatch is refused by name), for the sigma node."""
+    contracts = collect_contracts(model, adapter, schedule)
+    cfg = next((c.cfg for c in contracts if c.cfg is not None), 1.0)  # the sigma node asks no guidance
+    request = SamplingRequest(steps=steps, cfg=cfg, shift=shift, enforce_contract=enforce)
+    return family_for(model).resolve_schedule(model, contracts, request)
+
+
+def split_sigmas(sigmas, step: int, boundary: float) -> tuple:
+    """(first part, second part, split step): ComfyUI's SplitSigmas at ``step`` (both parts share that point),
+    or at the first sigma below ``boundary`` when it is above 0 (the Wan2.2 expert switch)."""
+    points = check_run_sigmas(sigmas, "sigmas input")
+    at = switch_step(points, boundary) if boundary > 0 else step
+    if not 0 < at < len(points) - 1:
+        where = f"boundary {boundary:g}" if boundary > 0 else f"step {step}"
+        raise ValueError(f"splitting {len(points) - 1} steps at {where} leaves an empty part: the split must fall "
+                         f"between step 1 and step {len(points) - 2}")
+    return points[:at + 1], points[at:], at

@@ -13,7 +13,9 @@ from ..contract_types import ResolvedSchedule
 from ..handles import LatentHandle
 from ..placement import placement_of
 from ..schedule_rules import resolve_single_schedule
-from ..sampling import device_and_dtype, euler, guidance_for, guided, noised_start, split_at_boundary
+from ..sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
+from ..schedulers import step_over
+from ..sigmas import TABLE_TOLERANCE
 from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
                         ModelFamily, PipelineSource)
 
@@ -38,8 +40,28 @@ def text_device(model):
     return next(model.pipeline.text_encoder.parameters()).device
 
 
+# LatentHandle.extra key: the sigma a stage stopped at, when it left noise for the next sampler (absent: clean)
+NOISE_SIGMA = "lorabind_noise_sigma"
+
+
+def check_continuation(latent, schedule) -> None:
+    """A stage with add_noise off continues a latent: it must start at the sigma the previous stage stopped at
+    (a clean latent, or a noisy one with add_noise on, would be sampled as if it held other noise)."""
+    left = latent.extra.get(NOISE_SIGMA)
+    first = float(schedule.stage_sigmas()[0])
+    if schedule.add_noise and left is not None:
+        raise ValueError(f"the latent still holds noise at sigma {left:.4f} (a stage that stopped early): turn "
+                         f"add_noise off to continue it, or start from a clean latent")
+    if not schedule.add_noise and left is not None and abs(left - first) > TABLE_TOLERANCE:
+        raise ValueError(f"add_noise is off, so this stage continues the latent, which the previous stage left at "
+                         f"sigma {left:.4f}; this stage starts at sigma {first:.4f} (step {schedule.start_step}): "
+                         f"set start_step to where the previous stage's end_step stopped")
+
+
 class DiffusersFlowFamily(ModelFamily):
     """Shared implementation for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
+
+    runs_stages = True
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
@@ -79,6 +101,7 @@ class DiffusersFlowFamily(ModelFamily):
         if negative is None and any(guidance_for(schedule.cfg, self._is_low_noise(model, e)) != 1.0
                                     for e in experts):
             raise ValueError("cfg != 1 needs a negative conditioning")
+        check_continuation(latent, schedule)
 
     # hooks for the subclasses ------------------------------------------------------------------------------------
 
@@ -99,13 +122,16 @@ class DiffusersFlowFamily(ModelFamily):
 
     def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None,
                 check_interrupt=None) -> LatentHandle:
-        """Sample from ``latent`` (start point; zeros for text-to-X) over ``schedule.sigmas`` exactly: the start
-        is ``σ_0·noise + (1 − σ_0)·latent``; each step runs the expert ``experts_per_step`` names."""
+        """Sample the stage ``schedule.stage_sigmas()`` exactly with ``schedule.scheduler``: the start is
+        ``σ_0·noise + (1 − σ_0)·latent`` (zeros for text-to-X), or the latent itself when add_noise is off (it
+        continues a stage); each step runs the expert ``experts_per_step`` names for its place in the schedule.
+        A stage that stops above σ = 0 returns the noise state, marked for the next sampler."""
         self.check_inputs(model, positive, negative, latent, schedule)
-        sigmas = [float(s) for s in schedule.sigmas]
-        experts = self.experts_per_step(model, schedule)
+        sigmas = [float(s) for s in schedule.stage_sigmas()]
+        experts = self.experts_per_step(model, schedule)[schedule.start_step:]
         predict = self.prediction(model, positive, negative, latent)
-        x = self.to_model_space(noised_start(latent.samples.float(), seed, sigmas[0]), latent)
+        start = noised_start(latent.samples.float(), seed, sigmas[0]) if schedule.add_noise else latent.samples.float()
+        x = self.to_model_space(start, latent)
         placement = placement_of(model)
 
         def velocity(i, x, sigma):
@@ -114,11 +140,16 @@ class DiffusersFlowFamily(ModelFamily):
             cfg = guidance_for(schedule.cfg, self._is_low_noise(model, experts[i]))
             return guided(predict, experts[i], x, sigma, cfg, self.renormalize)
 
-        x = euler(x, sigmas, velocity, on_step=on_step, check_interrupt=check_interrupt)
+        scheduler_config = getattr(getattr(model.pipeline, "scheduler", None), "config", None)
+        x = step_over(x, sigmas, velocity, schedule.scheduler, config=scheduler_config, on_step=on_step,
+                      check_interrupt=check_interrupt)
         if placement is not None:
             placement.end_denoise()
         x = self.from_model_space(x, latent)
-        return LatentHandle(samples=x.cpu(), family=latent.family, kind=latent.kind, extra=dict(latent.extra))
+        extra = {key: value for key, value in latent.extra.items() if key != NOISE_SIGMA}
+        if sigmas[-1] > 0.0:
+            extra[NOISE_SIGMA] = sigmas[-1]
+        return LatentHandle(samples=x.cpu(), family=latent.family, kind=latent.kind, extra=extra)
 
     def decode(self, model, latent):
         """VAE-decode to ComfyUI's IMAGE: float [frames, H, W, C] in 0..1 (video batches are concatenated

@@ -19,6 +19,9 @@ CONTRACT_METADATA_KEY = "sampling_contract"
 # "4step", "4steps", "8-steps", "4_step" (not "14steps" read as 4, not "4stepsize")
 _STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
 
+# The distill releases (LightX2V, Lightning) sample with flow-matching Euler at their few steps.
+DISTILL_SCHEDULER = "euler"
+
 
 def distill_contract(file_name: str, family: str, shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
     """N steps on ``shifted_sigmas(N, shift)`` at cfg 1 when ``file_name`` carries a step count N >= 1, else None."""
@@ -42,7 +45,8 @@ def open_contract(file_name: str, family: str, rank: Optional[int], open_fields:
     """A distill file whose name carries no step count: what its release pins (often cfg 1, the Qwen-Image
     Lightning shift) and which fields it leaves to the user, said in the contract instead of "none declared"."""
     return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, shift=shift,
-                            cfg=cfg, rank=rank, declared_by="file name", open_fields=tuple(open_fields), note=note)
+                            cfg=cfg, rank=rank, declared_by="file name", open_fields=tuple(open_fields), note=note,
+                            scheduler=DISTILL_SCHEDULER)
 
 
 def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, family: str, shift: float,
@@ -91,7 +95,7 @@ def _distill(file_name: str, family: str, steps: int, shift: float, cfg: float, 
              declared_by: str) -> ScheduleContract:
     return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, steps=steps,
                             sigmas=shifted_sigmas(steps, shift), shift=shift, cfg=cfg, rank=rank,
-                            declared_by=declared_by)
+                            declared_by=declared_by, scheduler=DISTILL_SCHEDULER)
 
 
 def _summary(contract: ScheduleContract) -> str:

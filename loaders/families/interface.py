@@ -92,6 +92,10 @@ class ModelFamily:
     id: str = ""  # key-map family id ("wan", "qwen_image", "minimax_h3"), shown by ``inspect``
     model_families: tuple = ()  # the LoadedModel.family values served ("wan2.1", "wan2.2_moe")
     has_audio: bool = False  # the model generates a soundtrack on its own schedule (``audio_flow_shift``)
+    # Stages (sigmas input, start/end step, denoise, add_noise) and the scheduler choice: a family whose denoise
+    # runs one sigma list runs any slice of it; False refuses those inputs by name.
+    runs_stages: bool = False
+    reference_scheduler: str = "euler"  # what the family's reference pipeline steps with (scheduler "default")
     # {model_index component: ROLE_*} of the components with weights; the first denoiser is the main one
     index_roles: dict = {}
     # the denoisers a LoRA can be attached to by name (the adapter nodes' ``component`` choices)
@@ -247,6 +251,12 @@ class ModelFamily:
     def experts_per_step(self, model, schedule) -> Optional[list]:
         """The denoiser each step runs on, or None when the denoiser follows the task, not the sigmas."""
         return None
+
+    def check_stage(self, model_handle, schedule, enforce: bool) -> list:
+        """Refuse a stage (``schedule.start_step``..``stage_end``) the model's artifacts do not allow (ContractError
+        naming the artifact and the input), before anything touches a weight; with ``enforce`` off, the override
+        lines instead."""
+        return []
 
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         """Refuse inputs that cannot be sampled together, naming the input; cheap and weight-free."""

@@ -11,7 +11,7 @@ from ...handles import ConditioningHandle, LatentHandle
 from ...model_index import is_set
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
 from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
-from . import contracts, keymap, slots
+from . import contracts, keymap, slots, stages
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .prediction import WanPrediction
 from .single_files import assemble_wan_pipeline, check_expert_files
@@ -106,6 +106,11 @@ class WanFamily(DiffusersFlowFamily):
             view.update(note=note, text=f"{view['text']} ({note})")
         return view
     check_resolved = staticmethod(contracts.check_expert_split)
+
+    def check_stage(self, model_handle, schedule, enforce: bool) -> list:
+        experts = self.experts_per_step(model_handle.model, schedule)
+        return stages.check_stage_experts(model_handle, schedule, experts, self.denoiser_roles(model_handle.model),
+                                          enforce)
 
     # Wan2.2 expert split
     def model_boundary(self, model) -> Optional[float]:
