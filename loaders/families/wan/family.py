@@ -47,6 +47,7 @@ class WanFamily(DiffusersFlowFamily):
     labels = LABELS
     real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
     tiny_models = TINY_MODELS
+    reference_scheduler = "unipc"  # Wan-AI/*-Diffusers scheduler_config.json: UniPCMultistepScheduler
 
     def detect(self, model_index: dict) -> Optional[str]:
         if not str(model_index.get("_class_name", "")).startswith("Wan"):
