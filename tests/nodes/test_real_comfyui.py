@@ -147,3 +147,18 @@ def test_a_peft_folders_inner_file_is_refused_as_headless(comfy):
     refused = comfy.run(prompt)  # ComfyUI still runs the branches that validate; this one it refuses
     errors = refused.body["node_errors"][loaders[0]]["errors"]
     assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [("value_not_in_list", "lora_name")]
+
+
+def test_the_three_stage_example_runs_in_comfyui_and_refuses_the_middle_stage_past_the_boundary(comfy):
+    prompt = _workflow("wan22_lightning_three_stage", seed=505)
+    run = comfy.run(prompt)
+    assert run.error is None, run.error
+    texts = {m["node"]: m["output"]["text"] for m in run.of_type("executed") if "text" in (m["output"] or {})}
+    assert "stage: steps 1..1 of 4 (add_noise off)" in texts["8"]
+    assert "stage: steps 2..3 of 4 (add_noise off)" in texts["9"]
+    assert any(line.startswith("contract enforced: wan2.2_t2v_A14b_high_noise") for line in texts["8"])
+    prompt["8"]["inputs"]["end_step"] = 3
+    refused = comfy.run(prompt)
+    assert refused.error["node_id"] == "8"
+    assert ("end_step 3 runs step 2 (σ=0.8333) on transformer_2, which carries no distill LoRA"
+            in refused.error["exception_message"])
