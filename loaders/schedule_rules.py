@@ -275,10 +275,16 @@ def _check_given_sigmas(contracts: Sequence[ScheduleContract], request: Sampling
             continue
         text = (f"the sigmas input {_fmt('sigmas', request.sigmas)} is no part of its "
                 f"{contract_value(contract, 'steps')}-step table {_fmt('sigmas', table)}")
-        if request.enforce_contract:
-            raise ContractError(f"{describe_artifact(contract)}: {text} ({declared_by_words(contract)}set "
-                                f"enforce_contract off to override it explicitly)")
-        overrides.append(f"{text}; overrides {contract.source}")
+        refuse_or_record(contract, text, request.enforce_contract, overrides, declared_by_words(contract))
+
+
+def refuse_or_record(contract: ScheduleContract, text: str, enforce: bool, overrides: list, fix: str = "") -> None:
+    """An enforced contract refuses ``text`` (ContractError naming the artifact, ``fix`` and how to override it);
+    with enforce_contract off the difference is recorded in ``overrides`` instead, never silent."""
+    if enforce:
+        raise ContractError(f"{describe_artifact(contract)}: {text} ({fix}set enforce_contract off to override it "
+                            f"explicitly)")
+    overrides.append(f"{text}; overrides {contract.source}")
 
 
 def _contract_sigmas(agreed: dict, steps: int, shift: float) -> tuple:

@@ -25,7 +25,9 @@ def test_sampler_input_order_is_the_final_form():
     spec = LoraBindSampler.INPUT_TYPES()
     assert list(spec["required"]) == ["model", "positive", "negative", "latent", "seed", "steps", "cfg", "shift",
                                       "boundary", "enforce_contract"]
-    assert list(spec["optional"]) == ["adapter", "schedule", "cfg_low_noise", "audio_flow_shift"]
+    # the staged-sampling inputs come after the older ones: saved workflows keep their positional widget values
+    assert list(spec["optional"]) == ["adapter", "schedule", "cfg_low_noise", "audio_flow_shift", "sigmas",
+                                      "scheduler", "start_step", "end_step", "denoise", "add_noise"]
     assert spec["required"]["seed"][1]["control_after_generate"] is True
     assert spec["required"]["shift"][1]["default"] == 5.0 and spec["required"]["enforce_contract"][1]["default"]
 

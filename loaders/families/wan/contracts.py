@@ -8,7 +8,7 @@ from typing import Optional
 
 from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ...errors import ContractError
-from ...schedule_rules import contract_value, describe_artifact
+from ...schedule_rules import contract_value, refuse_or_record
 from ...sigmas import on_high_noise_expert
 from ..distill_names import declared, distill_contract, open_contract
 
@@ -136,7 +136,5 @@ def check_expert_split(model, resolved: ResolvedSchedule, request: SamplingReque
         return
     text = (f"boundary={request.boundary:g} runs {got} of {len(steps)} steps on the high-noise expert, but the "
             f"model's boundary_ratio {float(model_boundary):g} runs {wanted}")
-    if request.enforce_contract:
-        raise ContractError(f"{describe_artifact(split_by[0])}: {text} (set boundary to 0 to use the model's, or "
-                            f"enforce_contract off to override it explicitly)")
-    overrides.append(f"{text}; overrides {split_by[0].source}")
+    refuse_or_record(split_by[0], text, request.enforce_contract, overrides,
+                     "set boundary to 0 to use the model's; ")

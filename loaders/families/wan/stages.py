@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ...errors import ContractError
-from ...schedule_rules import describe_artifact
+from ...schedule_rules import refuse_or_record
 from ..interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 
 _EXPERT_WORDS = {ROLE_HIGH_NOISE: "high-noise", ROLE_LOW_NOISE: "low-noise"}
@@ -38,10 +37,9 @@ def check_stage_experts(model_handle, schedule, experts: list, roles: dict, enfo
             f"runs step {step} (σ={float(schedule.sigmas[step]):.4f}) on {experts[step]}, which carries no distill "
             f"LoRA; {contract.source} covers the {_EXPERT_WORDS[roles[component]]} expert {component} (steps "
             f"{_span(allowed)} of the schedule): {fix}")
-    if enforce:
-        raise ContractError(f"{describe_artifact(contract)}: {text} (or set enforce_contract off to override it "
-                            f"explicitly)")
-    return [f"{text}; overrides {contract.source}"]
+    overrides: list = []
+    refuse_or_record(contract, text, enforce, overrides)
+    return overrides
 
 
 def _expert_bound_contracts(model_handle, contracts, roles: dict) -> dict:
