@@ -108,7 +108,7 @@ def upload_bandwidth(device, nbytes: int = 1 << 31) -> float:
 
 def fuse_entry(expert, device, dtype) -> dict:
     """Our fuse vs diffusers' fuse_lora vs the HBM floor, on one expert."""
-    from lorabind.loaders.patching import PatchLayer, WeightPatcher
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
     targets = lora_targets(expert, device, dtype)
     touched = sum(expert.get_submodule(p).weight.numel() * expert.get_submodule(p).weight.element_size()
@@ -131,7 +131,7 @@ def fuse_entry(expert, device, dtype) -> dict:
 
 
 def _loaded_model(experts: dict, boundary: float):
-    from lorabind.loaders.model_store import LoadedModel
+    from lorabind.loaders.models.store import LoadedModel
 
     index = {"_class_name": "WanPipeline", "boundary_ratio": boundary,
              **{n: ["diffusers", "WanTransformer3DModel"] for n in experts}}
@@ -158,7 +158,7 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
     """Seconds per step: our sampler vs WanPipeline, same experts, resolution, steps and guidance (cfg 1)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    from lorabind.loaders.generation import denoise
+    from lorabind.loaders.generation.entry_points import denoise
 
     boundary = 0.5 + 0.5 / steps  # half the steps on each expert
     model = _loaded_model(experts, boundary)
@@ -178,9 +178,9 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
 def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, size: tuple) -> dict:
     """diffusers' model offload peak, then our swap plan: the swap time vs the upload floor, and its peak."""
     from lorabind.loaders.families import component_roles
-    from lorabind.loaders.memory import MemoryPlan
-    from lorabind.loaders.placement import ModelPlacement
-    from lorabind.loaders.generation import denoise
+    from lorabind.loaders.placement import MemoryPlan
+    from lorabind.loaders.placement.apply_plan import ModelPlacement
+    from lorabind.loaders.generation.entry_points import denoise
 
     def peak(fn) -> int:
         if device.type != "cuda":

@@ -13,11 +13,11 @@ import gc
 
 import torch
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache, map_to_model, read_lora
 from lorabind.loaders.families import family_by_id
-from lorabind.loaders.model_store import LoadedModel
+from lorabind.loaders.models.store import LoadedModel
 
 from .measure import alternate, timed
 from .workload import build_transformer

@@ -25,8 +25,8 @@ def _wall(args: list) -> float:
 
 
 def run(reps: int) -> dict:
-    from lorabind.loaders.tiny_models import build_tiny
-    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, write_fixture_loras
+    from lorabind.tiny_models import build_tiny
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, write_fixture_loras
 
     with tempfile.TemporaryDirectory() as root:
         build_tiny(root, names=("tiny-wan22-t2v",))

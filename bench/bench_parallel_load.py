@@ -15,8 +15,8 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.model_store import quiet_library_progress
-from lorabind.loaders.parallel_loading import auto_workers, shard_loading
+from lorabind.loaders.models.store import quiet_library_progress
+from lorabind.loaders.models.parallel_loading import auto_workers, shard_loading
 
 from .measure import alternate, timed
 

@@ -8,9 +8,9 @@ import statistics
 
 import torch
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec
-from lorabind.loaders.model_store import LoadedModel
+from lorabind.loaders.models.store import LoadedModel
 
 from .measure import timed
 from .workload import FULL, QUICK, build_transformer, write_lora

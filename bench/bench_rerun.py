@@ -15,8 +15,8 @@ import os
 import statistics
 import time
 
-from lorabind.loaders import generation
-from lorabind.loaders.tiny_models import build_tiny
+from lorabind.loaders.generation import entry_points as generation
+from lorabind.tiny_models import build_tiny
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime import folder_paths
 from lorabind.runtime.executor import PromptExecutor

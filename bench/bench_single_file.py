@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    "full": None,  # the shipped real configuration: loaders/single_file/configs/wan2.1_t2v_1.3B.json
+    "full": None,  # the shipped real configuration: loaders/models/single_file/configs/wan2.1_t2v_1.3B.json
     "quick": dict(num_attention_heads=4, attention_head_dim=32, num_layers=2, ffn_dim=256, text_dim=128),
     # ~256 MB of bf16: large enough that a second copy of the checkpoint would show in the peak
     "probe": dict(num_attention_heads=8, attention_head_dim=128, num_layers=8, ffn_dim=4096, text_dim=256),
@@ -29,7 +29,7 @@ CONFIGS = {
 
 
 def _config(size: str) -> dict:
-    from lorabind.loaders.single_file import catalog
+    from lorabind.loaders.models.single_file import catalog
 
     base = dict(catalog.config("wan2.1_t2v_1.3B"))
     return {**base, **(CONFIGS[size] or {})}
@@ -41,8 +41,8 @@ def write(folder: Path, size: str) -> None:
     from diffusers import WanTransformer3DModel
     from safetensors.torch import save_file
 
-    from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
-    from lorabind.loaders.single_file.native_files import native_tensors
+    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+    from lorabind.loaders.models.single_file.native_files import native_tensors
 
     config = _config(size)
     folder.mkdir(parents=True, exist_ok=True)
@@ -85,9 +85,9 @@ def load(kind: str, folder: Path) -> dict:
     import torch
     from diffusers import WanTransformer3DModel
 
-    from lorabind.loaders.single_file import catalog
-    from lorabind.loaders.single_file.detect import detect
-    from lorabind.loaders.single_file.loading import load_component
+    from lorabind.loaders.models.single_file import catalog
+    from lorabind.loaders.models.single_file.detect import detect
+    from lorabind.loaders.models.single_file.loading import load_component
 
     path = folder / "model.safetensors"
     probe = catalog.KnownModel(str(folder / "config.json"), "wan_transformer", "bench probe", "probe", "t2v")

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON ('-' for stdout)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+    from lorabind.tiny_models import build_tiny, lora_fixtures
 
     with tempfile.TemporaryDirectory(prefix="lorabind-scale-out-") as tmp:
         root = Path(tmp)

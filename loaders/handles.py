@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .contract_types import ScheduleContract
+from .contracts.types import ScheduleContract
 
 SOCKET_MODEL = "LORABIND_MODEL"
 SOCKET_CONDITIONING = "LORABIND_CONDITIONING"
@@ -53,7 +53,7 @@ class AdapterSpec:
 class ModelHandle:
     """A loaded model plus the state a sampler must bind before denoising.
 
-    ``model`` is the shared ``loaders.model_store.LoadedModel`` (loaded once per path). ``fuses`` is the exact
+    ``model`` is the shared ``loaders.models.store.LoadedModel`` (loaded once per path). ``fuses`` is the exact
     patch set to fuse; ``adapters`` the dynamic adapters attached by model-level nodes (MiniMax-H3);
     ``contracts`` the schedule contracts attached by fuses or pinned by the checkpoint.
     """

@@ -3,7 +3,7 @@
 Dropdowns list ComfyUI's own folders (``diffusion_models``/``unet``, ``vae``, ``text_encoders``/``clip``,
 ``clip_vision``) plus the
 built-in tiny single files (``lorabind-tiny/...``, built offline on first use). Detection, the fit checks and
-loading are ``loaders.single_file``'s; this node only resolves names to files.
+loading are ``loaders.models.single_file``'s; this node only resolves names to files.
 """
 
 from __future__ import annotations

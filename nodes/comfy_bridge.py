@@ -3,7 +3,7 @@
 Inside ComfyUI we use its ``folder_paths``, ``comfy.utils.ProgressBar``, its interrupt check and its
 ``model_management`` (the default device; freeing its models before ours take VRAM; releasing ours when it
 unloads); headless we use the runtime's equivalents, which the runtime installs in ``usecases.host`` (the nodes
-never import the runtime: it imports them), and the session defaults of ``loaders.devices``. Every node goes
+never import the runtime: it imports them), and the session defaults of ``loaders.placement.devices``. Every node goes
 through these functions so that no node module imports ComfyUI at import time.
 """
 

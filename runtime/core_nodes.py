@@ -29,13 +29,13 @@ class LoadImage:
         return {"required": {"image": (folder_paths.get_input_image_list(), {"image_upload": True})}}
 
     def load_image(self, image):
-        from ..loaders.image_files import load_image_file
+        from ..loaders.io.image_files import load_image_file
 
         return load_image_file(folder_paths.get_annotated_filepath(image))
 
     @classmethod
     def IS_CHANGED(cls, image):
-        from ..loaders.image_files import file_sha256
+        from ..loaders.io.image_files import file_sha256
 
         return file_sha256(folder_paths.get_annotated_filepath(image))
 
@@ -79,7 +79,7 @@ class SaveImage:
     def save_images(self, images, filename_prefix="ComfyUI", prompt=None, extra_pnginfo=None):
         """One PNG per image, ``<prefix>_<counter:05>_.png`` counting up (``%batch_num%`` in the prefix is the
         index in the batch), PNG text chunks ``prompt`` and ``workflow`` as ComfyUI writes them."""
-        from ..loaders.atomic_files import write_atomically
+        from ..loaders.io.atomic_files import write_atomically
         from ..nodes.output_nodes import frame_to_pil, png_metadata
 
         prefix = filename_prefix + self.extra_prefix

@@ -1,6 +1,6 @@
 """``--device`` / ``--memory`` of ``lorabind run`` and ``lorabind serve``: defaults for every model loader.
 
-They set what ``auto`` means for the loader's ``device`` and ``memory`` inputs (``loaders.devices`` session
+They set what ``auto`` means for the loader's ``device`` and ``memory`` inputs (``loaders.placement.devices`` session
 defaults), so existing workflows and API prompts, which name neither or say ``auto``, follow the command line
 while a loader that names a device keeps it. No torch import here: ``lorabind --help`` stays fast.
 """
@@ -21,7 +21,7 @@ def add_device_arguments(parser) -> None:
 
 def apply_device_arguments(args) -> str | None:
     """Install the session defaults; a user-facing error text when ``--device`` is not a device name."""
-    from ..loaders.devices import set_session_defaults
+    from ..loaders.placement.devices import set_session_defaults
     from ..loaders.errors import LoraBindError
 
     try:

@@ -27,8 +27,8 @@ if str(HELPERS_DIR) not in sys.path:
 @pytest.fixture(scope="session")
 def tiny_models_root(tmp_path_factory):
     """A models root with the Wan2.2 MoE, Wan2.1 and Qwen-Image tiny models and the Wan/Qwen fixture LoRAs."""
-    from lorabind.loaders.tiny_models import BUILTIN_MODELS, build_tiny
-    from lorabind.loaders.tiny_models.lora_fixtures import write_fixture_loras
+    from lorabind.tiny_models import BUILTIN_MODELS, build_tiny
+    from lorabind.tiny_models.lora_fixtures import write_fixture_loras
 
     root = tmp_path_factory.mktemp("tiny_models")
     build_tiny(root, names=list(BUILTIN_MODELS))
@@ -40,7 +40,7 @@ def tiny_models_root(tmp_path_factory):
 def load_tiny(tiny_models_root):
     """``load_tiny(name)`` -> the shared LoadedModel of a built-in tiny model (the engine caches one per folder,
     exactly as the nodes get it)."""
-    from lorabind.loaders.model_store import load_model
+    from lorabind.loaders.models.store import load_model
 
     return lambda name: load_model(str(tiny_models_root / "diffusers" / name), name=name)
 
@@ -48,7 +48,7 @@ def load_tiny(tiny_models_root):
 @pytest.fixture(scope="session")
 def mm_root(tmp_path_factory):
     """A models root with both tiny MiniMax-H3 models and the MiniMax-H3 fixture LoRAs."""
-    from lorabind.loaders.tiny_models.minimax_h3 import build_tiny_minimax_h3, write_minimax_fixture_loras
+    from lorabind.tiny_models.minimax_h3 import build_tiny_minimax_h3, write_minimax_fixture_loras
 
     root = tmp_path_factory.mktemp("minimax_models")
     build_tiny_minimax_h3(root)
@@ -66,7 +66,7 @@ class _MiniMaxModels:
         self.root = root
 
     def __getitem__(self, key: str):
-        from lorabind.loaders.model_store import load_model
+        from lorabind.loaders.models.store import load_model
 
         return load_model(self.root / "diffusers" / self.FOLDERS[key])
 

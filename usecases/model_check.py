@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..loaders.tiny_models import BUILTIN_NAMES
+from ..tiny_models import BUILTIN_NAMES
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
 FILE_INPUTS = {
@@ -94,18 +94,18 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
 
 
 def _is_builtin(kind: str, name: str) -> bool:
-    from ..loaders.tiny_models.single_files import tiny_file_names
+    from ..tiny_models.single_files import tiny_file_names
 
     return name in BUILTIN_NAMES if kind == "diffusers" else name in tiny_file_names().get(kind, ())
 
 
 def _describe(kind: str, path: str, name: str) -> str:
     """What the file is, read from its header / model_index.json / name (nothing loaded)."""
-    from ..loaders.contracts import lora_file_contracts
+    from ..loaders.contracts.discovery import lora_file_contracts
     from ..loaders.errors import LoraBindError
     from ..loaders.families import detect_model_family
-    from ..loaders.model_index import read_model_index
-    from ..loaders.single_file.detect import detect
+    from ..loaders.models.model_index import read_model_index
+    from ..loaders.models.single_file.detect import detect
 
     try:
         if kind == "diffusers":

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..loaders.binding import set_adapter_cache_size
+from ..loaders.binding.bind import set_adapter_cache_size
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import ModelHandle
-from ..loaders.model_store import load_model as load_folder
-from ..loaders.single_file.pipelines import detect_set, load_single_files
-from ..loaders.tiny_models import BUILTIN_NAMES, build_builtin, needs_build
+from ..loaders.models.store import load_model as load_folder
+from ..loaders.models.single_file.pipelines import detect_set, load_single_files
+from ..tiny_models import BUILTIN_NAMES, build_builtin, needs_build
 from .model_folders import model_folder_names
 
 MODEL_FOLDER_KIND = "diffusers"

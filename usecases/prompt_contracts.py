@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..loaders.contracts import lora_file_contracts, model_folder_contracts
+from ..loaders.contracts.discovery import lora_file_contracts, model_folder_contracts
 from ..loaders.errors import LoraBindError
 from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
-from ..loaders.schedule_rules import contract_value, mismatch_message
+from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from .models import find_model
 
 LORA_KIND = "loras"

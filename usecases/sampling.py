@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from ..loaders import binding, generation, schedulers
-from ..loaders.contracts import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
+from ..loaders.binding import bind as binding
+from ..loaders.generation import entry_points as generation, schedulers
+from ..loaders.contracts.discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
 from ..loaders.families import family_for, has_expert_pair
-from ..loaders.sigmas import check_run_sigmas, switch_step
+from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
 
 # end_step's "to the end of the schedule" (KSamplerAdvanced's end_at_step default)
 END_OF_SCHEDULE = 10000

@@ -104,7 +104,7 @@ def guess_family(lora) -> Optional[ModelFamily]:
 
 def checkpoint_contracts(model) -> tuple:
     """Contracts pinned by a loaded checkpoint (a ``LoadedModel``), as a tuple for ``ModelHandle.contracts``."""
-    from ..baked_contracts import baked_contracts
+    from ..contracts.baked import baked_contracts
 
     contract = family_for(model).checkpoint_contract(model.model_index, model.name)
     return ((contract,) if contract is not None else ()) + baked_contracts(model.model_index, model.name)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..contract_types import ResolvedSchedule
+from ..contracts.types import ResolvedSchedule
 from ..handles import LatentHandle
-from ..placement import placement_of
-from ..schedule_rules import resolve_single_schedule
-from ..sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
-from ..schedulers import step_over
-from ..sigmas import TABLE_TOLERANCE
+from ..placement.apply_plan import placement_of
+from ..contracts.schedule_rules import resolve_single_schedule
+from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
+from ..generation.schedulers import step_over
+from ..contracts.sigmas import TABLE_TOLERANCE
 from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
                         ModelFamily, PipelineSource)
 

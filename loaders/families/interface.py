@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import KeyMatchError
-from ..model_index import is_set
-from ..schedule_rules import contract_dict
+from ..models.model_index import is_set
+from ..contracts.schedule_rules import contract_dict
 
-# Component roles (``ModelFamily.denoiser_roles`` / ``components``), the vocabulary ``loaders.memory`` plans with.
+# Component roles (``ModelFamily.denoiser_roles`` / ``components``), the vocabulary ``loaders.placement`` plans with.
 ROLE_DENOISER = "denoiser"  # a model's only denoiser, or one chosen by the task (MiniMax-H3 partitions)
 ROLE_HIGH_NOISE = "high_noise_expert"  # Wan2.2 MoE: runs while sigma >= boundary (``transformer``)
 ROLE_LOW_NOISE = "low_noise_expert"  # Wan2.2 MoE: runs below the boundary (``transformer_2``)
@@ -52,7 +52,7 @@ SHARED_INDEX_ROLES = {"text_encoder": ROLE_TEXT_ENCODER, "image_encoder": ROLE_I
 class TinyRecipe:
     """A built-in tiny model of a family: ``name`` (its folder under ``models/diffusers``), the requirements id
     it needs (``ModelFamily.requirements``), and the builder the tiny-model factory runs: ``builder`` in module
-    ``module`` (relative to ``loaders.tiny_models`` when it starts with a dot), ``builder(models_root)``. Named,
+    ``module`` (relative to ``tiny_models`` when it starts with a dot), ``builder(models_root)``. Named,
     not imported, so the engine never imports the factory."""
 
     name: str
@@ -67,7 +67,7 @@ class PipelineSource:
 
     ``kind`` "diffusers": a diffusers folder (``path`` holding ``model_index.json``, already read into
     ``model_index``); ``dtype`` None keeps the folder's own dtype.
-    ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.single_file``), named as
+    ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.models.single_file``), named as
     the equivalent diffusers folder names them (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``,
     ``image_encoder``), in ``components``, with their ``tokenizer``; ``variant`` is what detection named ("t2v",
     "i2v", "ti2v", or None) and ``path`` the first denoiser file. The family assembles its pipeline from them.
@@ -85,7 +85,7 @@ class PipelineSource:
 class ModelFamily:
     """Base class of the family objects; subclasses override what differs and inherit the shared defaults.
 
-    ``model`` arguments are ``loaders.model_store.LoadedModel`` objects (``model.family`` is one of this
+    ``model`` arguments are ``loaders.models.store.LoadedModel`` objects (``model.family`` is one of this
     family's ``model_families``); ``model_handle`` arguments are ``loaders.handles.ModelHandle`` objects.
     """
 
@@ -100,10 +100,10 @@ class ModelFamily:
     index_roles: dict = {}
     # the denoisers a LoRA can be attached to by name (the adapter nodes' ``component`` choices)
     lora_components: tuple = ()
-    # {requirements id: {distribution: minimum version}} and {requirements id: label} (``loaders.compat``)
+    # {requirements id: {distribution: minimum version}} and {requirements id: label} (``loaders.models.compat``)
     requirements: dict = {}
     labels: dict = {}
-    real_configs: tuple = ()  # folders under ``loaders/memory/real_configs`` (``lorabind plan NAME``)
+    real_configs: tuple = ()  # folders under ``loaders/placement/real_configs`` (``lorabind plan NAME``)
     tiny_models: tuple = ()  # TinyRecipe of each built-in tiny model
 
     def serves(self, model) -> bool:

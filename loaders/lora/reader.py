@@ -14,7 +14,7 @@ import os
 import threading
 from collections import OrderedDict
 
-from .. import json_limits
+from ..io import json_limits
 from ..errors import LoraFileError
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile

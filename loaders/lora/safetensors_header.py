@@ -19,7 +19,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from .. import json_limits
+from ..io import json_limits
 from ..errors import LoraFileError
 
 # bytes per element of every dtype the format defines

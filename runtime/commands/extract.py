@@ -1,7 +1,7 @@
 """``lorabind extract --base DIR --tuned DIR --out FILE [--rank R] [--layers GLOB ...] [--config FILE] ...``.
 
 Extracts a LoRA (SVD per linear layer, full diffs for the rest unless ``--no-diffs``) from the difference between
-two diffusers folders of the same architecture; the logic lives in ``loaders.extraction``. The options follow
+two diffusers folders of the same architecture; the logic lives in ``loaders.offline.extraction``. The options follow
 LightX2V's extractor: layer globs, rank 32 cut per layer, alpha = rank, bf16 output, device, key prefix, and a
 JSON config file holding any of them (command-line values win). Module-level imports stay light: ``lorabind
 --help`` must not import torch.
@@ -55,7 +55,7 @@ def add_arguments(parser) -> None:
 
 def _settings(args) -> dict:
     """Built-in defaults, overridden by the config file, overridden by explicit command-line values."""
-    from ...loaders import json_limits
+    from ...loaders.io import json_limits
     from ...loaders.errors import LoraBindError
 
     settings = dict(DEFAULTS)
@@ -102,12 +102,12 @@ def extract_to_file(base_dir: str, tuned_dir: str, out: str, *, component: str |
                     device: str = "cpu", overwrite: bool = False) -> dict:
     import torch
 
-    from ...loaders.baked_contracts import extracted_contract_metadata
-    from ...loaders.devices import resolve_device
-    from ...loaders.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
-    from ...loaders.model_index import read_model_index
-    from ...loaders.model_store import denoiser_names
-    from ...loaders.safe_output import check_output
+    from ...loaders.contracts.baked import extracted_contract_metadata
+    from ...loaders.placement.devices import resolve_device
+    from ...loaders.offline.extraction import ComponentWeights, ExtractOptions, extract_lora, save_extracted
+    from ...loaders.models.model_index import read_model_index
+    from ...loaders.models.store import denoiser_names
+    from ...loaders.io.safe_output import check_output
 
     if dtype not in (None, "auto") and dtype not in DTYPE_ARGUMENTS:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_ARGUMENTS)} or auto, got {dtype!r}")

@@ -49,7 +49,7 @@ def run(args) -> int:
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
     from ...loaders import families
-    from ...loaders.contracts import contract_to_dict, discover_contract
+    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
     from ...loaders.lora.preparation import kind_summary
 
@@ -57,7 +57,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     family_module = families.guess_family(lora)
     model = None
     if model_dir:  # structure only (meta device): accounting compares names and shapes, no weight is read
-        from ...loaders.model_structure import load_structure
+        from ...loaders.models.structure import load_structure
 
         model = load_structure(model_dir)
         family_module = family_module or families.for_model_family(model.family)

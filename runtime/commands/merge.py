@@ -1,10 +1,10 @@
 """``lorabind merge --model DIR|FILE [--model FILE] --lora [COMPONENT=]FILE[:STRENGTH] ... --out DIR|FILE ...``.
 
 A diffusers folder in: a complete folder out with the LoRA(s) fused into its denoiser components (both Wan2.2
-experts in one run), without loading the model (``loaders.merging``). Single files in (ComfyUI's denoiser files,
+experts in one run), without loading the model (``loaders.offline.merging``). Single files in (ComfyUI's denoiser files,
 bf16 or fp8; two Wan2.2 experts high-noise first): one single file out per file, bf16 by default or fp8 scaled
-with ``--dtype fp8_e4m3fn`` (``loaders.single_file.merge``). ``--config`` reads the same settings, or LightX2V's
-converter keys, from JSON or YAML (``loaders.tool_config``; command-line values win). Module-level imports stay
+with ``--dtype fp8_e4m3fn`` (``loaders.models.single_file.merge``). ``--config`` reads the same settings, or LightX2V's
+converter keys, from JSON or YAML (``loaders.offline.tool_config``; command-line values win). Module-level imports stay
 light: ``lorabind --help`` must not import torch.
 """
 
@@ -93,8 +93,8 @@ def _merge(settings: dict) -> dict:
     import torch
 
     from ...loaders.errors import LoraBindError
-    from ...loaders.merging import merge_into_folder
-    from ...loaders.single_file.merge import DEFAULT_DTYPE, merge_into_files
+    from ...loaders.offline.merging import merge_into_folder
+    from ...loaders.models.single_file.merge import DEFAULT_DTYPE, merge_into_files
 
     models, outs, dtype = settings["model"], settings["out"], settings.get("dtype")
     options = dict(lenient=bool(settings.get("lenient")), overwrite=bool(settings.get("overwrite")))
@@ -114,7 +114,7 @@ def _merge(settings: dict) -> dict:
 def _settings(args) -> dict:
     """The config file's settings (our names or LightX2V's), overridden by the command line's."""
     from ...loaders.errors import LoraBindError
-    from ...loaders.tool_config import read_config, translate
+    from ...loaders.offline.tool_config import read_config, translate
 
     config = translate(read_config(args.config), args.config, CONFIG_KEYS) if args.config else {}
     explicit = {"model": args.model, "out": args.out, "component": args.component, "dtype": args.dtype,
@@ -137,7 +137,7 @@ def _listed(value) -> list:
 def _config_loras(config: dict, path: str) -> list:
     """LoRAs of a config: ``lora`` (+ ``strength``, one number or one per file) and LightX2V's ``lora_configs``
     entries, whose ``name`` (``high_noise_model``...) says the expert as a file name would."""
-    from ...loaders.tool_config import REFUSED, ConfigError
+    from ...loaders.offline.tool_config import REFUSED, ConfigError
 
     files, strengths = _listed(config.get("lora")), config.get("strength", 1.0)
     strengths = strengths if isinstance(strengths, list) else [strengths] * len(files)

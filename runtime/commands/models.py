@@ -52,7 +52,7 @@ def run(args) -> int:
         return 2
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
     from ...loaders.errors import LoraBindError
-    from ...loaders.tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins
+    from ...tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins
 
     if args.only:
         unknown = sorted(set(args.only) - set(BUILTIN_NAMES))
@@ -66,7 +66,7 @@ def run(args) -> int:
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1
     if args.comfyui:
-        from ...loaders.tiny_models.comfyui_files import write_comfyui_files
+        from ...tiny_models.comfyui_files import write_comfyui_files
 
         written += write_comfyui_files(models_root)
     if not args.only:

@@ -19,7 +19,7 @@ import sys
 
 EXIT_DOES_NOT_FIT = 1
 MAX_GIB = float(1 << 20)  # a mebi-GiB (1 PiB): far above any machine, far below where byte counts overflow
-MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.memory.MEMORY_PLANS
+MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.placement.MEMORY_PLANS
 
 
 def add_arguments(parser) -> None:
@@ -55,8 +55,8 @@ def gib_amount(text: str) -> float:
 
 def run(args) -> int:
     from ...loaders.errors import LoraBindError
-    from ...loaders.memory.model_plan import format_plan, plan_model, plan_to_json
-    from ...loaders.single_file.pipelines import files_sizes
+    from ...loaders.placement.model_plan import format_plan, plan_model, plan_to_json
+    from ...loaders.models.single_file.pipelines import files_sizes
 
     if bool(args.model) == bool(args.files):
         print("lorabind plan: give either MODEL or --files FILE... (not both)", file=sys.stderr)

@@ -12,7 +12,7 @@ import os
 import sys
 import uuid
 
-from ...loaders import json_limits
+from ...loaders.io import json_limits
 
 
 class RunError(Exception):
@@ -49,7 +49,7 @@ def load_node_classes() -> tuple[dict, dict]:
 def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
     """Build any built-in tiny model (and example input image) the prompt names that is missing, saying so
     first."""
-    from ...loaders.tiny_models import ensure_builtin_models
+    from ...tiny_models import ensure_builtin_models
 
     ensure_builtin_models(prompt, models_root, input_dir, announce=lambda line: print(line, flush=True))
 

@@ -130,7 +130,7 @@ def apply_adapter_cache_arguments(args) -> str | None:
         return None
     if args.max_cached_adapters is not None and args.max_cached_adapters < 1:
         return "--max-cached-adapters must be at least 1"
-    from ...loaders.binding import set_adapter_cache_defaults
+    from ...loaders.binding.bind import set_adapter_cache_defaults
     from ...loaders.errors import LoraBindError
     from ...loaders.lora import read_lora
     from .. import folder_paths

@@ -33,7 +33,7 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     import ray
     from ray import serve
 
-    from ...loaders.devices import session_defaults
+    from ...loaders.placement.devices import session_defaults
     from .dispatch import RayExecutor
     from .interrupts import interrupt_board
     from .replica import LorabindReplica

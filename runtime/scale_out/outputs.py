@@ -12,7 +12,7 @@ import os
 import re
 import threading
 
-from ...loaders.atomic_files import write_atomically
+from ...loaders.io.atomic_files import write_atomically
 
 FILE_TYPES = ("output", "temp")
 MAX_FILE_BYTES = 2 * 1024 ** 3  # one output file carried through Ray's object store

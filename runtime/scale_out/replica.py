@@ -28,7 +28,7 @@ INTERRUPT_POLL_S = 0.25
 
 def _fuse_passes() -> int:
     """Binds that wrote or restored weights, over every model this replica has loaded."""
-    from ...loaders import model_store
+    from ...loaders.models import store as model_store
 
     return sum(model.binding_state.stats.fuse_passes for model in model_store.loaded_models()
                if model.binding_state is not None)
@@ -38,7 +38,7 @@ def _fuse_passes() -> int:
 class LorabindReplica:
     def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None,
                  lora_dirs: tuple = ()):
-        from ...loaders.devices import set_session_defaults
+        from ...loaders.placement.devices import set_session_defaults
         from .. import folder_paths
         from ..executor import PromptExecutor
 

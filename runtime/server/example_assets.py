@@ -31,7 +31,7 @@ def ordered_templates(names: Iterable[str]) -> list[str]:
 def prepare_example_assets(workflows_dir: str, models_root: str, input_dir: str,
                            announce: Callable[[str], None]) -> list[str]:
     """Build what the served examples (``*.api.json`` beside each template) name and is missing; the names built."""
-    from ...loaders.tiny_models import ensure_builtin_models
+    from ...tiny_models import ensure_builtin_models
 
     prompt = {}
     for path in sorted(Path(workflows_dir).glob("*.api.json")):

@@ -2,7 +2,7 @@
 
 One JSON file per entry (``<seq>-<hash of prompt id>.json`` in the history folder) rather than one big file:
 entries carry the whole UI workflow in ``extra_data``, so rewriting every entry after every prompt would grow
-without bound. Each file is written atomically (``loaders.atomic_files.write_atomically``), so a crash
+without bound. Each file is written atomically (``loaders.io.atomic_files.write_atomically``), so a crash
 leaves either the old or the new entry, never half of one; an unreadable file is moved aside as ``.corrupt``
 (and logged) instead of stopping the server. ``seq`` keeps ComfyUI's insertion order across restarts.
 """
@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ...loaders import json_limits
-from ...loaders.atomic_files import write_atomically
+from ...loaders.io import json_limits
+from ...loaders.io.atomic_files import write_atomically
 from ..executor.execution import node_meta
 
 log = logging.getLogger("lorabind.server")

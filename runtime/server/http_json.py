@@ -9,7 +9,7 @@ from typing import Optional
 
 from aiohttp import web
 
-from ...loaders import json_limits
+from ...loaders.io import json_limits
 
 _CHUNK_BYTES = 64 * 1024
 

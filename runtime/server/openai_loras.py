@@ -84,7 +84,7 @@ def attach_distill(templates: list[Template], files: tuple, models_root: str,
     (steps, shift, cfg) the defaults of the node they chain into, so a request that sends none of those runs.
     Returns each template that got files, with their names; ValueError (at start) for a file that fits no
     template or lies outside the LoRA folders."""
-    from ...loaders.tiny_models import ensure_builtin_models
+    from ...tiny_models import ensure_builtin_models
 
     names = [_startup_lora_name(path) for path in files]
     ensure_builtin_models({"0": {"inputs": dict(enumerate(names))}}, models_root)
@@ -117,7 +117,7 @@ def _file_facts(lora_name: str) -> tuple:
     """(family or None, the contract dict it declares) of a LoRA file. A file whose family cannot be told fits
     every template; the fuse node's key check decides at the first request."""
     from ...loaders import families
-    from ...loaders.contracts import contract_to_dict, discover_contract
+    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
 
     path = folder_paths.get_full_path_or_raise("loras", lora_name)
@@ -133,7 +133,7 @@ def _model_family(template: Template):
 
 
 def _structure(model_dir: str):
-    from ...loaders.model_structure import load_structure
+    from ...loaders.models.structure import load_structure
 
     return load_structure(model_dir)
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...loaders import json_limits
+from ...loaders.io import json_limits
 from .openai_errors import OpenAIRequestError
 
 # request field -> the Python type its value must have (vllm-omni's names; ``size`` arrives split into these)

@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...loaders.atomic_files import write_atomically
+from ...loaders.io.atomic_files import write_atomically
 from .composition_root import STATE_KEY, ServerState
 from .http_json import bad_request
 

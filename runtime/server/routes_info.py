@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...loaders.devices import host_memory
+from ...loaders.placement.devices import host_memory
 from .composition_root import STATE_KEY, ServerState
 from .config import PACK_NAME
 from .example_assets import ordered_templates

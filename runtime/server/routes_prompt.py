@@ -150,7 +150,7 @@ def _no_prompt_details(body) -> str:
 def _validate(state: ServerState, prompt: dict, targets):
     """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
     does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
-    from ...loaders.tiny_models import ensure_builtin_models
+    from ...tiny_models import ensure_builtin_models
 
     ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir, announce=prompt_log.log.info)
     return state.validator.validate(prompt, targets)

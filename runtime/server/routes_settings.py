@@ -17,8 +17,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...loaders import json_limits
-from ...loaders.atomic_files import write_atomically
+from ...loaders.io import json_limits
+from ...loaders.io.atomic_files import write_atomically
 from .http_json import bad_request, parse_json, read_bounded_body, too_large
 from .routes_userdata import user_root
 

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 from aiohttp import WSMsgType, web
 
-from ...loaders import json_limits
+from ...loaders.io import json_limits
 from . import identifiers
 
 log = logging.getLogger("lorabind.server")

@@ -124,7 +124,7 @@ class PromptWorker:
             return
         self.executor.reset_cache()  # cached outputs hold model handles: drop them first
         if unload:
-            from ...loaders import model_store
+            from ...loaders.models import store as model_store
 
             model_store.clear_cache()
         gc.collect()

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import FuseSpec
-from lorabind.loaders.single_file.layouts import QWEN_IMAGE_TRANSFORMER, WAN_TRANSFORMER
-from lorabind.loaders.single_file.pipelines import detect_set, load_single_files
-from lorabind.loaders.tiny_models import lora_fixtures as fixtures
-from lorabind.loaders.tiny_models.single_files import SUBFOLDER
+from lorabind.loaders.models.single_file.layouts import QWEN_IMAGE_TRANSFORMER, WAN_TRANSFORMER
+from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
+from lorabind.tiny_models import lora_fixtures as fixtures
+from lorabind.tiny_models.single_files import SUBFOLDER
 
 PROBE = "LoraBindTestPatcherProbe"
 WEIGHT_DTYPE = torch.bfloat16  # what the probe builds ComfyUI's model in

@@ -17,7 +17,7 @@ NODE_CLASS_MAPPINGS = {}
 
 def _lorabind_model_store():
     for name, module in list(sys.modules.items()):
-        if name.endswith("lorabind.loaders.model_store") and name != "lorabind.loaders.model_store":
+        if name.endswith("lorabind.loaders.models.store") and name != "lorabind.loaders.models.store":
             return module
     raise LookupError("the lorabind pack's model store is not imported")
 

@@ -228,7 +228,7 @@ def assert_fault_mid_fuse_leaves_base(model, applied: dict, key: str) -> None:
     layer: the apply must raise, and every tensor of the model must hold its base value bit for bit."""
     import pytest
 
-    from lorabind.loaders.patching import PatchLayer, WeightPatcher
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     patcher = WeightPatcher({"transformer": model})

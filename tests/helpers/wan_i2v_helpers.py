@@ -16,7 +16,7 @@ I2V_MODELS = ("tiny-wan22-i2v", "tiny-wan21-i2v", "tiny-wan22-ti2v")
 @functools.lru_cache(maxsize=None)
 def example_input_dir() -> Path:
     """An input folder holding ``lorabind-tiny/start.png`` and ``end.png``."""
-    from lorabind.loaders.tiny_models.input_images import write_input_images
+    from lorabind.tiny_models.input_images import write_input_images
 
     folder = Path(tempfile.mkdtemp(prefix="lorabind-i2v-input-"))
     atexit.register(shutil.rmtree, folder, True)
@@ -26,6 +26,6 @@ def example_input_dir() -> Path:
 
 def example_image(which: str = "start"):
     """The example start/end frame as ComfyUI IMAGE (what LoadImage gives)."""
-    from lorabind.loaders.image_files import load_image_file
+    from lorabind.loaders.io.image_files import load_image_file
 
     return load_image_file(example_input_dir() / "lorabind-tiny" / f"{which}.png")[0]

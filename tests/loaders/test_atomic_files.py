@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from lorabind.loaders.atomic_files import write_atomically
+from lorabind.loaders.io.atomic_files import write_atomically
 
 
 def test_written_file_gets_the_umask_mode_and_no_temp_is_left(tmp_path):

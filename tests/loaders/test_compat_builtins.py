@@ -4,10 +4,10 @@ import shutil
 
 import pytest
 
-from lorabind.loaders import compat
+from lorabind.loaders.models import compat
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.model_store import load_model
-from lorabind.loaders.tiny_models import build_builtin, unavailable_builtins
+from lorabind.loaders.models.store import load_model
+from lorabind.tiny_models import build_builtin, unavailable_builtins
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def test_build_tiny_writes_the_minimax_fixture_loras_even_where_the_models_canno
         diffusers_0_35, tmp_path, monkeypatch):
     """Listed fixtures let a MiniMax-H3 example pass validation inside ComfyUI, so that its model loader refuses it
     with the version message (ComfyUI would otherwise answer "Value not in list" for the LoRA)."""
-    from lorabind.loaders import tiny_models
-    from lorabind.loaders.tiny_models import minimax_h3
+    from lorabind import tiny_models
+    from lorabind.tiny_models import minimax_h3
 
     built = []  # the model builds are recorded, not run: only the MiniMax-H3 part of the build matters here
     monkeypatch.setattr(tiny_models, "_build_recipes", lambda names, root: built.extend(names) or [])

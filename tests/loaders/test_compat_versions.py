@@ -2,7 +2,7 @@
 
 import pytest
 
-from lorabind.loaders import compat
+from lorabind.loaders.models import compat
 from lorabind.loaders.errors import ModelLoadError
 
 
@@ -39,7 +39,7 @@ def test_a_missing_library_is_named(monkeypatch):
 def test_a_ti2v_folder_or_file_is_checked_against_the_wan22_release(monkeypatch):
     """TI2V-5B is a one-transformer Wan pipeline (family "wan2.1") whose expand_timesteps came with diffusers 0.35."""
     from lorabind.loaders.families import family_by_id
-    from lorabind.loaders.diffusers_folder import require_libraries
+    from lorabind.loaders.models.diffusers_folder import require_libraries
 
     monkeypatch.setattr(compat, "installed_version", lambda name: {"diffusers": "0.34.0"}.get(name, "9.0"))
     require_libraries({"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]},

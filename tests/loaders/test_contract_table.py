@@ -10,8 +10,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.contract_table import TABLE_NAME, parse_table
-from lorabind.loaders.contracts import SamplingRequest, discover_contract, lora_file_contract, resolve_schedule
+from lorabind.loaders.contracts.table import TABLE_NAME, parse_table
+from lorabind.loaders.contracts.discovery import (
+    SamplingRequest,
+    discover_contract,
+    lora_file_contract,
+    resolve_schedule,
+)
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ModelHandle
 from types import SimpleNamespace

@@ -1,11 +1,11 @@
-"""Contract collection and enforcement (loaders.contracts) on hand-made handles: every rule and message."""
+"""Contract collection and enforcement (loaders.contracts.discovery) on hand-made handles: every rule and message."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from lorabind.loaders import contracts as contracts_module
-from lorabind.loaders.contracts import SamplingRequest, collect_contracts, resolve_schedule
+from lorabind.loaders.contracts import discovery as contracts_module
+from lorabind.loaders.contracts.discovery import SamplingRequest, collect_contracts, resolve_schedule
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import (
     AdapterHandle,
@@ -15,7 +15,7 @@ from lorabind.loaders.handles import (
     ScheduleContract,
     ScheduleHandle,
 )
-from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 HIGH = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 LOW = "wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"

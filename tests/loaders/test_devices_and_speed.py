@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lorabind.loaders import devices, speed
+from lorabind.loaders.placement import devices, speed
 from lorabind.loaders.errors import ModelLoadError
 
 

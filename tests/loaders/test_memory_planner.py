@@ -2,8 +2,8 @@
 
 import pytest
 
-from lorabind.loaders.memory import ComponentSize, plan_memory
-from lorabind.loaders.memory.planner import GIB, default_decode_bytes
+from lorabind.loaders.placement import ComponentSize, plan_memory
+from lorabind.loaders.placement.planner import GIB, default_decode_bytes
 
 
 def _component(name, role, total, blocks=0, block=0):

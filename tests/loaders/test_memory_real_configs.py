@@ -2,9 +2,9 @@
 
 import pytest
 
-from lorabind.loaders.memory import component_sizes
-from lorabind.loaders.memory.model_plan import plan_model
-from lorabind.loaders.memory.planner import GIB
+from lorabind.loaders.placement import component_sizes
+from lorabind.loaders.placement.model_plan import plan_model
+from lorabind.loaders.placement.planner import GIB
 
 # Published figures (bf16): name -> {component: (parameters or None, bytes or None)}
 PUBLISHED = {

@@ -12,7 +12,7 @@ def test_sizes_match_the_loaded_modules_parameter_for_parameter(wan22_folder):
     import torch
     from diffusers import DiffusionPipeline
 
-    from lorabind.loaders.memory import component_sizes
+    from lorabind.loaders.placement import component_sizes
 
     sizes = {s.name: s for s in component_sizes(wan22_folder, dtype="float32")}
     pipeline = DiffusionPipeline.from_pretrained(wan22_folder, local_files_only=True, torch_dtype=torch.float32)
@@ -27,7 +27,7 @@ def test_sizes_match_the_loaded_modules_parameter_for_parameter(wan22_folder):
 
 
 def test_blocks_are_the_repeated_no_split_modules(wan22_folder):
-    from lorabind.loaders.memory import component_sizes
+    from lorabind.loaders.placement import component_sizes
 
     sizes = {s.name: s for s in component_sizes(wan22_folder, dtype="float32")}
     expert = sizes["transformer"]
@@ -38,7 +38,7 @@ def test_blocks_are_the_repeated_no_split_modules(wan22_folder):
 
 
 def test_bf16_keeps_diffusers_fp32_modules(wan22_folder):
-    from lorabind.loaders.memory import component_sizes
+    from lorabind.loaders.placement import component_sizes
 
     fp32 = {s.name: s for s in component_sizes(wan22_folder, dtype="float32")}
     bf16 = {s.name: s for s in component_sizes(wan22_folder, dtype="bfloat16")}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.model_store import detect_family, load_count, load_model
+from lorabind.loaders.models.store import detect_family, load_count, load_model
 
 
 def test_second_load_returns_the_same_object_and_loads_once(tiny_models_root, tmp_path):
@@ -92,7 +92,7 @@ def fresh_store(monkeypatch):
     """The model store's cache state, swapped for an empty one for one test (lifetime mode included)."""
     import weakref
 
-    from lorabind.loaders import model_store
+    from lorabind.loaders.models import store as model_store
 
     monkeypatch.setattr(model_store, "_cache", weakref.WeakValueDictionary())
     monkeypatch.setattr(model_store, "_kept", {})
@@ -101,7 +101,7 @@ def fresh_store(monkeypatch):
 
 
 def _stand_in_model(name):
-    from lorabind.loaders.model_store import LoadedModel
+    from lorabind.loaders.models.store import LoadedModel
 
     return LoadedModel(path=f"/models/{name}", name=name, family="wan2.1", pipeline=None)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lorabind.loaders import model_store
+from lorabind.loaders.models import store as model_store
 from lorabind.loaders.errors import ModelLoadError
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lorabind.loaders.parallel_loading import parallel_loading_available, shard_loading
+from lorabind.loaders.models.parallel_loading import parallel_loading_available, shard_loading
 
 pytestmark = pytest.mark.skipif(not parallel_loading_available(), reason="diffusers without parallel loading")
 
@@ -47,7 +47,7 @@ def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(
     from diffusers import WanTransformer3DModel
     from diffusers.models import model_loading_utils, modeling_utils
 
-    from lorabind.loaders import model_store
+    from lorabind.loaders.models import store as model_store
     from lorabind.loaders.errors import ModelLoadError
 
     folder = tmp_path / "sharded-wan21"
@@ -83,7 +83,7 @@ def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(
 
 def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotating_disk(tiny_models_root,
                                                                                         monkeypatch):
-    from lorabind.loaders import diffusers_folder, parallel_loading
+    from lorabind.loaders.models import diffusers_folder, parallel_loading
 
     folder = tiny_models_root / "diffusers" / "tiny-wan21-t2v"
     assert parallel_loading.on_rotating_disk(folder / "does-not-exist") is None

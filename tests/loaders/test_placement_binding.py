@@ -8,11 +8,13 @@ import types
 import pytest
 import torch
 
-from lorabind.loaders import families, load_plan, model_store
-from lorabind.loaders.binding import bind, release_adapters, unbind
-from lorabind.loaders.generation import denoise, empty_latent, encode_text
+from lorabind.loaders import families
+from lorabind.loaders.placement import load_plan
+from lorabind.loaders.models import store as model_store
+from lorabind.loaders.binding.bind import bind, release_adapters, unbind
+from lorabind.loaders.generation.entry_points import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 
 PLANS = ["full", "swap_experts", "offload_model", "offload_blocks"]
 SCHEDULE = types.SimpleNamespace(sigmas=(1.0, 0.9375, 0.833333, 0.625, 0.0), cfg=1.0, boundary=None, steps=4)
@@ -142,7 +144,7 @@ def test_a_text_encoder_streamed_by_blocks_encodes_exactly_as_resident(models_ro
     one level down, so it is offloaded leaf by leaf (block level would make it one group)."""
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
-    from lorabind.loaders.placement import ModelPlacement
+    from lorabind.loaders.placement.apply_plan import ModelPlacement
 
     full = _load(models_root, "tiny-wan21-t2v", "full")
     expected = encode_text(full, "a red fox").embeds

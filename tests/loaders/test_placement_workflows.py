@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lorabind
-from lorabind.loaders.tiny_models import unavailable_builtins
+from lorabind.tiny_models import unavailable_builtins
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
@@ -46,8 +46,8 @@ class CaptureOutput:
 
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny
-    from lorabind.loaders.tiny_models.lora_fixtures import write_fixture_loras
+    from lorabind.tiny_models import build_tiny
+    from lorabind.tiny_models.lora_fixtures import write_fixture_loras
 
     root = tmp_path_factory.mktemp("placement_models")
     build_tiny(root)
@@ -117,7 +117,7 @@ def test_every_memory_plan_gives_the_full_plans_outputs_bit_for_bit(name, execut
 def test_group_offload_hooks_are_installed_and_used_under_offload_blocks(executor, models_root):
     from diffusers.hooks.group_offloading import _is_group_offload_enabled
 
-    from lorabind.loaders.model_store import load_model
+    from lorabind.loaders.models.store import load_model
 
     model = load_model(models_root / "diffusers" / "tiny-wan21-t2v", device="cpu", memory="offload_blocks")
     transformer = model.components["transformer"]

@@ -15,7 +15,7 @@ import torch
 from patching_helpers import write_component_folder
 from safetensors.torch import save_file
 
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
 from lorabind.runtime.cli import main
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -40,7 +40,7 @@ def snapshot(folder) -> dict:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     """The tiny Wan2.2 folder and its high-noise fixture LoRA."""
-    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+    from lorabind.tiny_models import build_tiny, lora_fixtures
 
     root = tmp_path_factory.mktemp("safe_output")
     build_tiny(root / "models", names=["tiny-wan22-t2v"])
@@ -174,7 +174,7 @@ def test_build_tiny_refuses_a_user_folder_carrying_a_builtin_name(tmp_path, caps
 
 
 def test_devices_and_sockets_are_refused_and_a_failed_write_leaves_the_target(tmp_path):
-    from lorabind.loaders.safe_output import OutputRefusedError, check_output, safe_output
+    from lorabind.loaders.io.safe_output import OutputRefusedError, check_output, safe_output
 
     with pytest.raises(OutputRefusedError, match="device, FIFO or socket"):
         check_output("/dev/null", kind="file")

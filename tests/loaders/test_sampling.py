@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from lorabind.loaders.contracts import ResolvedSchedule
+from lorabind.loaders.contracts.discovery import ResolvedSchedule
 from lorabind.loaders.families.qwen_image import pack_qwen_latents, unpack_qwen_latents
-from lorabind.loaders.generation import decode, denoise, empty_latent, encode_text
-from lorabind.loaders.sampling import initial_noise
-from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.loaders.generation.entry_points import decode, denoise, empty_latent, encode_text
+from lorabind.loaders.generation.sampling import initial_noise
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.runtime.context import InterruptedByUser
 
 # Crosses the 0.875 boundary, with one point exactly on it (σ·1000 ≥ boundary·1000 -> high-noise expert).

@@ -7,7 +7,7 @@ from adapters_helpers import assert_same_state, state_snapshot
 
 from lorabind.loaders.errors import KeyMatchError, LoraBindError
 from lorabind.loaders.handles import AdapterHandle, ModelHandle
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import (
     FuseDistillLoRA,
     LoadPEFTAdapter,

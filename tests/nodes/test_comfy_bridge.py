@@ -152,7 +152,7 @@ def test_error_types_reach_comfyui_by_their_plain_name(fake_comfyui):
 
     with _pack_loaded_by_path() as (_, module_name):
         errors = importlib.import_module(f"{module_name}.loaders.errors")
-        adapters = importlib.import_module(f"{module_name}.loaders.peft_adapters")
+        adapters = importlib.import_module(f"{module_name}.loaders.binding.peft_adapters")
         assert full_type_name(errors.ContractError) == "ContractError"
         assert full_type_name(errors.LoraFileError) == "LoraFileError"
         assert full_type_name(adapters.AdapterError) == "AdapterError"

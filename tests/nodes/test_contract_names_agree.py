@@ -10,9 +10,9 @@ import shutil
 import pytest
 
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.generation import empty_latent, encode_text
+from lorabind.loaders.generation.entry_points import empty_latent, encode_text
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.runtime.commands.inspect import inspect_lora

@@ -3,10 +3,10 @@ command."""
 
 import pytest
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ScheduleContract
-from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.nodes import model_nodes
 from lorabind.nodes.conditioning_nodes import LoraBindTextEncode
 from lorabind.nodes.latent_nodes import LoraBindEmptyLatent
@@ -113,7 +113,7 @@ def test_an_oversized_latent_is_refused_at_validation_with_its_size():
 @pytest.mark.parametrize("width, height, frames, axis", [(1024, 1024, 81, "height"), (8192, 8192, 1, "height"),
                                                          (64, 64, 137, "frames")])
 def test_a_latent_beyond_the_models_positions_is_a_clear_error(load_tiny, width, height, frames, axis):
-    from lorabind.loaders.generation import empty_latent
+    from lorabind.loaders.generation.entry_points import empty_latent
 
     with pytest.raises(ValueError, match=rf"tiny-wan22-t2v places at most 32 latent positions along {axis}"):
         empty_latent(load_tiny("tiny-wan22-t2v"), width=width, height=height, frames=frames)

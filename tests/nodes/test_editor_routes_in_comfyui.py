@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH
 from lorabind.nodes import comfy_bridge, editor_routes
 from lorabind.runtime.commands.inspect import inspect_lora
 from comfyui_stubs import install_comfyui_modules

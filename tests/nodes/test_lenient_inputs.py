@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lorabind.loaders.binding import bind, unbind  # noqa: E402
+from lorabind.loaders.binding.bind import bind, unbind  # noqa: E402
 from lorabind.loaders.errors import KeyMatchError  # noqa: E402
-from lorabind.loaders.tiny_models import lora_fixtures as F  # noqa: E402
+from lorabind.tiny_models import lora_fixtures as F  # noqa: E402
 
 UNKNOWN = {f"diffusion_model.vace_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
            for i in range(3) for s in ("down", "up")}
@@ -22,7 +22,7 @@ UNKNOWN = {f"diffusion_model.vace_blocks.{i}.before_proj.lora_{s}.weight": torch
 
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny
+    from lorabind.tiny_models import build_tiny
 
     root = tmp_path_factory.mktemp("lenient_models")
     build_tiny(root, names=("tiny-wan22-t2v",))

@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 
-from lorabind.loaders import devices, model_store
+from lorabind.loaders.placement import devices
+from lorabind.loaders.models import store as model_store
 from lorabind.nodes import comfy_bridge
 from lorabind.nodes.model_nodes import LoraBindModelLoader
 

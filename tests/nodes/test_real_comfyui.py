@@ -17,7 +17,7 @@ from PIL import Image, ImageSequence
 from real_comfyui import RealComfyUI, strings_in
 
 import lorabind
-from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
 
 pytestmark = pytest.mark.slow
 

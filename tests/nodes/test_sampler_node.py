@@ -8,13 +8,14 @@ import pytest
 import torch
 from adapters_helpers import recorded_forwards
 
-from lorabind.loaders import binding, generation
-from lorabind.loaders.contracts import ResolvedSchedule
-from lorabind.loaders.generation import empty_latent, encode_text
+from lorabind.loaders.binding import bind as binding
+from lorabind.loaders.generation import entry_points as generation
+from lorabind.loaders.contracts.discovery import ResolvedSchedule
+from lorabind.loaders.generation.entry_points import empty_latent, encode_text
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_for
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from adapters_helpers import recorded_forwards
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.generation import empty_latent, encode_text
+from lorabind.loaders.generation.entry_points import empty_latent, encode_text
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA, WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.nodes.sigma_nodes import LoraBindSigmas, LoraBindSplitSigmas

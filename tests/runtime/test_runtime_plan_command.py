@@ -47,7 +47,7 @@ def test_memory_amounts_must_be_finite_and_positive_exit_2(capsys, option, amoun
 
 
 def test_a_config_of_200000_layers_is_refused_before_it_is_built(capsys, tmp_path):
-    from lorabind.loaders.memory.sizes import REAL_CONFIGS_DIR
+    from lorabind.loaders.placement.sizes import REAL_CONFIGS_DIR
 
     model = tmp_path / "huge"
     shutil.copytree(REAL_CONFIGS_DIR / "wan2.1-t2v-1.3b", model)
@@ -80,7 +80,7 @@ def test_a_plan_that_does_not_fit_names_the_nearest_that_does(capsys):
 
 
 def test_files_plan_reads_single_file_headers_and_sizes_fp8_at_one_byte(tmp_path, capsys):
-    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+    from lorabind.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 
     names = tiny_file_names()
     ensure_tiny_single_files([n for ns in names.values() for n in ns], tmp_path)
@@ -101,7 +101,7 @@ def test_files_plan_reads_single_file_headers_and_sizes_fp8_at_one_byte(tmp_path
 
 
 def test_files_without_a_vae_are_refused_naming_what_is_missing(tmp_path, capsys):
-    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+    from lorabind.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 
     ensure_tiny_single_files(tiny_file_names()["diffusion_models"], tmp_path)
     expert = tmp_path / "diffusion_models" / "lorabind-tiny" / "wan2.2_t2v_high_noise_tiny_bf16.safetensors"

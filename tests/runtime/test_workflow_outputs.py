@@ -103,7 +103,7 @@ def describe(outputs: dict[str, torch.Tensor]) -> dict:
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory):
     """One models root with every built-in tiny model and fixture LoRA, shared by run and serve."""
-    from lorabind.loaders.tiny_models import build_tiny
+    from lorabind.tiny_models import build_tiny
 
     root = tmp_path_factory.mktemp("output_models")
     build_tiny(root)

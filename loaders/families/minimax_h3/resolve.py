@@ -12,9 +12,9 @@ import math
 import os
 from typing import Optional, Sequence
 
-from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ...contracts.types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ...errors import ContractError
-from ...sigmas import shift_schedule, shifted_sigmas
+from ...contracts.sigmas import shift_schedule, shifted_sigmas
 from .contracts import (
     DEFAULT_TASK,
     FAMILY_ID,

@@ -4,7 +4,7 @@ Why our own loop instead of ``MiniMaxH3ModularPipeline``: its timestep block han
 step count (``linspace`` + shift), and the pipeline owns the adapter state; a contract here is an EXPLICIT pair
 of sigma lists (video and audio, e.g. a checkpoint-pinned ``base_schedule`` shifted by 12 and 3) that must be
 followed exactly, with the LoRA state bound by our engine. The velocity is data-ward: ``x0 = x + sigma * v``,
-and the Euler step is ``x' = x + (sigma - sigma_next) * v`` (the shared ``loaders.sampling.euler`` steps the
+and the Euler step is ``x' = x + (sigma - sigma_next) * v`` (the shared ``loaders.generation.sampling.euler`` steps the
 other way and over one schedule, so this family keeps its own loop).
 """
 

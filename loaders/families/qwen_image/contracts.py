@@ -6,7 +6,7 @@ import os
 import re
 from typing import Optional
 
-from ...contract_types import ScheduleContract
+from ...contracts.types import ScheduleContract
 from ..distill_names import declared, distill_contract, open_contract
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)

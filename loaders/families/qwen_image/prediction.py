@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle
-from ...sampling import batched, device_and_dtype
+from ...generation.sampling import batched, device_and_dtype
 
 DENOISER = "transformer"
 

@@ -6,10 +6,10 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ...contracts.types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ...errors import ContractError
-from ...schedule_rules import contract_value, refuse_or_record
-from ...sigmas import on_high_noise_expert
+from ...contracts.schedule_rules import contract_value, refuse_or_record
+from ...contracts.sigmas import on_high_noise_expert
 from ..distill_names import declared, distill_contract, open_contract
 
 MOE_FAMILY = "wan2.2_moe"

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
-from ...sampling import batched, device_and_dtype
+from ...generation.sampling import batched, device_and_dtype
 from .image_conditioning import LATENT_KEY
 
 

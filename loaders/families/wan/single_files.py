@@ -1,4 +1,4 @@
-"""The Wan pipeline assembled from modules built out of ComfyUI's single files (``loaders.single_file``).
+"""The Wan pipeline assembled from modules built out of ComfyUI's single files (``loaders.models.single_file``).
 
 The result is the pipeline the equivalent diffusers folder loads as: ``WanPipeline`` for text-to-video (and
 TI2V-5B, whose folder is a ``WanPipeline`` with ``expand_timesteps``), ``WanImageToVideoPipeline`` for the I2V

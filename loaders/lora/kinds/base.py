@@ -65,7 +65,7 @@ class WeightDelta(Protocol):
 
 @dataclass(frozen=True)
 class PeftForm:
-    """How a kind runs unfused as a peft adapter (``loaders.peft_adapters``), where peft has a tuner for it.
+    """How a kind runs unfused as a peft adapter (``loaders.binding.peft_adapters``), where peft has a tuner for it.
 
     ``tensors(module_path, delta)`` -> ``(state, settings)``: that module's entries of the adapter's state dict
     (float32, the delta's scale folded in, so the tuner's own scaling is 1) and the tuner settings the module
@@ -86,7 +86,7 @@ class AdapterKind:
 
     ``build(module, parts, tensors, display_name, peft)``: ``parts`` maps part -> raw key (only this kind's parts
     and ``alpha``); ``peft`` is the file's ``PeftScaling`` or None. ``peft_form``: how a file of this kind runs
-    unfused as a peft adapter (``loaders.peft_adapters``), None when it must be fused.
+    unfused as a peft adapter (``loaders.binding.peft_adapters``), None when it must be fused.
 
     ``wraps``: the kind decorates another kind's delta (DoRA's magnitude on a low-rank pair, LoHa or LoKr). It
     wins over the other kinds when its parts are present; the module's remaining parts are built by their own

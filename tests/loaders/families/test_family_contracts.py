@@ -5,7 +5,7 @@ import math
 import pytest
 
 from lorabind.loaders.families import qwen_image, wan
-from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 # LightX2V / Lightning 4-step timesteps at shift 5: [1000, 937.5, 833.33, 625] -> 0 (reference §2.4, §5.2)
 WAN_4STEP_SIGMAS = (1.0, 0.9375, 0.833333, 0.625, 0.0)

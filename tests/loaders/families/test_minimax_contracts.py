@@ -188,7 +188,7 @@ def test_invalid_pinned_schedule_is_refused_naming_the_checkpoint(schedule, mess
 def test_fixture_files_carry_the_published_matrix(mm_root):
     """The files ``build-tiny`` writes (published names and metadata, tiny rank) read back to the matrix."""
     from lorabind.loaders.families.minimax_h3 import file_contract
-    from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_RANK
+    from lorabind.tiny_models.minimax_h3 import FIXTURE_RANK
 
     for name, _, steps, shift, tasks, alpha in TURBO_MATRIX:
         contract = file_contract(mm_root / "loras" / "lorabind-tiny" / name)
@@ -202,7 +202,7 @@ def test_fixture_files_carry_the_published_matrix(mm_root):
 
 def test_the_generic_contract_view_uses_the_minimax_keys_for_every_caller():
     """Node UIs (LoadPEFTAdapter, the sampler) and inspect all go through contracts.contract_to_dict."""
-    from lorabind.loaders.contracts import contract_to_dict
+    from lorabind.loaders.contracts.discovery import contract_to_dict
 
     contract = mm.declared_contract("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", {}, 4)
     view = contract_to_dict(contract)

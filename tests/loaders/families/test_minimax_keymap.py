@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from lorabind.loaders import binding
-from lorabind.loaders.contracts import ResolvedSchedule
+from lorabind.loaders.binding import bind as binding
+from lorabind.loaders.contracts.discovery import ResolvedSchedule
 from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import read_lora
-from lorabind.loaders.tiny_models.minimax_h3 import TRANSFORMER_CONFIG, native_metadata
+from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG, native_metadata
 from lorabind.loaders.families import family_by_id
 
 HEADS, HEAD_DIM = TRANSFORMER_CONFIG["num_attention_heads"], TRANSFORMER_CONFIG["attention_head_dim"]
@@ -182,7 +182,7 @@ def test_native_mapping_agrees_with_diffusers_own_converter(mm_root):
     from safetensors.torch import load_file
 
     from lorabind.loaders.lora import map_to_model
-    from lorabind.loaders.tiny_models.minimax_h3 import NATIVE_FIXTURE_NAME
+    from lorabind.tiny_models.minimax_h3 import NATIVE_FIXTURE_NAME
 
     path = mm_root / "loras" / "lorabind-tiny" / NATIVE_FIXTURE_NAME
     raw = {k.removeprefix("transformer."): v.float() for k, v in load_file(str(path)).items()}

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lorabind.loaders.contracts import ResolvedSchedule
+from lorabind.loaders.contracts.discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.families import minimax_h3 as S
-from lorabind.loaders.sigmas import shifted_sigmas
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 SCHEDULE = ResolvedSchedule(sigmas=shifted_sigmas(3, 12.0), audio_sigmas=shifted_sigmas(3, 3.0), steps=3, cfg=1.0,
                             shift=12.0, task="ref2va")

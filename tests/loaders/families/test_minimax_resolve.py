@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorabind.loaders.contracts import SamplingRequest
+from lorabind.loaders.contracts.discovery import SamplingRequest
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.sigmas import shift_schedule, shifted_sigmas
+from lorabind.loaders.contracts.sigmas import shift_schedule, shifted_sigmas
 
 T4_768 = "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors"
 T8_544 = "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors"

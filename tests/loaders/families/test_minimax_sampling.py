@@ -15,10 +15,10 @@ import torch
 
 import lorabind
 from lorabind.loaders.families import minimax_h3 as S
-from lorabind.loaders.contracts import ResolvedSchedule
+from lorabind.loaders.contracts.discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
-from lorabind.loaders.sigmas import shifted_sigmas
-from lorabind.loaders.wav_files import read_wav_comment, write_wav
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.loaders.io.wav_files import read_wav_comment, write_wav
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 
@@ -228,7 +228,7 @@ def _lora_content(path: Path):
 
 
 def test_tiny_builders_are_deterministic_small_and_pinned(tmp_path, mm_root):
-    from lorabind.loaders.tiny_models.minimax_h3 import build_tiny_minimax_h3, write_minimax_fixture_loras
+    from lorabind.tiny_models.minimax_h3 import build_tiny_minimax_h3, write_minimax_fixture_loras
 
     folders = build_tiny_minimax_h3(tmp_path)
     write_minimax_fixture_loras(tmp_path)

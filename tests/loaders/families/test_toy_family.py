@@ -10,10 +10,11 @@ from safetensors.torch import save_file
 
 import toy_family
 from lorabind import usecases
-from lorabind.loaders import families, model_store
-from lorabind.loaders.binding import unbind
+from lorabind.loaders import families
+from lorabind.loaders.models import store as model_store
+from lorabind.loaders.binding.bind import unbind
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.memory import component_sizes
+from lorabind.loaders.placement import component_sizes
 
 RANK, STRENGTH = 2, 0.75
 

@@ -8,13 +8,13 @@ import json
 import pytest
 import torch
 
-from lorabind.loaders.contracts import SamplingRequest, contract_to_dict, resolve_schedule
+from lorabind.loaders.contracts.discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.families import family_for
 from lorabind.loaders.families.wan import declared_contract
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.sigmas import shifted_sigmas
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.tiny_models import lora_fixtures as F
 
 
 def _basename(name):

@@ -7,9 +7,9 @@ import pytest
 import torch
 from wan_i2v_helpers import example_image
 
-from lorabind.loaders.contract_types import ResolvedSchedule
-from lorabind.loaders.generation import denoise, empty_latent, encode_text, image_to_video_latent
-from lorabind.loaders.sampling import initial_noise
+from lorabind.loaders.contracts.types import ResolvedSchedule
+from lorabind.loaders.generation.entry_points import denoise, empty_latent, encode_text, image_to_video_latent
+from lorabind.loaders.generation.sampling import initial_noise
 
 # Crosses both Wan2.2 boundaries (0.9 I2V) with uneven steps; the pipeline gets exactly these points.
 SIGMAS = (1.0, 0.95, 0.875, 0.6, 0.3, 0.0)
@@ -133,7 +133,7 @@ def test_models_that_cannot_take_the_images_are_refused_naming_the_input(load_ti
 
 @pytest.mark.slow
 def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_another_kind(load_tiny):
-    from lorabind.loaders.generation import check_inputs
+    from lorabind.loaders.generation.entry_points import check_inputs
 
     i2v, ti2v = load_tiny("tiny-wan21-i2v"), load_tiny("tiny-wan22-ti2v")
     positive = encode_text(i2v, "a cat")
@@ -150,11 +150,17 @@ def flf2v_model(tmp_path_factory):
     """A tiny Wan2.1 FLF2V folder: the tiny Wan2.1 I2V with ``pos_embed_seq_len`` set, so its CLIP branch takes the
     start and end images' tokens together (2 x 17 here; 2 x 257 in the real FLF2V-14B). Built here, not shipped:
     it differs from ``tiny-wan21-i2v`` only by that field and its random weights."""
-    from lorabind.loaders.model_store import load_model
-    from lorabind.loaders.tiny_models._common import save_pipeline_atomically, seeded
-    from lorabind.loaders.tiny_models.wan import tiny_transformer
-    from lorabind.loaders.tiny_models.wan_i2v import (CLIP_HIDDEN, CLIP_IMAGE_SIZE, CLIP_PATCH, I2V_IN_CHANNELS,
-                                                      LATENT_CHANNELS, _i2v_pipeline)
+    from lorabind.loaders.models.store import load_model
+    from lorabind.tiny_models._common import save_pipeline_atomically, seeded
+    from lorabind.tiny_models.wan import tiny_transformer
+    from lorabind.tiny_models.wan_i2v import (
+        CLIP_HIDDEN,
+        CLIP_IMAGE_SIZE,
+        CLIP_PATCH,
+        I2V_IN_CHANNELS,
+        LATENT_CHANNELS,
+        _i2v_pipeline,
+    )
 
     pipeline = _i2v_pipeline(two_experts=False, image_encoder=True)
     clip_tokens = (CLIP_IMAGE_SIZE // CLIP_PATCH) ** 2 + 1

@@ -24,7 +24,7 @@ from lorabind.loaders.families.interface import (ROLE_DENOISER, ROLE_TEXT_ENCODE
                                                  PipelineSource)
 from lorabind.loaders.handles import ConditioningHandle, LatentHandle
 from lorabind.loaders.lora.canonical import LoraFile
-from lorabind.loaders.sampling import device_and_dtype
+from lorabind.loaders.generation.sampling import device_and_dtype
 
 LIBRARY = __name__  # what model_index.json names as the components' library
 PIPELINE_CLASS = "ToyPipeline"

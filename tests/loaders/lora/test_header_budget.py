@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders import json_limits
+from lorabind.loaders.io import json_limits
 from lorabind.loaders.errors import LoraFileError
 from lorabind.loaders.lora.safetensors_header import read_header
 from hostile_files import write_huge_header, write_many_tensors

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.lora import kinds
 from lorabind.loaders.lora.kinds.base import AdapterKind
-from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.families import family_by_id
 
 # kohya/LyCORIS-flattened module name -> diffusers module path, per tiny model
@@ -154,7 +154,7 @@ def test_a_kind_registered_from_a_test_module_binds_and_unbinds(wan22_expert, tm
 
 
 def test_dynamic_use_of_a_fused_only_kind_says_which_kinds_run_unfused(wan22_expert, tmp_path):
-    from lorabind.loaders.peft_adapters import AdapterError, to_peft_groups
+    from lorabind.loaders.binding.peft_adapters import AdapterError, to_peft_groups
 
     weight = wan22_expert.get_submodule("blocks.0.attn1.to_q").weight
     file = tmp_path / "toy.safetensors"

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from lorabind.loaders.lora import account, map_to_model, read_lora
-from lorabind.loaders.peft_adapters import AdapterCache, AdapterError, to_peft_groups
+from lorabind.loaders.binding.peft_adapters import AdapterCache, AdapterError, to_peft_groups
 from lorabind.loaders.families import family_by_id
 
 # kohya/LyCORIS-flattened module name -> diffusers module path on the tiny Wan expert

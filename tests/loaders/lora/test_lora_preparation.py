@@ -3,14 +3,14 @@ refusals wherever it is called from (binding, nodes, inspect, merge), and the fi
 
 import pytest
 
-from lorabind.loaders.binding import bind
+from lorabind.loaders.binding.bind import bind
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import for_model_family
 from lorabind.loaders.handles import FuseSpec, ModelHandle
 from lorabind.loaders.families.wan.slots import expert_role
-from lorabind.loaders.contracts import discover_contract
+from lorabind.loaders.contracts.discovery import discover_contract
 from lorabind.loaders.lora.preparation import lora_rank, prepare_lora
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.runtime.commands.inspect import inspect_lora
 from lorabind.loaders.families import family_for, guess_family

@@ -27,7 +27,7 @@ def make_transformer(tiny_wan_state):
 @pytest.fixture
 def make_model(make_transformer):
     """Factory: a fresh two-expert LoadedModel (family wan2.2_moe) around tiny transformers."""
-    from lorabind.loaders.model_store import LoadedModel
+    from lorabind.loaders.models.store import LoadedModel
 
     def make(dtype=None):
         return LoadedModel(path="/tmp/tiny-wan22-t2v", name="tiny-wan22-t2v", family="wan2.2_moe", pipeline=None,

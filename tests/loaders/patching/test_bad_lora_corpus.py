@@ -16,7 +16,7 @@ import torch
 from patching_helpers import assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora
 from safetensors.torch import load_file, save_file
 
-from lorabind.loaders.binding import bind
+from lorabind.loaders.binding.bind import bind
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache

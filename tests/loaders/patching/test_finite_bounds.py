@@ -8,14 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lorabind.loaders import fused_rows
+from lorabind.loaders.binding import fused_rows
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.lora.canonical import TargetPatch
 from lorabind.loaders.lora.kinds.full_diff import FullDiff
 from lorabind.loaders.lora.kinds.loha import LohaDelta
 from lorabind.loaders.lora.kinds.lokr import LokrDelta
 from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
-from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from patching_helpers import assert_bit_identical, expected_value, lightx2v_lora, snapshot
 from safetensors.torch import save_file
 
-from lorabind.loaders.binding import bind, unbind
+from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
 
@@ -117,7 +117,7 @@ def test_kohya_qwen_file_matches_diffusers_fuse(tmp_path):
     fuses must agree (diffusers splits alpha/rank between the factors; the product is the same)."""
     from diffusers import QwenImagePipeline
 
-    from lorabind.loaders.model_store import LoadedModel
+    from lorabind.loaders.models.store import LoadedModel
 
     g = torch.Generator().manual_seed(4)
     tensors, modules = {}, [m.format(b=b) for b in range(2) for m in QWEN_MODULES]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from lorabind.loaders.safe_output import MARKER_FILE
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.loaders.io.safe_output import MARKER_FILE
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -18,7 +18,7 @@ WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+    from lorabind.tiny_models import build_tiny, lora_fixtures
 
     root = tmp_path_factory.mktemp("merge_pair")
     build_tiny(root / "models", names=["tiny-wan22-t2v"])
@@ -58,11 +58,11 @@ def test_swapped_or_misplaced_files_are_refused_naming_both(pair, tmp_path, caps
 
 
 def test_the_merged_folder_keeps_the_pair_contract(pair, tmp_path):
-    from lorabind.loaders.contracts import SamplingRequest, resolve_schedule
+    from lorabind.loaders.contracts.discovery import SamplingRequest, resolve_schedule
     from lorabind.loaders.errors import ContractError
     from lorabind.loaders.families import checkpoint_contracts
     from lorabind.loaders.handles import ModelHandle
-    from lorabind.loaders.model_store import load_model
+    from lorabind.loaders.models.store import load_model
 
     out = tmp_path / "baked"
     assert _merge(pair, out, f"transformer={pair['high']}", f"transformer_2={pair['low']}") == 0
@@ -124,7 +124,7 @@ def test_overwrite_replaces_only_a_finished_folder_and_a_fault_leaves_no_output(
 def test_an_extract_from_the_merged_folder_keeps_the_baked_contract(pair, tmp_path):
     from safetensors import safe_open
 
-    from lorabind.loaders.contracts import discover_contract
+    from lorabind.loaders.contracts.discovery import discover_contract
 
     out = tmp_path / "baked"
     assert _merge(pair, out, f"transformer={pair['high']}", f"transformer_2={pair['low']}") == 0

@@ -12,12 +12,12 @@ from patching_helpers import expected_value, lightx2v_lora, write_component_fold
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from lorabind.loaders.binding import bind
-from lorabind.loaders.extraction import low_rank_factors
+from lorabind.loaders.binding.bind import bind
+from lorabind.loaders.offline.extraction import low_rank_factors
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
-from lorabind.loaders.model_store import LoadedModel
-from lorabind.loaders.safe_output import MARKER_FILE
+from lorabind.loaders.models.store import LoadedModel
+from lorabind.loaders.io.safe_output import MARKER_FILE
 from lorabind.runtime.cli import main
 from lorabind.loaders.families import family_by_id
 
@@ -26,7 +26,7 @@ COMPONENT = "transformer_2"
 
 @pytest.fixture(scope="session")
 def tiny_wan22_folder(tmp_path_factory):
-    from lorabind.loaders.tiny_models.wan import build_tiny_wan22
+    from lorabind.tiny_models.wan import build_tiny_wan22
 
     return str(build_tiny_wan22(tmp_path_factory.mktemp("models")))
 
@@ -295,7 +295,7 @@ def test_inspect_reports_mixed_alpha_and_scale_per_pair(merged, capsys):
 def test_merge_of_a_dora_file_equals_its_fuse_bit_for_bit(tiny_wan22_folder, tmp_path):
     """DoRA's delta reads the base weight: the streaming merge (base = the stored tensor) and the in-memory fuse
     (base = the loaded parameter) must give the same bits."""
-    from lorabind.loaders.patching import PatchLayer, WeightPatcher
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
     module = load_transformer(tiny_wan22_folder, "transformer")
     g = torch.Generator().manual_seed(4)

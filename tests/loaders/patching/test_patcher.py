@@ -8,7 +8,7 @@ from patching_helpers import assert_bit_identical, block_modules, make_targets, 
 
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.lora.canonical import TargetPatch
-from lorabind.loaders.patching import PatchLayer, WeightPatcher
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
 
 def reference(weight, contributions):
@@ -219,7 +219,7 @@ def test_peak_memory_is_the_backups_plus_one_layer(make_transformer):
 def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dtype):
     """A failure while computing a parameter (e.g. out of memory), after earlier parameters of the same call and
     of the same module were written, leaves every weight bit-identical to before the call."""
-    from lorabind.loaders import patching
+    from lorabind.loaders.binding import patching
 
     model = make_transformer(dtype)
     patcher = WeightPatcher({"transformer": model})
@@ -246,7 +246,7 @@ def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dt
 @pytest.mark.parametrize("chunk_bytes", [64, 1 << 20])
 def test_row_chunked_fuse_matches_a_float64_reference_for_linear_and_conv(make_transformer, monkeypatch, chunk_bytes):
     """64 bytes forces many row chunks per parameter (a few rows each); the result must not depend on it."""
-    from lorabind.loaders import fused_rows
+    from lorabind.loaders.binding import fused_rows
 
     monkeypatch.setattr(fused_rows, "CHUNK_BYTES", chunk_bytes)
     model = make_transformer()

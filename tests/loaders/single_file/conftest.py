@@ -7,7 +7,7 @@ import pytest
 def single_file_root(tiny_models_root):
     """The session's tiny models root plus the tiny single files under ``lorabind-tiny/`` in
     ``models/{diffusion_models,vae,text_encoders,clip_vision}/``."""
-    from lorabind.loaders.tiny_models.single_files import write_tiny_single_files
+    from lorabind.tiny_models.single_files import write_tiny_single_files
 
     assert len(write_tiny_single_files(tiny_models_root)) == 32
     return tiny_models_root

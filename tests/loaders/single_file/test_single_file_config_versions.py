@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from lorabind.loaders.single_file.catalog import CONFIG_DIR
+from lorabind.loaders.models.single_file.catalog import CONFIG_DIR
 
 
 @pytest.mark.parametrize("name", ["qwen25_vl_tiny", "qwen25_vl_7b"])

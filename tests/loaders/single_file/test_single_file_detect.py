@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import save_file
 
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.single_file.detect import check_set, detect
-from lorabind.loaders.tiny_models.single_files import tiny_file_names
+from lorabind.loaders.models.single_file.detect import check_set, detect
+from lorabind.tiny_models.single_files import tiny_file_names
 
 EXPECTED = {
     "wan2.2_t2v_high_noise_tiny": ("denoiser", "wan", "Wan2.2 T2V tiny high-noise expert", "t2v", "high"),
@@ -125,7 +125,7 @@ def test_a_pickle_checkpoint_is_refused_by_name(tmp_path):
 def test_experts_of_different_models_are_refused_naming_both(root, other):
     """The rule on two detected experts whose shapes named different models (real-size files are too big for a
     test; detection of the model from shapes is covered above)."""
-    from lorabind.loaders.single_file import catalog
+    from lorabind.loaders.models.single_file import catalog
 
     high = _detect(root, "diffusion_models", "lorabind-tiny/wan2.2_t2v_high_noise_tiny_bf16.safetensors")
     low = _detect(root, "diffusion_models", "lorabind-tiny/wan2.2_t2v_low_noise_tiny_bf16.safetensors")
@@ -143,8 +143,8 @@ def test_a_minimax_h3_single_file_is_refused_saying_to_use_its_diffusers_folder(
     import torch
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from lorabind.loaders.single_file.layouts import MINIMAX_H3_TRANSFORMER
-    from lorabind.loaders.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
+    from lorabind.loaders.models.single_file.layouts import MINIMAX_H3_TRANSFORMER
+    from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
 
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG).state_dict().items()}

@@ -6,13 +6,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.model_store import clear_cache
-from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
-from lorabind.loaders.single_file.pipelines import detect_set, load_single_files
-from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
-from lorabind.loaders.tiny_models.single_files import SUBFOLDER
+from lorabind.loaders.models.store import clear_cache
+from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
+from lorabind.tiny_models.single_files import SUBFOLDER
 from lorabind.loaders.families import family_by_id
 
 EXPERTS = {"transformer": "wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors",
@@ -114,7 +114,7 @@ def test_distill_pair_fused_into_fp8_experts_then_unbound_leaves_the_file_bytes(
 
 @pytest.mark.slow
 def test_peft_adapter_runs_over_fp8_storage_without_touching_it(root):
-    from lorabind.loaders.single_file import fp8
+    from lorabind.loaders.models.single_file import fp8
 
     model = _model(root, "nearest")
     before = _fp8_bytes(model)

@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.single_file.detect import check_set, detect
-from lorabind.loaders.single_file.loading import load_component
+from lorabind.loaders.models.single_file.detect import check_set, detect
+from lorabind.loaders.models.single_file.loading import load_component
 
 DENOISERS = "diffusion_models/lorabind-tiny"
 SCALED = f"{DENOISERS}/wan2.1_t2v_tiny_fp8_scaled.safetensors"

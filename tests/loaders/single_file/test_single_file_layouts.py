@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lorabind.loaders.single_file import layouts
+from lorabind.loaders.models.single_file import layouts
 
 
 def _to_native(layout, state_dict):
@@ -60,7 +60,7 @@ def test_minimax_h3_layout_inverts_diffusers_converter():
     from diffusers import MiniMaxH3Transformer3DModel
     from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
 
-    from lorabind.loaders.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
+    from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
 
     torch.manual_seed(0)
     model = MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)

@@ -35,8 +35,9 @@ def test_every_memory_plan_renders_bit_identical_to_full(models_root):
 
 
 def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypatch):
-    from lorabind.loaders import load_plan, model_store
-    from lorabind.loaders.single_file import pipelines
+    from lorabind.loaders.placement import load_plan
+    from lorabind.loaders.models import store as model_store
+    from lorabind.loaders.models.single_file import pipelines
 
     model_store.clear_cache()  # the first test's models are cached; this load must plan afresh
     monkeypatch.setattr(load_plan, "free_memory", lambda device: (1024, None))
@@ -49,7 +50,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypat
 
 
 def _detected_set(root, precision: str):
-    from lorabind.loaders.single_file.detect import check_set, detect
+    from lorabind.loaders.models.single_file.detect import check_set, detect
 
     def one(folder, name):
         return detect(str(root / folder / "lorabind-tiny" / name), name)
@@ -67,8 +68,8 @@ def _held_bytes(module) -> int:
 def test_planned_bytes_are_what_loading_holds_fp8_at_one_byte(single_file_root, precision):
     """The plan sizes each file as loaded: weights kept fp8 at one byte (not at the compute dtype), the
     dequantized keep-in-float32 modules at four; only the file headers are read to know which."""
-    from lorabind.loaders.single_file.loading import load_component
-    from lorabind.loaders.single_file.pipelines import SingleFileSet
+    from lorabind.loaders.models.single_file.loading import load_component
+    from lorabind.loaders.models.single_file.pipelines import SingleFileSet
 
     source = SingleFileSet(_detected_set(single_file_root, precision))
     planned = {size.name: size.bytes for size in source.component_sizes(torch.bfloat16)}

@@ -13,8 +13,8 @@ from single_file_helpers import call
 
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_by_id
-from lorabind.loaders.model_store import clear_cache
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.loaders.models.store import clear_cache
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
 
 TINY = "lorabind-tiny/"
@@ -130,7 +130,7 @@ def test_fp8_merged_weights_are_within_half_an_fp8_step_of_the_float32_sum(root)
 
 def test_a_bf16_merge_from_fp8_files_is_the_float32_sum_rounded_once(root):
     """Each merged weight = bf16(float32(fp8 x scale) + strength x scale x up @ down): one rounding."""
-    from lorabind.loaders.single_file.layouts import WAN_TRANSFORMER
+    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
     from lorabind.loaders.lora.mapping import map_to_model
     from lorabind.loaders.lora.reader import read_lora
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.single_file import catalog
-from lorabind.loaders.single_file.detect import check_set, detect
-from lorabind.loaders.single_file.loading import build_empty
+from lorabind.loaders.models.single_file import catalog
+from lorabind.loaders.models.single_file.detect import check_set, detect
+from lorabind.loaders.models.single_file.loading import build_empty
 
 _DTYPES = {torch.bfloat16: ("BF16", 2), torch.float8_e4m3fn: ("F8_E4M3", 1), torch.float32: ("F32", 4)}
 
@@ -139,7 +139,7 @@ def test_a_published_fp8_set_is_planned_at_its_stored_size(real_files):
     is larger than its file by those layers' element count.)"""
     import os
 
-    from lorabind.loaders.single_file.pipelines import SingleFileSet
+    from lorabind.loaders.models.single_file.pipelines import SingleFileSet
 
     names = ("wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
              "wan_2.1_vae.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lorabind.loaders.tiny_models.single_files import SUBFOLDER
+from lorabind.tiny_models.single_files import SUBFOLDER
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_fp8_files_store_fp8_weights_and_scales(tiny_root):
 def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(tiny_root):
     import sentencepiece
 
-    from lorabind.loaders.single_file.tokenizers import umt5_tokenizer_from_spiece
+    from lorabind.loaders.models.single_file.tokenizers import umt5_tokenizer_from_spiece
     from transformers import AutoTokenizer
 
     with safe_open(str(tiny_root / "text_encoders" / SUBFOLDER / "umt5_tiny_bf16.safetensors"), "pt") as handle:
@@ -90,7 +90,7 @@ def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(
 
 def test_a_missing_qwen_tokenizer_names_what_was_looked_for_and_where(tmp_path):
     from lorabind.loaders.errors import ModelLoadError
-    from lorabind.loaders.single_file.tokenizers import qwen25_tokenizer
+    from lorabind.loaders.models.single_file.tokenizers import qwen25_tokenizer
 
     empty = tmp_path / "tokenizers"
     empty.mkdir()

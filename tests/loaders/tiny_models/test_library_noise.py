@@ -7,14 +7,14 @@ import warnings
 
 import pytest
 
-from lorabind.loaders import compat
+from lorabind.loaders.models import compat
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(bool(compat.unmet_requirements("minimax_h3")), reason="MiniMax-H3 needs a newer diffusers")
 def test_building_and_loading_minimax_h3_is_quiet(tmp_path, capfd):
-    from lorabind.loaders.model_store import load_model
-    from lorabind.loaders.tiny_models import build_tiny
+    from lorabind.loaders.models.store import load_model
+    from lorabind.tiny_models import build_tiny
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -5,8 +5,8 @@ import json
 import pytest
 from safetensors import safe_open
 
-from lorabind.loaders.tiny_models import lora_fixtures
-from lorabind.loaders.tiny_models.lora_fixtures import write_fixture_loras
+from lorabind.tiny_models import lora_fixtures
+from lorabind.tiny_models.lora_fixtures import write_fixture_loras
 
 PUBLISHED_NAMES = {
     "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors",
@@ -82,7 +82,7 @@ def test_models_that_are_not_built_get_no_fixture(tmp_path):
 def test_ensure_writes_the_fixtures_a_prompt_names_once_its_model_exists(tmp_path, tiny_models_root):
     import shutil
 
-    from lorabind.loaders.tiny_models import ensure_fixture_loras
+    from lorabind.tiny_models import ensure_fixture_loras
 
     shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", tmp_path / "diffusers" / "tiny-wan21-t2v")
     named = {"tiny-wan21-t2v", lora_fixtures.WAN21_DISTILL, "a cat"}
@@ -95,7 +95,7 @@ def test_ensure_writes_the_fixtures_a_prompt_names_once_its_model_exists(tmp_pat
 
 def test_ensure_writes_minimax_fixtures_a_prompt_names(tmp_path):
     from lorabind.loaders.lora import read_lora
-    from lorabind.loaders.tiny_models import ensure_fixture_loras, minimax_h3
+    from lorabind.tiny_models import ensure_fixture_loras, minimax_h3
 
     named = {f"lorabind-tiny/{minimax_h3.NATIVE_FIXTURE_NAME}"}
     assert ensure_fixture_loras(named, tmp_path) == [f"lorabind-tiny/{minimax_h3.NATIVE_FIXTURE_NAME}"]
@@ -107,7 +107,7 @@ def test_a_published_name_outside_the_fixture_folder_is_never_written(tmp_path, 
     """A prompt naming the real lightx2v or MiniMax-H3 file (a user's missing download) gets no random stand-in."""
     import shutil
 
-    from lorabind.loaders.tiny_models import ensure_fixture_loras, minimax_h3
+    from lorabind.tiny_models import ensure_fixture_loras, minimax_h3
 
     shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan22-t2v", tmp_path / "diffusers" / "tiny-wan22-t2v")
     published = {name.split("/", 1)[1] for name in (*lora_fixtures.FIXTURE_NAMES, *minimax_h3.FIXTURE_NAMES)}

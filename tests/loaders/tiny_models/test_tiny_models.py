@@ -6,7 +6,7 @@ import socket
 import pytest
 from safetensors.torch import load_file
 
-from lorabind.loaders.tiny_models import BUILTIN_MODELS, build_tiny, ensure_builtin_models
+from lorabind.tiny_models import BUILTIN_MODELS, build_tiny, ensure_builtin_models
 
 
 def _files(folder):
@@ -69,7 +69,7 @@ def test_build_tiny_rejects_unknown_names(tmp_path):
 
 
 def test_qwen_tokenizer_system_prefix_has_the_length_the_pipeline_drops(load_tiny):
-    from lorabind.loaders.tiny_models.tokenizers import QWEN_PROMPT_TEMPLATE, QWEN_TEMPLATE_PREFIX_TOKENS
+    from lorabind.tiny_models.tokenizers import QWEN_PROMPT_TEMPLATE, QWEN_TEMPLATE_PREFIX_TOKENS
 
     pipeline = load_tiny("tiny-qwen-image").pipeline
     assert pipeline.prompt_template_encode_start_idx == QWEN_TEMPLATE_PREFIX_TOKENS
@@ -95,7 +95,7 @@ def test_tokenizers_are_saved_in_a_form_transformers_4_and_5_both_read(name, tin
 def test_a_tiny_model_built_by_other_library_versions_is_rebuilt_and_said_so(tiny_models_root, tmp_path, caplog):
     import shutil
 
-    from lorabind.loaders.tiny_models import needs_build
+    from lorabind.tiny_models import needs_build
 
     folder = tmp_path / "diffusers" / "tiny-wan21-t2v"
     shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)

@@ -67,7 +67,7 @@ def _keys(path):
 
 
 def test_i2v_distill_fixtures_carry_the_published_names_and_the_image_branch(tiny_models_root):
-    from lorabind.loaders.tiny_models import lora_fixtures as fx
+    from lorabind.tiny_models import lora_fixtures as fx
 
     loras = tiny_models_root / "loras"
     assert fx.WAN22_I2V_HIGH == "lorabind-tiny/wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
@@ -84,7 +84,7 @@ def test_i2v_distill_fixtures_carry_the_published_names_and_the_image_branch(tin
 def test_input_images_are_deterministic_and_written_only_when_named(tmp_path):
     from PIL import Image
 
-    from lorabind.loaders.tiny_models.input_images import END_IMAGE, START_IMAGE, ensure_input_images
+    from lorabind.tiny_models.input_images import END_IMAGE, START_IMAGE, ensure_input_images
 
     assert ensure_input_images({"a cat"}, tmp_path) == []
     assert not (tmp_path / "lorabind-tiny").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
 
 REPORT_KEYS = {"file", "path", "format", "family", "rank", "alpha", "scale", "counts", "kinds", "metadata",
@@ -100,7 +100,7 @@ def test_keys_that_do_not_fit_the_model_are_refused(tiny_models_root, capsys):
 
 
 def test_minimax_turbo_artifact_uses_the_family_contract_dict(tmp_path, capsys):
-    from lorabind.loaders.tiny_models.minimax_h3 import write_minimax_fixture_loras
+    from lorabind.tiny_models.minimax_h3 import write_minimax_fixture_loras
 
     name = "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors"
     (path,) = [p for p in write_minimax_fixture_loras(tmp_path) if p.name == name]

@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from lorabind.loaders import model_store
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.loaders.models import store as model_store
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
 from lorabind.loaders.families import family_by_id
 
@@ -55,7 +55,7 @@ def test_inspect_model_reads_no_weight_and_accounts_like_the_engine(models_root,
 
 
 def test_the_structure_is_on_the_meta_device(models_root):
-    from lorabind.loaders.model_structure import load_structure
+    from lorabind.loaders.models.structure import load_structure
 
     structure = load_structure(models_root / "diffusers" / "tiny-wan22-t2v")
     assert sorted(structure.components) == ["transformer", "transformer_2"]

@@ -70,7 +70,7 @@ def test_every_real_workflow_reports_each_missing_file(workflow, tmp_path, capsy
 
 
 def test_models_check_says_what_a_found_file_is(tiny_models_root, capsys):
-    from lorabind.loaders.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
+    from lorabind.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 
     ensure_tiny_single_files([n for names in tiny_file_names().values() for n in names], tiny_models_root)
     assert _check(WORKFLOWS / "wan22_single_files_fp8.json", tiny_models_root) == 0

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
 
 PACK = Path(lorabind.__file__).parent

@@ -23,7 +23,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the contract check")
 
     monkeypatch.setattr(models, "load_folder", refuse)
-    monkeypatch.setattr("lorabind.loaders.generation.encode_text", refuse)
+    monkeypatch.setattr("lorabind.loaders.generation.entry_points.encode_text", refuse)
 
 
 def _run(models_root, tmp_path, *extra):
@@ -49,7 +49,7 @@ def test_mismatched_contract_is_refused_before_the_model_loads(tiny_models_root,
 def test_a_prompt_the_sampler_would_accept_is_not_refused_early(tiny_models_root, override):
     from lorabind.runtime.commands.run import contract_refusals, load_node_classes
     from lorabind.runtime.workflow_format import to_api_prompt
-    from lorabind.loaders import json_limits
+    from lorabind.loaders.io import json_limits
 
     node_classes, names = load_node_classes()
     prompt, _ = to_api_prompt(json_limits.loads((WORKFLOWS / "wan22_mismatched_contract.json").read_text()),

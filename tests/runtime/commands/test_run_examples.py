@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 
@@ -36,8 +36,8 @@ def test_following_the_contract_errors_advice_on_the_command_line_runs_and_recor
     assert ("steps must be 4, got 20 (its file name declares this contract; set enforce_contract off to override "
             "it explicitly)") in err
     # the advice, as a person types it (on a model whose LoRA layers are not bound yet: a cold fuse)
-    from lorabind.loaders.binding import unbind
-    from lorabind.loaders.model_store import load_model
+    from lorabind.loaders.binding.bind import unbind
+    from lorabind.loaders.models.store import load_model
 
     unbind(load_model(str(models_root / "diffusers" / "tiny-wan22-t2v")))
     assert run(models_root, tmp_path, "wan22_mismatched_contract", "--set", "6.enforce_contract=off") == 0

@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from lorabind.loaders import binding
+from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec
-from lorabind.loaders.model_store import load_model
-from lorabind.loaders.tiny_models.lora_fixtures import PEFT_FOLDER
+from lorabind.loaders.models.store import load_model
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
 from lorabind.runtime.commands import serve
 
 

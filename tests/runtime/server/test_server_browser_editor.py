@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer

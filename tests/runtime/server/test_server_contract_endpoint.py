@@ -8,11 +8,11 @@ import urllib.request
 
 import pytest
 
-from lorabind.loaders.contracts import contract_to_dict
+from lorabind.loaders.contracts.discovery import contract_to_dict
 from lorabind.loaders.families import checkpoint_contracts
 from lorabind.loaders.families.minimax_h3 import file_contract
-from lorabind.loaders.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
-from lorabind.loaders.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
+from lorabind.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
+from lorabind.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
 from lorabind.runtime.commands.inspect import inspect_lora
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer

@@ -23,7 +23,7 @@ WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.js
 
 @pytest.fixture(scope="module")
 def wan_server(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+    from lorabind.tiny_models import build_tiny, lora_fixtures
 
     root = tmp_path_factory.mktemp("wan22")
     build_tiny(root / "models", names=["tiny-wan22-t2v"])
@@ -40,7 +40,7 @@ def _example() -> dict:
 
 
 def _with_pair(steps: int) -> dict:
-    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 
     prompt = _example()
     sampler = next(k for k, n in prompt.items() if n["class_type"] == "LoraBindSampler")
@@ -91,7 +91,7 @@ def test_example_workflow_and_lora_pair_over_http(wan_server):
 
 
 def test_contract_violation_is_an_execution_error_naming_the_file(wan_server):
-    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
 
     async def body():
         client = Client(wan_server.url)
@@ -135,7 +135,7 @@ def test_model_and_lora_names_outside_the_models_root_are_refused(wan_server):
 def test_a_missing_published_lora_fails_validation_with_the_choices_and_writes_nothing(wan_server):
     """The published lightx2v names outside ``lorabind-tiny/`` are the user's downloads: a missing one is the
     normal "not in list" validation error naming the file and the choices, never a random stand-in."""
-    from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 
     loras = Path(wan_server.config.models_root) / "loras"
     before = sorted(str(p.relative_to(loras)) for p in loras.rglob("*"))
@@ -161,7 +161,7 @@ def test_a_missing_published_lora_fails_validation_with_the_choices_and_writes_n
 
 
 def test_free_unload_models_reloads_the_model_on_the_next_prompt(wan_server):
-    from lorabind.loaders import model_store
+    from lorabind.loaders.models import store as model_store
 
     model_dir = f"{wan_server.config.models_root}/diffusers/tiny-wan22-t2v"
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from lorabind.loaders import json_limits
+from lorabind.loaders.io import json_limits
 from lorabind.runtime.server import routes_prompt
 from lorabind.runtime.server.history import HistoryStore
 from server_client import Client, run_async

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.loaders.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _save_peft_folder
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _save_peft_folder
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 
@@ -34,7 +34,7 @@ def adapters(tiny_models_root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(tiny_models_root, adapters, tmp_path_factory):
-    from lorabind.loaders import model_store
+    from lorabind.loaders.models import store as model_store
 
     model_store.clear_cache()  # a fresh model: whatever earlier tests bound is not what the warm-up finds
     root = tmp_path_factory.mktemp("openai_distill")

@@ -31,7 +31,7 @@ WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.
 
 @pytest.fixture(scope="module")
 def ray_server(tmp_path_factory):
-    from lorabind.loaders.tiny_models import build_tiny, lora_fixtures
+    from lorabind.tiny_models import build_tiny, lora_fixtures
 
     root = tmp_path_factory.mktemp("scale_out")
     build_tiny(root / "models", names=["tiny-wan22-t2v"])

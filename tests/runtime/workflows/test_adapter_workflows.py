@@ -12,8 +12,8 @@ import torch
 from adapters_helpers import assert_same_state, recorded_forwards, state_snapshot
 
 import lorabind
-from lorabind.loaders.binding import binding_state, unbind
-from lorabind.loaders.tiny_models import lora_fixtures as F
+from lorabind.loaders.binding.bind import binding_state, unbind
+from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
@@ -199,7 +199,7 @@ def test_sampler_reports_each_step_and_stops_at_an_interrupt_between_steps(execu
 def test_sampler_reports_fuse_layers_as_work_and_only_steps_as_progress(executor, load_tiny):
     """ComfyUI clients read every ``progress`` message as a sampling step: the fuse layers go out as
     ``progress_state`` (per-node progress, labelled), the steps alone as ``progress``."""
-    from lorabind.loaders.binding import unbind
+    from lorabind.loaders.binding.bind import unbind
 
     prompt = load("wan21_distill")
     sampler = sampler_ids(prompt)[0]
@@ -228,7 +228,7 @@ def test_sampler_reports_fuse_layers_as_work_and_only_steps_as_progress(executor
 
 def test_model_loader_reports_placing_components_as_work_never_as_steps(executor, tmp_path):
     """A fresh load places each component: labelled work (``progress_state``), so no client counts it as a step."""
-    from lorabind.loaders import model_store
+    from lorabind.loaders.models import store as model_store
 
     model_store.clear_cache()
     events = []

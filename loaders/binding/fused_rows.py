@@ -1,0 +1,130 @@
+"""Computing one fused parameter: ``original + Σ strength · delta`` in float32 row chunks, rounded once.
+
+Split from ``patching`` (which decides WHAT to write and keeps the originals): this is HOW one value is written,
+shared by the patcher and ``lorabind merge``. Whether the result can leave the dtype's range is decided a priori
+(``finite_bounds``): a proven parameter is written without a second look; one the bound does not prove is
+refused up front when one element proves the overflow, else its written chunks are scanned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import KeyMatchError
+from .finite_bounds import certain_overflow, largest_abs, proven_finite
+from ..models.single_file import fp8
+
+# Rows per float32 work chunk are chosen so one chunk stays around this size: the fused value is computed and
+# written chunk by chunk, so the extra memory of a fuse is the backups plus this buffer (not a float32 copy of the
+# largest layer) and the work stays in cache instead of page-faulting a fresh full-size temporary per layer.
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class Workspace:
+    """float32 work buffers reused across parameters, one per device, grown to the largest chunk needed (at most
+    about ``CHUNK_BYTES``). Why: a fuse allocates backups between these temporaries, and a fresh buffer per
+    parameter would leave freed holes between the backups that the allocator keeps resident."""
+
+    def __init__(self):
+        self._buffers: dict[torch.device, torch.Tensor] = {}
+
+    def take(self, numel: int, device: torch.device) -> torch.Tensor:
+        buffer = self._buffers.get(device)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self._buffers[device] = torch.empty(numel, dtype=torch.float32, device=device)
+        return buffer[:numel]
+
+
+class _BaseRows:
+    """``base_rows(start, stop)``: rows of the unpatched value in float32 on the work device (fp8: times its
+    scale), for a kind whose delta depends on the base weight (DoRA); ``rows``/``cols``: the flattened shape."""
+
+    def __init__(self, source: torch.Tensor, device: torch.device, scale: Optional[torch.Tensor]):
+        self.source, self.device, self.scale = source, device, scale
+        self.rows, self.cols = int(source.shape[0]), int(source.shape[1])
+
+    def __call__(self, start: int, stop: int) -> torch.Tensor:
+        rows = self.source[start:stop].to(device=self.device, dtype=torch.float32)
+        return rows * self.scale if self.scale is not None else rows
+
+
+class NonFiniteResultError(KeyMatchError):
+    """A fused value overflows the parameter's dtype (finite factors, e.g. 1e38 scaled past bf16's range)."""
+
+
+def chunk_is_finite(written: torch.Tensor, source: torch.Tensor) -> bool:
+    """The scan of one written chunk, for parameters the bound does not prove: False when it holds a non-finite
+    value that its original rows did not already hold (a module-level function: tests count the scans)."""
+    return bool(torch.isfinite(written).all()) or not bool(torch.isfinite(source).all())
+
+
+def _overflow_error(dtype: torch.dtype, where: str = "") -> NonFiniteResultError:
+    return NonFiniteResultError(
+        f"the fused value is not finite in {str(dtype).replace('torch.', '')}{where}: strength x scale x "
+        f"up @ down (or a diff) exceeds the dtype's range")
+
+
+def _needs_scan(dest: torch.Tensor, source: torch.Tensor, terms: list, original_abs_max: Optional[float]) -> bool:
+    """False when ``finite_bounds`` proves every element finite; raises, before anything is written, when one
+    element proves an overflow; True (scan the written chunks) otherwise."""
+    base_abs_max = largest_abs(source) if original_abs_max is None else original_abs_max
+    if proven_finite(dest.dtype, base_abs_max, terms):
+        return False
+    if math.isfinite(base_abs_max):
+        element = certain_overflow(dest.dtype, source, terms)
+        if element is not None:
+            raise _overflow_error(dest.dtype, f" at element {list(element)}")
+    return True
+
+
+def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence, workspace: Optional[Workspace]
+                  = None, *, storage=None, seed_key: str = "", original_abs_max: Optional[float] = None) -> None:
+    """``dest = original + Σ strength · delta`` over every contribution's kind deltas, computed in float32 and
+    rounded to ``dest``'s dtype exactly once per element.
+
+    ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
+    another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
+    the shape, so recomputing a value (roll-back) gives the same bits. A patcher passes its ``Workspace`` and
+    ``original_abs_max`` (``max|original|``, kept with the original; computed here when None).
+    ``storage``: an fp8 weight's ``fp8.StoredWeight`` — the value is fp8 x scale, the sum is divided by the scale
+    again and rounded the way it asks (``fp8.round_to_fp8``, seeded by ``seed_key``), saturating: never Inf.
+    """
+    device = dest.device
+    if not dest.is_contiguous():  # rows of a non-contiguous tensor are not views of one flat buffer
+        staged = torch.empty(dest.shape, dtype=dest.dtype, device=device)
+        write_patched(staged, original, contributions, workspace, storage=storage, seed_key=seed_key,
+                      original_abs_max=original_abs_max)
+        dest.copy_(staged)
+        return
+    rows = dest.shape[0] if dest.dim() >= 1 else 1
+    source = original.reshape(rows, -1)
+    target = dest.view(rows, -1)
+    terms = [(c.strength, delta) for c in contributions for delta in c.deltas]
+    scan = storage is None and _needs_scan(dest, source, terms, original_abs_max)
+    scale = storage.scale.to(device) if storage is not None and storage.scale is not None else None
+    # each adapter kind computes its delta's rows in float32 (``lora.kinds.base.WeightDelta.row_adder``)
+    base_rows = _BaseRows(source, device, scale)
+    adders = [(delta.row_adder(device, base_rows), strength) for strength, delta in terms]
+    cols = source.shape[1]
+    step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
+    buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
+    generator = fp8.seeded_generator(seed_key) if storage is not None else None
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        chunk = buffer[: stop - start]
+        chunk.copy_(source[start:stop])
+        if scale is not None:
+            chunk.mul_(scale)
+        for add_rows, strength in adders:
+            add_rows(chunk, start, stop, strength)
+        if storage is not None:  # the one rounding, into the fp8 storage
+            if scale is not None:
+                chunk.div_(scale)
+            target[start:stop].copy_(fp8.round_to_fp8(chunk, storage.rounding, seed_key, generator))
+            continue
+        target[start:stop].copy_(chunk)  # the one rounding to dest's dtype
+        if scan and not chunk_is_finite(target[start:stop], source[start:stop]):
+            raise _overflow_error(dest.dtype)

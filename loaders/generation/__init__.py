@@ -1,0 +1,1 @@
+"""Generation: the family-independent sampling entry points and the shared maths."""

@@ -1,0 +1,70 @@
+"""The family-independent entry points of generation: encode a prompt, make an empty latent, check, denoise,
+decode. Each asks the model's family (``loaders/families/<family>/``), which does the work through its own
+pipeline modules; the nodes call these.
+
+Why through the pipeline's ``encode_prompt``: the prompt template, padding and truncation rules (Qwen-Image drops
+its 34-token system prefix, Wan pads UMT5 output to a fixed length) are part of what the denoiser was trained on;
+re-implementing them would drift from diffusers. Latent geometry comes from the VAE config the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..families import family_for, made_for
+from ..handles import ConditioningHandle, LatentHandle
+
+
+def encode_text(model, text: str) -> ConditioningHandle:
+    """Encode one prompt with the model's own text encoder (embeds on the CPU in float32, batch 1)."""
+    return family_for(model).encode_text(model, text)
+
+
+def latent_shape(model, width: int, height: int, frames: int, batch: int) -> tuple:
+    """The family's latent shape for a width x height (x frames) output; raises ValueError naming the bad field."""
+    return family_for(model).latent_shape(model, width, height, frames, batch)
+
+
+def empty_latent(model, width: int, height: int, frames: int = 1, batch: int = 1) -> LatentHandle:
+    """A zero latent of the family's shape: the sampler's start point for text-to-video / text-to-image."""
+    return family_for(model).empty_latent(model, width, height, frames, batch)
+
+
+def image_to_video_latent(model, start_image, end_image, width: int, height: int, frames: int,
+                          batch: int = 1) -> LatentHandle:
+    """The start latent of an image-to-video run: the family encodes the start (and optional end) IMAGE into
+    the conditioning its denoiser needs; ValueError naming the input when the model cannot take it."""
+    return family_for(model).image_latent(model, start_image, end_image, width, height, frames, batch)
+
+
+def implied_task(model, latent: LatentHandle) -> Optional[str]:
+    """The task a latent implies (MiniMax-H3: a latent anchored on a first frame means ``fl2va``), else None."""
+    return family_for(model).implied_task(latent)
+
+
+def check_inputs(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
+                 schedule) -> None:
+    """Refuse inputs that cannot be sampled together, naming the input; cheap, so the sampler node calls it
+    before binding (a refused run must not touch a weight). ``denoise`` calls it again for library callers."""
+    for input_name, handle in (("positive", positive), ("negative", negative), ("latent", latent)):
+        if handle is not None and not made_for(handle, model):
+            raise ValueError(f"{input_name} was made for a {handle.family} model but the model {model.name!r} is "
+                             f"{model.family}; encode the prompt / make the latent with this model")
+    family_for(model).check_inputs(model, positive, negative, latent, schedule)
+
+
+def denoise(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
+            schedule, seed: int, *, on_step: Optional[Callable[[int, int], None]] = None,
+            check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
+    """Sample from ``latent`` (start point; zeros for text-to-X) over the resolved ``schedule`` exactly.
+
+    ``on_step(done, total)`` is called after each step; ``check_interrupt()`` before each step (it raises to
+    stop). Returns a new ``LatentHandle``; the input is not modified."""
+    check_inputs(model, positive, negative, latent, schedule)
+    return family_for(model).denoise(model, positive, negative, latent, schedule, seed, on_step=on_step,
+                                     check_interrupt=check_interrupt)
+
+
+def decode(model, latent: LatentHandle):
+    """VAE-decode to ComfyUI's IMAGE: float [frames, H, W, C] in 0..1 (video batches are concatenated frames)."""
+    return family_for(model).decode(model, latent)

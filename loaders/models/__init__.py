@@ -1,0 +1,1 @@
+"""Model loading: diffusers folders and single files to one LoadedModel, cached per source."""

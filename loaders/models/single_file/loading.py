@@ -1,0 +1,207 @@
+"""Build diffusers/transformers modules from single files, streaming each tensor to its place.
+
+The module is created with its parameters on the meta device (``loaders.models.meta_modules``, as diffusers' own
+``from_single_file`` does; buffers computed at construction, like rotary tables, stay real), then every
+tensor is read from the file, renamed/split by the component's layout and assigned as the parameter itself.
+Peak memory is the model plus one tensor, never the checkpoint twice. Why not ``from_single_file``: it loads
+the whole checkpoint into a state dict, converts it (a second copy for renamed tensors) and always casts fp8 up.
+
+Files are read through ``safetensors.safe_open`` (mmap), re-opened every ``_BATCH_BYTES`` so the pages already
+copied out are unmapped: a mapping kept open for the whole load would count the full file in the process's
+resident memory on top of the model.
+
+dtypes: a bf16/fp16/fp32 file loads in ``dtype`` (default bfloat16) except the parameters the model class keeps
+in float32 (``_keep_in_fp32_modules``), exactly as ``from_pretrained(dtype=...)`` does. fp8 weights stay fp8 (see
+``fp8``), except in those keep-in-float32 modules (their callers cast inputs to the weight dtype), which are
+dequantized on load; the rest of an fp8 file loads like a bf16 one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+from ...errors import ModelLoadError
+from ..meta_modules import build_on_meta
+from . import catalog, fp8
+from .detect import Detected
+from .native_files import keeps_fp32
+
+_BATCH_BYTES = 256 * 1024 * 1024
+_IGNORED_KEYS = (fp8.SCALED_MARKER, "spiece_model")
+
+
+def build_empty(detected: Detected):
+    """The component's module from its shipped config, parameters on the meta device."""
+    return build_on_meta(catalog.model_class(detected.kind), detected.config)
+
+
+def _owner(root, dotted: str):
+    module_path, _, leaf = dotted.rpartition(".")
+    return (root.get_submodule(module_path) if module_path else root), leaf
+
+
+def _assign(root, key: str, tensor) -> None:
+    import torch
+
+    module, leaf = _owner(root, key)
+    if leaf in module._parameters:
+        module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
+    elif leaf in module._buffers:
+        module._buffers[leaf] = tensor
+    else:
+        raise KeyError(key)
+
+
+def _batches(sizes: dict):
+    batch, total = [], 0
+    for key, size in sizes.items():
+        batch.append(key)
+        total += size
+        if total >= _BATCH_BYTES:
+            yield batch
+            batch, total = [], 0
+    if batch:
+        yield batch
+
+
+def _scale_key(native_key: str, keys) -> Optional[str]:
+    stem = native_key[: -len(".weight")]
+    return next((stem + s for s in fp8.SCALE_SUFFIXES if stem + s in keys), None)
+
+
+def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "nearest"):
+    """The module for one detected file; ``ModelLoadError`` naming the file and key on any mismatch.
+    ``fp8_rounding``: how later fuses round into its fp8 weights (``fp8.ROUNDINGS``)."""
+    import torch
+    from safetensors import safe_open
+
+    compute = dtype or torch.bfloat16
+    model = build_empty(detected)
+    layout = detected.kind.layout(detected.config)
+    expected = model.state_dict(keep_vars=True)
+    plan = layout.native_plan(expected)
+    keep = fp32_modules(type(model), detected, compute)
+    # modules whose callers cast their input to the weight's dtype (umt5's ``wo``): an fp8 weight there is
+    # dequantized on load instead of kept fp8
+    never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    with _reading(detected), safe_open(detected.path, framework="pt") as handle:
+        file_keys = set(handle.keys())
+        sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
+    prefix = detected.prefix
+    native_keys = {k[len(prefix):] for k in file_keys if k.startswith(prefix)}
+    unexpected = sorted(k for k in native_keys - set(plan) if not _ignored(k, layout))
+    if unexpected:
+        raise ModelLoadError(f"{detected.name}: {len(unexpected)} tensor(s) this {detected.title} does not have, "
+                             f"e.g. {unexpected[:3]} (a different model or layout)")
+    missing = sorted(k for k in plan if k not in native_keys and not _tied(k, layout, detected))
+    if missing:
+        raise ModelLoadError(f"{detected.name}: missing {len(missing)} tensor(s) of {detected.title}, "
+                             f"e.g. {missing[:3]} (truncated or a different variant)")
+    order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
+    for batch in _batches(order):
+        with _reading(detected), safe_open(detected.path, framework="pt") as handle:
+            for native_key in batch:
+                tensor = handle.get_tensor(prefix + native_key)
+                scale_key = _scale_key(native_key, native_keys) if tensor.dtype == torch.float8_e4m3fn else None
+                scale = fp8.checked_scale(handle.get_tensor(prefix + scale_key), detected.name,
+                                          prefix + scale_key) if scale_key else None
+                if tensor.dtype == torch.float8_e4m3fn:
+                    fp8.refuse_nan(tensor, detected.name, prefix + native_key)
+                for key, part in layout.split(native_key, tensor, plan[native_key]).items():
+                    if part.dtype == torch.float8_e4m3fn and keeps_fp32(key, never_fp8):
+                        part, scale_here = fp8.dequantize(part, scale, torch.float32), None
+                    else:
+                        scale_here = scale
+                    _place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected, fp8_rounding)
+    _tie_missing(model, detected, layout, native_keys)
+    leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if leftover:
+        raise ModelLoadError(f"{detected.name}: no tensor for {leftover[:3]} of {detected.title}")
+    return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _reading(detected: Detected):
+    """The safetensors library's own errors (a file changed or damaged after detection) as a ``ModelLoadError``
+    naming the file; its bare messages name neither the file nor the tensor."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        raise ModelLoadError(f"{detected.name}: cannot be read as safetensors ({exc}); the file is damaged or "
+                             "truncated") from None
+
+
+def fp8_parameters(detected: Detected, model) -> set:
+    """The diffusers parameter names ``load_component`` keeps in fp8 for this file (its fp8 tensors, less the
+    modules it dequantizes): read from the file's header only, so a plan sizes them at one byte each."""
+    from safetensors import safe_open
+
+    layout = detected.kind.layout(detected.config)
+    plan = layout.native_plan(model.state_dict(keep_vars=True))
+    parameters = {name for name, _ in model.named_parameters()}
+    never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
+    with safe_open(detected.path, framework="pt") as handle:
+        fp8_native = {k[len(detected.prefix):] for k in handle.keys()
+                      if k.startswith(detected.prefix) and handle.get_slice(k).get_dtype() == "F8_E4M3"}
+    return {key for native_key in fp8_native & set(plan) for key in plan[native_key]
+            if key in parameters and not keeps_fp32(key, never_fp8)}
+
+
+def fp32_modules(cls, detected: Detected, compute) -> tuple:
+    """What ``from_pretrained`` keeps in float32: diffusers for any lower dtype; transformers only for float16
+    (plus its ``_strict`` list always)."""
+    import torch
+
+    keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ())
+    if detected.kind.library == "diffusers":
+        return keep
+    strict = tuple(getattr(cls, "_keep_in_fp32_modules_strict", None) or ())
+    return strict + (keep if compute == torch.float16 else ())
+
+
+def _numel(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count
+
+
+def _ignored(native_key: str, layout) -> bool:
+    return (native_key in _IGNORED_KEYS or native_key in layout.native_only
+            or native_key.endswith(fp8.SCALE_SUFFIXES + fp8.IGNORED_SUFFIXES))
+
+
+def _tied(native_key: str, layout, detected: Detected) -> bool:
+    """A Qwen2.5-VL file may leave out ``lm_head`` (text encoding never uses it): tied to the embeddings then."""
+    return detected.kind.kind == "qwen25_vl" and native_key == "lm_head.weight"
+
+
+def _tie_missing(model, detected: Detected, layout, native_keys) -> None:
+    """Tied copies the files leave out (umt5's ``encoder.embed_tokens`` is ``shared``) and a missing lm_head."""
+    for key in layout.diffusers_only:
+        module, leaf = _owner(model, key)
+        if module._parameters[leaf].device.type == "meta":
+            module._parameters[leaf] = model.get_input_embeddings().weight
+    if detected.kind.kind == "qwen25_vl" and "lm_head.weight" not in native_keys:
+        model.lm_head.weight = model.get_input_embeddings().weight
+
+
+def _place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected, rounding: str) -> None:
+    import torch
+
+    module, leaf = _owner(model, key)
+    current = module._parameters.get(leaf)
+    if current is None and leaf not in module._buffers:
+        raise ModelLoadError(f"{detected.name}: {key} is not a tensor of {detected.title}")
+    expected_shape = tuple((current if current is not None else module._buffers[leaf]).shape)
+    if tuple(tensor.shape) != expected_shape:
+        raise ModelLoadError(f"{detected.name}: {key} has shape {tuple(tensor.shape)}, {detected.title} expects "
+                             f"{expected_shape}")
+    if tensor.dtype == torch.float8_e4m3fn and current is not None:
+        fp8.keep_fp8(module, leaf, tensor, scale, compute, rounding)
+        return
+    target = torch.float32 if keep_fp32 else compute
+    _assign(model, key, tensor.to(target) if tensor.is_floating_point() else tensor)

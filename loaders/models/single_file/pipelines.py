@@ -1,0 +1,175 @@
+"""Single files as a model source (``SingleFileSet``): detect, check the set, load each component, assemble.
+
+``model_store.load`` loads it by the same sequence as a diffusers folder, into the same shared object (one per
+set of files, in the same cache, keyed by resolved paths, mtimes, dtype, fp8 rounding and placement), so
+binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the loaded modules
+(``ModelFamily.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the ``model_index`` the model
+reports is what the equivalent diffusers folder would hold (``interface.pipeline_index``: two experts ->
+``transformer_2`` and the published ``boundary_ratio``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+from .. import compat
+from ...errors import ModelLoadError
+from ..sources import BuiltModel, ModelSource
+from ..store import LoadedModel, load
+from . import catalog, fp8, tokenizers
+from .detect import CheckpointSet, Detected, check_set, detect
+from .layouts import SPIECE_KEY
+from .loading import build_empty, fp8_parameters, fp32_modules, load_component
+from .merge import baked_index_entry
+
+
+class SingleFileWeightSources:
+    """Where each denoiser weight can be re-read for an exact restore (``loaders.binding.weight_sources``): its native key
+    in the file it came from. Fused/split tensors (none in the Wan/Qwen layouts) get no source and keep a RAM
+    backup; the patcher checks every source bit for bit against the live weight before trusting it (an fp8
+    weight re-reads as its exact bytes)."""
+
+    def __init__(self, denoisers: dict):
+        self.denoisers = denoisers  # component -> Detected
+
+    def lookup(self, component: str, state_key: str):
+        from ...binding.weight_sources import WeightSource
+
+        detected = self.denoisers.get(component)
+        if detected is None:
+            return None
+        layout = detected.kind.layout(detected.config)
+        native = layout.to_native(state_key)
+        if layout.fused_rule(native) is not None:
+            return None
+        return WeightSource(file=str(Path(detected.path).resolve()), key=detected.prefix + native)
+
+
+def _umt5_tokenizer(encoder: Detected, tokenizer_dirs):
+    from safetensors import safe_open
+
+    with safe_open(encoder.path, framework="pt") as handle:
+        if SPIECE_KEY not in handle.keys():
+            raise ModelLoadError(f"{encoder.name}: no '{SPIECE_KEY}' tensor (ComfyUI's umt5 files carry their "
+                                 "SentencePiece tokenizer there); this file has none")
+        model_bytes = tokenizers.spiece_bytes(handle.get_tensor(SPIECE_KEY))
+    return tokenizers.umt5_tokenizer_from_spiece(model_bytes, encoder.name)
+
+
+def _qwen_tokenizer(encoder: Detected, tokenizer_dirs):
+    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name)
+
+
+_TOKENIZER = {"umt5": _umt5_tokenizer, "qwen25_vl": _qwen_tokenizer}
+
+
+def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple,
+               image_encoder: Optional[tuple] = None) -> CheckpointSet:
+    """``(path, display name)`` pairs -> the checked set (``ModelLoadError`` naming the files that clash)."""
+    return check_set([detect(p, n) for p, n in denoisers], detect(*vae), detect(*text_encoder),
+                     detect(*image_encoder) if image_encoder is not None else None)
+
+
+def _parts_index(named: dict) -> dict:
+    """The ``model_index`` entries of the set's parts: what the family reads their roles from."""
+    return {name: [d.kind.library, catalog.model_class(d.kind).__name__] for name, d in named.items()}
+
+
+class SingleFileSet(ModelSource):
+    """A checked set of single files (``detect_set``) as a ``ModelSource``; their tokenizer comes from the text
+    encoder file or ``tokenizer_dirs``, and fuses into fp8 weights round with ``fp8_rounding``
+    (``fp8.ROUNDINGS``)."""
+
+    def __init__(self, files: CheckpointSet, *, tokenizer_dirs: Iterable[Path] = (), fp8_rounding: str = "nearest"):
+        from ...families import family_by_id
+
+        if fp8_rounding not in fp8.ROUNDINGS:
+            raise ModelLoadError(f"fp8_rounding {fp8_rounding!r}: choose one of {list(fp8.ROUNDINGS)}")
+        self.files, self.tokenizer_dirs, self.fp8_rounding = files, list(tokenizer_dirs), fp8_rounding
+        self.family = family_by_id(files.family)
+        self.paths = [d.path for d in files.files]
+        self.path = files.denoisers[0].path
+        self.name = self.label = " + ".join(os.path.basename(p) for p in self.paths)
+        # component name -> Detected, named as the equivalent diffusers folder names them (the family decides)
+        self.named = self.family.single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
+                                                   files.image_encoder)
+
+    def default_dtype(self):
+        import torch
+
+        return torch.bfloat16
+
+    def cache_identity(self) -> tuple:
+        return tuple(str(Path(p).resolve()) for p in self.paths), tuple(os.stat(p).st_mtime_ns for p in self.paths)
+
+    def cache_options(self) -> tuple:
+        return (self.fp8_rounding,)
+
+    def check(self) -> None:
+        # the versions the model family needs (two experts: the family's expert-pair id, Wan2.2 MoE)
+        high = self.files.denoisers[0]
+        model_family = self.family.model_families[-1 if len(self.files.denoisers) > 1 else 0]
+        compat.require(self.family.requirements_id(model_family, variant=high.model.variant), high.title)
+
+    def component_roles(self) -> dict:
+        return self.family.component_roles(_parts_index(self.named))
+
+    def component_sizes(self, dtype) -> list:
+        """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
+        weight is read; weights kept fp8 are sized at one byte)."""
+        from ...placement.sizes import measure_module
+
+        roles = self.component_roles()
+        sizes = []
+        for name, detected in self.named.items():
+            module = build_empty(detected)
+            keep = fp32_modules(type(module), detected, dtype)
+            sizes.append(measure_module(name, roles[name], module, dtype, keep,
+                                        one_byte=fp8_parameters(detected, module)))
+        return sizes
+
+    def build(self, dtype) -> BuiltModel:
+        from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
+
+        components = {component: load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
+                      for component, detected in self.named.items()}
+        encoder = self.files.text_encoder
+        high = self.files.denoisers[0]
+        source = PipelineSource(path=high.path, kind=SOURCE_SINGLE_FILE, dtype=dtype, components=components,
+                                tokenizer=_TOKENIZER[encoder.kind.kind](encoder, self.tokenizer_dirs),
+                                variant=high.model.variant)
+        pipeline = self.family.load_pipeline(source)
+        model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
+        denoisers = {n: components[n] for n in self.family.denoiser_components(_parts_index(self.named))}
+        return BuiltModel(pipeline=pipeline, model_family=self.family.detect(model_index), model_index=model_index,
+                          modules=components, roles=self.component_roles(), denoisers=denoisers,
+                          weight_sources=SingleFileWeightSources(dict(zip(denoisers, self.files.denoisers))))
+
+
+def load_single_files(files: CheckpointSet, *, tokenizer_dirs: Iterable[Path] = (), fp8_rounding: str = "nearest",
+                      **options) -> LoadedModel:
+    """The shared ``LoadedModel`` for a checked set of single files (see the module docstring): ``SingleFileSet``
+    loaded by ``model_store.load``; ``options`` (dtype, default bfloat16; device, memory, attention, compile,
+    on_progress, before_device_alloc) mean what they mean there, so a set loaded for another device or plan is
+    its own cache entry."""
+    return load(SingleFileSet(files, tokenizer_dirs=tokenizer_dirs, fp8_rounding=fp8_rounding), **options)
+
+
+def files_sizes(files: tuple, dtype: str) -> list:
+    """``memory.ComponentSize`` of the components of ComfyUI single files (denoisers, VAE, text/image encoders;
+    any order; ``lorabind plan --files``) from their headers: the set is detected and checked as the loader checks
+    it, fp8 weights sized at one byte."""
+    detected = [detect(str(path), str(path)) for path in files]
+    by_role = {role: [d for d in detected if d.role == role] for role in ("denoiser", "vae", "text_encoder",
+                                                                            "image_encoder")}
+    missing = [role for role in ("denoiser", "vae", "text_encoder") if not by_role[role]]
+    if missing:
+        raise ModelLoadError(f"--files names no {' and no '.join(missing)} file; a plan needs the denoiser(s), the VAE "
+                             "and the text encoder")
+    image_encoder = by_role["image_encoder"][0] if by_role["image_encoder"] else None
+    checked = check_set(by_role["denoiser"], by_role["vae"][0], by_role["text_encoder"][0], image_encoder)
+    import torch
+
+    return SingleFileSet(checked).component_sizes(getattr(torch, dtype))

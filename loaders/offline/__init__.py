@@ -1,0 +1,1 @@
+"""Offline tools: merge LoRAs into model files, extract LoRAs from two models."""

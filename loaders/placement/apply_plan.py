@@ -1,0 +1,400 @@
+"""Apply a ``MemoryPlan`` to a loaded model at run time: where each component lives and when it moves.
+
+The planner (``loaders.placement``) decides, per component, one of ``device`` | ``host`` | ``swap`` | ``blocks`` |
+``on_demand``; this module makes it so and keeps it so while the sampler binds LoRAs and denoises:
+
+* ``device``: moved once (``module.to``).
+* ``blocks``: diffusers' group offload, block level, one block per group; on CUDA with a side stream, which
+  prefetches the next block while the current one computes (``use_stream``).
+* ``swap`` (Wan2.2 experts) and ``on_demand`` (text encoders, and denoisers under ``offload_model``): our own
+  staging, ``_Staged``. Why not diffusers' ``enable_model_cpu_offload``: it moves modules with ``.to()`` both
+  ways, so every offload copies unchanged weights back into fresh pageable host memory and every call of the
+  pipeline re-uploads both Wan2.2 experts; it also refuses a pipeline that has a group-offloaded component, and
+  it offloads the VAE the plan keeps resident. A staged module keeps one host copy of its weights (pinned on
+  CUDA: the source of truth while it is off the device); bringing it up is one host->device copy, taking it down
+  drops the device copy. A swapped expert stays on the device until another expert needs its place, so the
+  expert that ends a run is still resident at the start of the next; with ``plan.prefetch`` (both experts fit)
+  the other expert is uploaded on a side stream while the current one computes.
+* ``vae_tiling``: diffusers' ``enable_tiling`` on the VAE.
+
+Binding under every plan (``weights_written``/``after_bind``, called by ``loaders.binding``): the patcher writes
+each parameter in place, where it lives. Between forwards a group-offloaded module's parameters ARE the tensors
+its hooks upload from: with ``use_stream`` diffusers sets ``param.data`` to the pinned CPU snapshot on offload and
+copies that snapshot to the GPU on onload (``hooks/group_offloading.py``: ``_offload_to_memory`` /
+``_onload_from_memory``), without a stream it moves the module with ``.to``. So a fuse written between forwards
+lands in the source of truth and survives every later offload. Injecting or removing peft adapter layers adds
+or removes parameters the hooks do not know, so then the hooks are re-created
+(``_maybe_remove_and_reapply_group_offloading``, which diffusers provides for exactly this). A staged module that
+is on the device when bound has its written tensors copied back to its host copy at once, so dropping the device
+copy later loses nothing.
+
+On the CPU, the "device" is the host: every mechanism above still runs (staged copies, group-offload hooks with
+onload device cpu), which is how the tests exercise it without a GPU. One CPU detail: tensors loaded from a
+safetensors file can start at addresses that are not 64-byte aligned, and the CPU matmul kernels round
+differently for the same values at a different alignment (measured: 3.6e-7 on the tiny Wan time embedder). So a
+staged "device" copy on the CPU is placed at the same offset modulo 64 bytes as its source, and every plan
+computes exactly what ``full`` computes, as on a GPU (where every plan computes on fresh device allocations).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from ..families.interface import ROLE_VAE
+from .planner import default_decode_bytes
+from .sizes import DENOISER_ROLES, ENCODER_ROLES
+
+CPU = torch.device("cpu")
+_VAE_SPATIAL_FACTOR = 8  # latent -> pixels in every supported VAE (Wan, Qwen-Image, MiniMax-H3)
+_ALIGNMENT = 64  # bytes; the CPU kernels' rounding depends on a tensor's address modulo this
+
+
+@dataclass
+class PlacementStats:
+    """Moves made so far (shown in the sampler's report; tests assert the swap policy with them)."""
+
+    uploads: dict = field(default_factory=dict)  # component -> host->device uploads of a staged component
+    swaps: int = 0  # expert swaps (an expert brought up while another one was on the device)
+    upload_seconds: float = 0.0
+    written_back: int = 0  # tensors copied device->host after a bind
+    hooks_reapplied: int = 0  # group-offload hooks re-created after adapter layers changed
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return list(module.parameters()) + [b for b in module.buffers() if b is not None]
+
+
+def same_alignment_copy(source: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``source`` starting at the same address modulo 64 bytes (see the module docstring)."""
+    size = source.element_size()
+    pad = _ALIGNMENT // size
+    flat = torch.empty(source.numel() + pad, dtype=source.dtype)
+    shift = ((source.data_ptr() - flat.data_ptr()) % _ALIGNMENT) // size
+    copy = flat[shift:shift + source.numel()].view(source.shape)
+    copy.copy_(source)
+    return copy
+
+
+class _Staged:
+    """One module whose weights live on the host and come to the device on demand (see the module docstring)."""
+
+    def __init__(self, name: str, module: nn.Module, device: torch.device):
+        self.name = name
+        self.module = module
+        self.device = device
+        self.pin = device.type == "cuda"
+        self.host: dict = {}  # tensor (param or buffer object) -> its host copy
+        self.on_device = False
+        self.pending = None  # CUDA event of an upload still running on the side stream
+        self.refresh()
+
+    def _host_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        copy = tensor.data if tensor.device.type == "cpu" else tensor.data.to(CPU)
+        if self.pin and not copy.is_pinned():
+            try:
+                copy = copy.pin_memory()
+            except RuntimeError:  # no page-locked memory left: a pageable copy still works, only slower
+                pass
+        return copy
+
+    def refresh(self) -> None:
+        """Pick up tensors added or removed since (peft adapter layers), keeping every one where the module is."""
+        current = _tensors(self.module)
+        known = set(current)
+        for tensor in [t for t in self.host if t not in known]:
+            del self.host[tensor]
+        for tensor in current:
+            if tensor not in self.host:
+                self.host[tensor] = self._host_copy(tensor)
+                if self.on_device:
+                    tensor.data = self._device_copy(self.host[tensor])
+                else:
+                    tensor.data = self.host[tensor]
+        if not self.on_device:
+            for tensor, copy in self.host.items():
+                tensor.data = copy
+
+    def _device_copy(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cpu":  # a separate "device" copy, so the CPU runs the same code path as a GPU
+            return same_alignment_copy(host)
+        return host.to(self.device, non_blocking=host.is_pinned())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.host.values())
+
+    def upload(self, stream=None) -> None:
+        """Bring the weights to the device; on a CUDA side stream the copy overlaps compute until ``wait``."""
+        if self.on_device:
+            return
+        if stream is not None:
+            with torch.cuda.stream(stream):
+                for tensor, host in self.host.items():
+                    tensor.data = self._device_copy(host)
+                self.pending = torch.cuda.Event()
+                self.pending.record(stream)
+        else:
+            for tensor, host in self.host.items():
+                tensor.data = self._device_copy(host)
+        self.on_device = True
+
+    def wait(self) -> None:
+        """Make the current stream wait for a side-stream upload before the weights are read."""
+        if self.pending is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.pending)
+            for tensor in self.host:  # the side stream allocated them; the compute stream now uses them
+                tensor.data.record_stream(torch.cuda.current_stream(self.device))
+            self.pending = None
+
+    def drop(self) -> None:
+        """Take the weights off the device: the host copy is current, so this is no copy at all."""
+        if not self.on_device:
+            return
+        self.wait()
+        for tensor, host in self.host.items():
+            tensor.data = host
+        self.on_device = False
+
+    def write_back(self, tensors) -> int:
+        """Copy tensors a bind wrote on the device into the host copy (the source of truth)."""
+        if not self.on_device:
+            return 0
+        count = 0
+        for tensor in tensors:
+            host = self.host.get(tensor)
+            if host is not None and tensor.data.data_ptr() != host.data_ptr():
+                host.copy_(tensor.data)
+                count += 1
+        return count
+
+
+class ModelPlacement:
+    """The live placement of one ``LoadedModel``'s components under one ``MemoryPlan`` on one device."""
+
+    def __init__(self, modules: dict, plan, device: torch.device, roles: dict):
+        """``roles``: {component: role} from the model's family (``ModelFamily.component_roles``)."""
+        self.modules = {name: m for name, m in modules.items() if isinstance(m, nn.Module)}
+        self.plan = plan
+        self.device = torch.device(device)
+        self.roles = {name: roles.get(name) for name in self.modules}
+        # the image VAE: the first VAE of the family's roles, in index order (an audio VAE comes after it)
+        self.image_vae = next((n for n, role in roles.items() if role == ROLE_VAE and n in self.modules), None)
+        self.placement = {name: plan.placement.get(name, "device") for name in self.modules}
+        self.staged: dict[str, _Staged] = {}
+        self.stats = PlacementStats()
+        self.released = False
+        self._stream = None
+        self._hook_handles: list = []
+        self._offload_params: dict[str, frozenset] = {}  # group-offloaded component -> the tensors its hooks know
+
+    # ------------------------------------------------------------------ applying
+
+    def apply(self, on_progress: Optional[Callable[[int, int], None]] = None) -> None:
+        """Put every component where the plan says (reporting ``on_progress(done, total)`` per component)."""
+        names = list(self.modules)
+        for index, name in enumerate(names):
+            module = self.modules[name]
+            place = self.placement[name]
+            if place == "device":
+                module.to(self.device)
+            elif place == "blocks":
+                self._enable_group_offload(name, module)
+            elif place in ("swap", "on_demand"):
+                self.staged[name] = _Staged(name, module, self.device)
+                self._install_hooks(name, module)
+            if on_progress is not None:
+                on_progress(index + 1, len(names))
+        vae = self.modules.get(self.image_vae)
+        if self.plan.vae_tiling and vae is not None and hasattr(vae, "enable_tiling"):
+            vae.enable_tiling()
+        self._install_decode_hooks()
+        if self.device.type == "cuda" and self.plan.prefetch and len(self._swap_names()) > 1:
+            self._stream = torch.cuda.Stream(self.device)
+
+    def _enable_group_offload(self, name: str, module: nn.Module) -> None:
+        """Block level where the module's repeated blocks are a direct ``ModuleList`` child (diffusers'
+        transformers); leaf level otherwise (a transformers text encoder keeps its layers one level down, where
+        block level would put the whole encoder in one group)."""
+        from diffusers.hooks import apply_group_offloading
+
+        by_blocks = any(isinstance(child, (nn.ModuleList, nn.Sequential)) for child in module.children())
+        kwargs = {"offload_type": "block_level", "num_blocks_per_group": 1} if by_blocks else \
+            {"offload_type": "leaf_level"}
+        apply_group_offloading(module, onload_device=self.device, offload_device=CPU,
+                               use_stream=self.device.type == "cuda", **kwargs)
+        self._offload_params[name] = frozenset(_tensors(module))
+
+    def _install_hooks(self, name: str, module: nn.Module) -> None:
+        from accelerate.utils import send_to_device
+
+        def before(mod, args, kwargs):
+            self.activate(name)
+            return send_to_device(args, self.device), send_to_device(kwargs, self.device)
+
+        self._hook_handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+        if self.roles.get(name) in ENCODER_ROLES:  # an encoder's phase ends with its forward
+            self._hook_handles.append(module.register_forward_hook(lambda mod, args, out: self.staged[name].drop()))
+
+    def _install_decode_hooks(self) -> None:
+        """Start the decode phase when a VAE's decoder runs, wherever the decode is called from: the denoising
+        phase is over (``end_denoise``) and, on CUDA, the decode's working memory is made room for. Why a hook
+        and not a call in the sampler: every family decodes through its own code, and this keeps the plan's
+        phases in one place."""
+        def before_decoder(mod, args):
+            self.end_denoise()
+            latent = args[0] if args and torch.is_tensor(args[0]) else None
+            width, height = (latent.shape[-1], latent.shape[-2]) if latent is not None and latent.dim() >= 4 else (0, 0)
+            self.prepare_image_decode(width * _VAE_SPATIAL_FACTOR, height * _VAE_SPATIAL_FACTOR)
+
+        for name, module in self.modules.items():
+            decoder = getattr(module, "decoder", None)
+            if self.roles.get(name) == ROLE_VAE and isinstance(decoder, nn.Module):
+                self._hook_handles.append(decoder.register_forward_pre_hook(before_decoder))
+
+    # ------------------------------------------------------------------ moving staged components
+
+    def _swap_names(self) -> list[str]:
+        return [n for n, p in self.placement.items() if p == "swap"]
+
+    def activate(self, name: str) -> None:
+        """Make a staged component usable on the device (a no-op when it is there or not staged).
+
+        A denoiser takes the place of the other denoisers on the device (one expert at a time), except that with
+        ``prefetch`` the swapped experts may all stay; bringing one up starts uploading the others then.
+        """
+        self.ensure_placed()
+        staged = self.staged.get(name)
+        if staged is None:
+            return
+        if staged.on_device:
+            staged.wait()
+            return
+        is_denoiser = self.roles.get(name) in DENOISER_ROLES
+        evicted = False
+        if is_denoiser:
+            keep = set(self._swap_names()) if self.plan.prefetch and name in self._swap_names() else set()
+            for other_name, other in self.staged.items():
+                if other_name != name and other.on_device and other_name not in keep \
+                        and self.roles.get(other_name) in DENOISER_ROLES:
+                    other.drop()
+                    evicted = True
+        self._make_room(staged.nbytes, keep=name)
+        start = time.perf_counter()
+        staged.upload()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # measured as a whole: the swap's cost is this copy
+        self.stats.upload_seconds += time.perf_counter() - start
+        self.stats.uploads[name] = self.stats.uploads.get(name, 0) + 1
+        if evicted:
+            self.stats.swaps += 1
+        if self.plan.prefetch and name in self._swap_names():
+            for other_name in self._swap_names():
+                if other_name != name:
+                    self.staged[other_name].upload(self._stream)
+
+    def _make_room(self, nbytes: int, keep: str) -> None:
+        """On CUDA, drop other staged components (encoders first) until ``nbytes`` fit; a no-op elsewhere."""
+        if self.device.type != "cuda":
+            return
+        order = sorted((n for n, s in self.staged.items() if s.on_device and n != keep),
+                       key=lambda n: self.roles.get(n) in DENOISER_ROLES)
+        for other in order:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            if free >= nbytes:
+                return
+            self.staged[other].drop()
+
+    def end_denoise(self) -> None:
+        """After the last step: ``on_demand`` denoisers leave the device (``swap`` experts stay for the next run)."""
+        for name, staged in self.staged.items():
+            if self.placement[name] == "on_demand" and self.roles.get(name) in DENOISER_ROLES:
+                staged.drop()
+
+    def prepare_image_decode(self, width: int, height: int) -> None:
+        """``prepare_decode`` with the planner's working-memory estimate for decoding ``width`` x ``height``."""
+        self.prepare_decode(default_decode_bytes(width, height) if width and height else 0)
+
+    def prepare_decode(self, nbytes: int = 0) -> None:
+        """Before a VAE decode: everything placed, and on CUDA room for ``nbytes`` of decode working memory."""
+        self.ensure_placed()
+        self._make_room(nbytes, keep=self.image_vae)
+
+    # ------------------------------------------------------------------ binding
+
+    def after_bind(self, written: dict) -> None:
+        """Keep a bind under the plan: ``written`` maps a component to the tensors the patcher wrote there.
+
+        Staged components on the device copy those tensors back to their host copy; a component whose set of
+        tensors changed (peft adapter layers injected or removed) has its offload bookkeeping re-created."""
+        for name, tensors in written.items():
+            staged = self.staged.get(name)
+            if staged is not None:
+                self.stats.written_back += staged.write_back(tensors)
+        for name, staged in self.staged.items():
+            staged.refresh()
+        for name, known in self._offload_params.items():
+            module = self.modules[name]
+            if frozenset(_tensors(module)) != known:
+                from diffusers.hooks.group_offloading import _maybe_remove_and_reapply_group_offloading
+
+                _maybe_remove_and_reapply_group_offloading(module)
+                self._offload_params[name] = frozenset(_tensors(module))
+                self.stats.hooks_reapplied += 1
+
+    # ------------------------------------------------------------------ giving memory back
+
+    def release(self) -> None:
+        """Give the device memory back (ComfyUI's "unload models" / ``/free``): everything goes to the host, with
+        its current (possibly fused) values; the next use puts it back (``ensure_placed``)."""
+        if self.released or self.device.type == "cpu":
+            return
+        for name, module in self.modules.items():
+            if self.placement[name] == "device":
+                module.to(CPU)
+        for staged in self.staged.values():
+            staged.drop()
+        self.released = True
+
+    def ensure_placed(self) -> None:
+        if not self.released:
+            return
+        for name, module in self.modules.items():
+            if self.placement[name] == "device":
+                module.to(self.device)
+        self.released = False
+
+    def remove(self) -> None:
+        """Undo the placement's hooks (the model is being dropped or re-placed)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        for staged in self.staged.values():
+            staged.drop()
+
+    # ------------------------------------------------------------------ reporting
+
+    def where(self, name: str) -> str:
+        """Where a component's weights are now, in words: ``cuda:0``, ``cpu``, ``cpu (swap)``, ``blocks``..."""
+        place = self.placement[name]
+        if place == "blocks":
+            return f"cpu, streamed to {self.device} by blocks"
+        if place in ("swap", "on_demand"):
+            where = str(self.device) if self.staged[name].on_device else "cpu"
+            return f"{where} ({place})"
+        return ("cpu (released)" if self.released else str(self.device)) if place == "device" else "cpu"
+
+    def describe(self) -> dict:
+        return {"device": str(self.device), "memory": self.plan.memory, "reason": self.plan.reason,
+                "vae_tiling": bool(self.plan.vae_tiling), "prefetch": bool(self.plan.prefetch),
+                "components": {name: self.where(name) for name in self.modules}, "swaps": self.stats.swaps,
+                "uploads": dict(self.stats.uploads), "upload_seconds": round(self.stats.upload_seconds, 4)}
+
+
+def placement_of(model) -> Optional[ModelPlacement]:
+    """The model's placement (None for models loaded without one, e.g. by tools that never sample)."""
+    return getattr(model, "placement", None)

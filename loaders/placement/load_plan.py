@@ -1,0 +1,76 @@
+"""Choose a model's memory plan before loading it, and refuse before loading when nothing fits.
+
+Why before: a 14B expert that does not fit takes minutes to load and then fails with an out-of-memory error in
+the middle of a run. The sizes come from the configs on the meta device (each source's ``component_sizes``), so
+the answer costs no weight reads; the message says what is needed, what is free and which plan would work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import ModelLoadError
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+
+
+def stored_dtype(folder: Path, model_index: dict) -> str:
+    """The floating dtype the denoiser's weights are stored in (what ``dtype=auto`` loads), read from one
+    safetensors header; float32 when there is nothing to read (a conservative size)."""
+    from ..families import denoiser_components
+
+    for name in denoiser_components(model_index):
+        for file in sorted((folder / name).glob("*.safetensors")):
+            try:
+                with open(file, "rb") as f:
+                    length = int.from_bytes(f.read(8), "little")
+                    header = json.loads(f.read(min(length, 16 * 1024 * 1024)))
+            except (OSError, ValueError):
+                continue
+            for key, entry in header.items():
+                if key != "__metadata__" and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                    return _SAFETENSORS_DTYPES[entry["dtype"]]
+    return "float32"
+
+
+def free_memory(device) -> tuple[int, int | None]:
+    """(device free bytes, host free bytes) for planning. On the CPU (and MPS, unified memory) the device IS the
+    host, so the host is not counted twice (None)."""
+    from .devices import device_memory, host_memory
+
+    free, _ = device_memory(device)
+    if device.type == "cuda":
+        return free, host_memory()[1] or None
+    return free, None
+
+
+def cpu_plan(roles: dict):
+    """``auto`` on the CPU: everything stays in RAM. Offloading to the memory it already lives in saves nothing,
+    so no sizes are measured (a config the planner cannot read is then the loader's error, as before).
+    ``roles``: {component: role} of the weighted components (``ModelFamily.component_roles``)."""
+    from . import MemoryPlan
+
+    names = tuple(roles)
+    return MemoryPlan(memory="full", resident=names, placement={n: "device" for n in names},
+                      reason="auto on the CPU: every component stays in RAM")
+
+
+def choose_plan(source, *, device, memory: str, dtype=None):
+    """The ``MemoryPlan`` for loading a ``model_sources.ModelSource`` onto ``device`` at ``dtype`` (None: as
+    stored); raises ``ModelLoadError`` naming the source when it does not fit."""
+    if device.type == "cpu" and memory == "auto":
+        return cpu_plan(source.component_roles())
+    return plan_for_sizes(source.component_sizes(dtype), label=source.label, device=device, memory=memory)
+
+
+def plan_for_sizes(sizes, *, label: str, device, memory: str):
+    """The ``MemoryPlan`` for components of the given ``ComponentSize``s on ``device`` (any loader's: a folder's
+    or single files'); raises ``ModelLoadError`` naming ``label`` when it does not fit."""
+    from . import plan_memory
+
+    device_free, host_free = free_memory(device)
+    plan = plan_memory(sizes, device_free_bytes=device_free, host_free_bytes=host_free, requested=memory)
+    if not plan.fits:
+        raise ModelLoadError(f"{label} on {device}: {plan.reason}. Nothing was loaded.")
+    return plan

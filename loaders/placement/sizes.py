@@ -1,0 +1,196 @@
+"""Component sizes from configs, built on the meta device: no weight is read, nothing is allocated.
+
+Why build the module instead of reading the safetensors headers: ``lorabind plan`` must answer for a folder
+that holds only configs (the real configurations shipped in the pack) and for a dtype other than the stored
+one; a module built on the meta device has exactly the parameters diffusers/transformers would load, and its
+repeated blocks (``_no_split_modules``) tell how large one streamed block is.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..io import json_limits
+from ..errors import ModelLoadError
+from ..families import component_roles, real_config_names
+from ..families.interface import (
+    ROLE_ALTERNATE,
+    ROLE_DENOISER,
+    ROLE_HIGH_NOISE,
+    ROLE_IMAGE_ENCODER,
+    ROLE_LOW_NOISE,
+    ROLE_TEXT_ENCODER,
+)
+from ..models.meta_modules import build_on_meta, component_class
+from ..models.model_index import read_model_index
+
+# The role vocabulary is the families' (``families.interface``); the planner groups components by it.
+DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
+ALTERNATE_ROLE = ROLE_ALTERNATE
+EXPERT_ROLES = (ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
+ENCODER_ROLES = (ROLE_TEXT_ENCODER, ROLE_IMAGE_ENCODER)
+# Configurations of the real models (configs only, no weights), typed from the public releases; each
+# model_index.json names its source in "_lorabind_source". Which ones ship is the families' list
+# (``ModelFamily.real_configs``).
+REAL_CONFIGS_DIR = Path(__file__).parent / "real_configs"
+
+
+@dataclass(frozen=True)
+class ComponentSize:
+    name: str  # the model_index component
+    role: str  # its family's role for it (``families.interface.ROLE_*``)
+    bytes: int  # weights at the dtype the component runs in
+    largest_layer_bytes: int  # the largest single module holding parameters directly (e.g. one Linear)
+    largest_block_bytes: int = 0  # the largest repeated block (the unit block-level offload streams)
+    blocks_bytes: int = 0  # all repeated blocks together (the rest stays put under block offload)
+    parameters: int = 0  # parameter count (published model sizes are quoted in parameters)
+
+
+def _component_class(library: str, class_name: str, where: Path):
+    """The class a ``model_index`` entry names; a missing one (older diffusers/transformers) is a clear error."""
+    try:
+        return component_class(library, class_name)
+    except (ImportError, AttributeError):
+        raise ModelLoadError(f"{where}: {library}.{class_name} is not available in the installed {library}") from None
+
+
+def resolve_model_source(model) -> Path:
+    """A diffusers folder, or the folder of a shipped real configuration (``families.real_config_names``)."""
+    names = real_config_names()
+    if str(model) in names:
+        return REAL_CONFIGS_DIR / str(model)
+    folder = Path(model).expanduser()
+    if not (folder / "model_index.json").is_file():
+        raise ModelLoadError(f"{model}: neither a diffusers folder (no model_index.json) nor a known configuration "
+                             f"({', '.join(names)})")
+    return folder
+
+
+def _read_config(folder: Path) -> str:
+    config_file = folder / "config.json"
+    try:
+        text = config_file.read_text(encoding="utf-8")
+        config = json_limits.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config_file}: cannot be read: {exc}") from exc
+    check_config_sizes(config, str(config_file))
+    return text
+
+
+# Bounds on what a config may ask to build, far above every real model (largest repeat count in the shipped
+# configs: 80; largest width: 262144): building a module on the meta device costs Python time per layer, so
+# ``num_layers: 200000`` took minutes and gigabytes before anything was planned.
+MAX_REPEATS = 512  # integers named like a count of layers/blocks ("num_layers", "layers_per_block", "depth")
+MAX_WIDTH = 1 << 20  # integers named like a width ("hidden_size", "vocab_size", "in_channels", ...)
+MAX_LIST = 256  # list lengths ("block_out_channels" builds one block per entry)
+_REPEAT_WORDS = frozenset({"layers", "blocks", "depth"})
+_WIDTH_WORDS = frozenset({"size", "dim", "channels", "heads", "embeddings", "features", "vocab"})
+
+
+def check_config_sizes(config, where: str, key: str = "") -> None:
+    """``ModelLoadError`` naming the file and key for a number or list beyond the bounds above."""
+    if isinstance(config, dict):
+        for name, value in config.items():
+            check_config_sizes(value, where, str(name))
+    elif isinstance(config, list):
+        if len(config) > MAX_LIST:
+            raise ModelLoadError(f"{where}: {key} lists {len(config)} entries; at most {MAX_LIST} are accepted")
+        for item in config:
+            check_config_sizes(item, where, key)
+    elif isinstance(config, int) and not isinstance(config, bool):
+        words = set(key.lower().split("_"))
+        bound = MAX_REPEATS if words & _REPEAT_WORDS and not words & _WIDTH_WORDS else MAX_WIDTH
+        if (words & (_REPEAT_WORDS | _WIDTH_WORDS)) and not 0 <= config <= bound:
+            raise ModelLoadError(f"{where}: {key} is {config}; a model this size is not planned (at most {bound})")
+
+
+WEIGHTS = ("bf16", "fp8")  # how the weights are stored: ``fp8`` as ComfyUI's fp8 single files store them
+FP8_ROLES = DENOISER_ROLES + (ROLE_TEXT_ENCODER,)  # ComfyUI publishes fp8 files of these; VAEs stay bf16
+
+
+@functools.lru_cache(maxsize=64)
+def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str,
+                    fp8_blocks: bool = False) -> dict:
+    """Sizes of one component from its config; cached because building a 14B module on the meta device takes
+    seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again.
+    ``fp8_blocks``: the matrices of the repeated blocks take one byte each, as ComfyUI's fp8 files store them
+    (``*_fp8_e4m3fn*.safetensors``: the blocks' linear weights in fp8, norms, biases and embeddings not)."""
+    import torch
+
+    cls = _component_class(library, class_name, Path(where))
+    module = build_on_meta(cls, json.loads(config_text))
+    keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
+    one_byte = block_matrices(module) if fp8_blocks else frozenset()
+    return _measure(module, getattr(torch, dtype_name), keep, one_byte)
+
+
+def block_matrices(module) -> frozenset:
+    """Names of the 2-D weights inside the module's repeated blocks (``_no_split_modules``)."""
+    block_classes = set(getattr(module, "_no_split_modules", None) or ())
+    prefixes = [prefix for prefix, sub in module.named_modules() if type(sub).__name__ in block_classes]
+    return frozenset(name for name, p in module.named_parameters()
+                     if p.dim() == 2 and name.endswith(".weight") and any(name.startswith(f"{b}.") for b in prefixes))
+
+
+def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = (),
+                   one_byte: frozenset = frozenset()) -> ComponentSize:
+    """The ``ComponentSize`` of an already built (e.g. meta-device) module: loaders that build their modules
+    from shipped configs (single files) size them the same way as a folder's. ``one_byte``: parameter names
+    stored in fp8 (single files keep fp8 weights fp8)."""
+    return ComponentSize(name=name, role=role, **_measure(module, dtype, keep_fp32, one_byte))
+
+
+def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset()) -> dict:
+    """Byte counts of ``module`` at ``dtype``; parameters named by ``keep_fp32`` stay float32 (as diffusers
+    loads them), those named in ``one_byte`` take one byte per element."""
+    import torch
+
+    run_bytes = torch.empty((), dtype=dtype, device="meta").element_size()
+
+    def nbytes(name: str, tensor, stored: bool = True) -> int:
+        name = name.lstrip(".")  # a root module's own parameters come as ".name"
+        if not tensor.is_floating_point():
+            return tensor.numel() * tensor.element_size()
+        if stored and name in one_byte:
+            return tensor.numel()
+        fp32 = any(part in keep_fp32 for part in name.split("."))
+        return tensor.numel() * (4 if fp32 else run_bytes)
+
+    total = sum(nbytes(n, p) for n, p in module.named_parameters())
+    total += sum(nbytes(n, b) for n, b in module.named_buffers())
+    parameters = sum(p.numel() for p in module.parameters())
+    largest_layer = 0
+    for prefix, sub in module.named_modules():
+        # at the compute dtype even when stored fp8: a forward dequantizes one layer at a time
+        own = sum(nbytes(f"{prefix}.{n}", p, stored=False) for n, p in sub.named_parameters(recurse=False))
+        largest_layer = max(largest_layer, own)
+    block_classes = set(getattr(module, "_no_split_modules", None) or ())
+    blocks = []
+    seen = set()
+    for prefix, sub in module.named_modules():
+        if type(sub).__name__ in block_classes and not any(prefix.startswith(s + ".") for s in seen):
+            seen.add(prefix)
+            blocks.append(sum(nbytes(f"{prefix}.{n}", p) for n, p in sub.named_parameters()))
+    return {"bytes": total, "largest_layer_bytes": largest_layer, "largest_block_bytes": max(blocks, default=0),
+            "blocks_bytes": sum(blocks), "parameters": parameters}
+
+
+def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> list[ComponentSize]:
+    """Sizes of every weighted component of a diffusers folder or shipped configuration name
+    (``model_index.json`` + per-component ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on
+    the meta device; ``weights="fp8"`` sizes the denoisers and text encoders as fp8 files (``WEIGHTS``)."""
+    if weights not in WEIGHTS:
+        raise ModelLoadError(f"weights {weights!r}: choose one of {list(WEIGHTS)}")
+    dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    folder = resolve_model_source(model_source)
+    model_index = read_model_index(folder)
+    sizes = []
+    for name, role in component_roles(model_index).items():
+        library, class_name = model_index[name]
+        measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name),
+                                   weights == "fp8" and role in FP8_ROLES)
+        sizes.append(ComponentSize(name=name, role=role, **measured))
+    return sizes

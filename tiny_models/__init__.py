@@ -1,0 +1,174 @@
+"""Built-in tiny models: offline, deterministic diffusers folders built from configs with random weights.
+
+They are the default models of every example workflow and test, so a fresh machine runs the README's main
+command with no download: ``lorabind run`` calls ``ensure_builtin_models`` and the model loader node calls
+``build_builtin`` for a missing one; each folder is built in about a second under ``<models_root>/diffusers/``.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from ..loaders.models import compat
+from ..loaders.families import tiny_recipes
+from . import lora_fixtures, minimax_h3, single_files
+from ._common import diffusers_dir, log, stale_reason
+from .input_images import ensure_input_images, write_input_images
+
+# Which built-ins exist, and which library versions each needs, is each family's list (``ModelFamily.tiny_models``);
+# the recipes name the builder here that writes the folder.
+RECIPES = tiny_recipes()
+BUILTIN_NAMES = tuple(RECIPES)
+BUILTIN_FAMILIES = {name: recipe.requirements_id for name, recipe in RECIPES.items()}
+
+
+def _builder(recipe) -> Callable:
+    return getattr(import_module(recipe.module, __name__), recipe.builder)
+
+
+# builders that write several folders at once (MiniMax-H3's plain and pinned models) are run by name set
+_SHARED_BUILDERS = {r.builder for r in RECIPES.values() if [o.builder for o in RECIPES.values()].count(r.builder) > 1}
+# name -> builder(models_root) -> folder written, for the built-ins built one folder at a time
+BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
+    name: _builder(recipe) for name, recipe in RECIPES.items() if recipe.builder not in _SHARED_BUILDERS}
+
+
+def unavailable_builtins() -> dict[str, str]:
+    """{name: why} for built-ins whose family needs newer libraries than the installed ones."""
+    unmet = {name: compat.unmet_requirements(family) for name, family in BUILTIN_FAMILIES.items()}
+    return {name: "needs " + " and ".join(reqs) for name, reqs in unmet.items() if reqs}
+
+
+def build_builtin(name: str, models_root) -> Path:
+    """Build one built-in model (MiniMax-H3: its whole set) and return its folder."""
+    models_root = Path(models_root)
+    recipe = RECIPES.get(name)
+    if recipe is None:
+        raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
+    compat.require(recipe.requirements_id, f"the built-in {name}")
+    _builder(recipe)(models_root)
+    return diffusers_dir(models_root) / name
+
+
+def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
+    """Run each named recipe's builder once (a shared builder writes all its folders); the folders written."""
+    written: list[Path] = []
+    done = set()
+    for name in dict.fromkeys(names):
+        recipe = RECIPES[name]
+        if recipe.builder in done:
+            continue
+        done.add(recipe.builder)
+        compat.require(recipe.requirements_id, f"the built-in {name}")
+        result = _builder(recipe)(models_root)
+        written += [Path(p) for p in result] if isinstance(result, (list, tuple)) else [Path(result)]
+    return written
+
+
+def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None) -> list[Path]:
+    """(Re)build built-in models and return every path written.
+
+    ``names=None`` builds every model the installed libraries support (``unavailable_builtins`` names what is
+    skipped and why): the models above, the MiniMax-H3 models, the fixture LoRAs (files with the real
+    published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models), the tiny
+    single files in ComfyUI's folders (``single_files``) and, with ``input_dir``, the example start/end images
+    under ``<input_dir>/lorabind-tiny/``.
+    With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
+    family needs newer libraries raises ``ModelLoadError`` naming the versions).
+    """
+    models_root = Path(models_root)
+    if names is None:
+        skipped = unavailable_builtins()
+        written = _build_recipes([name for name in BUILTIN_NAMES if name not in skipped], models_root)
+        # written even when the MiniMax-H3 models cannot be built here (they need only torch): the examples
+        # then pass validation and the model loader refuses them naming the diffusers version needed, instead
+        # of ComfyUI answering "Value not in list" for the LoRA
+        written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
+        written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
+        written += single_files.write_tiny_single_files(models_root)
+        if input_dir is not None:
+            written += write_input_images(input_dir)
+        return written
+    unknown = sorted(set(names) - set(BUILTIN_NAMES))
+    if unknown:
+        raise KeyError(f"unknown built-in model(s) {unknown}; known: {sorted(BUILTIN_NAMES)}")
+    return _build_recipes(names, models_root)
+
+
+def _strings_in(value) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings_in(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings_in(item)
+
+
+def needs_build(folder: Path) -> bool:
+    """A built-in folder that is missing, or was built by other library versions (its random weights, and so its
+    outputs, would differ from a fresh build's): the latter is rebuilt, and said so."""
+    if not (folder / "model_index.json").exists():
+        return True
+    reason = stale_reason(folder)
+    if reason:
+        log.warning("rebuilding the built-in tiny model %s: %s", folder.name, reason)
+    return reason is not None
+
+
+def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
+                          announce: Optional[Callable[[str], None]] = None) -> list[str]:
+    """Build each built-in model that an API prompt names (in any string input) and that is missing; with
+    ``input_dir``, also the example input images it names (``lorabind-tiny/start.png``...).
+
+    Returns the names built. A folder counts as present when its ``model_index.json`` exists. ``announce``
+    gets one line saying what is about to be built (only when something is): building writes into the models
+    root and takes a while, so a person should know why.
+    """
+    named = set()
+    for node in prompt.values():
+        if isinstance(node, dict):
+            named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
+    root = diffusers_dir(models_root)
+    models = [name for name in BUILTIN_NAMES if name in named and needs_build(root / name)]
+    loras = _missing_fixtures(named, models_root)
+    if announce is not None and (models or loras):
+        what = [f"tiny model{'s' if len(models) > 1 else ''} {', '.join(models)}"] if models else []
+        what += [f"{len(loras)} fixture LoRA{'s' if len(loras) > 1 else ''}"] if loras else []
+        announce(f"building the built-in {' and '.join(what)} under {models_root} (first use; offline, random "
+                 f"weights)")
+    for name in models:
+        build_builtin(name, models_root)
+    built = models + ensure_fixture_loras(named, models_root)
+    built += single_files.ensure_tiny_single_files(named, models_root)
+    if input_dir is not None:
+        built += ensure_input_images(named, input_dir)
+    return built
+
+
+def _missing_fixtures(named, models_root) -> list[str]:
+    lora_dir = Path(models_root) / "loras"
+    return [name for names in (lora_fixtures.FIXTURE_NAMES, minimax_h3.FIXTURE_NAMES) for name in names
+            if name in named and not (lora_dir / name).exists()]
+
+
+def ensure_fixture_loras(named, models_root) -> list[str]:
+    """Write the fixture LoRA sets a prompt names (``named``: its string values) when a file is missing.
+
+    Only names inside the fixture folder count (``lorabind-tiny/<published name>``): a published name anywhere
+    else is the user's own download, so a missing one is never created here; the prompt then fails validation
+    with the list of choices like any missing file. Call it after the named tiny models are built: the Wan/Qwen
+    fixtures take their shapes from them. Returns the fixture names that were missing and are now written.
+    """
+    lora_dir = Path(models_root) / "loras"
+    written = []
+    for names, write in ((lora_fixtures.FIXTURE_NAMES, lora_fixtures.write_fixture_loras),
+                         (minimax_h3.FIXTURE_NAMES, minimax_h3.write_minimax_fixture_loras)):
+        missing = [name for name in names if name in named and not (lora_dir / name).exists()]
+        if missing:
+            write(models_root)
+            written += [name for name in missing if (lora_dir / name).exists()]
+    return written
