@@ -36,6 +36,8 @@ class FuseSpec:
     component: str  # the denoiser component it goes into (the model's family names them)
     name: str = ""  # display name (relative name under the loras root) for messages
     lenient: bool = False  # keys that match nothing in the model are skipped (listed) instead of refused
+    # multipliers of ``strength`` per step of the run (binding.strength_schedules.StrengthSchedule); None: constant
+    strength_schedule: Any = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class AdapterSpec:
     component: str = ""  # the denoiser it attaches to; "" = the model's main denoiser
     name: str = ""
     lenient: bool = False  # as FuseSpec.lenient
+    strength_schedule: Any = None  # as FuseSpec.strength_schedule, multiplying ``scale``
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,8 +71,8 @@ class ModelHandle:
         return self.model.family
 
     def __repr__(self) -> str:  # short: error payloads (execution_error.current_inputs) show it to users
-        fuses = ", ".join(f"{f.name or f.path}@{f.strength:g}->{f.component}" for f in self.fuses)
-        adapters = ", ".join(f"{a.name or a.path}@{a.scale:g}" for a in self.adapters)
+        fuses = ", ".join(f"{f.name or f.path}@{f.strength:g}{_scheduled(f)}->{f.component}" for f in self.fuses)
+        adapters = ", ".join(f"{a.name or a.path}@{a.scale:g}{_scheduled(a)}" for a in self.adapters)
         return f"ModelHandle({self.model.name!r}, {self.family}, fuses=[{fuses}], adapters=[{adapters}])"
 
     def with_fuses(self, *fuses: FuseSpec, contracts: tuple[ScheduleContract, ...] = ()) -> "ModelHandle":
@@ -90,7 +93,8 @@ class AdapterHandle:
         return AdapterHandle(self.adapters + (adapter,), self.contracts + tuple(contracts))
 
     def __repr__(self) -> str:
-        return "AdapterHandle([" + ", ".join(f"{a.name or a.path}@{a.scale:g}" for a in self.adapters) + "])"
+        return "AdapterHandle([" + ", ".join(f"{a.name or a.path}@{a.scale:g}{_scheduled(a)}"
+                                             for a in self.adapters) + "])"
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +132,10 @@ class LatentHandle:
 
     def __repr__(self) -> str:
         return f"LatentHandle({self.family}, {self.kind}, shape={_shape(self.samples)})"
+
+
+def _scheduled(spec) -> str:
+    return "" if spec.strength_schedule is None else f"×[{spec.strength_schedule.describe()[:60]}]"
 
 
 def _shape(tensor) -> list:

@@ -20,6 +20,9 @@ NONE_CHOICE = "None"
 AUTO_COMPONENT = "auto"
 
 _STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
+_STRENGTH_SCHEDULE = ("STRING", {"default": "", "tooltip": "Optional: the strength per step of the run, as "
+                      "multipliers of the strength. One value per step ('1, 0.75, 0.5, 0.25') or keyframes "
+                      "'step:value' interpolated between them ('0:1, 3:0' fades out over 4 steps). Empty: constant."})
 _LENIENT = ("BOOLEAN", {"default": False, "tooltip": "Skip keys that match nothing in the model (they are "
                         "listed in the accounting) instead of refusing the file. Off: every key must fit."})
 
@@ -99,6 +102,7 @@ class LoadPEFTAdapter:
             "optional": {
                 "adapter": (SOCKET_ADAPTER, {"tooltip": "Upstream adapter stack to add this adapter to."}),
                 "lenient": _LENIENT,
+                "strength_schedule": _STRENGTH_SCHEDULE,
             },
         }
 
@@ -106,10 +110,11 @@ class LoadPEFTAdapter:
     def IS_CHANGED(cls, lora_name="", **_):
         return lora_inputs_identity(lora_name)
 
-    def load(self, lora_name, scale, component="", adapter: Optional[AdapterHandle] = None, lenient=False):
+    def load(self, lora_name, scale, component="", adapter: Optional[AdapterHandle] = None, lenient=False,
+             strength_schedule=""):
         path = resolve_lora(lora_name, "lora_name", "LoadPEFTAdapter")
         component = component or usecases.lora_components()[0]
-        return _ui(usecases.attach_adapter(lora_name, path, scale, component, adapter, lenient))
+        return _ui(usecases.attach_adapter(lora_name, path, scale, component, adapter, lenient, strength_schedule))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -141,19 +146,19 @@ class FuseDistillLoRA:
                               "Denoiser to fuse into. auto: the only transformer, or for Wan2.2 MoE the expert "
                               "the file name says (high_noise -> transformer, low_noise -> transformer_2)."}),
             },
-            "optional": {"lenient": _LENIENT},
+            "optional": {"lenient": _LENIENT, "strength_schedule": _STRENGTH_SCHEDULE},
         }
 
     @classmethod
     def IS_CHANGED(cls, lora_name="", **_):
         return lora_inputs_identity(lora_name)
 
-    def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT, lenient=False):
+    def fuse(self, model, lora_name, strength, component=AUTO_COMPONENT, lenient=False, strength_schedule=""):
         path = resolve_lora(lora_name, "lora_name", "FuseDistillLoRA")
         chosen = None if component == AUTO_COMPONENT else component
         try:
             attached = usecases.attach_fuse(model, lora_name, path, strength, chosen, where="FuseDistillLoRA",
-                                            lenient=lenient)
+                                            lenient=lenient, strength_schedule=strength_schedule)
         except LoraBindError as exc:
             if chosen is None and "does not say which expert" in str(exc):
                 raise type(exc)(f"{exc}, or use WanMoELoRAPair") from None
@@ -192,14 +197,16 @@ class WanMoELoRAPair:
                                    "…low_noise…; None = no LoRA on that expert."}),
                 "low_noise_strength": ("FLOAT", dict(_STRENGTH, tooltip="Strength of the low-noise LoRA.")),
             },
-            "optional": {"lenient": _LENIENT},
+            "optional": {"lenient": _LENIENT, "strength_schedule": ("STRING", dict(_STRENGTH_SCHEDULE[1], tooltip=(
+                _STRENGTH_SCHEDULE[1]["tooltip"] + " Multiplies both LoRAs' strengths alike.")))},
         }
 
     @classmethod
     def IS_CHANGED(cls, high_noise_lora=NONE_CHOICE, low_noise_lora=NONE_CHOICE, **_):
         return lora_inputs_identity(high_noise_lora, low_noise_lora)
 
-    def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength, lenient=False):
+    def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength, lenient=False,
+             strength_schedule=""):
         experts = usecases.expert_slots(model)
         if experts is None:
             loaded = model.model
@@ -215,7 +222,8 @@ class WanMoELoRAPair:
             chosen = None if name == NONE_CHOICE else name
             path = resolve_lora(name, input_name, "WanMoELoRAPair") if chosen else None
             slots.append((input_name, chosen, path, strength, component))
-        return _ui(usecases.attach_fuses(model, slots, where="WanMoELoRAPair", lenient=lenient))
+        return _ui(usecases.attach_fuses(model, slots, where="WanMoELoRAPair", lenient=lenient,
+                                         strength_schedule=strength_schedule))
 
 
 NODE_CLASS_MAPPINGS = {

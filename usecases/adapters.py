@@ -20,6 +20,7 @@ from ..loaders.handles import AdapterHandle, AdapterSpec, FuseSpec
 from ..loaders.lora import read_lora
 from ..loaders.lora.preparation import prepare_lora
 from ..loaders.binding.peft_adapters import to_peft_groups
+from ..loaders.binding.strength_schedules import parse_strength_schedule
 
 
 @dataclass
@@ -59,32 +60,43 @@ def component_for(model_handle, lora_name: str, component: Optional[str], where:
         raise type(exc)(f"{where}: {exc} (model {loaded.name})") from None
 
 
+def schedule_text(schedule) -> list:
+    """The UI line of a strength schedule ([] when there is none)."""
+    return [] if schedule is None else [f"strength per step: × [{schedule.describe()[:200]}]"]
+
+
 def prepare_fuse(model_handle, name: str, path: str, strength: float, component: str, where: str,
-                 lenient: bool = False):
+                 lenient: bool = False, strength_schedule: str = ""):
     """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines). The family
     refuses a file made for another model kind or slot first (``check_artifact``), before any key is read."""
+    schedule = parse_strength_schedule(strength_schedule, where)
     family = families.family_for(model_handle.model)
     family.check_artifact(model_handle.model, os.path.basename(name), component)
     prepared = prepare_lora(path, model_handle.model, component, family, guess_family=families.guess_family,
                             name=name, lenient=lenient, where=where)
     report = prepared.report()
     contract = discover_contract(path, name, family=family, lora=prepared.lora, strength=strength)
-    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient))
-    return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
+    spec = FuseSpec(path=path, strength=float(strength), component=component, name=name, lenient=bool(lenient),
+                    strength_schedule=schedule)
+    return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *schedule_text(schedule),
+                                    *contract_text(contract)]
 
 
 def attach_fuse(model_handle, name: str, path: str, strength: float, component: Optional[str] = None, *,
-                where: str, lenient: bool = False) -> Attached:
+                where: str, lenient: bool = False, strength_schedule: str = "") -> Attached:
     """Record one fuse (and its contract) on a new handle; ``component`` None: the family decides."""
     component = component_for(model_handle, name, component, where)
-    spec, report, contract, text = prepare_fuse(model_handle, name, path, strength, component, where, lenient)
+    spec, report, contract, text = prepare_fuse(model_handle, name, path, strength, component, where, lenient,
+                                                strength_schedule)
     handle = model_handle.with_fuses(spec, contracts=(contract,) if contract else ())
     return Attached(handle, [report], [contract_to_dict(contract)], text)
 
 
-def attach_fuses(model_handle, slots: list, *, where: str, lenient: bool = False) -> Attached:
+def attach_fuses(model_handle, slots: list, *, where: str, lenient: bool = False,
+                 strength_schedule: str = "") -> Attached:
     """Several fuses at once, each into a named slot: ``slots`` are ``(input name, lora name or None, path,
-    strength, component)``. The family checks every file against its slot first, naming all misplaced ones."""
+    strength, component)``. The family checks every file against its slot first, naming all misplaced ones.
+    ``strength_schedule`` multiplies every slot's strength alike (a pair fades together)."""
     loaded = model_handle.model
     families.family_for(loaded).check_slots(
         loaded.model_index, [(component, name, input_name) for input_name, name, _, _, component in slots if name])
@@ -93,7 +105,8 @@ def attach_fuses(model_handle, slots: list, *, where: str, lenient: bool = False
         if not name:
             attached.text.append(f"{input_name}: none")
             continue
-        spec, report, contract, lines = prepare_fuse(model_handle, name, path, strength, component, where, lenient)
+        spec, report, contract, lines = prepare_fuse(model_handle, name, path, strength, component, where, lenient,
+                                                     strength_schedule)
         specs.append(spec)
         attached.accounting.append(report)
         attached.contracts.append(contract_to_dict(contract))
@@ -115,13 +128,17 @@ def expert_slots(model_handle) -> tuple:
 
 
 def attach_adapter(lora_name: str, path: str, scale: float, component: str,
-                   adapter: Optional[AdapterHandle] = None, lenient: bool = False) -> Attached:
+                   adapter: Optional[AdapterHandle] = None, lenient: bool = False,
+                   strength_schedule: str = "", where: str = "LoadPEFTAdapter") -> Attached:
     """A dynamic (PEFT) adapter stacked on ``adapter``. The file is read and converted to peft's form now, so one
     that cannot be dynamic (full diffs, convolutions) is refused here, naming it, not at sampling time."""
+    schedule = parse_strength_schedule(strength_schedule, where)
     lf = read_lora(path)  # the engine's cached reader: bind() finds the file there later
     to_peft_groups(lf.targets, lora_name)
     contract = discover_contract(path, lora_name, lora=lf, strength=scale)
-    spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name, lenient=bool(lenient))
+    spec = AdapterSpec(path=path, scale=float(scale), component=component, name=lora_name, lenient=bool(lenient),
+                       strength_schedule=schedule)
     handle = (adapter or AdapterHandle()).stacked(spec, (contract,) if contract else ())
-    text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *contract_text(contract)]
+    text = [f"{lora_name} ({lf.format}) at scale {scale:g} on {component}", *schedule_text(schedule),
+            *contract_text(contract)]
     return Attached(handle, [], [contract_to_dict(contract)], text)

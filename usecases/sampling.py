@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from ..loaders.binding import bind as binding
+from ..loaders.binding.strength_schedules import StrengthStepper
 from ..loaders.generation import entry_points as generation, schedulers
 from ..loaders.contracts.discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
 from ..loaders.families import family_for, has_expert_pair
@@ -128,12 +128,17 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
         resolved = _staged(model, resolved, options)
     generation.check_inputs(model.model, positive, negative, latent, resolved)
     adapters = model.adapters + (adapter.adapters if adapter is not None else ())
-    bind_report = binding.bind(model.model, model.fuses, adapters, check_interrupt=check_interrupt,
-                               on_progress=on_bind)
+    strengths = StrengthStepper(model.fuses, adapters, resolved.steps)  # a schedule that does not fit: refused
+    bind_report = strengths.bind_step(model.model, resolved.start_step, check_interrupt=check_interrupt,
+                                      on_progress=on_bind)
+    if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
+        on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
+                                                 check_interrupt=check_interrupt)
     samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
                                  on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
     report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
+              "strength_schedules": strengths.report(),
               "placement": placement.describe() if placement is not None else None}
     return samples, resolved, report
 
