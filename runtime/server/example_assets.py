@@ -17,7 +17,8 @@ from typing import Callable, Iterable
 # a date or usage count stably), so this is the order a newcomer meets them: the main example first, then the
 # other Wan examples, Qwen-Image, the adapter and single-file variants, MiniMax-H3 last. Others follow A-Z.
 TEMPLATE_ORDER = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mismatched_contract",
-                  "wan22_lightning_three_stage", "wan21_distill", "wan21_unipc_reference", "wan21_i2v", "wan22_ti2v", "qwen_image_lightning", "wan22_tiny_t2v",
+                  "wan22_lightning_three_stage", "wan22_strength_schedule", "wan21_distill", "wan21_unipc_reference",
+                  "wan21_i2v", "wan22_ti2v", "qwen_image_lightning", "wan22_tiny_t2v",
                   "peft_two_branches", "wan22_single_files_fp8", "minimax_h3_turbo_8step",
                   "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
 

@@ -21,7 +21,8 @@ from lorabind.runtime.workflow_format import to_api_prompt
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
-RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches"]
+RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches",
+            "wan22_strength_schedule"]
 PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
 MISMATCH_MESSAGE = f"{os.path.basename(F.WAN22_HIGH)} is a 4-step distill LoRA: steps must be 4, got 20"
 
