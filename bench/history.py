@@ -42,6 +42,10 @@ METRICS = {
     "single_file_load_vs_folder": ("lower", 0.25, "single file load / diffusers folder load", None),
     "single_file_peak_rss_ratio": ("lower", 0.1, "single file peak RSS / folder peak RSS", ("<=", 1.3)),
     "peft_switch_ms": ("lower", 0.25, "PEFT activation switch (ms)", None),
+    "strength_step_fused_vs_step": ("lower", 0.25, "strength schedule: a fused LoRA's per-step change / one step",
+                                    None),
+    "strength_step_adapter_vs_step": ("lower", 0.25, "strength schedule: an adapter's per-step change / one step",
+                                      None),
     "help_seconds": ("lower", 0.25, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 0.25, "`import lorabind` (s)", None),
 }

@@ -23,7 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     __package__ = "bench"
 
 from . import (bench_fuse, bench_parallel_load, bench_peft, bench_real_size, bench_rerun,  # noqa: E402
-               bench_single_file, bench_startup)
+               bench_single_file, bench_startup, bench_strength_schedule)
 from . import history  # noqa: E402
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
@@ -70,6 +70,7 @@ def main(argv=None) -> int:
         fuse = bench_fuse.run(size, lora_a, lora_b, reps)
         memory = _memory_in_fresh_process(size_name, lora_a)
         peft = bench_peft.run(size, tmp, reps)
+        schedule = bench_strength_schedule.run(size, tmp, reps)
         rerun = bench_rerun.run(tmp, reps)
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
@@ -83,6 +84,8 @@ def main(argv=None) -> int:
         "strength_change_speedup_vs_diffusers": fuse["strength"].ratio,
         "peak_mem_ratio": memory["peak_mem_ratio"],
         "peft_switch_ms": peft["switch_ms"],
+        "strength_step_fused_vs_step": schedule["strength_step_fused_vs_step"],
+        "strength_step_adapter_vs_step": schedule["strength_step_adapter_vs_step"],
         "rerun_overhead": rerun["rerun_overhead"],
         "rerun_runtime_overhead": rerun["runtime_overhead"],
         "help_seconds": startup["help_seconds"],
@@ -116,6 +119,8 @@ def main(argv=None) -> int:
                 f"(originals re-read from the file: {real['rss']['file_backed']} tensors, "
                 f"{real['rss']['ram_backups']} RAM backups)", real_rows)
     print_table("PEFT activation switch", [(k, v) for k, v in peft.items()])
+    print_table("Strength schedule: one per-step strength change vs one denoiser step (median ms)",
+                [(k, f"{v:.3f}") for k, v in schedule.items()])
     print_table("Re-run (seed change only)", [(k, v) for k, v in rerun.items()])
     print_table("Cold start (seconds)", [(k, f"{v:.3f}") for k, v in startup.items()])
     print_table("Single file vs diffusers folder (Wan transformer, fresh process each)",
