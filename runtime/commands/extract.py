@@ -180,7 +180,7 @@ def _baked_contract(tuned: str, component: str) -> dict:
     """The ``sampling_contract`` metadata of what ``merge`` baked into the tuned folder's component or file."""
     from ...loaders.contracts.baked import INDEX_KEY, extracted_contract_metadata
     from ...loaders.models.model_index import read_model_index
-    from ...loaders.models.single_file.merge import baked_file_record
+    from ...loaders.models.single_file.baked_files import baked_file_record
 
     if os.path.isfile(tuned):  # a merged file is one component: everything baked into it counts
         return extracted_contract_metadata({INDEX_KEY: baked_file_record(tuned)}, None)
