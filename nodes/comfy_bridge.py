@@ -56,6 +56,16 @@ def lora_full_path(name: str) -> str | None:
     return path if _stays_inside(path, _real_lora_roots()) else None
 
 
+def model_file_path(kind: str, name: str) -> str | None:
+    """Absolute path of a single model file ``name`` in ComfyUI's ``kind`` folders (``diffusion_models`` also finds
+    ``unet``), confined as ``lora_full_path`` confines LoRA names: None when there is none or when it links out
+    of every folder of that kind."""
+    paths = folder_paths()
+    path = paths.get_full_path(kind, name)
+    roots = [os.path.realpath(root) for root in paths.get_folder_paths(kind)]
+    return path if path is not None and os.path.isfile(path) and _stays_inside(path, roots) else None
+
+
 def _listed_lora_path(name: str) -> str | None:
     paths = folder_paths()
     path = paths.get_full_path("loras", name)

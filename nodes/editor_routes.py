@@ -1,9 +1,10 @@
 """HTTP routes the editor asks while a workflow is being edited, served by ``lorabind serve`` and, inside
 ComfyUI, through ``PromptServer`` (``comfy_bridge.add_server_routes``): one handler for both servers.
 
-``GET /lorabind/contract?name=<name>[&folder=loras|diffusers]``: the sampling contract a LoRA file, PEFT folder
-or MiniMax-H3 Turbo/native adapter (``loras``) or a diffusers model folder (``diffusers``: a pinned schedule or
-baked-in contracts) declares, so the canvas can show it, and warn on the sampler, before anything runs. The
+``GET /lorabind/contract?name=<name>[&folder=loras|diffusers|diffusion_models]``: the sampling contract a LoRA
+file, PEFT folder or MiniMax-H3 Turbo/native adapter (``loras``), a diffusers model folder (``diffusers``: a pinned
+schedule or baked-in contracts) or a single denoiser file (``diffusion_models``: the contracts ``lorabind merge``
+baked into it) declares, so the canvas can show it, and warn on the sampler, before anything runs. The
 contract is a property of the file: the answer needs no graph and no loaded model. Names stay inside the
 configured model folders (400 for ``..`` or absolute names, 404 for names that are not there). Files are read
 in a worker pool with a timeout, and answers are cached by file identity (``contract_lookups``).
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..usecases import BUILTIN_NAMES, lora_file_contract, model_folder_contract
+from ..usecases import BUILTIN_NAMES, lora_file_contract, model_file_contract, model_folder_contract
 from . import comfy_bridge
 from .contract_lookups import LOOKUPS, refusal
 from .model_nodes import find_model_folder
@@ -31,6 +32,8 @@ def _model_path(name: str):
 _FOLDERS = {
     "loras": ("LoRA file or PEFT adapter folder", comfy_bridge.lora_full_path, lora_file_contract),
     "diffusers": ("diffusers model folder", _model_path, model_folder_contract),
+    "diffusion_models": ("single denoiser file", lambda name: comfy_bridge.model_file_path("diffusion_models", name),
+                         model_file_contract),
 }
 
 

@@ -33,7 +33,7 @@ _EXPORTS = {
                           "ModelHandle"),
     "..loaders.errors": ("LoraBindError", "LoraFileError"),
     "..loaders.generation.entry_points": ("encode_text", "empty_latent", "image_to_video_latent", "decode"),
-    "..loaders.contracts.discovery": ("lora_file_contract", "model_folder_contract"),
+    "..loaders.contracts.discovery": ("lora_file_contract", "model_folder_contract", "model_file_contract"),
     "..loaders.placement.devices": ("MEMORY_NAMES", "device_choices"),
     "..loaders.models.store": ("DTYPE_NAMES", "release_device_memory", "follow_host_node_cache"),
     "..loaders.placement.speed": ("ATTENTION_NAMES",),

@@ -58,12 +58,13 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def extracted_contract_metadata(model_index: dict, component: str) -> dict:
+def extracted_contract_metadata(model_index: dict, component: str | None) -> dict:
     """The ``sampling_contract`` metadata a LoRA ``extract``ed from ``component`` of a merged folder carries: the
     contract baked in with the LoRAs fused into that component, so the extracted file still runs only as the
-    files it came from did (issue 28: the extract used to drop it). {} when nothing baked into it declares a
-    step count. Two fuses into one component declaring different contracts are refused: no one file can say
-    both."""
+    files it came from did (issue 28: the extract used to drop it). ``component`` None: every fuse counts (a
+    merged single file is one component; pass its ``_lorabind`` record as ``{INDEX_KEY: record}``). {} when
+    nothing baked into it declares a step count. Two fuses into one component declaring different contracts are
+    refused: no one file can say both."""
     from ..errors import ContractError
     from ..families.distill_names import CONTRACT_METADATA_KEY
 
@@ -71,7 +72,7 @@ def extracted_contract_metadata(model_index: dict, component: str) -> dict:
     if not isinstance(baked, dict):
         return {}
     fused_here = {os.path.basename(str(entry.get("name", ""))) for entry in baked.get("fused") or ()
-                  if isinstance(entry, dict) and entry.get("component") == component}
+                  if isinstance(entry, dict) and component in (None, entry.get("component"))}
     texts = {_metadata_text(entry) for entry in baked.get("contracts") or ()
              if isinstance(entry, dict) and entry.get("source") in fused_here and entry.get("steps")}
     if len(texts) > 1:

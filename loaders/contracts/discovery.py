@@ -144,6 +144,32 @@ def model_folder_contracts(path: str, model_name: str) -> tuple:
     return family, ((pinned,) if pinned is not None else ()) + baked_contracts(index, model_name)
 
 
+def model_file_contract(path: str, model_name: str) -> dict:
+    """What a single denoiser file carries: the contracts ``lorabind merge`` baked into its metadata, the ones
+    ``LoraBindCheckpointLoader`` puts on its handle. Same shape as ``model_folder_contract``; ``model_name`` (the
+    name inside the models folder) is the only name messages and the answer use."""
+    family, found = model_file_contracts(path, model_name)
+    reason = None if found else "its metadata carries no contract baked in by lorabind merge"
+    return _declaration(model_name, family, [contract_to_dict(c) for c in found], reason)
+
+
+def model_file_contracts(path: str, model_name: str) -> tuple:
+    """``(family, (ScheduleContract, ...))`` baked into a single denoiser file, read from its header alone and
+    turned into contracts exactly as the loader does (``baked_index_entry`` then ``baked_contracts``), so the
+    editor, ``inspect`` and the sampler cannot disagree about a merged file. ``ModelLoadError`` naming the file
+    when it is no denoiser file."""
+    from .baked import baked_contracts
+    from ..errors import ModelLoadError
+    from ..models.single_file.detect import detect
+    from ..models.single_file.baked_files import baked_index_entry
+
+    detected = detect(path, model_name)
+    if detected.role != "denoiser":
+        raise ModelLoadError(f"{model_name}: a {detected.role.replace('_', ' ')} file ({detected.describe()}); "
+                             "only denoiser files carry merged-in contracts")
+    return families.family_by_id(detected.family), baked_contracts(baked_index_entry([detected]), model_name)
+
+
 def _declaration(name: str, family, contracts: list, reason) -> dict:
     return {"file": name, "family": family.id if family else None, "contract": contracts[0] if contracts else None,
             "contracts": contracts, "reason": reason}

@@ -58,13 +58,13 @@ class ComponentWeights:
     """Lazy, read-only view of a diffusers component folder's safetensors weights (one tensor at a time)."""
 
     def __init__(self, model_dir: str, component: str):
-        self.folder = os.path.join(model_dir, component)
-        files = sorted(glob.glob(os.path.join(self.folder, "*.safetensors")))
+        self.source = os.path.join(model_dir, component)  # named in messages
+        files = sorted(glob.glob(os.path.join(self.source, "*.safetensors")))
         if not files:
-            others = os.listdir(self.folder) if os.path.isdir(self.folder) else []
+            others = os.listdir(self.source) if os.path.isdir(self.source) else []
             hint = " (only pickle weights found: convert them to safetensors)" if any(
                 f.endswith((".bin", ".pt", ".ckpt", ".pth")) for f in others) else ""
-            raise ExtractionError(f"{self.folder}: no .safetensors weights for component '{component}'{hint}")
+            raise ExtractionError(f"{self.source}: no .safetensors weights for component '{component}'{hint}")
         from safetensors import safe_open
 
         self._handles = {}
@@ -115,7 +115,7 @@ def check_correspondence(base: ComponentWeights, tuned: ComponentWeights) -> Non
             parts.append(f"missing in the tuned model ({len(missing)}): {', '.join(missing[:5])}")
         if extra:
             parts.append(f"only in the tuned model ({len(extra)}): {', '.join(extra[:5])}")
-        raise ExtractionError(f"{tuned.folder} does not have the layers of {base.folder}: " + "; ".join(parts))
+        raise ExtractionError(f"{tuned.source} does not have the layers of {base.source}: " + "; ".join(parts))
     mismatched = [k for k in sorted(base.keys()) if base.shapes[k] != tuned.shapes[k]]
     if mismatched:
         k = mismatched[0]
@@ -179,7 +179,7 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
             on_progress(index + 1, len(keys))
     if not result.tensors:
         what = f" in the layers {list(options.layers)}" if options.layers else ""
-        raise ExtractionError(f"{tuned.folder} is identical to {base.folder}{what}: there is nothing to extract")
+        raise ExtractionError(f"{tuned.source} is identical to {base.source}{what}: there is nothing to extract")
     return result
 
 

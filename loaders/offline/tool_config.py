@@ -1,9 +1,10 @@
 """``--config FILE`` of ``lorabind merge`` and ``extract``: JSON or YAML, in our names or LightX2V's.
 
 Why: people come with LightX2V's converter and extractor configs. The keys that mean the same thing as one of
-ours are read as ours (``ALIASES``); the ones whose meaning we do not reproduce are refused naming the key and
-what to do instead (``REFUSED``), never silently ignored: a merge that quietly dropped ``lora_alpha`` would bake
-a different strength than the user asked for. The file is bounded (``MAX_CONFIG_BYTES``) and must hold one
+ours are read as ours (``MERGE_ALIASES`` for the converter's, ``EXTRACT_ALIASES`` for the extractor's); the ones
+whose meaning we do not reproduce are refused naming the key and what to do instead (``REFUSED``, or a value
+outside ``ACCEPTED_VALUES``), never silently ignored: a merge that quietly dropped ``lora_alpha`` would bake a
+different strength than the user asked for. The file is bounded (``MAX_CONFIG_BYTES``) and must hold one
 mapping; YAML is read with ``safe_load`` (no object construction).
 """
 
@@ -14,10 +15,13 @@ import os
 from ..io import json_limits
 from ..errors import LoraBindError
 
+
 MAX_CONFIG_BYTES = 1024 * 1024
-# LightX2V's name -> ours (converter: source/output/lora_path/lora_strength; extractor: output_dtype)
-ALIASES = {"source": "model", "output": "out", "lora_path": "lora", "lora_strength": "strength",
-           "output_dtype": "dtype", "save_dtype": "dtype"}
+# LightX2V's name -> ours: the converter's (``tools/convert/converter.py``) for merge, the extractor's
+# (``tools/extract/lora_extractor.py``: source/target model, output, rank, output dtype) for extract
+MERGE_ALIASES = {"source": "model", "output": "out", "lora_path": "lora", "lora_strength": "strength",
+                 "output_dtype": "dtype", "save_dtype": "dtype"}
+EXTRACT_ALIASES = {"source_model": "base", "target_model": "tuned", "output": "out", "output_dtype": "dtype"}
 REFUSED = {
     "lora_alpha": "lorabind scales each pair by the file's own alpha/rank (LightX2V's rule when a file has alpha "
                   "tensors); give the strength instead",
@@ -31,7 +35,8 @@ REFUSED = {
 }
 # keys whose LightX2V values we do reproduce, and only those values
 ACCEPTED_VALUES = {"lora_key_convert": ("auto", "same"), "direction": ("forward",), "diff_only": (False,),
-                   "single_file": (True, False)}
+                   "single_file": (True, False), "source_type": ("safetensors",), "target_type": ("safetensors",),
+                   "output_format": ("safetensors",)}
 
 
 class ConfigError(LoraBindError):
@@ -61,20 +66,21 @@ def read_config(path: str) -> dict:
     return config
 
 
-def translate(config: dict, path: str, known) -> dict:
-    """``config`` in our names, restricted to ``known`` (plus LightX2V's accepted keys, dropped once checked):
-    ``ConfigError`` naming the first key that is refused, unknown or has a value we do not reproduce."""
+def translate(config: dict, path: str, known, aliases: dict) -> dict:
+    """``config`` in our names, restricted to ``known`` (our names first, then LightX2V's ``aliases``; its
+    accepted keys are dropped once checked): ``ConfigError`` naming the first key that is refused, unknown or has
+    a value we do not reproduce. Our own names win over ``REFUSED``: ``alpha`` is an extract option of ours and
+    a LightX2V merge strength we refuse."""
     out = {}
     for key, value in config.items():
-        if key in REFUSED:
+        if key in known or key in aliases:
+            out[key if key in known else aliases[key]] = value
+        elif key in REFUSED:
             raise ConfigError(f"--config {path}: LightX2V's '{key}' is not supported: {REFUSED[key]}")
-        if key in ACCEPTED_VALUES:
+        elif key in ACCEPTED_VALUES:
             if value not in ACCEPTED_VALUES[key]:
                 raise ConfigError(f"--config {path}: '{key}: {value}' is not supported (lorabind does "
                                   f"{', '.join(repr(v) for v in ACCEPTED_VALUES[key])})")
-            continue
-        ours = ALIASES.get(key, key)
-        if ours not in known:
-            raise ConfigError(f"--config {path}: unknown key '{key}'; known: {sorted(set(known) | set(ALIASES))}")
-        out[ours] = value
+        else:
+            raise ConfigError(f"--config {path}: unknown key '{key}'; known: {sorted(set(known) | set(aliases))}")
     return out

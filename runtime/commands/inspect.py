@@ -1,4 +1,5 @@
-"""`lorabind inspect FILE_OR_DIR [--model DIFFUSERS_DIR] [--json]`: what a LoRA file or PEFT folder is.
+"""`lorabind inspect FILE_OR_DIR [--model DIFFUSERS_DIR] [--json]`: what a LoRA file or PEFT folder is (or, given a
+single model file, the contracts ``lorabind merge`` baked into it).
 
 Reports the detected layout and model family, rank/alpha/scale, tensor counts by part, each adapter kind with its
 modules, tensors, ranks and alphas, the file's metadata, the
@@ -32,18 +33,50 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ...loaders.errors import LoraBindError
+    from ...loaders.models.single_file.detect import detect_model_file
 
     try:
-        report = inspect_lora(args.path, model_dir=args.model)
+        model_file = detect_model_file(args.path, os.path.basename(args.path))
+        if model_file is not None and args.model:
+            raise LoraBindError(f"{model_file.name} is a model file ({model_file.describe()}); --model accounts a "
+                                "LoRA's keys against a model")
+        report = inspect_model_file(args.path) if model_file else inspect_lora(args.path, model_dir=args.model)
     except LoraBindError as exc:
         print(f"lorabind inspect: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    refusal = (report["accounting"] or {}).get("refusal")
+    text = format_model_report(report) if model_file else format_report(report)
+    print(json.dumps(report, indent=2) if args.json else text)
+    refusal = (report.get("accounting") or {}).get("refusal")
     if refusal and not args.lenient:  # unmatched keys: listed above, and refused as the fuse nodes and merge would
         print(f"lorabind inspect: refused: {refusal}", file=sys.stderr)
         return EXIT_REFUSED
     return 0
+
+
+def inspect_model_file(path: str) -> dict:
+    """A single model file's report: what it is and the contracts ``lorabind merge`` baked into it (the
+    declaration the contract endpoint answers for ``diffusion_models``, which the loader enforces), with what
+    was fused."""
+    from ...loaders.contracts.discovery import model_file_contract
+    from ...loaders.models.single_file.detect import detect
+    from ...loaders.models.single_file.baked_files import baked_file_record
+
+    name = os.path.basename(path)
+    declaration = model_file_contract(path, name)
+    return {**declaration, "path": os.path.abspath(path), "format": "single model file",
+            "model": detect(path, name).describe(), "fused": baked_file_record(path).get("fused") or []}
+
+
+def format_model_report(report: dict) -> str:
+    lines = [report["file"], f"  format:   {report['format']} ({report['model']})",
+             f"  family:   {report['family']}"]
+    lines += [f"  fused:    {entry.get('name')} at strength {entry.get('strength')} into {entry.get('component')}"
+              for entry in report["fused"]]
+    contracts = report["contracts"]
+    lines += [f"  contract: {c.get('text') or json.dumps(c)}" for c in contracts]
+    if not contracts:
+        lines.append(f"  contract: none ({report['reason']})")
+    return "\n".join(lines)
 
 
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:

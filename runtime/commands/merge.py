@@ -114,9 +114,10 @@ def _merge(settings: dict) -> dict:
 def _settings(args) -> dict:
     """The config file's settings (our names or LightX2V's), overridden by the command line's."""
     from ...loaders.errors import LoraBindError
-    from ...loaders.offline.tool_config import read_config, translate
+    from ...loaders.offline.tool_config import MERGE_ALIASES, read_config, translate
 
-    config = translate(read_config(args.config), args.config, CONFIG_KEYS) if args.config else {}
+    config = (translate(read_config(args.config), args.config, CONFIG_KEYS, MERGE_ALIASES) if args.config
+              else {})
     explicit = {"model": args.model, "out": args.out, "component": args.component, "dtype": args.dtype,
                 "asset_mode": args.asset_mode, "overwrite": args.overwrite or None, "lenient": args.lenient or None}
     settings = {**config, **{k: v for k, v in explicit.items() if v is not None}}

@@ -202,6 +202,26 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
     raise ModelLoadError(f"{name}: " + "; or ".join(mismatches) + ".")
 
 
+def detect_model_file(path: str, name: str = "") -> Optional[Detected]:
+    """The file as a model single file, or None when it is none (a LoRA file, a folder): how ``inspect`` tells
+    which of the two it was given. A file ``lorabind merge`` wrote is a model file whatever else is wrong with it,
+    so its detection error is raised, naming it."""
+    from ...contracts.baked import INDEX_KEY
+
+    if not (os.path.isfile(path) and str(path).endswith((".safetensors", ".sft"))):
+        return None
+    try:
+        return detect(path, name)
+    except ModelLoadError:
+        try:
+            merged = INDEX_KEY in read_metadata(path, name)
+        except ModelLoadError:
+            return None  # a damaged header: the LoRA reader says what is wrong with it
+        if merged:
+            raise
+        return None
+
+
 @dataclass(frozen=True)
 class CheckpointSet:
     denoisers: tuple  # Detected, high-noise expert first for Wan2.2 A14B

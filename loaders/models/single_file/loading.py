@@ -90,7 +90,7 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
         sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
     prefix = detected.prefix
     native_keys = {k[len(prefix):] for k in file_keys if k.startswith(prefix)}
-    unexpected = sorted(k for k in native_keys - set(plan) if not _ignored(k, layout))
+    unexpected = sorted(k for k in native_keys - set(plan) if not ignored_key(k, layout))
     if unexpected:
         raise ModelLoadError(f"{detected.name}: {len(unexpected)} tensor(s) this {detected.title} does not have, "
                              f"e.g. {unexpected[:3]} (a different model or layout)")
@@ -169,7 +169,9 @@ def _numel(shape) -> int:
     return count
 
 
-def _ignored(native_key: str, layout) -> bool:
+def ignored_key(native_key: str, layout) -> bool:
+    """File keys that hold no parameter: fp8 scales and markers, the tokenizer blob, tensors diffusers
+    recomputes (shared by the loader and ``extract``'s single-file reader)."""
     return (native_key in _IGNORED_KEYS or native_key in layout.native_only
             or native_key.endswith(fp8.SCALE_SUFFIXES + fp8.IGNORED_SUFFIXES))
 

@@ -30,11 +30,11 @@ from ...contracts.baked import INDEX_KEY as BAKED_KEY
 from ...errors import LoraBindError
 from ...io.safe_output import check_output, output_metadata, safe_output
 from . import catalog, fp8
+from .baked_files import WRITTEN_BY
 from .detect import Detected, check_denoisers, detect
 from .native_files import keeps_fp32
 from .writer import StreamingWriter, dtype_code
 
-WRITTEN_BY = "lorabind merge"
 FP8_OUTPUT = "fp8_e4m3fn"
 OUTPUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", FP8_OUTPUT: "float8_e4m3fn"}
 DEFAULT_DTYPE = "bf16"
@@ -221,28 +221,3 @@ def to_fp8(value, source_scale):
         return (value / source_scale).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(torch.float8_e4m3fn), \
             source_scale.to(torch.float32).reshape(())
     return fp8.quantize(value, scaled=True)
-
-
-def baked_file_record(path: str) -> dict:
-    """The ``_lorabind`` record a merged single file carries in its metadata ({} for any other file)."""
-    from .detect import read_metadata
-
-    text = read_metadata(path).get(BAKED_KEY)
-    try:
-        record = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return record if isinstance(record, dict) else {}
-
-
-def baked_index_entry(denoisers) -> dict:
-    """``{"_lorabind": record}`` for a loaded set's ``model_index``, joining what each merged denoiser file
-    carries (``baked_contracts`` turns it into contracts on the model handle, as for a merged folder); {} when
-    no file of the set was merged by lorabind."""
-    records = [baked_file_record(d.path) for d in denoisers]
-    records = [r for r in records if r.get("merged_by")]
-    if not records:
-        return {}
-    return {BAKED_KEY: {"merged_by": WRITTEN_BY,
-                        "fused": [entry for r in records for entry in r.get("fused") or ()],
-                        "contracts": [entry for r in records for entry in r.get("contracts") or ()]}}

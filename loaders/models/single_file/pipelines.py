@@ -22,7 +22,7 @@ from . import catalog, fp8, tokenizers
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
-from .merge import baked_index_entry
+from .baked_files import baked_index_entry
 
 
 class SingleFileWeightSources:

@@ -76,7 +76,31 @@ def test_unknown_config_keys_are_refused_naming_them(models, capsys):
     config.write_text(json.dumps({"rank": 4, "lora_rank": 8}))
     assert main(["extract", "--base", str(models / "base"), "--tuned", str(models / "tuned"), "--out",
                  str(models / "x.safetensors"), "--config", str(config)]) == 1
-    assert "unknown keys ['lora_rank']" in capsys.readouterr().err
+    assert "unknown key 'lora_rank'" in capsys.readouterr().err
+
+
+def test_a_lightx2v_extractor_yaml_config_extracts_and_what_we_do_not_reproduce_is_refused_by_name(models, capsys):
+    """LightX2V's extractor keys (source_model, target_model, output, rank, output_dtype) read as ours; a value
+    lorabind does not reproduce (diff_only: true, a pickle source) is refused naming the key."""
+    out = models / "from_yaml.safetensors"
+    config = models / "extract.yaml"
+    text = (f"source_model: {models / 'base'}\ntarget_model: {models / 'tuned'}\noutput: {out}\nrank: 3\n"
+            "output_dtype: float32\nsource_type: safetensors\ndiff_only: false\n")
+    config.write_text(text)
+    assert main(["extract", "--config", str(config)]) == 0
+    with safe_open(str(out), "pt") as handle:
+        pair = handle.get_tensor("transformer.blocks.0.attn.to_q.lora_A.weight")
+        assert handle.metadata()["extract_rank"] == "3"
+    assert pair.shape == (3, 48) and pair.dtype == torch.float32
+    for line, refused in (("diff_only: true", "'diff_only: True' is not supported"),
+                          ("target_type: pytorch", "'target_type: pytorch' is not supported"),
+                          ("lora_alpha: 8", "LightX2V's 'lora_alpha' is not supported")):
+        config.write_text(text.replace("diff_only: false", line) if "diff" in line else text + line + "\n")
+        assert main(["extract", "--config", str(config), "--overwrite"]) == 1
+        assert refused in capsys.readouterr().err, line
+    config.write_text("rank: 3\n")
+    assert main(["extract", "--config", str(config)]) == 1
+    assert "give --base (on the command line or in --config)" in capsys.readouterr().err
 
 
 def test_layers_that_match_no_module_say_so_instead_of_identical(models, capsys):

@@ -86,7 +86,7 @@ def test_unknown_escaping_and_refused_names(contract_server, build_tiny_root):
         status, body = _get(contract_server, escaping)
         assert status == 400 and body["contract"] is None and "Refusing model name" in body["reason"], escaping
     status, body = _get(contract_server, "x", folder="checkpoints")
-    assert status == 400 and body["reason"] == "folder 'checkpoints' is not one of ['diffusers', 'loras']"
+    assert status == 400 and body["reason"] == "folder 'checkpoints' is not one of ['diffusers', 'diffusion_models', 'loras']"
     status, body = _get(contract_server, "a" * 2000)
     assert status == 400 and "longer than 1024 characters" in body["reason"]
     # a folder that is neither a LoRA nor a PEFT adapter: refused with the reader's reason, naming it
