@@ -9,13 +9,14 @@ import pytest
 
 from lorabind.loaders.errors import LoraBindError
 from lorabind.nodes import NODE_CLASS_MAPPINGS
-from lorabind.nodes.comfy_native_nodes import LoraBindContractSigmas, LoraBindLoRA, LoraBindLoRAPair
+from lorabind.nodes.comfy_native_nodes import (LoraBindContractSigmas, LoraBindLoRA, LoraBindLoRAPair,
+                                               LoraBindPEFTAdapter)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
 
 
 def test_the_native_nodes_are_registered_in_their_own_category():
-    for name in ("LoraBindLoRA", "LoraBindLoRAPair", "LoraBindContractSigmas"):
+    for name in ("LoraBindLoRA", "LoraBindLoRAPair", "LoraBindPEFTAdapter", "LoraBindContractSigmas"):
         assert NODE_CLASS_MAPPINGS[name].CATEGORY == "lorabind/ComfyUI models"
     assert LoraBindLoRAPair.RETURN_TYPES == ("MODEL", "MODEL", "SIGMAS", "SIGMAS", "INT")
 
@@ -23,6 +24,7 @@ def test_the_native_nodes_are_registered_in_their_own_category():
 @pytest.mark.parametrize("call, node", [
     (lambda: LoraBindLoRA().apply(object(), "x.safetensors", 1.0), "LoraBindLoRA"),
     (lambda: LoraBindLoRAPair().pair(object(), object(), "a", "b", 1.0, 1.0, 0.875), "LoraBindLoRAPair"),
+    (lambda: LoraBindPEFTAdapter().apply(object(), "style-peft", 1.0), "LoraBindPEFTAdapter"),
     (lambda: LoraBindContractSigmas().sigmas(object()), "LoraBindContractSigmas"),
 ])
 def test_headless_each_native_node_says_it_needs_comfyui(call, node):
