@@ -33,8 +33,10 @@ def test_headless_each_native_node_says_it_needs_comfyui(call, node):
     assert str(refused.value).startswith(f"{node} works on ComfyUI's own MODEL and needs ComfyUI")
 
 
-def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(SHIPPED), "--models",
+@pytest.mark.parametrize("shipped", [SHIPPED, SHIPPED.with_name("comfy_wan22_lightx2v_4step.json")],
+                         ids=["api", "ui"])
+def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipped):
+    run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(shipped), "--models",
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "run such a workflow inside ComfyUI" in run.stderr + run.stdout

@@ -170,6 +170,36 @@ def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_t
         assert tiny[node_id]["inputs"]["text"] == shipped[node_id]["inputs"]["text"]
 
 
+def _classes_from_object_info(object_info: dict) -> dict:
+    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
+    UI -> API conversion: the definitions the frontend converts with."""
+    classes = {}
+    for name, info in object_info.items():
+        inputs = {section: {key: info["input"][section][key] for key in order}
+                  for section, order in info["input_order"].items()}
+        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
+                                        "RETURN_TYPES": tuple(info["output"]),
+                                        "RETURN_NAMES": tuple(info["output_name"]),
+                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
+    return classes
+
+
+def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results):
+    """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
+    the ComfyUI that ran the tiny twin, exactly the shipped API form (every core-node value set, none left to a
+    default)."""
+    from comfy_native_client import OBJECT_INFO
+
+    from lorabind.runtime.workflow_format import to_api_prompt
+
+    classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
+    ui = json.loads(SHIPPED_WORKFLOW.with_name("comfy_wan22_lightx2v_4step.json").read_text())
+    converted, kind = to_api_prompt(ui, classes)
+    without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles
+                      for node_id, node in converted.items()}
+    assert kind == "ui" and without_titles == json.loads(SHIPPED_WORKFLOW.read_text())
+
+
 def _is_file_name(value) -> bool:
     return isinstance(value, str) and value.endswith(".safetensors")
 
