@@ -33,8 +33,9 @@ def test_headless_each_native_node_says_it_needs_comfyui(call, node):
     assert str(refused.value).startswith(f"{node} works on ComfyUI's own MODEL and needs ComfyUI")
 
 
-@pytest.mark.parametrize("shipped", [SHIPPED, SHIPPED.with_name("comfy_wan22_lightx2v_4step.json")],
-                         ids=["api", "ui"])
+@pytest.mark.parametrize("shipped", [SHIPPED.with_name(f"{name}{form}") for name in (
+    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning") for form in (".api.json", ".json")],
+    ids=lambda path: path.name)
 def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipped):
     run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(shipped), "--models",
                           str(tmp_path)], capture_output=True, text=True, timeout=120)

@@ -184,7 +184,8 @@ def _classes_from_object_info(object_info: dict) -> dict:
     return classes
 
 
-def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results):
+@pytest.mark.parametrize("example", ["comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning"])
+def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results, example):
     """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
     the ComfyUI that ran the tiny twin, exactly the shipped API form (every core-node value set, none left to a
     default)."""
@@ -193,11 +194,12 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_
     from lorabind.runtime.workflow_format import to_api_prompt
 
     classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
-    ui = json.loads(SHIPPED_WORKFLOW.with_name("comfy_wan22_lightx2v_4step.json").read_text())
+    ui = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.json").read_text())
     converted, kind = to_api_prompt(ui, classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles
                       for node_id, node in converted.items()}
-    assert kind == "ui" and without_titles == json.loads(SHIPPED_WORKFLOW.read_text())
+    shipped = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.api.json").read_text())
+    assert kind == "ui" and without_titles == shipped
 
 
 def _is_file_name(value) -> bool:
