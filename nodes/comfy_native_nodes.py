@@ -57,6 +57,13 @@ def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, 
     return patched, lines
 
 
+def _one_lora_node(model, name: str, strength: float, lenient: bool, enforce: bool, where: str, input_name: str):
+    """What a single-LoRA node returns: the patched clone, and the accounting as its ``ui`` text."""
+    prepared = prepare_lora(model, name, strength, lenient, where, input_name)
+    patched, lines = apply_lora(model, prepared, name, strength, enforce, where=where)
+    return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
+
+
 def _patched_weight(deltas, weight, strength):
     return usecases.host_patched_value(weight, deltas, strength)
 
@@ -103,9 +110,7 @@ class LoraBindLoRA:
         return lora_inputs_identity(lora_name)
 
     def apply(self, model, lora_name, strength, lenient=False, enforce_contract=True):
-        prepared = prepare_lora(model, lora_name, strength, lenient, "LoraBindLoRA")
-        patched, lines = apply_lora(model, prepared, lora_name, strength, enforce_contract)
-        return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
+        return _one_lora_node(model, lora_name, strength, lenient, enforce_contract, "LoraBindLoRA", "lora_name")
 
 
 class LoraBindLoRAPair:
@@ -196,9 +201,7 @@ class LoraBindPEFTAdapter:
         if not os.path.isdir(resolve_lora(adapter_name, "adapter_name", where)):
             raise LoraFileError(f"{where}: adapter_name '{adapter_name}' is a single file, not a PEFT adapter "
                                 f"folder; apply LoRA files with LoraBindLoRA")
-        prepared = prepare_lora(model, adapter_name, scale, lenient, where, "adapter_name")
-        patched, lines = apply_lora(model, prepared, adapter_name, scale, enforce_contract, where=where)
-        return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
+        return _one_lora_node(model, adapter_name, scale, lenient, enforce_contract, where, "adapter_name")
 
 
 class LoraBindContractSigmas:
