@@ -14,7 +14,8 @@ import os
 from functools import lru_cache
 
 from ..usecases import host
-from ..usecases.model_folders import find_peft_folder, lora_names as list_loras, safe_relative_name
+from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, folders_holding, lora_names as list_loras,
+                                      safe_relative_name)
 
 
 @lru_cache(maxsize=1)
@@ -45,6 +46,12 @@ def lora_names() -> list[str]:
     names = list_loras(folder_paths().get_folder_paths("loras"))
     roots = _real_lora_roots()
     return [name for name in names if _stays_inside(_listed_lora_path(name), roots)]
+
+
+def peft_folder_names() -> list[str]:
+    """The PEFT adapter folders among ``lora_names`` (the PEFT adapter node lists only those)."""
+    folders = set(folders_holding(folder_paths().get_folder_paths("loras"), PEFT_CONFIG))
+    return [name for name in lora_names() if name in folders]
 
 
 def lora_full_path(name: str) -> str | None:

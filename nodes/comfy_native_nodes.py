@@ -9,10 +9,11 @@ of any ComfyUI sampler before its first step. They work only inside ComfyUI (hea
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 from .. import usecases
-from ..usecases import LoraBindError
+from ..usecases import LoraBindError, LoraFileError
 from . import comfy_bridge
 from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora
 
@@ -54,6 +55,13 @@ def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, 
     _set_contracts(patched, records)
     comfy_bridge.WorkProgress(lines[0]).update(1, 1)  # the accounting as the node's progress text
     return patched, lines
+
+
+def _one_lora_node(model, name: str, strength: float, lenient: bool, enforce: bool, where: str, input_name: str):
+    """What a single-LoRA node returns: the patched clone, and the accounting as its ``ui`` text."""
+    prepared = prepare_lora(model, name, strength, lenient, where, input_name)
+    patched, lines = apply_lora(model, prepared, name, strength, enforce, where=where)
+    return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
 
 
 def _patched_weight(deltas, weight, strength):
@@ -102,9 +110,7 @@ class LoraBindLoRA:
         return lora_inputs_identity(lora_name)
 
     def apply(self, model, lora_name, strength, lenient=False, enforce_contract=True):
-        prepared = prepare_lora(model, lora_name, strength, lenient, "LoraBindLoRA")
-        patched, lines = apply_lora(model, prepared, lora_name, strength, enforce_contract)
-        return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
+        return _one_lora_node(model, lora_name, strength, lenient, enforce_contract, "LoraBindLoRA", "lora_name")
 
 
 class LoraBindLoRAPair:
@@ -162,6 +168,42 @@ class LoraBindLoRAPair:
         return {"ui": ui, "result": (model_high, model_low, _sigmas(sigmas_high), _sigmas(sigmas_low), switch)}
 
 
+class LoraBindPEFTAdapter:
+    DESCRIPTION = (
+        "Apply a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to ComfyUI's own MODEL with "
+        "PEFT's scale rules: lora_alpha/r, or lora_alpha/sqrt(r) with use_rslora, and per-module rank_pattern / "
+        "alpha_pattern. ComfyUI's own loader reads only the weight file, without its config. Applied as ComfyUI "
+        "patches on a clone, every tensor accounted for, like LoraBindLoRA."
+    )
+    CATEGORY = CATEGORY
+    FUNCTION = "apply"
+    RETURN_TYPES = ("MODEL",)
+    RETURN_NAMES = ("model",)
+    OUTPUT_TOOLTIPS = ("A clone of the model with the adapter as patches (and any contract it declares).",)
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL", {"tooltip": "ComfyUI's MODEL (UNETLoader, ...) — not modified."}),
+            "adapter_name": (comfy_bridge.peft_folder_names(), {
+                "tooltip": "PEFT adapter folder under the loras folder (the folder, not its weight file)."}),
+            "scale": ("FLOAT", dict(_STRENGTH[1], tooltip="Adapter scale (1.0 = as trained), applied on top of "
+                                    "the scale the adapter config gives each module; 0 = off.")),
+            "lenient": _LENIENT, "enforce_contract": _ENFORCE}}
+
+    @classmethod
+    def IS_CHANGED(cls, adapter_name="", **_):
+        return lora_inputs_identity(adapter_name)
+
+    def apply(self, model, adapter_name, scale, lenient=False, enforce_contract=True):
+        where = "LoraBindPEFTAdapter"
+        comfy_bridge.require_comfyui(where)
+        if not os.path.isdir(resolve_lora(adapter_name, "adapter_name", where)):
+            raise LoraFileError(f"{where}: adapter_name '{adapter_name}' is a single file, not a PEFT adapter "
+                                f"folder; apply LoRA files with LoraBindLoRA")
+        return _one_lora_node(model, adapter_name, scale, lenient, enforce_contract, where, "adapter_name")
+
+
 class LoraBindContractSigmas:
     DESCRIPTION = ("The sampling contract's sigma table of the LoRAs on a MODEL (from LoraBindLoRA / "
                    "LoraBindLoRAPair), as SIGMAS for SamplerCustomAdvanced.")
@@ -190,10 +232,12 @@ class LoraBindContractSigmas:
 NODE_CLASS_MAPPINGS = {
     "LoraBindLoRA": LoraBindLoRA,
     "LoraBindLoRAPair": LoraBindLoRAPair,
+    "LoraBindPEFTAdapter": LoraBindPEFTAdapter,
     "LoraBindContractSigmas": LoraBindContractSigmas,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "LoraBindLoRA": "LoRA on ComfyUI MODEL (lorabind)",
     "LoraBindLoRAPair": "Wan2.2 LoRA Pair on ComfyUI MODELs (lorabind)",
+    "LoraBindPEFTAdapter": "PEFT Adapter on ComfyUI MODEL (lorabind)",
     "LoraBindContractSigmas": "Contract Sigmas (lorabind)",
 }

@@ -228,7 +228,9 @@ class _UiConverter:
             if class_type not in self.node_classes:
                 raise WorkflowFormatError(
                     f"Node {scope.prefix}{node['id']} has type '{class_type}', which is not a known node class: "
-                    "its widgets_values cannot be mapped to inputs (is the node pack installed?)."
+                    "its widgets_values cannot be mapped to inputs (is the node pack installed? ComfyUI's core "
+                    "nodes, such as KSampler or UNETLoader, are not available headless: run such a workflow inside "
+                    "ComfyUI)."
                 )
             self.infos[class_type] = node_info(class_type, self.node_classes[class_type],
                                                self.display_names.get(class_type))

@@ -60,8 +60,31 @@ def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, 
     report = prepared.report()
     contract = discover_contract(path, lora_name, family=denoiser.family_object, lora=prepared.lora,
                                  strength=strength)
-    text = [accounting_text(report) + f" at strength {strength:g}", *contract_text(contract)]
+    text = [accounting_text(report) + f" at strength {strength:g}", *peft_scaling_text(prepared.lora),
+            *contract_text(contract)]
     return HostLora(host_deltas(prepared, denoiser), report, contract, text)
+
+
+def is_peft_folder(lora) -> bool:
+    """Whether a read LoRA came from a PEFT adapter folder (its ``adapter_config.json`` is in the metadata)."""
+    return isinstance(lora.metadata.get("adapter_config"), dict)
+
+
+def peft_scaling_text(lora) -> list:
+    """The UI line saying which of PEFT's scale rules a PEFT folder uses and the scales they gave its modules
+    ([] for a LoRA that is no PEFT folder). Why shown: a wrong scale (alpha/r vs alpha/sqrt(r), a rank or alpha
+    pattern that matched nothing) looks like a "weak" or "burnt" LoRA, never like an error, so the node states it."""
+    if not is_peft_folder(lora):
+        return []
+    config = lora.metadata["adapter_config"]
+    rule = "alpha/sqrt(r) (rsLoRA)" if config.get("use_rslora") else "alpha/r"
+    scales = sorted({round(float(patch.low_rank.scale), 6) for patch in lora.targets.values()
+                     if patch.low_rank is not None})
+    spread = f"{scales[0]:g}" if len(scales) == 1 else f"{scales[0]:g} to {scales[-1]:g}"
+    patterns = [f"{len(config.get(name) or {})} {name} entr{'y' if len(config.get(name) or {}) == 1 else 'ies'}"
+                for name in ("rank_pattern", "alpha_pattern")]
+    return [f"PEFT scale = {rule}: r={config.get('r', 8)}, lora_alpha={config.get('lora_alpha', 8):g}, "
+            f"{', '.join(patterns)}; module scales {spread}"]
 
 
 # Kinds whose change to a weight is computed from that weight (DoRA renormalises the adapted weight's columns).

@@ -23,10 +23,17 @@ TEMPLATE_ORDER = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mis
                   "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
 
 
+# comfy_*: the ComfyUI-native examples (ComfyUI's core loaders and samplers with our LoRA nodes) run only inside
+# ComfyUI, so the headless editor neither lists them nor renders their thumbnails.
+COMFYUI_ONLY_PREFIX = "comfy_"
+
+
 def ordered_templates(names: Iterable[str]) -> list[str]:
-    """``names`` by importance (``TEMPLATE_ORDER``), the ones it does not know after them, A-Z."""
+    """``names`` by importance (``TEMPLATE_ORDER``), the ones it does not know after them, A-Z; the ComfyUI-only
+    examples are left out."""
     rank = {name: index for index, name in enumerate(TEMPLATE_ORDER)}
-    return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
+    served = [name for name in names if not name.startswith(COMFYUI_ONLY_PREFIX)]
+    return sorted(served, key=lambda name: (rank.get(name, len(rank)), name))
 
 
 def prepare_example_assets(workflows_dir: str, models_root: str, input_dir: str,

@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from .example_assets import COMFYUI_ONLY_PREFIX
+
 THUMBNAIL_FOLDER = "template_thumbnails"
 THUMBNAIL_PIXELS = 256  # the card shows about 200 px; the tiny outputs are 32-64 px, enlarged without smoothing
 INDEX = "index.json"
@@ -39,6 +41,8 @@ def render_template_thumbnails(workflows_dir: str, state_dir: str, node_classes:
     todo = {}
     for api_path in sorted(Path(workflows_dir).glob("*.api.json")):
         name = api_path.name[:-len(".api.json")]
+        if name.startswith(COMFYUI_ONLY_PREFIX):
+            continue
         digest = hashlib.sha256(api_path.read_bytes()).hexdigest()
         known = index.get(name) or {}
         if known.get("sha256") != digest or (known.get("result") == RENDERED

@@ -2,7 +2,8 @@
 
 ``python comfy_native_client.py URL PROMPTS.json RESULTS.json``: PROMPTS maps a label to an API prompt; RESULTS
 maps the label to ``{"status": "success" | "error", "error": <execution_error payload or None>, "outputs":
-{node id: ui output}}``. Prompts run one after another, each followed on the WebSocket until ComfyUI says done.
+{node id: ui output}}``, and under ``OBJECT_INFO`` ComfyUI's ``/object_info`` (the node definitions a UI workflow
+is converted with). Prompts run one after another, each followed on the WebSocket until ComfyUI says done.
 """
 
 import asyncio
@@ -11,6 +12,8 @@ import sys
 import uuid
 
 import aiohttp
+
+OBJECT_INFO = "_object_info"
 
 
 async def _run_one(session, url: str, prompt: dict) -> dict:
@@ -57,6 +60,8 @@ async def main(url: str, prompts_path: str, results_path: str) -> None:
         for label, prompt in prompts.items():
             results[label] = await _run_one(session, url, prompt)
             print(label, results[label]["status"])
+        async with session.get(f"{url}/object_info") as reply:
+            results[OBJECT_INFO] = await reply.json()
     json.dump(results, open(results_path, "w"), indent=1)
 
 

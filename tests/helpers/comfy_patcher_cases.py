@@ -11,10 +11,12 @@ weight dtype" is therefore |ComfyUI - ours| <= eps(bf16) x (|original| + |ours|)
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import FuseSpec
@@ -61,6 +63,40 @@ CASES = {
 }
 
 
+# A PEFT folder using every scale rule PEFT has, written at test time from the build-tiny PEFT fixture (whose
+# config uses plain alpha/r only): rsLoRA (alpha/sqrt(r)), a rank_pattern that gives the cross-attention q/k/v
+# rank 2 (their factors are cut to 2), an alpha_pattern for the output projections. Expected module scales:
+# self-attention q/k/v 16/sqrt(4) = 8, cross-attention q/k/v 16/sqrt(2), output projections 3/sqrt(4) = 1.5.
+PEFT_SCALING_FOLDER = "peft-scaling/tiny-wan21-rslora-patterns"
+PEFT_SCALING_CONFIG = {"use_rslora": True, "rank_pattern": {r"attn2\.to_[qkv]": 2},
+                       "alpha_pattern": {r"to_out\.0": 3.0}}
+PEFT_SCALING_CASE = Case(PEFT_SCALING_FOLDER, "wan2.1_t2v_tiny", "tiny-wan21-t2v", "transformer", _WAN_PARTS)
+
+
+def expected_peft_scale(module: str) -> float:
+    """The scale PEFT's rules give ``module`` (a diffusers module path) in the PEFT_SCALING_FOLDER adapter."""
+    if module.endswith("to_out.0"):
+        return 3.0 / 2.0
+    return 16.0 / 2.0 ** 0.5 if ".attn2." in f".{module}." else 16.0 / 2.0
+
+
+def write_peft_scaling_folder(models_root: Path) -> str:
+    """Write PEFT_SCALING_FOLDER under the loras root from the build-tiny PEFT fixture; returns its name."""
+    source = models_root / "loras" / fixtures.PEFT_FOLDER
+    config = {**json.loads((source / "adapter_config.json").read_text()), **PEFT_SCALING_CONFIG}
+    assert config["r"] == 4 and config["lora_alpha"] == 16, "the fixture's config changed: update the expectations"
+    rank2 = re.compile(r".*\.attn2\.to_[qkv]\.lora_([AB])\.weight$")
+    tensors = {}
+    for key, value in load_file(str(source / "adapter_model.safetensors")).items():
+        cut = rank2.match(key)
+        tensors[key] = value if cut is None else (value[:2] if cut.group(1) == "A" else value[:, :2]).contiguous()
+    folder = models_root / "loras" / PEFT_SCALING_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return PEFT_SCALING_FOLDER
+
+
 def comfy_overrides(models_root: Path, case: Case) -> dict:
     """The sizes ComfyUI fixes instead of reading them from the file, set to the tiny model's (its config)."""
     config = json.loads((models_root / "diffusers" / case.folder / case.component / "config.json").read_text())
@@ -70,8 +106,9 @@ def comfy_overrides(models_root: Path, case: Case) -> dict:
     return {"num_heads": config["num_attention_heads"], "text_dim": config["text_dim"]}
 
 
-def probe_prompt(models_root: Path, label: str, case: Case, strength: float = 1.0) -> dict:
-    inputs = {"denoiser": f"{SUBFOLDER}/{case.denoiser}_bf16.safetensors", "lora_name": case.lora,
+def probe_prompt(models_root: Path, label: str, case: Case, strength: float = 1.0,
+                 node: str = "LoraBindLoRA") -> dict:
+    inputs = {"node": node, "denoiser": f"{SUBFOLDER}/{case.denoiser}_bf16.safetensors", "lora_name": case.lora,
               "strength": strength, "lenient": False, "config": json.dumps(comfy_overrides(models_root, case)),
               "out_name": f"patched_{label}"}
     return {"1": {"class_type": PROBE, "inputs": inputs}}

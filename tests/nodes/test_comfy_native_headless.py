@@ -9,13 +9,14 @@ import pytest
 
 from lorabind.loaders.errors import LoraBindError
 from lorabind.nodes import NODE_CLASS_MAPPINGS
-from lorabind.nodes.comfy_native_nodes import LoraBindContractSigmas, LoraBindLoRA, LoraBindLoRAPair
+from lorabind.nodes.comfy_native_nodes import (LoraBindContractSigmas, LoraBindLoRA, LoraBindLoRAPair,
+                                               LoraBindPEFTAdapter)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
 
 
 def test_the_native_nodes_are_registered_in_their_own_category():
-    for name in ("LoraBindLoRA", "LoraBindLoRAPair", "LoraBindContractSigmas"):
+    for name in ("LoraBindLoRA", "LoraBindLoRAPair", "LoraBindPEFTAdapter", "LoraBindContractSigmas"):
         assert NODE_CLASS_MAPPINGS[name].CATEGORY == "lorabind/ComfyUI models"
     assert LoraBindLoRAPair.RETURN_TYPES == ("MODEL", "MODEL", "SIGMAS", "SIGMAS", "INT")
 
@@ -23,6 +24,7 @@ def test_the_native_nodes_are_registered_in_their_own_category():
 @pytest.mark.parametrize("call, node", [
     (lambda: LoraBindLoRA().apply(object(), "x.safetensors", 1.0), "LoraBindLoRA"),
     (lambda: LoraBindLoRAPair().pair(object(), object(), "a", "b", 1.0, 1.0, 0.875), "LoraBindLoRAPair"),
+    (lambda: LoraBindPEFTAdapter().apply(object(), "style-peft", 1.0), "LoraBindPEFTAdapter"),
     (lambda: LoraBindContractSigmas().sigmas(object()), "LoraBindContractSigmas"),
 ])
 def test_headless_each_native_node_says_it_needs_comfyui(call, node):
@@ -31,8 +33,11 @@ def test_headless_each_native_node_says_it_needs_comfyui(call, node):
     assert str(refused.value).startswith(f"{node} works on ComfyUI's own MODEL and needs ComfyUI")
 
 
-def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(SHIPPED), "--models",
+@pytest.mark.parametrize("shipped", [SHIPPED.with_name(f"{name}{form}") for name in (
+    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning") for form in (".api.json", ".json")],
+    ids=lambda path: path.name)
+def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipped):
+    run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(shipped), "--models",
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "run such a workflow inside ComfyUI" in run.stderr + run.stdout

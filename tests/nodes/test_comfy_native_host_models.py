@@ -72,3 +72,29 @@ def test_a_dora_lora_after_another_lora_on_the_same_weights_is_refused_naming_fi
     assert "apply style_dora.safetensors first" in message
     hm.check_stacking(_deltas("dora"), set(), "style_dora.safetensors", "LoraBindLoRA")  # first: exact
     hm.check_stacking(_deltas("low_rank"), patched, "x.safetensors", "LoraBindLoRA")  # additive: any order
+
+
+def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which(tiny_models_root):
+    """rsLoRA, rank_pattern and alpha_pattern on a host denoiser known by its native names (what LoraBindPEFTAdapter
+    hands over from ComfyUI's MODEL): each host weight's delta has PEFT's scale, and the node's text names the rule."""
+    from safetensors import safe_open
+
+    from comfy_patcher_cases import expected_peft_scale, write_peft_scaling_folder
+    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+
+    weights = tiny_models_root / "diffusers" / "tiny-wan21-t2v" / "transformer" / "diffusion_pytorch_model.safetensors"
+    with safe_open(str(weights), "pt") as handle:
+        diffusers_shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    native = {key: f"diffusion_model.{WAN_TRANSFORMER.to_native(key)}" for key in diffusers_shapes}
+    module_of = {native[key]: key.rsplit(".", 1)[0] for key in diffusers_shapes}  # host key -> diffusers module
+    shapes = {native[key]: shape for key, shape in diffusers_shapes.items()}
+    name = write_peft_scaling_folder(tiny_models_root)
+    prepared = hm.prepare_host_lora(shapes, "tiny-wan21", name, str(tiny_models_root / "loras" / name), 1.0,
+                                    lenient=False, where="test")
+    assert len(prepared.deltas) == 16 and prepared.report["counts"]["unmatched"] == 0
+    scales = {module_of[key]: delta.scale for key, (delta,) in prepared.deltas.items()}
+    assert scales == pytest.approx({module: expected_peft_scale(module) for module in scales})
+    assert {round(s, 4) for s in scales.values()} == {1.5, 8.0, 11.3137}
+    (line,) = [text for text in prepared.text if text.startswith("PEFT scale")]
+    assert line == ("PEFT scale = alpha/sqrt(r) (rsLoRA): r=4, lora_alpha=16, 1 rank_pattern entry, 1 alpha_pattern "
+                    "entry; module scales 1.5 to 11.3137")

@@ -19,7 +19,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from comfy_patcher_cases import CASES, our_fused_weights, probe_prompt, rounding_excess
+from comfy_patcher_cases import (CASES, PEFT_SCALING_CASE, our_fused_weights, probe_prompt, rounding_excess,
+                                 write_peft_scaling_folder)
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +79,7 @@ def comfy_results(tmp_path_factory):
     built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
                             str(models), "--comfyui"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
+    write_peft_scaling_folder(models)
     pair = json.loads(TINY_WORKFLOW.read_text())["7"]["inputs"]
     prompts = {
         "contract": _variant(),
@@ -89,11 +91,13 @@ def comfy_results(tmp_path_factory):
         "custom_sigmas": _custom_sampler_prompt(1.0),
         "custom_cfg5": _custom_sampler_prompt(5.0),
         **{f"probe_{label}": probe_prompt(models, label, case) for label, case in CASES.items()},
+        "probe_peft_scaling": probe_prompt(models, "peft_scaling", PEFT_SCALING_CASE, node="LoraBindPEFTAdapter"),
+        "peft_on_a_file": probe_prompt(models, "peft_on_a_file", CASES["wan21_t2v"], node="LoraBindPEFTAdapter"),
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
     results = work / "results.json"
     command = [str(_harness()), "--name", "lorabind", "--models-dir", str(models), "--extra-pack", str(TEST_PACK),
-               "--nodes", "LoraBindLoRA,LoraBindLoRAPair,LoraBindContractSigmas",
+               "--nodes", "LoraBindLoRA,LoraBindLoRAPair,LoraBindPEFTAdapter,LoraBindContractSigmas",
                "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
                          f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
                str(REPO)]
@@ -166,6 +170,38 @@ def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_t
         assert tiny[node_id]["inputs"]["text"] == shipped[node_id]["inputs"]["text"]
 
 
+def _classes_from_object_info(object_info: dict) -> dict:
+    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
+    UI -> API conversion: the definitions the frontend converts with."""
+    classes = {}
+    for name, info in object_info.items():
+        inputs = {section: {key: info["input"][section][key] for key in order}
+                  for section, order in info["input_order"].items()}
+        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
+                                        "RETURN_TYPES": tuple(info["output"]),
+                                        "RETURN_NAMES": tuple(info["output_name"]),
+                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
+    return classes
+
+
+@pytest.mark.parametrize("example", ["comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning"])
+def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results, example):
+    """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
+    the ComfyUI that ran the tiny twin, exactly the shipped API form (every core-node value set, none left to a
+    default)."""
+    from comfy_native_client import OBJECT_INFO
+
+    from lorabind.runtime.workflow_format import to_api_prompt
+
+    classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
+    ui = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.json").read_text())
+    converted, kind = to_api_prompt(ui, classes)
+    without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles
+                      for node_id, node in converted.items()}
+    shipped = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.api.json").read_text())
+    assert kind == "ui" and without_titles == shipped
+
+
 def _is_file_name(value) -> bool:
     return isinstance(value, str) and value.endswith(".safetensors")
 
@@ -200,9 +236,8 @@ def test_every_lora_fixture_build_tiny_makes_has_a_patcher_case(comfy_results):
     assert set(COMFY_UNAPPLIED) == set(CASES)
 
 
-@pytest.mark.parametrize("label", sorted(CASES))
-def test_comfyui_patcher_writes_our_fused_weights_for_every_fixture(comfy_results, label):
-    probe, case, models = _probe(comfy_results, label), CASES[label], comfy_results[2]
+def _assert_patcher_wrote_our_fuse(comfy_results, label, case):
+    probe, models = _probe(comfy_results, label), comfy_results[2]
     assert probe["dtype"] == "torch.bfloat16"
     theirs = load_file(str(comfy_results[1] / f"patched_{label}.safetensors"))
     ours = our_fused_weights(models, case)
@@ -213,6 +248,29 @@ def test_comfyui_patcher_writes_our_fused_weights_for_every_fixture(comfy_result
     assert max(excess.values()) <= 0, {key: value for key, value in excess.items() if value > 0}
     changed = [key for key in ours if not ours[key].equal(original[key].float())]
     assert len(changed) == probe["ours_patched"] > 0  # every patch we added reached the weights
+    return probe
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_comfyui_patcher_writes_our_fused_weights_for_every_fixture(comfy_results, label):
+    _assert_patcher_wrote_our_fuse(comfy_results, label, CASES[label])
+
+
+def test_the_peft_adapter_node_applies_every_peft_scale_rule_as_our_fuse_does(comfy_results):
+    """rsLoRA, a rank_pattern and an alpha_pattern (``write_peft_scaling_folder``): ComfyUI's patcher writes what
+    our fuse of the same folder writes, and the node says which rule it used."""
+    probe = _assert_patcher_wrote_our_fuse(comfy_results, "peft_scaling", PEFT_SCALING_CASE)
+    assert probe["accounting"]["counts"]["unmatched"] == 0
+    (scaling,) = [line for line in probe["text"] if line.startswith("PEFT scale")]
+    assert "alpha/sqrt(r) (rsLoRA)" in scaling and "1 rank_pattern entry, 1 alpha_pattern entry" in scaling
+    assert "module scales 1.5 to 11.3137" in scaling
+
+
+def test_the_peft_adapter_node_refuses_a_single_file_naming_it(comfy_results):
+    run = comfy_results[0]["peft_on_a_file"]
+    assert run["status"] == "error"
+    message = run["error"]["exception_message"]
+    assert CASES["wan21_t2v"].lora in message and "not a PEFT adapter folder" in message
 
 
 @pytest.mark.parametrize("label", sorted(CASES))

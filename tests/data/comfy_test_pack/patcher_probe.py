@@ -5,7 +5,7 @@ detection, its model class, its weight loading), except for the sizes ComfyUI fi
 the file (Wan: head count = width / 128, text width 4096, CLIP image width 1280; Qwen-Image: everything but the
 input width and depth): those come in as ``config`` overrides, and a parameter still shaped otherwise than the file
 is re-made at the file's shape (listed in the output: no forward pass runs, only the patcher). Then:
-- ``LoraBindLoRA`` (from ComfyUI's node registry) patches a clone, ComfyUI's patcher loads it, and every weight of
+- ``LoraBindLoRA`` (or the node named by ``node``: ``LoraBindPEFTAdapter``), from ComfyUI's node registry, patches a clone, ComfyUI's patcher loads it, and every weight of
   the patched model is written in float32 to ``<output>/<out_name>.safetensors`` for the test to compare;
 - ComfyUI's own ``LoraLoaderModelOnly`` loads the same file, and the keys it leaves unapplied (its "lora key not
   loaded" warnings) are counted.
@@ -87,16 +87,17 @@ class LoraBindTestPatcherProbe:
         return {"required": {"denoiser": ("STRING", {"default": ""}), "lora_name": ("STRING", {"default": ""}),
                              "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0}),
                              "lenient": ("BOOLEAN", {"default": False}),
-                             "config": ("STRING", {"default": "{}"}), "out_name": ("STRING", {"default": ""})}}
+                             "config": ("STRING", {"default": "{}"}), "out_name": ("STRING", {"default": ""}),
+                             "node": ("STRING", {"default": "LoraBindLoRA"})}}
 
-    def probe(self, denoiser, lora_name, strength, lenient, config, out_name):
+    def probe(self, denoiser, lora_name, strength, lenient, config, out_name, node="LoraBindLoRA"):
         import folder_paths
         import nodes
         from safetensors.torch import save_file
 
         base, remade = _comfy_model(folder_paths.get_full_path_or_raise("diffusion_models", denoiser),
                                     json.loads(config), torch.bfloat16)
-        ours = nodes.NODE_CLASS_MAPPINGS["LoraBindLoRA"]().apply(base, lora_name, strength, lenient, False)
+        ours = nodes.NODE_CLASS_MAPPINGS[node]().apply(base, lora_name, strength, lenient, False)
         weights = _patched_weights(ours["result"][0])
         save_file(weights, os.path.join(folder_paths.get_output_directory(), f"{out_name}.safetensors"))
         not_loaded = _NotLoaded()
@@ -107,7 +108,7 @@ class LoraBindTestPatcherProbe:
             theirs = nodes.LoraLoaderModelOnly().load_lora_model_only(base, comfy_file, strength)[0]
         finally:
             logging.getLogger().removeHandler(not_loaded)
-        report = {"accounting": ours["ui"]["lorabind_accounting"][0], "remade": remade,
+        report = {"accounting": ours["ui"]["lorabind_accounting"][0], "remade": remade, "text": ours["ui"]["text"],
                   "comfy_not_loaded": not_loaded.keys, "comfy_patched": len(theirs.patches),
                   "ours_patched": len(ours["result"][0].patches) + len(ours["result"][0].object_patches), "dtype": str(base.model.get_dtype())}
         return {"ui": {"probe": [report]}}

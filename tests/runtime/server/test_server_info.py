@@ -87,7 +87,7 @@ def test_workflow_templates_list_ui_workflows_only(server):
     from lorabind.runtime.server.config import PACK_DIR
 
     expected = sorted(p.name[:-5] for p in (PACK_DIR / "workflows").glob("*.json")
-                      if not p.name.endswith(".api.json"))
+                      if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # ComfyUI only
 
     async def body():
         client = Client(server.url)
