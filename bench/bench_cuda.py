@@ -150,8 +150,10 @@ def _inputs(expert, device, dtype, frames: int, height: int, width: int):
 
 
 def _schedule(steps: int):
+    from lorabind.loaders.contracts.types import ResolvedSchedule
+
     sigmas = tuple(1.0 - i / steps for i in range(steps)) + (0.0,)
-    return types.SimpleNamespace(sigmas=sigmas, cfg=1.0, boundary=None, steps=steps)
+    return ResolvedSchedule(sigmas=tuple(sigmas), cfg=1.0, shift=5.0, boundary=None, steps=steps)
 
 
 def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:

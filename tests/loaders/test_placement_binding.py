@@ -3,7 +3,6 @@ restore the base weights bit-exactly, and the expert swap follows its policy (on
 that ends a run stays resident, a bind on a resident expert is written back to its host copy)."""
 
 import dataclasses
-import types
 
 import pytest
 import torch
@@ -12,12 +11,13 @@ from lorabind.loaders import families
 from lorabind.loaders.placement import load_plan
 from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import bind, release_adapters, unbind
+from lorabind.loaders.contracts.types import ResolvedSchedule
 from lorabind.loaders.generation.entry_points import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.tiny_models import lora_fixtures as F
 
 PLANS = ["full", "swap_experts", "offload_model", "offload_blocks"]
-SCHEDULE = types.SimpleNamespace(sigmas=(1.0, 0.9375, 0.833333, 0.625, 0.0), cfg=1.0, boundary=None, steps=4)
+SCHEDULE = ResolvedSchedule(sigmas=(1.0, 0.9375, 0.833333, 0.625, 0.0), cfg=1.0, shift=5.0, boundary=None, steps=4)
 
 
 @pytest.fixture(scope="module")

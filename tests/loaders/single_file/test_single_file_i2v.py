@@ -39,8 +39,9 @@ def _render(model, size):
     """Start image -> I2V latent -> sampler -> decode, on the node classes."""
     (positive,) = call("LoraBindTextEncode", model=model, text="a cat dancing on the street")
     (negative,) = call("LoraBindTextEncode", model=model, text="blurry, low quality")
-    (latent,) = call("LoraBindImageToVideo", model=model, start_image=example_image("start"), width=size,
-                     height=size, frames=5, batch_size=1)
+    encoded = call("LoraBindImageToVideo", model=model, start_image=example_image("start"), width=size,
+                   height=size, frames=5, batch_size=1)
+    (latent,) = encoded["result"] if isinstance(encoded, dict) else encoded  # with a resize note when resized
     sampled = call("LoraBindSampler", model=model, positive=positive, negative=negative, latent=latent, **SAMPLER)
     (images,) = call("LoraBindVAEDecode", model=model, latent=sampled["result"][0])
     return images
