@@ -105,6 +105,8 @@ def binding_state(model) -> BindingState:
                 patcher=WeightPatcher(model.components, weight_sources=sources),
                 adapters=AdapterCache(model.components, max_size=_cache_defaults["max_size"]),
             )
+            if getattr(model, "placement", None) is not None:  # weights re-read from their file get their patches
+                model.placement.patch_writer = model.binding_state.patcher.rewrite
             for path in _cache_defaults["pinned"]:
                 for component in model.components:
                     model.binding_state.adapters.pin(path, component)
@@ -160,6 +162,8 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
         in_use = {key for key, _, _ in wanted_adapters}
         scales: dict = {}
         for key, spec, groups in wanted_adapters:
+            if groups is not None and getattr(model, "placement", None) is not None:
+                model.placement.activate(spec.component)  # peft injects next to real weights, not ones in a file
             cache.ensure(key, spec.component, groups, _label(spec), in_use=in_use)
             scales[key] = scales.get(key, 0.0) + float(spec.scale)
         cache.activate(scales)

@@ -304,8 +304,20 @@ class WeightPatcher:
         self._originals[pid] = original
         return original
 
+    def rewrite(self, component: str) -> None:
+        """Write ``component``'s patches again after its weights were re-read from their files (a memory plan
+        keeps it there while it is not in use, ``placement.file_staging``): same originals, same bits."""
+        with torch.no_grad():
+            for pid in [p for p in self._applied if self._locations[p][0] == component]:
+                self._write(pid, self._applied[pid])
+
     def _write(self, pid: str, contributions: tuple[_Contribution, ...]) -> None:
         tensor = self._tensor(pid)
+        if tensor.is_meta:  # the weights are in their file: the patches are recorded, written on the re-read
+            self._applied[pid] = contributions
+            if not contributions:
+                self._applied.pop(pid)
+            return
         original = self._original(pid, tensor)
         if contributions:
             try:

@@ -37,7 +37,7 @@ def check_multiple(width: int, height: int, multiple: int, model) -> None:
 
 
 def text_device(model):
-    return next(model.pipeline.text_encoder.parameters()).device
+    return device_and_dtype(model.pipeline.text_encoder)[0]
 
 
 # LatentHandle.extra key: the sigma a stage stopped at, when it left noise for the next sampler (absent: clean)

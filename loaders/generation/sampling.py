@@ -87,6 +87,9 @@ def batched(tensor: Optional[torch.Tensor], batch: int) -> Optional[torch.Tensor
 def device_and_dtype(module: torch.nn.Module):
     """Where a module's weights live and its compute dtype (inputs are moved there before a forward).
     diffusers' ``module.dtype`` skips the parameters a model keeps in float32 (Wan's ``scale_shift_table`` comes
-    first): the first parameter alone would feed float32 into bf16 layers."""
+    first): the first parameter alone would feed float32 into bf16 layers. Weights a memory plan keeps in their
+    file are meta tensors until the module's forward brings them: inputs are then prepared on the CPU and the
+    placement's hook moves them where the weights come up."""
     param = next(module.parameters())
-    return param.device, getattr(module, "dtype", param.dtype)
+    device = torch.device("cpu") if param.is_meta else param.device
+    return device, getattr(module, "dtype", param.dtype)

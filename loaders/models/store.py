@@ -140,6 +140,7 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
     ``before_device_alloc(bytes, device)`` runs just before our weights take device memory (ComfyUI frees its
     own models there); ``on_progress(done, total)`` follows placing the components.
     """
+    from ..binding.weight_sources import FolderWeightSources
     from ..placement import load_plan, apply_plan as placement, speed
     from ..placement.devices import resolve_device, resolve_memory
 
@@ -162,7 +163,8 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
             built.pipeline.set_progress_bar_config(disable=True)  # progress goes through our per-step callback
         for module in built.denoisers.values():
             module.eval().requires_grad_(False)
-        placed = placement.ModelPlacement(built.modules, plan, torch_device, built.roles)
+        placed = placement.ModelPlacement(built.modules, plan, torch_device, built.roles,
+                                          weight_sources=built.weight_sources or FolderWeightSources(source.path))
         placed.apply(on_progress)
         speed.apply_speed_options(built.denoisers, attention=attention, compile=compile)
         _load_counts[identity] = _load_counts.get(identity, 0) + 1

@@ -7,7 +7,7 @@ The planner (``loaders.placement``) decides, per component, one of ``device`` | 
 * ``blocks``: diffusers' group offload, block level, one block per group; on CUDA with a side stream, which
   prefetches the next block while the current one computes (``use_stream``).
 * ``swap`` (Wan2.2 experts) and ``on_demand`` (text encoders, and denoisers under ``offload_model``): our own
-  staging, ``_Staged``. Why not diffusers' ``enable_model_cpu_offload``: it moves modules with ``.to()`` both
+  staging, ``Staged``. Why not diffusers' ``enable_model_cpu_offload``: it moves modules with ``.to()`` both
   ways, so every offload copies unchanged weights back into fresh pageable host memory and every call of the
   pipeline re-uploads both Wan2.2 experts; it also refuses a pipeline that has a group-offloaded component, and
   it offloads the VAE the plan keeps resident. A staged module keeps one host copy of its weights (pinned on
@@ -48,10 +48,10 @@ from torch import nn
 from ..families.interface import ROLE_VAE
 from .planner import default_decode_bytes
 from .sizes import DENOISER_ROLES, ENCODER_ROLES
+from .file_staging import FileStaged
+from .staging import CPU, Staged, module_tensors
 
-CPU = torch.device("cpu")
 _VAE_SPATIAL_FACTOR = 8  # latent -> pixels in every supported VAE (Wan, Qwen-Image, MiniMax-H3)
-_ALIGNMENT = 64  # bytes; the CPU kernels' rounding depends on a tensor's address modulo this
 
 
 @dataclass
@@ -65,119 +65,15 @@ class PlacementStats:
     hooks_reapplied: int = 0  # group-offload hooks re-created after adapter layers changed
 
 
-def _tensors(module: nn.Module) -> list[torch.Tensor]:
-    return list(module.parameters()) + [b for b in module.buffers() if b is not None]
-
-
-def same_alignment_copy(source: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of ``source`` starting at the same address modulo 64 bytes (see the module docstring)."""
-    size = source.element_size()
-    pad = _ALIGNMENT // size
-    flat = torch.empty(source.numel() + pad, dtype=source.dtype)
-    shift = ((source.data_ptr() - flat.data_ptr()) % _ALIGNMENT) // size
-    copy = flat[shift:shift + source.numel()].view(source.shape)
-    copy.copy_(source)
-    return copy
-
-
-class _Staged:
-    """One module whose weights live on the host and come to the device on demand (see the module docstring)."""
-
-    def __init__(self, name: str, module: nn.Module, device: torch.device):
-        self.name = name
-        self.module = module
-        self.device = device
-        self.pin = device.type == "cuda"
-        self.host: dict = {}  # tensor (param or buffer object) -> its host copy
-        self.on_device = False
-        self.pending = None  # CUDA event of an upload still running on the side stream
-        self.refresh()
-
-    def _host_copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        copy = tensor.data if tensor.device.type == "cpu" else tensor.data.to(CPU)
-        if self.pin and not copy.is_pinned():
-            try:
-                copy = copy.pin_memory()
-            except RuntimeError:  # no page-locked memory left: a pageable copy still works, only slower
-                pass
-        return copy
-
-    def refresh(self) -> None:
-        """Pick up tensors added or removed since (peft adapter layers), keeping every one where the module is."""
-        current = _tensors(self.module)
-        known = set(current)
-        for tensor in [t for t in self.host if t not in known]:
-            del self.host[tensor]
-        for tensor in current:
-            if tensor not in self.host:
-                self.host[tensor] = self._host_copy(tensor)
-                if self.on_device:
-                    tensor.data = self._device_copy(self.host[tensor])
-                else:
-                    tensor.data = self.host[tensor]
-        if not self.on_device:
-            for tensor, copy in self.host.items():
-                tensor.data = copy
-
-    def _device_copy(self, host: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cpu":  # a separate "device" copy, so the CPU runs the same code path as a GPU
-            return same_alignment_copy(host)
-        return host.to(self.device, non_blocking=host.is_pinned())
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.host.values())
-
-    def upload(self, stream=None) -> None:
-        """Bring the weights to the device; on a CUDA side stream the copy overlaps compute until ``wait``."""
-        if self.on_device:
-            return
-        if stream is not None:
-            with torch.cuda.stream(stream):
-                for tensor, host in self.host.items():
-                    tensor.data = self._device_copy(host)
-                self.pending = torch.cuda.Event()
-                self.pending.record(stream)
-        else:
-            for tensor, host in self.host.items():
-                tensor.data = self._device_copy(host)
-        self.on_device = True
-
-    def wait(self) -> None:
-        """Make the current stream wait for a side-stream upload before the weights are read."""
-        if self.pending is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.pending)
-            for tensor in self.host:  # the side stream allocated them; the compute stream now uses them
-                tensor.data.record_stream(torch.cuda.current_stream(self.device))
-            self.pending = None
-
-    def drop(self) -> None:
-        """Take the weights off the device: the host copy is current, so this is no copy at all."""
-        if not self.on_device:
-            return
-        self.wait()
-        for tensor, host in self.host.items():
-            tensor.data = host
-        self.on_device = False
-
-    def write_back(self, tensors) -> int:
-        """Copy tensors a bind wrote on the device into the host copy (the source of truth)."""
-        if not self.on_device:
-            return 0
-        count = 0
-        for tensor in tensors:
-            host = self.host.get(tensor)
-            if host is not None and tensor.data.data_ptr() != host.data_ptr():
-                host.copy_(tensor.data)
-                count += 1
-        return count
-
-
 class ModelPlacement:
     """The live placement of one ``LoadedModel``'s components under one ``MemoryPlan`` on one device."""
 
-    def __init__(self, modules: dict, plan, device: torch.device, roles: dict):
-        """``roles``: {component: role} from the model's family (``ModelFamily.component_roles``)."""
+    def __init__(self, modules: dict, plan, device: torch.device, roles: dict, weight_sources=None):
+        """``roles``: {component: role} from the model's family (``ModelFamily.component_roles``);
+        ``weight_sources``: where weights can be re-read (``lookup(component, key)``), for the components the plan
+        keeps in their files (``plan.file_resident``)."""
+        self.weight_sources = weight_sources
+        self.patch_writer: Optional[Callable[[str], None]] = None  # binding: rewrite a component's patches
         self.modules = {name: m for name, m in modules.items() if isinstance(m, nn.Module)}
         self.plan = plan
         self.device = torch.device(device)
@@ -185,7 +81,7 @@ class ModelPlacement:
         # the image VAE: the first VAE of the family's roles, in index order (an audio VAE comes after it)
         self.image_vae = next((n for n, role in roles.items() if role == ROLE_VAE and n in self.modules), None)
         self.placement = {name: plan.placement.get(name, "device") for name in self.modules}
-        self.staged: dict[str, _Staged] = {}
+        self.staged: dict[str, Staged] = {}
         self.stats = PlacementStats()
         self.released = False
         self._stream = None
@@ -205,7 +101,7 @@ class ModelPlacement:
             elif place == "blocks":
                 self._enable_group_offload(name, module)
             elif place in ("swap", "on_demand"):
-                self.staged[name] = _Staged(name, module, self.device)
+                self.staged[name] = self._stager(name, module)
                 self._install_hooks(name, module)
             if on_progress is not None:
                 on_progress(index + 1, len(names))
@@ -215,6 +111,16 @@ class ModelPlacement:
         self._install_decode_hooks()
         if self.device.type == "cuda" and self.plan.prefetch and len(self._swap_names()) > 1:
             self._stream = torch.cuda.Stream(self.device)
+
+    def _stager(self, name: str, module: nn.Module) -> Staged:
+        """A file-backed stager for a component the plan keeps in its file (when its weights can be re-read)."""
+        if name in getattr(self.plan, "file_resident", ()) and self.weight_sources is not None:
+            return FileStaged(name, module, self.device, self.weight_sources, on_reload=self._reloaded)
+        return Staged(name, module, self.device)
+
+    def _reloaded(self, name: str) -> None:
+        if self.patch_writer is not None:
+            self.patch_writer(name)
 
     def _enable_group_offload(self, name: str, module: nn.Module) -> None:
         """Block level where the module's repeated blocks are a direct ``ModuleList`` child (diffusers'
@@ -227,7 +133,7 @@ class ModelPlacement:
             {"offload_type": "leaf_level"}
         apply_group_offloading(module, onload_device=self.device, offload_device=CPU,
                                use_stream=self.device.type == "cuda", **kwargs)
-        self._offload_params[name] = frozenset(_tensors(module))
+        self._offload_params[name] = frozenset(module_tensors(module))
 
     def _install_hooks(self, name: str, module: nn.Module) -> None:
         from accelerate.utils import send_to_device
@@ -339,11 +245,11 @@ class ModelPlacement:
             staged.refresh()
         for name, known in self._offload_params.items():
             module = self.modules[name]
-            if frozenset(_tensors(module)) != known:
+            if frozenset(module_tensors(module)) != known:
                 from diffusers.hooks.group_offloading import _maybe_remove_and_reapply_group_offloading
 
                 _maybe_remove_and_reapply_group_offloading(module)
-                self._offload_params[name] = frozenset(_tensors(module))
+                self._offload_params[name] = frozenset(module_tensors(module))
                 self.stats.hooks_reapplied += 1
 
     # ------------------------------------------------------------------ giving memory back
@@ -375,6 +281,8 @@ class ModelPlacement:
         self._hook_handles.clear()
         for staged in self.staged.values():
             staged.drop()
+            if isinstance(staged, FileStaged):
+                staged.detach()
 
     # ------------------------------------------------------------------ reporting
 

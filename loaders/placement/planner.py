@@ -15,8 +15,11 @@ The cost model (all sizes in bytes at the dtype the model runs in):
   Encoding reserves ``ENCODE_ACTIVATION_BYTES``.
 * Decoding reserves ``default_decode_bytes(width, height)`` (see there); when that does not fit next to what
   stays resident, the plan decodes in tiles (``vae_tiling``), which needs about two tiles' worth.
-* Host peak: every component that is not ``device`` lives on the host between uses (offload keeps a pinned
-  host copy), plus the largest ``device`` component while it is loaded through the host.
+* Host peak: ``swap`` and ``on_demand`` components are kept in the safetensors files they came from while they
+  are not in use (``file_resident``; ``file_staging``): the inactive Wan2.2 expert is not held in host RAM, the
+  text encoder is released after encoding and re-read for a new prompt. ``blocks`` and ``host`` components live
+  on the host (group offload keeps their host copy). The host peak is those plus the largest component passing
+  through the host at a time (loaded onto the device, or re-read from its file).
 
 What each plan costs per run (PCIe 4.0 x16 moves a 14B bf16 expert, 28.6 GB, in about 0.9 s):
 ``full`` nothing; ``swap_experts`` two expert uploads (the high-noise expert at the start, the low-noise one at
@@ -33,6 +36,7 @@ from .sizes import ALTERNATE_ROLE, DENOISER_ROLES, ENCODER_ROLES, EXPERT_ROLES, 
 
 MEMORY_PLANS = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")
 PLACEMENTS = ("device", "host", "swap", "blocks", "on_demand")
+_FILE_RESIDENT = ("swap", "on_demand")  # staged from the weights' files, no host copy kept
 GIB = 1024**3
 ENCODE_ACTIVATION_BYTES = 1 * GIB  # a 512-token prompt through a 7B encoder needs a few hundred MB
 DEFAULT_DECODE_SIZE = (1280, 720)  # width, height: the 720p video the 14B models are made for
@@ -70,6 +74,7 @@ class MemoryPlan:
     reason: str = ""
     device_free_bytes: int = 0
     host_free_bytes: int | None = None
+    file_resident: tuple = ()  # components kept in their files while not in use (see the module docstring)
 
     def to_json(self) -> dict:
         return {
@@ -77,7 +82,7 @@ class MemoryPlan:
             "vae_tiling": self.vae_tiling, "prefetch": self.prefetch,
             "peak_device_bytes": self.peak_device_bytes, "peak_host_bytes": self.peak_host_bytes,
             "device_free_bytes": self.device_free_bytes, "host_free_bytes": self.host_free_bytes,
-            "fits": self.fits, "reason": self.reason,
+            "fits": self.fits, "reason": self.reason, "file_resident": list(self.file_resident),
         }
 
 
@@ -158,14 +163,15 @@ def _evaluate(plan: str, inputs: _Inputs, placement: dict) -> MemoryPlan:
     vae_tiling = always + inputs.decode > inputs.device_free
     decode_peak = always + (inputs.tiled_decode if vae_tiling else inputs.decode)
     peak_device = max(encode_peak, denoise_peak, decode_peak)
-    offloaded = sum(sizes[n].bytes for n, p in placement.items() if p != "device" and sizes[n].role != ALTERNATE_ROLE)
-    staged = max((sizes[n].bytes for n, p in placement.items() if p == "device"), default=0)
-    peak_host = offloaded + staged
+    file_resident = tuple(n for n, p in placement.items() if p in _FILE_RESIDENT)
+    held = sum(sizes[n].bytes for n, p in placement.items() if p in ("blocks", "host") and sizes[n].role != ALTERNATE_ROLE)
+    passing = max((sizes[n].bytes for n, p in placement.items() if p == "device" or n in file_resident), default=0)
+    peak_host = held + passing
     fits = peak_device <= inputs.device_free and (inputs.host_free is None or peak_host <= inputs.host_free)
     return MemoryPlan(
         memory=plan, resident=tuple(resident), placement=placement, vae_tiling=vae_tiling, prefetch=prefetch,
         peak_device_bytes=peak_device, peak_host_bytes=peak_host, fits=fits, reason="",
-        device_free_bytes=inputs.device_free, host_free_bytes=inputs.host_free,
+        device_free_bytes=inputs.device_free, host_free_bytes=inputs.host_free, file_resident=file_resident,
     )
 
 

@@ -76,7 +76,27 @@ def test_a_plan_that_does_not_fit_names_the_nearest_that_does(capsys):
     code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "8", "--ram", "16", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["fits"] is False
-    assert "the nearest that fits: memory=offload_blocks with --weights fp8 needs" in data["reason"]
+    assert "the nearest that fits: memory=offload_model with --weights fp8 needs" in data["reason"]
+
+
+@pytest.mark.parametrize("model, args, memory", [
+    ("wan2.2-t2v-a14b", ["--vram", "24", "--ram", "64"], "offload_blocks"),
+    ("wan2.2-t2v-a14b", ["--vram", "16", "--ram", "32", "--weights", "fp8"], "swap_experts"),
+    ("qwen-image", ["--vram", "16", "--ram", "32", "--weights", "fp8"], "offload_blocks"),
+])
+def test_the_common_machines_fit_with_experts_and_encoder_kept_in_their_files(capsys, model, args, memory):
+    """Issue 26: a 24 GiB + 64 GiB and a 16 GiB + 32 GiB machine. The inactive expert and the text encoder (once
+    it has encoded) stay in their files, so the host holds at most one expert at a time, not both plus the
+    encoder."""
+    code = cli.main(["plan", model, *args, "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["fits"] is True and data["memory"] == memory
+    assert data["peak_host_bytes"] <= data["host_free_bytes"]
+    assert "text_encoder" in data["file_resident"]
+    if memory == "swap_experts":  # both experts in their files: the host peak is one expert, not two
+        assert {"transformer", "transformer_2"} <= set(data["file_resident"])
+        expert = next(c["bytes"] for c in data["components"] if c["name"] == "transformer")
+        assert data["peak_host_bytes"] == expert
 
 
 def test_files_plan_reads_single_file_headers_and_sizes_fp8_at_one_byte(tmp_path, capsys):

@@ -12,6 +12,7 @@ from typing import Optional
 
 from ...errors import LoraBindError, ModelLoadError
 from ...handles import ConditioningHandle, LatentHandle
+from ...generation.sampling import device_and_dtype
 from .contracts import FAMILY_ID
 
 FPS = 24  # MiniMax-H3 generates at a fixed 24 fps
@@ -79,7 +80,7 @@ def part(model, name: str):
 
 
 def device_of(module):
-    return next(module.parameters()).device
+    return device_and_dtype(module)[0]
 
 
 def encode_prompt(model, text: str) -> ConditioningHandle:
