@@ -18,6 +18,8 @@ A parameter without a source (an adapter layer, a weight the loader converted) k
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from typing import Callable, Optional
 
 import torch
@@ -25,6 +27,16 @@ from torch import nn
 
 from ..binding.weight_sources import FileBackedOriginal
 from .staging import Staged, module_tensors
+
+
+def _give_back_freed_memory() -> None:
+    """Return freed heap pages to the system (glibc only). Why: tensors below glibc's mmap threshold (which grows
+    to 32 MiB as large blocks are freed) live on the heap, and an evicted expert's pages would otherwise stay in
+    the process, counted against the machine, until the heap happened to shrink."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl): nothing to do
+        pass
 
 
 def _parameter_slots(module: nn.Module) -> dict:
@@ -109,6 +121,7 @@ class FileStaged(Staged):
             return
         super().drop()
         self._evict()
+        _give_back_freed_memory()
 
     def detach(self) -> None:
         """Leave the plan (the model is dropped or re-placed): the weights come back into host RAM, patched."""

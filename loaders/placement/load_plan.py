@@ -73,4 +73,9 @@ def plan_for_sizes(sizes, *, label: str, device, memory: str):
     plan = plan_memory(sizes, device_free_bytes=device_free, host_free_bytes=host_free, requested=memory)
     if not plan.fits:
         raise ModelLoadError(f"{label} on {device}: {plan.reason}. Nothing was loaded.")
+    if device.type == "cpu" and plan.prefetch:  # the CPU's device memory IS the host's: a prefetched expert would
+        # be a second expert in RAM (what keeping experts in their files avoids), with no transfer to overlap
+        from dataclasses import replace
+
+        plan = replace(plan, prefetch=False)
     return plan
