@@ -96,7 +96,7 @@ def find_cycle(graph: dict):
 def test_the_import_graph_is_read():
     graph = import_graph()
     assert "lorabind.usecases" in graph["lorabind.nodes.sampler_nodes"]
-    assert "lorabind.loaders.contracts.discovery" in graph["lorabind.usecases.sampling"]
+    assert "lorabind.loaders.dispatch.contract_discovery" in graph["lorabind.usecases.sampling"]
     assert "lorabind.loaders.families.interface" in graph["lorabind.loaders.families.wan.family"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -173,7 +173,7 @@ def test_nodes_import_the_use_case_facade_not_the_engine():
 
 
 def test_contract_types_import_nothing_of_ours():
-    assert import_graph()["lorabind.loaders.contracts.types"] == set()
+    assert import_graph()["lorabind.loaders.contract_types"] == set()
 
 
 def dispatch_lines() -> list:

@@ -101,10 +101,10 @@ def _is_builtin(kind: str, name: str) -> bool:
 
 def _describe(kind: str, path: str, name: str) -> str:
     """What the file is, read from its header / model_index.json / name (nothing loaded)."""
-    from ..loaders.contracts.discovery import lora_file_contracts
+    from ..loaders.dispatch.contract_discovery import lora_file_contracts
     from ..loaders.errors import LoraBindError
     from ..loaders.families import detect_model_family
-    from ..loaders.models.model_index import read_model_index
+    from ..loaders.io.model_index import read_model_index
     from ..loaders.models.single_file.detect import detect
 
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..contracts.types import ResolvedSchedule
+from ..contract_types import ResolvedSchedule
 from ..handles import LatentHandle
 from ..placement.apply_plan import placement_of
 from ..contracts.schedule_rules import resolve_single_schedule

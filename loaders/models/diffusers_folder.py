@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import compat
 from ..errors import ModelLoadError
-from .model_index import read_model_index
+from ..io.model_index import read_model_index
 from .sources import BuiltModel, ModelSource
 from .parallel_loading import auto_workers, shard_loading
 

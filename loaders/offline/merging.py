@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..io import json_limits
 from ..errors import ModelLoadError
-from ..models.model_index import is_set
+from ..io.model_index import is_set
 from ..io.safe_output import MARKER_FILE, check_output, safe_output
 
 
@@ -50,7 +50,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     ``out_dir`` as it was.
     """
     from ..contracts.baked import INDEX_KEY
-    from ..models.model_index import read_model_index
+    from ..io.model_index import read_model_index
     from ..models.store import denoiser_names, detect_family
     from ..binding.patching import plan_state_keys
 
@@ -114,7 +114,7 @@ def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
     the single-file merge, so both account keys and discover contracts the same way."""
     from .. import families
     from ..contracts.baked import file_sha256
-    from ..contracts.discovery import discover_contract
+    from ..dispatch.contract_discovery import discover_contract
     from ..lora.preparation import prepare_lora
     from ..binding.patching import PatchLayer
 
@@ -172,7 +172,7 @@ def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> 
 def component_structure(folder: str, component: str, model_index: dict):
     """The component's module tree on the ``meta`` device: names and shapes for the key accounting, no weights
     (the weights are streamed from the files one shard at a time by ``_write_component``)."""
-    from ..models.meta_modules import build_on_meta, component_class
+    from ..meta_modules import build_on_meta, component_class
 
     entry = model_index.get(component)
     if not is_set(entry):

@@ -72,7 +72,7 @@ class SingleFileWeights:
         """The diffusers tensor ``key``: its native tensor read, an fp8 one dequantized, a fused one split."""
         import torch
 
-        from ..models.single_file import fp8
+        from .. import fp8
 
         if self._handle is None:
             from safetensors import safe_open
@@ -87,7 +87,7 @@ class SingleFileWeights:
 
     def _scale(self, native: str):
         """The fp8 weight's checked ``scale_weight`` (either spelling), or None for unscaled fp8."""
-        from ..models.single_file import fp8
+        from .. import fp8
 
         stem = self.detected.prefix + native[: -len(".weight")]
         scale_key = next((stem + s for s in fp8.SCALE_SUFFIXES if stem + s in self._file_keys), None)

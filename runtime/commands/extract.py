@@ -157,7 +157,7 @@ def _readers(base: str, tuned: str, component: str | None) -> tuple:
     """(base weights, tuned weights, component name): a single file is read as the component it holds, a folder's
     component is ``component``, else the file's beside it, else the folder's main denoiser."""
     from ...loaders.errors import LoraBindError
-    from ...loaders.models.model_index import read_model_index
+    from ...loaders.io.model_index import read_model_index
     from ...loaders.models.store import denoiser_names
     from ...loaders.offline.extraction import ComponentWeights
     from ...loaders.offline.single_file_weights import SingleFileWeights
@@ -179,7 +179,7 @@ def _readers(base: str, tuned: str, component: str | None) -> tuple:
 def _baked_contract(tuned: str, component: str) -> dict:
     """The ``sampling_contract`` metadata of what ``merge`` baked into the tuned folder's component or file."""
     from ...loaders.contracts.baked import INDEX_KEY, extracted_contract_metadata
-    from ...loaders.models.model_index import read_model_index
+    from ...loaders.io.model_index import read_model_index
     from ...loaders.models.single_file.baked_files import baked_file_record
 
     if os.path.isfile(tuned):  # a merged file is one component: everything baked into it counts

@@ -57,7 +57,7 @@ def inspect_model_file(path: str) -> dict:
     """A single model file's report: what it is and the contracts ``lorabind merge`` baked into it (the
     declaration the contract endpoint answers for ``diffusion_models``, which the loader enforces), with what
     was fused."""
-    from ...loaders.contracts.discovery import model_file_contract
+    from ...loaders.dispatch.contract_discovery import model_file_contract
     from ...loaders.models.single_file.detect import detect
     from ...loaders.models.single_file.baked_files import baked_file_record
 
@@ -82,7 +82,7 @@ def format_model_report(report: dict) -> str:
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
     from ...loaders import families
-    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
+    from ...loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
     from ...loaders.lora.preparation import kind_summary
 

@@ -3,7 +3,7 @@
 A diffusers folder in: a complete folder out with the LoRA(s) fused into its denoiser components (both Wan2.2
 experts in one run), without loading the model (``loaders.offline.merging``). Single files in (ComfyUI's denoiser files,
 bf16 or fp8; two Wan2.2 experts high-noise first): one single file out per file, bf16 by default or fp8 scaled
-with ``--dtype fp8_e4m3fn`` (``loaders.models.single_file.merge``). ``--config`` reads the same settings, or LightX2V's
+with ``--dtype fp8_e4m3fn`` (``loaders.offline.single_file_merge``). ``--config`` reads the same settings, or LightX2V's
 converter keys, from JSON or YAML (``loaders.offline.tool_config``; command-line values win). Module-level imports stay
 light: ``lorabind --help`` must not import torch.
 """
@@ -94,7 +94,7 @@ def _merge(settings: dict) -> dict:
 
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.merging import merge_into_folder
-    from ...loaders.models.single_file.merge import DEFAULT_DTYPE, merge_into_files
+    from ...loaders.offline.single_file_merge import DEFAULT_DTYPE, merge_into_files
 
     models, outs, dtype = settings["model"], settings["out"], settings.get("dtype")
     options = dict(lenient=bool(settings.get("lenient")), overwrite=bool(settings.get("overwrite")))

@@ -117,7 +117,7 @@ def _file_facts(lora_name: str) -> tuple:
     """(family or None, the contract dict it declares) of a LoRA file. A file whose family cannot be told fits
     every template; the fuse node's key check decides at the first request."""
     from ...loaders import families
-    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
+    from ...loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
 
     path = folder_paths.get_full_path_or_raise("loras", lora_name)

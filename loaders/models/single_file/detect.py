@@ -18,7 +18,8 @@ from typing import Optional, Sequence
 from ...io import json_limits
 from ...errors import ModelLoadError
 from ...lora.safetensors_header import check_header_budget
-from . import catalog, fp8
+from . import catalog
+from ... import fp8
 from .layouts import DIFFUSION_PREFIXES, strip_prefix
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)

@@ -18,7 +18,8 @@ from .. import compat
 from ...errors import ModelLoadError
 from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
-from . import catalog, fp8, tokenizers
+from . import catalog, tokenizers
+from ... import fp8
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component

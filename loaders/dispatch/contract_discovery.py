@@ -13,8 +13,8 @@ import os
 from typing import Optional, Sequence
 
 from .. import families
-from .types import ResolvedSchedule, SamplingRequest, ScheduleContract  # noqa: F401  (public API)
-from .schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
+from ..contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract  # noqa: F401  (public API)
+from ..contracts.schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
 
 
 def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> ResolvedSchedule:
@@ -111,7 +111,7 @@ def discover_contract(path: str, lora_name: str | None = None, *, family=None, l
     read the same thing (LightX2V's release layout keeps the step count in the folder). ``family`` defaults to
     the one the file's keys say; ``lora`` is the file as read, when the caller has it.
     """
-    from .table import table_entry
+    from ..contracts.table import table_entry
     from ..lora import read_lora
     from ..lora.preparation import lora_rank
 
@@ -135,8 +135,8 @@ def model_folder_contract(path: str, model_name: str) -> dict:
 
 def model_folder_contracts(path: str, model_name: str) -> tuple:
     """``(family, (ScheduleContract, ...))`` a model folder's ``model_index.json`` pins or carries baked in."""
-    from .baked import baked_contracts
-    from ..models.model_index import read_model_index
+    from ..contracts.baked import baked_contracts
+    from ..io.model_index import read_model_index
 
     index = read_model_index(path)
     family = families.family_for_index(index)
@@ -158,7 +158,7 @@ def model_file_contracts(path: str, model_name: str) -> tuple:
     turned into contracts exactly as the loader does (``baked_index_entry`` then ``baked_contracts``), so the
     editor, ``inspect`` and the sampler cannot disagree about a merged file. ``ModelLoadError`` naming the file
     when it is no denoiser file."""
-    from .baked import baked_contracts
+    from ..contracts.baked import baked_contracts
     from ..errors import ModelLoadError
     from ..models.single_file.detect import detect
     from ..models.single_file.baked_files import baked_index_entry
