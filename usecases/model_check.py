@@ -13,7 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..tiny_models import BUILTIN_NAMES
+from .models import builtin_file_names, builtin_model_names
+
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
 FILE_INPUTS = {
@@ -94,9 +95,7 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
 
 
 def _is_builtin(kind: str, name: str) -> bool:
-    from ..tiny_models.single_files import tiny_file_names
-
-    return name in BUILTIN_NAMES if kind == "diffusers" else name in tiny_file_names().get(kind, ())
+    return name in builtin_model_names() if kind == "diffusers" else name in builtin_file_names(kind)
 
 
 def _describe(kind: str, path: str, name: str) -> str:
