@@ -259,3 +259,82 @@ def test_the_leak_check_sees_literals_and_tables(tmp_path):
 
 def test_no_component_name_or_family_table_outside_the_family_packages():
     assert family_knowledge_leaks() == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# layering at folder level (issue 23 part 5)
+
+HOSTS = ("nodes", "runtime", "usecases")
+FACTORY_PACKAGE = f"{PACKAGE}.tiny_models"
+# Who may import the tiny-model factory: the hosts' composition roots, which install it as the built-in model
+# provider (``usecases.host.install_builtin_models``), and the runtime's offline-build path (``lorabind models
+# build``, ``run``/``serve`` building what a prompt names). The use cases and the nodes only see the port.
+FACTORY_IMPORTERS = (f"{PACKAGE}", f"{PACKAGE}.runtime")
+# Modules whose imports inside functions are allowed, each with a ``# lazy:`` comment saying why: what the CLI's
+# fast start imports (``tests/test_package_layout.py``: ``--help`` without torch), the pack's ``__init__``
+# (ComfyUI imports it by path), the use-case facade (PEP 562) and the host port. Everywhere else imports sit at
+# module level: the folder graph is acyclic, so a lazy import only hides an edge.
+FAST_START = {PACKAGE, f"{PACKAGE}.loaders", f"{PACKAGE}.runtime", f"{PACKAGE}.runtime.cli",
+              f"{PACKAGE}.runtime.context", f"{PACKAGE}.runtime.device_options", f"{PACKAGE}.runtime.folder_paths",
+              f"{PACKAGE}.usecases", f"{PACKAGE}.usecases.host", f"{PACKAGE}.usecases.model_folders"}
+FAST_START_PACKAGES = (f"{PACKAGE}.runtime.commands",)  # every CLI command module: the parser imports them all
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layering_breaches(graph: dict) -> list:
+    """``importer -> imported: rule`` for each import that crosses a layer the wrong way."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _in(module, ENGINE) and any(_in(target, f"{PACKAGE}.{host}") for host in HOSTS):
+                found.append(f"{module} -> {target}: the engine imports no host")
+            if _in(target, FACTORY_PACKAGE) and not _in(module, FACTORY_PACKAGE) and not any(
+                    module == allowed or (allowed != PACKAGE and _in(module, allowed))
+                    for allowed in FACTORY_IMPORTERS):
+                found.append(f"{module} -> {target}: only the hosts' composition roots import the factory")
+    return found
+
+
+def test_the_layering_check_sees_a_breach():
+    assert layering_breaches({f"{ENGINE}.models.store": {f"{PACKAGE}.runtime.context"},
+                              f"{PACKAGE}.usecases.models": {FACTORY_PACKAGE},
+                              f"{PACKAGE}.runtime.commands.models": {FACTORY_PACKAGE},
+                              PACKAGE: {FACTORY_PACKAGE}}) == [
+        f"{ENGINE}.models.store -> {PACKAGE}.runtime.context: the engine imports no host",
+        f"{PACKAGE}.usecases.models -> {FACTORY_PACKAGE}: only the hosts' composition roots import the factory"]
+
+
+def test_the_engine_imports_no_host_and_only_hosts_import_the_factory():
+    assert layering_breaches(import_graph()) == []
+
+
+def lazy_imports(package_dir: Path = PACKAGE_DIR) -> dict:
+    """{module: [(line, has a ``# lazy:`` comment)]} for each import of our own package inside a function. The
+    comment is on the import's line or on the line above it (one comment may lead a group of imports)."""
+    found = {}
+    for path in source_files(package_dir):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.level > 0:
+                    above = inner.lineno - 2
+                    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                        above -= 1  # the first import of the group carries the comment
+                    said = "# lazy:" in lines[inner.lineno - 1] or (above >= 0 and "# lazy:" in lines[above])
+                    found.setdefault(module_name(path), []).append((inner.lineno, said))
+    return found
+
+
+def test_lazy_imports_only_on_the_fast_start_list_and_each_says_why():
+    misplaced, unexplained = [], []
+    for module, imports in lazy_imports().items():
+        if module not in FAST_START and not any(_in(module, p) for p in FAST_START_PACKAGES):
+            misplaced += [f"{module}:{line}" for line, _ in imports]
+        unexplained += [f"{module}:{line}" for line, said in imports if not said]
+    assert misplaced == [], "hoist these to module level (or add the module to FAST_START, saying why)"
+    assert unexplained == [], "say why with a '# lazy:' comment"

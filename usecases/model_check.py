@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .models import builtin_file_names, builtin_model_names
+from ..loaders.dispatch.contract_discovery import lora_file_contracts
+from ..loaders.errors import LoraBindError
+from ..loaders.families import detect_model_family
+from ..loaders.io.model_index import read_model_index
+from ..loaders.models.single_file.detect import detect
 
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
@@ -100,12 +105,6 @@ def _is_builtin(kind: str, name: str) -> bool:
 
 def _describe(kind: str, path: str, name: str) -> str:
     """What the file is, read from its header / model_index.json / name (nothing loaded)."""
-    from ..loaders.dispatch.contract_discovery import lora_file_contracts
-    from ..loaders.errors import LoraBindError
-    from ..loaders.families import detect_model_family
-    from ..loaders.io.model_index import read_model_index
-    from ..loaders.models.single_file.detect import detect
-
     try:
         if kind == "diffusers":
             return f"diffusers folder, {detect_model_family(read_model_index(path))}"

@@ -72,6 +72,7 @@ def parse_lora_argument(value: str, default_component: str) -> tuple[str, str, f
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
 
     try:
@@ -92,6 +93,7 @@ def _merge(settings: dict) -> dict:
     """The folder merge or the single-file merge, by what ``--model`` names."""
     import torch
 
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.merging import merge_into_folder
     from ...loaders.offline.single_file_merge import DEFAULT_DTYPE, merge_into_files
@@ -113,6 +115,7 @@ def _merge(settings: dict) -> dict:
 
 def _settings(args) -> dict:
     """The config file's settings (our names or LightX2V's), overridden by the command line's."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.tool_config import MERGE_ALIASES, read_config, translate
 
@@ -138,6 +141,7 @@ def _listed(value) -> list:
 def _config_loras(config: dict, path: str) -> list:
     """LoRAs of a config: ``lora`` (+ ``strength``, one number or one per file) and LightX2V's ``lora_configs``
     entries, whose ``name`` (``high_noise_model``...) says the expert as a file name would."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.offline.tool_config import REFUSED, ConfigError
 
     files, strengths = _listed(config.get("lora")), config.get("strength", 1.0)

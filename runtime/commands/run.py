@@ -20,6 +20,7 @@ class RunError(Exception):
 
 
 def add_arguments(parser) -> None:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
 
     parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow saved from ComfyUI (UI or API format)")
@@ -41,6 +42,7 @@ def add_arguments(parser) -> None:
 def load_node_classes() -> tuple[dict, dict]:
     """(class mappings, display names): the pack's nodes plus ComfyUI's core LoadImage/SaveImage/PreviewImage;
     imports the node modules (and torch)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..core_nodes import runtime_node_classes
 
     return runtime_node_classes()
@@ -49,6 +51,7 @@ def load_node_classes() -> tuple[dict, dict]:
 def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
     """Build any built-in tiny model (and example input image) the prompt names that is missing, saying so
     first."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...tiny_models import ensure_builtin_models
 
     ensure_builtin_models(prompt, models_root, input_dir, announce=lambda line: print(line, flush=True))
@@ -57,6 +60,7 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
     """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
     no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...usecases.prompt_contracts import early_contract_refusals
     from .. import folder_paths
 
@@ -64,6 +68,7 @@ def contract_refusals(prompt: dict, node_classes: dict) -> list:
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from .. import folder_paths
     from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
@@ -139,6 +144,7 @@ def run(args) -> int:
 def _apply_command_line_changes(prompt: dict, workflow, kind: str, args, node_classes: dict, display_names: dict):
     """``--set`` and ``--input-file`` on the prompt and, for a UI workflow, on the copy embedded in the outputs;
     says which files are read from where. Returns ({node_id: {input: value}}, the workflow to embed)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..workflow_overrides import apply_input_files, apply_overrides, embed_overrides
 
     changed = apply_overrides(prompt, args.overrides, node_classes)
@@ -207,6 +213,7 @@ def format_execution_error(error: dict | None, prompt: dict | None = None, chang
     ComfyUI canvas, so it is shown when the workflow has one. For a node whose inputs ``--set`` changed
     (``changed``: {node_id: {"steps": 8, ...}}) the title may name the old values ("Sampler (4 steps)"), so the
     changed inputs are shown instead."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..workflow_overrides import describe_changes
 
     if not error:
@@ -253,6 +260,7 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
 
 
 def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..executor.graph import linked_inputs
 
     seen, stack = set(), list(outputs)
