@@ -17,7 +17,7 @@ import os
 
 from . import folder_paths
 from .node_info import node_info
-from .workflow_format import widget_slots
+from .widget_slots import widget_slots
 from .socket_types import parse_bool
 
 

@@ -73,9 +73,6 @@ def run(args) -> int:
     from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
     from ..progress_display import ProgressDisplay
-    from ..workflow_format import WorkflowFormatError, to_api_prompt
-    from ..workflow_mode_notes import older_frontend_differences
-    from ..workflow_overrides import OverrideError
 
     device_error = apply_device_arguments(args)
     if device_error:
@@ -84,24 +81,10 @@ def run(args) -> int:
     folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
     for tokenizer_dir in args.tokenizer:
         folder_paths.add_model_folder_path("tokenizers", tokenizer_dir, is_default=True)
-    try:
-        workflow = _load_json(args.workflow)
-        node_classes, display_names = load_node_classes()
-        prompt, kind = to_api_prompt(workflow, node_classes, display_names)
-        nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
-        if kind == "ui":
-            print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
-            for note in older_frontend_differences(workflow):
-                print(f"warning: {note}", file=sys.stderr)
-        else:
-            print(f"{args.workflow}: API prompt of {nodes_text}")
-        changed, workflow = _apply_command_line_changes(prompt, workflow, kind, args, node_classes, display_names)
-    except (RunError, OverrideError) as exc:
-        print(f"lorabind run: {exc}", file=sys.stderr)
+    read = _read_prompt(args)
+    if read is None:
         return 1
-    except WorkflowFormatError as exc:
-        print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
-        return 1
+    prompt, kind, workflow, changed, node_classes = read
     try:
         ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
     except Exception as exc:
@@ -111,16 +94,7 @@ def run(args) -> int:
 
     executor = PromptExecutor(node_classes)
     validation = executor.validate(prompt)
-    if not validation.ok:
-        print(format_validation_failure(validation.error, validation.node_errors), file=sys.stderr)
-        return 1
-    if validation.node_errors:
-        print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
-    refusals = contract_refusals(prompt, node_classes)
-    if refusals:
-        print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
-              file=sys.stderr)
+    if _refused_before_running(validation, prompt, node_classes):
         return 1
 
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
@@ -139,6 +113,52 @@ def run(args) -> int:
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
     return 0
+
+
+def _read_prompt(args):
+    """(prompt, "api" | "ui", workflow, changed inputs, node classes) of ``args.workflow`` with the command
+    line's changes applied; None, after saying why, when it cannot be read or converted."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..workflow_format import WorkflowFormatError, to_api_prompt
+    from ..workflow_mode_notes import older_frontend_differences
+    from ..workflow_overrides import OverrideError
+
+    try:
+        workflow = _load_json(args.workflow)
+        node_classes, display_names = load_node_classes()
+        prompt, kind = to_api_prompt(workflow, node_classes, display_names)
+        nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
+        if kind == "ui":
+            print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
+            for note in older_frontend_differences(workflow):
+                print(f"warning: {note}", file=sys.stderr)
+        else:
+            print(f"{args.workflow}: API prompt of {nodes_text}")
+        changed, workflow = _apply_command_line_changes(prompt, workflow, kind, args, node_classes, display_names)
+    except (RunError, OverrideError) as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return None
+    except WorkflowFormatError as exc:
+        print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
+        return None
+    return prompt, kind, workflow, changed, node_classes
+
+
+def _refused_before_running(validation, prompt: dict, node_classes: dict) -> bool:
+    """Print why the prompt cannot run (validation, or a contract contradicted by the prompt alone) and say so;
+    warn about outputs validation skips."""
+    if not validation.ok:
+        print(format_validation_failure(validation.error, validation.node_errors), file=sys.stderr)
+        return True
+    if validation.node_errors:
+        print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
+    refusals = contract_refusals(prompt, node_classes)
+    if refusals:
+        print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
+                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+              file=sys.stderr)
+        return True
+    return False
 
 
 def _apply_command_line_changes(prompt: dict, workflow, kind: str, args, node_classes: dict, display_names: dict):
