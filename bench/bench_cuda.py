@@ -150,7 +150,7 @@ def _inputs(expert, device, dtype, frames: int, height: int, width: int):
 
 
 def _schedule(steps: int):
-    from lorabind.loaders.contracts.types import ResolvedSchedule
+    from lorabind.loaders.contract_types import ResolvedSchedule
 
     sigmas = tuple(1.0 - i / steps for i in range(steps)) + (0.0,)
     return ResolvedSchedule(sigmas=tuple(sigmas), cfg=1.0, shift=5.0, boundary=None, steps=steps)
