@@ -43,7 +43,8 @@ def _answer(name: str, reason: str, status: int) -> web.Response:
 
 
 async def get_declared_contract(request: web.Request) -> web.Response:
-    """The declaration of one named file (``loaders.dispatch.contract_discovery``), or a JSON refusal with the reason."""
+    """The declaration of one named file (``loaders.dispatch.contract_discovery``), or a JSON refusal with the
+    reason."""
     name = request.query.get("name", "")
     kind = request.query.get("folder", "loras")
     if kind not in _FOLDERS:
