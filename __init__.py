@@ -12,7 +12,18 @@ __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
 
 def __getattr__(name):
     if name in ("NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"):
+        # lazy: ComfyUI (or the runtime) asks for the nodes; ``import lorabind`` alone stays torch-free
         from . import nodes
+        from .usecases import host
+
+        host.install_builtin_models(_tiny_models)  # inside ComfyUI, its loader nodes offer the built-ins too
 
         return getattr(nodes, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _tiny_models():
+    # lazy: the factory imports torch; called on the first use of a built-in model, not at import
+    from . import tiny_models
+
+    return tiny_models

@@ -150,7 +150,7 @@ def _inputs(expert, device, dtype, frames: int, height: int, width: int):
 
 
 def _schedule(steps: int):
-    from lorabind.loaders.contracts.types import ResolvedSchedule
+    from lorabind.loaders.contract_types import ResolvedSchedule
 
     sigmas = tuple(1.0 - i / steps for i in range(steps)) + (0.0,)
     return ResolvedSchedule(sigmas=tuple(sigmas), cfg=1.0, shift=5.0, boundary=None, steps=steps)
@@ -160,7 +160,7 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
     """Seconds per step: our sampler vs WanPipeline, same experts, resolution, steps and guidance (cfg 1)."""
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    from lorabind.loaders.generation.entry_points import denoise
+    from lorabind.loaders.dispatch.generation_steps import denoise
 
     boundary = 0.5 + 0.5 / steps  # half the steps on each expert
     model = _loaded_model(experts, boundary)
@@ -182,7 +182,7 @@ def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, s
     from lorabind.loaders.families import component_roles
     from lorabind.loaders.placement import MemoryPlan
     from lorabind.loaders.placement.apply_plan import ModelPlacement
-    from lorabind.loaders.generation.entry_points import denoise
+    from lorabind.loaders.dispatch.generation_steps import denoise
 
     def peak(fn) -> int:
         if device.type != "cuda":

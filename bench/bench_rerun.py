@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 
-from lorabind.loaders.generation import entry_points as generation
+from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.tiny_models import build_tiny
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime import folder_paths

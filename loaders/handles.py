@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .contracts.types import ScheduleContract
+from .contract_types import ScheduleContract
 
 SOCKET_MODEL = "LORABIND_MODEL"
 SOCKET_CONDITIONING = "LORABIND_CONDITIONING"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import usecases
-from ..usecases import ROUNDINGS, SOCKET_MODEL, ensure_tiny_single_files, tiny_file_names
+from ..usecases import ROUNDINGS, SOCKET_MODEL, builtin_file_names, ensure_builtin_files
 from . import comfy_bridge
 from .comfy_bridge import folder_paths
 from .model_nodes import model_placement_inputs
@@ -22,7 +22,7 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 def list_files(kind: str) -> list[str]:
     """The kind's safetensors files plus the tiny single files of that kind."""
-    names = set(tiny_file_names()[kind])
+    names = set(builtin_file_names(kind))
     try:
         names.update(n for n in folder_paths().get_filename_list(kind) if n.endswith((".safetensors", ".sft")))
     except KeyError:
@@ -34,11 +34,11 @@ def resolve_file(kind: str, name: str) -> tuple[str, str]:
     """(path, name) of a COMBO value; a missing tiny single file is built first."""
     paths = folder_paths()
     path = paths.get_full_path(kind, name)
-    if path is None and name in tiny_file_names()[kind]:
+    if path is None and name in builtin_file_names(kind):
         roots = [Path(p) for p in paths.get_folder_paths(kind)]
         root = next((r for r in roots if r.name == kind), None)
         if root is not None:
-            ensure_tiny_single_files({name}, root.parent)
+            ensure_builtin_files({name}, root.parent)
             path = paths.get_full_path(kind, name)
     if path is None:
         path = paths.get_full_path_or_raise(kind, name)  # ComfyUI's "Model in folder ... not found" error

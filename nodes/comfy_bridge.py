@@ -13,9 +13,10 @@ import importlib
 import os
 from functools import lru_cache
 
-from ..usecases import host
+from ..usecases import host, LoraBindError
 from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, folders_holding, lora_names as list_loras,
                                       safe_relative_name)
+from .. import usecases
 
 
 @lru_cache(maxsize=1)
@@ -179,7 +180,6 @@ def follow_comfyui_memory_management() -> bool:
     the model store then keeps a model only while a cached handle holds it. False headless."""
     if not install_unload_hook():
         return False
-    from .. import usecases
 
     usecases.follow_host_node_cache()
     return True
@@ -199,8 +199,6 @@ def install_unload_hook() -> bool:
         return True
 
     def unload_all_models(*args, **kwargs):
-        from .. import usecases
-
         usecases.release_device_memory()  # folder and single-file models share the cache
         return current(*args, **kwargs)
 
@@ -255,8 +253,6 @@ class WorkProgress:
 def require_comfyui(node: str) -> None:
     """The ComfyUI-native nodes work on ComfyUI's own MODEL; headless there is none, so say so by node name."""
     if _comfy_modules() is None:
-        from ..usecases import LoraBindError
-
         raise LoraBindError(f"{node} works on ComfyUI's own MODEL and needs ComfyUI: it runs only inside ComfyUI. "
                             "In lorabind run/serve use LoraBindModelLoader with FuseDistillLoRA / WanMoELoRAPair "
                             "and LoraBindSampler instead")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..usecases import BUILTIN_NAMES, lora_file_contract, model_file_contract, model_folder_contract
+from ..usecases import builtin_model_names, lora_file_contract, model_file_contract, model_folder_contract
 from . import comfy_bridge
 from .contract_lookups import LOOKUPS, refusal
 from .model_nodes import find_model_folder
@@ -43,7 +43,8 @@ def _answer(name: str, reason: str, status: int) -> web.Response:
 
 
 async def get_declared_contract(request: web.Request) -> web.Response:
-    """The declaration of one named file (``loaders.contracts.discovery``), or a JSON refusal with the reason."""
+    """The declaration of one named file (``loaders.dispatch.contract_discovery``), or a JSON refusal with the
+    reason."""
     name = request.query.get("name", "")
     kind = request.query.get("folder", "loras")
     if kind not in _FOLDERS:
@@ -59,7 +60,7 @@ async def get_declared_contract(request: web.Request) -> web.Response:
         return _answer(request.query["name"], f"the name must name a {what} inside the {kind} folder, not the "
                        "folder itself", 400)
     path = find(name)
-    if path is None and kind == "diffusers" and name in BUILTIN_NAMES:  # the loader builds it, so not an error
+    if path is None and kind == "diffusers" and name in builtin_model_names():  # the loader builds it, so not an error
         return _answer(name, "a built-in tiny model that is not built yet: the loader builds it on first use, and "
                              "what it pins is known then", 200)
     if path is None:

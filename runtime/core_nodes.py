@@ -13,6 +13,10 @@ import os
 import random
 
 from . import folder_paths
+from .. import nodes
+from ..loaders.io.image_files import load_image_file, file_sha256
+from ..loaders.io.atomic_files import write_atomically
+from ..nodes.output_nodes import frame_to_pil, png_metadata
 
 CORE_PYTHON_MODULE = "nodes"  # what ComfyUI's /object_info reports for its core nodes
 
@@ -29,14 +33,10 @@ class LoadImage:
         return {"required": {"image": (folder_paths.get_input_image_list(), {"image_upload": True})}}
 
     def load_image(self, image):
-        from ..loaders.io.image_files import load_image_file
-
         return load_image_file(folder_paths.get_annotated_filepath(image))
 
     @classmethod
     def IS_CHANGED(cls, image):
-        from ..loaders.io.image_files import file_sha256
-
         return file_sha256(folder_paths.get_annotated_filepath(image))
 
     @classmethod
@@ -79,9 +79,6 @@ class SaveImage:
     def save_images(self, images, filename_prefix="ComfyUI", prompt=None, extra_pnginfo=None):
         """One PNG per image, ``<prefix>_<counter:05>_.png`` counting up (``%batch_num%`` in the prefix is the
         index in the batch), PNG text chunks ``prompt`` and ``workflow`` as ComfyUI writes them."""
-        from ..loaders.io.atomic_files import write_atomically
-        from ..nodes.output_nodes import frame_to_pil, png_metadata
-
         prefix = filename_prefix + self.extra_prefix
         folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
             prefix, folder_paths.get_directory_by_type(self.folder_type), images.shape[2], images.shape[1])
@@ -121,8 +118,6 @@ def runtime_node_classes() -> tuple[dict, dict]:
 
     Imports the pack's node modules (and so torch); the CLI calls it only when it runs a graph.
     """
-    from .. import nodes
-
     classes = {**CORE_NODE_CLASS_MAPPINGS, **nodes.NODE_CLASS_MAPPINGS}
     names = {**CORE_NODE_DISPLAY_NAME_MAPPINGS, **nodes.NODE_DISPLAY_NAME_MAPPINGS}
     return classes, names

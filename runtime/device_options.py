@@ -21,6 +21,7 @@ def add_device_arguments(parser) -> None:
 
 def apply_device_arguments(args) -> str | None:
     """Install the session defaults; a user-facing error text when ``--device`` is not a device name."""
+    # lazy: the CLI's parser imports this module; the engine loads when a device is resolved
     from ..loaders.placement.devices import set_session_defaults
     from ..loaders.errors import LoraBindError
 

@@ -19,14 +19,13 @@ from typing import Any
 
 from .node_info import node_info
 from .socket_types import types_compatible
+from .widget_slots import control_values_after, widget_default, widget_slots
 
 MODE_MUTED = 2
 MODE_BYPASS = 4
 SUBGRAPH_INPUT_ID = -10  # litegraph's id of a subgraph's input boundary node
 SUBGRAPH_OUTPUT_ID = -20  # ... and of its output boundary node
 VIRTUAL_TYPES = {"Reroute", "PrimitiveNode", "Note", "MarkdownNote"}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-SEED_NAMES = ("seed", "noise_seed")  # INT widgets that get a control widget when the spec does not say
 # Nested subgraph definitions multiply: a few KB of definitions can expand to hundreds of thousands of nodes.
 # No real workflow comes near these; beyond them the request is refused before any work is done.
 MAX_EXPANDED_NODES = 10_000
@@ -152,54 +151,6 @@ def _wrap(value: Any) -> Any:
     return {"__value__": value} if isinstance(value, list) else value
 
 
-def _is_combo(input_type: Any) -> bool:
-    return isinstance(input_type, list) or input_type == "COMBO"
-
-
-def _control_values_after(name: str, input_type: Any, options: dict) -> int:
-    """How many hidden values the frontend stores after this widget's value in ``widgets_values``."""
-    control = options.get("control_after_generate")
-    if input_type == "INT":
-        if control is None:
-            control = name in SEED_NAMES
-        return 1 if control else 0
-    if _is_combo(input_type) and control:
-        return 2  # the control mode and the combo filter-list string
-    return 0
-
-
-def _widget_default(spec) -> Any:
-    """The value a new widget starts with in the frontend: the spec's default, else the first combo option,
-    0 for numbers, "" for strings and false for booleans."""
-    input_type = spec[0]
-    options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-    if "default" in options:
-        return options["default"]
-    if isinstance(input_type, list):
-        return input_type[0] if input_type else None
-    if input_type == "COMBO":
-        choices = options.get("options") or []
-        return choices[0] if choices else None
-    return {"INT": 0, "FLOAT": 0.0, "STRING": "", "BOOLEAN": False}.get(input_type)
-
-
-def widget_slots(info: dict) -> dict:
-    """{widget input name: (its index in a list-form ``widgets_values``, its spec)} for a node's ``/object_info``
-    entry, in the frontend's order: declared order, ``forceInput`` inputs skipped, hidden control values after
-    seed / ``control_after_generate`` widgets counted."""
-    slots, position = {}, 0
-    for section in ("required", "optional"):
-        declared = info["input"].get(section) or {}
-        for name in info["input_order"].get(section, []):
-            spec = declared[name]
-            input_type = spec[0]
-            options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-            if (_is_combo(input_type) or input_type in WIDGET_TYPES) and not options.get("forceInput", False):
-                slots[name] = (position, spec)
-                position += 1 + _control_values_after(name, input_type, options)
-    return slots
-
-
 class _UiConverter:
     def __init__(self, workflow: dict, node_classes: dict, display_names: dict):
         self.workflow = workflow
@@ -299,7 +250,7 @@ class _UiConverter:
         stored = stored if isinstance(stored, list) else []
         # an older save stores fewer values than the node now has widgets: the frontend keeps the widgets'
         # defaults for the rest (they are created from the node definition before the values are applied)
-        return {name: stored[position] if position < len(stored) else _widget_default(spec)
+        return {name: stored[position] if position < len(stored) else widget_default(spec)
                 for name, (position, spec) in widgets.items()}
 
     # -- link resolution (the frontend's resolveInput) ----------------------------------------------------
@@ -417,5 +368,5 @@ class _UiConverter:
             spec = (info["input"].get(section) or {}).get(name)
             if spec is not None:
                 options = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                return _control_values_after(name, spec[0], options) > 0
+                return control_values_after(name, spec[0], options) > 0
         return False

@@ -17,7 +17,8 @@ import os
 
 from . import folder_paths
 from .node_info import node_info
-from .workflow_format import widget_slots
+from .widget_slots import widget_slots
+from .socket_types import parse_bool
 
 
 class OverrideError(ValueError):
@@ -30,8 +31,6 @@ def apply_overrides(prompt: dict, overrides: list[str], node_classes: dict) -> d
     VALUE is parsed by the input's declared type: a BOOLEAN takes true/false, on/off, yes/no, 1/0 (any case),
     anything else is JSON, else a plain string. Returns {node_id: {input: value}}: the error text uses it so that
     a node's title from the workflow (which may name the old value) is not shown as if still true."""
-    from .socket_types import parse_bool
-
     changed: dict = {}
     for item in overrides:
         target, has_value, raw = item.partition("=")

@@ -96,7 +96,7 @@ def find_cycle(graph: dict):
 def test_the_import_graph_is_read():
     graph = import_graph()
     assert "lorabind.usecases" in graph["lorabind.nodes.sampler_nodes"]
-    assert "lorabind.loaders.contracts.discovery" in graph["lorabind.usecases.sampling"]
+    assert "lorabind.loaders.dispatch.contract_discovery" in graph["lorabind.usecases.sampling"]
     assert "lorabind.loaders.families.interface" in graph["lorabind.loaders.families.wan.family"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
@@ -122,17 +122,16 @@ def folder_of(module: str) -> str:
 
 
 def folder_graph(graph: dict) -> dict:
-    """{folder: folders it imports}, from every import (lazy ones inside functions included). The package root
-    and ``loaders`` itself (the engine's flat modules, which every subsystem imports: errors, handles, the model
-    index; they are split into subsystem packages in a later step) are left out."""
-    left_out = {PACKAGE, ENGINE}
+    """{folder: folders it imports}, from every import (lazy ones inside functions included). Only the package
+    root (``lorabind/__init__``, the ComfyUI entry that imports the nodes) is left out; the engine root
+    ``loaders`` (its shared leaves: errors, handles, contract_types, fp8, meta_modules) counts as a folder."""
     folders: dict = {}
     for module, targets in graph.items():
         source = folder_of(module)
-        if source in left_out:
+        if source == PACKAGE:
             continue
         edges = folders.setdefault(source, set())
-        edges.update(t for t in map(folder_of, targets) if t != source and t not in left_out)
+        edges.update(t for t in map(folder_of, targets) if t != source and t != PACKAGE)
     return folders
 
 
@@ -140,18 +139,20 @@ def test_the_folder_graph_is_read():
     folders = folder_graph(import_graph())
     assert f"{ENGINE}.families.wan" not in folders  # a family package is part of the families subsystem
     assert f"{ENGINE}.lora" in folders[f"{ENGINE}.families"]  # the key maps build lora's canonical patches
+    assert ENGINE in folders[f"{ENGINE}.families"]  # the engine root's shared leaves count (errors, handles)
+    assert f"{ENGINE}.families" in folders[f"{ENGINE}.dispatch"]  # the verbs that ask the family sit above it
     assert {f"{PACKAGE}.runtime", f"{PACKAGE}.runtime.executor"} <= set(folders)
     assert f"{PACKAGE}.runtime" in folders[f"{PACKAGE}.runtime.executor"]  # the execution context
 
 
-@pytest.mark.xfail(strict=True, reason="the folder split (issue 23 part 2) made cycles between engine subsystems "
-                   "visible (families <-> contracts/generation/models/placement); the next commits remove them")
 def test_there_is_no_folder_cycle():
     """Folders import in one direction only, counting imports inside functions (a lazy import hides a circle
     from Python, not from the design). Before: ``loaders/lora`` <-> ``loaders/families`` (lora looked families
     up in the registry; now the caller passes the family in), ``nodes`` <-> ``runtime`` (lazy imports of the
-    runtime's registry and context; now ``usecases.host``) and ``runtime`` <-> ``runtime/executor`` (the
-    workflow conversion imported the executor's type rule; now the leaf ``runtime/socket_types``)."""
+    runtime's registry and context; now ``usecases.host``), ``runtime`` <-> ``runtime/executor`` (the
+    workflow conversion imported the executor's type rule; now the leaf ``runtime/socket_types``), and after the
+    engine split the subsystems among themselves (families <-> contracts/generation/models/placement, the engine
+    root <-> contracts): the layering in ``docs/architecture.md`` now orders them."""
     assert find_cycle(folder_graph(import_graph())) is None
 
 
@@ -173,7 +174,7 @@ def test_nodes_import_the_use_case_facade_not_the_engine():
 
 
 def test_contract_types_import_nothing_of_ours():
-    assert import_graph()["lorabind.loaders.contracts.types"] == set()
+    assert import_graph()["lorabind.loaders.contract_types"] == set()
 
 
 def dispatch_lines() -> list:
@@ -258,3 +259,82 @@ def test_the_leak_check_sees_literals_and_tables(tmp_path):
 
 def test_no_component_name_or_family_table_outside_the_family_packages():
     assert family_knowledge_leaks() == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# layering at folder level (issue 23 part 5)
+
+HOSTS = ("nodes", "runtime", "usecases")
+FACTORY_PACKAGE = f"{PACKAGE}.tiny_models"
+# Who may import the tiny-model factory: the hosts' composition roots, which install it as the built-in model
+# provider (``usecases.host.install_builtin_models``), and the runtime's offline-build path (``lorabind models
+# build``, ``run``/``serve`` building what a prompt names). The use cases and the nodes only see the port.
+FACTORY_IMPORTERS = (f"{PACKAGE}", f"{PACKAGE}.runtime")
+# Modules whose imports inside functions are allowed, each with a ``# lazy:`` comment saying why: what the CLI's
+# fast start imports (``tests/test_package_layout.py``: ``--help`` without torch), the pack's ``__init__``
+# (ComfyUI imports it by path), the use-case facade (PEP 562) and the host port. Everywhere else imports sit at
+# module level: the folder graph is acyclic, so a lazy import only hides an edge.
+FAST_START = {PACKAGE, f"{PACKAGE}.loaders", f"{PACKAGE}.runtime", f"{PACKAGE}.runtime.cli",
+              f"{PACKAGE}.runtime.context", f"{PACKAGE}.runtime.device_options", f"{PACKAGE}.runtime.folder_paths",
+              f"{PACKAGE}.usecases", f"{PACKAGE}.usecases.host", f"{PACKAGE}.usecases.model_folders"}
+FAST_START_PACKAGES = (f"{PACKAGE}.runtime.commands",)  # every CLI command module: the parser imports them all
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def layering_breaches(graph: dict) -> list:
+    """``importer -> imported: rule`` for each import that crosses a layer the wrong way."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if _in(module, ENGINE) and any(_in(target, f"{PACKAGE}.{host}") for host in HOSTS):
+                found.append(f"{module} -> {target}: the engine imports no host")
+            if _in(target, FACTORY_PACKAGE) and not _in(module, FACTORY_PACKAGE) and not any(
+                    module == allowed or (allowed != PACKAGE and _in(module, allowed))
+                    for allowed in FACTORY_IMPORTERS):
+                found.append(f"{module} -> {target}: only the hosts' composition roots import the factory")
+    return found
+
+
+def test_the_layering_check_sees_a_breach():
+    assert layering_breaches({f"{ENGINE}.models.store": {f"{PACKAGE}.runtime.context"},
+                              f"{PACKAGE}.usecases.models": {FACTORY_PACKAGE},
+                              f"{PACKAGE}.runtime.commands.models": {FACTORY_PACKAGE},
+                              PACKAGE: {FACTORY_PACKAGE}}) == [
+        f"{ENGINE}.models.store -> {PACKAGE}.runtime.context: the engine imports no host",
+        f"{PACKAGE}.usecases.models -> {FACTORY_PACKAGE}: only the hosts' composition roots import the factory"]
+
+
+def test_the_engine_imports_no_host_and_only_hosts_import_the_factory():
+    assert layering_breaches(import_graph()) == []
+
+
+def lazy_imports(package_dir: Path = PACKAGE_DIR) -> dict:
+    """{module: [(line, has a ``# lazy:`` comment)]} for each import of our own package inside a function. The
+    comment is on the import's line or on the line above it (one comment may lead a group of imports)."""
+    found = {}
+    for path in source_files(package_dir):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.level > 0:
+                    above = inner.lineno - 2
+                    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                        above -= 1  # the first import of the group carries the comment
+                    said = "# lazy:" in lines[inner.lineno - 1] or (above >= 0 and "# lazy:" in lines[above])
+                    found.setdefault(module_name(path), []).append((inner.lineno, said))
+    return found
+
+
+def test_lazy_imports_only_on_the_fast_start_list_and_each_says_why():
+    misplaced, unexplained = [], []
+    for module, imports in lazy_imports().items():
+        if module not in FAST_START and not any(_in(module, p) for p in FAST_START_PACKAGES):
+            misplaced += [f"{module}:{line}" for line, _ in imports]
+        unexplained += [f"{module}:{line}" for line, said in imports if not said]
+    assert misplaced == [], "hoist these to module level (or add the module to FAST_START, saying why)"
+    assert unexplained == [], "say why with a '# lazy:' comment"

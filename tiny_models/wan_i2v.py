@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ._common import diffusers_dir, save_pipeline_atomically, seeded
 from .wan import tiny_text_stack, tiny_transformer, tiny_vae, unipc_scheduler
+from ..loaders.families.wan.image_conditioning import clip_image_processor
 
 WAN22_I2V_NAME = "tiny-wan22-i2v"
 WAN21_I2V_NAME = "tiny-wan21-i2v"
@@ -64,7 +65,6 @@ def _clip_vision():
 def _i2v_pipeline(two_experts: bool, image_encoder: bool):
     from diffusers import WanImageToVideoPipeline
 
-    from ..loaders.families.wan.image_conditioning import clip_image_processor
 
     tokenizer, text_encoder = tiny_text_stack()
     with seeded(1):

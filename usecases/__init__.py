@@ -6,7 +6,8 @@ so every host runs them the same way. Nodes import this one facade, never the en
 lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
 
 Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
-``tokenizer_dirs`` (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
+``tokenizer_dirs``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
+offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
 ``lora_components`` (adapters); ``sample``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
 ``decode_audio``, ``with_first_frame``, ``with_reference_images`` (MiniMax-H3); plus the engine names a node
@@ -17,7 +18,8 @@ from importlib import import_module
 
 _EXPORTS = {
     ".models": ("list_models", "find_model", "resolve_model", "load_model", "load_checkpoint_files",
-                "tokenizer_dirs", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
+                "tokenizer_dirs", "builtin_model_names", "builtin_file_names", "ensure_builtin_files",
+                "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
     ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
                   "contract_text"),
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",
@@ -32,17 +34,15 @@ _EXPORTS = {
                           "SOCKET_LATENT", "SOCKET_MODEL", "SOCKET_SCHEDULE", "SOCKET_SIGMAS", "AdapterHandle",
                           "ModelHandle"),
     "..loaders.errors": ("LoraBindError", "LoraFileError"),
-    "..loaders.generation.entry_points": ("encode_text", "empty_latent", "image_to_video_latent", "decode"),
-    "..loaders.contracts.discovery": ("lora_file_contract", "model_folder_contract", "model_file_contract"),
+    "..loaders.dispatch.generation_steps": ("encode_text", "empty_latent", "image_to_video_latent", "decode"),
+    "..loaders.dispatch.contract_discovery": ("lora_file_contract", "model_folder_contract", "model_file_contract"),
     "..loaders.placement.devices": ("MEMORY_NAMES", "device_choices"),
     "..loaders.models.store": ("DTYPE_NAMES", "release_device_memory", "follow_host_node_cache"),
     "..loaders.placement.speed": ("ATTENTION_NAMES",),
-    "..loaders.models.single_file.fp8": ("ROUNDINGS",),
+    "..loaders.fp8": ("ROUNDINGS",),
     "..loaders.binding.peft_adapters": ("file_identity",),
     "..loaders.io.atomic_files": ("write_atomically",),
     "..loaders.io.wav_files": ("write_wav",),
-    "..tiny_models": ("BUILTIN_NAMES",),
-    "..tiny_models.single_files": ("ensure_tiny_single_files", "tiny_file_names"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

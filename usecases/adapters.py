@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..loaders import families
-from ..loaders.contracts.discovery import contract_to_dict, discover_contract
+from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
 from ..loaders.errors import LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.handles import AdapterHandle, AdapterSpec, FuseSpec

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-_services: dict = {"folder_paths": None, "current_context": None}
+_services: dict = {"folder_paths": None, "current_context": None, "load_builtin_models": None, "builtin_models": None}
 
 
 def install(*, folder_paths: Any, current_context: Callable[[], Any]) -> None:
@@ -32,3 +32,19 @@ def current_context() -> Optional[Any]:
     """The execution context of the node running now (``runtime.context.ExecutionContext``), or None."""
     lookup = _services["current_context"]
     return lookup() if lookup is not None else None
+
+
+
+def install_builtin_models(load_factory: Callable[[], Any]) -> None:
+    """Called by a host (the runtime package, ComfyUI's entry in the pack's ``__init__``): how to reach the
+    built-in tiny-model factory (``tiny_models``). Why a port: the factory is test and demo tooling, not the
+    engine's or the use cases'; only a host decides to offer built-ins. Given as a loader because the factory
+    imports torch and the CLI's fast start must not."""
+    _services.update(load_builtin_models=load_factory, builtin_models=None)
+
+
+def builtin_models() -> Optional[Any]:
+    """The installed tiny-model factory (loaded on first use), or None: no host offers built-in models."""
+    if _services["builtin_models"] is None and _services["load_builtin_models"] is not None:
+        _services["builtin_models"] = _services["load_builtin_models"]()
+    return _services["builtin_models"]

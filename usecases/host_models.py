@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..loaders import families
-from ..loaders.contracts.discovery import contract_to_dict, discover_contract
+from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
 from ..loaders.errors import ContractError, LoraBindError
 from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.models.native_targets import host_deltas, native_denoiser, prepare_native

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..loaders.contracts.discovery import SamplingRequest
+from ..loaders.dispatch.contract_discovery import SamplingRequest
 from ..loaders.errors import LoraBindError
 from ..loaders.families import minimax_h3
 from ..loaders.handles import AdapterSpec, ScheduleHandle

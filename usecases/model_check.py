@@ -13,7 +13,13 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..tiny_models import BUILTIN_NAMES
+from .models import builtin_file_names, builtin_model_names
+from ..loaders.dispatch.contract_discovery import lora_file_contracts
+from ..loaders.errors import LoraBindError
+from ..loaders.families import detect_model_family
+from ..loaders.io.model_index import read_model_index
+from ..loaders.models.single_file.detect import detect
+
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
 FILE_INPUTS = {
@@ -94,19 +100,11 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
 
 
 def _is_builtin(kind: str, name: str) -> bool:
-    from ..tiny_models.single_files import tiny_file_names
-
-    return name in BUILTIN_NAMES if kind == "diffusers" else name in tiny_file_names().get(kind, ())
+    return name in builtin_model_names() if kind == "diffusers" else name in builtin_file_names(kind)
 
 
 def _describe(kind: str, path: str, name: str) -> str:
     """What the file is, read from its header / model_index.json / name (nothing loaded)."""
-    from ..loaders.contracts.discovery import lora_file_contracts
-    from ..loaders.errors import LoraBindError
-    from ..loaders.families import detect_model_family
-    from ..loaders.models.model_index import read_model_index
-    from ..loaders.models.single_file.detect import detect
-
     try:
         if kind == "diffusers":
             return f"diffusers folder, {detect_model_family(read_model_index(path))}"

@@ -16,11 +16,29 @@ from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import ModelHandle
 from ..loaders.models.store import load_model as load_folder
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
-from ..tiny_models import BUILTIN_NAMES, build_builtin, needs_build
+from . import host
 from .model_folders import model_folder_names
 
 MODEL_FOLDER_KIND = "diffusers"
 TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
+
+
+def builtin_model_names() -> tuple:
+    """The built-in tiny models the host offers (built on first use), () when it offers none."""
+    factory = host.builtin_models()
+    return tuple(factory.BUILTIN_NAMES) if factory is not None else ()
+
+
+def builtin_file_names(kind: str) -> list[str]:
+    """The built-in tiny single files of a ComfyUI folder kind (``diffusion_models``, ``vae``...)."""
+    factory = host.builtin_models()
+    return list(factory.single_files.tiny_file_names().get(kind, ())) if factory is not None else []
+
+
+def ensure_builtin_files(names, models_root) -> list[str]:
+    """Build the named built-in single files under ``models_root`` when missing; the names written."""
+    factory = host.builtin_models()
+    return factory.single_files.ensure_tiny_single_files(names, models_root) if factory is not None else []
 
 
 def diffusers_roots(registry) -> list[Path]:
@@ -30,7 +48,7 @@ def diffusers_roots(registry) -> list[Path]:
 def list_models(registry) -> list[str]:
     """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
     the built-in tiny models, which the loader builds on first use (so a fresh install works offline)."""
-    return sorted(set(BUILTIN_NAMES) | set(model_folder_names(diffusers_roots(registry))))
+    return sorted(set(builtin_model_names()) | set(model_folder_names(diffusers_roots(registry))))
 
 
 def find_model(registry, model_name: str) -> Optional[Path]:
@@ -48,12 +66,13 @@ def resolve_model(registry, model_name: str) -> Path:
     """``find_model``, building a missing (or stale, see ``needs_build``) built-in tiny model first; otherwise a
     missing folder raises."""
     folder = find_model(registry, model_name)
-    if folder is not None and not (model_name in BUILTIN_NAMES and needs_build(folder)):
+    factory = host.builtin_models() if model_name in builtin_model_names() else None
+    if folder is not None and not (factory is not None and factory.needs_build(folder)):
         return folder
     roots = diffusers_roots(registry)
     default_root = next((r for r in roots if r.name == MODEL_FOLDER_KIND), None)
-    if model_name in BUILTIN_NAMES and default_root is not None:
-        return build_builtin(model_name, default_root.parent)  # builders write <models root>/diffusers/<name>
+    if factory is not None and default_root is not None:
+        return factory.build_builtin(model_name, default_root.parent)  # builders write <models root>/diffusers/<name>
     # named as the models folder names it, not by absolute path: the message reaches the browser
     raise FileNotFoundError(f"model_name {model_name!r}: no {model_name}/model_index.json in the "
                             f"{MODEL_FOLDER_KIND} model folder{'s' if len(roots) > 1 else ''}")

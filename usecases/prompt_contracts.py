@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..loaders.contracts.discovery import lora_file_contracts, model_folder_contracts
+from ..loaders.dispatch.contract_discovery import lora_file_contracts, model_folder_contracts
 from ..loaders.errors import LoraBindError
 from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 from ..loaders.contracts.schedule_rules import contract_value, mismatch_message

@@ -11,8 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ..loaders.binding.strength_schedules import StrengthStepper
-from ..loaders.generation import entry_points as generation, schedulers
-from ..loaders.contracts.discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
+from ..loaders.dispatch import generation_steps as generation
+from ..loaders.generation import schedulers
+from ..loaders.dispatch.contract_discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
 from ..loaders.families import family_for, has_expert_pair
 from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
 

@@ -20,6 +20,8 @@ from typing import Callable, Optional, Sequence
 from .patching import ApplyResult, PatchLayer, WeightPatcher
 from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
 from .weight_sources import FolderWeightSources
+from ..families import family_for, guess_family
+from ..lora.preparation import prepare_lora
 
 DEFAULT_MAX_CACHED_ADAPTERS = 4
 MAX_MEMOISED_ACCOUNTINGS = 16
@@ -249,9 +251,6 @@ def _content_key(path: str) -> str:
 def _accounted_targets(model, state: BindingState, spec, lenient: bool, content_key: str):
     """``prepare_lora`` for one spec (memoised per ``content_key``, the caller's ``_content_key(spec.path)``):
     (targets, accounting dict)."""
-    from ..families import family_for, guess_family
-    from ..lora.preparation import prepare_lora
-
     memo_key = (content_key, spec.component, bool(lenient))
     hit = state.accounted.get(memo_key)
     if hit is not None:

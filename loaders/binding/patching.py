@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from ..errors import KeyMatchError
-from .finite_bounds import largest_abs
+from ..lora.finite_bounds import largest_abs
 from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
-from ..models.single_file import fp8
+from .. import fp8
 from .weight_sources import FileBackedOriginal
 
 

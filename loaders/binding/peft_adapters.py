@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import LoraBindError
 from ..lora import kinds
-from ..models.single_file import fp8
+from .. import fp8
 
 FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs support full diffs)"
 

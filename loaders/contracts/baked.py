@@ -12,7 +12,9 @@ import dataclasses
 import hashlib
 import os
 
-from .types import ScheduleContract
+from ..contract_types import ScheduleContract
+from ..errors import ContractError
+from .distill_names import CONTRACT_METADATA_KEY
 
 INDEX_KEY = "_lorabind"
 _TUPLE_FIELDS = {f.name for f in dataclasses.fields(ScheduleContract)
@@ -65,9 +67,6 @@ def extracted_contract_metadata(model_index: dict, component: str | None) -> dic
     merged single file is one component; pass its ``_lorabind`` record as ``{INDEX_KEY: record}``). {} when
     nothing baked into it declares a step count. Two fuses into one component declaring different contracts are
     refused: no one file can say both."""
-    from ..errors import ContractError
-    from ..families.distill_names import CONTRACT_METADATA_KEY
-
     baked = model_index.get(INDEX_KEY)
     if not isinstance(baked, dict):
         return {}

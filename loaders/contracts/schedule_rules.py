@@ -18,7 +18,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
-from .types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ..contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ..errors import ContractError
 from .sigmas import shifted_sigmas, slice_offset, validate_schedule
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ContractError
+from .baked import file_sha256
 
 TABLE_NAME = "lorabind-contracts.json"
 MAX_TABLE_BYTES = 1 << 20  # a list of names, not a data set: a larger file is refused, not read
@@ -147,8 +148,6 @@ def _line(text: str, position: int) -> int:
 def _sha256(path: str) -> str:
     """The file's content hash (cached per file version: a table with hashes must not re-read a 1 GB file on
     every question)."""
-    from .baked import file_sha256
-
     real = os.path.realpath(path)
     stat = os.stat(real)
     key = (real, stat.st_mtime_ns, stat.st_size)

@@ -17,6 +17,7 @@ from typing import Optional
 
 from ..errors import ModelLoadError
 from .interface import ModelFamily, has_expert_pair as _has_expert_pair
+from ..contracts.baked import baked_contracts
 
 # Registry order is the order ``guess_family`` tries (Wan's names first, as before the registry existed).
 _FAMILY_PACKAGES = ("wan", "qwen_image", "minimax_h3")
@@ -104,8 +105,6 @@ def guess_family(lora) -> Optional[ModelFamily]:
 
 def checkpoint_contracts(model) -> tuple:
     """Contracts pinned by a loaded checkpoint (a ``LoadedModel``), as a tuple for ``ModelHandle.contracts``."""
-    from ..contracts.baked import baked_contracts
-
     contract = family_for(model).checkpoint_contract(model.model_index, model.name)
     return ((contract,) if contract is not None else ()) + baked_contracts(model.model_index, model.name)
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ..contracts.types import ResolvedSchedule
+from ..contract_types import ResolvedSchedule
 from ..handles import LatentHandle
-from ..placement.apply_plan import placement_of
 from ..contracts.schedule_rules import resolve_single_schedule
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
@@ -132,7 +131,7 @@ class DiffusersFlowFamily(ModelFamily):
         predict = self.prediction(model, positive, negative, latent)
         start = noised_start(latent.samples.float(), seed, sigmas[0]) if schedule.add_noise else latent.samples.float()
         x = self.to_model_space(start, latent)
-        placement = placement_of(model)
+        placement = _placement_of(model)
 
         def velocity(i, x, sigma):
             if placement is not None:  # the memory plan brings this expert to the device (a swap at the boundary)
@@ -158,7 +157,7 @@ class DiffusersFlowFamily(ModelFamily):
         import torch
 
         vae = model.pipeline.vae
-        placement = placement_of(model)
+        placement = _placement_of(model)
         if placement is not None:
             scale = 2 ** len(vae.config.temperal_downsample)  # latent -> pixel factor of the Wan/Qwen VAEs
             placement.prepare_image_decode(latent.samples.shape[-1] * scale, latent.samples.shape[-2] * scale)
@@ -171,3 +170,10 @@ class DiffusersFlowFamily(ModelFamily):
             video = vae.decode(z * std + mean, return_dict=False)[0]  # [B, 3, F, H, W] in -1..1
         frames = video.float().permute(0, 2, 3, 4, 1).reshape(-1, video.shape[3], video.shape[4], video.shape[1])
         return (frames / 2 + 0.5).clamp(0.0, 1.0).cpu()
+
+
+def _placement_of(model):
+    """The ``ModelPlacement`` the model was loaded under (``loaders.placement.apply_plan``), or None for models
+    loaded without one (tools that never sample). Read as an attribute: the families sit below placement in the
+    engine's layering, so they use what the loader attached without importing it."""
+    return getattr(model, "placement", None)

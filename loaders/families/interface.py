@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..errors import KeyMatchError
-from ..models.model_index import is_set
+from ..io.model_index import is_set
 from ..contracts.schedule_rules import contract_dict
 
 # Component roles (``ModelFamily.denoiser_roles`` / ``components``), the vocabulary ``loaders.placement`` plans with.

@@ -12,6 +12,7 @@ import re
 from importlib import metadata
 
 from ..errors import ModelLoadError
+from ..families import requirements_for
 
 
 def _numeric(version: str) -> tuple:
@@ -29,8 +30,6 @@ def installed_version(distribution: str) -> str | None:
 def unmet_requirements(family: str) -> list[str]:
     """Human-readable unmet requirements of a family's requirements id (``ModelFamily.requirements``: the
     family owns its versions), e.g. ["diffusers >= 0.42 (installed 0.35.2)"]."""
-    from ..families import requirements_for
-
     unmet = []
     for distribution, minimum in requirements_for(family)[0].items():
         installed = installed_version(distribution)
@@ -43,7 +42,5 @@ def require(family: str, what: str = "") -> None:
     """Raise ModelLoadError naming the versions a family needs when the installed ones are older."""
     unmet = unmet_requirements(family)
     if unmet:
-        from ..families import requirements_for
-
         subject = what or requirements_for(family)[1]
         raise ModelLoadError(f"{subject} needs {' and '.join(unmet)}; upgrade with pip to use this model family")

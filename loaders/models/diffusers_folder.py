@@ -12,9 +12,14 @@ from pathlib import Path
 
 from . import compat
 from ..errors import ModelLoadError
-from .model_index import read_model_index
+from ..io.model_index import read_model_index
 from .sources import BuiltModel, ModelSource
 from .parallel_loading import auto_workers, shard_loading
+from ..families import family_by_id, detect_model_family
+from ..lora.reader import PICKLE_SUFFIXES
+from ..placement.load_plan import stored_dtype
+from ..placement import component_sizes
+from ..families.interface import PipelineSource
 
 LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
 
@@ -34,8 +39,6 @@ def default_load_workers(folder) -> int:
 def require_libraries(model_index: dict, family: str, label: str) -> None:
     """Refuse, naming the versions needed, when the installed libraries are older than a folder's model needs:
     its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2)."""
-    from ..families import family_by_id
-
     compat.require(family_by_id(family).requirements_id(family, model_index=model_index), label)
 
 
@@ -43,8 +46,6 @@ def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
     """A component whose weights exist only in a pickle format (``diffusion_pytorch_model.bin``...) is refused,
     naming the file: unpickling runs code. ``use_safetensors=True`` makes the libraries refuse it too, but
     with a message about a missing ``.safetensors`` file that does not say why."""
-    from ..lora.reader import PICKLE_SUFFIXES
-
     for name in model_index:
         component = folder / name
         if name.startswith("_") or not component.is_dir():
@@ -64,8 +65,6 @@ class DiffusersFolder(ModelSource):
     64.5 GiB Wan2.2-I2V-A14B folder in vllm-omni's measurement)."""
 
     def __init__(self, path, *, name: str = "", load_workers: int | None = None):
-        from ..families import detect_model_family, family_by_id
-
         self.folder = Path(path).expanduser().resolve()
         self.model_index = read_model_index(self.folder)
         self.path, self.name, self.label = str(self.folder), name or self.folder.name, self.folder.name
@@ -84,16 +83,11 @@ class DiffusersFolder(ModelSource):
         return self.family.component_roles(self.model_index)
 
     def component_sizes(self, dtype) -> list:
-        from ..placement.load_plan import stored_dtype
-        from ..placement import component_sizes
-
         dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(self.folder,
                                                                                               self.model_index)
         return component_sizes(self.folder, dtype_name)
 
     def build(self, dtype) -> BuiltModel:
-        from ..families.interface import PipelineSource
-
         workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
         try:
             with shard_loading(workers):

@@ -22,7 +22,7 @@ from typing import Mapping
 from .. import families as family_registry
 from ..errors import KeyMatchError
 from ..lora.preparation import PreparedLora, prepare_lora
-from .meta_modules import tree_on_meta
+from ..meta_modules import tree_on_meta
 from .single_file import catalog
 from .single_file.layouts import strip_prefix
 

@@ -20,7 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..binding.weight_sources import FolderWeightSources
 from ..errors import ModelLoadError
+from ..families import detect_model_family, denoiser_components
+from .diffusers_folder import DiffusersFolder
+from ..placement import load_plan, apply_plan as placement, speed
+from ..placement.devices import resolve_device, resolve_memory
 
 
 @dataclass(eq=False)
@@ -52,15 +57,11 @@ _lock = threading.Lock()
 def detect_family(model_index: dict) -> str:
     """Model family id from a ``model_index.json`` dict (the family registry decides); ``ModelLoadError`` for
     unsupported pipelines."""
-    from ..families import detect_model_family
-
     return detect_model_family(model_index)
 
 
 def denoiser_names(model_index: dict) -> list[str]:
     """The denoiser components that are set, as the folder's family names them (the main one first)."""
-    from ..families import denoiser_components
-
     return denoiser_components(model_index)
 
 
@@ -105,8 +106,6 @@ def load_model(path, *, name: str = "", dtype=None, device=None, memory=None, at
     """The shared ``LoadedModel`` for a diffusers folder (``diffusers_folder.DiffusersFolder``: ``name``, and
     ``load_workers`` for a sharded folder), loaded by ``load`` with the other options.
     Offline only (``local_files_only``): a folder that needs the hub fails with a message naming the folder."""
-    from .diffusers_folder import DiffusersFolder
-
     folder = Path(path).expanduser().resolve()
     label = name or folder.name
     with _errors_name_the_model(folder, label):
@@ -140,10 +139,6 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
     ``before_device_alloc(bytes, device)`` runs just before our weights take device memory (ComfyUI frees its
     own models there); ``on_progress(done, total)`` follows placing the components.
     """
-    from ..binding.weight_sources import FolderWeightSources
-    from ..placement import load_plan, apply_plan as placement, speed
-    from ..placement.devices import resolve_device, resolve_memory
-
     torch_dtype = resolve_dtype(dtype) or source.default_dtype()
     torch_device = resolve_device(device)
     memory_name = resolve_memory(memory)

@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 
 from ..io import json_limits
 from ..errors import ModelLoadError
-from ..models.model_index import is_set
+from ..io.model_index import is_set, read_model_index
 from ..io.safe_output import MARKER_FILE, check_output, safe_output
+from ..contracts.baked import INDEX_KEY, file_sha256, contract_to_json
+from ..models.store import denoiser_names, detect_family
+from ..binding.patching import plan_state_keys, PatchLayer
+from .. import families
+from ..dispatch.contract_discovery import discover_contract
+from ..lora.preparation import prepare_lora
+from ..meta_modules import build_on_meta, component_class
+from ..binding.fused_rows import NonFiniteResultError, write_patched
 
 
 @dataclass
@@ -49,11 +57,6 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
     ``LoraBindError`` subclasses naming the file/key before anything is written; an error while writing leaves
     ``out_dir`` as it was.
     """
-    from ..contracts.baked import INDEX_KEY
-    from ..models.model_index import read_model_index
-    from ..models.store import denoiser_names, detect_family
-    from ..binding.patching import plan_state_keys
-
     if asset_mode not in ASSET_MODES:
         raise ValueError(f"asset mode must be one of {ASSET_MODES}, got {asset_mode!r}")
     source = os.path.realpath(model_dir)
@@ -90,8 +93,6 @@ def placed_requests(model_index: dict, family: str, main: str, loras: list, comp
     ``(component, path, strength, slot name)`` (a missing component: ``component``, else ``main``), the
     family's slot check passed (a file whose name says another expert is refused, naming it). ``model_index``
     needs only the denoiser entries (a single-file merge passes its parts)."""
-    from .. import families
-
     family_object = families.family_by_id(family)
     requests = [(item[0] or _slot(family_object, model_index, item, main), item[1], float(item[2]))
                 if len(item) >= 3 else (component or main, item[0], float(item[1])) for item in loras]
@@ -112,12 +113,6 @@ def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
     """Every LoRA read, mapped and accounted against ``model`` (a ``MetaModel``) before anything is written:
     ``({component: [PatchLayer]}, fuse reports, warnings, [(component, contract)])``. Shared by the folder and
     the single-file merge, so both account keys and discover contracts the same way."""
-    from .. import families
-    from ..contracts.baked import file_sha256
-    from ..contracts.discovery import discover_contract
-    from ..lora.preparation import prepare_lora
-    from ..binding.patching import PatchLayer
-
     keymap = families.family_by_id(model.family)
     layers: dict = {comp: [] for comp in model.components}
     fuses, warnings, contracts = [], [], []
@@ -138,8 +133,6 @@ def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
 def baked_record(fuses: list, contracts: list) -> dict:
     """What a merged model carries about its fuses (``baked_contracts``: no local paths): under ``_lorabind``
     in a folder's ``model_index.json``, as JSON text under the same key in a single file's metadata."""
-    from ..contracts.baked import contract_to_json
-
     return {"merged_by": "lorabind merge",
             "fused": [{k: f[k] for k in ("name", "component", "strength", "sha256")} for f in fuses],
             "contracts": [contract_to_json(c) for c in contracts]}
@@ -172,8 +165,6 @@ def _place_assets(source: str, folder: str, rewritten: set, asset_mode: str) -> 
 def component_structure(folder: str, component: str, model_index: dict):
     """The component's module tree on the ``meta`` device: names and shapes for the key accounting, no weights
     (the weights are streamed from the files one shard at a time by ``_write_component``)."""
-    from ..models.meta_modules import build_on_meta, component_class
-
     entry = model_index.get(component)
     if not is_set(entry):
         present = sorted(k for k, v in model_index.items() if is_set(v))
@@ -195,7 +186,6 @@ def _write_component(source: str, folder: str, component: str, plan: dict, out_d
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from ..binding.fused_rows import NonFiniteResultError, write_patched
 
     found, written, total_bytes = set(), 0, 0
     files = sorted(glob.glob(os.path.join(source, component, "*.safetensors")))

@@ -13,6 +13,10 @@ from __future__ import annotations
 import os
 
 from .extraction import ExtractionError
+from ..models.single_file.detect import detect, read_shapes
+from ..models.single_file.loading import build_empty, ignored_key
+from ..families import family_by_id
+from .. import fp8
 
 
 class SingleFileWeights:
@@ -20,9 +24,6 @@ class SingleFileWeights:
     interface: ``keys``, ``tensor``, ``shapes``, ``dtypes``, ``files``, ``source``)."""
 
     def __init__(self, path: str):
-        from ..models.single_file.detect import detect, read_shapes
-        from ..models.single_file.loading import build_empty, ignored_key
-
         self.source = str(path)
         self.detected = detect(self.source, os.path.basename(self.source))
         if self.detected.role != "denoiser":
@@ -57,8 +58,6 @@ class SingleFileWeights:
     @property
     def component(self) -> str:
         """The component this file is, named as its family names a lone denoiser file (``transformer``)."""
-        from ..families import family_by_id
-
         parts = family_by_id(self.detected.family).single_file_parts([self.detected], None, None)
         return next(comp for comp, part in parts.items() if part is self.detected)
 
@@ -72,7 +71,6 @@ class SingleFileWeights:
         """The diffusers tensor ``key``: its native tensor read, an fp8 one dequantized, a fused one split."""
         import torch
 
-        from ..models.single_file import fp8
 
         if self._handle is None:
             from safetensors import safe_open
@@ -87,8 +85,6 @@ class SingleFileWeights:
 
     def _scale(self, native: str):
         """The fp8 weight's checked ``scale_weight`` (either spelling), or None for unscaled fp8."""
-        from ..models.single_file import fp8
-
         stem = self.detected.prefix + native[: -len(".weight")]
         scale_key = next((stem + s for s in fp8.SCALE_SUFFIXES if stem + s in self._file_keys), None)
         if scale_key is None:

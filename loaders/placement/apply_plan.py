@@ -301,8 +301,3 @@ class ModelPlacement:
                 "vae_tiling": bool(self.plan.vae_tiling), "prefetch": bool(self.plan.prefetch),
                 "components": {name: self.where(name) for name in self.modules}, "swaps": self.stats.swaps,
                 "uploads": dict(self.stats.uploads), "upload_seconds": round(self.stats.upload_seconds, 4)}
-
-
-def placement_of(model) -> Optional[ModelPlacement]:
-    """The model's placement (None for models loaded without one, e.g. by tools that never sample)."""
-    return getattr(model, "placement", None)

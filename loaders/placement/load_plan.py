@@ -11,6 +11,9 @@ import json
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..families import denoiser_components
+from .devices import device_memory, host_memory
+from .planner import MemoryPlan, plan_memory
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
 
@@ -18,8 +21,6 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "
 def stored_dtype(folder: Path, model_index: dict) -> str:
     """The floating dtype the denoiser's weights are stored in (what ``dtype=auto`` loads), read from one
     safetensors header; float32 when there is nothing to read (a conservative size)."""
-    from ..families import denoiser_components
-
     for name in denoiser_components(model_index):
         for file in sorted((folder / name).glob("*.safetensors")):
             try:
@@ -37,8 +38,6 @@ def stored_dtype(folder: Path, model_index: dict) -> str:
 def free_memory(device) -> tuple[int, int | None]:
     """(device free bytes, host free bytes) for planning. On the CPU (and MPS, unified memory) the device IS the
     host, so the host is not counted twice (None)."""
-    from .devices import device_memory, host_memory
-
     free, _ = device_memory(device)
     if device.type == "cuda":
         return free, host_memory()[1] or None
@@ -49,8 +48,6 @@ def cpu_plan(roles: dict):
     """``auto`` on the CPU: everything stays in RAM. Offloading to the memory it already lives in saves nothing,
     so no sizes are measured (a config the planner cannot read is then the loader's error, as before).
     ``roles``: {component: role} of the weighted components (``ModelFamily.component_roles``)."""
-    from . import MemoryPlan
-
     names = tuple(roles)
     return MemoryPlan(memory="full", resident=names, placement={n: "device" for n in names},
                       reason="auto on the CPU: every component stays in RAM")
@@ -67,8 +64,6 @@ def choose_plan(source, *, device, memory: str, dtype=None):
 def plan_for_sizes(sizes, *, label: str, device, memory: str):
     """The ``MemoryPlan`` for components of the given ``ComponentSize``s on ``device`` (any loader's: a folder's
     or single files'); raises ``ModelLoadError`` naming ``label`` when it does not fit."""
-    from . import plan_memory
-
     device_free, host_free = free_memory(device)
     plan = plan_memory(sizes, device_free_bytes=device_free, host_free_bytes=host_free, requested=memory)
     if not plan.fits:

@@ -24,8 +24,8 @@ from ..families.interface import (
     ROLE_LOW_NOISE,
     ROLE_TEXT_ENCODER,
 )
-from ..models.meta_modules import build_on_meta, component_class
-from ..models.model_index import read_model_index
+from ..meta_modules import build_on_meta, component_class
+from ..io.model_index import read_model_index
 
 # The role vocabulary is the families' (``families.interface``); the planner groups components by it.
 DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)

@@ -65,6 +65,7 @@ def add_arguments(parser) -> None:
 def _settings(args) -> dict:
     """Built-in defaults, overridden by the config file (ours or LightX2V's names), overridden by explicit
     command-line values; ``LoraBindError`` naming the first path that neither gives."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.tool_config import EXTRACT_ALIASES, read_config, translate
 
@@ -87,6 +88,7 @@ def _settings(args) -> dict:
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
 
     out = args.out
@@ -109,6 +111,7 @@ def extract_to_file(base: str, tuned: str, out: str, *, component: str | None = 
                     alpha="rank", dtype="bf16", layers=(), diffs: bool = True, key_prefix: str = "transformer.",
                     device: str = "cpu", overwrite: bool = False) -> dict:
     """Extract ``tuned - base`` (folders, single files or one of each) into ``out``; the summary as a dict."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.offline.extraction import extract_lora, save_extracted
     from ...loaders.io.safe_output import check_output
 
@@ -134,6 +137,7 @@ def _options(rank, alpha, dtype, layers, diffs, key_prefix, device):
     ``output_dtype: bfloat16``)."""
     import torch
 
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.extraction import ExtractOptions
     from ...loaders.placement.devices import resolve_device
@@ -156,8 +160,9 @@ def _options(rank, alpha, dtype, layers, diffs, key_prefix, device):
 def _readers(base: str, tuned: str, component: str | None) -> tuple:
     """(base weights, tuned weights, component name): a single file is read as the component it holds, a folder's
     component is ``component``, else the file's beside it, else the folder's main denoiser."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
-    from ...loaders.models.model_index import read_model_index
+    from ...loaders.io.model_index import read_model_index
     from ...loaders.models.store import denoiser_names
     from ...loaders.offline.extraction import ComponentWeights
     from ...loaders.offline.single_file_weights import SingleFileWeights
@@ -178,8 +183,9 @@ def _readers(base: str, tuned: str, component: str | None) -> tuple:
 
 def _baked_contract(tuned: str, component: str) -> dict:
     """The ``sampling_contract`` metadata of what ``merge`` baked into the tuned folder's component or file."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.contracts.baked import INDEX_KEY, extracted_contract_metadata
-    from ...loaders.models.model_index import read_model_index
+    from ...loaders.io.model_index import read_model_index
     from ...loaders.models.single_file.baked_files import baked_file_record
 
     if os.path.isfile(tuned):  # a merged file is one component: everything baked into it counts

@@ -32,6 +32,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.models.single_file.detect import detect_model_file
 
@@ -57,7 +58,8 @@ def inspect_model_file(path: str) -> dict:
     """A single model file's report: what it is and the contracts ``lorabind merge`` baked into it (the
     declaration the contract endpoint answers for ``diffusion_models``, which the loader enforces), with what
     was fused."""
-    from ...loaders.contracts.discovery import model_file_contract
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.dispatch.contract_discovery import model_file_contract
     from ...loaders.models.single_file.detect import detect
     from ...loaders.models.single_file.baked_files import baked_file_record
 
@@ -81,8 +83,9 @@ def format_model_report(report: dict) -> str:
 
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     """The report as a JSON-able dict (the ``--json`` output). Raises LoraBindError for a refused file."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders import families
-    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
+    from ...loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
     from ...loaders.lora import read_lora
     from ...loaders.lora.preparation import kind_summary
 
@@ -90,6 +93,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
     family_module = families.guess_family(lora)
     model = None
     if model_dir:  # structure only (meta device): accounting compares names and shapes, no weight is read
+        # lazy: the CLI's parser imports every command module; the engine loads when it runs
         from ...loaders.models.structure import load_structure
 
         model = load_structure(model_dir)
@@ -244,6 +248,7 @@ def _accounting(lora, model) -> dict:
     """The key accounting on the component the file targets: the one the model's family puts it in (Wan2.2:
     low-noise files -> the low-noise expert), else the main denoiser. Unmatched keys are listed (and exit 1
     through ``refusal``); a shape that does not fit raises like a fuse would."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.families import family_for, guess_family
     from ...loaders.lora.preparation import prepare_lora
 

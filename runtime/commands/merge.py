@@ -3,7 +3,7 @@
 A diffusers folder in: a complete folder out with the LoRA(s) fused into its denoiser components (both Wan2.2
 experts in one run), without loading the model (``loaders.offline.merging``). Single files in (ComfyUI's denoiser files,
 bf16 or fp8; two Wan2.2 experts high-noise first): one single file out per file, bf16 by default or fp8 scaled
-with ``--dtype fp8_e4m3fn`` (``loaders.models.single_file.merge``). ``--config`` reads the same settings, or LightX2V's
+with ``--dtype fp8_e4m3fn`` (``loaders.offline.single_file_merge``). ``--config`` reads the same settings, or LightX2V's
 converter keys, from JSON or YAML (``loaders.offline.tool_config``; command-line values win). Module-level imports stay
 light: ``lorabind --help`` must not import torch.
 """
@@ -72,6 +72,7 @@ def parse_lora_argument(value: str, default_component: str) -> tuple[str, str, f
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
 
     try:
@@ -92,9 +93,10 @@ def _merge(settings: dict) -> dict:
     """The folder merge or the single-file merge, by what ``--model`` names."""
     import torch
 
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.merging import merge_into_folder
-    from ...loaders.models.single_file.merge import DEFAULT_DTYPE, merge_into_files
+    from ...loaders.offline.single_file_merge import DEFAULT_DTYPE, merge_into_files
 
     models, outs, dtype = settings["model"], settings["out"], settings.get("dtype")
     options = dict(lenient=bool(settings.get("lenient")), overwrite=bool(settings.get("overwrite")))
@@ -113,6 +115,7 @@ def _merge(settings: dict) -> dict:
 
 def _settings(args) -> dict:
     """The config file's settings (our names or LightX2V's), overridden by the command line's."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.tool_config import MERGE_ALIASES, read_config, translate
 
@@ -138,6 +141,7 @@ def _listed(value) -> list:
 def _config_loras(config: dict, path: str) -> list:
     """LoRAs of a config: ``lora`` (+ ``strength``, one number or one per file) and LightX2V's ``lora_configs``
     entries, whose ``name`` (``high_noise_model``...) says the expert as a file name would."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.offline.tool_config import REFUSED, ConfigError
 
     files, strengths = _listed(config.get("lora")), config.get("strength", 1.0)

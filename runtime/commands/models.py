@@ -51,6 +51,7 @@ def run(args) -> int:
               file=sys.stderr)
         return 2
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...tiny_models import BUILTIN_NAMES, build_tiny, unavailable_builtins
 
@@ -66,6 +67,7 @@ def run(args) -> int:
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1
     if args.comfyui:
+        # lazy: the CLI's parser imports every command module; the engine loads when it runs
         from ...tiny_models.comfyui_files import write_comfyui_files
 
         written += write_comfyui_files(models_root)
@@ -80,6 +82,7 @@ def run(args) -> int:
 
 def check(args) -> int:
     """Print one line per file the workflow names; 1 when any is missing, 2 for a workflow that cannot be read."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...usecases.model_check import check_prompt_files
     from .. import folder_paths
     from ..workflow_format import WorkflowFormatError, to_api_prompt

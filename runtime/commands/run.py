@@ -20,6 +20,7 @@ class RunError(Exception):
 
 
 def add_arguments(parser) -> None:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
 
     parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow saved from ComfyUI (UI or API format)")
@@ -41,6 +42,7 @@ def add_arguments(parser) -> None:
 def load_node_classes() -> tuple[dict, dict]:
     """(class mappings, display names): the pack's nodes plus ComfyUI's core LoadImage/SaveImage/PreviewImage;
     imports the node modules (and torch)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..core_nodes import runtime_node_classes
 
     return runtime_node_classes()
@@ -49,6 +51,7 @@ def load_node_classes() -> tuple[dict, dict]:
 def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
     """Build any built-in tiny model (and example input image) the prompt names that is missing, saying so
     first."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...tiny_models import ensure_builtin_models
 
     ensure_builtin_models(prompt, models_root, input_dir, announce=lambda line: print(line, flush=True))
@@ -57,6 +60,7 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
     """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
     no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...usecases.prompt_contracts import early_contract_refusals
     from .. import folder_paths
 
@@ -64,13 +68,11 @@ def contract_refusals(prompt: dict, node_classes: dict) -> list:
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from .. import folder_paths
     from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
     from ..progress_display import ProgressDisplay
-    from ..workflow_format import WorkflowFormatError, to_api_prompt
-    from ..workflow_mode_notes import older_frontend_differences
-    from ..workflow_overrides import OverrideError
 
     device_error = apply_device_arguments(args)
     if device_error:
@@ -79,24 +81,10 @@ def run(args) -> int:
     folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
     for tokenizer_dir in args.tokenizer:
         folder_paths.add_model_folder_path("tokenizers", tokenizer_dir, is_default=True)
-    try:
-        workflow = _load_json(args.workflow)
-        node_classes, display_names = load_node_classes()
-        prompt, kind = to_api_prompt(workflow, node_classes, display_names)
-        nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
-        if kind == "ui":
-            print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
-            for note in older_frontend_differences(workflow):
-                print(f"warning: {note}", file=sys.stderr)
-        else:
-            print(f"{args.workflow}: API prompt of {nodes_text}")
-        changed, workflow = _apply_command_line_changes(prompt, workflow, kind, args, node_classes, display_names)
-    except (RunError, OverrideError) as exc:
-        print(f"lorabind run: {exc}", file=sys.stderr)
+    read = _read_prompt(args)
+    if read is None:
         return 1
-    except WorkflowFormatError as exc:
-        print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
-        return 1
+    prompt, kind, workflow, changed, node_classes = read
     try:
         ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
     except Exception as exc:
@@ -106,16 +94,7 @@ def run(args) -> int:
 
     executor = PromptExecutor(node_classes)
     validation = executor.validate(prompt)
-    if not validation.ok:
-        print(format_validation_failure(validation.error, validation.node_errors), file=sys.stderr)
-        return 1
-    if validation.node_errors:
-        print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
-    refusals = contract_refusals(prompt, node_classes)
-    if refusals:
-        print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
-              file=sys.stderr)
+    if _refused_before_running(validation, prompt, node_classes):
         return 1
 
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
@@ -136,9 +115,56 @@ def run(args) -> int:
     return 0
 
 
+def _read_prompt(args):
+    """(prompt, "api" | "ui", workflow, changed inputs, node classes) of ``args.workflow`` with the command
+    line's changes applied; None, after saying why, when it cannot be read or converted."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..workflow_format import WorkflowFormatError, to_api_prompt
+    from ..workflow_mode_notes import older_frontend_differences
+    from ..workflow_overrides import OverrideError
+
+    try:
+        workflow = _load_json(args.workflow)
+        node_classes, display_names = load_node_classes()
+        prompt, kind = to_api_prompt(workflow, node_classes, display_names)
+        nodes_text = f"{len(prompt)} node" + ("" if len(prompt) == 1 else "s")
+        if kind == "ui":
+            print(f"{args.workflow}: UI workflow, converted to an API prompt of {nodes_text}")
+            for note in older_frontend_differences(workflow):
+                print(f"warning: {note}", file=sys.stderr)
+        else:
+            print(f"{args.workflow}: API prompt of {nodes_text}")
+        changed, workflow = _apply_command_line_changes(prompt, workflow, kind, args, node_classes, display_names)
+    except (RunError, OverrideError) as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return None
+    except WorkflowFormatError as exc:
+        print(f"lorabind run: {args.workflow}: {exc}", file=sys.stderr)
+        return None
+    return prompt, kind, workflow, changed, node_classes
+
+
+def _refused_before_running(validation, prompt: dict, node_classes: dict) -> bool:
+    """Print why the prompt cannot run (validation, or a contract contradicted by the prompt alone) and say so;
+    warn about outputs validation skips."""
+    if not validation.ok:
+        print(format_validation_failure(validation.error, validation.node_errors), file=sys.stderr)
+        return True
+    if validation.node_errors:
+        print("warning: some outputs are skipped:\n" + format_node_errors(validation.node_errors), file=sys.stderr)
+    refusals = contract_refusals(prompt, node_classes)
+    if refusals:
+        print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
+                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+              file=sys.stderr)
+        return True
+    return False
+
+
 def _apply_command_line_changes(prompt: dict, workflow, kind: str, args, node_classes: dict, display_names: dict):
     """``--set`` and ``--input-file`` on the prompt and, for a UI workflow, on the copy embedded in the outputs;
     says which files are read from where. Returns ({node_id: {input: value}}, the workflow to embed)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..workflow_overrides import apply_input_files, apply_overrides, embed_overrides
 
     changed = apply_overrides(prompt, args.overrides, node_classes)
@@ -207,6 +233,7 @@ def format_execution_error(error: dict | None, prompt: dict | None = None, chang
     ComfyUI canvas, so it is shown when the workflow has one. For a node whose inputs ``--set`` changed
     (``changed``: {node_id: {"steps": 8, ...}}) the title may name the old values ("Sampler (4 steps)"), so the
     changed inputs are shown instead."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..workflow_overrides import describe_changes
 
     if not error:
@@ -253,6 +280,7 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
 
 
 def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..executor.graph import linked_inputs
 
     seen, stack = set(), list(outputs)

@@ -10,6 +10,7 @@ import os
 
 
 def add_arguments(parser) -> None:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
 
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
@@ -63,6 +64,7 @@ def add_openai_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
     from ..server import ServerConfig, run_server
 
@@ -109,6 +111,7 @@ def run(args) -> int:
 def check_openai_arguments(args) -> str | None:
     """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``); with the peft backend the
     ``--lora-path`` files join ``--preload-adapter``. An error text, or None."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai_templates import parse_model_option
 
     try:
@@ -130,6 +133,7 @@ def apply_adapter_cache_arguments(args) -> str | None:
         return None
     if args.max_cached_adapters is not None and args.max_cached_adapters < 1:
         return "--max-cached-adapters must be at least 1"
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.binding.bind import set_adapter_cache_defaults
     from ...loaders.errors import LoraBindError
     from ...loaders.lora import read_lora

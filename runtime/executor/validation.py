@@ -22,6 +22,8 @@ from .call_over_lists import gather_inputs, map_over_lists
 from ..socket_types import combo_options, types_compatible
 from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name
 from .graph import DependencyCycleError, find_cycle
+from ...usecases.model_check import FILE_INPUTS, searched_text
+from .. import folder_paths
 
 
 @dataclass
@@ -333,9 +335,6 @@ def _searched_folders(input_name: str) -> str:
     """"; searched models/diffusion_models, models/unet" for an input that names a model file (issue 26: a missing
     model said "Value not in list" without saying where it was looked for). Relative to the models root: the
     browser sees this message."""
-    from ...usecases.model_check import FILE_INPUTS, searched_text
-    from .. import folder_paths
-
     kind = FILE_INPUTS.get(input_name)
     if kind is None:
         return ""

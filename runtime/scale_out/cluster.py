@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+from ...loaders.placement.devices import session_defaults
+from .dispatch import RayExecutor
+from .interrupts import interrupt_board
+from .replica import LorabindReplica
 
 log = logging.getLogger("lorabind.server")
 
@@ -33,10 +37,6 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     import ray
     from ray import serve
 
-    from ...loaders.placement.devices import session_defaults
-    from .dispatch import RayExecutor
-    from .interrupts import interrupt_board
-    from .replica import LorabindReplica
 
     if replicas < 1:
         raise ValueError(f"--replicas must be at least 1, got {replicas}")

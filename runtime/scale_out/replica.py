@@ -18,6 +18,10 @@ from ray import serve
 from .interrupts import interrupt_board
 from .outputs import take_files
 from .scheduling import BindingFirstTurns
+from ...loaders.models import store as model_store
+from ...loaders.placement.devices import set_session_defaults
+from .. import folder_paths
+from ..executor import PromptExecutor
 
 # One binding per replica: a replica's models hold one set of fused weights at a time, so a second fingerprint
 # on the same replica would re-fuse anyway. Ray's multiplexing LRU then keeps each fingerprint on the replica
@@ -28,8 +32,6 @@ INTERRUPT_POLL_S = 0.25
 
 def _fuse_passes() -> int:
     """Binds that wrote or restored weights, over every model this replica has loaded."""
-    from ...loaders.models import store as model_store
-
     return sum(model.binding_state.stats.fuse_passes for model in model_store.loaded_models()
                if model.binding_state is not None)
 
@@ -38,10 +40,6 @@ def _fuse_passes() -> int:
 class LorabindReplica:
     def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None,
                  lora_dirs: tuple = ()):
-        from ...loaders.placement.devices import set_session_defaults
-        from .. import folder_paths
-        from ..executor import PromptExecutor
-
         # The front's --memory holds here too; the device stays "auto": the GPU Ray gave this replica.
         set_session_defaults(memory=memory)
 

@@ -20,6 +20,15 @@ from aiohttp import web
 
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
+from . import (routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_settings,
+               routes_userdata)
+from .routes_frontend import add_frontend_routes, INSTALL_HINT, frontend_static_dir
+from .routes_logs import add_log_routes
+from .routes_openai import startup_lines
+from .. import folder_paths
+from ..core_nodes import runtime_node_classes
+from .example_assets import prepare_example_assets
+from .template_thumbnails import render_template_thumbnails
 
 log = logging.getLogger("lorabind.server")
 
@@ -169,11 +178,6 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
     """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
     ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
     cache-less one for request validation, so validating never touches the state of a running prompt."""
-    from . import (routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_settings,
-                   routes_userdata)
-    from .routes_frontend import add_frontend_routes
-    from .routes_logs import add_log_routes
-
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
                    json_errors_middleware]
     if _listens_on_loopback_only(config):
@@ -231,11 +235,9 @@ def run_server(config: ServerConfig) -> None:
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
     _prepare_examples(config)
     app = create_app(config)
-    from .routes_openai import startup_lines
 
     for line in startup_lines(app):
         print(line)
-    from .routes_frontend import INSTALL_HINT, frontend_static_dir
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None
           else f"  editor: not installed ({INSTALL_HINT})")
@@ -255,11 +257,6 @@ _SHUTDOWN_S = 2.0
 def _prepare_examples(config: ServerConfig) -> None:
     """What the templates name (models, fixture LoRAs, start images), then each template's thumbnail: before the
     app exists, so the worker never shares the models with a thumbnail run."""
-    from .. import folder_paths
-    from ..core_nodes import runtime_node_classes
-    from .example_assets import prepare_example_assets
-    from .template_thumbnails import render_template_thumbnails
-
     def announce(line: str) -> None:
         print(f"  examples: {line}", flush=True)
 

@@ -13,6 +13,11 @@ from .history import HistoryStore
 from .queue import PromptQueue
 from .websocket import ClientRegistry
 from .worker import PromptWorker
+from .. import folder_paths
+from ..core_nodes import runtime_node_classes
+from ..scale_out.cluster import start_replicas, stop_replicas
+from ..scale_out.dispatch import PROMPTS_IN_FLIGHT_PER_REPLICA
+from ..executor import PromptExecutor
 
 
 class ServerState:
@@ -26,7 +31,6 @@ class ServerState:
         # what ComfyUI reports for a pack in custom_nodes/ (the frontend groups and badges nodes by it).
         self.python_module: str | None = None
         if node_classes is None:  # the pack's nodes and ComfyUI's core LoadImage/SaveImage/PreviewImage
-            from ..core_nodes import runtime_node_classes
 
             node_classes, display_names = runtime_node_classes()
             self.python_module = f"custom_nodes.{PACK_NAME}"
@@ -35,8 +39,6 @@ class ServerState:
         concurrency = 1
         self.scaled_out = executor is None and self.config.ray_address is not None
         if self.scaled_out:  # each prompt runs on a replica, not here; a few per replica are handed over at once
-            from ..scale_out.cluster import start_replicas
-            from ..scale_out.dispatch import PROMPTS_IN_FLIGHT_PER_REPLICA
 
             executor = start_replicas(
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
@@ -45,8 +47,6 @@ class ServerState:
                 lora_dirs=self.config.lora_dirs)
             concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
         if executor is None or validator is None:
-            from ..executor import PromptExecutor
-
             executor = executor or PromptExecutor(node_classes)
             validator = validator or PromptExecutor(node_classes, cache=False)
         self.validator = validator
@@ -75,14 +75,10 @@ class ServerState:
         self.worker.stop()
         self.validation_pool.shutdown(wait=False, cancel_futures=True)
         if self.scaled_out:
-            from ..scale_out.cluster import stop_replicas
-
             stop_replicas()
 
 
 def _configure_folder_paths(config: ServerConfig) -> None:
-    from .. import folder_paths
-
     folder_paths.configure(models_root=config.models_root, output_dir=config.output_dir,
                            input_dir=config.input_dir, temp_dir=config.temp_dir)
     for folder in config.lora_dirs:  # --allow-lora-dir

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Callable, Iterable
+from ...tiny_models import ensure_builtin_models
 
 # The template browser lists ours in the order /workflow_templates gives (frontend 1.58.1 sorts templates without
 # a date or usage count stably), so this is the order a newcomer meets them: the main example first, then the
@@ -39,8 +40,6 @@ def ordered_templates(names: Iterable[str]) -> list[str]:
 def prepare_example_assets(workflows_dir: str, models_root: str, input_dir: str,
                            announce: Callable[[str], None]) -> list[str]:
     """Build what the served examples (``*.api.json`` beside each template) name and is missing; the names built."""
-    from ...tiny_models import ensure_builtin_models
-
     prompt = {}
     for path in sorted(Path(workflows_dir).glob("*.api.json")):
         for node_id, node in json.loads(path.read_text(encoding="utf-8")).items():

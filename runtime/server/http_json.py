@@ -10,6 +10,7 @@ from typing import Optional
 from aiohttp import web
 
 from ...loaders.io import json_limits
+from .composition_root import STATE_KEY
 
 _CHUNK_BYTES = 64 * 1024
 
@@ -37,8 +38,6 @@ async def read_json_body(request: web.Request, *, default=None, limit: Optional[
     ``json_limits.MAX_JSON_DEPTH`` levels. Parsing and the depth walk run in a thread, so another request waits
     at most for one bounded parse."""
     if limit is None:
-        from .composition_root import STATE_KEY
-
         limit = request.app[STATE_KEY].config.max_upload_bytes
     raw = await read_bounded_body(request, limit, json_limits.ValueCount())
     if not raw.strip():

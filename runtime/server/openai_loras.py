@@ -15,6 +15,11 @@ import os
 from .. import folder_paths
 from .openai_errors import OpenAIRequestError
 from .openai_templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node, typed_value
+from ...tiny_models import ensure_builtin_models
+from ...loaders import families
+from ...loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
+from ...loaders.lora import read_lora
+from ...loaders.models.structure import load_structure
 
 
 MAX_REQUEST_ADAPTERS = 8
@@ -84,8 +89,6 @@ def attach_distill(templates: list[Template], files: tuple, models_root: str,
     (steps, shift, cfg) the defaults of the node they chain into, so a request that sends none of those runs.
     Returns each template that got files, with their names; ValueError (at start) for a file that fits no
     template or lies outside the LoRA folders."""
-    from ...tiny_models import ensure_builtin_models
-
     names = [_startup_lora_name(path) for path in files]
     ensure_builtin_models({"0": {"inputs": dict(enumerate(names))}}, models_root)
     facts = {name: _file_facts(name) for name in names}
@@ -116,10 +119,6 @@ def _startup_lora_name(path: str) -> str:
 def _file_facts(lora_name: str) -> tuple:
     """(family or None, the contract dict it declares) of a LoRA file. A file whose family cannot be told fits
     every template; the fuse node's key check decides at the first request."""
-    from ...loaders import families
-    from ...loaders.contracts.discovery import contract_to_dict, discover_contract
-    from ...loaders.lora import read_lora
-
     path = folder_paths.get_full_path_or_raise("loras", lora_name)
     lora = read_lora(path)
     family = families.guess_family(lora)
@@ -127,14 +126,10 @@ def _file_facts(lora_name: str) -> tuple:
 
 
 def _model_family(template: Template):
-    from ...loaders import families
-
     return families.family_for(_structure(_model_folder(template)))
 
 
 def _structure(model_dir: str):
-    from ...loaders.models.structure import load_structure
-
     return load_structure(model_dir)
 
 
@@ -161,8 +156,6 @@ def _model_folder(template: Template) -> str:
 
 
 def _chain_distill(template: Template, names: list[str], contracts: list[dict]) -> None:
-    from ...loaders import families
-
     node_id, input_name = template.hooks[DISTILL_HOOK]
     prompt = template.prompt
     upstream = prompt[node_id]["inputs"][input_name]

@@ -17,6 +17,10 @@ from .composition_root import STATE_KEY, ServerState
 from .config import PACK_NAME
 from .example_assets import ordered_templates
 from .http_json import dumps
+from ...nodes.editor_routes import ROUTES as EDITOR_ROUTES
+from .template_thumbnails import thumbnail_folder
+from ..node_info import object_info, node_info
+from .. import folder_paths
 
 
 def register(routes: web.RouteTableDef) -> None:
@@ -34,7 +38,6 @@ def register(routes: web.RouteTableDef) -> None:
     routes.get("/global_subgraphs")(get_global_subgraphs)
     routes.get("/workflow_templates")(get_workflow_templates)
     routes.get("/lorabind/routing")(get_routing)
-    from ...nodes.editor_routes import ROUTES as EDITOR_ROUTES
 
     for method, path, handler in EDITOR_ROUTES:  # the handlers ComfyUI's server also gets (nodes/editor_routes)
         routes.route(method, path)(handler)
@@ -53,8 +56,6 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
 
 async def get_template_thumbnail(request: web.Request) -> web.StreamResponse:
     """A template's card picture (``template_thumbnails``); 404 for one not rendered (the card's placeholder)."""
-    from .template_thumbnails import thumbnail_folder
-
     name = request.match_info["name"]
     path = thumbnail_folder(request.app[STATE_KEY].config.state_dir) / f"{name}.jpg"
     if "/" in name or name.startswith(".") or not path.is_file():
@@ -68,16 +69,12 @@ async def get_routing(request: web.Request) -> web.Response:
 
 
 async def get_object_info(request: web.Request) -> web.Response:
-    from ..node_info import object_info
-
     state: ServerState = request.app[STATE_KEY]
     info = await asyncio.to_thread(object_info, state.node_classes, state.display_names, state.python_module)
     return web.json_response(info, dumps=dumps)
 
 
 async def get_object_info_one(request: web.Request) -> web.Response:
-    from ..node_info import node_info
-
     state: ServerState = request.app[STATE_KEY]
     name = request.match_info["node_class"]
     if name not in state.node_classes:
@@ -149,14 +146,10 @@ async def get_i18n(request: web.Request) -> web.Response:
 
 
 async def get_model_folders(request: web.Request) -> web.Response:
-    from .. import folder_paths
-
     return web.json_response(sorted(folder_paths.folder_names_and_paths))
 
 
 async def get_model_files(request: web.Request) -> web.Response:
-    from .. import folder_paths
-
     folder = request.match_info["folder"]
     if folder not in folder_paths.folder_names_and_paths:
         raise web.HTTPNotFound(text=f"unknown model folder {folder!r}")
@@ -165,15 +158,11 @@ async def get_model_files(request: web.Request) -> web.Response:
 
 async def get_model_library_folders(request: web.Request) -> web.Response:
     """The frontend's model library: each model kind with its folders (ComfyUI's ``app/model_manager.py``)."""
-    from .. import folder_paths
-
     return web.json_response([{"name": kind, "folders": folder_paths.get_folder_paths(kind)}
                               for kind in sorted(folder_paths.folder_names_and_paths)])
 
 
 def _model_library_entries(kind: str) -> list[dict]:
-    from .. import folder_paths
-
     roots = folder_paths.get_folder_paths(kind)
     entries = []
     for name in folder_paths.get_filename_list(kind):
@@ -189,8 +178,6 @@ def _model_library_entries(kind: str) -> list[dict]:
 
 async def get_model_library_files(request: web.Request) -> web.Response:
     """The models of one kind with the index of the folder each lies in, as the model library lists them."""
-    from .. import folder_paths
-
     kind = request.match_info["folder"]
     if kind not in folder_paths.folder_names_and_paths:
         raise web.HTTPNotFound(text=f"unknown model folder {kind!r}")

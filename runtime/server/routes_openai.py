@@ -23,6 +23,8 @@ from .openai_requests import GenerationRequest, parse_chat, parse_images
 from .openai_results import ResultFile, failure, result_files
 from .openai_service import OPENAI_KEY, OpenAIService, origin, read_body, service_of
 from .openai_templates import Template, describe, fill_in, load_template
+from .queue import QueueItem
+from .routes_prompt import _validate
 
 log = logging.getLogger("lorabind.server")
 
@@ -59,9 +61,6 @@ def startup_lines(app: web.Application) -> list[str]:
 def _queue_warm_ups(state: ServerState, templates: list[Template]) -> None:
     """Fuse the distill files now, not at the first request: each template with them runs once as it stands
     (steps 0: the count the files declare), through the queue like any prompt (vllm-omni fuses at start too)."""
-    from .queue import QueueItem
-    from .routes_prompt import _validate
-
     for template in templates:
         prompt = fill_in(template, {}, [])
         result = _validate(state, prompt, None)

@@ -17,6 +17,8 @@ from .composition_root import STATE_KEY, ServerState
 from .history import SENSITIVE_EXTRA_DATA_KEYS
 from .http_json import bad_request, dumps, read_json_body, too_large
 from .queue import QueueItem
+from ..workflow_format import WorkflowFormatError, to_api_prompt
+from ...tiny_models import ensure_builtin_models
 
 
 MAX_EXTRA_DATA_BYTES = 8 * 1024 * 1024
@@ -43,8 +45,6 @@ def _is_ui_workflow(prompt) -> bool:
 
 
 def _to_api_prompt(state: ServerState, workflow: dict) -> dict:
-    from ..workflow_format import WorkflowFormatError, to_api_prompt
-
     try:
         prompt, _ = to_api_prompt(workflow, state.node_classes, state.display_names)
     except WorkflowFormatError as exc:  # names the node id and type
@@ -150,8 +150,6 @@ def _no_prompt_details(body) -> str:
 def _validate(state: ServerState, prompt: dict, targets):
     """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
     does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
-    from ...tiny_models import ensure_builtin_models
-
     ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir, announce=prompt_log.log.info)
     return state.validator.validate(prompt, targets)
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Callable
 
 from .example_assets import COMFYUI_ONLY_PREFIX
+from .. import folder_paths
+from ..executor import PromptExecutor
 
 THUMBNAIL_FOLDER = "template_thumbnails"
 THUMBNAIL_PIXELS = 256  # the card shows about 200 px; the tiny outputs are 32-64 px, enlarged without smoothing
@@ -64,9 +66,6 @@ def render_template_thumbnails(workflows_dir: str, state_dir: str, node_classes:
 
 
 def _render_one(api_path: Path, target: Path, node_classes: dict, scratch: str) -> str:
-    from .. import folder_paths
-    from ..executor import PromptExecutor
-
     saved = (folder_paths.output_directory, folder_paths.temp_directory)
     folder_paths.output_directory = folder_paths.temp_directory = scratch
     try:

@@ -25,6 +25,7 @@ from . import prompt_log
 from .history import HistoryStore, history_entry
 from .queue import PromptQueue, QueueItem
 from .websocket import ClientRegistry
+from ...loaders.models import store as model_store
 
 log = logging.getLogger("lorabind.server")
 
@@ -124,8 +125,6 @@ class PromptWorker:
             return
         self.executor.reset_cache()  # cached outputs hold model handles: drop them first
         if unload:
-            from ...loaders.models import store as model_store
-
             model_store.clear_cache()
         gc.collect()
         torch = sys.modules.get("torch")

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from lorabind.loaders.contracts.table import TABLE_NAME, parse_table
-from lorabind.loaders.contracts.discovery import (
+from lorabind.loaders.dispatch.contract_discovery import (
     SamplingRequest,
     discover_contract,
     lora_file_contract,

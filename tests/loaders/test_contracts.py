@@ -1,11 +1,11 @@
-"""Contract collection and enforcement (loaders.contracts.discovery) on hand-made handles: every rule and message."""
+"""Contract collection and enforcement (loaders.dispatch.contract_discovery) on hand-made handles: every rule and message."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from lorabind.loaders.contracts import discovery as contracts_module
-from lorabind.loaders.contracts.discovery import SamplingRequest, collect_contracts, resolve_schedule
+from lorabind.loaders.dispatch import contract_discovery as contracts_module
+from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, collect_contracts, resolve_schedule
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import (
     AdapterHandle,

@@ -10,7 +10,7 @@ import torch
 from lorabind.loaders.placement import load_plan
 from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import bind, unbind
-from lorabind.loaders.generation.entry_points import denoise, empty_latent, encode_text
+from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import FuseSpec
 from lorabind.tiny_models import lora_fixtures as F
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.generation.entry_points import empty_latent, encode_text
+from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.generation.sampling import initial_noise
 from lorabind.loaders.generation.schedulers import make_scheduler, resolve_scheduler
@@ -80,7 +80,7 @@ def test_a_contract_pinning_euler_refuses_unipc_by_name(load_tiny, registry):
 
 
 def test_resolve_scheduler_records_an_override_when_not_enforced():
-    from lorabind.loaders.contracts.types import ScheduleContract
+    from lorabind.loaders.contract_types import ScheduleContract
 
     pinned = ScheduleContract(source="x.safetensors", kind="distill", family="wan2.1", scheduler="euler")
     assert resolve_scheduler("unipc", [pinned], "unipc", enforce=False) == (

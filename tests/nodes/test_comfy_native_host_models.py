@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorabind.loaders.contracts.types import ScheduleContract
+from lorabind.loaders.contract_types import ScheduleContract
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.usecases import host_models as hm

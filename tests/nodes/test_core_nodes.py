@@ -113,7 +113,7 @@ def test_an_oversized_latent_is_refused_at_validation_with_its_size():
 @pytest.mark.parametrize("width, height, frames, axis", [(1024, 1024, 81, "height"), (8192, 8192, 1, "height"),
                                                          (64, 64, 137, "frames")])
 def test_a_latent_beyond_the_models_positions_is_a_clear_error(load_tiny, width, height, frames, axis):
-    from lorabind.loaders.generation.entry_points import empty_latent
+    from lorabind.loaders.dispatch.generation_steps import empty_latent
 
     with pytest.raises(ValueError, match=rf"tiny-wan22-t2v places at most 32 latent positions along {axis}"):
         empty_latent(load_tiny("tiny-wan22-t2v"), width=width, height=height, frames=frames)

@@ -9,9 +9,9 @@ import torch
 from adapters_helpers import recorded_forwards
 
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.generation import entry_points as generation
-from lorabind.loaders.contracts.discovery import ResolvedSchedule
-from lorabind.loaders.generation.entry_points import empty_latent, encode_text
+from lorabind.loaders.dispatch import generation_steps as generation
+from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
+from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_for
 from lorabind.loaders.handles import ModelHandle

@@ -9,7 +9,7 @@ from adapters_helpers import recorded_forwards
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.generation.entry_points import empty_latent, encode_text
+from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.handles import ModelHandle
 from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA, WanMoELoRAPair

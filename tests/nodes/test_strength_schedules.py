@@ -8,7 +8,7 @@ from adapters_helpers import assert_same_state, state_snapshot
 
 from lorabind.loaders.binding.bind import bind, binding_state, unbind
 from lorabind.loaders.binding.strength_schedules import StrengthSchedule, parse_strength_schedule
-from lorabind.loaders.generation.entry_points import empty_latent, encode_text
+from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.handles import FuseSpec, ModelHandle
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA, LoadPEFTAdapter, WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ...errors import ContractError
-from ...contracts.types import ScheduleContract
+from ...contract_types import ScheduleContract
 from ...contracts.sigmas import shift_schedule, shifted_sigmas, validate_schedule
 
 FAMILY_ID = "minimax_h3"

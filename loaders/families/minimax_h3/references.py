@@ -21,6 +21,7 @@ from ...errors import LoraBindError
 from ...handles import LatentHandle
 from .contracts import release_info
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, device_of, part
+from .prediction import pack_video
 
 MAX_IMAGE_REFERENCES = 9  # diffusers' MiniMaxH3Ref2VASetupStep max_images, the released checkpoint's limit
 RELEASED_SHORT_EDGE = 2048  # the released checkpoint's reference_image_short_edge
@@ -96,7 +97,6 @@ def noised_rows(references, generator, patch, batch: int):
     ``t = 0.999``; drawn in reference order BEFORE the generated rows' noise, as the pipeline does."""
     import torch
 
-    from .prediction import pack_video
 
     t = torch.tensor(NOISE_AUG_T)  # float32 like the pipeline's scale_noise, so 1 - t rounds the same way
     rows = []

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Optional, Sequence
 
-from ...contracts.types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ...errors import ContractError
 from ...contracts.sigmas import shift_schedule, shifted_sigmas
 from .contracts import (

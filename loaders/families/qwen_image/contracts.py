@@ -6,8 +6,8 @@ import os
 import re
 from typing import Optional
 
-from ...contracts.types import ScheduleContract
-from ..distill_names import declared, distill_contract, open_contract
+from ...contract_types import ScheduleContract
+from ...contracts.distill_names import declared, distill_contract, open_contract
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
 # Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with

@@ -6,11 +6,11 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ...contracts.types import ResolvedSchedule, SamplingRequest, ScheduleContract
+from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
 from ...errors import ContractError
 from ...contracts.schedule_rules import contract_value, refuse_or_record
 from ...contracts.sigmas import on_high_noise_expert
-from ..distill_names import declared, distill_contract, open_contract
+from ...contracts.distill_names import declared, distill_contract, open_contract
 
 MOE_FAMILY = "wan2.2_moe"
 

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
-from ...models.model_index import is_set
+from ...io.model_index import is_set
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
 from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
 from . import contracts, keymap, slots, stages

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from ...binding.finite_bounds import FLOAT32_MAX, largest_abs, rounding_growth
+from ..finite_bounds import FLOAT32_MAX, largest_abs, rounding_growth
 from .base import AdapterKind
 
 # part -> the module parameter it changes ("modulation" is renamed by the family, e.g. Wan's scale_shift_table)

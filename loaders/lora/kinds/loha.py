@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from ...binding.finite_bounds import FLOAT32_MAX, largest_norm, product_bound, rounding_growth
+from ..finite_bounds import FLOAT32_MAX, largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of, flat_shape, require
 
 _FACTORS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from ...binding.finite_bounds import FLOAT32_MAX, largest_abs, largest_norm, product_bound, rounding_growth
+from ..finite_bounds import FLOAT32_MAX, largest_abs, largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of, flat_shape
 
 

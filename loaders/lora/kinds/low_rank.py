@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from ...binding.finite_bounds import largest_norm, product_bound, rounding_growth
+from ..finite_bounds import largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of
 
 

@@ -1,6 +1,6 @@
 """What ``lorabind merge`` baked into a single file, read back from its metadata (``_lorabind``, JSON).
 
-Why its own module: the loader (``pipelines``), the contract discovery (``contracts.discovery``), ``inspect``
+Why its own module: the loader (``pipelines``), the contract discovery (``dispatch.contract_discovery``), ``inspect``
 and ``extract`` all read it, and none of them should import the merge itself (which imports the offline merge
 and, through it, the discovery: an import circle).
 """

@@ -18,8 +18,11 @@ from typing import Optional, Sequence
 from ...io import json_limits
 from ...errors import ModelLoadError
 from ...lora.safetensors_header import check_header_budget
-from . import catalog, fp8
+from . import catalog
+from ... import fp8
 from .layouts import DIFFUSION_PREFIXES, strip_prefix
+from ...contracts.baked import INDEX_KEY
+from ...families import family_by_id
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)
@@ -206,8 +209,6 @@ def detect_model_file(path: str, name: str = "") -> Optional[Detected]:
     """The file as a model single file, or None when it is none (a LoRA file, a folder): how ``inspect`` tells
     which of the two it was given. A file ``lorabind merge`` wrote is a model file whatever else is wrong with it,
     so its detection error is raised, naming it."""
-    from ...contracts.baked import INDEX_KEY
-
     if not (os.path.isfile(path) and str(path).endswith((".safetensors", ".sft"))):
         return None
     try:
@@ -292,7 +293,6 @@ def check_denoisers(denoisers: Sequence[Detected]) -> None:
                                "one; put the high-noise file first")
     if first.expert and first.expert == second.expert:
         _refuse(first, second, f"both are {first.expert}-noise experts")
-    from ...families import family_by_id
 
     family_by_id(first.family).check_expert_files((first, second))
 

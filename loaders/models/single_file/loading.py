@@ -1,6 +1,6 @@
 """Build diffusers/transformers modules from single files, streaming each tensor to its place.
 
-The module is created with its parameters on the meta device (``loaders.models.meta_modules``, as diffusers' own
+The module is created with its parameters on the meta device (``loaders.meta_modules``, as diffusers' own
 ``from_single_file`` does; buffers computed at construction, like rotary tables, stay real), then every
 tensor is read from the file, renamed/split by the component's layout and assigned as the parameter itself.
 Peak memory is the model plus one tensor, never the checkpoint twice. Why not ``from_single_file``: it loads
@@ -22,8 +22,9 @@ import contextlib
 from typing import Optional
 
 from ...errors import ModelLoadError
-from ..meta_modules import build_on_meta
-from . import catalog, fp8
+from ...meta_modules import build_on_meta
+from . import catalog
+from ... import fp8
 from .detect import Detected
 from .native_files import keeps_fp32
 

@@ -18,11 +18,16 @@ from .. import compat
 from ...errors import ModelLoadError
 from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
-from . import catalog, fp8, tokenizers
+from . import catalog, tokenizers
+from ... import fp8
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 from .baked_files import baked_index_entry
+from ...binding.weight_sources import WeightSource
+from ...families import family_by_id
+from ...placement.sizes import measure_module
+from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
 
 
 class SingleFileWeightSources:
@@ -35,8 +40,6 @@ class SingleFileWeightSources:
         self.denoisers = denoisers  # component -> Detected
 
     def lookup(self, component: str, state_key: str):
-        from ...binding.weight_sources import WeightSource
-
         detected = self.denoisers.get(component)
         if detected is None:
             return None
@@ -83,8 +86,6 @@ class SingleFileSet(ModelSource):
     (``fp8.ROUNDINGS``)."""
 
     def __init__(self, files: CheckpointSet, *, tokenizer_dirs: Iterable[Path] = (), fp8_rounding: str = "nearest"):
-        from ...families import family_by_id
-
         if fp8_rounding not in fp8.ROUNDINGS:
             raise ModelLoadError(f"fp8_rounding {fp8_rounding!r}: choose one of {list(fp8.ROUNDINGS)}")
         self.files, self.tokenizer_dirs, self.fp8_rounding = files, list(tokenizer_dirs), fp8_rounding
@@ -119,8 +120,6 @@ class SingleFileSet(ModelSource):
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
         weight is read; weights kept fp8 are sized at one byte)."""
-        from ...placement.sizes import measure_module
-
         roles = self.component_roles()
         sizes = []
         for name, detected in self.named.items():
@@ -131,8 +130,6 @@ class SingleFileSet(ModelSource):
         return sizes
 
     def build(self, dtype) -> BuiltModel:
-        from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
-
         components = {component: load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
                       for component, detected in self.named.items()}
         encoder = self.files.text_encoder

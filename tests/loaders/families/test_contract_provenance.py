@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.contracts.discovery import SamplingRequest, contract_to_dict, resolve_schedule
+from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import minimax_h3, qwen_image, wan
 from lorabind.loaders.handles import ModelHandle

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from lorabind.loaders import families
-from lorabind.loaders.generation import entry_points as generation
-from lorabind.loaders.contracts.types import ResolvedSchedule
+from lorabind.loaders.dispatch import generation_steps as generation
+from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.errors import ModelLoadError
 from lorabind.loaders.families.interface import ModelFamily, PipelineSource
 from lorabind.loaders.contracts.sigmas import shifted_sigmas

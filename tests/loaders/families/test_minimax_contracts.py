@@ -202,7 +202,7 @@ def test_fixture_files_carry_the_published_matrix(mm_root):
 
 def test_the_generic_contract_view_uses_the_minimax_keys_for_every_caller():
     """Node UIs (LoadPEFTAdapter, the sampler) and inspect all go through contracts.contract_to_dict."""
-    from lorabind.loaders.contracts.discovery import contract_to_dict
+    from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 
     contract = mm.declared_contract("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors", {}, 4)
     view = contract_to_dict(contract)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.contracts.discovery import ResolvedSchedule
+from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import read_lora

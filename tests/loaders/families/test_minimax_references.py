@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lorabind.loaders.contracts.discovery import ResolvedSchedule
+from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.families import minimax_h3 as S
 from lorabind.loaders.contracts.sigmas import shifted_sigmas

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lorabind.loaders.contracts.discovery import SamplingRequest
+from lorabind.loaders.dispatch.contract_discovery import SamplingRequest
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import minimax_h3 as mm
 from lorabind.loaders.handles import AdapterSpec, FuseSpec

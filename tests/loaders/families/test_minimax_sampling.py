@@ -15,7 +15,7 @@ import torch
 
 import lorabind
 from lorabind.loaders.families import minimax_h3 as S
-from lorabind.loaders.contracts.discovery import ResolvedSchedule
+from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.io.wav_files import read_wav_comment, write_wav

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from lorabind.loaders.contracts.discovery import SamplingRequest, contract_to_dict, resolve_schedule
+from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.families import family_for
 from lorabind.loaders.families.wan import declared_contract

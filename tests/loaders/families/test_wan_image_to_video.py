@@ -7,8 +7,8 @@ import pytest
 import torch
 from wan_i2v_helpers import example_image
 
-from lorabind.loaders.contracts.types import ResolvedSchedule
-from lorabind.loaders.generation.entry_points import denoise, empty_latent, encode_text, image_to_video_latent
+from lorabind.loaders.contract_types import ResolvedSchedule
+from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text, image_to_video_latent
 from lorabind.loaders.generation.sampling import initial_noise
 
 # Crosses both Wan2.2 boundaries (0.9 I2V) with uneven steps; the pipeline gets exactly these points.
@@ -133,7 +133,7 @@ def test_models_that_cannot_take_the_images_are_refused_naming_the_input(load_ti
 
 @pytest.mark.slow
 def test_sampler_refuses_a_plain_latent_on_an_i2v_model_and_an_image_latent_on_another_kind(load_tiny):
-    from lorabind.loaders.generation.entry_points import check_inputs
+    from lorabind.loaders.dispatch.generation_steps import check_inputs
 
     i2v, ti2v = load_tiny("tiny-wan21-i2v"), load_tiny("tiny-wan22-ti2v")
     positive = encode_text(i2v, "a cat")

@@ -8,7 +8,7 @@ from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import for_model_family
 from lorabind.loaders.handles import FuseSpec, ModelHandle
 from lorabind.loaders.families.wan.slots import expert_role
-from lorabind.loaders.contracts.discovery import discover_contract
+from lorabind.loaders.dispatch.contract_discovery import discover_contract
 from lorabind.loaders.lora.preparation import lora_rank, prepare_lora
 from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA

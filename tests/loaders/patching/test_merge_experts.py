@@ -58,7 +58,7 @@ def test_swapped_or_misplaced_files_are_refused_naming_both(pair, tmp_path, caps
 
 
 def test_the_merged_folder_keeps_the_pair_contract(pair, tmp_path):
-    from lorabind.loaders.contracts.discovery import SamplingRequest, resolve_schedule
+    from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, resolve_schedule
     from lorabind.loaders.errors import ContractError
     from lorabind.loaders.families import checkpoint_contracts
     from lorabind.loaders.handles import ModelHandle
@@ -124,7 +124,7 @@ def test_overwrite_replaces_only_a_finished_folder_and_a_fault_leaves_no_output(
 def test_an_extract_from_the_merged_folder_keeps_the_baked_contract(pair, tmp_path):
     from safetensors import safe_open
 
-    from lorabind.loaders.contracts.discovery import discover_contract
+    from lorabind.loaders.dispatch.contract_discovery import discover_contract
 
     out = tmp_path / "baked"
     assert _merge(pair, out, f"transformer={pair['high']}", f"transformer_2={pair['low']}") == 0

@@ -11,7 +11,7 @@ import pytest
 from contract_endpoint import ask_contracts
 from single_file_helpers import call
 
-from lorabind.loaders.contracts.discovery import contract_to_dict
+from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 from lorabind.loaders.models.store import clear_cache
 from lorabind.runtime.cli import main
 from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW

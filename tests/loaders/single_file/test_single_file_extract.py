@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lorabind.loaders.contracts.discovery import discover_contract
+from lorabind.loaders.dispatch.contract_discovery import discover_contract
 from lorabind.loaders.families import family_by_id
 from lorabind.loaders.lora.mapping import map_to_model
 from lorabind.loaders.lora.reader import clear_lora_cache, read_lora

@@ -114,7 +114,7 @@ def test_distill_pair_fused_into_fp8_experts_then_unbound_leaves_the_file_bytes(
 
 @pytest.mark.slow
 def test_peft_adapter_runs_over_fp8_storage_without_touching_it(root):
-    from lorabind.loaders.models.single_file import fp8
+    from lorabind.loaders import fp8
 
     model = _model(root, "nearest")
     before = _fp8_bytes(model)

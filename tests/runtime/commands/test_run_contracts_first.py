@@ -23,7 +23,7 @@ def no_model_load(monkeypatch):
         raise AssertionError("a model was loaded before the contract check")
 
     monkeypatch.setattr(models, "load_folder", refuse)
-    monkeypatch.setattr("lorabind.loaders.generation.entry_points.encode_text", refuse)
+    monkeypatch.setattr("lorabind.loaders.dispatch.generation_steps.encode_text", refuse)
 
 
 def _run(models_root, tmp_path, *extra):

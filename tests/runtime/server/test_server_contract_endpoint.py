@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from lorabind.loaders.contracts.discovery import contract_to_dict
+from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 from lorabind.loaders.families import checkpoint_contracts
 from lorabind.loaders.families.minimax_h3 import file_contract
 from lorabind.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER

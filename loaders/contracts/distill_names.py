@@ -8,9 +8,9 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..contracts.types import NO_CONTRACT, ScheduleContract
+from ..contract_types import NO_CONTRACT, ScheduleContract
 from ..errors import ContractError
-from ..contracts.sigmas import shifted_sigmas
+from .sigmas import shifted_sigmas
 
 # safetensors metadata key declaring a Wan/Qwen-Image file's contract: "steps=4, shift=5, cfg=1" (shift and cfg
 # default to the family's distill values) or "none" (the file has no contract, whatever its name says).

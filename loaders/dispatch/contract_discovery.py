@@ -13,8 +13,16 @@ import os
 from typing import Optional, Sequence
 
 from .. import families
-from .types import ResolvedSchedule, SamplingRequest, ScheduleContract  # noqa: F401  (public API)
-from .schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
+from ..contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract  # noqa: F401  (public API)
+from ..contracts.schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
+from ..lora import read_lora
+from ..contracts.table import table_entry
+from ..lora.preparation import lora_rank
+from ..contracts.baked import baked_contracts
+from ..io.model_index import read_model_index
+from ..errors import ModelLoadError
+from ..models.single_file.detect import detect
+from ..models.single_file.baked_files import baked_index_entry
 
 
 def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> ResolvedSchedule:
@@ -90,8 +98,6 @@ def lora_file_contract(path: str, lora_name: str | None = None) -> dict:
 def lora_file_contracts(path: str, lora_name: str | None = None) -> tuple:
     """``(file name, family or None, (ScheduleContract,) or ())``: a LoRA's declaration as objects, read from its
     name, header, metadata and contract table (no model needed)."""
-    from ..lora import read_lora
-
     lora = read_lora(path)
     family = families.guess_family(lora)
     contract = discover_contract(path, lora_name, family=family, lora=lora)
@@ -111,10 +117,6 @@ def discover_contract(path: str, lora_name: str | None = None, *, family=None, l
     read the same thing (LightX2V's release layout keeps the step count in the folder). ``family`` defaults to
     the one the file's keys say; ``lora`` is the file as read, when the caller has it.
     """
-    from .table import table_entry
-    from ..lora import read_lora
-    from ..lora.preparation import lora_rank
-
     lora = lora if lora is not None else read_lora(path)
     family = family if family is not None else families.guess_family(lora)
     if family is None or strength == 0:
@@ -135,9 +137,6 @@ def model_folder_contract(path: str, model_name: str) -> dict:
 
 def model_folder_contracts(path: str, model_name: str) -> tuple:
     """``(family, (ScheduleContract, ...))`` a model folder's ``model_index.json`` pins or carries baked in."""
-    from .baked import baked_contracts
-    from ..models.model_index import read_model_index
-
     index = read_model_index(path)
     family = families.family_for_index(index)
     pinned = family.checkpoint_contract(index, model_name)
@@ -158,11 +157,6 @@ def model_file_contracts(path: str, model_name: str) -> tuple:
     turned into contracts exactly as the loader does (``baked_index_entry`` then ``baked_contracts``), so the
     editor, ``inspect`` and the sampler cannot disagree about a merged file. ``ModelLoadError`` naming the file
     when it is no denoiser file."""
-    from .baked import baked_contracts
-    from ..errors import ModelLoadError
-    from ..models.single_file.detect import detect
-    from ..models.single_file.baked_files import baked_index_entry
-
     detected = detect(path, model_name)
     if detected.role != "denoiser":
         raise ModelLoadError(f"{model_name}: a {detected.role.replace('_', ' ')} file ({detected.describe()}); "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import json_limits
+from . import json_limits
 from ..errors import ModelLoadError
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Optional
+from .errors import ModelLoadError
 
 SCALED_MARKER = "scaled_fp8"
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
@@ -65,8 +66,6 @@ def checked_scale(scale, file_name: str, key: str):
     positive number. Why at load: a NaN/Inf scale turns every weight it scales into NaN (a "successful" black
     image), a zero one erases the layer, a negative one flips it, and a non-scalar one fails only inside the
     sampler, far from the file that caused it."""
-    from ...errors import ModelLoadError
-
     if scale.numel() != 1:
         raise ModelLoadError(f"{file_name}: {key} has shape {tuple(scale.shape)}; an fp8 scale is one number")
     value = scale.float().reshape(())
@@ -84,7 +83,6 @@ def refuse_nan(stored, file_name: str, key: str) -> None:
     compare costs several copies; the NaNs are counted only when there are some."""
     import torch
 
-    from ...errors import ModelLoadError
 
     as_unsigned = stored.view(torch.uint8)
     if int(stored.view(torch.int8).max()) != 0x7F and int(as_unsigned.max()) != 0xFF:

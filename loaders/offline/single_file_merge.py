@@ -26,14 +26,20 @@ import json
 import os
 import re
 
-from ...contracts.baked import INDEX_KEY as BAKED_KEY
-from ...errors import LoraBindError
-from ...io.safe_output import check_output, output_metadata, safe_output
-from . import catalog, fp8
-from .baked_files import WRITTEN_BY
-from .detect import Detected, check_denoisers, detect
-from .native_files import keeps_fp32
-from .writer import StreamingWriter, dtype_code
+from ..contracts.baked import INDEX_KEY as BAKED_KEY
+from ..errors import LoraBindError
+from ..io.safe_output import check_output, output_metadata, safe_output
+from ..models.single_file import catalog
+from .. import fp8
+from ..models.single_file.baked_files import WRITTEN_BY
+from ..models.single_file.detect import Detected, check_denoisers, detect
+from ..models.single_file.native_files import keeps_fp32
+from ..models.single_file.writer import StreamingWriter, dtype_code
+from ..families import family_by_id
+from .merging import MetaModel, baked_record, placed_requests, prepare_layers
+from ..binding.patching import plan_state_keys
+from ..models.single_file.loading import build_empty
+from ..binding.fused_rows import write_patched
 
 FP8_OUTPUT = "fp8_e4m3fn"
 OUTPUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", FP8_OUTPUT: "float8_e4m3fn"}
@@ -52,9 +58,6 @@ def merge_into_files(model_files: list, loras: list, out_files: list, *, compone
     byte is written; a failure leaves every output as it was."""
     import torch
 
-    from ...families import family_by_id
-    from ...offline.merging import MetaModel, baked_record, placed_requests, prepare_layers
-    from ...binding.patching import plan_state_keys
 
     if dtype not in OUTPUT_DTYPES:
         raise MergeInputError(f"--dtype {dtype}: choose one of {sorted(OUTPUT_DTYPES)}")
@@ -67,7 +70,6 @@ def merge_into_files(model_files: list, loras: list, out_files: list, *, compone
     outputs = dict(zip(named, out_files))
     for out in outputs.values():
         check_output(out, kind="file", inputs=inputs, overwrite=overwrite)
-    from .loading import build_empty
 
     model = MetaModel(name=" + ".join(d.name for d in named.values()), family=model_family,
                       components={comp: build_empty(d) for comp, d in named.items()})
@@ -89,8 +91,6 @@ def merge_into_files(model_files: list, loras: list, out_files: list, *, compone
 
 def _named_denoisers(model_files: list, out_files: list) -> dict:
     """{component: Detected} of the model files, named as the family names them (two experts: high first)."""
-    from ...families import family_by_id
-
     if len(out_files) != len(model_files):
         raise MergeInputError(f"give one --out per --model file: {len(model_files)} model file(s), "
                               f"{len(out_files)} --out")
@@ -179,7 +179,6 @@ def _merged_tensor(handle, detected, native: str, native_plan: dict, plan: dict,
     output ``code`` says (float32 when it is about to be quantized to fp8)."""
     import torch
 
-    from ...binding.fused_rows import write_patched
 
     key = detected.prefix + native
     value = handle.get_tensor(key)

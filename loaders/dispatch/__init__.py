@@ -1,0 +1,1 @@
+"""Dispatch: the family-independent verbs that ask the model's family (generation steps, contract discovery)."""
