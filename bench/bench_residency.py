@@ -41,8 +41,8 @@ def build_set(root: Path) -> Path:
 def run_plan(root: Path, memory: str, out: Path) -> dict:
     """One run under ``memory`` in this process: load, encode, then bind -> denoise -> decode under PeakRSS."""
     from lorabind.loaders.binding.bind import bind
-    from lorabind.loaders.contracts.types import ResolvedSchedule
-    from lorabind.loaders.generation.entry_points import decode, denoise, empty_latent, encode_text
+    from lorabind.loaders.contract_types import ResolvedSchedule
+    from lorabind.loaders.dispatch.generation_steps import decode, denoise, empty_latent, encode_text
     from lorabind.loaders.handles import FuseSpec
     from lorabind.loaders.models import store
 

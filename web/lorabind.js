@@ -22,7 +22,7 @@
  *   output.lorabind_contract   : [Contract]            (adapter / fuse / schedule nodes)
  *       Contract = { source: str, kind: str, steps: int|null, shift: number|null, cfg: number|null,
  *                    tasks: [str]|null, declared_by: "file name"|"metadata"|"checkpoint"|"", note: str }
- *                    (loaders.contracts.discovery.contract_to_dict; MiniMax-H3's contract_dict names the shift
+ *                    (loaders.dispatch.contract_discovery.contract_to_dict; MiniMax-H3's contract_dict names the shift
  *                    `flow_shift`, read as an alias; other keys are ignored)
  *   output.lorabind_accounting : [Accounting]
  *       Accounting = { lora: str, component: str,
@@ -35,7 +35,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 // node class -> its file widgets: [widget, model folder (the endpoint's `folder`), the strength/scale widget at
-// whose 0 the artifact and its contract are off (loaders.contracts.discovery.collect_contracts), or null]. Kept as one
+// whose 0 the artifact and its contract are off (loaders.dispatch.contract_discovery.collect_contracts), or null]. Kept as one
 // JSON line: tests/nodes/test_web_contract_widgets.py checks it against the nodes' INPUT_TYPES.
 const CONTRACT_WIDGETS = {"FuseDistillLoRA": [["lora_name", "loras", "strength"]], "WanMoELoRAPair": [["high_noise_lora", "loras", "high_noise_strength"], ["low_noise_lora", "loras", "low_noise_strength"]], "LoadPEFTAdapter": [["lora_name", "loras", "scale"]], "MiniMaxTurboSchedule": [["lora_name", "loras", "scale"]], "LoraBindModelLoader": [["model_name", "diffusers", null]], "LoraBindLoRA": [["lora_name", "loras", "strength"]], "LoraBindLoRAPair": [["lora_high", "loras", "strength_high"], ["lora_low", "loras", "strength_low"]]};
 const NO_FILE = "None";

@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 from .patching import ApplyResult, PatchLayer, WeightPatcher
 from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
-from .weight_sources import FolderWeightSources
+from ..io.weight_sources import FolderWeightSources
 from ..families import family_for, guess_family
 from ..lora.preparation import prepare_lora
 

@@ -36,7 +36,7 @@ from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
 from .. import fp8
-from .weight_sources import FileBackedOriginal
+from ..io.weight_sources import FileBackedOriginal
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..binding.weight_sources import FolderWeightSources
+from ..io.weight_sources import FolderWeightSources
 from ..errors import ModelLoadError
 from ..families import detect_model_family, denoiser_components
 from .diffusers_folder import DiffusersFolder
@@ -39,7 +39,7 @@ class LoadedModel:
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
     placement: Any = None  # loaders.placement.ModelPlacement: where each component lives under its memory plan
     # where each weight can be re-read from (``lookup(component, key) -> WeightSource``); None: the folder's own
-    # safetensors files (loaders.binding.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
+    # safetensors files (loaders.binding.bind.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
     weight_sources: Any = None
 
 

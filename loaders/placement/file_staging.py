@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from ..binding.weight_sources import FileBackedOriginal
+from ..io.weight_sources import FileBackedOriginal
 from .staging import Staged, module_tensors
 
 

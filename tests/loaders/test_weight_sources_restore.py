@@ -12,7 +12,7 @@ from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
 from lorabind.loaders.models.store import LoadedModel
-from lorabind.loaders.binding.weight_sources import WeightSourceError
+from lorabind.loaders.io.weight_sources import WeightSourceError
 
 LINEARS = ("attn1.to_q", "attn1.to_v", "ffn.net.0.proj")
 

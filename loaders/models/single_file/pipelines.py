@@ -24,14 +24,14 @@ from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 from .baked_files import baked_index_entry
-from ...binding.weight_sources import WeightSource
+from ...io.weight_sources import WeightSource
 from ...families import family_by_id
 from ...placement.sizes import measure_module
 from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
 
 
 class SingleFileWeightSources:
-    """Where each denoiser weight can be re-read for an exact restore (``loaders.binding.weight_sources``): its native key
+    """Where each denoiser weight can be re-read for an exact restore (``loaders.binding.bind.weight_sources``): its native key
     in the file it came from. Fused/split tensors (none in the Wan/Qwen layouts) get no source and keep a RAM
     backup; the patcher checks every source bit for bit against the live weight before trusting it (an fp8
     weight re-reads as its exact bytes)."""
