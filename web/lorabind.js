@@ -33,6 +33,7 @@
  */
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { badgeHeight } from "./lorabind_badge_size.js";
 
 // node class -> its file widgets: [widget, model folder (the endpoint's `folder`), the strength/scale widget at
 // whose 0 the artifact and its contract are off (loaders.contracts.discovery.collect_contracts), or null]. Kept as one
@@ -256,44 +257,12 @@ function badgeOf(node) {
     if (typeof node.addDOMWidget === "function") {
         let widget = null; // read by getMinHeight only once the frontend lays the node out
         widget = node.addDOMWidget(BADGE_WIDGET, "lorabind", element, {
-            serialize: false, hideOnZoom: false, getMinHeight: () => badgeHeight(node, widget),
+            serialize: false, hideOnZoom: false, getMinHeight: () => badgeHeight(node, node.lorabindBadge, widget),
         });
         // Display only: keep it out of widgets_values, whose positions map to the node's inputs on load.
         if (widget) widget.serialize = false;
     }
     return element;
-}
-
-// The badge's box around its lines (lorabind.css: padding 3px, border 1px, above and below) and the frontend's
-// margin around a DOM widget (BaseDOMWidgetImpl.DEFAULT_MARGIN), in canvas units; a line of 11px text at 1.35.
-const BADGE_CHROME = 2 * (3 + 1);
-const DOM_WIDGET_MARGIN = 10;
-const LINE_HEIGHT = 11 * 1.35;
-const BADGE_FONT = "11px sans-serif";
-const WARNING_EXTRA = 2 + 2; // a warning row's padding and margin (lorabind.css)
-
-/** The height the badge's lines take: measured from the page once laid out (the frontend scales the element
- * with a transform, which offsetHeight ignores), estimated from the text's width before that. */
-function badgeHeight(node, widget) {
-    const element = node.lorabindBadge;
-    const margin = widget?.margin ?? DOM_WIDGET_MARGIN;
-    const rows = [...(element?.children || [])];
-    const measured = rows.reduce((sum, row) =>
-        sum + row.offsetHeight + (parseFloat(getComputedStyle(row).marginTop) || 0), 0);
-    const textWidth = node.size[0] - 2 * margin - 2 * (6 + 1); // the badge's side padding and border
-    const text = measured > 0 ? measured : estimatedTextHeight(node.lorabindLines || [], textWidth);
-    return Math.ceil(text + BADGE_CHROME + 2 * margin);
-}
-
-let measureContext = null;
-
-/** Lines wrapped at `width` pixels, counted from their drawn width: the page has not laid the badge out yet. */
-function estimatedTextHeight(lines, width) {
-    measureContext = measureContext || document.createElement("canvas").getContext("2d");
-    measureContext.font = BADGE_FONT;
-    const rows = lines.reduce((sum, text) =>
-        sum + Math.max(1, Math.ceil(measureContext.measureText(text).width / Math.max(width, 40))), 0);
-    return rows * LINE_HEIGHT + WARNING_EXTRA * lines.filter((text) => text.startsWith("⚠")).length;
 }
 
 /** Warnings first, then what is declared; the node grows to show every line (badgeOf). */
