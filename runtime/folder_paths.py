@@ -173,13 +173,28 @@ def exists_annotated_filepath(name: str) -> bool:
         return False
 
 
+# The built-in examples' input images live in this subfolder (tiny_models.input_images.INPUT_FOLDER; a test keeps
+# the two equal: this module stays torch-free, so it cannot import the tiny-model package).
+EXAMPLE_INPUT_FOLDER = "lorabind-tiny"
+
+
 def get_input_image_list() -> list[str]:
-    """Image files directly in the input folder, sorted: the choices ComfyUI's LoadImage lists (it lists no
-    subfolders, but accepts ``subfolder/name`` values, as uploads with a subfolder produce)."""
-    if not os.path.isdir(input_directory):
+    """Image files directly in the input folder, then the examples' images (``lorabind-tiny/start.png``), sorted.
+
+    ComfyUI's LoadImage lists no subfolders but accepts ``subfolder/name`` values. The examples' own folder is
+    listed too because the frontend (1.58.1, missingMediaScan) marks a LoadImage whose value is not among the
+    choices as "Media input missing", with a red node: every image-to-video template opened that way (issue 30).
+    """
+    listed = _images_in(input_directory, "")
+    listed += _images_in(os.path.join(input_directory, EXAMPLE_INPUT_FOLDER), EXAMPLE_INPUT_FOLDER + "/")
+    return listed
+
+
+def _images_in(folder: str, prefix: str) -> list[str]:
+    if not os.path.isdir(folder):
         return []
-    return sorted(name for name in os.listdir(input_directory)
-                  if os.path.isfile(os.path.join(input_directory, name))
+    return sorted(prefix + name for name in os.listdir(folder)
+                  if os.path.isfile(os.path.join(folder, name))
                   and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS)
 
 

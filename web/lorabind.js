@@ -33,6 +33,7 @@
  */
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
+import { badgeHeight } from "./lorabind_badge_size.js";
 
 // node class -> its file widgets: [widget, model folder (the endpoint's `folder`), the strength/scale widget at
 // whose 0 the artifact and its contract are off (loaders.dispatch.contract_discovery.collect_contracts), or null]. Kept as one
@@ -244,21 +245,27 @@ function upstreamContracts(node, graph, seen = new Set()) {
     return found;
 }
 
-/** The badge element, added once per node as a DOM widget (or kept on the node for canvas drawing). */
+/** The badge element, added once per node as a DOM widget (or kept on the node for canvas drawing). Its
+ * minimum height is the height of its text at the node's width: litegraph grows a node whose DOM widgets need
+ * more than its saved size (LGraphNode._arrangeWidgets in frontend 1.58.1), so a long badge wraps and stays
+ * whole instead of being cut off mid-line (issue 30). */
 function badgeOf(node) {
     if (node.lorabindBadge) return node.lorabindBadge;
     const element = document.createElement("div");
     element.className = "lorabind-badge";
     node.lorabindBadge = element;
     if (typeof node.addDOMWidget === "function") {
-        const widget = node.addDOMWidget(BADGE_WIDGET, "lorabind", element, { serialize: false, hideOnZoom: false });
+        let widget = null; // read by getMinHeight only once the frontend lays the node out
+        widget = node.addDOMWidget(BADGE_WIDGET, "lorabind", element, {
+            serialize: false, hideOnZoom: false, getMinHeight: () => badgeHeight(node, node.lorabindBadge, widget),
+        });
         // Display only: keep it out of widgets_values, whose positions map to the node's inputs on load.
         if (widget) widget.serialize = false;
     }
     return element;
 }
 
-/** Warnings first: a node keeps the size its workflow saved, so the end of a long badge may be cut off. */
+/** Warnings first, then what is declared; the node grows to show every line (badgeOf). */
 function renderLines(node, lines, warnings) {
     const rows = [...warnings.map((text) => ["lorabind-warning", `⚠ ${text}`]),
         ...lines.map((text) => ["lorabind-line", text])];

@@ -89,6 +89,20 @@ def test_validation_choices_and_change_detection(folders):
     assert LoadImage.IS_CHANGED("b.png") != before
 
 
+def test_the_examples_images_are_among_the_choices_so_the_editor_does_not_mark_them_missing(folders):
+    """Frontend 1.58.1 marks a LoadImage whose value is not among its choices "Media input missing" (red node):
+    the examples' own ``lorabind-tiny/`` images are listed after the top-level ones; other subfolders are not."""
+    from lorabind.runtime import folder_paths
+    from lorabind.tiny_models.input_images import INPUT_FOLDER, write_input_images
+
+    assert folder_paths.EXAMPLE_INPUT_FOLDER == INPUT_FOLDER
+    write_input_images(folders / "in")
+    _rgba(folders / "in" / "b.png")
+    _rgba(folders / "in" / "sub" / "c.png")
+    choices, _ = LoadImage.INPUT_TYPES()["required"]["image"]
+    assert choices == ["b.png", "lorabind-tiny/end.png", "lorabind-tiny/start.png"]
+
+
 def test_save_image_writes_one_png_per_image_with_the_prompt_and_preview_goes_to_temp(folders):
     images = torch.rand(2, 4, 6, 3)
     ui = SaveImage().save_images(images, "runs/x", prompt={"1": {}}, extra_pnginfo={"workflow": {"nodes": []}})

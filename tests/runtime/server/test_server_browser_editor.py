@@ -50,7 +50,7 @@ def edited(tmp_path_factory, tiny_models_root):
 def test_the_sampler_shows_the_steps_conflict_before_any_run(edited):
     assert edited["anyExecuted"] is False
     assert edited["samplerWarning"] is True
-    # warnings first (a node keeps its saved size, so a long badge is cut at the end), then the combined contract
+    # warnings first (what needs fixing is read first), then the combined contract
     # of everything upstream, naming the artifacts
     assert edited["sampler"] == [
         f"lorabind-warning: ⚠ steps 20 ≠ 4 required by {HIGH}",

@@ -71,7 +71,8 @@ def test_extension_files_listed_and_served(server):
         client = Client(server.url)
         try:
             _, urls = await client.get("/extensions")
-            assert urls == ["/extensions/lorabind/lorabind.js", "/extensions/lorabind/lorabind_start.js"]
+            assert urls == ["/extensions/lorabind/lorabind.js", "/extensions/lorabind/lorabind_badge_size.js",
+                            "/extensions/lorabind/lorabind_start.js"]
             status, js = await client.get(urls[0])
             assert status == 200 and b"app.registerExtension" in js
             status, css = await client.get("/extensions/lorabind/lorabind.css")
