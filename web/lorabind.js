@@ -20,20 +20,19 @@
  *     Every value in a ui dict is a list. The keys this file reads:
  *
  *   output.lorabind_contract   : [Contract]            (adapter / fuse / schedule nodes)
- *       Contract = { source: str, kind: str, steps: int|null, shift: number|null, cfg: number|null,
- *                    tasks: [str]|null, declared_by: "file name"|"metadata"|"checkpoint"|"", note: str }
- *                    (loaders.dispatch.contract_discovery.contract_to_dict; MiniMax-H3's contract_dict names the shift
- *                    `flow_shift`, read as an alias; other keys are ignored)
- *   output.lorabind_accounting : [Accounting]
- *       Accounting = { lora: str, component: str,
- *                      counts: { applied: int, expected_unmatched: int, unmatched: int } }
+ *   output.lorabind_accounting : [Accounting]          (Contract and Accounting: see lorabind_contracts.js)
  *   output.lorabind_schedule   : [Schedule]            (LoraBindSampler)
  *       Schedule = { steps: int, shift: number, cfg: number|[number], task: str|null,
  *                    contracts: [Contract], overrides: [str] }
+ *
+ * Beside it: lorabind_contracts.js (a contract in words, and the sampler widgets that disagree with it),
+ * lorabind_badge.js (the badge the lines are drawn in) and lorabind_badge_size.js (its height).
  */
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { badgeHeight } from "./lorabind_badge_size.js";
+import { drawOnCanvas, renderLines } from "./lorabind_badge.js";
+import { combineContracts, constraintWords, contractMismatches, describeAccounting, describeContract, fmt }
+    from "./lorabind_contracts.js";
 
 // node class -> its file widgets: [widget, model folder (the endpoint's `folder`), the strength/scale widget at
 // whose 0 the artifact and its contract are off (loaders.dispatch.contract_discovery.collect_contracts), or null]. Kept as one
@@ -41,7 +40,6 @@ import { badgeHeight } from "./lorabind_badge_size.js";
 const CONTRACT_WIDGETS = {"FuseDistillLoRA": [["lora_name", "loras", "strength"]], "WanMoELoRAPair": [["high_noise_lora", "loras", "high_noise_strength"], ["low_noise_lora", "loras", "low_noise_strength"]], "LoadPEFTAdapter": [["lora_name", "loras", "scale"]], "MiniMaxTurboSchedule": [["lora_name", "loras", "scale"]], "LoraBindModelLoader": [["model_name", "diffusers", null]], "LoraBindLoRA": [["lora_name", "loras", "strength"]], "LoraBindLoRAPair": [["lora_high", "loras", "strength_high"], ["lora_low", "loras", "strength_low"]]};
 const NO_FILE = "None";
 const SAMPLER_NODE = "LoraBindSampler";
-const BADGE_WIDGET = "lorabind_badge";
 const CONTRACT_PATH = "/lorabind/contract";
 
 const STYLE_URL = new URL("./lorabind.css", import.meta.url);
@@ -52,96 +50,6 @@ function loadStyle() {
     link.rel = "stylesheet";
     link.href = STYLE_URL.href;
     document.head.appendChild(link);
-}
-
-function fmt(value) {
-    return typeof value === "number" ? String(Number(value.toFixed(4))) : String(value);
-}
-
-function contractShift(contract) {
-    return contract.shift ?? contract.flow_shift ?? null;
-}
-
-/** "4 steps · shift 5 · cfg 1 · tasks t2v,i2v" — only the fields given. */
-function constraintWords({ steps, shift, cfg, tasks }) {
-    const parts = [];
-    if (steps != null) parts.push(`${steps} steps`);
-    if (shift != null) parts.push(`shift ${fmt(shift)}`);
-    if (cfg != null) parts.push(`cfg ${fmt(cfg)}`);
-    if (tasks && tasks.length) parts.push(`tasks ${tasks.join(",")}`);
-    return parts.length ? parts.join(" · ") : "no constraint";
-}
-
-/** "x.safetensors (distill): 4 steps · shift 5 · cfg 1 — from its file name" */
-export function describeContract(contract) {
-    const what = constraintWords({ ...contract, shift: contractShift(contract) });
-    const origin = contract.declared_by ? ` — from its ${contract.declared_by}` : "";
-    const note = contract.note ? ` (${contract.note})` : "";
-    return `${contract.source} (${contract.kind}): ${what}${origin}${note}`;
-}
-
-export function describeAccounting(entry) {
-    const counts = entry.counts || {};
-    return `${entry.lora} → ${entry.component}: ${counts.applied ?? 0} applied, ` +
-        `${counts.expected_unmatched ?? 0} expected-unmatched, ${counts.unmatched ?? 0} unmatched`;
-}
-
-const CONTRACT_FIELDS = { steps: (c) => c.steps, shift: contractShift, cfg: (c) => c.cfg };
-
-/** What every contract asks together: the first value of each field, the tasks they all allow, and a line for
- * each field two artifacts disagree on (the sampler refuses such a pair whatever its widgets say). */
-export function combineContracts(contracts) {
-    const combined = { conflicts: [] };
-    const declaredBy = {};
-    for (const contract of contracts) {
-        for (const [field, read] of Object.entries(CONTRACT_FIELDS)) {
-            const value = read(contract);
-            if (value == null) continue;
-            if (combined[field] == null) {
-                combined[field] = value;
-                declaredBy[field] = contract.source;
-            } else if (Math.abs(Number(value) - Number(combined[field])) > 1e-6) {
-                combined.conflicts.push(`${contract.source} declares ${field} ${fmt(value)}, ` +
-                    `${declaredBy[field]} ${fmt(combined[field])}`);
-            }
-        }
-        if (contract.tasks && contract.tasks.length) {
-            combined.tasks = combined.tasks ? combined.tasks.filter((t) => contract.tasks.includes(t))
-                : [...contract.tasks];
-        }
-    }
-    return combined;
-}
-
-/** Mismatches between the sampler's widgets and one contract: { widget name: [user-facing line] }. */
-export function contractMismatches(values, contract) {
-    const problems = {};
-    const add = (widget, line) => (problems[widget] = problems[widget] || []).push(line);
-    const { steps, shift, cfg, cfg_low_noise: cfgLow, audio_flow_shift: audioShift } = values;
-    // steps 0 means "the step count the connected contract declares"
-    if (contract.steps != null && steps != null && Number(steps) !== 0 && Number(steps) !== Number(contract.steps)) {
-        add("steps", `steps ${steps} ≠ ${contract.steps} required by ${contract.source}`);
-    }
-    // A MiniMax-H3 contract (worded with flow_shift) fills in a shift the request leaves at 0; Wan and
-    // Qwen-Image contracts check the shift as given.
-    const zeroTakesContract = contract.flow_shift !== undefined;
-    const shifts = [["shift", shift, contractShift(contract), zeroTakesContract],
-        ["audio_flow_shift", audioShift, contract.audio_flow_shift, true]];
-    for (const [widget, value, required, zeroOmits] of shifts) {
-        if (required == null || value == null || (zeroOmits && Number(value) <= 0)) continue;
-        if (Math.abs(Number(value) - Number(required)) > 1e-6) {
-            add(widget, `${widget} ${fmt(Number(value))} ≠ ${fmt(required)} required by ${contract.source}`);
-        }
-    }
-    if (contract.cfg != null) {
-        for (const [widget, value] of [["cfg", cfg], ["cfg_low_noise", cfgLow]]) {
-            if (value == null || (widget === "cfg_low_noise" && Number(value) === 0)) continue; // 0: cfg for both
-            if (Math.abs(Number(value) - Number(contract.cfg)) > 1e-6) {
-                add(widget, `${widget} ${fmt(Number(value))} ≠ ${fmt(contract.cfg)} required by ${contract.source}`);
-            }
-        }
-    }
-    return problems;
 }
 
 function widgetOf(node, name) {
@@ -245,41 +153,6 @@ function upstreamContracts(node, graph, seen = new Set()) {
     return found;
 }
 
-/** The badge element, added once per node as a DOM widget (or kept on the node for canvas drawing). Its
- * minimum height is the height of its text at the node's width: litegraph grows a node whose DOM widgets need
- * more than its saved size (LGraphNode._arrangeWidgets in frontend 1.58.1), so a long badge wraps and stays
- * whole instead of being cut off mid-line (issue 30). */
-function badgeOf(node) {
-    if (node.lorabindBadge) return node.lorabindBadge;
-    const element = document.createElement("div");
-    element.className = "lorabind-badge";
-    node.lorabindBadge = element;
-    if (typeof node.addDOMWidget === "function") {
-        let widget = null; // read by getMinHeight only once the frontend lays the node out
-        widget = node.addDOMWidget(BADGE_WIDGET, "lorabind", element, {
-            serialize: false, hideOnZoom: false, getMinHeight: () => badgeHeight(node, node.lorabindBadge, widget),
-        });
-        // Display only: keep it out of widgets_values, whose positions map to the node's inputs on load.
-        if (widget) widget.serialize = false;
-    }
-    return element;
-}
-
-/** Warnings first, then what is declared; the node grows to show every line (badgeOf). */
-function renderLines(node, lines, warnings) {
-    const rows = [...warnings.map((text) => ["lorabind-warning", `⚠ ${text}`]),
-        ...lines.map((text) => ["lorabind-line", text])];
-    badgeOf(node).replaceChildren(...rows.map(([className, text]) => {
-        const line = document.createElement("div");
-        line.className = className;
-        line.textContent = text;
-        return line;
-    }));
-    node.lorabindLines = rows.map(([, text]) => text);
-    node.lorabindWarning = warnings.length > 0;
-    node.setDirtyCanvas?.(true, true);
-}
-
 /** Lines for what the node's files declare, before any run. */
 function declaredLines(node) {
     const lines = [], warnings = [];
@@ -356,18 +229,6 @@ function refreshSamplers(graph) {
     for (const node of graph?._nodes || graph?.nodes || []) {
         if (nodeClass(node) === SAMPLER_NODE) renderSampler(node, graph);
     }
-}
-
-/** Draw the badge lines under the title when the frontend has no DOM widgets (older litegraph canvases). */
-function drawOnCanvas(node, ctx) {
-    if (typeof node.addDOMWidget === "function" || !node.lorabindLines?.length) return;
-    ctx.save();
-    ctx.font = "11px sans-serif";
-    node.lorabindLines.forEach((text, i) => {
-        ctx.fillStyle = text.startsWith("⚠") ? "#ff6b6b" : "#9ad0ff";
-        ctx.fillText(text, 6, node.size[1] + 14 + 13 * i);
-    });
-    ctx.restore();
 }
 
 /** Wrap `nodeType.prototype[method]`: the original (if any) runs first, then `after(node, ...args)`. */

@@ -1,5 +1,5 @@
 /*
- * How tall a lorabind badge (lorabind.js) must be to show all its lines at its node's width.
+ * How tall a lorabind badge (lorabind_badge.js) must be to show all its lines at its node's width.
  *
  * Why: a node keeps the size its workflow saved, and the frontend (1.58.1) gives a DOM widget only the room left
  * unless the widget asks for more (its getMinHeight); litegraph then grows the node (LGraphNode._arrangeWidgets).

@@ -63,7 +63,9 @@ def test_frontend_index_and_assets_are_served_beside_the_api(server):
             # the API and our extension still answer first, the static mount never shadows them
             assert (await client.get("/api/settings"))[1] == {}
             assert (await client.get("/extensions"))[1] == ["/extensions/lorabind/lorabind.js",
+                                                          "/extensions/lorabind/lorabind_badge.js",
                                                           "/extensions/lorabind/lorabind_badge_size.js",
+                                                          "/extensions/lorabind/lorabind_contracts.js",
                                                           "/extensions/lorabind/lorabind_start.js"]
             assert (await client.get("/extensions/lorabind/lorabind.js"))[0] == 200
             assert (await client.get("/assets/../../pyproject.toml"))[0] == 404

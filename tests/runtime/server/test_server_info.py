@@ -71,10 +71,16 @@ def test_extension_files_listed_and_served(server):
         client = Client(server.url)
         try:
             _, urls = await client.get("/extensions")
-            assert urls == ["/extensions/lorabind/lorabind.js", "/extensions/lorabind/lorabind_badge_size.js",
+            assert urls == ["/extensions/lorabind/lorabind.js", "/extensions/lorabind/lorabind_badge.js",
+                            "/extensions/lorabind/lorabind_badge_size.js", "/extensions/lorabind/lorabind_contracts.js",
                             "/extensions/lorabind/lorabind_start.js"]
             status, js = await client.get(urls[0])
             assert status == 200 and b"app.registerExtension" in js
+            # ComfyUI loads every .js file as an extension: the helper modules must register nothing of their own
+            for helper in urls[1:4]:
+                status, js = await client.get(helper)
+                assert status == 200 and b"export function" in js, helper
+                assert b"scripts/app.js" not in js and b".registerExtension(" not in js, helper
             status, css = await client.get("/extensions/lorabind/lorabind.css")
             assert status == 200 and b".lorabind-badge" in css
             assert (await client.get("/extensions/lorabind/../../pyproject.toml"))[0] == 404
