@@ -55,10 +55,10 @@ class NonFiniteResultError(KeyMatchError):
     """A fused value overflows the parameter's dtype (finite factors, e.g. 1e38 scaled past bf16's range)."""
 
 
-def chunk_is_finite(written: torch.Tensor, source: torch.Tensor) -> bool:
+def chunk_is_finite(written: torch.Tensor, source_was_finite: bool) -> bool:
     """The scan of one written chunk, for parameters the bound does not prove: False when it holds a non-finite
     value that its original rows did not already hold (a module-level function: tests count the scans)."""
-    return bool(torch.isfinite(written).all()) or not bool(torch.isfinite(source).all())
+    return bool(torch.isfinite(written).all()) or not source_was_finite
 
 
 def _overflow_error(dtype: torch.dtype, where: str = "") -> NonFiniteResultError:
@@ -86,7 +86,9 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     rounded to ``dest``'s dtype exactly once per element.
 
     ``dest`` is the live parameter (fuse) or a fresh tensor of the output dtype (merge); ``original`` may live on
-    another device (CPU backups). Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
+    another device (CPU backups) or be ``dest`` itself (a file-backed original on first touch): every chunk's
+    rows are read before they are written, and a kind reading the whole base (DoRA's column norms) does so
+    before the first write. Rows are processed in chunks of about ``CHUNK_BYTES``; the chunking is fixed by
     the shape, so recomputing a value (roll-back) gives the same bits. A patcher passes its ``Workspace`` and
     ``original_abs_max`` (``max|original|``, kept with the original; computed here when None).
     ``storage``: an fp8 weight's ``fp8.StoredWeight`` — the value is fp8 x scale, the sum is divided by the scale
@@ -125,6 +127,8 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
                 chunk.div_(scale)
             target[start:stop].copy_(fp8.round_to_fp8(chunk, storage.rounding, seed_key, generator))
             continue
+        # looked at before the rows are written: ``original`` may be ``dest`` itself
+        source_was_finite = scan and bool(torch.isfinite(source[start:stop]).all())
         target[start:stop].copy_(chunk)  # the one rounding to dest's dtype
-        if scan and not chunk_is_finite(target[start:stop], source[start:stop]):
+        if scan and not chunk_is_finite(target[start:stop], source_was_finite):
             raise _overflow_error(dest.dtype)

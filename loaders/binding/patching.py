@@ -5,9 +5,10 @@ Why our own patcher instead of diffusers' ``fuse_lora``/``unfuse_lora``: peft un
 drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stacked LoRA. Here:
 
 * every patched parameter keeps its exact original, so restoring is bit-exact in any dtype. A weight that came
-  unmodified from a safetensors file (``weight_sources``) is re-read from that file, checked against a checksum
-  of the original, instead of being copied: the extra host memory of a bind is then about one layer, not the
-  size of the touched weights. Any other weight keeps a copy (on CPU by default);
+  unmodified from a safetensors file (``weight_sources``: proven by a digest, the file's side cached per file
+  version) is re-read from that file when it must be rewritten, checked against that digest, instead of being
+  copied: the extra host memory of a bind is then about one layer, not the size of the touched weights. Any
+  other weight keeps a copy (on CPU by default);
 * a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
   (``strength ·`` each adapter kind's delta, ``lora.kinds``: ``scale · up @ down``, LoHa, LoKr, DoRA, a full
   diff) — and cast back once, so stacking LoRAs never
@@ -293,12 +294,13 @@ class WeightPatcher:
         source = None
         if self.weight_sources is not None:
             source = self.weight_sources.lookup(component, f"{module_path}.{name}" if module_path else name)
-        if source is not None:
-            record, original = FileBackedOriginal.register(source, tensor)
-            if record is not None:
-                self._file_backed[pid] = record
-                self._original_abs_max[pid] = largest_abs(original)
-                return original
+        record = FileBackedOriginal.register(source, tensor) if source is not None else None
+        if record is not None:
+            # the live tensor still IS the original here; ``write_patched`` reads each row chunk of its source
+            # before writing those rows, so it may read and write the same tensor (no layer-size copy)
+            self._file_backed[pid] = record
+            self._original_abs_max[pid] = largest_abs(tensor)
+            return tensor
         self._original_abs_max[pid] = largest_abs(tensor)
         original = tensor.detach().to(self.backup_device, copy=True)
         self._originals[pid] = original

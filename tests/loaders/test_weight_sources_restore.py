@@ -197,3 +197,65 @@ def test_file_backed_restore_of_weights_living_on_the_gpu(tmp_path):
     assert transformer.get_submodule("blocks.0.attn1.to_q").weight.device.type == "cuda"
     unbind(model)
     _assert_bits_equal(base, transformer)
+
+
+@pytest.fixture
+def file_reads(monkeypatch):
+    """Which tensors were read from a model file (every re-read goes through ``read_tensor``)."""
+    from lorabind.loaders.binding import weight_sources
+
+    weight_sources.file_digests.clear()
+    reads = []
+    real = weight_sources.read_tensor
+
+    def counting(source, dtype):
+        reads.append(source.key)
+        return real(source, dtype)
+
+    monkeypatch.setattr(weight_sources, "read_tensor", counting)
+    return reads
+
+
+def test_a_bind_reads_each_file_tensor_once_per_file_version_then_only_to_restore(tmp_path, file_reads):
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    transformer = model.components["transformer"]
+    base = _bits(transformer)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets())
+    weights = [f"{path}.weight" for path in _targets()]
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    assert sorted(file_reads) == sorted(weights)  # first bind: the file side of each digest, once
+    file_reads.clear()
+    unbind(model)
+    assert sorted(file_reads) == sorted(weights)  # a restore re-reads exactly the touched tensors
+    file_reads.clear()
+    report = bind(model, [FuseSpec(path=lora, component="transformer", strength=0.5)], [])
+    assert file_reads == []  # the same file version again: proven by the cached digest, nothing read
+    assert report.restore_sources["transformer"]["file"] == len(weights)
+    unbind(model)
+    _assert_bits_equal(base, transformer)
+    os.utime(_weights_file(folder))  # a new modification time is a new file version: its digests are taken anew
+    file_reads.clear()
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    assert sorted(file_reads) == sorted(weights)
+    unbind(model)
+    _assert_bits_equal(base, transformer)
+
+
+def test_cached_digest_still_refuses_a_file_changed_in_place(tmp_path, file_reads):
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    unbind(model)
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])  # registered from the cache
+    weights = _weights_file(folder)
+    stat = os.stat(weights)
+    header_len = int.from_bytes(weights.read_bytes()[:8], "little")
+    begin, _ = json.loads(weights.read_bytes()[8:8 + header_len])["blocks.0.attn1.to_v.weight"]["data_offsets"]
+    with open(weights, "r+b") as handle:
+        handle.seek(8 + header_len + begin)
+        handle.write(b"\x00\x7f")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(WeightSourceError, match="its bytes differ"):
+        unbind(model)
