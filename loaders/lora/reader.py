@@ -10,6 +10,7 @@ mutate it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -177,11 +178,23 @@ def _refuse_non_finite(tensors: dict, display_name: str) -> None:
     files); name the tensors instead. (The header check already refused non-float dtypes.)"""
     import torch
 
-    bad = [key for key, tensor in tensors.items() if not bool(torch.isfinite(tensor).all())]
+    bad = [key for key, tensor in tensors.items() if not _all_finite(torch, tensor)]
     if bad:
         raise LoraFileError(f"{display_name}: tensor {bad[0]!r} holds NaN or infinite values"
                             + (f" ({len(bad) - 1} more tensors too)" if len(bad) > 1 else "")
                             + "; the file is broken")
+
+
+def _all_finite(torch, tensor) -> bool:
+    """One vectorised ``aminmax`` pass: a NaN anywhere makes both ends NaN, an Inf is an end itself. Why not
+    ``isfinite(t).all()``: on bfloat16 it is an element-wise slow path, about 20x slower, and every LoRA read
+    (each switch) pays it on every factor. fp8 factors have no ``aminmax`` kernel and keep ``isfinite``."""
+    if tensor.numel() == 0:
+        return True
+    if tensor.element_size() == 1:
+        return bool(torch.isfinite(tensor).all())
+    low, high = torch.aminmax(tensor.reshape(-1))
+    return math.isfinite(float(low)) and math.isfinite(float(high))
 
 
 def _remember(cache_key: tuple, lora: LoraFile) -> None:

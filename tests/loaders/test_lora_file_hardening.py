@@ -55,9 +55,10 @@ def test_a_deeply_nested_header_or_adapter_config_is_a_clear_refusal(tmp_path):
         read_lora(str(folder))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_non_finite_tensors_are_refused_naming_the_tensor(tmp_path, bad):
-    sd = _pair()
+def test_non_finite_tensors_are_refused_naming_the_tensor(tmp_path, bad, dtype):
+    sd = {k: v.to(dtype) for k, v in _pair().items()}
     sd["blocks.0.attn1.to_q.lora_B.weight"][3, 1] = bad
     with pytest.raises(LoraFileError, match=r"nan.safetensors: tensor 'blocks.0.attn1.to_q.lora_B.weight' holds "
                                             r"NaN or infinite values"):
