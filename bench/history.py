@@ -7,9 +7,15 @@ flags every figure that got worse than ``FILE``'s by more than the noise, and ``
 the README's performance table from the latest saved run.
 
 The noise per figure (``METRICS``) is the spread the README has recorded between runs of the same code on the
-2-core VM: the same-process fuse/switch ratios drifted by up to about 15% (diffusers ratio 2.0-2.6, floor ratio
-0.95-1.1), the fresh-process and page-cache figures (loading, cold start, real size) by up to about 25%. Refine it
-from repeated quiet runs as they are committed.
+quiet 2-core VM: the same-process fuse/switch ratios drifted by up to about 15% (diffusers ratio 2.0-2.6, floor
+ratio 0.95-1.1), the fresh-process and page-cache figures (loading, cold start, real size) by up to about 25%.
+Measured again (issue 33): five ``--quick`` runs of one commit (84b6fe4) back to back while other agents loaded
+the VM (load average 6-10): the memory and overhead figures held within a few percent of their median
+(bind_peak_rss_layers 0.5%, single_file_peak_rss_ratio 2%, rerun_runtime_overhead 2%, peak_mem_ratio 4%,
+peft_switch_ms 7%), while every timing ratio swung by 50% to several times its median (fuse_speedup 0.66-5.7,
+switch 1.2-11.7, restore_file_vs_ram 4.7-68): a loaded machine preempts torch's two OpenMP threads at their
+barriers, so per-op overhead dominates tiny sizes. Hence ``--compare`` is meaningful only between runs on a quiet
+machine (load under 1, recorded with each run) at the full size; the relative noise below is that quiet spread.
 """
 
 from __future__ import annotations
