@@ -6,8 +6,8 @@ encoding, so the others can stay in their files: an evicted parameter is replace
 shape (no storage), and bringing the module up reads it from its file again.
 
 Exactness: each file-backed parameter is registered once, before anything can patch it, through
-``weight_sources.FileBackedOriginal`` (the file's tensor, cast as at load time, equal bit for bit to the live one;
-then only its file identity and checksum are kept), and every re-read is checked against both, so a file changed
+``weight_sources.FileBackedOriginal`` (the file's tensor, cast as at load time, has the live one's digest; then
+only its file identity and digest are kept), and every re-read is checked against both, so a file changed
 on disk is refused, never used. A fused LoRA is not lost with the evicted weights: the patcher keeps what it fused
 as patches (its contributions per parameter) and rewrites them after the re-read (``on_reload``), computing from
 the same original in the same way, so the re-fused value is bit-identical. A bind while the module is in its file
@@ -68,7 +68,7 @@ class FileStaged(Staged):
         self.slots: dict = {}  # state key -> [(owning module, attribute name)]
         for key, (param, owners) in self._named_slots(module).items():
             source = sources.lookup(name, key)
-            record = FileBackedOriginal.register(source, param)[0] if source is not None else None
+            record = FileBackedOriginal.register(source, param) if source is not None else None
             if record is not None:
                 self.records[key], self.slots[key] = record, owners
         super().__init__(name, module, device)
