@@ -111,67 +111,18 @@ class _FileDigests:
 file_digests = _FileDigests()
 
 
-# safetensors dtype codes -> torch dtypes (fp8 only where this torch has it)
-_DTYPES = {code: getattr(torch, name) for code, name in (
-    ("F64", "float64"), ("F32", "float32"), ("F16", "float16"), ("BF16", "bfloat16"), ("F8_E4M3", "float8_e4m3fn"),
-    ("F8_E5M2", "float8_e5m2"), ("I64", "int64"), ("I32", "int32"), ("I16", "int16"), ("I8", "int8"),
-    ("U8", "uint8"), ("BOOL", "bool")) if hasattr(torch, name)}
-MAX_CACHED_LAYOUTS = 64  # files whose tensor table is kept (a model has a few shards per component)
-
-
-class _FileLayouts:
-    """Process-wide cache: (file, identity) -> {key: (dtype, shape, absolute begin, end)} parsed from the header.
-    Why: re-reading one tensor used to open and map the file and parse its whole header (hundreds of entries)
-    for every restored weight; a restore now costs one ``stat``, one ``open`` and one read of the tensor's
-    bytes."""
-
-    def __init__(self):
-        self._layouts: "OrderedDict[tuple, dict]" = OrderedDict()
-        self._lock = threading.Lock()
-
-    def entry(self, source: "WeightSource", identity: "FileIdentity") -> tuple:
-        key = (source.file, identity)
-        with self._lock:
-            layout = self._layouts.get(key)
-        if layout is None:
-            layout = _parse_layout(source.file)
-            with self._lock:
-                self._layouts[key] = layout
-                while len(self._layouts) > MAX_CACHED_LAYOUTS:
-                    self._layouts.popitem(last=False)
-        if source.key not in layout:
-            raise KeyError(f"{source.file} has no tensor {source.key!r}")
-        return layout[source.key]
-
-
-def _parse_layout(path: str) -> dict:
-    with open(path, "rb") as handle:
-        header_len = int.from_bytes(handle.read(8), "little")
-        if header_len > 8 + os.fstat(handle.fileno()).st_size:
-            raise ValueError(f"{path}: not a safetensors file (header length {header_len})")
-        header = json.loads(handle.read(header_len))
-    header.pop("__metadata__", None)
-    start = 8 + header_len
-    return {key: (_DTYPES[entry["dtype"]], tuple(entry["shape"]), start + entry["data_offsets"][0],
-                  start + entry["data_offsets"][1]) for key, entry in header.items()}
-
-
-file_layouts = _FileLayouts()
-
-
 def read_tensor(source: WeightSource, dtype: torch.dtype) -> torch.Tensor:
     """The tensor ``source`` names, read into a CPU tensor and cast to ``dtype``.
 
-    Read with a plain ``readinto``, not through a memory map: the pages a mapping touches count in the process's
-    memory for as long as it lives, and a bind must stay within about one layer of extra memory.
+    The file is opened for this one read: safetensors maps the file, and the pages a read touches count in the
+    process's memory for as long as the mapping lives, so a handle kept open across a bind would grow by every
+    tensor read through it.
     """
-    file_dtype, shape, begin, end = file_layouts.entry(source, FileIdentity.of(source.file))
-    raw = torch.empty(end - begin, dtype=torch.uint8)
-    with open(source.file, "rb", buffering=0) as handle:
-        handle.seek(begin)
-        if handle.readinto(memoryview(raw.numpy())) != end - begin:
-            raise OSError(f"{source.file}: tensor {source.key!r} is cut short (truncated file?)")
-    return raw.view(file_dtype).reshape(shape).to(dtype)
+    from safetensors import safe_open
+
+    with safe_open(source.file, framework="pt", device="cpu") as handle:
+        value = handle.get_tensor(source.key)
+    return value.to(dtype)
 
 
 @dataclass(frozen=True)
