@@ -202,7 +202,7 @@ def test_file_backed_restore_of_weights_living_on_the_gpu(tmp_path):
 @pytest.fixture
 def file_reads(monkeypatch):
     """Which tensors were read from a model file (every re-read goes through ``read_tensor``)."""
-    from lorabind.loaders.binding import weight_sources
+    from lorabind.loaders.io import weight_sources
 
     weight_sources.file_digests.clear()
     reads = []
