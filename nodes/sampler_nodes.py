@@ -16,6 +16,7 @@ def _report_lines(report: dict, enforced: bool) -> list[str]:
         f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
         f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]"
     ]
+    lines += [f"warning: {w}" for w in report.get("warnings", ())]
     if report.get("start_step", 0) or report.get("end_step", report["steps"]) != report["steps"]:
         lines.append(f"stage: steps {report['start_step']}..{report['end_step'] - 1} of {report['steps']} "
                      f"(add_noise {'on' if report['add_noise'] else 'off'})")

@@ -138,7 +138,8 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
                                  on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
-    report = {**schedule_report(model.model, resolved), "bind": bind_report.to_dict(),
+    report = {**schedule_report(model.model, resolved), "warnings": family_for(model).run_warnings(model.model),
+              "bind": bind_report.to_dict(),
               "strength_schedules": strengths.report(),
               "placement": placement.describe() if placement is not None else None}
     return samples, resolved, report

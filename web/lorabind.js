@@ -23,7 +23,8 @@
  *   output.lorabind_accounting : [Accounting]          (Contract and Accounting: see lorabind_contracts.js)
  *   output.lorabind_schedule   : [Schedule]            (LoraBindSampler)
  *       Schedule = { steps: int, shift: number, cfg: number|[number], task: str|null,
- *                    contracts: [Contract], overrides: [str] }
+ *                    contracts: [Contract], overrides: [str], warnings: [str] }
+ *                    (warnings: the run went ahead but is likely not what was meant, e.g. one Wan2.2 expert alone)
  *
  * Beside it: lorabind_contracts.js (a contract in words, and the sampler widgets that disagree with it),
  * lorabind_badge.js (the badge the lines are drawn in) and lorabind_badge_size.js (its height).
@@ -211,11 +212,12 @@ function renderSampler(node, graph) {
     const enforced = widgetValue(node, "enforce_contract") !== false;
     const suffix = enforced ? "" : " (enforce_contract is off: the run overrides it)";
     const warnings = [...combined.conflicts, ...Object.values(problems).flat()].map((line) => line + suffix);
+    const ran = node.lorabind?.schedule;
+    warnings.push(...(ran?.warnings || []));
     const lines = [];
     if (contracts.length) { // each artifact's own line, with where it is declared, is on its node
         lines.push(`contract: ${constraintWords(combined)} — from ${contracts.map((c) => c.source).join(", ")}`);
     }
-    const ran = node.lorabind?.schedule;
     if (ran) {
         lines.push(`ran: ${ran.steps} steps · shift ${fmt(ran.shift)} · cfg ${[].concat(ran.cfg).map(fmt).join("/")}`);
         lines.push(...(ran.overrides || []).map((o) => `override: ${o}`));

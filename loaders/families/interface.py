@@ -70,7 +70,9 @@ class PipelineSource:
     ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.models.single_file``), named as
     the equivalent diffusers folder names them (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``,
     ``image_encoder``), in ``components``, with their ``tokenizer``; ``variant`` is what detection named ("t2v",
-    "i2v", "ti2v", or None) and ``path`` the first denoiser file. The family assembles its pipeline from them.
+    "i2v", "ti2v", or None), ``denoiser_files`` what it found for each denoiser file
+    (``single_file.detect.Detected``, high-noise first) and ``path`` the first denoiser file. The family
+    assembles its pipeline from them.
     """
 
     path: str
@@ -80,6 +82,7 @@ class PipelineSource:
     components: dict = field(default_factory=dict)
     tokenizer: Any = None
     variant: Optional[str] = None
+    denoiser_files: tuple = ()
 
 
 class ModelFamily:
@@ -261,6 +264,11 @@ class ModelFamily:
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         """Refuse inputs that cannot be sampled together, naming the input; cheap and weight-free."""
         raise NotImplementedError
+
+    def run_warnings(self, model) -> list:
+        """Lines the sampler shows (ui text, report, CLI, WebSocket) when a run will go ahead but is very likely
+        not what the user meant, e.g. one expert of a two-expert model run alone; none by default."""
+        return []
 
     def denoise(self, model, positive, negative, latent, schedule, seed: int, *,
                 on_step: Optional[Callable[[int, int], None]] = None,

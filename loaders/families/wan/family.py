@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -133,6 +134,19 @@ class WanFamily(DiffusersFlowFamily):
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         self._check_image_condition(model, latent)
         super().check_inputs(model, positive, negative, latent, schedule)
+
+    def run_warnings(self, model) -> list:
+        """One Wan2.2 A14B expert run alone (one expert file, or an A14B folder without ``transformer_2``: both
+        keep A14B's ``boundary_ratio``) samples every step on that expert: a bad video that looks like a model
+        problem, so the sampler says why. Wan2.1 and TI2V-5B have no boundary and no warning."""
+        boundary = model.model_index.get("boundary_ratio")
+        if model.family == contracts.MOE_FAMILY or boundary is None or model.model_index.get("expand_timesteps"):
+            return []
+        expert = os.path.basename(model.path)  # the expert's file (a single-file set's first file) or folder
+        return [f"{expert} is one of Wan2.2 A14B's two experts, run alone: every step runs on it, but the model "
+                f"hands over from its high-noise to its low-noise expert at boundary {float(boundary):g}, so the "
+                "video comes out wrong. Load both experts (the high-noise file as denoiser, the low-noise one as "
+                "denoiser_low_noise) or the A14B folder with both"]
 
     def _check_image_condition(self, model, latent) -> None:
         """An I2V model needs a latent made from a start image, a T2V model refuses one, and the conditioning must

@@ -4,7 +4,8 @@ The result is the pipeline the equivalent diffusers folder loads as: ``WanPipeli
 TI2V-5B, whose folder is a ``WanPipeline`` with ``expand_timesteps``), ``WanImageToVideoPipeline`` for the I2V
 models (in_channels 36: the encoded image and its frame mask are concatenated to the noise), with Wan2.1 I2V's
 CLIP vision encoder and its image processor. Two experts get the published ``boundary_ratio`` (0.9 I2V,
-0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it.
+0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it; so does one expert alone, as an A14B folder
+without ``transformer_2`` would: that is how the family tells it from Wan2.1 and warns (``run_warnings``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def check_expert_files(denoisers: tuple) -> None:
                 "expert's name")
 
 
+def is_lone_expert(denoisers: tuple) -> bool:
+    """One denoiser file that is one of Wan2.2 A14B's experts. Wan2.2's only one-transformer model is TI2V-5B,
+    so a Wan2.2 T2V or I2V file (``detect`` reads the version from the name, or from I2V's shapes) is an expert
+    whether or not its name says which."""
+    return len(denoisers) == 1 and denoisers[0].version == "2.2" and denoisers[0].model.variant != "ti2v"
+
+
 def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):
     """``PipelineSource(kind="single_file")`` -> the Wan pipeline (see the module docstring)."""
     from diffusers import WanImageToVideoPipeline, WanPipeline
@@ -50,7 +58,7 @@ def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):
     transformer = parts["transformer"].config
     image_to_video = transformer.in_channels > transformer.out_channels
     options = {"expand_timesteps": True} if source.variant == "ti2v" else {}
-    if "transformer_2" in parts:
+    if "transformer_2" in parts or is_lone_expert(source.denoiser_files):
         options["boundary_ratio"] = i2v_boundary if image_to_video else t2v_boundary
     common = dict(tokenizer=source.tokenizer, text_encoder=parts["text_encoder"], vae=parts["vae"],
                   scheduler=_scheduler(), transformer=parts["transformer"],

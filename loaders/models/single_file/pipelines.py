@@ -136,7 +136,7 @@ class SingleFileSet(ModelSource):
         high = self.files.denoisers[0]
         source = PipelineSource(path=high.path, kind=SOURCE_SINGLE_FILE, dtype=dtype, components=components,
                                 tokenizer=_TOKENIZER[encoder.kind.kind](encoder, self.tokenizer_dirs),
-                                variant=high.model.variant)
+                                variant=high.model.variant, denoiser_files=tuple(self.files.denoisers))
         pipeline = self.family.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
         denoisers = {n: components[n] for n in self.family.denoiser_components(_parts_index(self.named))}
