@@ -72,6 +72,7 @@ def run(args) -> int:
     from .. import folder_paths
     from ..device_options import apply_device_arguments
     from ..executor import PromptExecutor
+    from ..executor.graph import upstream_closure
     from ..progress_display import ProgressDisplay
 
     device_error = apply_device_arguments(args)
@@ -98,7 +99,7 @@ def run(args) -> int:
         return 1
 
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
-    display = ProgressDisplay(prompt, len(_upstream_closure(prompt, validation.outputs)))
+    display = ProgressDisplay(prompt, len(upstream_closure(prompt, validation.outputs)))
     try:
         result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
                                   execute_outputs=validation.outputs)
@@ -277,17 +278,3 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
     if not lines:
         lines.append("done (no files written)")
     return lines
-
-
-def _upstream_closure(prompt: dict, outputs: list[str]) -> set[str]:
-    # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ..executor.graph import linked_inputs
-
-    seen, stack = set(), list(outputs)
-    while stack:
-        node_id = stack.pop()
-        if node_id in seen or node_id not in prompt:
-            continue
-        seen.add(node_id)
-        stack.extend(upstream for _, upstream, _ in linked_inputs(prompt[node_id]))
-    return seen

@@ -30,6 +30,18 @@ def linked_inputs(node: dict) -> list[tuple[str, str, int]]:
     return [(name, value[0], int(value[1])) for name, value in sorted(inputs.items()) if is_link(value)]
 
 
+def upstream_closure(prompt: dict, start_ids: list[str]) -> set[str]:
+    """Every node id ``start_ids`` reach through their links, themselves included (missing ids are skipped)."""
+    seen, stack = set(), list(start_ids)
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen or node_id not in prompt:
+            continue
+        seen.add(node_id)
+        stack.extend(upstream for _, upstream, _ in linked_inputs(prompt[node_id]))
+    return seen
+
+
 def find_cycle(prompt: dict, start_ids: list[str]) -> list[str] | None:
     """The first dependency cycle reachable upstream from ``start_ids`` (as ``[a, b, ..., a]``), else None.
 

@@ -91,17 +91,51 @@ def test_example_workflow_and_lora_pair_over_http(wan_server):
 
 
 def test_contract_violation_is_an_execution_error_naming_the_file(wan_server):
+    """A cfg the pair's contract refuses is decided by the sampler when it runs (the early check reads steps)."""
     from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
 
     async def body():
         client = Client(wan_server.url)
         try:
             await client.connect()
-            pid = (await client.queue_prompt(_with_pair(steps=8)))["prompt_id"]
+            prompt = _with_pair(steps=4)
+            sampler = next(k for k, n in prompt.items() if n["class_type"] == "LoraBindSampler")
+            prompt[sampler]["inputs"]["cfg"] = 3.5
+            pid = (await client.queue_prompt(prompt))["prompt_id"]
             seen = await client.wait_done(pid, timeout=300)
             errors = [m["data"] for m in seen if m["type"] == "execution_error"]
             assert len(errors) == 1 and errors[0]["node_type"] == "LoraBindSampler"
-            assert Path(WAN22_HIGH).name in errors[0]["exception_message"] and "8" in errors[0]["exception_message"]
+            assert Path(WAN22_HIGH).name in errors[0]["exception_message"]
+            assert "cfg" in errors[0]["exception_message"] and "3.5" in errors[0]["exception_message"]
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_a_mismatched_step_count_is_refused_at_validation_naming_the_file_and_field(wan_server):
+    """As ``lorabind run`` does: the example whose sampler asks 20 steps of a 4-step pair is a 400 before it is
+    queued (nothing loaded, nothing queued), with node_errors on the sampler naming the file and ``steps``."""
+    prompt = json.loads((WORKFLOW.parent / "wan22_mismatched_contract.api.json").read_text(encoding="utf-8"))
+    high_noise_file = Path(prompt["5"]["inputs"]["high_noise_lora"]).name
+
+    async def body():
+        client = Client(wan_server.url)
+        try:
+            status, reply = await client.post("/prompt", {"prompt": prompt})
+            assert status == 400, reply
+            assert reply["error"]["type"] == "prompt_outputs_failed_validation"
+            (error,) = reply["node_errors"]["6"]["errors"]
+            assert reply["node_errors"]["6"]["class_type"] == "LoraBindSampler"
+            assert reply["node_errors"]["6"]["dependent_outputs"] == ["8"]
+            assert error["extra_info"] == {"input_name": "steps", "received_value": 20}
+            assert high_noise_file in error["details"] and "steps must be 4, got 20" in error["details"]
+            assert (await client.get("/queue"))[1]["queue_pending"] == []
+            prompt["6"]["inputs"]["steps"] = 4  # the same prompt at the contract's steps is queued and runs
+            await client.connect()
+            pid = (await client.queue_prompt(prompt))["prompt_id"]
+            seen = await client.wait_done(pid, timeout=300)
+            assert seen[-2]["type"] == "execution_success"
         finally:
             await client.close()
 
