@@ -17,8 +17,12 @@ from .composition_root import STATE_KEY, ServerState
 from .history import SENSITIVE_EXTRA_DATA_KEYS
 from .http_json import bad_request, dumps, read_json_body, too_large
 from .queue import QueueItem
+from .. import folder_paths
+from ..executor.graph import upstream_closure
+from ..executor.validation import ValidationResult
 from ..workflow_format import WorkflowFormatError, to_api_prompt
 from ...tiny_models import ensure_builtin_models
+from ...usecases.prompt_contracts import early_contract_refusals
 
 
 MAX_EXTRA_DATA_BYTES = 8 * 1024 * 1024
@@ -157,13 +161,9 @@ def _validate(state: ServerState, prompt: dict, targets):
 
 def _refuse_contract_mismatches(state: ServerState, result):
     """The valid prompt, or a failed validation naming each sampler whose literal steps a file upstream of it
-    contradicts: the check ``lorabind run`` makes before anything runs (file headers and folder indexes only),
-    so a mismatched prompt is a 400 now rather than an error minutes into the run, after the model load."""
-    from ...usecases.prompt_contracts import early_contract_refusals
-    from .. import folder_paths
-    from ..executor.graph import upstream_closure
-    from ..executor.validation import ValidationResult
-
+    contradicts: the check ``lorabind run`` makes before anything runs (the LoRA files, read once and cached
+    for the run, and the folders' ``model_index.json``; no model), so a mismatched prompt is a 400 now rather
+    than an error minutes into the run, after the model load."""
     refusals = early_contract_refusals(result.prompt, state.node_classes, folder_paths)
     if not refusals:
         return result
