@@ -173,7 +173,7 @@ class FuseDistillLoRA:
 class WanMoELoRAPair:
     DESCRIPTION = (
         "Attach a Wan2.2 high-noise / low-noise LoRA pair (e.g. lightx2v 4-step) to a Wan2.2 MoE model: the "
-        "high-noise LoRA fuses into 'transformer', the low-noise one into 'transformer_2'. Refuses a single-expert "
+        "high-noise LoRA fuses into the high-noise expert, the low-noise one into the low-noise expert. Refuses a single-expert "
         "model and files whose names say they belong in the other slot. The pair's distill contract (from the file "
         "names) is attached and enforced by the sampler."
     )

@@ -19,6 +19,7 @@ from ._common import FIXTURE_LORA_FOLDER, diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME
 from .wan import WAN21_NAME, WAN22_NAME
 from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 # Names relative to the loras root, as a workflow names them: the fixture folder + the published basename.
 WAN22_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
@@ -53,7 +54,7 @@ def write_fixture_loras(models_root) -> list:
     wan22 = models / WAN22_NAME
     if (wan22 / "transformer" / "config.json").is_file():
         written.append(save_fixture(lora_dir / WAN22_HIGH, _wan_native_lora(_config(wan22, "transformer"), seed=101)))
-        low_component = "transformer_2" if (wan22 / "transformer_2" / "config.json").is_file() else "transformer"
+        low_component = LOW_NOISE_EXPERT if (wan22 / LOW_NOISE_EXPERT / "config.json").is_file() else "transformer"
         written.append(save_fixture(lora_dir / WAN22_LOW, _wan_native_lora(_config(wan22, low_component), seed=102)))
 
     wan21 = models / WAN21_NAME
@@ -65,8 +66,8 @@ def write_fixture_loras(models_root) -> list:
     # The I2V files carry the Wan2.1 CLIP image branch (k_img/v_img/norm_k_img/img_emb) even in the Wan2.2 pair,
     # whose experts have no such modules (LightX2V issue #1246): on Wan2.2 those keys are expected-unmatched.
     wan22_i2v = models / WAN22_I2V_NAME
-    if (wan22_i2v / "transformer_2" / "config.json").is_file():
-        for name, component, seed in ((WAN22_I2V_HIGH, "transformer", 106), (WAN22_I2V_LOW, "transformer_2", 107)):
+    if (wan22_i2v / LOW_NOISE_EXPERT / "config.json").is_file():
+        for name, component, seed in ((WAN22_I2V_HIGH, "transformer", 106), (WAN22_I2V_LOW, LOW_NOISE_EXPERT, 107)):
             config = {**_config(wan22_i2v, component), "image_dim": _I2V_FIXTURE_IMAGE_DIM}
             written.append(save_fixture(lora_dir / name, _wan_native_lora(config, seed=seed)))
 

@@ -27,18 +27,19 @@ from .wan_i2v import (
     build_tiny_wan22_i2v,
     build_tiny_wan22_ti2v,
 )
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 SUBFOLDER = "lorabind-tiny"
 # file stem (before _<precision>) -> (diffusers folder, component, layout, quantized prefix, model class)
 DENOISER_FILES = {
     "wan2.2_t2v_high_noise_tiny": (WAN22_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.",
                                    "WanTransformer3DModel"),
-    "wan2.2_t2v_low_noise_tiny": (WAN22_NAME, "transformer_2", layouts.WAN_TRANSFORMER, "blocks.",
+    "wan2.2_t2v_low_noise_tiny": (WAN22_NAME, LOW_NOISE_EXPERT, layouts.WAN_TRANSFORMER, "blocks.",
                                   "WanTransformer3DModel"),
     "wan2.1_t2v_tiny": (WAN21_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
     "wan2.2_i2v_high_noise_tiny": (WAN22_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.",
                                    "WanTransformer3DModel"),
-    "wan2.2_i2v_low_noise_tiny": (WAN22_I2V_NAME, "transformer_2", layouts.WAN_TRANSFORMER, "blocks.",
+    "wan2.2_i2v_low_noise_tiny": (WAN22_I2V_NAME, LOW_NOISE_EXPERT, layouts.WAN_TRANSFORMER, "blocks.",
                                   "WanTransformer3DModel"),
     "wan2.1_i2v_tiny": (WAN21_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
     "wan2.2_ti2v_tiny": (WAN22_TI2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ._common import diffusers_dir, save_pipeline_atomically, seeded
 from .tokenizers import build_umt5_style_tokenizer
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 WAN22_NAME = "tiny-wan22-t2v"
 WAN21_NAME = "tiny-wan21-t2v"
@@ -76,7 +77,7 @@ def build_wan_pipeline(two_experts: bool):
     experts = {}
     if two_experts:  # only then: WanPipeline before diffusers 0.35 takes neither argument
         with seeded(3):
-            experts = {"transformer_2": tiny_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
+            experts = {LOW_NOISE_EXPERT: tiny_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=unipc_scheduler(),
                        transformer=transformer, **experts)
 

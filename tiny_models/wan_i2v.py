@@ -22,6 +22,7 @@ from pathlib import Path
 from ._common import diffusers_dir, save_pipeline_atomically, seeded
 from .wan import tiny_text_stack, tiny_transformer, tiny_vae, unipc_scheduler
 from ..loaders.families.wan.image_conditioning import clip_image_processor
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 WAN22_I2V_NAME = "tiny-wan22-i2v"
 WAN21_I2V_NAME = "tiny-wan21-i2v"
@@ -79,7 +80,7 @@ def _i2v_pipeline(two_experts: bool, image_encoder: bool):
         parts["transformer"] = tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, **branch)
     if two_experts:
         with seeded(3):
-            parts["transformer_2"] = tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, **branch)
+            parts[LOW_NOISE_EXPERT] = tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, **branch)
         parts["boundary_ratio"] = WAN22_I2V_BOUNDARY_RATIO
     return WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae,
                                    scheduler=unipc_scheduler(), **parts)
