@@ -15,8 +15,6 @@ from .websocket import ClientRegistry
 from .worker import PromptWorker
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
-from ..scale_out.cluster import start_replicas, stop_replicas
-from ..scale_out.dispatch import PROMPTS_IN_FLIGHT_PER_REPLICA
 from ..executor import PromptExecutor
 
 
@@ -39,6 +37,9 @@ class ServerState:
         concurrency = 1
         self.scaled_out = executor is None and self.config.ray_address is not None
         if self.scaled_out:  # each prompt runs on a replica, not here; a few per replica are handed over at once
+            # lazy: Ray is an optional extra; a single-machine server never imports it
+            from ..scale_out.cluster import start_replicas
+            from ..scale_out.dispatch import PROMPTS_IN_FLIGHT_PER_REPLICA  # lazy: as above
 
             executor = start_replicas(
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
@@ -75,6 +76,8 @@ class ServerState:
         self.worker.stop()
         self.validation_pool.shutdown(wait=False, cancel_futures=True)
         if self.scaled_out:
+            from ..scale_out.cluster import stop_replicas  # lazy: only a scaled-out server has imported Ray
+
             stop_replicas()
 
 

@@ -97,7 +97,10 @@ def validation_error(template: Template, prompt: dict, result) -> OpenAIRequestE
             where = f"node {node_id} ({node_error.get('class_type')}) input {input_name}"
             text = f"{error.get('message')}: {error.get('details')}" if error.get("details") else error["message"]
             prefix = f"{request_field}: " if request_field else ""
-            return OpenAIRequestError(f"{prefix}{text} ({where} of {template.file_name})", param=request_field)
+            # a contract the prompt's files declare, refused at validation (before anything runs)
+            code = "contract_mismatch" if error.get("type") == "contract_mismatch" else None
+            return OpenAIRequestError(f"{prefix}{text} ({where} of {template.file_name})", param=request_field,
+                                      code=code)
     error = result.error or {}
     return OpenAIRequestError(f"{error.get('message', 'invalid prompt')}: {error.get('details', '')} "
                               f"({template.file_name})")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -205,14 +206,17 @@ def test_run_and_serve_render_the_same_data(name, models_root, server, reference
     run_outputs = capture.take()
     if code == 0:  # before serve runs: the server writes through the same process-wide output registry
         assert_written_files_match(out, run_outputs)
-    entry = serve_prompt(server.url, json.loads((WORKFLOWS / f"{name}.api.json").read_text(encoding="utf-8")))
+    prompt = json.loads((WORKFLOWS / f"{name}.api.json").read_text(encoding="utf-8"))
+    if name in FAILING:  # both refuse before anything runs: serve at validation, with a 400 naming the file
+        assert code == 1 and FAILING[name] in err and run_outputs == {}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            serve_prompt(server.url, prompt)
+        assert refused.value.code == 400 and FAILING[name] in refused.value.read().decode()
+        assert capture.take() == {}
+        return
+    entry = serve_prompt(server.url, prompt)
     serve_outputs = capture.take()
     messages = dict(entry["status"]["messages"])
-    if name in FAILING:
-        assert code == 1 and FAILING[name] in err and run_outputs == {} and serve_outputs == {}
-        assert entry["status"]["status_str"] == "error"
-        assert FAILING[name] in messages["execution_error"]["exception_message"]
-        return
     assert code == 0, err
     assert entry["status"]["status_str"] == "success", messages
     assert run_outputs and sorted(run_outputs) == sorted(serve_outputs)
