@@ -46,6 +46,21 @@ def load_tiny(tiny_models_root):
 
 
 @pytest.fixture(scope="session")
+def tiny_sampler_inputs(load_tiny):
+    """model name -> (ModelHandle, positive, negative, 32x32 5-frame latent) of the Wan2.2, Wan2.1 and Qwen-Image
+    tiny models, encoded once for every sampler test."""
+    from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
+    from lorabind.loaders.handles import ModelHandle
+
+    out = {}
+    for name in ("tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"):
+        model = load_tiny(name)
+        out[name] = (ModelHandle(model), encode_text(model, "a cat"), encode_text(model, "blurry"),
+                     empty_latent(model, 32, 32, 5))
+    return out
+
+
+@pytest.fixture(scope="session")
 def mm_root(tmp_path_factory):
     """A models root with both tiny MiniMax-H3 models and the MiniMax-H3 fixture LoRAs."""
     from lorabind.tiny_models.minimax_h3 import build_tiny_minimax_h3, write_minimax_fixture_loras

@@ -10,8 +10,6 @@ import shutil
 import pytest
 
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
-from lorabind.loaders.handles import ModelHandle
 from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.nodes.sampler_nodes import LoraBindSampler
@@ -49,13 +47,8 @@ def published_root(tiny_models_root, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def encoded(load_tiny):
-    out = {}
-    for name in ("tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"):
-        model = load_tiny(name)
-        out[name] = (ModelHandle(model), encode_text(model, "a cat"), encode_text(model, "blurry"),
-                     empty_latent(model, 32, 32, 5))
-    return out
+def encoded(tiny_sampler_inputs):
+    return tiny_sampler_inputs
 
 
 def _endpoint_contracts(names: list) -> list:

@@ -11,10 +11,8 @@ from adapters_helpers import recorded_forwards
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
-from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_for
-from lorabind.loaders.handles import ModelHandle
 from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
@@ -23,14 +21,8 @@ PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N
 
 
 @pytest.fixture(scope="module")
-def inputs(load_tiny):
-    """model name -> (ModelHandle, positive, negative, 32x32 latent), encoded once."""
-    out = {}
-    for name in ("tiny-wan22-t2v", "tiny-wan21-t2v", "tiny-qwen-image"):
-        model = load_tiny(name)
-        out[name] = (ModelHandle(model), encode_text(model, "a cat"), encode_text(model, "blurry"),
-                     empty_latent(model, 32, 32, 5))
-    return out
+def inputs(tiny_sampler_inputs):
+    return tiny_sampler_inputs
 
 
 def _sample(handle, pos, neg, latent, steps=4, cfg=1.0, shift=5.0, boundary=0.0, **optional):
