@@ -22,6 +22,7 @@ from ..errors import ModelLoadError
 from ..io.model_index import is_set, read_model_index
 from ..io.safe_output import MARKER_FILE, check_output, safe_output
 from ..contracts.baked import INDEX_KEY, file_sha256, contract_to_json
+from ..models.single_file.baked_files import WRITTEN_BY
 from ..models.store import denoiser_names, detect_family
 from ..binding.patching import plan_state_keys, PatchLayer
 from .. import families
@@ -73,7 +74,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
              for comp, comp_layers in layers.items()}
 
     # a temporary folder beside out_dir, renamed at the end
-    with safe_output(out_dir, written_by="lorabind merge", **output) as folder:
+    with safe_output(out_dir, written_by=WRITTEN_BY, **output) as folder:
         rewritten = {os.path.realpath(os.path.join(source, comp)) for comp in plans}
         linked = _place_assets(source, folder, rewritten, asset_mode)
         written = sum(_write_component(source, folder, comp, plan, dtype) for comp, plan in plans.items())
@@ -133,7 +134,7 @@ def prepare_layers(model, requests: list, *, lenient: bool) -> tuple:
 def baked_record(fuses: list, contracts: list) -> dict:
     """What a merged model carries about its fuses (``baked_contracts``: no local paths): under ``_lorabind``
     in a folder's ``model_index.json``, as JSON text under the same key in a single file's metadata."""
-    return {"merged_by": "lorabind merge",
+    return {"merged_by": WRITTEN_BY,
             "fused": [{k: f[k] for k in ("name", "component", "strength", "sha256")} for f in fuses],
             "contracts": [contract_to_json(c) for c in contracts]}
 
