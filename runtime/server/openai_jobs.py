@@ -19,7 +19,7 @@ from .composition_root import ServerState
 from .openai_errors import OpenAIRequestError
 from .openai_templates import ADAPTER_NODE, Template
 from .queue import QueueItem
-from .routes_prompt import _validate
+from .routes_prompt import validate_prompt
 
 OPENAI_EXTRA_KEY = "lorabind_openai"  # extra_data entry describing the request (kept in /queue and /history)
 _MAX_TRACKED = 10000  # progress entries kept for jobs nobody asked about (bounded like the history)
@@ -74,7 +74,7 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
                        description: dict, client_id: Optional[str]) -> tuple[str, asyncio.Future]:
     """Validate and queue ``prompt``; returns its prompt id and the future of its history entry."""
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, None)
+    result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
         raise validation_error(template, prompt, result)
     prompt_id = str(uuid.uuid4())

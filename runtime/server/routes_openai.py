@@ -24,7 +24,7 @@ from .openai_results import ResultFile, failure, result_files
 from .openai_service import OPENAI_KEY, OpenAIService, origin, read_body, service_of
 from .openai_templates import Template, describe, fill_in, load_template
 from .queue import QueueItem
-from .routes_prompt import _validate
+from .routes_prompt import validate_prompt
 
 log = logging.getLogger("lorabind.server")
 
@@ -63,7 +63,7 @@ def _queue_warm_ups(state: ServerState, templates: list[Template]) -> None:
     (steps 0: the count the files declare), through the queue like any prompt (vllm-omni fuses at start too)."""
     for template in templates:
         prompt = fill_in(template, {}, [])
-        result = _validate(state, prompt, None)
+        result = validate_prompt(state, prompt, None)
         if not result.ok:
             raise ValueError(f"--lora-path: the template of {template.name} ({template.file_name}) does not "
                              f"validate with the distill files: {json.dumps(result.node_errors or result.error)}")

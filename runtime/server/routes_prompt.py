@@ -78,7 +78,7 @@ async def post_prompt(request: web.Request) -> web.Response:
     number = state.queue.next_number(_explicit_number(body), front=bool(body.get("front")))
     prompt_id = _claim_prompt_id(state, body.get("prompt_id"))
     try:
-        result = await loop.run_in_executor(state.validation_pool, _validate, state, prompt, targets)
+        result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, targets)
         if not result.ok:
             return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
         sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
@@ -151,7 +151,7 @@ def _no_prompt_details(body) -> str:
     return shape[0].upper() + shape[1:]
 
 
-def _validate(state: ServerState, prompt: dict, targets):
+def validate_prompt(state: ServerState, prompt: dict, targets):
     """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
     does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
     ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir, announce=prompt_log.log.info)
