@@ -114,11 +114,12 @@ def test_the_chat_endpoint_runs_on_the_replicas_routed_by_binding(ray_server):
         api = openai.AsyncOpenAI(base_url=ray_server.url + "/v1", api_key="unused", timeout=300)
         try:
             before = (await _routing(client))["replicas"]
-            # one after the other: with all four in flight at once, a request may go to the other replica while
-            # its own is busy (the router keeps replicas busy before it keeps bindings), which is timing, not routing
+            # one after the other, each binding's two back to back: a replica holds one multiplexed binding, so
+            # interleaved bindings evict each other and Ray then places the next request on any replica (timing,
+            # not our routing)
             answers = [await api.chat.completions.create(model=model, messages=[{"role": "user", "content": "a fox"}],
                                                          extra_body={"seed": seed})
-                       for seed, model in enumerate(["wan-4step", "wan-base"] * 2)]
+                       for seed, model in enumerate(["wan-4step", "wan-4step", "wan-base", "wan-base"])]
             for answer in answers:
                 status, data = await client.get(answer.choices[0].message.content[0]["video_url"]["url"]
                                                 .replace(ray_server.url, ""))
