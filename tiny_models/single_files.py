@@ -5,7 +5,8 @@ by the native layouts (the inverse of diffusers' single-file converters), so the
 checkpoint-loader node have real files to work on offline. All under a ``lorabind-tiny/`` subfolder of
 ``diffusion_models/``, ``vae/``, ``text_encoders/`` and ``clip_vision/`` so a user's own folders are never
 cluttered. Names keep the grammar of the published files (``wan2.2_t2v_high_noise_<size>_<precision>``) with
-``tiny`` as the size, so the name-based checks (high/low expert) apply to them too.
+``tiny`` as the size, so the name-based checks (high/low expert) apply to them too. The Wan2.2 experts and
+Qwen-Image are also written as Q8_0 and Q4_0 GGUF files (``gguf_files``) from the bf16 file's tensors.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..loaders.models.single_file import layouts
 from ..loaders.models.single_file.native_files import PRECISIONS, native_tensors
 from ..loaders.models.single_file.tokenizers import build_spiece_model
 from ._common import diffusers_dir
+from .gguf_files import GGUF_QUANTS, GGUF_STEMS, write_gguf_files
 from .lora_fixtures import _write_if_changed
 from .qwen_image import QWEN_IMAGE_NAME, build_tiny_qwen_image
 from .wan import WAN21_NAME, WAN22_NAME, build_tiny_wan21, build_tiny_wan22
@@ -97,11 +99,13 @@ def write_tiny_single_files(models_root) -> list[Path]:
             continue
         state_dict = _component(source_root / model, component)
         keep = getattr(diffusers, class_name)._keep_in_fp32_modules
+        folder = models_root / "diffusion_models" / SUBFOLDER
         for precision in PRECISIONS:
             tensors = native_tensors(state_dict, layout, precision=precision, quantized_prefix=prefix,
                                      keep_fp32_modules=keep)
-            written.append(_save(models_root / "diffusion_models" / SUBFOLDER / f"{stem}_{precision}.safetensors",
-                                 tensors))
+            written.append(_save(folder / f"{stem}_{precision}.safetensors", tensors))
+            if precision == "bf16" and stem in GGUF_STEMS:  # quantized from exactly the bf16 file's values
+                written += write_gguf_files(folder, stem, tensors, prefix, class_name)
     for name, model in VAE_FILES.items():
         if (source_root / model / "model_index.json").is_file():
             import json
@@ -136,6 +140,7 @@ def write_tiny_single_files(models_root) -> list[Path]:
 def tiny_file_names() -> dict[str, list[str]]:
     """{ComfyUI folder kind: names relative to it} of every tiny single file ``write_tiny_single_files`` writes."""
     denoisers = [f"{SUBFOLDER}/{stem}_{p}.safetensors" for stem in DENOISER_FILES for p in PRECISIONS]
+    denoisers += [f"{SUBFOLDER}/{stem}_{quant}.gguf" for stem in GGUF_STEMS for quant in GGUF_QUANTS]
     encoders = [f"{SUBFOLDER}/{UMT5_STEM}_{s}.safetensors" for s in ("bf16", "fp8_e4m3fn_scaled")]
     return {"diffusion_models": denoisers, "vae": [f"{SUBFOLDER}/{n}" for n in VAE_FILES],
             "text_encoders": encoders + [f"{SUBFOLDER}/{QWEN25_VL_FILE}"],

@@ -37,6 +37,8 @@ class ComponentKind:
     takes: tuple[str, ...] = ()  # denoisers: the VAE, text-encoder and image-encoder kinds they work with
     experts: bool = False  # denoisers: a model of this kind may come as two experts (Wan2.2 A14B)
     name_hint: str = ""  # a regex the file name must match to pick this kind among equal-shaped ones
+    # denoisers: the ``general.architecture`` published GGUF files of this kind declare (ComfyUI-GGUF's names)
+    gguf_architecture: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ KINDS = {kind.kind: kind for kind in (
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["ffn_dim"], c.get("image_dim") is not None),
         lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "wan22_vae", "umt5", "clip_vision"),
-        experts=True),
+        experts=True, gguf_architecture="wan"),
     ComponentKind(
         "qwen_image_transformer", "denoiser", "qwen_image", ("img_in.weight", "txt_norm.weight"),
         "diffusers", "QwenImageTransformer2DModel",
@@ -76,7 +78,7 @@ KINDS = {kind.kind: kind for kind in (
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["joint_attention_dim"]),
         lambda c: layouts.QWEN_IMAGE_TRANSFORMER, quantized_prefix="transformer_blocks.",
-        takes=("qwen_image_vae", "qwen25_vl")),
+        takes=("qwen_image_vae", "qwen25_vl"), gguf_architecture="qwen_image"),
     ComponentKind(
         "wan_vae", "vae", "wan", ("decoder.middle.0.residual.0.gamma", "conv2.weight"),
         "diffusers", "AutoencoderKLWan",
