@@ -115,6 +115,15 @@ def test_mp4_metadata_sits_before_the_frames(output):
     assert position == len(data) and boxes.index("moov") < boxes.index("mdat"), boxes
 
 
+def test_webm_tags_are_the_upper_case_names_the_frontend_reads_before_the_frames(output):
+    """The frontend's WebM reader takes ``SimpleTag`` names exactly ``PROMPT``/``WORKFLOW``, in the first 2 MiB."""
+    ui = save(colour_frames(4, 16, 16), video_format=WEBM)
+    data = (output / "clips" / ui["images"][0]["filename"]).read_bytes()
+    first_cluster = data.index(bytes.fromhex("1F43B675"))
+    assert data.index(b"PROMPT") < first_cluster and data.index(b"WORKFLOW") < first_cluster
+    assert b"prompt" not in data and b"workflow" not in data
+
+
 def test_bad_soundtracks_and_choices_are_refused_by_name(output):
     with pytest.raises(LoraBindError, match="LoraBindSaveVideo: audio has 3 channels"):
         save(colour_frames(2, 16, 16), {"waveform": torch.zeros(1, 3, 100), "sample_rate": 16000})

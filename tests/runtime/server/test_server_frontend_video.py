@@ -3,8 +3,9 @@
 Run from the Run button, the job's preview in the queue panel is the MP4, played by a ``<video>`` element (the
 frontend tells a video by its suffix); then, with another workflow open, the MP4 is opened through the
 frontend's own file input (``#comfy-file-input``, what "Open" and a drop both reach: ``app.handleFile``), which
-reads the workflow from the file's ``moov/udta/meta`` and restores the graph. A file without that metadata would
-instead add a LoadVideo node, which the test would see. Screenshots go to ``tmp_path`` and ``test-artifacts/``.
+reads the workflow from the file's ``moov/udta/meta`` and restores the graph; a WebM from the same saver
+restores it from its Matroska tags. A file without that metadata would instead add a LoadVideo node, which the
+test would see. Screenshots go to ``tmp_path`` and ``test-artifacts/``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import time
 
+import torch
 from test_server_frontend_browser import (CHROMIUM, TIMEOUT_MS, _bad_toasts, _jobs, _keep_screenshot,  # noqa: F401
                                           _load, _open, _start, pytestmark, sync_playwright)
 
+from lorabind.loaders.io.video_files import VIDEO_FORMATS, write_video
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.config import PACK_DIR
 
@@ -56,6 +59,15 @@ def test_the_mp4_previews_in_the_queue_and_reopens_its_workflow(mm_root, tmp_pat
             assert {n["id"]: n["widgets_values"] for n in reopened["nodes"] if n["type"] == "LoraBindSaveVideo"} == \
                 {8: ["lorabind/minimax_h3_turbo_mp4", 24.0, "mp4 (h264 + aac)", 19, "medium"]}
             _keep_screenshot(page, tmp_path, artifacts, "frontend-mp4-reopened.png")
+
+            # the WebM format: its Matroska tags reopen the same workflow
+            webm = tmp_path / "reopen.webm"
+            write_video(str(webm), torch.rand(3, 16, 16, 3), 8.0, VIDEO_FORMATS["webm (vp9 + opus)"], 30,
+                        "ultrafast", metadata={"prompt": {}, "workflow": reopened})
+            page.evaluate("() => app.graph.clear()")
+            page.set_input_files("#comfy-file-input", str(webm))
+            page.wait_for_function("() => app.graph.nodes.length > 0", timeout=TIMEOUT_MS)
+            assert page.evaluate(GRAPH) == expected_graph
             assert _bad_toasts(page) == [] and errors == []
             browser.close()
     finally:
