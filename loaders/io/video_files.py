@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Callable
 
 from .atomic_files import write_atomically
 
@@ -39,6 +40,15 @@ CHANNEL_LAYOUTS = {1: "mono", 2: "stereo"}
 PIXEL_FORMAT = "yuv420p"
 
 
+def x264_options(crf: int, preset: str) -> dict:
+    return {"crf": str(crf), "preset": preset}
+
+
+def vp9_options(crf: int, preset: str) -> dict:
+    """Constant quality (crf with the bitrate cap off), speed from the preset's place among x264's."""
+    return {"crf": str(crf), "b:v": "0", "cpu-used": str(VP9_CPU_USED[preset]), "row-mt": "1"}
+
+
 @dataclass(frozen=True)
 class VideoFormat:
     container: str
@@ -46,18 +56,13 @@ class VideoFormat:
     video_codec: str
     audio_codec: str
     container_options: dict
-    mime_type: str
-
-    def video_options(self, crf: int, preset: str) -> dict:
-        if self.video_codec == "libvpx-vp9":  # constant quality: crf with the bitrate cap off
-            return {"crf": str(crf), "b:v": "0", "cpu-used": str(VP9_CPU_USED[preset]), "row-mt": "1"}
-        return {"crf": str(crf), "preset": preset}
+    video_options: Callable[[int, str], dict]  # (crf, preset) -> the encoder's options
 
 
 VIDEO_FORMATS = {
-    "mp4 (h264 + aac)": VideoFormat("mp4", "mp4", "libx264", "aac",
-                                    {"movflags": "use_metadata_tags+faststart"}, "video/mp4"),
-    "webm (vp9 + opus)": VideoFormat("webm", "webm", "libvpx-vp9", "libopus", {}, "video/webm"),
+    "mp4 (h264 + aac)": VideoFormat("mp4", "mp4", "libx264", "aac", {"movflags": "use_metadata_tags+faststart"},
+                                    x264_options),
+    "webm (vp9 + opus)": VideoFormat("webm", "webm", "libvpx-vp9", "libopus", {}, vp9_options),
 }
 
 
