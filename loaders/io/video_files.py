@@ -68,11 +68,9 @@ VIDEO_FORMATS = {
 
 @dataclass(frozen=True)
 class VideoWritten:
-    frames: int
     width: int
     height: int
     padded: bool  # an odd width/height was padded to even (yuv420p)
-    audio_rate: int | None  # the rate the soundtrack was stored at, None without one
 
 
 def even_frames(frames):
@@ -135,12 +133,13 @@ def write_video(path: str, frames, fps: float, video_format: VideoFormat, crf: i
                                        len(pixels) / fps)
     write_atomically(path, lambda temp: _encode(temp, pixels, fps, video_format, crf, preset, soundtrack,
                                                 metadata or {}))
-    return VideoWritten(frames=len(pixels), width=pixels.shape[2], height=pixels.shape[1],
-                        padded=pixels.shape[1:3] != tuple(frames.shape[1:3]),
-                        audio_rate=soundtrack[1] if soundtrack else None)
+    return VideoWritten(width=pixels.shape[2], height=pixels.shape[1],
+                        padded=pixels.shape[1:3] != tuple(frames.shape[1:3]))
 
 
 def _encode(path, pixels, fps, video_format, crf, preset, soundtrack, metadata) -> None:
+    """Each frame is muxed with the sound of its time span, so the file interleaves the two streams (a player
+    reading it front to back finds both together; FFmpeg's muxer need not hold one stream back)."""
     import av
 
     with av.open(path, mode="w", format=video_format.container,
@@ -150,19 +149,40 @@ def _encode(path, pixels, fps, video_format, crf, preset, soundtrack, metadata) 
         video = container.add_stream(video_format.video_codec, rate=Fraction(round(fps * 1000), 1000))
         video.width, video.height, video.pix_fmt = pixels.shape[2], pixels.shape[1], PIXEL_FORMAT
         video.options = video_format.video_options(crf, preset)
-        sound = None
-        if soundtrack is not None:
-            samples, rate = soundtrack
-            sound = container.add_stream(video_format.audio_codec, rate=rate,
-                                         layout=CHANNEL_LAYOUTS[samples.shape[0]])
-        for image in pixels:
+        sound = _SoundFeed(container, video_format.audio_codec, soundtrack, len(pixels)) if soundtrack else None
+        for index, image in enumerate(pixels):
             container.mux(video.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+            if sound is not None:
+                sound.feed_until(index + 1)
         container.mux(video.encode(None))
         if sound is not None:
-            frame = av.AudioFrame.from_ndarray(samples, format="fltp", layout=CHANNEL_LAYOUTS[samples.shape[0]])
-            frame.sample_rate, frame.pts = rate, 0
-            container.mux(sound.encode(frame))
-            container.mux(sound.encode(None))
+            sound.finish()
+
+
+class _SoundFeed:
+    """The soundtrack handed to its encoder in step with the frames: up to frame ``n`` means the samples before
+    ``n / frames`` of the whole."""
+
+    def __init__(self, container, codec: str, soundtrack, frames: int):
+        self.container, (self.samples, self.rate), self.frames = container, soundtrack, frames
+        self.layout = CHANNEL_LAYOUTS[self.samples.shape[0]]
+        self.stream = container.add_stream(codec, rate=self.rate, layout=self.layout)
+        self.sent = 0
+
+    def feed_until(self, frame: int) -> None:
+        import av
+
+        end = self.samples.shape[1] * frame // self.frames
+        if end <= self.sent:
+            return
+        chunk = av.AudioFrame.from_ndarray(self.samples[:, self.sent:end].copy(), format="fltp", layout=self.layout)
+        chunk.sample_rate, chunk.pts = self.rate, self.sent
+        self.container.mux(self.stream.encode(chunk))
+        self.sent = end
+
+    def finish(self) -> None:
+        self.feed_until(self.frames)
+        self.container.mux(self.stream.encode(None))
 
 
 def first_video_frame(path: str):
