@@ -68,6 +68,9 @@ class LoraBindSaveVideo:
                                   audio=audio, metadata=metadata)
         except ValueError as error:
             raise LoraBindError(f"LoraBindSaveVideo: {error}") from error
+        except ImportError as error:  # PyAV is a dependency, but a ComfyUI install may have lost it
+            raise LoraBindError(f"LoraBindSaveVideo needs PyAV to encode video ({error}); install it with "
+                                f"pip install av") from error
         ui = {"images": [{"filename": file, "subfolder": subfolder, "type": "output"}], "animated": [True]}
         if written.padded:
             ui["text"] = [f"{width}x{height} padded to {written.width}x{written.height}: yuv420p needs an even "

@@ -8,6 +8,7 @@ codec's bytes."""
 from __future__ import annotations
 
 import json
+import sys
 
 import av
 import pytest
@@ -130,6 +131,12 @@ def test_bad_soundtracks_and_choices_are_refused_by_name(output):
     with pytest.raises(LoraBindError, match="LoraBindSaveVideo: unknown format 'avi'"):
         save(colour_frames(2, 16, 16), video_format="avi")
     assert not any((output / "clips").glob("*.mp4"))  # nothing half-written stays
+
+
+def test_a_missing_pyav_is_named_with_its_install_command(output, monkeypatch):
+    monkeypatch.setitem(sys.modules, "av", None)  # import av now raises ImportError
+    with pytest.raises(LoraBindError, match="LoraBindSaveVideo needs PyAV .*pip install av"):
+        save(colour_frames(2, 16, 16))
 
 
 def test_declared_choices_match_the_writer():
