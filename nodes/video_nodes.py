@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from ..usecases import SOCKET_AUDIO, SOCKET_IMAGE, LoraBindError, VIDEO_FORMATS, VIDEO_PRESETS, write_video
-from .output_nodes import SAVERS_CATEGORY, output_target
+from .output_nodes import SAVERS_CATEGORY, filename_prefix_input, output_target
 
 MAX_CRF = 51  # libx264's scale (0 lossless .. 51 worst); libvpx-vp9 takes 0..63, so every value fits both
 
@@ -35,8 +35,7 @@ class LoraBindSaveVideo:
         return {
             "required": {
                 "images": (SOCKET_IMAGE, {"tooltip": "The frames, in order (a batch's videos follow one another)."}),
-                "filename_prefix": ("STRING", {"default": "lorabind/video",
-                                               "tooltip": "File name prefix; may contain subfolders (a/b)."}),
+                "filename_prefix": filename_prefix_input("lorabind/video"),
                 "fps": ("FLOAT", {"default": 24.0, "min": 1.0, "max": 240.0, "step": 0.01,
                                   "tooltip": "Frame rate; the video lasts frames / fps seconds."}),
                 "format": (list(VIDEO_FORMATS), {"tooltip": "Container and codecs (video + sound)."}),
