@@ -17,6 +17,7 @@ _NODE_MODULES = (
     "sampler_nodes",
     "sigma_nodes",
     "output_nodes",
+    "video_nodes",
     "adapter_nodes",
     "minimax_nodes",
     "comfy_native_nodes",

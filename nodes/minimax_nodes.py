@@ -11,7 +11,7 @@ from ..usecases import (SOCKET_AUDIO, SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL,
                         TASKS, LoraBindError, write_wav)
 from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
-from .output_nodes import SAVERS_CATEGORY, output_target
+from .output_nodes import SAVERS_CATEGORY, filename_prefix_input, output_target
 
 CATEGORY = "lorabind/minimax_h3"
 
@@ -152,8 +152,7 @@ class LoraBindSaveAudio:
         return {
             "required": {
                 "audio": (SOCKET_AUDIO, {"tooltip": "Audio to save, one WAV per batch item."}),
-                "filename_prefix": ("STRING", {"default": "lorabind/audio",
-                                               "tooltip": "File name prefix; may contain subfolders (a/b)."}),
+                "filename_prefix": filename_prefix_input("lorabind/audio"),
             },
             "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"},
         }

@@ -44,6 +44,11 @@ class LoraBindVAEDecode:
         return (decode(model.model, latent),)
 
 
+def filename_prefix_input(default: str) -> tuple:
+    """The ``filename_prefix`` widget every saver declares."""
+    return ("STRING", {"default": default, "tooltip": "File name prefix; may contain subfolders (a/b)."})
+
+
 def output_target(filename_prefix: str, extension: str, width: int = 0, height: int = 0
                   ) -> tuple[str, str, int, str]:
     """(folder, file stem, first free counter, subfolder) of a ``.extension`` save under the output directory;
@@ -104,8 +109,7 @@ class LoraBindSaveImage:
         return {
             "required": {
                 "images": (SOCKET_IMAGE, {"tooltip": "Frames to save (one frame -> PNG, more -> animated WebP)."}),
-                "filename_prefix": ("STRING", {"default": "lorabind",
-                                               "tooltip": "File name prefix; may contain subfolders (a/b)."}),
+                "filename_prefix": filename_prefix_input("lorabind"),
                 "fps": ("FLOAT", {"default": 16.0, "min": 0.01, "max": 1000.0, "step": 0.01,
                                   "tooltip": "Frame rate of an animated WebP."}),
             },

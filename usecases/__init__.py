@@ -43,6 +43,7 @@ _EXPORTS = {
     "..loaders.binding.peft_adapters": ("file_identity",),
     "..loaders.io.atomic_files": ("write_atomically",),
     "..loaders.io.wav_files": ("write_wav",),
+    "..loaders.io.video_files": ("write_video", "VIDEO_FORMATS", "VIDEO_PRESETS"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -1,1 +1,1 @@
-"""File io of the engine: atomic writes, safe outputs, images, WAVs and JSON limits."""
+"""File io of the engine: atomic writes, safe outputs, images, WAVs, videos and JSON limits."""

@@ -3,24 +3,22 @@ links or bytes) or the error, named by the request field that caused it.
 
 Files are found through the history's ``images`` entries (ComfyUI's ``{filename, subfolder, type}``) and read
 from the folder behind ``type``, confined to it like ``/view``. A one-frame result is an image (PNG); several
-frames are a video (our save node writes an animated WebP).
+frames are a video (an animated WebP, or the MP4 / WebM of LoraBindSaveVideo).
 """
 
 from __future__ import annotations
 
 import base64
-import mimetypes
 import os
 import re
 import urllib.parse
 from dataclasses import dataclass
 
 from .config import ServerConfig
+from .media_types import media_type
 from .openai_errors import OpenAIRequestError
 from .openai_templates import Template
 
-_MIME = {".png": "image/png", ".webp": "image/webp", ".gif": "image/gif", ".mp4": "video/mp4",
-         ".webm": "video/webm", ".wav": "audio/wav"}
 _USER_ERRORS = ("ContractError", "KeyMatchError", "LoraFileError")  # the request asked for something impossible
 
 
@@ -51,8 +49,7 @@ def result_files(entry: dict, config: ServerConfig) -> list[ResultFile]:
             path = _confined(config, image)
             if path is None:
                 continue
-            mime = _MIME.get(os.path.splitext(path)[1].lower()) or mimetypes.guess_type(path)[0] or \
-                "application/octet-stream"
+            mime = media_type(path)
             query = urllib.parse.urlencode({"filename": image.get("filename"), "subfolder": image.get("subfolder", ""),
                                             "type": image.get("type", "output")})
             files.append(ResultFile(path, query, mime, animated))

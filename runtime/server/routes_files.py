@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import mimetypes
 import os
 import re
 import urllib.parse
@@ -21,6 +20,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from ...loaders.io.atomic_files import write_atomically
 from .composition_root import STATE_KEY, ServerState
 from .http_json import bad_request
+from .media_types import media_type
 
 # Served as downloads, never rendered: a file in output/ must not become script running on our origin.
 DANGEROUS_MIMETYPES = {"text/html", "text/javascript", "application/javascript", "application/xhtml+xml",
@@ -95,7 +95,7 @@ async def get_view(request: web.Request) -> web.StreamResponse:
     preview, channel = request.query.get("preview"), request.query.get("channel", "rgba")
     if preview or channel != "rgba":
         return await _converted_image(path, preview, channel)
-    content_type = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    content_type = media_type(path.name)
     if content_type in DANGEROUS_MIMETYPES:
         content_type = "application/octet-stream"
     return web.FileResponse(path, headers={"Content-Type": content_type,

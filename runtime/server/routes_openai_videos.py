@@ -52,7 +52,7 @@ async def retrieve_video(request: web.Request) -> web.Response:
 
 
 async def video_content(request: web.Request) -> web.Response:
-    """The finished file (our save node writes an animated WebP; its content type says so)."""
+    """The finished file (an animated WebP, or LoraBindSaveVideo's MP4 / WebM; its content type says so)."""
     variant = request.query.get("variant", "video")
     if variant != "video":
         return error_response(f"variant: only 'video' is available, not {variant!r}", param="variant")

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from ...loaders.io.video_files import first_video_frame, is_video_file
 from .example_assets import COMFYUI_ONLY_PREFIX
 from .. import folder_paths
 from ..executor import PromptExecutor
@@ -87,13 +88,15 @@ def _render_one(api_path: Path, target: Path, node_classes: dict, scratch: str) 
 
 
 def _first_image(outputs: dict, root: str):
-    """The first frame of the first image file an output node wrote (animated WebP: its frame 0)."""
+    """The first frame of the first image file an output node wrote (animated WebP, MP4, WebM: their frame 0)."""
     from PIL import Image
 
     for ui in outputs.values():
         for entry in ui.get("images") or []:
             if isinstance(entry, dict) and "filename" in entry:
                 path = Path(root, entry.get("subfolder") or "", entry["filename"])
+                if is_video_file(path.name):
+                    return first_video_frame(str(path)).convert("RGB")
                 with Image.open(path) as image:
                     image.seek(0)
                     return image.convert("RGB")

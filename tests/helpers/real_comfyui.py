@@ -119,9 +119,10 @@ class RealComfyUI:
     def post(self, path: str, body: dict):
         return asyncio.run(self._post(path, body))
 
-    def run(self, prompt: dict, timeout: float = 300) -> PromptRun:
-        """Queue ``prompt`` and follow it on the WebSocket until ComfyUI says it is done."""
-        return asyncio.run(self._run(prompt, timeout))
+    def run(self, prompt: dict, timeout: float = 300, extra_data: dict | None = None) -> PromptRun:
+        """Queue ``prompt`` (with ``extra_data``, e.g. the editor's ``extra_pnginfo``) and follow it on the
+        WebSocket until ComfyUI says it is done."""
+        return asyncio.run(self._run(prompt, timeout, extra_data or {}))
 
     async def _get(self, path: str):
         async with aiohttp.ClientSession() as session, session.get(self.url + path) as response:
@@ -132,11 +133,12 @@ class RealComfyUI:
             text = await response.text()
             return response.status, (json.loads(text) if text.strip() else {})
 
-    async def _run(self, prompt: dict, timeout: float) -> PromptRun:
+    async def _run(self, prompt: dict, timeout: float, extra_data: dict) -> PromptRun:
         client_id = uuid.uuid4().hex
+        body = {"prompt": prompt, "client_id": client_id, **({"extra_data": extra_data} if extra_data else {})}
         async with aiohttp.ClientSession() as session:
             async with session.ws_connect(f"{self.url}/ws?clientId={client_id}", max_msg_size=0) as socket:
-                async with session.post(f"{self.url}/prompt", json={"prompt": prompt, "client_id": client_id}) as r:
+                async with session.post(f"{self.url}/prompt", json=body) as r:
                     run = PromptRun(r.status, await r.json())
                 if r.status != 200:
                     return run

@@ -3,7 +3,7 @@ float reference recorded once.
 
 Why not hashes: an output hash encodes which vector kernels PyTorch picked on the recording machine (AVX2 and
 AVX-512 sum in different orders), and a lossy codec (WebP) spreads one flipped 8-bit value over many pixels.
-So the decoded tensors are captured *before* encoding, by wrapping the two savers, and compared:
+So the decoded tensors are captured *before* encoding, by wrapping the savers, and compared:
 
 - ``run`` against ``serve``, live, in this process: the same kernels, so the tensors must be identical;
 - against ``workflow_output_references.json``: each output pooled to a few hundred floats (block means of the
@@ -19,6 +19,7 @@ both kernel families. To re-record after an intended numerical change:
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import time
@@ -31,7 +32,7 @@ import torch
 from PIL import Image, ImageSequence
 
 import lorabind
-from lorabind.nodes import minimax_nodes, output_nodes
+from lorabind.nodes import minimax_nodes, output_nodes, video_nodes
 from lorabind.runtime.cli import main
 
 pytestmark = pytest.mark.slow
@@ -64,21 +65,30 @@ POOL = 8  # frames are averaged over POOL x POOL pixel blocks; audio over 64 chu
 
 
 class OutputCapture:
-    """Wraps the image and audio savers so that every tensor handed to them is kept, keyed by file prefix."""
+    """Wraps the image, audio and video savers so that every tensor handed to them is kept, keyed by what it is
+    and the file prefix (``images:``, ``audio:``, and ``video:`` / ``soundtrack:`` for the video saver)."""
+
+    SAVERS = ((output_nodes, "LoraBindSaveImage", {"images": "images"}),
+              (minimax_nodes, "LoraBindSaveAudio", {"audio": "audio"}),
+              (video_nodes, "LoraBindSaveVideo", {"images": "video", "audio": "soundtrack"}))
 
     def __init__(self, monkeypatch):
         self.outputs: dict[str, torch.Tensor] = {}
-        for module, cls_name, key in ((output_nodes, "LoraBindSaveImage", "images"),
-                                      (minimax_nodes, "LoraBindSaveAudio", "audio")):
+        for module, cls_name, kinds in self.SAVERS:
             cls = getattr(module, cls_name)
-            monkeypatch.setattr(cls, "save", self._wrap(cls.save, key))
+            monkeypatch.setattr(cls, "save", self._wrap(cls.save, kinds))
 
-    def _wrap(self, save, key):
+    def _wrap(self, save, kinds):
+        signature = inspect.signature(save)
+
         def capturing_save(node, *args, **kwargs):
-            value = kwargs.get(key, args[0] if args else None)
-            prefix = kwargs.get("filename_prefix", args[1] if len(args) > 1 else "")
-            tensor = value["waveform"] if key == "audio" else value
-            self.outputs[f"{key}:{prefix}"] = tensor.detach().to(torch.float32).clone()
+            arguments = signature.bind(node, *args, **kwargs).arguments
+            prefix = arguments.get("filename_prefix", "")
+            for name, kind in kinds.items():
+                value = arguments.get(name)
+                if value is not None:
+                    tensor = value["waveform"] if isinstance(value, dict) else value
+                    self.outputs[f"{kind}:{prefix}"] = tensor.detach().to(torch.float32).clone()
             return save(node, *args, **kwargs)
         return capturing_save
 
@@ -161,18 +171,40 @@ def serve_prompt(url: str, prompt: dict, timeout: float = 300.0) -> dict:
 
 
 def assert_written_files_match(out: Path, outputs: dict[str, torch.Tensor]) -> None:
-    """The files on disk hold what was captured: frame count and size of each image, one WAV per waveform."""
+    """The files on disk hold what was captured: frame count and size of each image and video (never the codec's
+    bytes), one WAV per waveform, a sound stream in each video given a soundtrack."""
     images = sorted(p for p in out.rglob("*") if p.suffix in (".png", ".webp"))
-    captured = [value for key, value in sorted(outputs.items()) if key.startswith("images:")]
-    assert len(images) == len(captured)
-    shapes = sorted((v.shape[0], v.shape[2], v.shape[1]) for v in captured)
     found = []
     for path in images:
         with Image.open(path) as image:
             found.append((sum(1 for _ in ImageSequence.Iterator(image)), *image.size))
-    assert sorted(found) == shapes
+    assert sorted(found) == captured_sizes(outputs, "images:")
+    videos = sorted(p for p in out.rglob("*") if p.suffix in (".mp4", ".webm"))
+    assert sorted(video_frames_and_size(path) for path in videos) == captured_sizes(outputs, "video:")
+    assert sum(video_has_sound(path) for path in videos) == len(captured_sizes(outputs, "soundtrack:"))
     wavs = list(out.rglob("*.wav"))
     assert len(wavs) == sum(v.shape[0] for k, v in outputs.items() if k.startswith("audio:"))
+
+
+def captured_sizes(outputs: dict[str, torch.Tensor], kind: str) -> list[tuple]:
+    """(frames, width, height) of each captured IMAGE of this kind; for a soundtrack, its shape."""
+    captured = [value for key, value in sorted(outputs.items()) if key.startswith(kind)]
+    return sorted((v.shape[0], v.shape[2], v.shape[1]) if v.dim() == 4 else tuple(v.shape) for v in captured)
+
+
+def video_frames_and_size(path: Path) -> tuple[int, int, int]:
+    import av
+
+    with av.open(str(path)) as container:
+        decoded = list(container.decode(video=0))
+    return len(decoded), decoded[0].width, decoded[0].height
+
+
+def video_has_sound(path: Path) -> bool:
+    import av
+
+    with av.open(str(path)) as container:
+        return len(container.streams.audio) == 1
 
 
 def assert_matches_reference(name: str, outputs: dict[str, torch.Tensor], reference: dict) -> None:

@@ -92,3 +92,20 @@ def test_each_template_gets_a_frame_of_its_own_output_once(tiny_models_root, tmp
         "qwen_image_lightning": "it does not validate (Cannot execute because node LoraBindModelLoader does not "
                                 "exist.)",
         "wan22_mismatched_contract": "it does not validate (Prompt has no outputs)"}
+
+
+def test_a_template_that_saves_a_video_gets_its_first_frame(tmp_path):
+    """``minimax_h3_turbo_mp4`` writes an MP4, which Pillow cannot open: its card shows the video's frame 0."""
+    import torch
+
+    from lorabind.loaders.io.video_files import VIDEO_FORMATS, write_video
+    from lorabind.runtime.server.template_thumbnails import _first_image
+
+    frames = torch.zeros(3, 16, 24, 3)
+    frames[0, ..., 0] = 1.0  # frame 0 red, the others black
+    (tmp_path / "clips").mkdir()
+    write_video(str(tmp_path / "clips" / "v.mp4"), frames, 8.0, VIDEO_FORMATS["mp4 (h264 + aac)"], 18, "ultrafast")
+    outputs = {"8": {"images": [{"filename": "v.mp4", "subfolder": "clips", "type": "output"}], "animated": [True]}}
+    picture = _first_image(outputs, str(tmp_path))
+    red, green, blue = picture.getpixel((12, 8))
+    assert picture.size == (24, 16) and red > 200 and green < 60 and blue < 60
