@@ -70,7 +70,6 @@ def inspect_model_file(path: str) -> dict:
     from ...loaders.dispatch.contract_discovery import model_file_contract
     from ...loaders.models.single_file.detect import detect
     from ...loaders.models.single_file.baked_files import baked_file_record
-
     from ...loaders.io.gguf_header import header_summary, is_gguf_path, read_gguf_header
 
     name = os.path.basename(path)

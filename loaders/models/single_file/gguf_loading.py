@@ -21,6 +21,7 @@ layout rule), and one of a module the class keeps in float32.
 
 from __future__ import annotations
 
+from ...errors import ModelLoadError
 from ...io.gguf_header import GGUFTensor, read_gguf_header
 from ...io.gguf_tensors import dequantize, read_gguf_tensors
 from .detect import Detected
@@ -93,8 +94,6 @@ def _place_quantized(model, key: str, raw, info: GGUFTensor, compute, detected: 
     import gguf
     import torch
     from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter
-
-    from ...errors import ModelLoadError
 
     module_path, _, _ = key.rpartition(".")
     linear = model.get_submodule(module_path)
