@@ -137,3 +137,14 @@ def test_planned_bytes_are_what_loading_holds_gguf_at_its_quantized_bytes(models
             module = load_gguf_component(detected, dtype=torch.bfloat16)
             held = sum(t.nbytes for t in module.parameters()) + sum(t.nbytes for t in module.buffers())
             assert planned[name] == held, name
+
+
+@pytest.mark.slow
+def test_every_memory_plan_renders_a_gguf_set_bit_identical_to_full(models_root):
+    """Staging, swapping and group offload move the quantized weights as they are (``GGUFParameter`` kept)."""
+    reference = render(_load("wan", "Q8_0.gguf")[0], frames=5)
+    for memory in ("swap_experts", "offload_model", "offload_blocks"):
+        model, _ = _load("wan", "Q8_0.gguf", memory=memory)
+        assert model.model.placement.plan.memory == memory
+        assert torch.equal(render(model, frames=5), reference), memory
+        assert all(isinstance(module.weight, GGUFParameter) for module in _quantized_linears(model).values())
