@@ -117,3 +117,16 @@ def test_models_check_recognises_gguf_denoisers(tiny_files, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Wan2.2 T2V tiny high-noise expert (GGUF Q8_0)" in out
     assert "Wan2.2 T2V tiny low-noise expert (GGUF Q4_0)" in out
+
+
+def test_merge_and_extract_refuse_a_gguf_model_by_name(tiny_files, tmp_path, capsys):
+    from lorabind.tiny_models.lora_fixtures import write_fixture_loras
+
+    lora = next(p for p in write_fixture_loras(tiny_files) if "t2v_A14b_high_noise" in p.name)
+    gguf_file = tiny_files / "diffusion_models" / TINY / "wan2.2_t2v_high_noise_tiny_Q8_0.gguf"
+    assert main(["merge", "--model", str(gguf_file), "--lora", str(lora), "--out", str(tmp_path / "m.safetensors")]) != 0
+    assert "wan2.2_t2v_high_noise_tiny_Q8_0.gguf: a GGUF file" in capsys.readouterr().err
+    bf16 = tiny_files / "diffusion_models" / TINY / "wan2.2_t2v_high_noise_tiny_bf16.safetensors"
+    assert main(["extract", "--base", str(gguf_file), "--tuned", str(bf16), "--out", str(tmp_path / "x.safetensors")]) != 0
+    assert "wan2.2_t2v_high_noise_tiny_Q8_0.gguf: a GGUF file" in capsys.readouterr().err
+    assert not (tmp_path / "m.safetensors").exists() and not (tmp_path / "x.safetensors").exists()
