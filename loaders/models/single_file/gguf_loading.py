@@ -25,7 +25,8 @@ from ...errors import ModelLoadError
 from ...io.gguf_header import GGUFTensor, read_gguf_header
 from ...io.gguf_tensors import dequantize, read_gguf_tensors
 from .detect import Detected
-from .loading import build_empty, check_all_loaded, check_file_keys, fp32_modules, ignored_key, owner, place
+from .loading import (batches, build_empty, check_all_loaded, check_file_keys, fp32_modules, ignored_key, owner,
+                      place)
 from .native_files import keeps_fp32
 
 
@@ -42,18 +43,18 @@ def load_gguf_component(detected: Detected, *, dtype=None, fp8_rounding: str = "
     plan = layout.native_plan(model.state_dict(keep_vars=True))
     keep = fp32_modules(type(model), detected, compute)
     native_keys = check_file_keys(detected, header.tensors, plan, layout)
-    tensors = read_gguf_tensors(header, detected.name)
-    for native_key in sorted(native_keys):
-        if ignored_key(native_key, layout):
-            continue
-        info, raw = header.tensors[detected.prefix + native_key], tensors.pop(detected.prefix + native_key)
-        keys = plan[native_key]
-        if info.quantized and _stays_quantized(model, layout, native_key, keys, info, keep):
-            _place_quantized(model, keys[0], raw, info, compute, detected)
-            continue
-        value = dequantize(info, raw) if info.quantized else raw
-        for key, part in layout.split(native_key, value, keys).items():
-            place(model, key, part, None, compute, keeps_fp32(key, keep), detected, fp8_rounding)
+    wanted = {detected.prefix + k: header.tensors[detected.prefix + k].n_bytes for k in sorted(native_keys)
+              if not ignored_key(k, layout)}
+    for batch in batches(wanted):  # a fresh map per batch: pages copied out are unmapped (see ``loading``)
+        for file_key, raw in read_gguf_tensors(header, detected.name, batch).items():
+            native_key, info = file_key[len(detected.prefix):], header.tensors[file_key]
+            keys = plan[native_key]
+            if info.quantized and _stays_quantized(model, layout, native_key, keys, info, keep):
+                _place_quantized(model, keys[0], raw, info, compute, detected)
+                continue
+            value = dequantize(info, raw) if info.quantized else raw
+            for key, part in layout.split(native_key, value, keys).items():
+                place(model, key, part, None, compute, keeps_fp32(key, keep), detected, fp8_rounding)
     check_all_loaded(model, detected)
     return model.eval().requires_grad_(False)
 

@@ -54,7 +54,8 @@ def _assign(root, key: str, tensor) -> None:
         raise KeyError(key)
 
 
-def _batches(sizes: dict):
+def batches(sizes: dict):
+    """Keys in groups of about ``_BATCH_BYTES`` ({key: bytes} in reading order): one file mapping per group."""
     batch, total = [], 0
     for key, size in sizes.items():
         batch.append(key)
@@ -92,7 +93,7 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     prefix = detected.prefix
     native_keys = check_file_keys(detected, file_keys, plan, layout)
     order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
-    for batch in _batches(order):
+    for batch in batches(order):
         with _reading(detected), safe_open(detected.path, framework="pt") as handle:
             for native_key in batch:
                 tensor = handle.get_tensor(prefix + native_key)
