@@ -30,6 +30,11 @@ def list_files(kind: str) -> list[str]:
     return sorted(names)
 
 
+def list_denoisers() -> list[str]:
+    """The denoiser files: safetensors and GGUF (the published quantized sets are GGUF denoisers)."""
+    return sorted(set(list_files("diffusion_models")) | set(usecases.gguf_denoiser_names(folder_paths())))
+
+
 def resolve_file(kind: str, name: str) -> tuple[str, str]:
     """(path, name) of a COMBO value; a missing tiny single file is built first."""
     paths = folder_paths()
@@ -53,7 +58,8 @@ def tokenizer_dirs() -> list[Path]:
 class LoraBindCheckpointLoader:
     DESCRIPTION = (
         "Loads the single files ComfyUI keeps in models/diffusion_models, models/vae and models/text_encoders "
-        "(bf16, fp16, fp8_e4m3fn or fp8 scaled) as one shared model. It detects family, size and variant from "
+        "(bf16, fp16, fp8_e4m3fn or fp8 scaled; denoisers also as GGUF: Q8_0, Q6_K, Q5_K, Q5_0, Q4_K, Q4_0..., "
+        "kept quantized and dequantised layer by layer) as one shared model. It detects family, size and variant from "
         "the tensors and refuses files that do not fit together, naming both. For Wan2.2 A14B give the "
         "high-noise expert as denoiser and the low-noise one as denoiser_low_noise; Wan2.1 I2V also takes its CLIP "
         "vision file (models/clip_vision) as clip_vision."
@@ -67,7 +73,7 @@ class LoraBindCheckpointLoader:
 
     @classmethod
     def INPUT_TYPES(cls):
-        denoisers = list_files("diffusion_models")
+        denoisers = list_denoisers()
         return {
             "required": {
                 "denoiser": (denoisers, {"tooltip": "models/diffusion_models (or unet): the denoiser; for Wan2.2 "

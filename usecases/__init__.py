@@ -6,7 +6,7 @@ so every host runs them the same way. Nodes import this one facade, never the en
 lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
 
 Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
-``tokenizer_dirs``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
+``tokenizer_dirs``, ``gguf_denoiser_names``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
 offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
 ``lora_components`` (adapters); ``sample``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
@@ -19,7 +19,7 @@ from importlib import import_module
 _EXPORTS = {
     ".models": ("list_models", "find_model", "resolve_model", "load_model", "load_checkpoint_files",
                 "tokenizer_dirs", "builtin_model_names", "builtin_file_names", "ensure_builtin_files",
-                "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
+                "gguf_denoiser_names", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
     ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
                   "contract_text"),
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",

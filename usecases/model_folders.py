@@ -52,6 +52,13 @@ def folders_holding(roots: Iterable[str], marker: str) -> list[str]:
     return sorted(names)
 
 
+def files_named(roots: Iterable[str], extension: str) -> list[str]:
+    """Relative names of the files under ``roots`` ending in ``extension`` (``.gguf`` denoisers: ComfyUI lists
+    only its own extensions in ``diffusion_models``, so the pack walks the folders for these itself)."""
+    return sorted({prefix + file for prefix, _, files in walk(roots) for file in files
+                   if file.lower().endswith(extension)})
+
+
 def lora_names(roots: list[str]) -> list[str]:
     """The one LoRA list, headless and inside ComfyUI: the safetensors files and PEFT adapter folders (holding
     ``adapter_config.json``) under ``roots``, as relative names. A PEFT folder is listed as itself, never its

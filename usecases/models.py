@@ -17,10 +17,12 @@ from ..loaders.handles import ModelHandle
 from ..loaders.models.store import load_model as load_folder
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
 from . import host
-from .model_folders import model_folder_names
+from .model_folders import files_named, model_folder_names
 
 MODEL_FOLDER_KIND = "diffusers"
 TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
+DENOISER_KIND = "diffusion_models"  # ComfyUI's folder of single-file denoisers (also ``unet``)
+GGUF_EXTENSION = ".gguf"
 
 
 def builtin_model_names() -> tuple:
@@ -33,6 +35,16 @@ def builtin_file_names(kind: str) -> list[str]:
     """The built-in tiny single files of a ComfyUI folder kind (``diffusion_models``, ``vae``...)."""
     factory = host.builtin_models()
     return list(factory.single_files.tiny_file_names().get(kind, ())) if factory is not None else []
+
+
+def gguf_denoiser_names(registry) -> list[str]:
+    """The ``.gguf`` denoisers under the ``diffusion_models`` roots (relative names), which the checkpoint loader
+    reads beside the safetensors files."""
+    try:
+        roots = registry.get_folder_paths(DENOISER_KIND)
+    except KeyError:
+        return []
+    return files_named(roots, GGUF_EXTENSION)
 
 
 def ensure_builtin_files(names, models_root) -> list[str]:

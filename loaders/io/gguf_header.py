@@ -90,6 +90,19 @@ class GGUFHeader:
         return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
+def header_summary(header: GGUFHeader) -> dict:
+    """What ``lorabind inspect`` reports of a GGUF file, JSON-able: version, architecture, tensors by type and
+    bytes, every tensor (name, type, logical shape) and the scalar metadata (arrays by their length)."""
+    tensors = list(header.tensors.values())
+    return {
+        "gguf_version": header.version, "architecture": header.architecture, "alignment": header.alignment,
+        "tensor_count": len(tensors), "types": header.type_counts(),
+        "bytes": sum(t.n_bytes for t in tensors), "quantized_bytes": sum(t.n_bytes for t in tensors if t.quantized),
+        "metadata": {k: (f"array of {len(v)}" if isinstance(v, tuple) else v) for k, v in header.metadata.items()},
+        "tensors": [{"name": t.name, "type": t.type_name, "shape": list(t.shape)} for t in tensors],
+    }
+
+
 class _HeaderError(ValueError):
     """A header fault, worded for the user; ``read_gguf_header`` prefixes the file name."""
 

@@ -101,6 +101,10 @@ def _named_denoisers(model_files: list, out_files: list) -> dict:
             raise MergeInputError(f"--out {out}: a single-file merge writes a .safetensors file")
     denoisers = [detect(path, os.path.basename(path)) for path in model_files]
     for item in denoisers:
+        if item.is_gguf:  # its quantized blocks are never rewritten: a GGUF model takes LoRAs at run time
+            raise MergeInputError(f"{item.name}: a GGUF file ({item.describe()}); merge writes safetensors single "
+                                  "files from safetensors ones. Fuse the LoRA at run time instead (the checkpoint "
+                                  "loader reads GGUF denoisers), or merge into the bf16/fp8 file")
         if item.role != "denoiser":
             raise MergeInputError(f"{item.name}: merge takes denoiser files, this is a {item.role.replace('_', ' ')} "
                                   f"({item.describe()})")

@@ -26,6 +26,10 @@ class SingleFileWeights:
     def __init__(self, path: str):
         self.source = str(path)
         self.detected = detect(self.source, os.path.basename(self.source))
+        if self.detected.is_gguf:
+            raise ExtractionError(f"{self.detected.name}: a GGUF file ({self.detected.describe()}); extract reads "
+                                  "safetensors single files or diffusers folders (its quantization error would "
+                                  "be extracted as part of the difference)")
         if self.detected.role != "denoiser":
             raise ExtractionError(f"{self.detected.name}: extract compares denoiser files; this is a "
                                   f"{self.detected.role.replace('_', ' ')} ({self.detected.describe()})")

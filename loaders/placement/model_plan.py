@@ -11,8 +11,8 @@ from .sizes import ComponentSize, component_sizes
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
                dtype: str = "bfloat16", weights: str = "bf16",
                sizes: list | None = None) -> tuple[MemoryPlan, list[ComponentSize]]:
-    """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16" or
-    "fp8" as the published single files store them) or for components the caller measured (``sizes``: single
+    """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16",
+    "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or for components the caller measured (``sizes``: single
     files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
     only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
@@ -24,7 +24,7 @@ def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: 
     if plan.fits:
         return plan, sizes
     hint = None
-    if not measured and weights != "fp8":
+    if not measured and weights == "bf16":
         fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory)
         if fp8_plan.fits:
             hint = (f"with fp8 weights (--weights fp8: ComfyUI's *_fp8_e4m3fn* single files) it fits: "
@@ -44,7 +44,7 @@ def least_memory_hint(sizes, model, dtype: str, weights: str) -> str:
     """The nearest machine that runs it: the least device and host memory a plan needs (fp8 weights when the
     model has a published fp8 form and bf16 weights are asked for)."""
     candidates = [("", sizes)]
-    if model is not None and weights != "fp8":
+    if model is not None and weights == "bf16":
         candidates.append((" with --weights fp8", component_sizes(model, dtype=dtype, weights="fp8")))
     best = None
     for words, candidate in candidates:

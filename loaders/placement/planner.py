@@ -17,7 +17,8 @@ The cost model (all sizes in bytes at the dtype the model runs in):
   stays resident, the plan decodes in tiles (``vae_tiling``), which needs about two tiles' worth.
 * Host peak: ``swap`` and ``on_demand`` components are kept in the safetensors files they came from while they
   are not in use (``file_resident``; ``file_staging``): the inactive Wan2.2 expert is not held in host RAM, the
-  text encoder is released after encoding and re-read for a new prompt. ``blocks`` and ``host`` components live
+  text encoder is released after encoding and re-read for a new prompt (GGUF denoisers are not re-read from their
+  files: ``ComponentSize.file_backed`` is False and they are held on the host). ``blocks`` and ``host`` components live
   on the host (group offload keeps their host copy). The host peak is those plus the largest component passing
   through the host at a time (loaded onto the device, or re-read from its file).
 
@@ -163,8 +164,10 @@ def _evaluate(plan: str, inputs: _Inputs, placement: dict) -> MemoryPlan:
     vae_tiling = always + inputs.decode > inputs.device_free
     decode_peak = always + (inputs.tiled_decode if vae_tiling else inputs.decode)
     peak_device = max(encode_peak, denoise_peak, decode_peak)
-    file_resident = tuple(n for n, p in placement.items() if p in _FILE_RESIDENT)
-    held = sum(sizes[n].bytes for n, p in placement.items() if p in ("blocks", "host") and sizes[n].role != ALTERNATE_ROLE)
+    file_resident = tuple(n for n, p in placement.items() if p in _FILE_RESIDENT and sizes[n].file_backed)
+    held = sum(sizes[n].bytes for n, p in placement.items()
+               if (p in ("blocks", "host") and sizes[n].role != ALTERNATE_ROLE)
+               or (p in _FILE_RESIDENT and not sizes[n].file_backed))  # staged from a host copy instead
     passing = max((sizes[n].bytes for n, p in placement.items() if p == "device" or n in file_resident), default=0)
     peak_host = held + passing
     fits = peak_device <= inputs.device_free and (inputs.host_free is None or peak_host <= inputs.host_free)

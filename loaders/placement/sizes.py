@@ -12,6 +12,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from ..io import json_limits
 from ..errors import ModelLoadError
@@ -47,6 +48,9 @@ class ComponentSize:
     largest_block_bytes: int = 0  # the largest repeated block (the unit block-level offload streams)
     blocks_bytes: int = 0  # all repeated blocks together (the rest stays put under block offload)
     parameters: int = 0  # parameter count (published model sizes are quoted in parameters)
+    # its weights can be re-read from its file, so a plan may keep it there while unused (``file_staging``);
+    # GGUF denoisers cannot (their weights are not re-read from the GGUF file): held on the host instead
+    file_backed: bool = True
 
 
 def _component_class(library: str, class_name: str, where: Path):
@@ -107,24 +111,43 @@ def check_config_sizes(config, where: str, key: str = "") -> None:
             raise ModelLoadError(f"{where}: {key} is {config}; a model this size is not planned (at most {bound})")
 
 
-WEIGHTS = ("bf16", "fp8")  # how the weights are stored: ``fp8`` as ComfyUI's fp8 single files store them
+# GGUF quantizations ``plan --weights`` sizes, named as the published files are ("...-Q4_K_M.gguf" is mostly Q4_K)
+GGUF_WEIGHTS = ("q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0")
+# how the weights are stored: ``fp8`` as ComfyUI's fp8 single files store them, a GGUF type as GGUF files do
+WEIGHTS = ("bf16", "fp8") + GGUF_WEIGHTS
 FP8_ROLES = DENOISER_ROLES + (ROLE_TEXT_ENCODER,)  # ComfyUI publishes fp8 files of these; VAEs stay bf16
+GGUF_ROLES = DENOISER_ROLES  # GGUF denoisers come with safetensors text encoders and VAEs
+
+
+def stored_block_bytes(module, weights: str) -> dict:
+    """{parameter name: bytes as stored} of the block matrices a file with ``weights`` stores below the compute
+    dtype: fp8 files one byte per element; GGUF files the quantized bytes (``gguf.GGML_QUANT_SIZES``: bytes per
+    block of values) of every block matrix whose rows divide into the type's blocks; the published converters
+    leave the others (and everything outside the blocks) unquantized, so they are sized at the compute dtype."""
+    parameters, matrices = dict(module.named_parameters()), block_matrices(module)
+    if weights == "fp8":
+        return {name: parameters[name].numel() for name in matrices}
+    import gguf
+
+    block_size, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[weights.upper()]]
+    return {name: parameters[name].numel() // block_size * type_size for name in matrices
+            if parameters[name].shape[-1] % block_size == 0}
 
 
 @functools.lru_cache(maxsize=64)
 def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str,
-                    fp8_blocks: bool = False) -> dict:
+                    weights: str = "bf16") -> dict:
     """Sizes of one component from its config; cached because building a 14B module on the meta device takes
     seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again.
-    ``fp8_blocks``: the matrices of the repeated blocks take one byte each, as ComfyUI's fp8 files store them
-    (``*_fp8_e4m3fn*.safetensors``: the blocks' linear weights in fp8, norms, biases and embeddings not)."""
+    ``weights``: "bf16", or how the file stores the repeated blocks' matrices (``stored_block_bytes``): "fp8"
+    as ComfyUI's ``*_fp8_e4m3fn*.safetensors`` (norms, biases and embeddings not), a GGUF type."""
     import torch
 
     cls = _component_class(library, class_name, Path(where))
     module = build_on_meta(cls, json.loads(config_text))
     keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
-    one_byte = block_matrices(module) if fp8_blocks else frozenset()
-    return _measure(module, getattr(torch, dtype_name), keep, one_byte)
+    stored = stored_block_bytes(module, weights) if weights != "bf16" else {}
+    return _measure(module, getattr(torch, dtype_name), keep, stored)
 
 
 def block_matrices(module) -> frozenset:
@@ -136,16 +159,17 @@ def block_matrices(module) -> frozenset:
 
 
 def measure_module(name: str, role: str, module, dtype, keep_fp32: tuple = (),
-                   one_byte: frozenset = frozenset()) -> ComponentSize:
+                   stored_bytes: Optional[dict] = None, file_backed: bool = True) -> ComponentSize:
     """The ``ComponentSize`` of an already built (e.g. meta-device) module: loaders that build their modules
-    from shipped configs (single files) size them the same way as a folder's. ``one_byte``: parameter names
-    stored in fp8 (single files keep fp8 weights fp8)."""
-    return ComponentSize(name=name, role=role, **_measure(module, dtype, keep_fp32, one_byte))
+    from shipped configs (single files) size them the same way as a folder's. ``stored_bytes``: {parameter
+    name: bytes} of the weights kept in memory as the file stores them (fp8 weights, GGUF blocks)."""
+    return ComponentSize(name=name, role=role, file_backed=file_backed,
+                         **_measure(module, dtype, keep_fp32, stored_bytes or {}))
 
 
-def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset()) -> dict:
+def _measure(module, dtype, keep_fp32: tuple, stored_bytes: dict) -> dict:
     """Byte counts of ``module`` at ``dtype``; parameters named by ``keep_fp32`` stay float32 (as diffusers
-    loads them), those named in ``one_byte`` take one byte per element."""
+    loads them), those in ``stored_bytes`` take the bytes given there."""
     import torch
 
     run_bytes = torch.empty((), dtype=dtype, device="meta").element_size()
@@ -154,8 +178,8 @@ def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset())
         name = name.lstrip(".")  # a root module's own parameters come as ".name"
         if not tensor.is_floating_point():
             return tensor.numel() * tensor.element_size()
-        if stored and name in one_byte:
-            return tensor.numel()
+        if stored and name in stored_bytes:
+            return stored_bytes[name]
         fp32 = any(part in keep_fp32 for part in name.split("."))
         return tensor.numel() * (4 if fp32 else run_bytes)
 
@@ -164,7 +188,7 @@ def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset())
     parameters = sum(p.numel() for p in module.parameters())
     largest_layer = 0
     for prefix, sub in module.named_modules():
-        # at the compute dtype even when stored fp8: a forward dequantizes one layer at a time
+        # at the compute dtype even when stored fp8 or quantized: a forward dequantizes one layer at a time
         own = sum(nbytes(f"{prefix}.{n}", p, stored=False) for n, p in sub.named_parameters(recurse=False))
         largest_layer = max(largest_layer, own)
     block_classes = set(getattr(module, "_no_split_modules", None) or ())
@@ -181,7 +205,8 @@ def _measure(module, dtype, keep_fp32: tuple, one_byte: frozenset = frozenset())
 def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> list[ComponentSize]:
     """Sizes of every weighted component of a diffusers folder or shipped configuration name
     (``model_index.json`` + per-component ``config.json``), at ``dtype`` (a name or ``torch.dtype``), built on
-    the meta device; ``weights="fp8"`` sizes the denoisers and text encoders as fp8 files (``WEIGHTS``)."""
+    the meta device; ``weights="fp8"`` sizes the denoisers and text encoders as fp8 files, a GGUF type
+    (``GGUF_WEIGHTS``) the denoisers as GGUF files of that type (``WEIGHTS``)."""
     if weights not in WEIGHTS:
         raise ModelLoadError(f"weights {weights!r}: choose one of {list(WEIGHTS)}")
     dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
@@ -190,7 +215,8 @@ def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> li
     sizes = []
     for name, role in component_roles(model_index).items():
         library, class_name = model_index[name]
+        stored = weights if role in (GGUF_ROLES if weights in GGUF_WEIGHTS else FP8_ROLES) else "bf16"
         measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name),
-                                   weights == "fp8" and role in FP8_ROLES)
-        sizes.append(ComponentSize(name=name, role=role, **measured))
+                                   stored)
+        sizes.append(ComponentSize(name=name, role=role, file_backed=stored not in GGUF_WEIGHTS, **measured))
     return sizes

@@ -1,5 +1,6 @@
 """`lorabind inspect FILE_OR_DIR [--model DIFFUSERS_DIR] [--json]`: what a LoRA file or PEFT folder is (or, given a
-single model file, the contracts ``lorabind merge`` baked into it).
+single model file, the contracts ``lorabind merge`` baked into it; given a GGUF denoiser, as FILE or as
+``--model X.gguf``, its tensors, quantization types and family, from the header only).
 
 Reports the detected layout and model family, rank/alpha/scale, tensor counts by part, each adapter kind with its
 modules, tensors, ranks and alphas, the file's metadata, the
@@ -18,13 +19,15 @@ import sys
 
 EXIT_REFUSED = 1
 _SHOWN_UNMATCHED = 10  # the text report lists this many unmatched keys; --json lists them all
+_SHOWN_TENSORS = 40  # the text report of a GGUF file lists this many tensors; --json lists them all
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("path", metavar="FILE_OR_DIR", help="a .safetensors LoRA file or a PEFT adapter folder")
+    parser.add_argument("path", metavar="FILE_OR_DIR", nargs="?",
+                        help="a .safetensors LoRA file or a PEFT adapter folder (or a single model file)")
     parser.add_argument("--model", metavar="DIFFUSERS_DIR",
                         help="diffusers model folder to account the keys against (applied / expected-unmatched / "
-                             "unmatched)")
+                             "unmatched); alone, a .gguf denoiser to report on")
     parser.add_argument("--lenient", action="store_true",
                         help="with --model: keys that match nothing are listed but do not fail the command (as "
                              "the nodes' lenient input and merge --lenient skip them)")
@@ -36,6 +39,11 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.models.single_file.detect import detect_model_file
 
+    if args.path is None and str(args.model or "").lower().endswith(".gguf"):
+        args.path, args.model = args.model, None  # `inspect --model X.gguf`: the model file itself
+    if args.path is None:
+        print("lorabind inspect: give a LoRA file or folder (or --model X.gguf)", file=sys.stderr)
+        return 2
     try:
         model_file = detect_model_file(args.path, os.path.basename(args.path))
         if model_file is not None and args.model:
@@ -62,11 +70,15 @@ def inspect_model_file(path: str) -> dict:
     from ...loaders.dispatch.contract_discovery import model_file_contract
     from ...loaders.models.single_file.detect import detect
     from ...loaders.models.single_file.baked_files import baked_file_record
+    from ...loaders.io.gguf_header import header_summary, is_gguf_path, read_gguf_header
 
     name = os.path.basename(path)
     declaration = model_file_contract(path, name)
-    return {**declaration, "path": os.path.abspath(path), "format": "single model file",
-            "model": detect(path, name).describe(), "fused": baked_file_record(path).get("fused") or []}
+    report = {**declaration, "path": os.path.abspath(path), "format": "single model file",
+              "model": detect(path, name).describe(), "fused": baked_file_record(path).get("fused") or []}
+    if is_gguf_path(path):
+        report.update(format="GGUF model file", gguf=header_summary(read_gguf_header(path, name)))
+    return report
 
 
 def format_model_report(report: dict) -> str:
@@ -78,7 +90,22 @@ def format_model_report(report: dict) -> str:
     lines += [f"  contract: {c.get('text') or json.dumps(c)}" for c in contracts]
     if not contracts:
         lines.append(f"  contract: none ({report['reason']})")
+    if "gguf" in report:
+        lines += _gguf_lines(report["gguf"])
     return "\n".join(lines)
+
+
+def _gguf_lines(gguf: dict) -> list:
+    """The GGUF header in a few lines, then its tensors (``_SHOWN_TENSORS``; ``--json`` lists them all)."""
+    types = ", ".join(f"{name} x{count}" for name, count in gguf["types"].items())
+    lines = [f"  gguf:     version {gguf['gguf_version']}, architecture {gguf['architecture'] or '(none)'}, "
+             f"{gguf['tensor_count']} tensors: {types}",
+             f"  bytes:    {gguf['bytes']} ({gguf['quantized_bytes']} quantized)"]
+    shown = gguf["tensors"][:_SHOWN_TENSORS]
+    lines += [f"  tensor:   {t['name']} {t['type']} {t['shape']}" for t in shown]
+    if len(gguf["tensors"]) > len(shown):
+        lines.append(f"  ... {len(gguf['tensors']) - len(shown)} more tensors (--json lists them all)")
+    return lines
 
 
 def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:

@@ -1,5 +1,6 @@
 """`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--weights bf16|fp8] [--json]`, or
-`lorabind plan --files FILE... --vram GIB ...`: the memory plan, without loading weights.
+`lorabind plan --files FILE... --vram GIB ...`: the memory plan, without loading weights. ``--weights`` also takes
+a GGUF type (q8_0, q4_k, ...): the denoisers sized at their quantized bytes.
 
 MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...);
 ``--weights fp8`` sizes it as ComfyUI's fp8 single files store it. ``--files`` plans the single files named (a
@@ -20,6 +21,7 @@ import sys
 EXIT_DOES_NOT_FIT = 1
 MAX_GIB = float(1 << 20)  # a mebi-GiB (1 PiB): far above any machine, far below where byte counts overflow
 MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.placement.MEMORY_PLANS
+WEIGHTS = ("bf16", "fp8", "q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0")  # loaders.placement.sizes.WEIGHTS
 
 
 def add_arguments(parser) -> None:
@@ -32,9 +34,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--memory", choices=MEMORY_CHOICES, default="auto", help="plan to check (default: auto)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
                         help="dtype the model runs in (default: bfloat16)")
-    parser.add_argument("--weights", choices=("bf16", "fp8"), default="bf16",
-                        help="how MODEL's weights are stored: bf16, or fp8 as ComfyUI's *_fp8_e4m3fn* single files "
-                             "(default: bf16)")
+    parser.add_argument("--weights", choices=WEIGHTS, default="bf16",
+                        help="how MODEL's weights are stored: bf16, fp8 as ComfyUI's *_fp8_e4m3fn* single files, or a "
+                             "GGUF quantization of the denoisers (q8_0, q6_k, q5_k, q5_0, q4_k, q4_0: the published "
+                             "*-Q4_K_M.gguf files are mostly q4_k) beside bf16 text encoders (default: bf16)")
     parser.add_argument("--files", metavar="FILE", nargs="+", default=(),
                         help="plan these single files instead of MODEL (denoiser(s), VAE, text encoder), read from "
                              "their headers")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ...io import json_limits
+from ...io.gguf_header import QUANTIZED_TYPES, is_gguf_path, read_gguf_header
 from ...errors import ModelLoadError
 from ...lora.safetensors_header import check_header_budget
 from . import catalog
@@ -35,7 +36,7 @@ class Detected:
     name: str  # as the user gave it (relative to its models folder), for messages
     kind: catalog.ComponentKind
     model: catalog.KnownModel
-    precision: str  # "bf16", "fp16", "fp32", "fp8_e4m3fn", "fp8_scaled"
+    precision: str  # "bf16", "fp16", "fp32", "fp8_e4m3fn", "fp8_scaled"; GGUF: its main type ("q8_0", "q4_k")
     prefix: str  # "" or "model.diffusion_model." (stripped on load)
     version: Optional[str] = None  # Wan denoisers: "2.1" / "2.2"
     expert: Optional[str] = None  # "high" / "low" when the file name says so
@@ -43,6 +44,10 @@ class Detected:
     @property
     def role(self) -> str:
         return self.kind.role
+
+    @property
+    def is_gguf(self) -> bool:
+        return is_gguf_path(self.path)
 
     @property
     def family(self) -> str:
@@ -62,7 +67,8 @@ class Detected:
         return f"Wan{self.version} {self.model.variant.upper()} {size}{expert}"
 
     def describe(self) -> str:
-        return f"{self.name}: {self.title} ({self.precision})"
+        precision = f"GGUF {self.precision.upper()}" if self.is_gguf else self.precision
+        return f"{self.name}: {self.title} ({precision})"
 
 
 def read_shapes(path: str, name: str, *, want_metadata: bool = False):
@@ -75,8 +81,8 @@ def read_shapes(path: str, name: str, *, want_metadata: bool = False):
     ``SafetensorError`` from the loader. ``want_metadata``: return the ``__metadata__`` dict instead.
     """
     if not str(path).endswith((".safetensors", ".sft")):
-        raise ModelLoadError(f"{name}: only .safetensors single files are read (pickle formats are refused); "
-                             "convert the file first")
+        raise ModelLoadError(f"{name}: only .safetensors single files and .gguf denoisers are read (pickle formats "
+                             "are refused); convert the file first")
     try:
         file_size = os.path.getsize(path)
         with open(path, "rb") as handle:
@@ -100,7 +106,9 @@ def read_shapes(path: str, name: str, *, want_metadata: bool = False):
 
 def read_metadata(path: str, name: str = "") -> dict:
     """A single file's ``__metadata__`` (what ``lorabind merge`` baked in), read and checked as ``read_shapes``
-    reads the header: no mapping of the whole file."""
+    reads the header: no mapping of the whole file. A GGUF file's key/value metadata (no ``merge`` record)."""
+    if is_gguf_path(path):
+        return read_gguf_header(path, name or os.path.basename(path)).metadata
     return read_shapes(path, name or os.path.basename(path), want_metadata=True)
 
 
@@ -126,7 +134,19 @@ def _entry(key: str, entry, data_size: int) -> tuple:
     return tuple(shape), dtype
 
 
+def _file_shapes(path: str, name: str) -> tuple:
+    """({key: logical shape}, {key: dtype or ggml type name}, GGUF ``general.architecture`` or None)."""
+    if is_gguf_path(path):
+        header = read_gguf_header(path, name)
+        tensors = header.tensors.values()
+        return {t.name: t.shape for t in tensors}, {t.name: t.type_name for t in tensors}, header.architecture
+    return (*read_shapes(path, name), None)
+
+
 def _precision(shapes: dict, dtypes: dict) -> str:
+    quantized = [d for d in dtypes.values() if d in QUANTIZED_TYPES]
+    if quantized:  # a GGUF file: its most frequent quantization, as its published name says it ("Q4_K_M")
+        return max(set(quantized), key=quantized.count).lower()
     if fp8.SCALED_MARKER in shapes or any(k.endswith(fp8.SCALE_SUFFIXES) for k in shapes):
         return "fp8_scaled"
     if any(d == "F8_E4M3" for d in dtypes.values()):
@@ -160,7 +180,7 @@ def _unknown_prefix(shapes: dict):
 def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -> Detected:
     """Identify one file among ``models``; ``ModelLoadError`` naming the file (and its shapes) when nothing fits."""
     name = name or os.path.basename(path)
-    raw_shapes, dtypes = read_shapes(path, name)
+    raw_shapes, dtypes, architecture = _file_shapes(path, name)
     prefixes = {k[: len(k) - len(strip_prefix(k))] for k in raw_shapes}
     prefix = max(prefixes, key=len) if len(prefixes) == 1 else ""
     shapes = {strip_prefix(k): v for k, v in raw_shapes.items()}
@@ -197,6 +217,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     config = catalog.config(model.config)
                     two_two = model.variant == "ti2v" or (model.variant == "i2v" and config.get("image_dim") is None)
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
+                _check_gguf(path, name, kind, architecture)
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
         known = ", ".join(m.title for m in catalog.KNOWN_MODELS if m.kind == kind.kind)
@@ -205,10 +226,25 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
     raise ModelLoadError(f"{name}: " + "; or ".join(mismatches) + ".")
 
 
+def _check_gguf(path: str, name: str, kind: catalog.ComponentKind, architecture) -> None:
+    """A GGUF file is read as a denoiser only (the published sets pair it with safetensors encoders and VAEs),
+    and the architecture it declares, when it declares one, must be the one its tensors are."""
+    if not is_gguf_path(path):
+        return
+    if kind.role != "denoiser":
+        raise ModelLoadError(f"{name}: a GGUF {kind.kind} file; lorabind reads GGUF denoisers only, give the "
+                             f"{kind.role.replace('_', ' ')} as a .safetensors file")
+    if architecture is not None and architecture != kind.gguf_architecture:
+        raise ModelLoadError(f"{name}: declares general.architecture {architecture!r} but its tensors are a "
+                             f"{kind.kind} ({kind.gguf_architecture!r}); the file is mislabelled or damaged")
+
+
 def detect_model_file(path: str, name: str = "") -> Optional[Detected]:
     """The file as a model single file, or None when it is none (a LoRA file, a folder): how ``inspect`` tells
     which of the two it was given. A file ``lorabind merge`` wrote is a model file whatever else is wrong with it,
     so its detection error is raised, naming it."""
+    if os.path.isfile(path) and is_gguf_path(path):
+        return detect(path, name)  # never a LoRA: what is wrong with it is the model detection's to say
     if not (os.path.isfile(path) and str(path).endswith((".safetensors", ".sft"))):
         return None
     try:

@@ -37,7 +37,7 @@ def build_empty(detected: Detected):
     return build_on_meta(catalog.model_class(detected.kind), detected.config)
 
 
-def _owner(root, dotted: str):
+def owner(root, dotted: str):
     module_path, _, leaf = dotted.rpartition(".")
     return (root.get_submodule(module_path) if module_path else root), leaf
 
@@ -45,7 +45,7 @@ def _owner(root, dotted: str):
 def _assign(root, key: str, tensor) -> None:
     import torch
 
-    module, leaf = _owner(root, key)
+    module, leaf = owner(root, key)
     if leaf in module._parameters:
         module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
     elif leaf in module._buffers:
@@ -54,7 +54,8 @@ def _assign(root, key: str, tensor) -> None:
         raise KeyError(key)
 
 
-def _batches(sizes: dict):
+def batches(sizes: dict):
+    """Keys in groups of about ``_BATCH_BYTES`` ({key: bytes} in reading order): one file mapping per group."""
     batch, total = [], 0
     for key, size in sizes.items():
         batch.append(key)
@@ -90,17 +91,9 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
         file_keys = set(handle.keys())
         sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
     prefix = detected.prefix
-    native_keys = {k[len(prefix):] for k in file_keys if k.startswith(prefix)}
-    unexpected = sorted(k for k in native_keys - set(plan) if not ignored_key(k, layout))
-    if unexpected:
-        raise ModelLoadError(f"{detected.name}: {len(unexpected)} tensor(s) this {detected.title} does not have, "
-                             f"e.g. {unexpected[:3]} (a different model or layout)")
-    missing = sorted(k for k in plan if k not in native_keys and not _tied(k, layout, detected))
-    if missing:
-        raise ModelLoadError(f"{detected.name}: missing {len(missing)} tensor(s) of {detected.title}, "
-                             f"e.g. {missing[:3]} (truncated or a different variant)")
+    native_keys = check_file_keys(detected, file_keys, plan, layout)
     order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
-    for batch in _batches(order):
+    for batch in batches(order):
         with _reading(detected), safe_open(detected.path, framework="pt") as handle:
             for native_key in batch:
                 tensor = handle.get_tensor(prefix + native_key)
@@ -114,12 +107,33 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
                         part, scale_here = fp8.dequantize(part, scale, torch.float32), None
                     else:
                         scale_here = scale
-                    _place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected, fp8_rounding)
+                    place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected, fp8_rounding)
     _tie_missing(model, detected, layout, native_keys)
+    check_all_loaded(model, detected)
+    return model.eval().requires_grad_(False)
+
+
+def check_file_keys(detected: Detected, file_keys, plan: dict, layout) -> set:
+    """The file's keys without its prefix, when they are exactly the model's (``plan``: native key -> diffusers
+    keys), less what is ignored or tied; else ``ModelLoadError`` naming the file and a few keys."""
+    prefix = detected.prefix
+    native_keys = {k[len(prefix):] for k in file_keys if k.startswith(prefix)}
+    unexpected = sorted(k for k in native_keys - set(plan) if not ignored_key(k, layout))
+    if unexpected:
+        raise ModelLoadError(f"{detected.name}: {len(unexpected)} tensor(s) this {detected.title} does not have, "
+                             f"e.g. {unexpected[:3]} (a different model or layout)")
+    missing = sorted(k for k in plan if k not in native_keys and not _tied(k, layout, detected))
+    if missing:
+        raise ModelLoadError(f"{detected.name}: missing {len(missing)} tensor(s) of {detected.title}, "
+                             f"e.g. {missing[:3]} (truncated or a different variant)")
+    return native_keys
+
+
+def check_all_loaded(model, detected: Detected) -> None:
+    """``ModelLoadError`` when a parameter is still on the meta device after the file was read."""
     leftover = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if leftover:
         raise ModelLoadError(f"{detected.name}: no tensor for {leftover[:3]} of {detected.title}")
-    return model.eval().requires_grad_(False)
 
 
 @contextlib.contextmanager
@@ -185,17 +199,17 @@ def _tied(native_key: str, layout, detected: Detected) -> bool:
 def _tie_missing(model, detected: Detected, layout, native_keys) -> None:
     """Tied copies the files leave out (umt5's ``encoder.embed_tokens`` is ``shared``) and a missing lm_head."""
     for key in layout.diffusers_only:
-        module, leaf = _owner(model, key)
+        module, leaf = owner(model, key)
         if module._parameters[leaf].device.type == "meta":
             module._parameters[leaf] = model.get_input_embeddings().weight
     if detected.kind.kind == "qwen25_vl" and "lm_head.weight" not in native_keys:
         model.lm_head.weight = model.get_input_embeddings().weight
 
 
-def _place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected, rounding: str) -> None:
+def place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected, rounding: str) -> None:
     import torch
 
-    module, leaf = _owner(model, key)
+    module, leaf = owner(model, key)
     current = module._parameters.get(leaf)
     if current is None and leaf not in module._buffers:
         raise ModelLoadError(f"{detected.name}: {key} is not a tensor of {detected.title}")

@@ -23,6 +23,7 @@ from ... import fp8
 from .detect import CheckpointSet, Detected, check_set, detect
 from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
+from .gguf_loading import gguf_stored_bytes, load_gguf_component
 from .baked_files import baked_index_entry
 from ...io.weight_sources import WeightSource
 from ...families import family_by_id
@@ -41,7 +42,7 @@ class SingleFileWeightSources:
 
     def lookup(self, component: str, state_key: str):
         detected = self.denoisers.get(component)
-        if detected is None:
+        if detected is None or detected.is_gguf:  # no exact re-read from a GGUF file: the patcher keeps a backup
             return None
         layout = detected.kind.layout(detected.config)
         native = layout.to_native(state_key)
@@ -119,18 +120,21 @@ class SingleFileSet(ModelSource):
 
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
-        weight is read; weights kept fp8 are sized at one byte)."""
+        weight is read; weights kept fp8 are sized at one byte, GGUF weights kept quantized at their bytes)."""
         roles = self.component_roles()
         sizes = []
         for name, detected in self.named.items():
             module = build_empty(detected)
             keep = fp32_modules(type(module), detected, dtype)
-            sizes.append(measure_module(name, roles[name], module, dtype, keep,
-                                        one_byte=fp8_parameters(detected, module)))
+            stored = (gguf_stored_bytes(detected, module) if detected.is_gguf
+                      else {key: module.get_parameter(key).numel() for key in fp8_parameters(detected, module)})
+            sizes.append(measure_module(name, roles[name], module, dtype, keep, stored_bytes=stored,
+                                        file_backed=not detected.is_gguf))
         return sizes
 
     def build(self, dtype) -> BuiltModel:
-        components = {component: load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
+        components = {component: (load_gguf_component if detected.is_gguf else load_component)(
+                          detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
                       for component, detected in self.named.items()}
         encoder = self.files.text_encoder
         high = self.files.denoisers[0]

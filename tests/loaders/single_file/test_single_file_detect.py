@@ -34,8 +34,8 @@ def root(single_file_root):
 
 
 def _stem(name):
-    base = name.split("/")[-1].removesuffix(".safetensors")
-    for suffix in ("_fp8_e4m3fn_scaled", "_fp8_e4m3fn", "_fp8_scaled", "_bf16"):
+    base = name.split("/")[-1].removesuffix(".safetensors").removesuffix(".gguf")
+    for suffix in ("_fp8_e4m3fn_scaled", "_fp8_e4m3fn", "_fp8_scaled", "_bf16", "_Q8_0", "_Q4_0"):
         base = base.removesuffix(suffix)
     return base
 
@@ -53,7 +53,8 @@ def test_every_tiny_file_is_detected_with_family_size_variant_and_precision(root
             assert (found.role, found.family, found.title, found.model.variant, found.expert) == \
                 (role, family, title, variant, expert), name
             assert found.model.size == "tiny"
-            precision = next((p for p in ("fp8_e4m3fn_scaled", "fp8_scaled", "fp8_e4m3fn", "bf16") if p in name), "bf16")
+            precision = next((p for p in ("fp8_e4m3fn_scaled", "fp8_scaled", "fp8_e4m3fn", "bf16", "Q8_0", "Q4_0")
+                              if p in name), "bf16").replace("Q", "q")  # GGUF: the file's quantization
             assert found.precision == {"fp8_e4m3fn_scaled": "fp8_scaled"}.get(precision, precision)
             assert found.describe().startswith(f"{name}: {title}")
             seen.add(_stem(name))
