@@ -1,4 +1,4 @@
-"""Shared by the image-to-video tests: the example start/end frames as ComfyUI IMAGEs, drawn once per test
+"""Shared by the image-to-video and VACE tests: the example start/end frames and control clip as ComfyUI IMAGEs, drawn once per test
 process (``tiny_models.input_images``) into a temporary folder removed at exit. The tiny I2V models and their
 fixture LoRAs come from the root conftest's ``tiny_models_root`` / ``load_tiny``."""
 
@@ -29,3 +29,10 @@ def example_image(which: str = "start"):
     from lorabind.loaders.io.image_files import load_image_file
 
     return load_image_file(example_input_dir() / "lorabind-tiny" / f"{which}.png")[0]
+
+
+def example_control_clip():
+    """The example VACE control clip (an animated PNG, 5 frames of 64x64) as a ComfyUI IMAGE batch."""
+    from lorabind.loaders.io.image_files import load_image_file
+
+    return load_image_file(example_input_dir() / "lorabind-tiny" / "control.png")[0]

@@ -5,7 +5,8 @@ are dropped when decoding; models and latents that do not fit are refused naming
 import numpy as np
 import pytest
 import torch
-from wan_i2v_helpers import example_image, example_input_dir
+from wan_i2v_helpers import example_control_clip as control_clip
+from wan_i2v_helpers import example_image
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import (
@@ -27,13 +28,6 @@ FRAMES = 5
 
 def _schedule(cfg):
     return ResolvedSchedule(sigmas=SIGMAS, steps=len(SIGMAS) - 1, cfg=cfg, shift=1.0)
-
-
-def control_clip():
-    """The example control clip (5 frames, 64x64) as a ComfyUI IMAGE batch."""
-    from lorabind.loaders.io.image_files import load_image_file
-
-    return load_image_file(example_input_dir() / "lorabind-tiny" / "control.png")[0]
 
 
 def half_mask(frames=FRAMES, size=64):
