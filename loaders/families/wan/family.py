@@ -26,8 +26,8 @@ VACE_PIPELINE = "WanVACEPipeline"  # a VACE folder's model_index ``_class_name``
 # transformer_2/boundary_ratio (Wan2.2 MoE) in 0.35, and expand_timesteps (TI2V) came with Wan2.2 in 0.35.
 REQUIREMENTS = {"wan2.1": {"diffusers": "0.33"}, contracts.MOE_FAMILY: {"diffusers": "0.35"},
                 TI2V_REQUIREMENTS: {"diffusers": "0.35"},
-                # WanVACEPipeline came in 0.34, its transformer_2/boundary_ratio (Wan2.2 VACE Fun) later; checked on
-                # 0.42 only, so this floor is the first release with both, not a bisected one
+                # WanVACEPipeline with transformer_2/boundary_ratio (the Wan2.2 VACE Fun pair): read in 0.36 and
+                # 0.42; 0.35 and older were not checked, so 0.36 is the floor
                 VACE_REQUIREMENTS: {"diffusers": "0.36"}}
 LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V",
           VACE_REQUIREMENTS: "Wan VACE"}
