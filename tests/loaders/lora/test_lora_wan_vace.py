@@ -60,6 +60,20 @@ def test_the_lightx2v_lora_binds_to_the_vace_transformer_with_full_accounting(re
     assert report["component"] == "transformer"
 
 
+def test_the_wan22_lightx2v_pair_binds_to_the_vace_fun_experts_with_full_accounting(registry, load_tiny):
+    """The Wan2.2 VACE Fun experts take the T2V A14B pair as the T2V experts do: high into transformer, low into
+    transformer_2, every key of both files applied."""
+    from lorabind.nodes import NODE_CLASS_MAPPINGS
+
+    result = NODE_CLASS_MAPPINGS["WanMoELoRAPair"]().pair(ModelHandle(load_tiny("tiny-wan22-vace-fun")),
+                                                         F.WAN22_HIGH, 1.0, F.WAN22_LOW, 1.0)
+    reports = result["ui"]["lorabind_accounting"]
+    assert [r["component"] for r in reports] == ["transformer", "transformer_2"]
+    for report in reports:
+        assert report["counts"]["unmatched"] == report["counts"]["expected_unmatched"] == 0
+        assert report["counts"]["applied"] > 0
+
+
 def test_a_vace_trained_lora_binds_its_vace_blocks_on_a_vace_model(load_tiny, tmp_path):
     model = load_tiny("tiny-wan21-vace")
     sd = _vace_trained_lora(model)
