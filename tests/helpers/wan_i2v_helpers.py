@@ -36,3 +36,22 @@ def example_control_clip():
     from lorabind.loaders.io.image_files import load_image_file
 
     return load_image_file(example_input_dir() / "lorabind-tiny" / "control.png")[0]
+
+
+def pipeline_on_sigmas(pipeline_class, folder, sigmas):
+    """A diffusers pipeline loaded from ``folder`` that steps FlowMatchEuler at shift 1 on exactly ``sigmas`` (its
+    last, 0, implied): the Wan pipelines have no ``sigmas`` argument, so their scheduler's set_timesteps is given
+    them (diffusers-feasibility.md §2)."""
+    import numpy as np
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    pipe = pipeline_class.from_pretrained(folder, local_files_only=True)
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
+    original = type(pipe.scheduler).set_timesteps
+
+    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
+        return original(self, sigmas=np.asarray(sigmas[:-1], dtype=np.float64), device=device)
+
+    pipe.scheduler.set_timesteps = set_timesteps.__get__(pipe.scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from wan_i2v_helpers import example_control_clip as control_clip
-from wan_i2v_helpers import example_image
+from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import (
@@ -52,17 +52,9 @@ def _pil_masks(masks):
 def _diffusers_latent(model, shape, cfg, strength, video, mask, reference):
     """WanVACEPipeline on the folder, FlowMatchEuler at shift 1 fed our sigmas (the pipeline has no ``sigmas``
     argument: its scheduler's set_timesteps is given them, diffusers-feasibility.md §2)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanVACEPipeline
+    from diffusers import WanVACEPipeline
 
-    pipe = WanVACEPipeline.from_pretrained(model.path, local_files_only=True)
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
-    original = type(pipe.scheduler).set_timesteps
-
-    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
-        return original(self, sigmas=np.asarray(SIGMAS[:-1], dtype=np.float64), device=device)
-
-    pipe.scheduler.set_timesteps = set_timesteps.__get__(pipe.scheduler)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = pipeline_on_sigmas(WanVACEPipeline, model.path, SIGMAS)
     extra = {"reference_images": _pil_frames(reference)} if reference is not None else {}
     if mask is not None:
         extra["mask"] = _pil_masks(mask)
