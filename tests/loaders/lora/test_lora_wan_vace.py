@@ -113,3 +113,22 @@ def test_vace_keys_are_expected_unmatched_on_a_model_without_the_vace_branch(loa
 ])
 def test_vace_names_map_onto_the_diffusers_vace_transformer(file_name, diffusers_name):
     assert keymap.map_target(file_name) == diffusers_name
+
+
+def test_inside_comfyui_a_vace_host_model_takes_a_vace_trained_lora_with_full_accounting(load_tiny, tmp_path):
+    """ComfyUI hands over its VACE MODEL by its native keys (``diffusion_model.vace_blocks.0.before_proj...``): it is
+    recognised as a VACE denoiser (not as the plain Wan one its other keys also look like), so the LoRA's VACE keys
+    find their host weights."""
+    from lorabind.loaders.models.single_file.layouts import WAN_VACE_TRANSFORMER
+    from lorabind.usecases import host_models
+
+    model = load_tiny("tiny-wan21-vace")
+    sd = _vace_trained_lora(model)
+    path = save(sd, tmp_path / "vace_lora.safetensors")
+    shapes = {f"diffusion_model.{WAN_VACE_TRANSFORMER.to_native(key)}": tuple(value.shape)
+              for key, value in model.components["transformer"].state_dict().items()}
+    prepared = host_models.prepare_host_lora(shapes, "tiny-wan21-vace", "vace_lora.safetensors", path, 1.0,
+                                             lenient=False, where="test")
+    assert prepared.report["counts"] == {"applied": len(sd), "expected_unmatched": 0, "unmatched": 0}
+    assert "diffusion_model.vace_blocks.0.before_proj.weight" in prepared.deltas
+    assert "diffusion_model.vace_blocks.1.self_attn.q.weight" in prepared.deltas
