@@ -55,7 +55,8 @@ class WanFamily(DiffusersFlowFamily):
     lora_components = (HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT)
     requirements = REQUIREMENTS
     labels = LABELS
-    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
+                    "wan2.1-vace-14b", "wan2.2-vace-fun-a14b")
     tiny_models = TINY_MODELS
     reference_scheduler = "unipc"  # Wan-AI/*-Diffusers scheduler_config.json: UniPCMultistepScheduler
 
