@@ -1,5 +1,5 @@
-"""Shared by the image-to-video and VACE tests: the example start/end frames and control clip as ComfyUI IMAGEs, drawn once per test
-process (``tiny_models.input_images``) into a temporary folder removed at exit. The tiny I2V models and their
+"""Shared by the image-to-video and VACE tests: the example start/end frames and control clip as ComfyUI IMAGEs,
+drawn once per test process (``tiny_models.input_images``) into a temporary folder removed at exit. The tiny I2V models and their
 fixture LoRAs come from the root conftest's ``tiny_models_root`` / ``load_tiny``."""
 
 from __future__ import annotations

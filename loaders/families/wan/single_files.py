@@ -4,9 +4,10 @@ The result is the pipeline the equivalent diffusers folder loads as: ``WanPipeli
 TI2V-5B, whose folder is a ``WanPipeline`` with ``expand_timesteps``), ``WanImageToVideoPipeline`` for the I2V
 models (in_channels 36: the encoded image and its frame mask are concatenated to the noise), with Wan2.1 I2V's
 CLIP vision encoder and its image processor, ``WanVACEPipeline`` for the VACE models (a transformer with
-``vace_layers``: Wan2.1 VACE, and the Wan2.2 VACE Fun experts, whose boundary is T2V A14B's). Two experts get the published ``boundary_ratio`` (0.9 I2V,
-0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it; so does one expert alone, as an A14B folder
-without ``transformer_2`` would: that is how the family tells it from Wan2.1 and warns (``run_warnings``).
+``vace_layers``: Wan2.1 VACE, and the Wan2.2 VACE Fun experts, whose boundary is T2V A14B's). Two experts get
+the published ``boundary_ratio`` (0.9 I2V, 0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it; so
+does one expert alone, as an A14B folder without ``transformer_2`` would: that is how the family tells it from
+Wan2.1 and warns (``run_warnings``).
 """
 
 from __future__ import annotations

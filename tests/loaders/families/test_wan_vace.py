@@ -142,3 +142,13 @@ def test_sampler_refuses_a_plain_latent_on_a_vace_model_and_a_control_latent_els
     control = control_video_latent(vace, None, None, None, 32, 32, 5)
     with pytest.raises(ValueError, match="made with VACE control inputs, but model 'tiny-wan21-t2v'"):
         check_inputs(t2v, encode_text(t2v, "a cat"), None, control, _schedule(1.0))
+
+
+def test_the_node_bounds_the_sizes_a_request_controls():
+    from lorabind.nodes.latent_nodes import LoraBindVaceToVideo
+
+    assert LoraBindVaceToVideo.VALIDATE_INPUTS(width=32, height=32, frames=5, batch_size=1) is True
+    refused = LoraBindVaceToVideo.VALIDATE_INPUTS(width=8192, height=8192, frames=1025, batch_size=64)
+    assert "lower the size, frames or batch" in refused
+    too_narrow = LoraBindVaceToVideo.VALIDATE_INPUTS(width=8, height=32, frames=5, batch_size=1)
+    assert too_narrow == "width 8 is outside 16..8192"

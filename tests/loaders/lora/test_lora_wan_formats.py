@@ -168,8 +168,8 @@ def test_lenient_turns_unknown_keys_into_a_warning(tmp_path, wan22_expert):
     unknown = sorted(k for k in sd if "extra_blocks" in k)
     assert sorted(acc.unmatched) == unknown
     assert acc.counts == {"applied": len(sd) - len(unknown), "expected_unmatched": 0, "unmatched": len(unknown)}
-    assert acc.warnings == [f"unknown.safetensors: {len(unknown)} key(s) match nothing in the transformer_2 (wan2.2_moe) "
-                            f"and are ignored: {', '.join(acc.unmatched)}"]
+    assert acc.warnings == [f"unknown.safetensors: {len(unknown)} key(s) match nothing in the transformer_2 "
+                            f"(wan2.2_moe) and are ignored: {', '.join(acc.unmatched)}"]
     assert acc.to_dict()["unmatched"] == acc.unmatched and acc.to_dict()["component"] == "transformer_2"
 
 
