@@ -1,9 +1,17 @@
 """LoraBindEmptyLatent: the zero latent of a model family's shape (the start of text-to-video/image).
-LoraBindImageToVideo: the start latent of image-to-video, carrying the start (and end) image's conditioning."""
+LoraBindImageToVideo: the start latent of image-to-video, carrying the start (and end) image's conditioning.
+LoraBindVaceToVideo: the start latent of a controlled video (Wan VACE): control video, masks, reference images."""
 
 from __future__ import annotations
 
-from ..usecases import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, empty_latent, image_to_video_latent
+from ..usecases import (
+    SOCKET_IMAGE,
+    SOCKET_LATENT,
+    SOCKET_MODEL,
+    control_video_latent,
+    empty_latent,
+    image_to_video_latent,
+)
 
 MAX_RESOLUTION = 8192
 # The largest empty latent accepted, estimated before any model is known with the smallest geometry any family
@@ -106,6 +114,49 @@ class LoraBindImageToVideo:
         return {"ui": {"text": resized}, "result": (latent,)} if resized else (latent,)
 
 
+class LoraBindVaceToVideo:
+    DESCRIPTION = (
+        "Wan VACE (Wan2.1 VACE 1.3B/14B, Wan2.2 VACE Fun experts): the start latent of a video steered by a control "
+        "video (pose, depth, edges or plain frames), masks (white = generate, black = keep the control video's "
+        "pixels) and reference images (subjects the video should show), as ComfyUI's WanVaceToVideo takes them. "
+        "Every input is optional. Each reference image adds one latent frame in front, which decoding drops."
+    )
+    CATEGORY = "lorabind/latent"
+    RETURN_TYPES = (SOCKET_LATENT,)
+    RETURN_NAMES = ("latent",)
+    OUTPUT_TOOLTIPS = ("The start latent with the VACE control; the sampler starts from seeded noise on it.",)
+    FUNCTION = "encode"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        sizes = LoraBindImageToVideo.INPUT_TYPES()["required"]
+        return {
+            "required": {
+                "model": (SOCKET_MODEL, {"tooltip": "A Wan VACE model (its VAE encodes the control inputs)."}),
+                **{name: sizes[name] for name in ("width", "height", "frames", "batch_size")},
+                "strength": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1000.0, "step": 0.01,
+                                       "tooltip": "Scale of the control hints added to the model's blocks (0: off)."}),
+            },
+            "optional": {
+                "control_video": (SOCKET_IMAGE, {"tooltip": "Control frames (IMAGE batch), resized to width x height;"
+                                                            " cut or padded with grey frames to the frame count."}),
+                "control_masks": ("MASK", {"tooltip": "Per-frame masks: 1 = generate, 0 = keep the control video."}),
+                "reference_images": (SOCKET_IMAGE, {"tooltip": "Up to 4 reference images, fitted inside width x "
+                                                               "height on white (aspect kept)."}),
+            },
+        }
+
+    VALIDATE_INPUTS = LoraBindEmptyLatent.VALIDATE_INPUTS
+
+    def encode(self, model, width, height, frames, batch_size, strength, control_video=None, control_masks=None,
+               reference_images=None):
+        latent = control_video_latent(model.model, control_video, control_masks, reference_images, width=width,
+                                      height=height, frames=frames, strength=strength, batch=batch_size)
+        resized = [line for name, image in (("control_video", control_video), ("reference_images", reference_images))
+                   if (line := _resize_note(name, image, width, height))]
+        return {"ui": {"text": resized}, "result": (latent,)} if resized else (latent,)
+
+
 def _resize_note(name: str, image, width: int, height: int) -> str:
     """Said when an image is not the video's size: it is stretched to width x height, and a person who gave a
     photo should know its proportions were not kept (issue 30: resizing was silent)."""
@@ -116,6 +167,8 @@ def _resize_note(name: str, image, width: int, height: int) -> str:
     return f"{name} {image_width}x{image_height} resized to {width}x{height} (aspect ratio {kept})"
 
 
-NODE_CLASS_MAPPINGS = {"LoraBindEmptyLatent": LoraBindEmptyLatent, "LoraBindImageToVideo": LoraBindImageToVideo}
+NODE_CLASS_MAPPINGS = {"LoraBindEmptyLatent": LoraBindEmptyLatent, "LoraBindImageToVideo": LoraBindImageToVideo,
+                       "LoraBindVaceToVideo": LoraBindVaceToVideo}
 NODE_DISPLAY_NAME_MAPPINGS = {"LoraBindEmptyLatent": "Empty Latent (lorabind)",
-                              "LoraBindImageToVideo": "Image to Video (lorabind)"}
+                              "LoraBindImageToVideo": "Image to Video (lorabind)",
+                              "LoraBindVaceToVideo": "Wan VACE to Video (lorabind)"}

@@ -29,6 +29,7 @@ from .wan_i2v import (
     build_tiny_wan22_i2v,
     build_tiny_wan22_ti2v,
 )
+from .wan_vace import WAN21_VACE_NAME, WAN22_VACE_FUN_NAME, build_tiny_wan21_vace, build_tiny_wan22_vace_fun
 from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 SUBFOLDER = "lorabind-tiny"
@@ -45,6 +46,13 @@ DENOISER_FILES = {
                                   "WanTransformer3DModel"),
     "wan2.1_i2v_tiny": (WAN21_I2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
     "wan2.2_ti2v_tiny": (WAN22_TI2V_NAME, "transformer", layouts.WAN_TRANSFORMER, "blocks.", "WanTransformer3DModel"),
+    # ComfyUI's repackaged names: wan2.1_vace_14B_fp16, wan2.2_fun_vace_{high,low}_noise_14B_bf16
+    "wan2.1_vace_tiny": (WAN21_VACE_NAME, "transformer", layouts.WAN_VACE_TRANSFORMER, "blocks.",
+                         "WanVACETransformer3DModel"),
+    "wan2.2_fun_vace_high_noise_tiny": (WAN22_VACE_FUN_NAME, "transformer", layouts.WAN_VACE_TRANSFORMER, "blocks.",
+                                        "WanVACETransformer3DModel"),
+    "wan2.2_fun_vace_low_noise_tiny": (WAN22_VACE_FUN_NAME, LOW_NOISE_EXPERT, layouts.WAN_VACE_TRANSFORMER,
+                                       "blocks.", "WanVACETransformer3DModel"),
     "qwen_image_tiny": (QWEN_IMAGE_NAME, "transformer", layouts.QWEN_IMAGE_TRANSFORMER, "transformer_blocks.",
                         "QwenImageTransformer2DModel"),
 }
@@ -158,7 +166,8 @@ def ensure_tiny_single_files(named, models_root) -> list[str]:
         return []
     for model, build in ((WAN22_NAME, build_tiny_wan22), (WAN21_NAME, build_tiny_wan21),
                          (QWEN_IMAGE_NAME, build_tiny_qwen_image), (WAN22_I2V_NAME, build_tiny_wan22_i2v),
-                         (WAN21_I2V_NAME, build_tiny_wan21_i2v), (WAN22_TI2V_NAME, build_tiny_wan22_ti2v)):
+                         (WAN21_I2V_NAME, build_tiny_wan21_i2v), (WAN22_TI2V_NAME, build_tiny_wan22_ti2v),
+                         (WAN21_VACE_NAME, build_tiny_wan21_vace), (WAN22_VACE_FUN_NAME, build_tiny_wan22_vace_fun)):
         if not (diffusers_dir(models_root) / model / "model_index.json").is_file():
             build(models_root)
     write_tiny_single_files(models_root)

@@ -37,6 +37,14 @@ def image_to_video_latent(model, start_image, end_image, width: int, height: int
     return family_for(model).image_latent(model, start_image, end_image, width, height, frames, batch)
 
 
+def control_video_latent(model, control_video, control_masks, reference_images, width: int, height: int,
+                         frames: int, strength: float = 1.0, batch: int = 1) -> LatentHandle:
+    """The start latent of a controlled video run (Wan VACE): the family encodes the control video, masks and
+    reference images into what its denoiser's control branch takes; ValueError naming the input it cannot take."""
+    return family_for(model).control_latent(model, control_video, control_masks, reference_images, width, height,
+                                            frames, strength, batch)
+
+
 def implied_task(model, latent: LatentHandle) -> Optional[str]:
     """The task a latent implies (MiniMax-H3: a latent anchored on a first frame means ``fl2va``), else None."""
     return family_for(model).implied_task(latent)

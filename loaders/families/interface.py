@@ -243,6 +243,12 @@ class ModelFamily:
         """The start LatentHandle of an image-to-video run from ComfyUI IMAGEs (``end_image`` may be None)."""
         raise ValueError(f"model {model.name!r} ({model.family}) does not generate video from a start image")
 
+    def control_latent(self, model, control_video, control_masks, reference_images, width: int, height: int,
+                       frames: int, strength: float, batch: int = 1):
+        """The start LatentHandle of a controlled video run (Wan VACE) from a control video (IMAGE), its masks
+        (MASK) and reference images (IMAGE), each may be None; ValueError naming the input it cannot take."""
+        raise ValueError(f"model {model.name!r} ({model.family}) takes no control video")
+
     def implied_task(self, latent) -> Optional[str]:
         """The sampling task a latent implies (MiniMax-H3: anchored on a first frame -> ``fl2va``), else None."""
         return None

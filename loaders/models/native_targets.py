@@ -52,7 +52,7 @@ def native_denoiser(shapes: Mapping[str, tuple], name: str) -> NativeDenoiser:
     if not own:
         own = {key: (key, tuple(shape)) for key, shape in shapes.items()}
     kind = next((kind for kind in catalog.KINDS.values()
-                 if kind.role == "denoiser" and all(marker in own for marker in kind.markers)), None)
+                 if kind.role == "denoiser" and kind.fits(own)), None)
     if kind is None:
         known = ", ".join(sorted({k.family for k in catalog.KINDS.values() if k.role == "denoiser"}))
         raise KeyMatchError(f"{name}: its parameter names are not those of a denoiser lorabind maps LoRAs onto "

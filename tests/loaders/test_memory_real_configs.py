@@ -75,3 +75,25 @@ def test_hopeless_case_refuses_with_needed_free_and_the_smallest_plan():
     forced = _decide("wan2.2-t2v-a14b", 24, memory="full")
     assert forced.fits is False
     assert "(24.0 GiB free); memory=offload_blocks would fit" in forced.reason
+
+
+def test_the_vace_real_configs_are_the_14b_transformer_plus_exactly_its_vace_branch():
+    """Wan VACE 14B (and each Wan2.2 VACE Fun expert): the T2V 14B transformer plus 8 VACE blocks (a main block
+    each, with its output projection; the first also with its input projection) and ``vace_patch_embedding``
+    (96 control channels, 1x2x2 patches): 17.3B parameters, 34.7 GB in bf16."""
+    import torch
+    from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+    with torch.device("meta"):
+        block = sum(p.numel() for p in WanTransformerBlock(5120, 13824, 40, "rms_norm_across_heads", True, 1e-6,
+                                                          None).parameters())
+    dim = 5120
+    branch = 8 * block + 9 * (dim * dim + dim) + 96 * 2 * 2 * dim + dim
+    t2v = {s.name: s for s in component_sizes("wan2.1-t2v-14b")}["transformer"].parameters
+    for name, experts in (("wan2.1-vace-14b", ("transformer",)),
+                          ("wan2.2-vace-fun-a14b", ("transformer", "transformer_2"))):
+        sizes = {s.name: s for s in component_sizes(name)}
+        assert [n for n in sizes if n.startswith("transformer")] == list(experts)
+        for expert in experts:
+            assert sizes[expert].parameters == t2v + branch
+            assert sizes[expert].bytes == pytest.approx(34.7e9, rel=0.01)

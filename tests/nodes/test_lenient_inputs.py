@@ -16,7 +16,7 @@ from lorabind.loaders.binding.bind import bind, unbind  # noqa: E402
 from lorabind.loaders.errors import KeyMatchError  # noqa: E402
 from lorabind.tiny_models import lora_fixtures as F  # noqa: E402
 
-UNKNOWN = {f"diffusion_model.vace_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
+UNKNOWN = {f"diffusion_model.extra_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
            for i in range(3) for s in ("down", "up")}
 
 
@@ -28,7 +28,7 @@ def models_root(tmp_path_factory):
     build_tiny(root, names=("tiny-wan22-t2v",))
     F.write_fixture_loras(root)
     tensors = load_file(str(root / "loras" / F.WAN22_HIGH))
-    save_file({**tensors, **UNKNOWN}, str(root / "loras" / "high_noise_with_vace.safetensors"))
+    save_file({**tensors, **UNKNOWN}, str(root / "loras" / "high_noise_with_unknown.safetensors"))
     return root
 
 
@@ -50,7 +50,7 @@ def test_the_refusal_names_the_options_that_exist(model):
     from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 
     with pytest.raises(KeyMatchError) as caught:
-        FuseDistillLoRA().fuse(model, "high_noise_with_vace.safetensors", 1.0, "transformer")
+        FuseDistillLoRA().fuse(model, "high_noise_with_unknown.safetensors", 1.0, "transformer")
     message = str(caught.value)
     assert "6 key(s) match nothing in the transformer (wan2.2_moe)" in message
     assert message.endswith("skip these keys explicitly: the fuse and adapter nodes' 'lenient' input, "
@@ -61,7 +61,7 @@ def test_the_refusal_names_the_options_that_exist(model):
 def test_a_lenient_fuse_skips_only_the_unmatched_keys_and_binds(model):
     from lorabind.nodes.adapter_nodes import FuseDistillLoRA, WanMoELoRAPair
 
-    out = FuseDistillLoRA().fuse(model, "high_noise_with_vace.safetensors", 1.0, "transformer", lenient=True)
+    out = FuseDistillLoRA().fuse(model, "high_noise_with_unknown.safetensors", 1.0, "transformer", lenient=True)
     (handle,) = out["result"]
     (accounting,) = out["ui"]["lorabind_accounting"]
     assert sorted(accounting["unmatched"]) == sorted(UNKNOWN)
@@ -70,16 +70,16 @@ def test_a_lenient_fuse_skips_only_the_unmatched_keys_and_binds(model):
     assert accounting["counts"]["applied"] == strict["counts"]["applied"] > 0
     report = bind(handle.model, handle.fuses, ())  # the sampler's bind honours the spec's lenient flag
     assert report.fuses[0]["accounting"]["counts"]["unmatched"] == len(UNKNOWN)
-    paired = WanMoELoRAPair().pair(model, "high_noise_with_vace.safetensors", 1.0, F.WAN22_LOW, 1.0, lenient=True)
+    paired = WanMoELoRAPair().pair(model, "high_noise_with_unknown.safetensors", 1.0, F.WAN22_LOW, 1.0, lenient=True)
     assert [f.lenient for f in paired["result"][0].fuses] == [True, True]
     with pytest.raises(KeyMatchError):
-        WanMoELoRAPair().pair(model, "high_noise_with_vace.safetensors", 1.0, F.WAN22_LOW, 1.0)
+        WanMoELoRAPair().pair(model, "high_noise_with_unknown.safetensors", 1.0, F.WAN22_LOW, 1.0)
 
 
 def test_inspect_lenient_lists_the_unmatched_keys_and_succeeds(models_root, capsys):
     from lorabind.runtime.cli import main
 
-    path = str(models_root / "loras" / "high_noise_with_vace.safetensors")
+    path = str(models_root / "loras" / "high_noise_with_unknown.safetensors")
     model_dir = str(models_root / "diffusers" / "tiny-wan22-t2v")
     assert main(["inspect", path, "--model", model_dir, "--json"]) == 1
     capsys.readouterr()

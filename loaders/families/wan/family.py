@@ -17,19 +17,28 @@ from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_conditio
 from .prediction import WanPrediction
 from .single_files import assemble_wan_pipeline, check_expert_files
 from .slots import HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT
+from .vace_conditioning import VACE_KEY, check_vace_inputs, encode_vace_condition, is_vace, reference_count
 
 TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its ``requirements`` entry
+VACE_REQUIREMENTS = "wan_vace"
+VACE_PIPELINE = "WanVACEPipeline"  # a VACE folder's model_index ``_class_name``
 # From checks against older releases (diffusers 0.32-0.35): WanPipeline appears in diffusers 0.33, its
 # transformer_2/boundary_ratio (Wan2.2 MoE) in 0.35, and expand_timesteps (TI2V) came with Wan2.2 in 0.35.
 REQUIREMENTS = {"wan2.1": {"diffusers": "0.33"}, contracts.MOE_FAMILY: {"diffusers": "0.35"},
-                TI2V_REQUIREMENTS: {"diffusers": "0.35"}}
-LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V"}
+                TI2V_REQUIREMENTS: {"diffusers": "0.35"},
+                # WanVACEPipeline with transformer_2/boundary_ratio (the Wan2.2 VACE Fun pair): read in 0.36 and
+                # 0.42; 0.35 and older were not checked, so 0.36 is the floor
+                VACE_REQUIREMENTS: {"diffusers": "0.36"}}
+LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V",
+          VACE_REQUIREMENTS: "Wan VACE"}
 TINY_MODELS = (
     TinyRecipe("tiny-wan22-t2v", contracts.MOE_FAMILY, ".wan", "build_tiny_wan22"),
     TinyRecipe("tiny-wan21-t2v", "wan2.1", ".wan", "build_tiny_wan21"),
     TinyRecipe("tiny-wan22-i2v", contracts.MOE_FAMILY, ".wan_i2v", "build_tiny_wan22_i2v"),
     TinyRecipe("tiny-wan21-i2v", "wan2.1", ".wan_i2v", "build_tiny_wan21_i2v"),
     TinyRecipe("tiny-wan22-ti2v", TI2V_REQUIREMENTS, ".wan_i2v", "build_tiny_wan22_ti2v"),
+    TinyRecipe("tiny-wan21-vace", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan21_vace"),
+    TinyRecipe("tiny-wan22-vace-fun", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan22_vace_fun"),
 )
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
 # which would change what the cross-attention sees, so we pass the __call__ value explicitly.
@@ -46,7 +55,8 @@ class WanFamily(DiffusersFlowFamily):
     lora_components = (HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT)
     requirements = REQUIREMENTS
     labels = LABELS
-    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b")
+    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
+                    "wan2.1-vace-14b", "wan2.2-vace-fun-a14b")
     tiny_models = TINY_MODELS
     reference_scheduler = "unipc"  # Wan-AI/*-Diffusers scheduler_config.json: UniPCMultistepScheduler
 
@@ -74,6 +84,8 @@ class WanFamily(DiffusersFlowFamily):
 
     def requirements_id(self, model_family, model_index=None, variant=None):
         # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)
+        if variant == "vace" or (model_index or {}).get("_class_name") == VACE_PIPELINE:
+            return VACE_REQUIREMENTS
         if variant == "ti2v" or (model_index or {}).get("expand_timesteps"):
             return TI2V_REQUIREMENTS
         return model_family
@@ -133,6 +145,7 @@ class WanFamily(DiffusersFlowFamily):
 
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         self._check_image_condition(model, latent)
+        self._check_control_condition(model, latent)
         super().check_inputs(model, positive, negative, latent, schedule)
 
     def run_warnings(self, model) -> list:
@@ -147,6 +160,18 @@ class WanFamily(DiffusersFlowFamily):
                 f"hands over from its high-noise to its low-noise expert at boundary {float(boundary):g}, so the "
                 "video comes out wrong. Load both experts (the high-noise file as denoiser, the low-noise one as "
                 "denoiser_low_noise) or the A14B folder with both"]
+
+    def _check_control_condition(self, model, latent) -> None:
+        """A VACE model needs a latent made with its control inputs (its forward takes them), and a latent made so
+        fits no other model."""
+        vace_model = is_vace(model.components[HIGH_NOISE_EXPERT].config)
+        has_control = latent.extra.get(VACE_KEY) is not None
+        if vace_model and not has_control:
+            raise ValueError(f"latent: model {model.name!r} is a Wan VACE model; make the latent with "
+                             "LoraBindVaceToVideo (a control video, masks or reference images, or none of them)")
+        if has_control and not vace_model:
+            raise ValueError(f"latent: it was made with VACE control inputs, but model {model.name!r} has no VACE "
+                             "branch; make it with LoraBindEmptyLatent or LoraBindImageToVideo for this model")
 
     def _check_image_condition(self, model, latent) -> None:
         """An I2V model needs a latent made from a start image, a T2V model refuses one, and the conditioning must
@@ -200,6 +225,28 @@ class WanFamily(DiffusersFlowFamily):
                                            end_image, width, height, frames, shape)
         return LatentHandle(samples=torch.zeros(shape), family=model.family, kind="video",
                             extra={LATENT_KEY: condition})
+
+    def control_latent(self, model, control_video, control_masks, reference_images, width: int, height: int,
+                       frames: int, strength: float, batch: int = 1) -> LatentHandle:
+        """The start latent of a VACE run: zeros with one extra latent frame per reference image, carrying the
+        control conditioning for every denoiser forward (``vace_conditioning``)."""
+        config = model.components[HIGH_NOISE_EXPERT].config
+        check_vace_inputs(model.name, config, control_video, control_masks, reference_images)
+        temporal = 2 ** sum(bool(d) for d in model.pipeline.vae.config.temperal_downsample)
+        self.latent_shape(model, width, height, frames, batch)  # names a bad size before references widen it
+        shape = self.latent_shape(model, width, height, frames + temporal * reference_count(reference_images), batch)
+        condition = encode_vace_condition(model.pipeline, control_video, control_masks, reference_images, width,
+                                          height, frames, strength, shape)
+        return LatentHandle(samples=torch.zeros(shape), family=model.family, kind="video",
+                            extra={VACE_KEY: condition})
+
+    def decode(self, model, latent):
+        """A VACE latent's reference-image frames are conditioning, not video: dropped before decoding."""
+        control = latent.extra.get(VACE_KEY)
+        if control is not None and control.reference_frames:
+            latent = LatentHandle(samples=control.video_frames(latent.samples), family=latent.family,
+                                  kind=latent.kind, extra=dict(latent.extra))
+        return super().decode(model, latent)
 
     def prediction(self, model, positive, negative, latent) -> WanPrediction:
         return WanPrediction(self, model, positive, negative, latent)

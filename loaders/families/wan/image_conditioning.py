@@ -73,7 +73,7 @@ def image_variant(transformer_config, model_index: dict) -> str:
     return "t2v"
 
 
-def _to_pil(image: torch.Tensor):
+def to_pil(image: torch.Tensor):
     """First frame of a ComfyUI IMAGE ([B, H, W, 3] float 0..1) as an 8-bit PIL image: what diffusers' pipelines
     are given (their resize, normalisation and CLIP preprocessing all start from PIL)."""
     import numpy as np
@@ -84,7 +84,7 @@ def _to_pil(image: torch.Tensor):
     return Image.fromarray(array)
 
 
-def _encode_video(pipeline, frames: torch.Tensor) -> torch.Tensor:
+def encode_video(pipeline, frames: torch.Tensor) -> torch.Tensor:
     """VAE mode of ``frames`` [B, 3, F, H, W] in -1..1, normalised as the pipelines do (float32)."""
     vae = pipeline.vae
     param = next(vae.parameters())
@@ -149,20 +149,20 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
     vae_config = pipeline.vae.config
     spatial = getattr(vae_config, "scale_factor_spatial", None) or 2 ** len(vae_config.temperal_downsample)
     processor = VideoProcessor(vae_scale_factor=spatial)
-    start_pil = _to_pil(start_image)
+    start_pil = to_pil(start_image)
     start = processor.preprocess(start_pil, height=height, width=width).float().unsqueeze(2)  # [1, 3, 1, H, W]
     batch_size, _, latent_frames, latent_height, latent_width = latent_shape
 
     if variant == "ti2v":
-        condition = _encode_video(pipeline, start).repeat(batch_size, 1, 1, 1, 1)
+        condition = encode_video(pipeline, start).repeat(batch_size, 1, 1, 1, 1)
         mask = torch.ones(1, 1, latent_frames, latent_height, latent_width)
         mask[:, :, 0] = 0
         return ImageCondition(variant=variant, condition=condition, first_frame_mask=mask)
 
     pieces = [start, start.new_zeros(1, 3, frames - 1 - (end_image is not None), height, width)]
     if end_image is not None:
-        pieces.append(processor.preprocess(_to_pil(end_image), height=height, width=width).float().unsqueeze(2))
-    image_latents = _encode_video(pipeline, torch.cat(pieces, dim=2)).repeat(batch_size, 1, 1, 1, 1)
+        pieces.append(processor.preprocess(to_pil(end_image), height=height, width=width).float().unsqueeze(2))
+    image_latents = encode_video(pipeline, torch.cat(pieces, dim=2)).repeat(batch_size, 1, 1, 1, 1)
     temporal = vae_config.scale_factor_temporal if hasattr(vae_config, "scale_factor_temporal") else 4
     frame_mask = torch.ones(batch_size, 1, frames, latent_height, latent_width)
     frame_mask[:, :, 1:frames - 1 if end_image is not None else frames] = 0
@@ -172,7 +172,7 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
     condition = torch.cat([frame_mask, image_latents], dim=1)
     embeds = None
     if variant == "i2v_clip":
-        images = [start_pil] if end_image is None else [start_pil, _to_pil(end_image)]
+        images = [start_pil] if end_image is None else [start_pil, to_pil(end_image)]
         embeds = _clip_embeds(pipeline, images)
     return ImageCondition(variant=variant, condition=condition, image_embeds=embeds,
                           has_end_image=end_image is not None)

@@ -10,6 +10,11 @@ and the parameter ``scale_shift_table`` (native ``modulation``); the model has `
 ``condition_embedder.{time_embedder,text_embedder}.linear_{1,2}``, ``condition_embedder.time_proj``,
 ``condition_embedder.image_embedder.{norm1,ff.net.0.proj,ff.net.2,norm2}`` (I2V only),
 ``proj_out`` and a top-level ``scale_shift_table`` (native ``head.modulation``).
+
+VACE models (``WanVACETransformer3DModel``) add ``vace_patch_embedding`` and ``vace_blocks.N``: a main block's
+modules plus ``proj_in`` (block 0 only) and ``proj_out``. ComfyUI's layout names them ``vace_blocks.N.before_proj``
+/ ``after_proj`` with the native block names inside (``comfy/ldm/wan/model.py``: ``VaceWanAttentionBlock``); a
+model without them (every non-VACE Wan) has nothing for those keys to act on (``VACE_BRANCH_REASON``).
 """
 
 from __future__ import annotations
@@ -59,16 +64,33 @@ _NAME_TOKENS = frozenset({
     "self_attn", "cross_attn", "k_img", "v_img", "norm_k_img", "norm_q", "norm_k", "text_embedding",
     "time_embedding", "time_projection", "patch_embedding", "img_emb", "to_q", "to_k", "to_v",
     "to_out", "add_k_proj", "add_v_proj", "norm_added_k", "condition_embedder", "time_embedder", "text_embedder",
-    "image_embedder", "time_proj", "linear_1", "linear_2", "proj_out", "scale_shift_table"})
+    "image_embedder", "time_proj", "linear_1", "linear_2", "proj_out", "scale_shift_table",
+    "vace_blocks", "vace_patch_embedding", "before_proj", "after_proj", "proj_in"})
 
 _IMAGE_BRANCH = re.compile(
     r"(^|.*\.)(k_img|v_img|norm_k_img|add_k_proj|add_v_proj|norm_added_k)$"
     r"|^(img_emb|condition_embedder\.image_embedder)\.")
+_VACE_BRANCH = re.compile(r"^vace_(blocks\.\d+\.|patch_embedding$)")
+VACE_BRANCH_REASON = ("Wan VACE control-branch key (vace_blocks / vace_patch_embedding); this model has no VACE "
+                      "branch (only the Wan VACE models do), so it has nothing to act on")
+_VACE_PREFIX = "vace_"
+# a VACE block's own projections: ComfyUI's native names and diffusers' names
+_VACE_OWN = re.compile(r"vace_blocks\.(\d+)\.(before_proj|after_proj|proj_in|proj_out)")
+_VACE_PROJECTIONS = {"before_proj": "proj_in", "after_proj": "proj_out", "proj_in": "proj_in", "proj_out": "proj_out"}
 IMAGE_BRANCH_REASON = ("Wan2.1 I2V image-branch key (CLIP image cross-attention / img_emb); this model has no "
                        "image branch (Wan2.2 experts and Wan2.1 T2V have none), so it has nothing to act on")
 
 
 def _to_diffusers(name: str) -> Optional[str]:
+    """One file-side name -> diffusers; a VACE block's names are a main block's under ``vace_blocks``."""
+    if name == "vace_patch_embedding":
+        return name
+    own = _VACE_OWN.fullmatch(name)
+    if own:
+        return f"vace_blocks.{own[1]}.{_VACE_PROJECTIONS[own[2]]}"
+    if name.startswith("vace_blocks."):
+        inner = _to_diffusers(name[len(_VACE_PREFIX):])
+        return None if inner is None else _VACE_PREFIX + inner
     if _DIFFUSERS_NAME.fullmatch(name):
         return name
     for pattern, build in _NATIVE_RULES:
@@ -110,6 +132,9 @@ def prepare(lora: LoraFile, model_family: str) -> LoraFile:
 
 
 def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
-    if _IMAGE_BRANCH.match(name) or _IMAGE_BRANCH.match(redot(name, _NAME_TOKENS)):
+    dotted = redot(name, _NAME_TOKENS)
+    if _IMAGE_BRANCH.match(name) or _IMAGE_BRANCH.match(dotted):
         return IMAGE_BRANCH_REASON
+    if _VACE_BRANCH.match(name) or _VACE_BRANCH.match(dotted):
+        return VACE_BRANCH_REASON
     return None

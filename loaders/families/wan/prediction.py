@@ -14,6 +14,7 @@ import torch
 from ...handles import ConditioningHandle, LatentHandle
 from ...generation.sampling import batched, device_and_dtype
 from .image_conditioning import LATENT_KEY
+from .vace_conditioning import VACE_KEY
 
 
 class WanPrediction:
@@ -27,6 +28,7 @@ class WanPrediction:
         self.negative = negative.embeds if negative is not None else None
         self.expand_timesteps = bool(model.model_index.get("expand_timesteps", False))
         self.image = latent.extra.get(LATENT_KEY) if latent is not None else None  # image-to-video conditioning
+        self.control = latent.extra.get(VACE_KEY) if latent is not None else None  # VACE control conditioning
 
     def __call__(self, expert: str, x: torch.Tensor, sigma: float, uncond: bool) -> torch.Tensor:
         transformer = self.model.components[expert]
@@ -43,8 +45,9 @@ class WanPrediction:
             timestep = torch.full((batch, tokens), t, device=device, dtype=torch.float32)
         else:
             timestep = torch.full((batch,), t, device=device, dtype=torch.float32)
+        control = {} if self.control is None else self.control.forward_inputs(transformer, batch, device, dtype)
         out = self.family.forward(self.model, expert, hidden_states=x.to(device, dtype), timestep=timestep,
-                                  encoder_hidden_states=embeds, return_dict=False)[0]
+                                  encoder_hidden_states=embeds, return_dict=False, **control)[0]
         return out.float()
 
     def _image_to_video(self, expert: str, transformer, x: torch.Tensor, embeds: torch.Tensor,

@@ -3,9 +3,11 @@
 The result is the pipeline the equivalent diffusers folder loads as: ``WanPipeline`` for text-to-video (and
 TI2V-5B, whose folder is a ``WanPipeline`` with ``expand_timesteps``), ``WanImageToVideoPipeline`` for the I2V
 models (in_channels 36: the encoded image and its frame mask are concatenated to the noise), with Wan2.1 I2V's
-CLIP vision encoder and its image processor. Two experts get the published ``boundary_ratio`` (0.9 I2V,
-0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it; so does one expert alone, as an A14B folder
-without ``transformer_2`` would: that is how the family tells it from Wan2.1 and warns (``run_warnings``).
+CLIP vision encoder and its image processor, ``WanVACEPipeline`` for the VACE models (a transformer with
+``vace_layers``: Wan2.1 VACE, and the Wan2.2 VACE Fun experts, whose boundary is T2V A14B's). Two experts get
+the published ``boundary_ratio`` (0.9 I2V, 0.875 T2V), as the Wan-AI folders' ``model_index.json`` hold it; so
+does one expert alone, as an A14B folder without ``transformer_2`` would: that is how the family tells it from
+Wan2.1 and warns (``run_warnings``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 
 from ...errors import ModelLoadError
 from .image_conditioning import clip_image_processor
+from .vace_conditioning import is_vace
 
 _WAN21_NAME = re.compile(r"wan[-_ .]?2[._]?1(?![0-9])", re.IGNORECASE)
 
@@ -52,7 +55,7 @@ def is_lone_expert(denoisers: tuple) -> bool:
 
 def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):
     """``PipelineSource(kind="single_file")`` -> the Wan pipeline (see the module docstring)."""
-    from diffusers import WanImageToVideoPipeline, WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline, WanVACEPipeline
 
     parts = dict(source.components)
     transformer = parts["transformer"].config
@@ -63,6 +66,8 @@ def assemble_wan_pipeline(source, *, i2v_boundary: float, t2v_boundary: float):
     common = dict(tokenizer=source.tokenizer, text_encoder=parts["text_encoder"], vae=parts["vae"],
                   scheduler=_scheduler(), transformer=parts["transformer"],
                   transformer_2=parts.get("transformer_2"), **options)
+    if is_vace(transformer):
+        return WanVACEPipeline(**common)
     if not image_to_video:
         return WanPipeline(**common)
     encoder = parts.get("image_encoder")

@@ -39,6 +39,11 @@ class ComponentKind:
     name_hint: str = ""  # a regex the file name must match to pick this kind among equal-shaped ones
     # denoisers: the ``general.architecture`` published GGUF files of this kind declare (ComfyUI-GGUF's names)
     gguf_architecture: str = ""
+    excludes: tuple[str, ...] = ()  # keys whose presence rules the kind out (a Wan file with a VACE branch)
+
+    def fits(self, shapes: dict) -> bool:
+        """The file has the kind's marker keys and none of its excluded keys."""
+        return all(m in shapes for m in self.markers) and not any(x in shapes for x in self.excludes)
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,19 @@ KINDS = {kind.kind: kind for kind in (
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["ffn_dim"], c.get("image_dim") is not None),
         lambda c: layouts.WAN_TRANSFORMER, takes=("wan_vae", "wan22_vae", "umt5", "clip_vision"),
-        experts=True, gguf_architecture="wan"),
+        experts=True, gguf_architecture="wan", excludes=("vace_patch_embedding.weight",)),
+    # Wan VACE (comfy/model_detection.py: ``vace_patch_embedding.weight`` present -> model_type "vace", with
+    # ``vace_in_dim`` its input channels and ``vace_layers`` the number of ``vace_blocks``): Wan2.1 VACE 1.3B/14B,
+    # and the Wan2.2 VACE Fun A14B experts, which have Wan2.1 VACE 14B's shapes (the name tells them apart)
+    ComponentKind(
+        "wan_vace_transformer", "denoiser", "wan",
+        ("head.modulation", "patch_embedding.weight", "vace_patch_embedding.weight"),
+        "diffusers", "WanVACETransformer3DModel",
+        lambda s: (s["patch_embedding.weight"][0], _count(s, r"blocks\.(\d+)\."), s["blocks.0.ffn.0.weight"][0],
+                   _count(s, r"vace_blocks\.(\d+)\."), s["vace_patch_embedding.weight"][1]),
+        lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"], c["ffn_dim"],
+                   len(c["vace_layers"]), c["vace_in_channels"]),
+        lambda c: layouts.WAN_VACE_TRANSFORMER, takes=("wan_vae", "umt5"), experts=True),
     ComponentKind(
         "qwen_image_transformer", "denoiser", "qwen_image", ("img_in.weight", "txt_norm.weight"),
         "diffusers", "QwenImageTransformer2DModel",
@@ -140,6 +157,9 @@ KNOWN_MODELS = (
     KnownModel("wan_i2v_transformer_tiny", "wan_transformer", "Wan2.2 I2V tiny", "tiny", "i2v"),
     KnownModel("wan_i2v_clip_transformer_tiny", "wan_transformer", "Wan2.1 I2V tiny", "tiny", "i2v"),
     KnownModel("wan_ti2v_transformer_tiny", "wan_transformer", "Wan2.2 TI2V tiny", "tiny", "ti2v"),
+    KnownModel("wan2.1_vace_1.3B", "wan_vace_transformer", "Wan2.1 VACE 1.3B", "1.3B", "vace"),
+    KnownModel("wan2.1_vace_14B", "wan_vace_transformer", "Wan VACE 14B", "14B", "vace"),
+    KnownModel("wan_vace_transformer_tiny", "wan_vace_transformer", "Wan VACE tiny", "tiny", "vace"),
     KnownModel("qwen_image", "qwen_image_transformer", "Qwen-Image", "20B"),
     KnownModel("qwen_image_transformer_tiny", "qwen_image_transformer", "Qwen-Image (lorabind tiny)", "tiny"),
     KnownModel("wan_2.1_vae", "wan_vae", "Wan2.1 VAE", "wan2.1"),

@@ -158,7 +158,7 @@ def _precision(shapes: dict, dtypes: dict) -> str:
 def _candidates(shapes: dict, base_name: str) -> list:
     """Kinds whose marker keys the file has; among equal-shaped ones (the Wan-layout VAE is also Qwen-Image's)
     the one whose name hint the file name matches, else the ones without a hint."""
-    kinds = [kind for kind in catalog.KINDS.values() if all(m in shapes for m in kind.markers)]
+    kinds = [kind for kind in catalog.KINDS.values() if kind.fits(shapes)]
     hinted = [k for k in kinds if k.name_hint and re.search(k.name_hint, base_name, re.IGNORECASE)]
     return hinted or [k for k in kinds if not k.name_hint]
 
@@ -210,7 +210,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
         for model in models:
             if model.kind == kind.kind and kind.config_signature(catalog.config(model.config)) == signature:
                 version = expert = None
-                if kind.kind == "wan_transformer":
+                if kind.experts:  # Wan: the version and expert come from the file name
                     expert_match = _EXPERT.search(base_name)
                     expert = expert_match[1].lower() if expert_match else None
                     # Wan2.2 I2V A14B and TI2V exist only as Wan2.2; Wan2.1 I2V is the one with a CLIP image branch

@@ -150,6 +150,17 @@ WAN_TRANSFORMER = KeyLayout("wan_transformer", _WAN_ATTN + (
     ("condition_embedder.image_embedder.pos_embed", "img_emb.emb_pos"),
 ))
 
+# Wan VACE (``WanVACETransformer3DModel``): the Wan transformer plus ``vace_blocks.N``, each a main block's modules
+# under the same names and its own input (block 0 only) and output projections, which ComfyUI's layout calls
+# ``before_proj`` / ``after_proj`` (``comfy/ldm/wan/model.py``: ``VaceWanAttentionBlock``; diffusers' converter
+# maps them to ``proj_in`` / ``proj_out``). ``vace_patch_embedding`` has one name in both.
+_VACE_BLOCK_RULES = tuple((d.replace("blocks.{i}", "vace_blocks.{i}", 1), n.replace("blocks.{i}", "vace_blocks.{i}", 1))
+                          for d, n in WAN_TRANSFORMER.rules if d.startswith("blocks.{i}."))
+WAN_VACE_TRANSFORMER = KeyLayout("wan_vace_transformer", WAN_TRANSFORMER.rules + _VACE_BLOCK_RULES + (
+    ("vace_blocks.{i}.proj_in", "vace_blocks.{i}.before_proj"),
+    ("vace_blocks.{i}.proj_out", "vace_blocks.{i}.after_proj"),
+))
+
 # QwenImageTransformer2DModel's single files use the diffusers names (diffusers maps them with identity).
 QWEN_IMAGE_TRANSFORMER = KeyLayout("qwen_image_transformer", ())
 

@@ -5,7 +5,7 @@ models and latents that do not fit are refused naming the input."""
 import numpy as np
 import pytest
 import torch
-from wan_i2v_helpers import example_image
+from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text, image_to_video_latent
@@ -29,17 +29,9 @@ def _pil(image):
 def _diffusers_latent(model, width, height, frames, cfg, end=None):
     """WanImageToVideoPipeline on the folder, FlowMatchEuler at shift 1 fed our sigmas (the pipeline has no
     ``sigmas`` argument: its scheduler's set_timesteps is given them, diffusers-feasibility.md §2)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+    from diffusers import WanImageToVideoPipeline
 
-    pipe = WanImageToVideoPipeline.from_pretrained(model.path, local_files_only=True)
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0)
-    original = type(pipe.scheduler).set_timesteps
-
-    def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
-        return original(self, sigmas=np.asarray(SIGMAS[:-1], dtype=np.float64), device=device)
-
-    pipe.scheduler.set_timesteps = set_timesteps.__get__(pipe.scheduler)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = pipeline_on_sigmas(WanImageToVideoPipeline, model.path, SIGMAS)
     shape = empty_latent(model, width, height, frames).samples.shape
     extra = {"last_image": _pil(end)} if end is not None else {}
     return pipe(image=_pil(example_image("start")), prompt="a cat dancing", negative_prompt="blurry",

@@ -148,28 +148,28 @@ def test_i2v_keys_on_a_wan22_expert_are_expected_unmatched(tmp_path, wan22_exper
 def _with_unknown_keys(count):
     sd = wan_native_lora()
     for i in range(count):
-        sd[f"diffusion_model.vace_blocks.{i}.before_proj.lora_down.weight"] = torch.randn(4, 24)
-        sd[f"diffusion_model.vace_blocks.{i}.before_proj.lora_up.weight"] = torch.randn(24, 4)
+        sd[f"diffusion_model.extra_blocks.{i}.before_proj.lora_down.weight"] = torch.randn(4, 24)
+        sd[f"diffusion_model.extra_blocks.{i}.before_proj.lora_up.weight"] = torch.randn(24, 4)
     return sd
 
 
 def test_unknown_keys_raise_with_first_keys_and_count(tmp_path, wan22_expert):
     sd = _with_unknown_keys(6)
     with pytest.raises(KeyMatchError) as error:
-        _account(save(sd, tmp_path / "vace.safetensors"), wan22_expert)
+        _account(save(sd, tmp_path / "unknown.safetensors"), wan22_expert)
     message = str(error.value)
-    assert message.startswith("vace.safetensors: 12 key(s) match nothing in the transformer (wan2.2_moe): ")
-    assert "diffusion_model.vace_blocks.0.before_proj.lora_down.weight" in message and "and 4 more" in message
+    assert message.startswith("unknown.safetensors: 12 key(s) match nothing in the transformer (wan2.2_moe): ")
+    assert "diffusion_model.extra_blocks.0.before_proj.lora_down.weight" in message and "and 4 more" in message
 
 
 def test_lenient_turns_unknown_keys_into_a_warning(tmp_path, wan22_expert):
     sd = _with_unknown_keys(2)
-    acc = _account(save(sd, tmp_path / "vace.safetensors"), wan22_expert, lenient=True, component="transformer_2")
-    unknown = sorted(k for k in sd if "vace_blocks" in k)
+    acc = _account(save(sd, tmp_path / "unknown.safetensors"), wan22_expert, lenient=True, component="transformer_2")
+    unknown = sorted(k for k in sd if "extra_blocks" in k)
     assert sorted(acc.unmatched) == unknown
     assert acc.counts == {"applied": len(sd) - len(unknown), "expected_unmatched": 0, "unmatched": len(unknown)}
-    assert acc.warnings == [f"vace.safetensors: {len(unknown)} key(s) match nothing in the transformer_2 (wan2.2_moe) "
-                            f"and are ignored: {', '.join(acc.unmatched)}"]
+    assert acc.warnings == [f"unknown.safetensors: {len(unknown)} key(s) match nothing in the transformer_2 "
+                            f"(wan2.2_moe) and are ignored: {', '.join(acc.unmatched)}"]
     assert acc.to_dict()["unmatched"] == acc.unmatched and acc.to_dict()["component"] == "transformer_2"
 
 

@@ -260,9 +260,9 @@ def test_inspect_lists_unmatched_keys_and_still_refuses(tiny_wan22_folder, merge
     """``inspect --model`` shows the whole accounting (which keys match nothing), then exits 1 as the engine
     would refuse the file; a file that fits reports its counts and exits 0."""
     tensors = load_file(merged["lora"])
-    unknown = {f"diffusion_model.vace_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
+    unknown = {f"diffusion_model.extra_blocks.{i}.before_proj.lora_{s}.weight": torch.zeros(4, 4)
                for i in range(6) for s in ("down", "up")}
-    path = tmp_path / "with_vace.safetensors"
+    path = tmp_path / "with_unknown.safetensors"
     save_file({**tensors, **unknown}, str(path))
     assert main(["inspect", str(path), "--model", tiny_wan22_folder, "--json"]) == 1
     captured = capsys.readouterr()
@@ -272,7 +272,7 @@ def test_inspect_lists_unmatched_keys_and_still_refuses(tiny_wan22_folder, merge
     accounting = report["accounting"]
     assert sorted(accounting["unmatched"]) == sorted(unknown)
     assert accounting["counts"] == {"applied": len(tensors), "expected_unmatched": 0, "unmatched": len(unknown)}
-    assert captured.err.startswith("lorabind inspect: refused: with_vace.safetensors: 12 key(s) match nothing")
+    assert captured.err.startswith("lorabind inspect: refused: with_unknown.safetensors: 12 key(s) match nothing")
     assert main(["inspect", merged["lora"], "--model", tiny_wan22_folder, "--json"]) == 0
     clean = json.loads(capsys.readouterr().out)["accounting"]
     assert clean["refusal"] is None and clean["counts"]["unmatched"] == 0

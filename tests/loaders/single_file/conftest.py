@@ -9,5 +9,5 @@ def single_file_root(tiny_models_root):
     ``models/{diffusion_models,vae,text_encoders,clip_vision}/``."""
     from lorabind.tiny_models.single_files import write_tiny_single_files
 
-    assert len(write_tiny_single_files(tiny_models_root)) == 38  # 32 safetensors + 6 GGUF
+    assert len(write_tiny_single_files(tiny_models_root)) == 47  # 32 safetensors + 6 GGUF + 9 VACE (3 x 3 precisions)
     return tiny_models_root

@@ -19,7 +19,7 @@ from server_client import Client, run_async
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
 WORKFLOWS = PACK_DIR / "workflows"
-I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v")
+I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v", "wan21_vace_control")
 
 
 def _frames(path) -> list:
