@@ -1,0 +1,218 @@
+"""LoRA on GGUF-quantized layers (issue 27 part B): patches applied at dequantise time, the bytes never written.
+
+The models are the tiny Wan2.2 experts of the factory with their Linear weights quantized to Q8_0 in memory
+(``gguf_helpers``); the LoRAs are the factory's lightx2v pair. On the tiny config only the Linears whose rows
+fit Q8_0's 32-value blocks are quantized (as published files keep such rows unquantized): the same model then
+holds GGUF layers (patched at dequantise time) and ordinary ones (fused in place).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_helpers import gguf_bytes, quantize_linears, reference_dequant
+from safetensors.torch import load_file
+
+from lorabind.loaders.binding import dequant_patches
+from lorabind.loaders.binding.bind import bind, binding_state, unbind
+from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
+from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.lora import clear_lora_cache
+from lorabind.loaders.models.store import LoadedModel
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from lorabind.tiny_models.wan import WAN22_NAME
+
+# GGUF layers of the tiny expert -> (lightx2v module name, LoRA scale alpha/rank or 1 without alpha)
+REFERENCE_NAMES = {
+    "blocks.0.ffn.net.2": ("diffusion_model.blocks.0.ffn.2", 0.5 / 4),
+    "blocks.1.ffn.net.2": ("diffusion_model.blocks.1.ffn.2", 0.5 / 4),
+    "condition_embedder.text_embedder.linear_1": ("diffusion_model.text_embedding.0", 1.0),
+}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_reader_cache():
+    clear_lora_cache()
+    yield
+    clear_lora_cache()
+
+
+@pytest.fixture
+def make_experts(tiny_models_root):
+    """Factory: a fresh two-expert Wan2.2 LoadedModel from the tiny folder, Q8_0-quantized unless ``quantized``
+    is False (the unquantized model the accounting is compared with)."""
+    from diffusers import WanTransformer3DModel
+
+    folder = tiny_models_root / "diffusers" / WAN22_NAME
+
+    def make(quantized=True):
+        components = {}
+        for name in ("transformer", LOW_NOISE_EXPERT):
+            module = WanTransformer3DModel.from_pretrained(str(folder / name), torch_dtype=torch.float32).eval()
+            if quantized:
+                assert sorted(quantize_linears(module)) == sorted(REFERENCE_NAMES)
+            components[name] = module
+        return LoadedModel(path=str(folder), name=WAN22_NAME, family="wan2.2_moe", pipeline=None,
+                           components=components)
+
+    return make
+
+
+def pair_specs(root: Path, high=1.0, low=1.0):
+    return [FuseSpec(str(root / "loras" / WAN22_HIGH), high, "transformer"),
+            FuseSpec(str(root / "loras" / WAN22_LOW), low, LOW_NOISE_EXPERT)]
+
+
+def module_of(model, component, path):
+    return model.components[component].get_submodule(path)
+
+
+def test_bind_and_unbind_of_the_lightx2v_pair_leave_every_gguf_byte_identical(make_experts, tiny_models_root):
+    model = make_experts()
+    before = {c: gguf_bytes(m) for c, m in model.components.items()}
+    state_before = {c: {k: v.clone() for k, v in m.state_dict().items()} for c, m in model.components.items()}
+    assert all(len(b) == len(REFERENCE_NAMES) for b in before.values())
+
+    report = bind(model, pair_specs(tiny_models_root), [])
+    assert report.written > 2 * len(REFERENCE_NAMES)  # GGUF weights, and the ordinary params fused in place
+    for component, module in model.components.items():
+        after = gguf_bytes(module)
+        assert [k for k in before[component] if not torch.equal(before[component][k], after[k])] == []
+        for path in REFERENCE_NAMES:
+            assert set(dequant_patches.patches_of(module.get_submodule(path))) == {"weight"}
+    # no GGUF weight keeps a backup: nothing of them is ever rewritten
+    patcher = binding_state(model).patcher
+    assert not any(pid.endswith(tuple(f"{p}.weight" for p in REFERENCE_NAMES)) for pid in patcher._originals)
+
+    unbind(model)
+    for component, module in model.components.items():
+        state = module.state_dict()
+        assert [k for k, v in state_before[component].items() if not torch.equal(v, state[k])] == []
+        for path in REFERENCE_NAMES:
+            layer = module.get_submodule(path)
+            assert dequant_patches.patches_of(layer) == {}
+            assert not layer._forward_pre_hooks and not layer._forward_hooks  # the hooks went with the patches
+
+
+@pytest.mark.parametrize("strength", [1.0, 0.37])
+def test_patched_forward_equals_the_float64_reference(make_experts, tiny_models_root, strength):
+    model = make_experts()
+    bind(model, pair_specs(tiny_models_root, high=strength, low=strength), [])
+    files = {"transformer": load_file(str(tiny_models_root / "loras" / WAN22_HIGH)),
+             LOW_NOISE_EXPERT: load_file(str(tiny_models_root / "loras" / WAN22_LOW))}
+    fresh = make_experts()  # the unbound model: the bias before its diff_b was fused
+    generator = torch.Generator().manual_seed(5)
+    for component, lora in files.items():
+        for path, (native, scale) in REFERENCE_NAMES.items():
+            layer = module_of(model, component, path)
+            up, down = lora[f"{native}.lora_up.weight"].double(), lora[f"{native}.lora_down.weight"].double()
+            weight = reference_dequant(layer.weight) + strength * scale * (up @ down)
+            bias = module_of(fresh, component, path).bias.double() + strength * lora[f"{native}.diff_b"].double()
+            x = torch.randn(3, layer.in_features, generator=generator, dtype=torch.float64)
+            expected = x @ weight.T + bias
+            with torch.no_grad():
+                got = layer(x.float()).double()
+            relative = (got - expected).abs().max() / expected.abs().max()
+            assert relative <= 1e-5, f"{component}:{path}: relative error {relative:.2e}"
+            assert type(layer.weight).__name__ == "GGUFParameter"  # the bytes are back after the forward
+
+
+def test_accounting_and_unmatched_report_as_on_the_unquantized_model(make_experts, tiny_models_root):
+    quantized, plain = make_experts(), make_experts(quantized=False)
+    ours = bind(quantized, pair_specs(tiny_models_root), [])
+    theirs = bind(plain, pair_specs(tiny_models_root), [])
+    assert ours.fuses == theirs.fuses
+    assert ours.fuses[0]["accounting"]["counts"]["applied"] > 0
+    assert ours.written == theirs.written and ours.restored == theirs.restored == 0
+
+
+def test_whole_expert_forward_matches_the_dequantised_model_fused(make_experts, tiny_models_root):
+    """The GGUF model with patches computes what a dense model holding dequant(Q), fused in place, computes: the
+    same float32 sums rounded once, so the patched weights are the same bits."""
+    quantized, dense = make_experts(), make_experts(quantized=False)
+    for component, module in dense.components.items():
+        for path in REFERENCE_NAMES:
+            with torch.no_grad():
+                module.get_submodule(path).weight.copy_(reference_dequant(
+                    module_of(quantized, component, path).weight).float())
+    dense.path = "/nonexistent/dense-copy"  # its weights are not the folder's: every original is a RAM copy
+    bind(quantized, pair_specs(tiny_models_root, 0.8, 0.6), [])
+    bind(dense, pair_specs(tiny_models_root, 0.8, 0.6), [])
+    for component in quantized.components:
+        for path in REFERENCE_NAMES:
+            patched = dequant_patches.patched_weight(module_of(quantized, component, path), "weight")
+            assert torch.equal(patched, module_of(dense, component, path).weight)
+    inputs = _expert_inputs()
+    with torch.no_grad():
+        got = quantized.components["transformer"](**inputs, return_dict=False)[0]
+        expected = dense.components["transformer"](**inputs, return_dict=False)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def _expert_inputs():
+    generator = torch.Generator().manual_seed(3)
+    return {"hidden_states": torch.randn(1, 16, 1, 8, 8, generator=generator),
+            "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, 6, 32, generator=generator)}
+
+
+def test_a_strength_change_rewrites_only_that_experts_layers(make_experts, tiny_models_root):
+    model = make_experts()
+    first = bind(model, pair_specs(tiny_models_root), [])
+    low_layer = module_of(model, LOW_NOISE_EXPERT, "blocks.0.ffn.net.2")
+    low_patch = dequant_patches.patches_of(low_layer)["weight"]
+    again = bind(model, pair_specs(tiny_models_root), [])
+    assert (again.written, again.restored, again.unchanged) == (0, 0, first.written)
+    changed = bind(model, pair_specs(tiny_models_root, high=0.5), [])
+    assert changed.written == first.written // 2 and changed.unchanged == first.written - changed.written
+    assert dequant_patches.patches_of(low_layer)["weight"] is low_patch  # the other expert was not touched
+    high_patch = dequant_patches.patches_of(module_of(model, "transformer", "blocks.0.ffn.net.2"))["weight"]
+    assert {c.strength for c in high_patch.contributions} == {0.5}
+
+
+def test_an_interrupted_bind_leaves_no_patch_and_every_byte(make_experts, tiny_models_root):
+    model = make_experts()
+    before = {c: gguf_bytes(m) for c, m in model.components.items()}
+    calls = []
+
+    def interrupt_after_some_layers():
+        calls.append(1)
+        if len(calls) > 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bind(model, pair_specs(tiny_models_root), [], check_interrupt=interrupt_after_some_layers)
+    for component, module in model.components.items():
+        assert all(torch.equal(v, gguf_bytes(module)[k]) for k, v in before[component].items())
+        assert not any(dequant_patches.patches_of(m) for m in module.modules())
+    assert binding_state(model).patcher.patched == set()
+
+
+def test_a_dynamic_adapter_runs_unfused_over_gguf_layers(make_experts, tiny_models_root, tmp_path):
+    """The peft path: the low-rank pairs of the high-noise file as an adapter; its output adds exactly
+    ``scale · x·ΔWᵀ`` to the GGUF layer's own, and no byte changes."""
+    from safetensors.torch import save_file
+
+    from lorabind.loaders.handles import AdapterSpec
+
+    lora = load_file(str(tiny_models_root / "loras" / WAN22_HIGH))
+    path = tmp_path / "wan22_pairs_only.safetensors"
+    save_file({k: v for k, v in lora.items() if ".lora_" in k or k.endswith(".alpha")}, str(path))
+    model = make_experts()
+    module = model.components["transformer"]
+    before = gguf_bytes(module)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    with torch.no_grad():
+        plain = {p: module.get_submodule(p)(x.float()).double() for p in REFERENCE_NAMES}
+    report = bind(model, [], [AdapterSpec(str(path), 0.7, "transformer")])
+    assert report.adapters[0]["accounting"]["counts"]["unmatched"] == 0
+    for path_in_model, (native, scale) in REFERENCE_NAMES.items():
+        up, down = lora[f"{native}.lora_up.weight"].double(), lora[f"{native}.lora_down.weight"].double()
+        with torch.no_grad():
+            got = module.get_submodule(path_in_model)(x.float()).double() - plain[path_in_model]
+        expected = 0.7 * scale * x @ (up @ down).T
+        assert (got - expected).abs().max() / expected.abs().max() <= 1e-5
+    after = {k.replace(".base_layer.", "."): v for k, v in gguf_bytes(module).items()}  # peft wraps the layers
+    assert sorted(after) == sorted(before) and all(torch.equal(before[k], after[k]) for k in before)
