@@ -35,16 +35,17 @@ _workspaces = threading.local()  # one float32 row buffer per thread and device 
 
 @dataclass(frozen=True, eq=False)
 class DequantPatch:
-    """The contributions (``patching._Contribution``s) a quantized weight gets at dequantise time."""
+    """The contributions (``patching._Contribution``s) a quantized weight gets at dequantise time. The GGUF
+    parameter itself stays where it is (``module.<name>``): a memory plan may move or replace it between
+    forwards, and the patch follows whatever bytes the layer holds when it runs."""
 
-    stored: torch.Tensor  # the GGUF parameter: its bytes are what the file holds, always
     contributions: tuple
     abs_max: float  # max|dequant(Q)|, what proves the patched value finite without a scan (finite_bounds)
 
 
 def is_deferred(module: torch.nn.Module, name: str) -> bool:
     """True when ``module.<name>`` is patched at dequantise time (a GGUF-quantized weight)."""
-    return gguf_weights.is_quantized(_stored(module, name))
+    return gguf_weights.is_quantized(module._parameters.get(name))
 
 
 def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> None:
@@ -57,9 +58,8 @@ def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> Non
             if not patches:
                 _remove_hooks(module)
         return
-    stored = _stored(module, name)
-    base = gguf_weights.dequantize(stored)
-    patch = DequantPatch(stored, tuple(contributions), largest_abs(base))
+    base = gguf_weights.dequantize(module._parameters[name])
+    patch = DequantPatch(tuple(contributions), largest_abs(base))
     _patched_value(patch, base, _compute_dtype(module, base.dtype))  # raises before anything is installed
     if patches is None:
         _install_hooks(module)
@@ -73,14 +73,9 @@ def patches_of(module: torch.nn.Module) -> dict:
 
 def patched_weight(module: torch.nn.Module, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The value ``module.<name>`` computes with now: ``dequant(Q) + Σ s·ΔW`` rounded once to the compute dtype."""
-    patch = module._lorabind_dequant[name]
-    base = gguf_weights.dequantize(patch.stored)
-    return _patched_value(patch, base, dtype or _compute_dtype(module, base.dtype))
-
-
-def _stored(module: torch.nn.Module, name: str):
-    patches = getattr(module, "_lorabind_dequant", {})
-    return patches[name].stored if name in patches else module._parameters.get(name)
+    stored = module._lorabind_stashed.get(name, module._parameters[name])  # inside the forward: the stashed bytes
+    base = gguf_weights.dequantize(stored)
+    return _patched_value(module._lorabind_dequant[name], base, dtype or _compute_dtype(module, base.dtype))
 
 
 def _compute_dtype(module: torch.nn.Module, fallback: torch.dtype) -> torch.dtype:
@@ -98,20 +93,23 @@ def _patched_value(patch: DequantPatch, base: torch.Tensor, dtype: torch.dtype) 
 
 def _pre_hook(module, args):
     """Put each patched weight in place of its GGUF parameter for this forward (the layer's own dequantise
-    leaves a plain tensor as it is)."""
+    leaves a plain tensor as it is); the parameter waits in ``_lorabind_stashed``."""
     dtype = getattr(module, "compute_dtype", None) or (args[0].dtype if args else None)
     for name in module._lorabind_dequant:
-        module._parameters[name] = torch.nn.Parameter(patched_weight(module, name, dtype), requires_grad=False)
+        patched = patched_weight(module, name, dtype)
+        module._lorabind_stashed[name] = module._parameters[name]
+        module._parameters[name] = torch.nn.Parameter(patched, requires_grad=False)
 
 
 def _post_hook(module, args, output):
-    for name, patch in module._lorabind_dequant.items():
-        module._parameters[name] = patch.stored
+    for name, stored in module._lorabind_stashed.items():
+        module._parameters[name] = stored
+    module._lorabind_stashed.clear()
     return output
 
 
 def _install_hooks(module: torch.nn.Module) -> None:
-    module._lorabind_dequant = {}
+    module._lorabind_dequant, module._lorabind_stashed = {}, {}
     module._lorabind_dequant_hooks = (module.register_forward_pre_hook(_pre_hook),
                                       module.register_forward_hook(_post_hook, always_call=True))
 
@@ -120,4 +118,4 @@ def _remove_hooks(module: torch.nn.Module) -> None:
     """The module is as it was loaded again: no patch list, no hooks."""
     for handle in module._lorabind_dequant_hooks:
         handle.remove()
-    del module._lorabind_dequant, module._lorabind_dequant_hooks
+    del module._lorabind_dequant, module._lorabind_stashed, module._lorabind_dequant_hooks

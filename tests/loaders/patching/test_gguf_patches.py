@@ -216,3 +216,20 @@ def test_a_dynamic_adapter_runs_unfused_over_gguf_layers(make_experts, tiny_mode
         assert (got - expected).abs().max() / expected.abs().max() <= 1e-5
     after = {k.replace(".base_layer.", "."): v for k, v in gguf_bytes(module).items()}  # peft wraps the layers
     assert sorted(after) == sorted(before) and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_patch_follows_the_bytes_the_layer_holds_when_it_runs(make_experts, tiny_models_root):
+    """A memory plan may replace a parameter between forwards (a copy on another device): the patch is applied
+    to whatever bytes the layer holds at its forward, and those bytes are what it holds afterwards."""
+    from diffusers.quantizers.gguf.utils import GGUFParameter
+
+    model = make_experts()
+    bind(model, pair_specs(tiny_models_root), [])
+    layer = module_of(model, "transformer", "blocks.0.ffn.net.2")
+    x = torch.randn(2, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        first = layer(x)
+        moved = GGUFParameter(gguf_bytes(layer)["weight"].clone(), quant_type=layer.weight.quant_type)
+        layer._parameters["weight"] = moved
+        second = layer(x)
+    assert layer.weight is moved and torch.equal(first, second)
