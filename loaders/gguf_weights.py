@@ -22,6 +22,11 @@ def logical_shape(tensor) -> tuple:
     return tuple(tensor.quant_shape) if is_quantized(tensor) else tuple(tensor.shape)
 
 
+def compute_dtype(module):
+    """The dtype a GGUF layer (diffusers' ``GGUFLinear``) computes in, or None for a layer not stored as GGUF."""
+    return getattr(module, "compute_dtype", None) if is_quantized(module._parameters.get("weight")) else None
+
+
 def raw_bytes(tensor):
     """The stored bytes of a GGUF parameter as a plain uint8 tensor (a view: nothing copied)."""
     import torch

@@ -47,12 +47,12 @@ def make_experts(tiny_models_root):
 
     folder = tiny_models_root / "diffusers" / WAN22_NAME
 
-    def make(quantized=True):
+    def make(quantized=True, compute_dtype=torch.float32):
         components = {}
         for name in ("transformer", LOW_NOISE_EXPERT):
             module = WanTransformer3DModel.from_pretrained(str(folder / name), torch_dtype=torch.float32).eval()
             if quantized:
-                assert sorted(quantize_linears(module)) == sorted(REFERENCE_NAMES)
+                assert sorted(quantize_linears(module, compute_dtype=compute_dtype)) == sorted(REFERENCE_NAMES)
             components[name] = module
         return LoadedModel(path=str(folder), name=WAN22_NAME, family="wan2.2_moe", pipeline=None,
                            components=components)
@@ -190,16 +190,22 @@ def test_an_interrupted_bind_leaves_no_patch_and_every_byte(make_experts, tiny_m
     assert binding_state(model).patcher.patched == set()
 
 
-def test_a_dynamic_adapter_runs_unfused_over_gguf_layers(make_experts, tiny_models_root, tmp_path):
-    """The peft path: the low-rank pairs of the high-noise file as an adapter; its output adds exactly
-    ``scale · x·ΔWᵀ`` to the GGUF layer's own, and no byte changes."""
+def pairs_only(tiny_models_root, tmp_path) -> tuple:
+    """(path, tensors) of the high-noise file's low-rank pairs alone: a file a dynamic (peft) adapter can run."""
     from safetensors.torch import save_file
-
-    from lorabind.loaders.handles import AdapterSpec
 
     lora = load_file(str(tiny_models_root / "loras" / WAN22_HIGH))
     path = tmp_path / "wan22_pairs_only.safetensors"
     save_file({k: v for k, v in lora.items() if ".lora_" in k or k.endswith(".alpha")}, str(path))
+    return path, lora
+
+
+def test_a_dynamic_adapter_runs_unfused_over_gguf_layers(make_experts, tiny_models_root, tmp_path):
+    """The peft path: the low-rank pairs of the high-noise file as an adapter; its output adds exactly
+    ``scale · x·ΔWᵀ`` to the GGUF layer's own, and no byte changes."""
+    from lorabind.loaders.handles import AdapterSpec
+
+    path, lora = pairs_only(tiny_models_root, tmp_path)
     model = make_experts()
     module = model.components["transformer"]
     before = gguf_bytes(module)
@@ -233,3 +239,18 @@ def test_the_patch_follows_the_bytes_the_layer_holds_when_it_runs(make_experts, 
         layer._parameters["weight"] = moved
         second = layer(x)
     assert layer.weight is moved and torch.equal(first, second)
+
+
+def test_adapter_weights_over_gguf_layers_take_the_compute_dtype(make_experts, tiny_models_root, tmp_path):
+    """peft would leave them float32 over uint8 bytes; over a bf16-computing GGUF layer they are bf16, over the
+    model's ordinary float32 layers they stay float32."""
+    from lorabind.loaders.handles import AdapterSpec
+
+    path, _ = pairs_only(tiny_models_root, tmp_path)
+    model = make_experts(compute_dtype=torch.bfloat16)
+    bind(model, [], [AdapterSpec(str(path), 1.0, "transformer")])
+    module = model.components["transformer"]
+    dtypes = {name: {p.dtype for p in layer.lora_A.parameters()} for name, layer in module.named_modules()
+              if hasattr(layer, "lora_A") and len(layer.lora_A)}
+    assert {name: dtypes[name] for name in REFERENCE_NAMES} == {name: {torch.bfloat16} for name in REFERENCE_NAMES}
+    assert set().union(*(d for n, d in dtypes.items() if n not in REFERENCE_NAMES)) == {torch.float32}
