@@ -254,3 +254,49 @@ def test_adapter_weights_over_gguf_layers_take_the_compute_dtype(make_experts, t
               if hasattr(layer, "lora_A") and len(layer.lora_A)}
     assert {name: dtypes[name] for name in REFERENCE_NAMES} == {name: {torch.bfloat16} for name in REFERENCE_NAMES}
     assert set().union(*(d for n, d in dtypes.items() if n not in REFERENCE_NAMES)) == {torch.float32}
+
+
+def _kind_deltas(generator):
+    """One delta of each adapter kind for a [48, 64] weight (DoRA over a low-rank inner delta)."""
+    from lorabind.loaders.lora.kinds.dora import DoraDelta
+    from lorabind.loaders.lora.kinds.full_diff import FullDiff
+    from lorabind.loaders.lora.kinds.loha import LohaDelta
+    from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator) * 0.1
+
+    low_rank = LowRankDelta(down=rand(4, 64), up=rand(48, 4), alpha=2.0, scale=0.5)
+    return {"low_rank": low_rank,
+            "loha": LohaDelta(rand(48, 4), rand(4, 64), rand(48, 4), rand(4, 64), alpha=None, scale=1.0),
+            "dora": DoraDelta(low_rank, torch.rand(48, 1, generator=generator) + 0.5, peft_axis=True),
+            "full_diff": FullDiff(rand(48, 64))}
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_0", "Q5_0"])
+@pytest.mark.parametrize("kind", ["low_rank", "loha", "dora", "full_diff"])
+def test_every_kind_patches_a_gguf_weight_as_it_fuses_its_dequantised_value(quant, kind):
+    """Patched at dequantise time == fused in place into a float32 layer holding dequant(Q): the same kind rows
+    summed in float32 over the same chunks, so the same bits; and dequant(Q) is the gguf package's value."""
+    import gguf
+
+    from lorabind.loaders import gguf_weights
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
+    from lorabind.loaders.lora.canonical import TargetPatch
+
+    generator = torch.Generator().manual_seed(11)
+    quantized = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    quantize_linears(quantized, gguf.GGMLQuantizationType[quant])
+    dense = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    reference = reference_dequant(quantized[0].weight)
+    assert torch.equal(gguf_weights.dequantize(quantized[0].weight).double(), reference)
+    with torch.no_grad():
+        dense[0].weight.copy_(reference.float())
+    delta = _kind_deltas(generator)[kind]
+    target = TargetPatch(module="0", low_rank=None if kind == "full_diff" else delta,
+                         param_diffs={"weight": delta.tensor} if kind == "full_diff" else {})
+    before = gguf_bytes(quantized)
+    for module in (quantized, dense):
+        WeightPatcher({"m": module}).apply([PatchLayer("k", "m", 0.8, {"0": target})])
+    assert torch.equal(dequant_patches.patched_weight(quantized[0], "weight"), dense[0].weight)
+    assert torch.equal(gguf_bytes(quantized)["0.weight"], before["0.weight"])
