@@ -8,6 +8,7 @@ holds GGUF layers (patched at dequantise time) and ordinary ones (fused in place
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ def make_experts(tiny_models_root):
                 assert sorted(quantize_linears(module, compute_dtype=compute_dtype)) == sorted(REFERENCE_NAMES)
             components[name] = module
         return LoadedModel(path=str(folder), name=WAN22_NAME, family="wan2.2_moe", pipeline=None,
-                           components=components)
+                           components=components, model_index=json.loads((folder / "model_index.json").read_text()))
 
     return make
 
@@ -126,6 +127,30 @@ def test_accounting_and_unmatched_report_as_on_the_unquantized_model(make_expert
     assert ours.fuses == theirs.fuses
     assert ours.fuses[0]["accounting"]["counts"]["applied"] > 0
     assert ours.written == theirs.written and ours.restored == theirs.restored == 0
+
+
+def pair_slots(root: Path, swapped=False) -> list:
+    names = (WAN22_LOW, WAN22_HIGH) if swapped else (WAN22_HIGH, WAN22_LOW)
+    return [(f"{role}_noise_lora", name, str(root / "loras" / name), 1.0, component)
+            for role, name, component in zip(("high", "low"), names, ("transformer", LOW_NOISE_EXPERT))]
+
+
+def test_contracts_and_swap_detection_as_on_the_unquantized_model(make_experts, tiny_models_root):
+    """The pair node's verb: the same accounting, the same declared 4-step contracts, the same refusal of a
+    swapped pair on the GGUF experts as on the unquantized ones."""
+    from lorabind.loaders.errors import KeyMatchError
+    from lorabind.loaders.handles import ModelHandle
+    from lorabind.usecases.adapters import attach_fuses
+
+    attached = {}
+    for quantized in (True, False):
+        handle = ModelHandle(make_experts(quantized=quantized))
+        attached[quantized] = attach_fuses(handle, pair_slots(tiny_models_root), where="node 1")
+        with pytest.raises(KeyMatchError, match="the pair is swapped"):
+            attach_fuses(handle, pair_slots(tiny_models_root, swapped=True), where="node 1")
+    assert attached[True].contracts == attached[False].contracts and attached[True].contracts[0] is not None
+    assert attached[True].accounting == attached[False].accounting
+    assert attached[True].text == attached[False].text
 
 
 def test_whole_expert_forward_matches_the_dequantised_model_fused(make_experts, tiny_models_root):
