@@ -8,10 +8,11 @@ the bytes. Instead the patcher gives the layer its patch list, and the layer com
 unbinding only drops the patch list (and the hooks): trivially exact.
 
 Memory: one layer at a time. The patched weight exists only during its layer's forward (a forward pre-hook puts
-it in place of the GGUF parameter, the forward hook puts the parameter back, also when the forward raises), as
-diffusers' own GGUF forward holds one dequantised layer. Nothing dequantised is cached per layer: a cache of patched weights would be the
-size of the unquantized model, which is what GGUF is there to avoid. The cost is one low-rank product per
-patched layer per forward (measured in ``bench/bench_gguf_patches.py``).
+it in place of the GGUF parameter, the forward hook puts the parameter back, also when the forward raises); at
+its peak a patched forward holds that layer's float32 dequantisation and its compute-dtype value, where
+diffusers' own GGUF forward holds the dequantisation and its cast. Nothing dequantised is cached per layer: a cache of
+patched weights would be the size of the unquantized model, which is what GGUF is there to avoid. The cost is a
+float32 dequantise and one low-rank product per patched layer per forward (``bench/bench_gguf_patches.py``).
 
 Limitation: diffusers' optional CUDA GGUF kernels (``DIFFUSERS_GGUF_CUDA_KERNELS``, fetched from the hub) read
 the parameter's ``quant_type`` in the forward; lorabind never downloads them, and a patched layer always runs the
