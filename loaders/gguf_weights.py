@@ -34,8 +34,8 @@ def raw_bytes(tensor):
     return torch.Tensor._make_subclass(torch.Tensor, tensor.detach(), False).view(torch.uint8)
 
 
-def dequantize(tensor, dtype=None):
-    """The weight's value in float32 (or ``dtype``), on the tensor's device.
+def dequantize(tensor):
+    """The weight's value in float32, on the tensor's device.
 
     Why not diffusers' ``dequantize_gguf_tensor``: it computes in the block scale's dtype (float16 for Q8_0, whose
     ``d * q`` products then round), while a LoRA patch must start from the exact value; the same block
@@ -46,5 +46,4 @@ def dequantize(tensor, dtype=None):
     block_size, type_size = GGML_QUANT_SIZES[tensor.quant_type]
     decode = dequantize_functions[tensor.quant_type]
     blocks = raw_bytes(tensor).reshape(-1, type_size)
-    values = decode(blocks, block_size, type_size, dtype=torch.float32).reshape(logical_shape(tensor))
-    return values if dtype is None or dtype == torch.float32 else values.to(dtype)
+    return decode(blocks, block_size, type_size, dtype=torch.float32).reshape(logical_shape(tensor))

@@ -95,7 +95,7 @@ def _patched_value(patch: DequantPatch, base: torch.Tensor, dtype: torch.dtype) 
 def _pre_hook(module, args):
     """Put each patched weight in place of its GGUF parameter for this forward (the layer's own dequantise
     leaves a plain tensor as it is); the parameter waits in ``_lorabind_stashed``."""
-    dtype = getattr(module, "compute_dtype", None) or (args[0].dtype if args else None)
+    dtype = _compute_dtype(module, args[0].dtype) if args else None
     for name in module._lorabind_dequant:
         patched = patched_weight(module, name, dtype)
         module._lorabind_stashed[name] = module._parameters[name]
