@@ -17,7 +17,7 @@ from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
 from lorabind.loaders.handles import FuseSpec
-from lorabind.tiny_models.lora_fixtures import FIXTURE_ALPHA, FIXTURE_RANK, WAN22_HIGH, WAN22_LOW
+from lorabind.tiny_models.lora_fixtures import FIXTURE_ALPHA, FIXTURE_RANK, QWEN_LIGHTNING, WAN22_HIGH, WAN22_LOW
 
 TINY = "lorabind-tiny/"
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
@@ -84,6 +84,27 @@ def _check_patched_forwards(root, model, strength):
                 got = layer(x.float()).double()
             expected = x @ weight.T + layer.bias.double()  # the bias is an ordinary parameter, fused in place
             assert ((got - expected).abs().max() / expected.abs().max()).item() <= 1e-5, (component, path)
+
+
+def test_lightning_on_the_qwen_image_gguf_keeps_its_bytes(root):
+    """The other GGUF family: Qwen-Image Q8_0 with the Lightning fixture, every key applied, bytes kept."""
+    model, _ = call("LoraBindCheckpointLoader", denoiser=f"{TINY}qwen_image_tiny_Q8_0.gguf", denoiser_low_noise="none",
+                    vae=f"{TINY}qwen_image_vae_tiny.safetensors",
+                    text_encoder=f"{TINY}qwen_2.5_vl_tiny_bf16.safetensors", dtype="float32", device="cpu",
+                    memory="full")
+    model = model.model
+    before = _all_bytes(model)
+    assert len(before) > 0
+    try:
+        report = binding.bind(model, [FuseSpec(str(root / "loras" / QWEN_LIGHTNING), 1.0, "transformer")], [])
+        assert report.fuses[0]["accounting"]["counts"]["unmatched"] == 0
+        after = _all_bytes(model)
+        assert all(torch.equal(before[k], after[k]) for k in before)
+        patched = [n for _, n in before if dequant_patches.patches_of(
+            model.components["transformer"].get_submodule(n.rsplit(".", 1)[0]))]
+        assert patched and len(patched) == len(before)
+    finally:
+        binding.unbind(model)
 
 
 def test_accounting_is_the_bf16_single_files(root):
