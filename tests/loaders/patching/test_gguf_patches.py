@@ -200,15 +200,18 @@ def test_a_strength_change_rewrites_only_that_experts_layers(make_experts, tiny_
 def test_an_interrupted_bind_leaves_no_patch_and_every_byte(make_experts, tiny_models_root):
     model = make_experts()
     before = {c: gguf_bytes(m) for c, m in model.components.items()}
-    calls = []
+    calls, patched_when_interrupted = [], []
 
     def interrupt_after_some_layers():
         calls.append(1)
-        if len(calls) > 20:
+        if len(calls) > 20:  # past the first expert's GGUF layers (the check below proves it), before the end
+            patched_when_interrupted.extend(
+                m for m in model.components["transformer"].modules() if dequant_patches.patches_of(m))
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         bind(model, pair_specs(tiny_models_root), [], check_interrupt=interrupt_after_some_layers)
+    assert patched_when_interrupted  # the roll-back below had GGUF patches to remove
     for component, module in model.components.items():
         assert all(torch.equal(v, gguf_bytes(module)[k]) for k, v in before[component].items())
         assert not any(dequant_patches.patches_of(m) for m in module.modules())
