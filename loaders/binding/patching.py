@@ -8,7 +8,8 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
   unmodified from a safetensors file (``weight_sources``: proven by a digest, the file's side cached per file
   version) is re-read from that file when it must be rewritten, checked against that digest, instead of being
   copied: the extra host memory of a bind is then about one layer, not the size of the touched weights. Any
-  other weight keeps a copy (on CPU by default);
+  other weight keeps a copy (on CPU by default), but a GGUF-quantized one is never rewritten at all: it gets its
+  patches when it dequantises (``dequant_patches``);
 * a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
   (``strength ·`` each adapter kind's delta, ``lora.kinds``: ``scale · up @ down``, LoHa, LoKr, DoRA, a full
   diff) — and cast back once, so stacking LoRAs never
@@ -320,10 +321,9 @@ class WeightPatcher:
             self._applied.pop(pid, None)
 
     def _write_value(self, pid: str, module: nn.Module, name: str, contributions: tuple) -> None:
-        """How a value reaches a weight depends on how the weight is stored: a GGUF layer gets its patch list,
-        applied when it dequantises (its bytes are never written, so it keeps no original); a weight whose data
-        is in its file (meta) gets its patches on the re-read (``rewrite``); any other is rewritten in place from
-        its original (fp8: rounded into its storage, ``fp8.StoredWeight``)."""
+        """By how the weight is stored: a GGUF layer gets its patch list (applied when it dequantises; it keeps no
+        original); one whose data is in its file (meta) is patched on the re-read (``rewrite``); any other is
+        rewritten in place from its original (fp8: rounded into its storage, ``fp8.StoredWeight``)."""
         if dequant_patches.is_deferred(module, name):
             dequant_patches.set_patches(module, name, contributions)
             return
