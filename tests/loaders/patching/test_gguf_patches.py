@@ -328,3 +328,25 @@ def test_every_kind_patches_a_gguf_weight_as_it_fuses_its_dequantised_value(quan
         WeightPatcher({"m": module}).apply([PatchLayer("k", "m", 0.8, {"0": target})])
     assert torch.equal(dequant_patches.patched_weight(quantized[0], "weight"), dense[0].weight)
     assert torch.equal(gguf_bytes(quantized)["0.weight"], before["0.weight"])
+
+
+def test_a_forward_holds_one_patched_layer_at_a_time(make_experts, tiny_models_root):
+    """Memory: while a patched GGUF layer runs, it alone holds a dequantised weight; every other keeps its bytes
+    (nothing dequantised is kept between layers or after the forward)."""
+    model = make_experts()
+    bind(model, pair_specs(tiny_models_root), [])
+    module = model.components["transformer"]
+    layers = [module.get_submodule(path) for path in REFERENCE_NAMES]
+    dense_while_running = []
+
+    def count_dense(layer, args):
+        dense_while_running.append(sum(type(other.weight).__name__ != "GGUFParameter" for other in layers))
+        assert type(layer.weight).__name__ != "GGUFParameter"  # this one runs with its patched weight
+
+    handles = [layer.register_forward_pre_hook(count_dense) for layer in layers]  # after ours: sees its swap
+    with torch.no_grad():
+        module(**_expert_inputs(), return_dict=False)
+    for handle in handles:
+        handle.remove()
+    assert dense_while_running == [1] * len(layers)
+    assert all(type(layer.weight).__name__ == "GGUFParameter" for layer in layers)
