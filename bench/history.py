@@ -52,6 +52,10 @@ METRICS = {
                                     None),
     "strength_step_adapter_vs_step": ("lower", 0.25, "strength schedule: an adapter's per-step change / one step",
                                       None),
+    "gguf_patched_vs_gguf": ("lower", 0.25, "GGUF Q8_0 layer with a fused LoRA (patched at dequantise) / the "
+                             "unpatched GGUF layer, per forward", None),
+    "gguf_patched_vs_bf16_fused": ("lower", 0.25, "GGUF Q8_0 layer with a fused LoRA / a bf16 layer with it fused, "
+                                   "per forward", None),
     "help_seconds": ("lower", 0.25, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 0.25, "`import lorabind` (s)", None),
 }

@@ -22,8 +22,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from . import (bench_fuse, bench_parallel_load, bench_peft, bench_real_size, bench_rerun,  # noqa: E402
-               bench_single_file, bench_startup, bench_strength_schedule)
+from . import (bench_fuse, bench_gguf_patches, bench_parallel_load, bench_peft, bench_real_size,  # noqa: E402
+               bench_rerun, bench_single_file, bench_startup, bench_strength_schedule)
 from . import history  # noqa: E402
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
+    gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
 
     summary = {
@@ -96,6 +97,8 @@ def main(argv=None) -> int:
         "single_file_load_vs_folder": single_file["single_file_load_vs_folder"],
         "single_file_peak_rss_ratio": single_file["single_file_peak_rss_ratio"],
         "parallel_load_speedup": loading["pair"].ratio,
+        "gguf_patched_vs_gguf": gguf["gguf_patched_vs_gguf"],
+        "gguf_patched_vs_bf16_fused": gguf["gguf_patched_vs_bf16_fused"],
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -130,6 +133,9 @@ def main(argv=None) -> int:
                 "median seconds)",
                 [(load_pair.name_a, f"{load_pair.a:.3f}"), (load_pair.name_b, f"{load_pair.b:.3f}"),
                  ("same weights either way", str(loading["same_weights"]))])
+    print_table(f"LoRA on GGUF: one layer's forward ({gguf['layer']}, {gguf['tokens']} tokens, bf16 compute, "
+                "median ms)", [(k, f"{v:.3f}") for k, v in gguf.items() if k.endswith(("_ms", "_vs_gguf",
+                                                                                          "_vs_bf16_fused"))])
 
     print("\nsummary")
     for name, value in summary.items():

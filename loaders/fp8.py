@@ -20,7 +20,7 @@ is computed in float32 and rounded to fp8 ONCE, keeping the file's scale, satura
 ``nearest`` (round half to even, torch's cast) by default, or ``stochastic``: seeded per tensor with the CRC32
 of its parameter id (as ComfyUI seeds per key), so the same fuse always gives the same bytes. Unbinding copies
 the original fp8 bytes back. peft adapters over fp8 weights keep their own weights in the compute dtype
-(``adapters_in_compute_dtype``) and never touch the stored fp8 bytes.
+(``compute_dtype``, asked by ``binding.peft_adapters``) and never touch the stored fp8 bytes.
 """
 
 from __future__ import annotations
@@ -175,15 +175,6 @@ def seeded_generator(seed_key: str):
     return torch.Generator().manual_seed(zlib.crc32(seed_key.encode("utf-8")))
 
 
-def adapters_in_compute_dtype(root, adapter_name: str) -> None:
-    """peft gives new adapter weights the base weight's dtype; over fp8 storage they take the compute dtype
-    instead (call right after injection, before the adapter's weights are loaded)."""
-    for layer in root.modules():
-        base = getattr(layer, "get_base_layer", None)
-        if base is None or not hasattr(base(), "_lorabind_fp8"):
-            continue
-        dtype = base()._lorabind_compute_dtype
-        for layer_name in getattr(layer, "adapter_layer_names", ()):
-            adapters = getattr(layer, layer_name)
-            if adapter_name in adapters:
-                adapters[adapter_name].to(dtype=dtype)
+def compute_dtype(module):
+    """The dtype an fp8-stored layer computes in, or None for a layer that stores no fp8 weight."""
+    return module._lorabind_compute_dtype if hasattr(module, "_lorabind_fp8") else None

@@ -20,6 +20,7 @@ SUMMARY_KEYS = {
     "help_seconds", "import_seconds", "fuse_real_size_vs_diffusers", "bind_peak_rss_layers", "restore_file_vs_ram",
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
+    "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused",
 }
 
 

@@ -142,8 +142,10 @@ def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
                  f"weights)")
     for name in models:
         build_builtin(name, models_root)
-    built = models + ensure_fixture_loras(named, models_root)
-    built += single_files.ensure_tiny_single_files(named, models_root)
+    # the single files first: the tiny folders they are made from give the fixture LoRAs their shapes (a
+    # single-file example with a fixture pair names no tiny folder)
+    built = models + single_files.ensure_tiny_single_files(named, models_root)
+    built += ensure_fixture_loras(named, models_root)
     if input_dir is not None:
         built += ensure_input_images(named, input_dir)
     return built

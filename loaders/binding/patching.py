@@ -8,7 +8,8 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
   unmodified from a safetensors file (``weight_sources``: proven by a digest, the file's side cached per file
   version) is re-read from that file when it must be rewritten, checked against that digest, instead of being
   copied: the extra host memory of a bind is then about one layer, not the size of the touched weights. Any
-  other weight keeps a copy (on CPU by default);
+  other weight keeps a copy (on CPU by default), but a GGUF-quantized one is never rewritten at all: it gets its
+  patches when it dequantises (``dequant_patches``);
 * a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
   (``strength ·`` each adapter kind's delta, ``lora.kinds``: ``scale · up @ down``, LoHa, LoKr, DoRA, a full
   diff) — and cast back once, so stacking LoRAs never
@@ -36,8 +37,9 @@ from ..lora.finite_bounds import largest_abs
 from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
-from .. import fp8
+from .. import fp8, gguf_weights
 from ..io.weight_sources import FileBackedOriginal
+from . import dequant_patches
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,8 @@ class WeightPatcher:
         """{component: the tensors the last ``apply`` wrote or restored} (a memory plan syncs its copies of them)."""
         written: dict[str, list[torch.Tensor]] = {}
         for pid in sorted(self.last_written):
-            written.setdefault(self._locations[pid][0], []).append(self._tensor(pid))
+            if not dequant_patches.is_deferred(*self._module_and_name(pid)):  # GGUF bytes are never written
+                written.setdefault(self._locations[pid][0], []).append(self._tensor(pid))
         return written
 
     def backup_bytes(self) -> int:
@@ -247,31 +250,24 @@ class WeightPatcher:
             ) from None
         return base_module(module)
 
-    def _check_shape(self, layer: PatchLayer, module: nn.Module, module_path: str, name: str, got: tuple) -> None:
-        tensor = _param_or_none(module, name)
-        where = f"{module_path}.{name}" if module_path else name
-        if tensor is None:
-            raise KeyMatchError(
-                f"LoRA '{layer.label}': component '{layer.component}' has no parameter '{where}'."
-            )
-        if tuple(tensor.shape) != tuple(got):
-            raise KeyMatchError(
-                f"LoRA '{layer.label}': shape mismatch on '{layer.component}:{where}': the model has "
-                f"{list(tensor.shape)}, the LoRA delta is {list(got)}."
-            )
-
     def _check_delta_layout(self, layer: PatchLayer, module: nn.Module, module_path: str, name: str,
                             delta: WeightDelta) -> None:
-        """The kind's delta must lay out like ``<module>.<name>`` (asked of the kind: ``delta_shape``)."""
+        """The kind's delta must lay out like ``<module>.<name>`` (asked of the kind: ``delta_shape``), whose shape
+        is the weight's logical one (a GGUF layer's ``quant_shape``, not its bytes')."""
         param = _param_or_none(module, name)
-        got = delta.delta_shape(tuple(param.shape)) if param is not None else None
-        if param is not None and got is None:
+        where = f"{module_path}.{name}" if module_path else name
+        if param is None:
+            raise KeyMatchError(f"LoRA '{layer.label}': component '{layer.component}' has no parameter '{where}'.")
+        shape = gguf_weights.logical_shape(param)
+        got = delta.delta_shape(shape)
+        if got is None:
             shapes = ", ".join(str(list(t.shape)) for t in delta.tensors())
             raise KeyMatchError(
                 f"LoRA '{layer.label}': '{module_path}' has {delta.kind} factors {shapes}, which do not form a "
-                f"delta of the model's {name} shape {list(param.shape)}."
-            )
-        self._check_shape(layer, module, module_path, name, got or ())
+                f"delta of the model's {name} shape {list(shape)}.")
+        if shape != tuple(got):
+            raise KeyMatchError(f"LoRA '{layer.label}': shape mismatch on '{layer.component}:{where}': the model "
+                                f"has {list(shape)}, the LoRA delta is {list(got)}.")
 
     def _module_and_name(self, pid: str) -> tuple:
         component, module_path, name = self._locations[pid]
@@ -314,24 +310,32 @@ class WeightPatcher:
                 self._write(pid, self._applied[pid])
 
     def _write(self, pid: str, contributions: tuple[_Contribution, ...]) -> None:
-        tensor = self._tensor(pid)
-        if tensor.is_meta:  # the weights are in their file: the patches are recorded, written on the re-read
-            self._applied[pid] = contributions
-            if not contributions:
-                self._applied.pop(pid)
-            return
-        original = self._original(pid, tensor)
+        module, name = self._module_and_name(pid)
+        try:
+            self._write_value(pid, module, name, contributions)
+        except NonFiniteResultError as exc:
+            raise NonFiniteResultError(f"{pid}: {exc} (LoRA {', '.join(c.key for c in contributions)})") from None
         if contributions:
-            try:
-                write_patched(tensor, original, contributions, self._workspace,
-                              storage=fp8.stored_weight(*self._module_and_name(pid)), seed_key=pid,
-                              original_abs_max=self._original_abs_max[pid])
-            except NonFiniteResultError as exc:
-                raise NonFiniteResultError(f"{pid}: {exc} (LoRA {', '.join(c.key for c in contributions)})") from None
             self._applied[pid] = contributions
         else:
-            tensor.copy_(original)
             self._applied.pop(pid, None)
+
+    def _write_value(self, pid: str, module: nn.Module, name: str, contributions: tuple) -> None:
+        """By how the weight is stored: a GGUF layer gets its patch list (applied when it dequantises; it keeps no
+        original); one whose data is in its file (meta) is patched on the re-read (``rewrite``); any other is
+        rewritten in place from its original (fp8: rounded into its storage, ``fp8.StoredWeight``)."""
+        if dequant_patches.is_deferred(module, name):
+            dequant_patches.set_patches(module, name, contributions)
+            return
+        tensor = _param_or_none(module, name)
+        if tensor.is_meta:
+            return
+        original = self._original(pid, tensor)
+        if not contributions:
+            tensor.copy_(original)
+            return
+        write_patched(tensor, original, contributions, self._workspace, storage=fp8.stored_weight(module, name),
+                      seed_key=pid, original_abs_max=self._original_abs_max[pid])
 
     def _roll_back(self, touched: Iterable[str], before: dict) -> None:
         """Recompute each touched parameter's pre-call value (deterministic, so bit-identical) or copy it back."""

@@ -27,7 +27,11 @@ from torch import nn
 
 from ..errors import LoraBindError
 from ..lora import kinds
-from .. import fp8
+from .. import fp8, gguf_weights
+
+# How a layer that stores its weight in a compact form says which dtype it computes in (None: it does not):
+# peft gives new adapter weights the base weight's dtype, which over such storage is not the compute dtype
+STORED_COMPUTE_DTYPES = (fp8.compute_dtype, gguf_weights.compute_dtype)
 
 FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs support full diffs)"
 
@@ -234,7 +238,7 @@ class AdapterCache:
                     warnings.simplefilter("ignore")  # peft's false "invalid shape" warning for lora_B.bias
                     inject_adapter_in_model(config, module, adapter_name=name)
                     names.append(name)
-                    fp8.adapters_in_compute_dtype(module, name)
+                    _adapters_in_compute_dtype(module, name)
                     result = set_peft_model_state_dict(module, group.state_dict, adapter_name=name)
                 unexpected = [k for k in getattr(result, "unexpected_keys", [])
                               if any(k.startswith(f"{m}.") for m in group.modules)]
@@ -307,6 +311,22 @@ class AdapterCache:
                     for sub in getattr(layer, layer_name).values():
                         sub.requires_grad_(False)
         self._applied = self._activation_state()
+
+
+def _adapters_in_compute_dtype(root: nn.Module, adapter_name: str) -> None:
+    """Over fp8 or GGUF storage an adapter's weights take the layer's compute dtype (call right after injection,
+    before the adapter's weights are loaded); over an ordinary weight peft's choice stands."""
+    for layer in root.modules():
+        base = getattr(layer, "get_base_layer", None)
+        if base is None:
+            continue
+        dtype = next((d for d in (ask(base()) for ask in STORED_COMPUTE_DTYPES) if d is not None), None)
+        if dtype is None:
+            continue
+        for layer_name in getattr(layer, "adapter_layer_names", ()):
+            adapters = getattr(layer, layer_name)
+            if adapter_name in adapters:
+                adapters[adapter_name].to(dtype=dtype)
 
 
 def _delete_peft_adapter(module: nn.Module, name: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..errors import KeyMatchError
+from ..gguf_weights import logical_shape
 from .canonical import MappedLora, TargetPatch, low_rank_parts, merged_keys
 
 _SHOWN_KEYS = 8  # how many keys an error/warning lists before "... and N more"
@@ -86,10 +87,10 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
             if param not in params:
                 acc.unmatched.extend(keys)
                 continue
-            if tuple(diff.shape) != tuple(params[param].shape):
+            if tuple(diff.shape) != logical_shape(params[param]):
                 raise KeyMatchError(
                     f"{lora.name}: {keys[0] if keys else dest!r} does not fit {where} parameter {dest}.{param}: "
-                    f"expected shape {tuple(params[param].shape)}, got {tuple(diff.shape)}")
+                    f"expected shape {logical_shape(params[param])}, got {tuple(diff.shape)}")
             fitting.param_diffs[param] = diff
             fitting.source_keys[param] = keys
         if fitting.low_rank is not None or fitting.param_diffs:
@@ -160,14 +161,15 @@ def _not_in_model(acc, family, model_family, file_names, keys) -> None:
 
 def _check_low_rank(file_name, where, dest, patch, weight) -> None:
     """The kind's delta must have the weight's shape (low-rank conv: ``[out, r, 1, ..] @ [r, in, *k]``)."""
-    got = patch.low_rank.delta_shape(tuple(weight.shape))
-    if got is None or tuple(got) != tuple(weight.shape):
+    shape = logical_shape(weight)  # a GGUF weight's matrix shape, not its bytes'
+    got = patch.low_rank.delta_shape(shape)
+    if got is None or tuple(got) != shape:
         factors = " and ".join(repr(key) for part, keys in patch.source_keys.items() if part in low_rank_parts()
                                and part != "alpha" for key in keys) or repr(dest)
         shapes = ", ".join(str(tuple(t.shape)) for t in patch.low_rank.tensors())
         raise KeyMatchError(
             f"{file_name}: {factors} do not fit {where} parameter {dest}.weight: expected shape "
-            f"{tuple(weight.shape)}, got {tuple(got) if got else 'no matching layout'} "
+            f"{shape}, got {tuple(got) if got else 'no matching layout'} "
             f"({patch.low_rank.kind} factors {shapes})")
 
 

@@ -63,6 +63,20 @@ def test_ensure_builtin_models_builds_only_what_the_prompt_names_and_is_missing(
     assert ensure_builtin_models(prompt, tmp_path) == []  # present now: nothing rebuilt
 
 
+def test_ensure_builtin_models_writes_a_fixture_pair_for_single_files_alone(tmp_path):
+    """A prompt naming only tiny single files (here the GGUF experts) and the fixture pair, on an empty models
+    root: the files come first, then the pair, shaped from the tiny folders the files were made from."""
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+
+    files = ["lorabind-tiny/wan2.2_t2v_high_noise_tiny_Q8_0.gguf", "lorabind-tiny/wan2.2_t2v_low_noise_tiny_Q8_0.gguf"]
+    prompt = {"1": {"class_type": "LoraBindCheckpointLoader", "inputs": {"denoiser": files[0],
+                                                                         "denoiser_low_noise": files[1]}},
+              "2": {"class_type": "WanMoELoRAPair", "inputs": {"high_noise_lora": WAN22_HIGH,
+                                                              "low_noise_lora": WAN22_LOW}}}
+    assert ensure_builtin_models(prompt, tmp_path) == files + [WAN22_HIGH, WAN22_LOW]
+    assert all((tmp_path / "loras" / name).is_file() for name in (WAN22_HIGH, WAN22_LOW))
+
+
 def test_build_tiny_rejects_unknown_names(tmp_path):
     with pytest.raises(KeyError, match="tiny-wan99"):
         build_tiny(tmp_path, names=["tiny-wan99"])

@@ -1,0 +1,122 @@
+"""Fused LoRAs on GGUF-quantized layers: patches applied when the layer dequantises, never written into its bytes.
+
+Why not fuse into the stored weight as for bf16/fp8: re-quantising ``dequant(Q) + Σ s·ΔW`` would round the LoRA
+into the quantization grid (a Q4 grid step is larger than most LoRA deltas) and unbinding would need a backup of
+the bytes. Instead the patcher gives the layer its patch list, and the layer computes, at each forward,
+``W = dequant(Q) + Σ sᵢ·ΔWᵢ`` in float32 (each adapter kind's rows, as a fuse computes them:
+``fused_rows.write_patched``) and casts it once to the compute dtype. The quantized bytes are never touched, so
+unbinding only drops the patch list (and the hooks): trivially exact.
+
+Memory: one layer at a time. The patched weight exists only during its layer's forward (a forward pre-hook puts
+it in place of the GGUF parameter, the forward hook puts the parameter back, also when the forward raises); at
+its peak a patched forward holds that layer's float32 dequantisation and its compute-dtype value, where
+diffusers' own GGUF forward holds the dequantisation and its cast. Nothing dequantised is cached per layer: a cache of
+patched weights would be the size of the unquantized model, which is what GGUF is there to avoid. The cost is a
+float32 dequantise and one low-rank product per patched layer per forward (``bench/bench_gguf_patches.py``).
+
+Limitation: diffusers' optional CUDA GGUF kernels (``DIFFUSERS_GGUF_CUDA_KERNELS``, fetched from the hub) read
+the parameter's ``quant_type`` in the forward; lorabind never downloads them, and a patched layer always runs the
+plain dequantise-and-matmul path.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .. import gguf_weights
+from ..lora.finite_bounds import largest_abs
+from .fused_rows import Workspace, write_patched
+
+_workspaces = threading.local()  # one float32 row buffer per thread and device (``fused_rows.Workspace``)
+
+
+@dataclass(frozen=True, eq=False)
+class DequantPatch:
+    """The contributions (``patching._Contribution``s) a quantized weight gets at dequantise time. The GGUF
+    parameter itself stays where it is (``module.<name>``): a memory plan may move or replace it between
+    forwards, and the patch follows whatever bytes the layer holds when it runs."""
+
+    contributions: tuple
+    abs_max: float  # max|dequant(Q)|, what proves the patched value finite without a scan (finite_bounds)
+
+
+def is_deferred(module: torch.nn.Module, name: str) -> bool:
+    """True when ``module.<name>`` is patched at dequantise time (a GGUF-quantized weight)."""
+    return gguf_weights.is_quantized(module._parameters.get(name))
+
+
+def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> None:
+    """Give ``module.<name>`` exactly ``contributions`` (empty: none). The patched value is computed once here, so
+    a value that overflows the compute dtype is refused at bind time (``NonFiniteResultError``), not mid-run."""
+    patches = getattr(module, "_lorabind_dequant", None)
+    if not contributions:
+        if patches is not None:
+            patches.pop(name, None)
+            if not patches:
+                _remove_hooks(module)
+        return
+    base = gguf_weights.dequantize(module._parameters[name])
+    patch = DequantPatch(tuple(contributions), largest_abs(base))
+    _patched_value(patch, base, _compute_dtype(module, base.dtype))  # raises before anything is installed
+    if patches is None:
+        _install_hooks(module)
+    module._lorabind_dequant[name] = patch
+
+
+def patches_of(module: torch.nn.Module) -> dict:
+    """``{parameter name: DequantPatch}`` of a module (empty when none is patched)."""
+    return dict(getattr(module, "_lorabind_dequant", {}))
+
+
+def patched_weight(module: torch.nn.Module, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The value ``module.<name>`` computes with now: ``dequant(Q) + Σ s·ΔW`` rounded once to the compute dtype."""
+    stored = module._lorabind_stashed.get(name, module._parameters[name])  # inside the forward: the stashed bytes
+    base = gguf_weights.dequantize(stored)
+    return _patched_value(module._lorabind_dequant[name], base, dtype or _compute_dtype(module, base.dtype))
+
+
+def _compute_dtype(module: torch.nn.Module, fallback: torch.dtype) -> torch.dtype:
+    return getattr(module, "compute_dtype", None) or fallback
+
+
+def _patched_value(patch: DequantPatch, base: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    workspace = getattr(_workspaces, "value", None)
+    if workspace is None:
+        workspace = _workspaces.value = Workspace()
+    value = torch.empty(base.shape, dtype=dtype, device=base.device)
+    write_patched(value, base, patch.contributions, workspace, original_abs_max=patch.abs_max)
+    return value
+
+
+def _pre_hook(module, args):
+    """Put each patched weight in place of its GGUF parameter for this forward (the layer's own dequantise
+    leaves a plain tensor as it is); the parameter waits in ``_lorabind_stashed``."""
+    dtype = _compute_dtype(module, args[0].dtype) if args else None
+    for name in module._lorabind_dequant:
+        patched = patched_weight(module, name, dtype)
+        module._lorabind_stashed[name] = module._parameters[name]
+        module._parameters[name] = torch.nn.Parameter(patched, requires_grad=False)
+
+
+def _post_hook(module, args, output):
+    for name, stored in module._lorabind_stashed.items():
+        module._parameters[name] = stored
+    module._lorabind_stashed.clear()
+    return output
+
+
+def _install_hooks(module: torch.nn.Module) -> None:
+    module._lorabind_dequant, module._lorabind_stashed = {}, {}
+    module._lorabind_dequant_hooks = (module.register_forward_pre_hook(_pre_hook),
+                                      module.register_forward_hook(_post_hook, always_call=True))
+
+
+def _remove_hooks(module: torch.nn.Module) -> None:
+    """The module is as it was loaded again: no patch list, no hooks."""
+    for handle in module._lorabind_dequant_hooks:
+        handle.remove()
+    del module._lorabind_dequant, module._lorabind_stashed, module._lorabind_dequant_hooks
