@@ -231,6 +231,16 @@ class ModelFamily:
         """One prompt through the model's own text encoder -> ConditioningHandle (CPU, float32, batch 1)."""
         raise NotImplementedError
 
+    def encode_with_images(self, model, text: str, images: list):
+        """One prompt read together with input IMAGEs (an image-editing model) -> ConditioningHandle carrying
+        what its denoiser needs of the images; ValueError naming the input when the model takes none."""
+        raise ValueError(f"model {model.name!r} ({model.family}) takes no input images with its prompt; encode the "
+                         "prompt with LoraBindTextEncode")
+
+    def image_rules(self, model, images: list) -> list:
+        """Lines saying how the model resizes input images for ``encode_with_images`` (node output)."""
+        return []
+
     def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:
         """The latent shape for an output size; ValueError/LoraBindError naming the bad field."""
         raise NotImplementedError
