@@ -65,6 +65,10 @@ class QwenImageFamily(DiffusersFlowFamily):
     map_target = staticmethod(keymap.map_target)
     declared_contract = staticmethod(contracts.declared_contract)
 
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        super().check_artifact(model, file_name, component)
+        contracts.check_lightning_task(model, file_name, component, self.edit_variant(model) is not None)
+
     # text, latents, prediction
     def encode_text(self, model, text: str) -> ConditioningHandle:
         variant = self.edit_variant(model)
