@@ -168,6 +168,11 @@ class ModelFamily:
             named["image_encoder"] = image_encoder
         return named
 
+    def single_file_edition(self, role: str, file_name: str, flags: tuple) -> tuple:
+        """(edition title or None, {config field: value}) of a single file whose shapes equal another edition's
+        (Qwen-Image-Edit vs Qwen-Image): what its name or its weightless marker keys (``flags``) say."""
+        return None, {}
+
     def forward(self, model, component: str, **inputs):
         """THE denoiser forward: every model prediction of the family calls its denoisers through here."""
         return model.components[component](**inputs)

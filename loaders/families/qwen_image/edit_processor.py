@@ -51,6 +51,10 @@ def load_processor(folder: str):
     from transformers import AutoTokenizer
 
     path = os.path.join(folder, PROCESSOR_FOLDER)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return load_processor_files(path, AutoTokenizer.from_pretrained(path, local_files_only=True))
+
+
+def load_processor_files(path: str, tokenizer):
+    """The processor from the image processor files in ``path`` and ``tokenizer``, read offline."""
     image_processor = _image_processor_class().from_pretrained(path, local_files_only=True)
     return image_only_processor(image_processor, tokenizer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -10,7 +11,7 @@ from ...handles import ConditioningHandle, LatentHandle
 from ...io.image_files import image_to_pil
 from ..diffusers_flow import DiffusersFlowFamily, check_multiple, dtype_kwargs, text_device
 from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, TinyRecipe
-from . import contracts, edit, keymap
+from . import contracts, edit, keymap, single_files
 from .edit_processor import load_processor
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
@@ -50,14 +51,20 @@ class QwenImageFamily(DiffusersFlowFamily):
         """How the model takes input images: ``edit.EDIT``, ``edit.EDIT_PLUS``, or None (text-to-image)."""
         return edit.pipeline_variant(model.model_index)
 
+    single_file_edition = staticmethod(single_files.single_file_edition)
+
     def assemble_single_files(self, source):
-        """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+        """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship), or the
+        edit pipeline (with its processor) for an edit file (``single_files``: the marker or the name says which)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
 
         parts = source.components
-        return QwenImagePipeline(transformer=parts[DENOISER], vae=parts["vae"],
-                                 scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=parts["text_encoder"],
-                                 tokenizer=source.tokenizer)
+        edition = source.denoiser_files[0].edition if source.denoiser_files else None
+        pipeline_class, variant = single_files.edit_pipeline_class(edition)
+        extra = {} if variant is None else {"processor": single_files.edit_processor(source.tokenizer,
+                                                                                        os.path.basename(source.path))}
+        return pipeline_class(transformer=parts[DENOISER], vae=parts["vae"], scheduler=FlowMatchEulerDiscreteScheduler(),
+                              text_encoder=parts["text_encoder"], tokenizer=source.tokenizer, **extra)
 
     # LoRA key map and contracts (no ``prepare`` rewrite: absent alpha means scale 1.0, as diffusers' own Qwen
     # converter does)
