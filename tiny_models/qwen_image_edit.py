@@ -51,16 +51,15 @@ def build_qwen_image_edit_pipeline(plus: bool):
                           text_encoder=encoder, tokenizer=tokenizer, processor=_processor(tokenizer))
 
 
-def _published_processor_folder(pipeline):
+def _published_processor_folder(processor):
     """``finish`` step: the ``processor/`` folder as the published edit folders have it (tokenizer files and
-    ``preprocessor_config.json``, index entry ``Qwen2VLProcessor``) instead of our constructor's class name."""
+    ``preprocessor_config.json``, index entry ``Qwen2VLProcessor``). Written here, not by ``save_pretrained``:
+    transformers 4.x's processor saving expects the video processor our constructor leaves out."""
 
     def finish(folder: Path) -> None:
         target = folder / PROCESSOR_FOLDER
-        for stale in target.glob("*"):
-            stale.unlink()
-        pipeline.processor.tokenizer.save_pretrained(target)
-        pipeline.processor.image_processor.save_pretrained(target)
+        processor.tokenizer.save_pretrained(target)
+        processor.image_processor.save_pretrained(target)
         index_file = folder / "model_index.json"
         index = json.loads(index_file.read_text(encoding="utf-8"))
         index[PROCESSOR_FOLDER] = ["transformers", "Qwen2VLProcessor"]
@@ -71,7 +70,9 @@ def _published_processor_folder(pipeline):
 
 def _build(plus: bool, folder: Path) -> Path:
     pipeline = build_qwen_image_edit_pipeline(plus)
-    return save_pipeline_atomically(pipeline, folder, finish=_published_processor_folder(pipeline))
+    processor = pipeline.processor
+    pipeline.register_modules(processor=None)  # saved by the finish step
+    return save_pipeline_atomically(pipeline, folder, finish=_published_processor_folder(processor))
 
 
 def build_tiny_qwen_image_edit(models_root) -> Path:

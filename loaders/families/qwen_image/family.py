@@ -16,6 +16,7 @@ from .edit_processor import load_processor
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
 FAMILY_ID = "qwen_image"
+EDIT_2511_REQUIREMENTS = "qwen_image_edit_2511"  # its ``requirements`` entry (the tiny Edit-Plus has 2511's config)
 DENOISER = "transformer"
 
 
@@ -25,13 +26,15 @@ class QwenImageFamily(DiffusersFlowFamily):
     renormalize = staticmethod(renormalize)
     index_roles = {DENOISER: ROLE_DENOISER, **SHARED_INDEX_ROLES}
     lora_components = (DENOISER,)
-    # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49
-    requirements = {FAMILY_ID: {"diffusers": "0.35", "transformers": "4.49"}}
-    labels = {FAMILY_ID: "Qwen-Image"}
+    # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49. Edit-2511's
+    # transformer option ``zero_cond_t`` is not in diffusers 0.36.0 (checked) and is in 0.42; 0.37 is assumed.
+    requirements = {FAMILY_ID: {"diffusers": "0.35", "transformers": "4.49"},
+                    EDIT_2511_REQUIREMENTS: {"diffusers": "0.37", "transformers": "4.49"}}
+    labels = {FAMILY_ID: "Qwen-Image", EDIT_2511_REQUIREMENTS: "Qwen-Image-Edit-2511"}
     real_configs = ("qwen-image",)
     tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID, ".qwen_image", "build_tiny_qwen_image"),
                    TinyRecipe("tiny-qwen-image-edit", FAMILY_ID, ".qwen_image_edit", "build_tiny_qwen_image_edit"),
-                   TinyRecipe("tiny-qwen-image-edit-plus", FAMILY_ID, ".qwen_image_edit",
+                   TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS, ".qwen_image_edit",
                               "build_tiny_qwen_image_edit_plus"))
 
     def detect(self, model_index: dict) -> Optional[str]:
