@@ -130,3 +130,16 @@ def test_plain_prompts_and_other_variants_are_refused_on_the_sampler(load_tiny):
     with pytest.raises(ValueError, match="negative: model 'tiny-qwen-image-edit' is Qwen-Image-Edit"):
         check_inputs(edit, edit_prompt, plain, empty_latent(edit, 32, 32), guided)
     check_inputs(edit, edit_prompt, None, empty_latent(edit, 32, 32), schedule)  # the fitting pair passes
+
+
+def test_the_node_says_how_each_image_was_resized(load_tiny):
+    from lorabind.loaders.handles import ModelHandle
+    from lorabind.nodes.conditioning_nodes import LoraBindTextEncodeImageEdit
+
+    model = ModelHandle(load_tiny("tiny-qwen-image-edit"))
+    out = LoraBindTextEncodeImageEdit().encode(model, "make the ball red", example_image("end")[:, :40])
+    (conditioning,) = out["result"]
+    assert out["ui"]["text"][0].startswith("image_1 64x40: vision encoder 1280x800, VAE 1280x800 (Qwen-Image-Edit")
+    assert conditioning.extra["qwen_image_edit"].shapes == ((1, 50, 80),)
+    with pytest.raises(ValueError, match=r"image_2: model 'tiny-qwen-image-edit' \(Qwen-Image-Edit\) takes at most 1"):
+        LoraBindTextEncodeImageEdit().encode(model, "a", example_image("start"), image_2=example_image("end"))
