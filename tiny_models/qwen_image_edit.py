@@ -51,28 +51,17 @@ def build_qwen_image_edit_pipeline(plus: bool):
                           text_encoder=encoder, tokenizer=tokenizer, processor=_processor(tokenizer))
 
 
-def _published_processor_folder(processor):
-    """``finish`` step: the ``processor/`` folder as the published edit folders have it (tokenizer files and
-    ``preprocessor_config.json``, index entry ``Qwen2VLProcessor``). Written here, not by ``save_pretrained``:
-    transformers 4.x's processor saving expects the video processor our constructor leaves out."""
-
-    def finish(folder: Path) -> None:
-        target = folder / PROCESSOR_FOLDER
-        processor.tokenizer.save_pretrained(target)
-        processor.image_processor.save_pretrained(target)
-        index_file = folder / "model_index.json"
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-        index[PROCESSOR_FOLDER] = ["transformers", "Qwen2VLProcessor"]
-        index_file.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-
-    return finish
+def _published_processor_entry(folder: Path) -> None:
+    """``finish`` step: the ``processor`` index entry the published edit folders have (``Qwen2VLProcessor``), not
+    the class our constructor makes (its ``save_pretrained`` already wrote the published files)."""
+    index_file = folder / "model_index.json"
+    index = json.loads(index_file.read_text(encoding="utf-8"))
+    index[PROCESSOR_FOLDER] = ["transformers", "Qwen2VLProcessor"]
+    index_file.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
 
 
 def _build(plus: bool, folder: Path) -> Path:
-    pipeline = build_qwen_image_edit_pipeline(plus)
-    processor = pipeline.processor
-    pipeline.register_modules(processor=None)  # saved by the finish step
-    return save_pipeline_atomically(pipeline, folder, finish=_published_processor_folder(processor))
+    return save_pipeline_atomically(build_qwen_image_edit_pipeline(plus), folder, finish=_published_processor_entry)
 
 
 def build_tiny_qwen_image_edit(models_root) -> Path:

@@ -38,6 +38,13 @@ def image_only_processor(image_processor, tokenizer):
             self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
             self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_TOKEN)
 
+        def save_pretrained(self, save_directory, **kwargs):
+            """The published ``processor/`` layout: the tokenizer files and ``preprocessor_config.json`` (the
+            mixin's own saving also wants the video processor)."""
+            self.tokenizer.save_pretrained(save_directory)
+            self.image_processor.save_pretrained(save_directory)
+            return []
+
     return ImageOnlyQwen2VLProcessor(image_processor, tokenizer)
 
 
