@@ -56,6 +56,10 @@ class QwenImageFamily(DiffusersFlowFamily):
 
     single_file_edition = staticmethod(single_files.single_file_edition)
 
+    def requirements_id(self, model_family, model_index=None, variant=None):
+        """Edit-2511 single files need ``zero_cond_t`` (a newer diffusers than Qwen-Image itself)."""
+        return EDIT_2511_REQUIREMENTS if variant == single_files.EDIT_2511 else model_family
+
     def assemble_single_files(self, source):
         """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship), or the
         edit pipeline (with its processor) for an edit file (``single_files``: the marker or the name says which)."""

@@ -66,6 +66,17 @@ def test_the_edition_comes_from_the_marker_or_the_name(edit_files, name, edition
     assert found.title.startswith(edition or "Qwen-Image")
 
 
+def test_a_2511_file_asks_for_the_diffusers_release_with_zero_cond_t(edit_files):
+    from lorabind.loaders.families import family_by_id, requirements_for
+
+    family = family_by_id("qwen_image")
+    for name, wanted in (("renamed_download", "qwen_image_edit_2511"), ("qwen_image_edit_2509_bf16", "qwen_image")):
+        found = detect(str(edit_files[0] / f"{name}.safetensors"))
+        assert family.requirements_id("qwen_image", variant=found.edition or found.model.variant) == wanted
+    assert requirements_for("qwen_image_edit_2511") == ({"diffusers": "0.37", "transformers": "4.49"},
+                                                       "Qwen-Image-Edit-2511")
+
+
 @pytest.mark.slow
 def test_a_2511_set_loads_as_edit_plus_and_renders_what_the_folder_renders(edit_files):
     """In bf16 (what the files hold) the two loads compute the same thing."""
