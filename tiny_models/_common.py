@@ -49,13 +49,15 @@ def fixture_lora_dir(models_root) -> Path:
     return Path(models_root) / "loras" / FIXTURE_LORA_FOLDER
 
 
-def save_pipeline_atomically(pipeline, folder: Path) -> Path:
+def save_pipeline_atomically(pipeline, folder: Path, finish=None) -> Path:
     """``save_pretrained`` by ``safe_output``'s rule: into a sibling temp folder swapped in at the end, so a reader
     never sees half a model, and only over an earlier built-in folder, never over a user's own folder that happens
-    to carry a built-in's name."""
+    to carry a built-in's name. ``finish(staged folder)`` completes what ``save_pretrained`` cannot write."""
     with safe_output(str(folder), written_by=WRITTEN_BY, overwrite=True, label="built-in model folder") as staged:
         with quiet_library_progress():  # no "Writing model shards" bar in the middle of `lorabind run`
             pipeline.save_pretrained(staged, safe_serialization=True)
+        if finish is not None:
+            finish(Path(staged))
         finish_folder(Path(staged))
     return folder
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..loaders.io.atomic_files import write_atomically
 from ._common import FIXTURE_LORA_FOLDER, diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME
+from .qwen_image_edit import EDIT_PLUS_NAME
 from .wan import WAN21_NAME, WAN22_NAME
 from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME
 from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
@@ -29,9 +30,11 @@ WAN22_I2V_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_i2v_A14b_high_noise_lora_rank64_
 WAN22_I2V_LOW = f"{FIXTURE_LORA_FOLDER}/wan2.2_i2v_A14b_low_noise_lora_rank64_lightx2v_4step_1022.safetensors"
 WAN21_I2V_DISTILL = f"{FIXTURE_LORA_FOLDER}/wan2.1_i2v_lora_rank64_lightx2v_4step.safetensors"
 QWEN_LIGHTNING = f"{FIXTURE_LORA_FOLDER}/Qwen-Image-Lightning-4steps-V1.0.safetensors"
+# lightx2v/Qwen-Image-Edit-2511-Lightning's bf16 4-step file (reference §2.6), for the Edit-2511-shaped tiny Plus
+QWEN_EDIT_LIGHTNING = f"{FIXTURE_LORA_FOLDER}/Qwen-Image-Edit-2511-Lightning-4steps-V1.0-bf16.safetensors"
 PEFT_FOLDER = f"{FIXTURE_LORA_FOLDER}/tiny-wan21-style-peft"  # a user-trained PEFT adapter: no published name
 FIXTURE_NAMES = (WAN22_HIGH, WAN22_LOW, WAN21_DISTILL, QWEN_LIGHTNING, PEFT_FOLDER, WAN22_I2V_HIGH, WAN22_I2V_LOW,
-                 WAN21_I2V_DISTILL)
+                 WAN21_I2V_DISTILL, QWEN_EDIT_LIGHTNING)
 
 FIXTURE_RANK = 4
 FIXTURE_ALPHA = 0.5  # 0.5 / 4 = 0.125 = the published 8 / 64
@@ -80,6 +83,10 @@ def write_fixture_loras(models_root) -> list:
     if (qwen / "transformer" / "config.json").is_file():
         lightning = _qwen_lightning_lora(_config(qwen, "transformer"), seed=105)
         written.append(save_fixture(lora_dir / QWEN_LIGHTNING, lightning))
+    edit_plus = models / EDIT_PLUS_NAME
+    if (edit_plus / "transformer" / "config.json").is_file():
+        lightning = _qwen_lightning_lora(_config(edit_plus, "transformer"), seed=109)
+        written.append(save_fixture(lora_dir / QWEN_EDIT_LIGHTNING, lightning))
     return written
 
 

@@ -20,6 +20,16 @@ def encode_text(model, text: str) -> ConditioningHandle:
     return family_for(model).encode_text(model, text)
 
 
+def encode_with_images(model, text: str, images: list) -> tuple:
+    """Encode one prompt together with input IMAGEs (image editing: Qwen-Image-Edit reads them in the prompt and
+    appends their latents to every forward) -> (ConditioningHandle, lines saying how each image was resized);
+    ValueError naming the input when the model takes no images or not that many."""
+    family = family_for(model)
+    conditioning = family.encode_with_images(model, text, images)
+    notes = [line for reference in conditioning.extra.values() for line in getattr(reference, "notes", ())]
+    return conditioning, notes + family.image_rules(model, images)
+
+
 def latent_shape(model, width: int, height: int, frames: int, batch: int) -> tuple:
     """The family's latent shape for a width x height (x frames) output; raises ValueError naming the bad field."""
     return family_for(model).latent_shape(model, width, height, frames, batch)

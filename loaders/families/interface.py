@@ -168,6 +168,11 @@ class ModelFamily:
             named["image_encoder"] = image_encoder
         return named
 
+    def single_file_edition(self, role: str, file_name: str, flags: tuple) -> tuple:
+        """(edition title or None, {config field: value}) of a single file whose shapes equal another edition's
+        (Qwen-Image-Edit vs Qwen-Image): what its name or its weightless marker keys (``flags``) say."""
+        return None, {}
+
     def forward(self, model, component: str, **inputs):
         """THE denoiser forward: every model prediction of the family calls its denoisers through here."""
         return model.components[component](**inputs)
@@ -230,6 +235,16 @@ class ModelFamily:
     def encode_text(self, model, text: str):
         """One prompt through the model's own text encoder -> ConditioningHandle (CPU, float32, batch 1)."""
         raise NotImplementedError
+
+    def encode_with_images(self, model, text: str, images: list):
+        """One prompt read together with input IMAGEs (an image-editing model) -> ConditioningHandle carrying
+        what its denoiser needs of the images; ValueError naming the input when the model takes none."""
+        raise ValueError(f"model {model.name!r} ({model.family}) takes no input images with its prompt; encode the "
+                         "prompt with LoraBindTextEncode")
+
+    def image_rules(self, model, images: list) -> list:
+        """Lines saying how the model resizes input images for ``encode_with_images`` (node output)."""
+        return []
 
     def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:
         """The latent shape for an output size; ValueError/LoraBindError naming the bad field."""

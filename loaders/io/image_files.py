@@ -60,3 +60,14 @@ def file_sha256(path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def image_to_pil(image: torch.Tensor):
+    """First frame of a ComfyUI IMAGE ([B, H, W, 3] float 0..1) as an 8-bit PIL image: what diffusers' pipelines
+    are given (their resize, normalisation and vision-encoder preprocessing all start from PIL)."""
+    import numpy as np
+    from PIL import Image
+
+    frame = image[0] if image.dim() == 4 else image
+    array = np.clip(frame[..., :3].float().cpu().numpy() * 255.0 + 0.5, 0, 255).astype(np.uint8)
+    return Image.fromarray(array)

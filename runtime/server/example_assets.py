@@ -19,9 +19,10 @@ from ...tiny_models import ensure_builtin_models
 # other Wan examples, Qwen-Image, the adapter and single-file variants, MiniMax-H3 last. Others follow A-Z.
 TEMPLATE_ORDER = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mismatched_contract",
                   "wan22_lightning_three_stage", "wan22_strength_schedule", "wan21_distill", "wan21_unipc_reference",
-                  "wan21_i2v", "wan22_ti2v", "wan21_vace_control", "qwen_image_lightning", "wan22_tiny_t2v",
-                  "peft_two_branches", "wan22_single_files_fp8", "wan22_gguf_lightx2v", "minimax_h3_turbo_8step",
-                  "minimax_h3_turbo_mp4", "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
+                  "wan21_i2v", "wan22_ti2v", "wan21_vace_control", "qwen_image_lightning",
+                  "qwen_image_edit_lightning", "wan22_tiny_t2v", "peft_two_branches", "wan22_single_files_fp8",
+                  "wan22_gguf_lightx2v", "minimax_h3_turbo_8step", "minimax_h3_turbo_mp4",
+                  "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
 
 
 # comfy_*: the ComfyUI-native examples (ComfyUI's core loaders and samplers with our LoRA nodes) run only inside

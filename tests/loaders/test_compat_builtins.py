@@ -17,7 +17,11 @@ def diffusers_0_35(monkeypatch):
 
 def test_unavailable_builtins_name_the_version_they_need(diffusers_0_35):
     needs = "needs diffusers >= 0.42 (installed 0.35.2)"
-    assert unavailable_builtins() == {"tiny-minimax-h3": needs, "tiny-minimax-h3-pinned": needs}
+    vace = "needs diffusers >= 0.36 (installed 0.35.2)"
+    assert unavailable_builtins() == {"tiny-minimax-h3": needs, "tiny-minimax-h3-pinned": needs,
+                                      "tiny-wan21-vace": vace, "tiny-wan22-vace-fun": vace,
+                                      # Edit-2511's config (zero_cond_t) came after 0.36
+                                      "tiny-qwen-image-edit-plus": "needs diffusers >= 0.37 (installed 0.35.2)"}
 
 
 def test_building_an_unavailable_builtin_is_refused_before_any_folder_is_made(diffusers_0_35, tmp_path):

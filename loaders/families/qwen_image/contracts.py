@@ -8,6 +8,7 @@ from typing import Optional
 
 from ...contract_types import ScheduleContract
 from ...contracts.distill_names import declared, distill_contract, open_contract
+from ...errors import ContractError
 
 _LIGHTNING = re.compile(r"lightning", re.IGNORECASE)
 # Qwen-Image-Lightning's reference scheduler (README/"We use shift=3 in distillation") is FlowMatchEuler with
@@ -36,3 +37,36 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
         by_name = distill_contract(name, "qwen_image", LIGHTNING_SHIFT, rank) or open_contract(
             name, "qwen_image", rank, ("steps",), LIGHTNING_STEPS_OPEN_NOTE, shift=LIGHTNING_SHIFT, cfg=1.0)
     return declared(by_name, name, metadata, table, "qwen_image", LIGHTNING_SHIFT, rank)
+
+
+# The Lightning edit releases (reference §2.6): lightx2v/Qwen-Image-Lightning's
+# Qwen-Image-Edit-Lightning-4steps-V1.0 and Qwen-Image-Edit-2509/Qwen-Image-Edit-2509-Lightning-{4,8}steps-V1.0-bf16,
+# and lightx2v/Qwen-Image-Edit-2511-Lightning's Qwen-Image-Edit-2511-Lightning-4steps-V1.0-{fp32,bf16}. Their names
+# carry the step count the same way, and the release samples them with the same FlowMatchEuler set-up as the
+# text-to-image files (shift 3, true_cfg_scale 1; §2.9), so ``declared_contract`` reads them unchanged. What the
+# name adds is the model it was distilled on: an edit file on the text-to-image model, or the reverse, would fuse
+# the distillation of another model (same transformer shapes, so nothing else would notice).
+_EDIT_FILE = re.compile(r"qwen[-_ ]?image[-_ ]?edit", re.IGNORECASE)
+TEXT_TO_IMAGE, IMAGE_EDIT = "text-to-image", "image-editing"
+
+
+def lightning_task(file_name: str) -> Optional[str]:
+    """IMAGE_EDIT for a Qwen-Image-Edit Lightning file, TEXT_TO_IMAGE for another Lightning file, None for a
+    file whose name is not a Lightning release's."""
+    name = os.path.basename(str(file_name).replace("\\", "/").rstrip("/"))
+    if not _LIGHTNING.search(name):
+        return None
+    return IMAGE_EDIT if _EDIT_FILE.search(name) else TEXT_TO_IMAGE
+
+
+def check_lightning_task(model, file_name: str, component: str, model_edits: bool) -> None:
+    """Refuse (ContractError naming both) a Lightning edit file on a text-to-image model and the reverse."""
+    task = lightning_task(file_name)
+    model_task = IMAGE_EDIT if model_edits else TEXT_TO_IMAGE
+    if task is None or task == model_task:
+        return
+    other = "Qwen-Image-Edit" if task == IMAGE_EDIT else "Qwen-Image (text-to-image)"
+    raise ContractError(f"{os.path.basename(file_name)} is a Lightning LoRA distilled on {other}, but "
+                        f"{model.name} ({component}) is the {model_task} model: the transformers have the same "
+                        f"shapes, so it would fuse another model's distillation; use the {model_task} Lightning "
+                        f"file here")

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
-from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
-from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, TinyRecipe
-from . import contracts, keymap
+from ...io.image_files import image_to_pil
+from ..diffusers_flow import DiffusersFlowFamily, check_multiple, dtype_kwargs, text_device
+from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, TinyRecipe
+from . import contracts, edit, keymap, single_files
+from .edit_processor import load_processor
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
 FAMILY_ID = "qwen_image"
+EDIT_2511_REQUIREMENTS = "qwen_image_edit_2511"  # its ``requirements`` entry (the tiny Edit-Plus has 2511's config)
 DENOISER = "transformer"
 
 
@@ -22,23 +26,52 @@ class QwenImageFamily(DiffusersFlowFamily):
     renormalize = staticmethod(renormalize)
     index_roles = {DENOISER: ROLE_DENOISER, **SHARED_INDEX_ROLES}
     lora_components = (DENOISER,)
-    # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49
-    requirements = {FAMILY_ID: {"diffusers": "0.35", "transformers": "4.49"}}
-    labels = {FAMILY_ID: "Qwen-Image"}
+    # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49. Edit-2511's
+    # transformer option ``zero_cond_t`` is not in diffusers 0.36.0 (checked) and is in 0.42; 0.37 is assumed.
+    requirements = {FAMILY_ID: {"diffusers": "0.35", "transformers": "4.49"},
+                    EDIT_2511_REQUIREMENTS: {"diffusers": "0.37", "transformers": "4.49"}}
+    labels = {FAMILY_ID: "Qwen-Image", EDIT_2511_REQUIREMENTS: "Qwen-Image-Edit-2511"}
     real_configs = ("qwen-image",)
-    tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID, ".qwen_image", "build_tiny_qwen_image"),)
+    tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID, ".qwen_image", "build_tiny_qwen_image"),
+                   TinyRecipe("tiny-qwen-image-edit", FAMILY_ID, ".qwen_image_edit", "build_tiny_qwen_image_edit"),
+                   TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS, ".qwen_image_edit",
+                              "build_tiny_qwen_image_edit_plus"))
 
     def detect(self, model_index: dict) -> Optional[str]:
         return self.id if str(model_index.get("_class_name", "")).startswith("QwenImage") else None
 
+    def load_pipeline(self, source):
+        """An edit folder gets its processor built here (``edit_processor``: transformers cannot construct it
+        without torchvision); everything else loads as any diffusers folder."""
+        if source.kind != SOURCE_DIFFUSERS or edit.pipeline_variant(source.model_index) is None:
+            return super().load_pipeline(source)
+        from diffusers import DiffusionPipeline
+
+        return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
+                                                 processor=load_processor(source.path), **dtype_kwargs(source.dtype))
+
+    def edit_variant(self, model) -> Optional[str]:
+        """How the model takes input images: ``edit.EDIT``, ``edit.EDIT_PLUS``, or None (text-to-image)."""
+        return edit.pipeline_variant(model.model_index)
+
+    single_file_edition = staticmethod(single_files.single_file_edition)
+
+    def requirements_id(self, model_family, model_index=None, variant=None):
+        """Edit-2511 single files need ``zero_cond_t`` (a newer diffusers than Qwen-Image itself)."""
+        return EDIT_2511_REQUIREMENTS if variant == single_files.EDIT_2511 else model_family
+
     def assemble_single_files(self, source):
-        """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship)."""
-        from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+        """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship), or the
+        edit pipeline (with its processor) for an edit file (``single_files``: the marker or the name says which)."""
+        from diffusers import FlowMatchEulerDiscreteScheduler
 
         parts = source.components
-        return QwenImagePipeline(transformer=parts[DENOISER], vae=parts["vae"],
-                                 scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=parts["text_encoder"],
-                                 tokenizer=source.tokenizer)
+        edition = source.denoiser_files[0].edition if source.denoiser_files else None
+        pipeline_class, variant = single_files.edit_pipeline_class(edition)
+        extra = {} if variant is None else {"processor": single_files.edit_processor(source.tokenizer,
+                                                                                        os.path.basename(source.path))}
+        return pipeline_class(transformer=parts[DENOISER], vae=parts["vae"], scheduler=FlowMatchEulerDiscreteScheduler(),
+                              text_encoder=parts["text_encoder"], tokenizer=source.tokenizer, **extra)
 
     # LoRA key map and contracts (no ``prepare`` rewrite: absent alpha means scale 1.0, as diffusers' own Qwen
     # converter does)
@@ -46,12 +79,43 @@ class QwenImageFamily(DiffusersFlowFamily):
     map_target = staticmethod(keymap.map_target)
     declared_contract = staticmethod(contracts.declared_contract)
 
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        super().check_artifact(model, file_name, component)
+        contracts.check_lightning_task(model, file_name, component, self.edit_variant(model) is not None)
+
     # text, latents, prediction
     def encode_text(self, model, text: str) -> ConditioningHandle:
+        variant = self.edit_variant(model)
+        if variant is not None:
+            raise ValueError(f"model {model.name!r} is {edit.RULES[variant].label}: its prompts are read together "
+                             "with the input images; encode them with LoraBindTextEncodeImageEdit")
         with torch.no_grad():
             embeds, mask = model.pipeline.encode_prompt(prompt=text, device=text_device(model))
         return ConditioningHandle(embeds=embeds.float().cpu(), family=model.family, text=text,
                                   mask=mask.cpu() if mask is not None else None)
+
+    def encode_with_images(self, model, text: str, images: list) -> ConditioningHandle:
+        variant = self.edit_variant(model)
+        if variant is None:
+            raise ValueError(f"model {model.name!r} is Qwen-Image text-to-image: it takes no input images; load a "
+                             "Qwen-Image-Edit model, or encode the prompt with LoraBindTextEncode")
+        return edit.encode_edit_prompt(model, text, images, variant, text_device(model))
+
+    def image_rules(self, model, images: list) -> list:
+        """The resizing lines of an edit (node output): each image's sizes and the pipeline's default output."""
+        variant = self.edit_variant(model)
+        if variant is None:
+            return []
+        pictures = [image_to_pil(image) for image in images]
+        multiple = 2 ** len(model.pipeline.vae.config.temperal_downsample) * 2
+        width, height = edit.default_output_size(variant, pictures, multiple)
+        return [f"output size the pipeline would pick for these images: {width}x{height} (about 1024² of area at "
+                f"the aspect ratio of image_{1 if edit.RULES[variant].output_from == 0 else len(pictures)}); the "
+                "latent's width and height decide"]
+
+    def check_inputs(self, model, positive, negative, latent, schedule) -> None:
+        edit.check_conditioning(model.name, self.edit_variant(model), positive, negative, schedule.cfg != 1.0)
+        super().check_inputs(model, positive, negative, latent, schedule)
 
     def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:
         vae = model.pipeline.vae.config

@@ -15,6 +15,7 @@ from ...handles import ConditioningHandle
 from ...generation.sampling import batched, device_and_dtype
 
 DENOISER = "transformer"
+EDIT_KEY = "qwen_image_edit"  # ConditioningHandle.extra key of the input images (``edit.EditReference``)
 
 
 def pack_qwen_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -44,8 +45,8 @@ class QwenPrediction:
         self.family = family
         self.model = model
         self.transformer = model.components[DENOISER]
-        self.positive = (positive.embeds, positive.mask)
-        self.negative = (negative.embeds, negative.mask) if negative is not None else None
+        self.positive = (positive.embeds, positive.mask, positive.extra.get(EDIT_KEY))
+        self.negative = (negative.embeds, negative.mask, negative.extra.get(EDIT_KEY)) if negative is not None else None
         self.grid = grid  # (latent height, latent width)
         # diffusers < 0.36 also wanted the text lengths; pass them only to transformers that take them.
         self.wants_txt_seq_lens = "txt_seq_lens" in inspect.signature(self.transformer.forward).parameters
@@ -53,16 +54,21 @@ class QwenPrediction:
     def __call__(self, expert: str, x: torch.Tensor, sigma: float, uncond: bool) -> torch.Tensor:
         device, dtype = device_and_dtype(self.transformer)
         batch = x.shape[0]
-        embeds, mask = self.negative if uncond else self.positive
+        embeds, mask, reference = self.negative if uncond else self.positive
         embeds = batched(embeds, batch).to(device, dtype)
         mask = batched(mask, batch).to(device) if mask is not None else None
         kwargs = {}
         if self.wants_txt_seq_lens:
             kwargs["txt_seq_lens"] = (mask.sum(dim=1).tolist() if mask is not None else [embeds.shape[1]] * batch)
+        hidden = x.to(device, dtype)
+        shapes = [(1, self.grid[0] // 2, self.grid[1] // 2)]
+        if reference is not None:  # Qwen-Image-Edit: the input images' tokens follow the noise tokens
+            hidden = reference.hidden_states(hidden)
+            shapes += list(reference.shapes)
         out = self.family.forward(
             self.model, DENOISER,
-            hidden_states=x.to(device, dtype), timestep=torch.full((batch,), sigma, device=device, dtype=dtype),
+            hidden_states=hidden, timestep=torch.full((batch,), sigma, device=device, dtype=dtype),
             encoder_hidden_states=embeds, encoder_hidden_states_mask=mask,
-            img_shapes=[[(1, self.grid[0] // 2, self.grid[1] // 2)]] * batch, return_dict=False, **kwargs,
+            img_shapes=[shapes] * batch, return_dict=False, **kwargs,
         )[0]
-        return out.float()
+        return out[:, :x.shape[1]].float()  # the prediction for the noise tokens only

@@ -23,6 +23,8 @@ from typing import Optional
 
 import torch
 
+from ...io.image_files import image_to_pil
+
 LATENT_KEY = "wan_image"  # LatentHandle.extra key of the ImageCondition
 
 
@@ -71,17 +73,6 @@ def image_variant(transformer_config, model_index: dict) -> str:
     if transformer_config.in_channels > transformer_config.out_channels:
         return "i2v_clip" if transformer_config.image_dim is not None else "i2v"
     return "t2v"
-
-
-def to_pil(image: torch.Tensor):
-    """First frame of a ComfyUI IMAGE ([B, H, W, 3] float 0..1) as an 8-bit PIL image: what diffusers' pipelines
-    are given (their resize, normalisation and CLIP preprocessing all start from PIL)."""
-    import numpy as np
-    from PIL import Image
-
-    frame = image[0] if image.dim() == 4 else image
-    array = np.clip(frame[..., :3].float().cpu().numpy() * 255.0 + 0.5, 0, 255).astype(np.uint8)
-    return Image.fromarray(array)
 
 
 def encode_video(pipeline, frames: torch.Tensor) -> torch.Tensor:
@@ -149,7 +140,7 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
     vae_config = pipeline.vae.config
     spatial = getattr(vae_config, "scale_factor_spatial", None) or 2 ** len(vae_config.temperal_downsample)
     processor = VideoProcessor(vae_scale_factor=spatial)
-    start_pil = to_pil(start_image)
+    start_pil = image_to_pil(start_image)
     start = processor.preprocess(start_pil, height=height, width=width).float().unsqueeze(2)  # [1, 3, 1, H, W]
     batch_size, _, latent_frames, latent_height, latent_width = latent_shape
 
@@ -161,7 +152,7 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
 
     pieces = [start, start.new_zeros(1, 3, frames - 1 - (end_image is not None), height, width)]
     if end_image is not None:
-        pieces.append(processor.preprocess(to_pil(end_image), height=height, width=width).float().unsqueeze(2))
+        pieces.append(processor.preprocess(image_to_pil(end_image), height=height, width=width).float().unsqueeze(2))
     image_latents = encode_video(pipeline, torch.cat(pieces, dim=2)).repeat(batch_size, 1, 1, 1, 1)
     temporal = vae_config.scale_factor_temporal if hasattr(vae_config, "scale_factor_temporal") else 4
     frame_mask = torch.ones(batch_size, 1, frames, latent_height, latent_width)
@@ -172,7 +163,7 @@ def encode_image_condition(model, transformer_config, start_image, end_image, wi
     condition = torch.cat([frame_mask, image_latents], dim=1)
     embeds = None
     if variant == "i2v_clip":
-        images = [start_pil] if end_image is None else [start_pil, to_pil(end_image)]
+        images = [start_pil] if end_image is None else [start_pil, image_to_pil(end_image)]
         embeds = _clip_embeds(pipeline, images)
     return ImageCondition(variant=variant, condition=condition, image_embeds=embeds,
                           has_end_image=end_image is not None)

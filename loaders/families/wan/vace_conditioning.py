@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 
-from .image_conditioning import encode_video, to_pil
+from ...io.image_files import image_to_pil
+from .image_conditioning import encode_video
 
 VACE_KEY = "wan_vace"  # LatentHandle.extra key of the VaceCondition
 MAX_REFERENCE_IMAGES = 4  # each one is a latent frame more; diffusers and ComfyUI workflows use one or two
@@ -69,7 +70,7 @@ def reference_count(reference_images) -> int:
 def _frames(images, count: int) -> list:
     """The first ``count`` frames of an IMAGE batch as PIL images, what diffusers' processor takes."""
     batch = images if images.dim() == 4 else images[None]
-    return [to_pil(frame) for frame in batch[:count]]
+    return [image_to_pil(frame) for frame in batch[:count]]
 
 
 def _mask_frames(masks, count: int) -> list:
@@ -105,7 +106,7 @@ def _video_and_mask(processor, control_video, control_masks, width: int, height:
 
 def _reference_canvas(processor, image, width: int, height: int) -> torch.Tensor:
     """One reference image fitted inside width x height (aspect kept, bilinear) on a white canvas: [1, 3, 1, H, W]."""
-    pixels = processor.preprocess(to_pil(image), None, None).float()
+    pixels = processor.preprocess(image_to_pil(image), None, None).float()
     image_height, image_width = pixels.shape[-2:]
     scale = min(height / image_height, width / image_width)
     new_height, new_width = int(image_height * scale), int(image_width * scale)

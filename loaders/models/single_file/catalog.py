@@ -40,6 +40,7 @@ class ComponentKind:
     # denoisers: the ``general.architecture`` published GGUF files of this kind declare (ComfyUI-GGUF's names)
     gguf_architecture: str = ""
     excludes: tuple[str, ...] = ()  # keys whose presence rules the kind out (a Wan file with a VACE branch)
+    flag_keys: tuple[str, ...] = ()  # weightless keys that mark an edition of equal shapes (Qwen-Image-Edit-2511)
 
     def fits(self, shapes: dict) -> bool:
         """The file has the kind's marker keys and none of its excluded keys."""
@@ -95,7 +96,8 @@ KINDS = {kind.kind: kind for kind in (
         lambda c: (c["num_attention_heads"] * c["attention_head_dim"], c["in_channels"], c["num_layers"],
                    c["joint_attention_dim"]),
         lambda c: layouts.QWEN_IMAGE_TRANSFORMER, quantized_prefix="transformer_blocks.",
-        takes=("qwen_image_vae", "qwen25_vl"), gguf_architecture="qwen_image"),
+        takes=("qwen_image_vae", "qwen25_vl"), gguf_architecture="qwen_image",
+        flag_keys=(layouts.EDIT_2511_MARKER,)),
     ComponentKind(
         "wan_vae", "vae", "wan", ("decoder.middle.0.residual.0.gamma", "conv2.weight"),
         "diffusers", "AutoencoderKLWan",
@@ -168,10 +170,12 @@ KNOWN_MODELS = (
     KnownModel("wan22_vae_tiny", "wan22_vae", "Wan2.2 VAE (lorabind tiny)", "tiny"),
     KnownModel("qwen_image_vae", "qwen_image_vae", "Qwen-Image VAE", "qwen_image"),
     KnownModel("qwen_image_vae_tiny", "qwen_image_vae", "Qwen-Image VAE (lorabind tiny)", "tiny"),
+    KnownModel("qwen_image_edit_vae_tiny", "qwen_image_vae", "Qwen-Image VAE (lorabind tiny edit, 8x)", "tiny"),
     KnownModel("umt5_xxl", "umt5", "umt5-xxl", "xxl"),
     KnownModel("umt5_tiny", "umt5", "umt5 (lorabind tiny)", "tiny"),
     KnownModel("qwen25_vl_7b", "qwen25_vl", "Qwen2.5-VL 7B", "7B"),
     KnownModel("qwen25_vl_tiny", "qwen25_vl", "Qwen2.5-VL (lorabind tiny)", "tiny"),
+    KnownModel("qwen25_vl_edit_tiny", "qwen25_vl", "Qwen2.5-VL with vision tokens (lorabind tiny edit)", "tiny"),
     KnownModel("clip_vision_h", "clip_vision", "CLIP ViT-H/14 vision", "h"),
     KnownModel("clip_vision_tiny", "clip_vision", "CLIP vision (lorabind tiny)", "tiny"),
 )

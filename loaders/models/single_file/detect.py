@@ -40,6 +40,10 @@ class Detected:
     prefix: str  # "" or "model.diffusion_model." (stripped on load)
     version: Optional[str] = None  # Wan denoisers: "2.1" / "2.2"
     expert: Optional[str] = None  # "high" / "low" when the file name says so
+    # an edition of equal shapes its family tells by name or marker key ("Qwen-Image-Edit-2511"), and the config
+    # fields it changes ({"zero_cond_t": True}), as sorted pairs
+    edition: Optional[str] = None
+    config_changes: tuple = ()
 
     @property
     def role(self) -> str:
@@ -55,11 +59,14 @@ class Detected:
 
     @property
     def config(self) -> dict:
-        return catalog.config(self.model.config)
+        shipped = catalog.config(self.model.config)
+        return {**shipped, **dict(self.config_changes)} if self.config_changes else shipped
 
     @property
     def title(self) -> str:
         """"Wan2.2 T2V A14B", "Qwen-Image", ...: Wan's version and expert come from the file name."""
+        if self.edition is not None:
+            return f"{self.edition} ({self.model.size})"
         if self.version is None:
             return self.model.title
         size = "A14B" if self.version == "2.2" and self.model.size == "14B" else self.model.size
@@ -218,8 +225,11 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     two_two = model.variant == "ti2v" or (model.variant == "i2v" and config.get("image_dim") is None)
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 _check_gguf(path, name, kind, architecture)
+                flags = tuple(key for key in kind.flag_keys if key in shapes)
+                edition, changes = family_by_id(kind.family).single_file_edition(kind.role, base_name, flags)
                 return Detected(path=str(path), name=name, kind=kind, model=model,
-                                precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert)
+                                precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert,
+                                edition=edition, config_changes=tuple(sorted(changes.items())))
         known = ", ".join(m.title for m in catalog.KNOWN_MODELS if m.kind == kind.kind)
         mismatches.append(f"a {kind.kind} file whose shapes {signature} match no known configuration ({known})")
     # every kind whose key names the file has (the Wan2.1 and Wan2.2 VAEs share theirs) is named, with its shapes

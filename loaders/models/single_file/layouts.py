@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from ...families.qwen_image.single_files import EDIT_2511_MARKER
+
 # prefixes some single files carry in front of every key (ComfyUI strips them too)
 DIFFUSION_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
@@ -162,7 +164,9 @@ WAN_VACE_TRANSFORMER = KeyLayout("wan_vace_transformer", WAN_TRANSFORMER.rules +
 ))
 
 # QwenImageTransformer2DModel's single files use the diffusers names (diffusers maps them with identity).
-QWEN_IMAGE_TRANSFORMER = KeyLayout("qwen_image_transformer", ())
+# ComfyUI's Qwen-Image-Edit-2511 files also carry an empty marker tensor (``EDIT_2511_MARKER``, what the Qwen-Image
+# family reads the edition from); it holds no weight.
+QWEN_IMAGE_TRANSFORMER = KeyLayout("qwen_image_transformer", (), native_only=(EDIT_2511_MARKER,))
 
 MINIMAX_H3_TRANSFORMER = KeyLayout("minimax_h3_transformer", (
     ("transformer_blocks.{i}.attn.norm_q", "blocks.{i}.attn.q_norm"),

@@ -113,7 +113,9 @@ class SingleFileSet(ModelSource):
         # the versions the model family needs (two experts: the family's expert-pair id, Wan2.2 MoE)
         high = self.files.denoisers[0]
         model_family = self.family.model_families[-1 if len(self.files.denoisers) > 1 else 0]
-        compat.require(self.family.requirements_id(model_family, variant=high.model.variant), high.title)
+        # an edition of equal shapes may need a newer library than the family (Qwen-Image-Edit-2511's zero_cond_t)
+        compat.require(self.family.requirements_id(model_family, variant=high.edition or high.model.variant),
+                       high.title)
 
     def component_roles(self) -> dict:
         return self.family.component_roles(_parts_index(self.named))

@@ -123,3 +123,25 @@ def test_a_tiny_model_built_by_other_library_versions_is_rebuilt_and_said_so(tin
     del index["_lorabind_built_with"]
     (folder / "model_index.json").write_text(json.dumps(index))
     assert needs_build(folder)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen-image-edit", "tiny-qwen-image-edit-plus"])
+def test_qwen_edit_tokenizer_drops_exactly_the_system_prefix_and_keeps_the_vision_tokens(load_tiny, name):
+    """QwenImageEdit(Plus)Pipeline drops the first 64 tokens of its edit template; with the tiny tokenizer those are
+    the system turn and "<|im_start|>user\\n", so the picture tokens and the instruction are what is kept. Each
+    ``<|image_pad|>`` is one token the processor expands to the image's merged patch count."""
+    from PIL import Image
+
+    from lorabind.tiny_models.tokenizers import QWEN_EDIT_PREFIX_TOKENS
+
+    pipeline = load_tiny(name).pipeline
+    assert pipeline.prompt_template_encode_start_idx == QWEN_EDIT_PREFIX_TOKENS == 64
+    # Edit's template holds the picture tokens itself; Plus puts "Picture N: ..." before the instruction
+    picture = "Picture 1: <|vision_start|><|image_pad|><|vision_end|>" if name.endswith("plus") else ""
+    prompt = pipeline.prompt_template_encode.format(picture + "a cat")
+    inputs = pipeline.processor(text=[prompt], images=[Image.new("RGB", (56, 84))], padding=True, return_tensors="pt")
+    tokens = pipeline.processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+    assert tokens[QWEN_EDIT_PREFIX_TOKENS - 3: QWEN_EDIT_PREFIX_TOKENS] == ["<|im_start|>", "user", "Ċ"]
+    pads = tokens.count("<|image_pad|>")
+    assert pads == int(inputs["image_grid_thw"][0].prod()) // 4 and pads > 1
+    assert "<|vision_start|>" in tokens and tokens[-7:-5] == ["a", "Ġcat"]  # then <|im_end|>, the assistant turn

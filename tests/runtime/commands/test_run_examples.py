@@ -65,3 +65,19 @@ def test_a_run_that_builds_the_tiny_models_says_so_in_one_line(tmp_path, capsys)
     assert (tmp_path / "models" / "loras" / F.WAN21_DISTILL).is_file()
     ensure_models(prompt, str(tmp_path / "models"), str(tmp_path / "input"))  # all present now: nothing built, nothing said
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_the_edit_example_runs_and_20_steps_are_refused_naming_the_lightning_edit_file(models_root, tmp_path,
+                                                                                       capsys):
+    """``qwen_image_edit_lightning``: the 2511 Lightning edit file's contract is enforced as the run shows it, and
+    the same workflow asked for 20 steps is refused before any model loads, naming the file."""
+    name = Path(F.QWEN_EDIT_LIGHTNING).name
+    inputs = ["--input", str(tmp_path / "input")]
+    assert run(models_root, tmp_path, "qwen_image_edit_lightning", *inputs, "--set", "6.steps=20") == 1
+    assert f"{name} is a 4-step distill LoRA: steps must be 4, got 20" in capsys.readouterr().err
+    assert run(models_root, tmp_path, "qwen_image_edit_lightning", *inputs) == 0
+    out = capsys.readouterr().out
+    assert f"contract enforced: {name}: distill steps=4 shift=3 cfg=1" in out
+    assert "node 2 (LoraBindTextEncodeImageEdit) text: image_1 64x64: vision encoder 384x384, VAE 1024x1024" in out
+    assert list((tmp_path / "out" / "lorabind").glob("qwen_image_edit_lightning_*.png"))

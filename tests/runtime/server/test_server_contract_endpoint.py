@@ -38,7 +38,7 @@ def _get(srv, name, **query):
 
 def test_every_build_tiny_lora_answers_the_contract_inspect_reports(contract_server, build_tiny_root):
     names = [*FIXTURE_NAMES, *MINIMAX_FIXTURE_NAMES]
-    assert len(names) == 17 and PEFT_FOLDER in names  # 8 Wan/Qwen (one a PEFT folder), 9 MiniMax-H3
+    assert len(names) == 18 and PEFT_FOLDER in names  # 9 Wan/Qwen (one a PEFT folder), 9 MiniMax-H3
     declared = set()
     for name in names:
         status, body = _get(contract_server, name)

@@ -1,6 +1,7 @@
 """The image-to-video example as one API prompt with ComfyUI's LoadImage: it runs in `lorabind run` and in
 `lorabind serve` (start image uploaded through /upload/image) and both give the same frames; every i2v example
-workflow's UI form converts to its API form with the runtime's node set (LoadImage included)."""
+workflow's UI form, and the Qwen-Image-Edit one's, converts to its API form with the runtime's node set (LoadImage
+included)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from server_client import Client, run_async
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
 WORKFLOWS = PACK_DIR / "workflows"
-I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v", "wan21_vace_control")
+# the examples that start from input images (ComfyUI's LoadImage): image-to-video, VACE, and Qwen-Image-Edit
+I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v", "wan21_vace_control",
+                "qwen_image_edit_lightning")
 
 
 def _frames(path) -> list:
