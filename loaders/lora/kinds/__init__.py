@@ -50,8 +50,15 @@ def build_full_diffs(module: str, roles: dict, tensors, display_name: str, peft)
 
 
 def delta_parts() -> frozenset:
-    """The ``source_keys`` parts that belong to a weight delta (every kind's parts plus ``alpha``)."""
-    return frozenset(part for kind in _kinds for part in kind.parts) | {"alpha"}
+    """The ``source_keys`` parts that belong to a weight delta (every kind's parts plus ``alpha``); kept per
+    registry state, since it is asked for every module of every file read."""
+    registry = tuple(_kinds)
+    if _delta_parts_cache[0] != registry:
+        _delta_parts_cache[:] = [registry, frozenset(part for kind in registry for part in kind.parts) | {"alpha"}]
+    return _delta_parts_cache[1]
+
+
+_delta_parts_cache: list = [(), frozenset()]  # [the registry it was computed for, its delta parts]
 
 
 def kind_for(parts) -> Optional[AdapterKind]:
@@ -77,7 +84,8 @@ def build_delta(module: str, roles: dict, tensors, display_name: str, peft) -> O
                             f"has no weight delta of module {module!r} to apply to (lora_down/lora_up, LoHa or "
                             f"LoKr factors)")
     own = kind.parts | (inner_kind.parts if inner_kind else frozenset()) | {"alpha"}
-    foreign = [raw for role, raw in roles.items() if role in delta_parts() and role not in own]
+    every_delta_part = delta_parts()
+    foreign = [raw for role, raw in roles.items() if role in every_delta_part and role not in own]
     if foreign:
         raise LoraFileError(f"{display_name}: module {module!r} mixes {kind.name} tensors with {foreign[0]!r} "
                             f"of another adapter kind")
