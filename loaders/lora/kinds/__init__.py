@@ -34,9 +34,24 @@ def all_kinds() -> tuple:
     return tuple(_kinds)
 
 
-def suffix_parts() -> tuple:
+def _per_registry(compute):
+    """``compute(registry)`` kept until the registry changes. Why: the suffixes and parts are asked for every key
+    and module of every file read, and ``register``/``unregister`` are rare."""
+    kept: list = [None, None]  # [the registry it was computed for, its value]
+
+    def current():
+        registry = tuple(_kinds)
+        if kept[0] != registry:
+            kept[:] = [registry, compute(registry)]
+        return kept[1]
+    current.__doc__ = compute.__doc__
+    return current
+
+
+@_per_registry
+def suffix_parts(registry) -> tuple:
     """Every kind's ``(suffix, part)`` pairs, in registry order."""
-    return tuple(pair for kind in _kinds for pair in kind.suffix_parts)
+    return tuple(pair for kind in registry for pair in kind.suffix_parts)
 
 
 def full_diff_suffix_parts() -> tuple:
@@ -49,16 +64,10 @@ def build_full_diffs(module: str, roles: dict, tensors, display_name: str, peft)
     return full_diff.KIND.build(module, roles, tensors, display_name, peft)
 
 
-def delta_parts() -> frozenset:
-    """The ``source_keys`` parts that belong to a weight delta (every kind's parts plus ``alpha``); kept per
-    registry state, since it is asked for every module of every file read."""
-    registry = tuple(_kinds)
-    if _delta_parts_cache[0] != registry:
-        _delta_parts_cache[:] = [registry, frozenset(part for kind in registry for part in kind.parts) | {"alpha"}]
-    return _delta_parts_cache[1]
-
-
-_delta_parts_cache: list = [(), frozenset()]  # [the registry it was computed for, its delta parts]
+@_per_registry
+def delta_parts(registry) -> frozenset:
+    """The ``source_keys`` parts that belong to a weight delta (every kind's parts plus ``alpha``)."""
+    return frozenset(part for kind in registry for part in kind.parts) | {"alpha"}
 
 
 def kind_for(parts) -> Optional[AdapterKind]:
