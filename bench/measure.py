@@ -99,6 +99,25 @@ def alternate(name_a: str, run_a: Callable[[], float], name_b: str, run_b: Calla
     return pair
 
 
+def alternate_balanced(name_a: str, run_a: Callable[[], float], name_b: str, run_b: Callable[[], float],
+                       reps: int, warmup: int = 1) -> Pair:
+    """Like ``alternate``, but every other repetition runs B before A (AB, BA, AB, ...). Why: where both sides may
+    run the same code, whichever runs second in each pair would otherwise keep a systematic edge (warmer caches,
+    a reused allocation), which the ratio of medians would report as a speed-up or a slow-down."""
+    for _ in range(warmup):
+        run_a()
+        run_b()
+    pair = Pair(name_a, name_b)
+    for rep in range(reps):
+        if rep % 2:
+            pair.times_b.append(run_b())
+            pair.times_a.append(run_a())
+        else:
+            pair.times_a.append(run_a())
+            pair.times_b.append(run_b())
+    return pair
+
+
 def machine_description() -> dict:
     import torch
 

@@ -132,20 +132,26 @@ def main(argv=None) -> int:
     print_table(f"Sharded folder load ({loading['parameters'] / 1e6:.1f} M parameters in {loading['shards']} shards, "
                 "median seconds)",
                 [(load_pair.name_a, f"{load_pair.a:.3f}"), (load_pair.name_b, f"{load_pair.b:.3f}"),
-                 ("same weights either way", str(loading["same_weights"]))])
+                 ("same weights either way", str(loading["same_weights"]))]
+                + ([("note", "the rule picked 1 worker here: both sides ran the sequential loader, so "
+                     "parallel_load_speedup is the noise of identical interleaved runs")] if loading["same_path"]
+                   else []))
     print_table(f"LoRA on GGUF: one layer's forward ({gguf['layer']}, {gguf['tokens']} tokens, bf16 compute, "
                 "median ms)", [(k, f"{v:.3f}") for k, v in gguf.items() if k.endswith(("_ms", "_vs_gguf",
                                                                                           "_vs_bf16_fused"))])
 
     print("\nsummary")
+    notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
+             if loading["same_path"] else ""}
     for name, value in summary.items():
-        print(f"{name}: {value:.3f} {history.verdict(name, value)}".rstrip())
+        print(f"{name}: {value:.3f} {history.verdict(name, value)} {notes.get(name, '')}".rstrip())
     if args.compare:
         print(f"\ncompared with {args.compare}")
         print("\n".join(history.compare(summary, args.compare)))
     if args.save:
         saved = history.save(history.record(summary, {"machine": machine_description(), "size": size_name,
-                                                       "parallel_load_workers": loading["workers"]}))
+                                                       "parallel_load_workers": loading["workers"],
+                                                       "parallel_load_same_path": loading["same_path"]}))
         print(f"saved {saved}")
     if args.json:
         payload = dict(summary, restore_bit_exact=fuse["restore_bit_exact"], peft_base_weights_untouched=peft[
@@ -156,6 +162,7 @@ def main(argv=None) -> int:
             single_file=single_file,
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
+            parallel_load_same_path=loading["same_path"],
             parallel_load_same_weights=loading["same_weights"], machine=machine_description(), size=size_name,
             commit=history.commit(), load_average=list(os.getloadavg()),
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

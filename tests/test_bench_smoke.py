@@ -39,6 +39,7 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert result["real_size"]["ram_backups"] == 0 and result["real_size"]["file_backed"] > 0
     assert result["single_file"]["checksums_equal"] is True
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
+    assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)

@@ -51,25 +51,30 @@ def node_signatures(prompt: dict, definitions: NodeDefinitions, is_changed: dict
     """Cache key of every node in ``prompt``; None for nodes that must never be served from cache.
 
     Key = own signature followed by each ancestor's, in a deterministic upstream order; links are written as
-    ("ANCESTOR", position of the upstream node in that order, slot), so node ids stay out of the key.
+    ("ANCESTOR", position of the upstream node in that order, slot), so node ids stay out of the key. Each node's
+    links and constant part are worked out once per prompt, not once per descendant that repeats them (this
+    runs before every prompt, cached reruns included).
     """
+    links = {node_id: linked_inputs(node) for node_id, node in prompt.items()}
+    own = {node_id: _own_signature(prompt, definitions, is_changed, node_id, links[node_id]) for node_id in prompt}
     keys: dict[str, Any] = {}
     for node_id in prompt:
-        ancestors = _ordered_ancestry(prompt, node_id)
+        ancestors = _ordered_ancestry(prompt, links, node_id)
+        members = [node_id, *ancestors]
+        if any(own[member].unhashable for member in members):
+            keys[node_id] = None
+            continue
         positions = {ancestor: i for i, ancestor in enumerate(ancestors)}
-        key = tuple(
-            _immediate_signature(prompt, definitions, is_changed, member, positions)
-            for member in [node_id, *ancestors]
-        )
-        keys[node_id] = None if _contains_unhashable(key) else key
+        keys[node_id] = tuple(own[member].placed(positions) for member in members)
     return keys
 
 
-def _ordered_ancestry(prompt: dict, node_id: str) -> list[str]:
-    """Upstream node ids in depth-first order over sorted input names (ComfyUI's get_ordered_ancestry)."""
+def _ordered_ancestry(prompt: dict, links: dict, node_id: str) -> list[str]:
+    """Upstream node ids in depth-first order over sorted input names (ComfyUI's get_ordered_ancestry);
+    ``links``: every node's ``linked_inputs``."""
     order: list[str] = []
     seen: set[str] = {node_id}
-    stack = [iter(linked_inputs(prompt[node_id]))]
+    stack = [iter(links[node_id])]
     while stack:
         step = next(stack[-1], None)
         if step is None:
@@ -80,27 +85,43 @@ def _ordered_ancestry(prompt: dict, node_id: str) -> list[str]:
             continue
         seen.add(upstream)
         order.append(upstream)
-        stack.append(iter(linked_inputs(prompt[upstream])))
+        stack.append(iter(links[upstream]))
     return order
 
 
-def _immediate_signature(prompt, definitions, is_changed, node_id, positions) -> tuple:
-    """``(class_type, is_changed, [node_id if keyed on id], sorted (input, constant | ancestor ref))``."""
+@dataclass(frozen=True)
+class _OwnSignature:
+    """A node's signature before its links are written as ancestor positions: ``head`` is ``(class_type,
+    is_changed[, node_id])``; ``inputs`` are sorted ``(name, constant)`` pairs and ``(name, _Link)`` ones."""
+
+    head: tuple
+    inputs: tuple
+    unhashable: bool
+
+    def placed(self, positions: dict) -> tuple:
+        """``(*head, sorted (input, constant | ("ANCESTOR", position, slot)))`` for one keyed node's ancestry."""
+        inputs = tuple((name, ("ANCESTOR", positions.get(value.from_id, -1), value.slot))
+                       if isinstance(value, _Link) else (name, value) for name, value in self.inputs)
+        return (*self.head, inputs)
+
+
+@dataclass(frozen=True)
+class _Link:
+    from_id: str
+    slot: int
+
+
+def _own_signature(prompt, definitions, is_changed, node_id, links: list) -> _OwnSignature:
     node = prompt[node_id]
     class_type = node["class_type"]
-    parts: list[Any] = [class_type, to_hashable(is_changed.get(node_id, False))]
+    head = [class_type, to_hashable(is_changed.get(node_id, False))]
     if definitions.keys_on_node_id(class_type):
-        parts.append(node_id)
-    links = {name: (from_id, slot) for name, from_id, slot in linked_inputs(node)}
-    inputs = []
-    for name, value in sorted((node.get("inputs") or {}).items()):
-        if name in links:
-            from_id, slot = links[name]
-            inputs.append((name, ("ANCESTOR", positions.get(from_id, -1), slot)))
-        else:
-            inputs.append((name, to_hashable(value)))
-    parts.append(tuple(inputs))
-    return tuple(parts)
+        head.append(node_id)
+    linked = {name: _Link(from_id, slot) for name, from_id, slot in links}
+    inputs = tuple((name, linked[name] if name in linked else to_hashable(value))
+                   for name, value in sorted((node.get("inputs") or {}).items()))
+    constants = tuple(value for _, value in inputs if not isinstance(value, _Link))
+    return _OwnSignature(tuple(head), inputs, _contains_unhashable((*head, constants)))
 
 
 @dataclass

@@ -34,9 +34,24 @@ def all_kinds() -> tuple:
     return tuple(_kinds)
 
 
-def suffix_parts() -> tuple:
+def _per_registry(compute):
+    """``compute(registry)`` kept until the registry changes. Why: the suffixes and parts are asked for every key
+    and module of every file read, and ``register``/``unregister`` are rare."""
+    kept: list = [None, None]  # [the registry it was computed for, its value]
+
+    def current():
+        registry = tuple(_kinds)
+        if kept[0] != registry:
+            kept[:] = [registry, compute(registry)]
+        return kept[1]
+    current.__doc__ = compute.__doc__
+    return current
+
+
+@_per_registry
+def suffix_parts(registry) -> tuple:
     """Every kind's ``(suffix, part)`` pairs, in registry order."""
-    return tuple(pair for kind in _kinds for pair in kind.suffix_parts)
+    return tuple(pair for kind in registry for pair in kind.suffix_parts)
 
 
 def full_diff_suffix_parts() -> tuple:
@@ -49,9 +64,10 @@ def build_full_diffs(module: str, roles: dict, tensors, display_name: str, peft)
     return full_diff.KIND.build(module, roles, tensors, display_name, peft)
 
 
-def delta_parts() -> frozenset:
+@_per_registry
+def delta_parts(registry) -> frozenset:
     """The ``source_keys`` parts that belong to a weight delta (every kind's parts plus ``alpha``)."""
-    return frozenset(part for kind in _kinds for part in kind.parts) | {"alpha"}
+    return frozenset(part for kind in registry for part in kind.parts) | {"alpha"}
 
 
 def kind_for(parts) -> Optional[AdapterKind]:
@@ -77,7 +93,8 @@ def build_delta(module: str, roles: dict, tensors, display_name: str, peft) -> O
                             f"has no weight delta of module {module!r} to apply to (lora_down/lora_up, LoHa or "
                             f"LoKr factors)")
     own = kind.parts | (inner_kind.parts if inner_kind else frozenset()) | {"alpha"}
-    foreign = [raw for role, raw in roles.items() if role in delta_parts() and role not in own]
+    every_delta_part = delta_parts()
+    foreign = [raw for role, raw in roles.items() if role in every_delta_part and role not in own]
     if foreign:
         raise LoraFileError(f"{display_name}: module {module!r} mixes {kind.name} tensors with {foreign[0]!r} "
                             f"of another adapter kind")

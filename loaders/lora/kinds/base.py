@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from ...errors import LoraFileError
@@ -99,8 +100,9 @@ class AdapterKind:
     peft_form: Optional[PeftForm] = None
     wraps: bool = False
 
-    @property
+    @cached_property
     def parts(self) -> frozenset:
+        """Computed once per kind: asked for every key of every file read (a frozen dataclass may cache it)."""
         return frozenset(part for _, part in self.suffix_parts)
 
     @property
