@@ -100,7 +100,7 @@ def test_the_examples_images_are_among_the_choices_so_the_editor_does_not_mark_t
     _rgba(folders / "in" / "b.png")
     _rgba(folders / "in" / "sub" / "c.png")
     choices, _ = LoadImage.INPUT_TYPES()["required"]["image"]
-    assert choices == ["b.png", "lorabind-tiny/end.png", "lorabind-tiny/start.png"]
+    assert choices == ["b.png", "lorabind-tiny/control.png", "lorabind-tiny/end.png", "lorabind-tiny/start.png"]
 
 
 def test_save_image_writes_one_png_per_image_with_the_prompt_and_preview_goes_to_temp(folders):

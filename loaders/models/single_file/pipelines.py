@@ -63,7 +63,9 @@ def _umt5_tokenizer(encoder: Detected, tokenizer_dirs):
 
 
 def _qwen_tokenizer(encoder: Detected, tokenizer_dirs):
-    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name)
+    vocab_size = encoder.config.get("text_config", encoder.config).get("vocab_size")
+    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name,
+                                       vocab_size)
 
 
 _TOKENIZER = {"umt5": _umt5_tokenizer, "qwen25_vl": _qwen_tokenizer}

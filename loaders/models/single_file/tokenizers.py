@@ -113,22 +113,34 @@ def comfy_qwen25_tokenizer_dir() -> Optional[Path]:
     return None
 
 
-def qwen25_tokenizer(candidates: Iterable[Optional[Path]], source: str):
-    """The first candidate folder holding a Qwen2 tokenizer; else an error naming every place looked at."""
+def qwen25_tokenizer(candidates: Iterable[Optional[Path]], source: str, vocab_size: Optional[int] = None):
+    """The first candidate folder holding a Qwen2 tokenizer whose ids fit the text encoder (``vocab_size`` rows of
+    its embedding); else an error naming every place looked at. Why the fit: folders of other Qwen2.5-VL models
+    sit side by side (an edit model's tokenizer adds its vision tokens), and a tokenizer with more ids than the
+    embedding has rows fails mid-encode with an opaque index error."""
     looked = []
     for folder in candidates:
         if folder is None:
             continue
         folder = Path(folder)
-        looked.append(str(folder))
         if (folder / "tokenizer.json").is_file() or all((folder / f).is_file() for f in QWEN_TOKENIZER_FILES):
-            from transformers import AutoTokenizer, Qwen2Tokenizer
-
-            if (folder / "tokenizer_config.json").is_file():
-                return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            return Qwen2Tokenizer.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = _qwen25_tokenizer_in(folder)
+            if vocab_size is None or len(tokenizer) <= vocab_size:
+                return tokenizer
+            looked.append(f"{folder} ({len(tokenizer)} ids, more than the encoder's {vocab_size})")
+            continue
+        looked.append(str(folder))
     where = "; ".join(looked) if looked else "no candidate folder"
     raise ModelLoadError(
         f"{source}: a Qwen2.5-VL text encoder file carries no tokenizer. Looked for tokenizer.json or "
-        f"vocab.json + merges.txt in: {where}. Inside ComfyUI it is comfy/text_encoders/qwen25_tokenizer; "
-        "headless, pass --tokenizer DIR or put a diffusers Qwen-Image folder's tokenizer/ under models/")
+        f"vocab.json + merges.txt that fit its vocabulary in: {where}. Inside ComfyUI it is "
+        "comfy/text_encoders/qwen25_tokenizer; headless, pass --tokenizer DIR or put a diffusers Qwen-Image "
+        "folder's tokenizer/ under models/")
+
+
+def _qwen25_tokenizer_in(folder: Path):
+    from transformers import AutoTokenizer, Qwen2Tokenizer
+
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return Qwen2Tokenizer.from_pretrained(str(folder), local_files_only=True)

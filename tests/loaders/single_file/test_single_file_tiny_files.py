@@ -101,3 +101,19 @@ def test_a_missing_qwen_tokenizer_names_what_was_looked_for_and_where(tmp_path):
                               "tokenizer")
     assert "tokenizer.json or vocab.json + merges.txt" in message and str(empty) in message
     assert "comfy/text_encoders/qwen25_tokenizer" in message and "--tokenizer" in message
+
+
+def test_a_qwen_tokenizer_with_more_ids_than_the_encoder_is_passed_over_for_one_that_fits(tiny_models_root):
+    """An edit model's tokenizer (its vision tokens added) sits beside the text-to-image one: a text-to-image
+    encoder gets the one that fits its embedding, and a set where none fits is refused naming the folder."""
+    from lorabind.loaders.errors import ModelLoadError
+    from lorabind.loaders.models.single_file.tokenizers import qwen25_tokenizer
+
+    diffusers = tiny_models_root / "diffusers"
+    edit, plain = diffusers / "tiny-qwen-image-edit" / "tokenizer", diffusers / "tiny-qwen-image" / "tokenizer"
+    plain_size = len(qwen25_tokenizer([plain], "te.safetensors"))
+    assert len(qwen25_tokenizer([edit], "te.safetensors")) > plain_size
+    assert len(qwen25_tokenizer([edit, plain], "te.safetensors", plain_size)) == plain_size
+    with pytest.raises(ModelLoadError) as error:
+        qwen25_tokenizer([edit], "te.safetensors", plain_size)
+    assert f"{edit} (" in str(error.value) and f"more than the encoder's {plain_size}" in str(error.value)
