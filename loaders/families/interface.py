@@ -22,6 +22,7 @@ Hooks for later work, by design:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ..errors import KeyMatchError
@@ -121,10 +122,10 @@ class ModelFamily:
         raise NotImplementedError
 
     def requirements_id(self, model_family: str, model_index: Optional[dict] = None,
-                        variant: Optional[str] = None) -> str:
+                        variant: Optional[str] = None, folder: Optional[Path] = None) -> str:
         """The ``compat.REQUIREMENTS`` entry checked before loading a model of ``model_family`` from a folder
-        (``model_index``) or single files (detected ``variant``): the family id, unless a variant of it came with a
-        newer library release than the family itself."""
+        (``model_index``; ``folder`` where a variant shows only in a component's config) or single files (detected
+        ``variant``): the family id, unless a variant of it came with a newer library release than the family."""
         return model_family
 
     def load_pipeline(self, source: PipelineSource):

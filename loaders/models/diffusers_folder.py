@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 from . import compat
 from ..errors import ModelLoadError
@@ -36,10 +37,11 @@ def default_load_workers(folder) -> int:
         raise ModelLoadError(f"{LOAD_WORKERS_VARIABLE}={value!r} is not a whole number of worker threads") from None
 
 
-def require_libraries(model_index: dict, family: str, label: str) -> None:
+def require_libraries(model_index: dict, family: str, label: str, folder: Optional[Path] = None) -> None:
     """Refuse, naming the versions needed, when the installed libraries are older than a folder's model needs:
-    its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2)."""
-    compat.require(family_by_id(family).requirements_id(family, model_index=model_index), label)
+    its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2;
+    Qwen-Image-Edit-2511 shows only in ``folder``'s transformer config)."""
+    compat.require(family_by_id(family).requirements_id(family, model_index=model_index, folder=folder), label)
 
 
 def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
@@ -76,7 +78,7 @@ class DiffusersFolder(ModelSource):
         return str(self.folder), (self.folder / "model_index.json").stat().st_mtime_ns
 
     def check(self) -> None:
-        require_libraries(self.model_index, self.model_family, f"{self.name} ({self.model_family})")
+        require_libraries(self.model_index, self.model_family, f"{self.name} ({self.model_family})", self.folder)
         refuse_pickle_weights(self.folder, self.model_index)
 
     def component_roles(self) -> dict:

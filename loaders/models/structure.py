@@ -38,7 +38,7 @@ def load_structure(path, *, name: str = "") -> ModelStructure:
     folder = Path(path).expanduser().resolve()
     model_index = read_model_index(folder)
     family = detect_family(model_index)
-    require_libraries(model_index, family, f"{folder.name} ({family})")
+    require_libraries(model_index, family, f"{folder.name} ({family})", folder)
     components = {component: tree_on_meta(_stored_shapes(folder / component))
                   for component in denoiser_names(model_index)}
     return ModelStructure(path=str(folder), name=name or folder.name, family=family, components=components,

@@ -51,3 +51,17 @@ def test_a_ti2v_folder_or_file_is_checked_against_the_wan22_release(monkeypatch)
     assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="ti2v")) == [
         "diffusers >= 0.35 (installed 0.34.0)"]
     assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="i2v")) == []
+
+
+def test_an_edit_2511_folder_is_checked_against_the_release_that_knows_zero_cond_t(monkeypatch, tiny_models_root):
+    """An older diffusers ignores ``zero_cond_t`` in the transformer config and would run 2511 as 2509: the folder
+    is refused naming the version, while the 2509-style Edit folder loads on it."""
+    from lorabind.loaders.io.model_index import read_model_index
+    from lorabind.loaders.models.diffusers_folder import require_libraries
+
+    monkeypatch.setattr(compat, "installed_version", lambda name: {"diffusers": "0.36.0"}.get(name, "9.0"))
+    edit = tiny_models_root / "diffusers" / "tiny-qwen-image-edit"
+    plus_2511 = tiny_models_root / "diffusers" / "tiny-qwen-image-edit-plus"
+    require_libraries(read_model_index(edit), "qwen_image", "edit (qwen_image)", edit)
+    with pytest.raises(ModelLoadError, match=r"plus \(qwen_image\) needs diffusers >= 0\.37 \(installed 0\.36\.0\)"):
+        require_libraries(read_model_index(plus_2511), "qwen_image", "plus (qwen_image)", plus_2511)

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ...handles import ConditioningHandle
+from ...io import json_limits
 from ...io.image_files import image_to_pil
 from .prediction import EDIT_KEY as CONDITIONING_KEY, pack_qwen_latents
 EDIT = "edit"
@@ -72,6 +74,16 @@ class EditReference:
 def pipeline_variant(model_index: dict):
     """EDIT, EDIT_PLUS, or None (text-to-image) for a Qwen-Image ``model_index.json``."""
     return PIPELINE_VARIANTS.get(str(model_index.get("_class_name", "")))
+
+
+def needs_zero_cond_t(folder: Path) -> bool:
+    """Whether a diffusers folder's transformer is Edit-2511's (``zero_cond_t``: its reference images at
+    timestep 0), read from ``transformer/config.json``; False when the folder has none."""
+    config = Path(folder) / "transformer" / "config.json"
+    if not config.is_file():
+        return False
+    with open(config, encoding="utf-8") as handle:
+        return bool(json_limits.load(handle).get("zero_cond_t"))
 
 
 def area_size(area: int, width: int, height: int) -> tuple:

@@ -56,9 +56,13 @@ class QwenImageFamily(DiffusersFlowFamily):
 
     single_file_edition = staticmethod(single_files.single_file_edition)
 
-    def requirements_id(self, model_family, model_index=None, variant=None):
-        """Edit-2511 single files need ``zero_cond_t`` (a newer diffusers than Qwen-Image itself)."""
-        return EDIT_2511_REQUIREMENTS if variant == single_files.EDIT_2511 else model_family
+    def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
+        """Edit-2511 needs ``zero_cond_t`` (a newer diffusers than Qwen-Image itself): a single file says so by its
+        detected edition, a folder only in its transformer's config. Why check the folder too: an older diffusers
+        ignores the config field it does not know and would run the edit model as 2509, silently wrong."""
+        if variant == single_files.EDIT_2511 or (folder is not None and edit.needs_zero_cond_t(folder)):
+            return EDIT_2511_REQUIREMENTS
+        return model_family
 
     def assemble_single_files(self, source):
         """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship), or the

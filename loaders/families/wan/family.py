@@ -82,7 +82,7 @@ class WanFamily(DiffusersFlowFamily):
         if LOW_NOISE_EXPERT in self.component_roles(model_index):
             slots.check_slots(assignments)
 
-    def requirements_id(self, model_family, model_index=None, variant=None):
+    def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
         # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)
         if variant == "vace" or (model_index or {}).get("_class_name") == VACE_PIPELINE:
             return VACE_REQUIREMENTS
