@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import os
 import threading
 from collections import OrderedDict
 from typing import Callable
 
-from ..usecases import LoraBindError
+from ..usecases import LoraBindError, file_identity
 
 WORKERS = 2
 TIMEOUT_S = 30.0
 MAX_ENTRIES = 512
-MAX_FOLDER_ENTRIES = 64  # a model or adapter folder has a dozen; a huge folder is keyed by its own stat only
 MAX_REASON_CHARS = 2000
 
 Answer = tuple  # (HTTP status, JSON body)
@@ -33,21 +31,6 @@ Answer = tuple  # (HTTP status, JSON body)
 def refusal(name: str, reason: str, status: int) -> Answer:
     """The endpoint's answer when no contract can be given: the report's shape with the reason."""
     return status, {"file": name, "family": None, "contract": None, "contracts": [], "reason": reason}
-
-
-def file_identity(path: str) -> tuple:
-    """What changes when the file, or a folder's direct entries, change (symlinks followed, as readers do)."""
-    def stamp(stat) -> tuple:
-        return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-    own = stamp(os.stat(path))
-    if not os.path.isdir(path):
-        return own
-    with os.scandir(path) as entries:
-        names = sorted(entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES + 1))
-    if len(names) > MAX_FOLDER_ENTRIES:
-        return own
-    return own, tuple((name, stamp(os.stat(os.path.join(path, name)))) for name in names)
 
 
 def _declared(name: str, path: str, declaration: Callable[[str, str], dict]) -> Answer:

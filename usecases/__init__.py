@@ -41,7 +41,7 @@ _EXPORTS = {
     "..loaders.models.store": ("DTYPE_NAMES", "release_device_memory", "follow_host_node_cache"),
     "..loaders.placement.speed": ("ATTENTION_NAMES",),
     "..loaders.fp8": ("ROUNDINGS",),
-    "..loaders.binding.peft_adapters": ("file_identity",),
+    "..loaders.io.file_identity": ("file_identity",),
     "..loaders.io.atomic_files": ("write_atomically",),
     "..loaders.io.wav_files": ("write_wav",),
     "..loaders.io.video_files": ("write_video", "VIDEO_FORMATS", "VIDEO_PRESETS"),

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import LoraBindError
+from ..io.file_identity import file_identity
 from ..lora import kinds
 from .. import fp8, gguf_weights
 
@@ -38,15 +39,6 @@ FUSE_NODE_HINT = "load it with the FuseDistillLoRA node instead (fused LoRAs sup
 
 class AdapterError(LoraBindError):
     """An adapter cannot be used dynamically (full diffs, unsupported peft version, peft refused the weights)."""
-
-
-def file_identity(path: str) -> tuple:
-    """(size, mtime_ns) of a file, or of every file of a folder: a changed file is a different adapter."""
-    if os.path.isdir(path):
-        entries = sorted((e for e in os.scandir(path) if e.is_file()), key=lambda e: e.name)
-        return tuple((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries)
-    st = os.stat(path)
-    return (st.st_size, st.st_mtime_ns)
 
 
 def cache_key(path: str, component: str) -> tuple:

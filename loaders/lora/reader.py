@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 
 from ..io import json_limits
+from ..io.file_identity import file_identity
 from ..errors import LoraFileError
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
@@ -42,7 +43,7 @@ def read_lora(path: str) -> LoraFile:
     if not os.path.exists(resolved):
         raise LoraFileError(f"{display_name}: LoRA not found at {resolved}")
     files = _weight_files(resolved, display_name)
-    identity = tuple(_identity(f) for f in files)
+    identity = tuple(file_identity(f) for f in files)
     cache_key = (resolved, identity)
     with _cache_lock:
         hit = _cache.get(cache_key)
@@ -67,11 +68,6 @@ def _peft_folder_of(resolved: str) -> str:
 def clear_lora_cache() -> None:
     with _cache_lock:
         _cache.clear()
-
-
-def _identity(file_path: str) -> tuple:
-    stat = os.stat(file_path)
-    return (stat.st_size, stat.st_mtime_ns)
 
 
 def _weight_files(resolved: str, display_name: str) -> list:

@@ -52,7 +52,8 @@ def test_reads_pairs_alpha_and_metadata(small_lora):
     assert patch.source_keys["up"] == ("diffusion_model.blocks.0.self_attn.q.lora_up.weight",)
     assert lora.metadata == {"note": "kept"}
     assert (lora.name, lora.format, lora.dtype) == ("small.safetensors", "lightx2v-native", "float32")
-    assert lora.identity == ((os.path.getsize(path), os.stat(path).st_mtime_ns),)
+    stat = os.stat(path)
+    assert lora.identity == ((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns),)
 
 
 def test_truncated_file_is_refused_by_name(small_lora, tmp_path):
