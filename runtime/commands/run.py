@@ -256,6 +256,15 @@ def _short_type(type_name) -> str:
     return str(type_name or "").rsplit(".", 1)[-1]
 
 
+VIDEO_SUFFIXES = (".mp4", ".webm")
+
+
+def _file_kind(ui_key: str, filename: str) -> str:
+    """What a written file is, in the CLI's words: ComfyUI reports saved videos under ``images`` (the frontend
+    tells them by suffix), which would read "wrote images: clip.mp4"."""
+    return "video" if str(filename).lower().endswith(VIDEO_SUFFIXES) else ui_key
+
+
 def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
     """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews. Each contract
     is shown once: a LoRA node's "contract: X" is left out when the sampler shows "contract enforced: X", and a
@@ -270,7 +279,7 @@ def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
                 if isinstance(entry, dict) and "filename" in entry:
                     root = directory_of(entry.get("type", "output")) or ""
                     path = os.path.join(root, entry.get("subfolder") or "", entry["filename"])
-                    lines.append(f"{label} wrote {key}: {path}")
+                    lines.append(f"{label} wrote {_file_kind(key, entry['filename'])}: {path}")
                 elif key == "text" and entry not in shown_texts and not (
                         isinstance(entry, str) and entry.startswith("contract: ") and entry[10:] in enforced):
                     shown_texts.add(entry)

@@ -117,3 +117,12 @@ def test_unreadable_workflow_file(fake_pack, tmp_path, capsys):
     bad.write_text("{not json")
     assert run(tmp_path, str(bad)) == 1
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_a_saved_video_reads_as_a_video_though_comfyui_reports_it_under_images():
+    outputs = {"8": {"images": [{"filename": "clip_00001_.mp4", "subfolder": "lorabind", "type": "output"},
+                                {"filename": "frame_00001_.webp", "subfolder": "", "type": "output"}],
+                     "animated": [True]}}
+    lines = run_command.describe_outputs(outputs, {"8": {"class_type": "LoraBindSaveVideo"}}, lambda kind: "/out")
+    assert lines == [f"node 8 (LoraBindSaveVideo) wrote video: {os.path.join('/out', 'lorabind', 'clip_00001_.mp4')}",
+                     f"node 8 (LoraBindSaveVideo) wrote images: {os.path.join('/out', '', 'frame_00001_.webp')}"]
