@@ -16,6 +16,11 @@ peft_switch_ms 7%), while every timing ratio swung by 50% to several times its m
 switch 1.2-11.7, restore_file_vs_ram 4.7-68): a loaded machine preempts torch's two OpenMP threads at their
 barriers, so per-op overhead dominates tiny sizes. Hence ``--compare`` is meaningful only between runs on a quiet
 machine (load under 1, recorded with each run) at the full size; the relative noise below is that quiet spread.
+Measured again at the end of issue 33's third round: two quiet full runs of one engine (0204996 and 1c0004a, load
+0.6-1.4) differed by 41% on fuse_speedup_vs_diffusers (diffusers' load+fuse time is bimodal on this VM: 0.39 s or
+0.62 s a run), 81% on fuse_real_size_vs_diffusers, 39% on both GGUF ratios and 26% on the per-step adapter change
+(a ratio of 0.003), while the switch, strength, floor and rerun figures held within 5%; those noise figures are
+set from that spread.
 ``fuse_vs_floor`` changed meaning in issue 33 (``bench_fuse.Floor``: the floor became the chunked loop plus a copy of
 each original, tighter than the whole-layer upcast before it): compared with a run from before that change it
 reads worse by construction.
@@ -34,7 +39,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 # metric -> (better: "higher" | "lower", relative noise, README wording, target (op, value) or None)
 METRICS = {
-    "fuse_speedup_vs_diffusers": ("higher", 0.15, "fuse: diffusers load+fuse / lorabind fuse", (">=", 3.0)),
+    "fuse_speedup_vs_diffusers": ("higher", 0.45, "fuse: diffusers load+fuse / lorabind fuse", (">=", 3.0)),
     "fuse_vs_floor": ("lower", 0.15, "fuse: lorabind / the floor (copy each original; per row chunk: fp32 upcast + "
                       "addmm + cast back)", ("<=", 1.3)),
     "switch_speedup_vs_diffusers": ("higher", 0.15, "switch A → B: diffusers unfuse+unload+load+fuse / lorabind "
@@ -44,7 +49,7 @@ METRICS = {
     "rerun_runtime_overhead": ("lower", 0.05, "re-run, seed changed: (total − decode − save) / denoise", ("<=", 1.05)),
     "rerun_overhead": ("lower", 0.1, "re-run, seed changed: total / denoise (tiny model)", None),
     "parallel_load_speedup": ("higher", 0.25, "sharded folder load: sequential / parallel (auto workers)", (">=", 1.0)),
-    "fuse_real_size_vs_diffusers": ("higher", 0.25, "real size (Wan2.1-1.3B, 30 blocks): diffusers fuse / "
+    "fuse_real_size_vs_diffusers": ("higher", 0.85, "real size (Wan2.1-1.3B, 30 blocks): diffusers fuse / "
                                     "lorabind fuse", (">=", 2.0)),
     "restore_file_vs_ram": ("lower", 0.25, "real size: restore from the file / from RAM backups", None),
     "bind_peak_rss_layers": ("lower", 0.1, "real size: peak extra RSS of a bind / largest layer",
@@ -54,11 +59,11 @@ METRICS = {
     "peft_switch_ms": ("lower", 0.25, "PEFT activation switch (ms)", None),
     "strength_step_fused_vs_step": ("lower", 0.25, "strength schedule: a fused LoRA's per-step change / one step",
                                     None),
-    "strength_step_adapter_vs_step": ("lower", 0.25, "strength schedule: an adapter's per-step change / one step",
+    "strength_step_adapter_vs_step": ("lower", 0.3, "strength schedule: an adapter's per-step change / one step",
                                       None),
-    "gguf_patched_vs_gguf": ("lower", 0.25, "GGUF Q8_0 layer with a fused LoRA (patched at dequantise) / the "
+    "gguf_patched_vs_gguf": ("lower", 0.4, "GGUF Q8_0 layer with a fused LoRA (patched at dequantise) / the "
                              "unpatched GGUF layer, per forward", None),
-    "gguf_patched_vs_bf16_fused": ("lower", 0.25, "GGUF Q8_0 layer with a fused LoRA / a bf16 layer with it fused, "
+    "gguf_patched_vs_bf16_fused": ("lower", 0.4, "GGUF Q8_0 layer with a fused LoRA / a bf16 layer with it fused, "
                                    "per forward", None),
     "help_seconds": ("lower", 0.25, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 0.25, "`import lorabind` (s)", None),
