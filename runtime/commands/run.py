@@ -256,7 +256,7 @@ def _short_type(type_name) -> str:
     return str(type_name or "").rsplit(".", 1)[-1]
 
 
-VIDEO_SUFFIXES = (".mp4", ".webm")
+VIDEO_SUFFIXES = (".mp4", ".webm")  # not runtime.server.media_types: importing it loads the server package (torch)
 
 
 def _file_kind(ui_key: str, filename: str) -> str:
