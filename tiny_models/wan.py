@@ -65,21 +65,28 @@ def tiny_text_stack():
         return tokenizer, tiny_text_encoder(len(tokenizer))
 
 
+def assemble_wan_pipeline(pipeline_class, make_transformer, seeds: tuple, two_experts: bool):
+    """A tiny Wan-style pipeline of ``pipeline_class``: the shared text stack and VAE, ``make_transformer()``
+    seeded ``seeds[0]`` (high-noise ``transformer``) and, for an expert pair, again seeded ``seeds[1]`` (low-noise
+    ``transformer_2``) at the published boundary."""
+    tokenizer, text_encoder = tiny_text_stack()
+    with seeded(1):
+        vae = tiny_vae()
+    with seeded(seeds[0]):
+        transformer = make_transformer()
+    experts = {}
+    if two_experts:  # only then: WanPipeline before diffusers 0.35 takes neither argument
+        with seeded(seeds[1]):
+            experts = {LOW_NOISE_EXPERT: make_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
+    return pipeline_class(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=unipc_scheduler(),
+                          transformer=transformer, **experts)
+
+
 def build_wan_pipeline(two_experts: bool):
     """The in-memory pipeline: Wan2.2 MoE (``transformer`` high-noise, ``transformer_2`` low-noise) or Wan2.1."""
     from diffusers import WanPipeline
 
-    tokenizer, text_encoder = tiny_text_stack()
-    with seeded(1):
-        vae = tiny_vae()
-    with seeded(2):
-        transformer = tiny_transformer()
-    experts = {}
-    if two_experts:  # only then: WanPipeline before diffusers 0.35 takes neither argument
-        with seeded(3):
-            experts = {LOW_NOISE_EXPERT: tiny_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=unipc_scheduler(),
-                       transformer=transformer, **experts)
+    return assemble_wan_pipeline(WanPipeline, tiny_transformer, (2, 3), two_experts)
 
 
 def build_tiny_wan22(models_root) -> Path:

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import diffusers_dir, save_pipeline_atomically, seeded
-from .wan import WAN22_BOUNDARY_RATIO, TEXT_DIM, tiny_text_stack, tiny_vae, unipc_scheduler
-from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
+from ._common import diffusers_dir, save_pipeline_atomically
+from .wan import TEXT_DIM, assemble_wan_pipeline
 
 WAN21_VACE_NAME = "tiny-wan21-vace"
 WAN22_VACE_FUN_NAME = "tiny-wan22-vace-fun"
@@ -45,17 +44,7 @@ def build_vace_pipeline(two_experts: bool):
     """The in-memory ``WanVACEPipeline``: one transformer (Wan2.1 VACE) or the Wan2.2 VACE Fun expert pair."""
     from diffusers import WanVACEPipeline
 
-    tokenizer, text_encoder = tiny_text_stack()
-    with seeded(1):
-        vae = tiny_vae()
-    with seeded(7):
-        transformer = tiny_vace_transformer()
-    experts = {}
-    if two_experts:
-        with seeded(8):
-            experts = {LOW_NOISE_EXPERT: tiny_vace_transformer(), "boundary_ratio": WAN22_BOUNDARY_RATIO}
-    return WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=unipc_scheduler(),
-                           transformer=transformer, **experts)
+    return assemble_wan_pipeline(WanVACEPipeline, tiny_vace_transformer, (7, 8), two_experts)
 
 
 def build_tiny_wan21_vace(models_root) -> Path:
