@@ -40,10 +40,16 @@ def dequantize(tensor):
     Why not diffusers' ``dequantize_gguf_tensor``: it computes in the block scale's dtype (float16 for Q8_0, whose
     ``d * q`` products then round), while a LoRA patch must start from the exact value; the same block
     decoders are asked for float32, where Q8_0/Q4_0 products are exact."""
+    return dequantize_blocks(raw_bytes(tensor), tensor.quant_type, logical_shape(tensor))
+
+
+def dequantize_blocks(raw, quant_type, shape: tuple):
+    """Raw GGUF block bytes (uint8) of ``quant_type`` (a ``gguf.GGMLQuantizationType``) as float32 values of
+    ``shape``: the one decoder for a weight dequantised at load and one dequantised at each forward, so both
+    see the same value."""
     import torch
     from diffusers.quantizers.gguf.utils import GGML_QUANT_SIZES, dequantize_functions
 
-    block_size, type_size = GGML_QUANT_SIZES[tensor.quant_type]
-    decode = dequantize_functions[tensor.quant_type]
-    blocks = raw_bytes(tensor).reshape(-1, type_size)
-    return decode(blocks, block_size, type_size, dtype=torch.float32).reshape(logical_shape(tensor))
+    block_size, type_size = GGML_QUANT_SIZES[quant_type]
+    blocks = raw.reshape(-1, type_size)
+    return dequantize_functions[quant_type](blocks, block_size, type_size, dtype=torch.float32).reshape(shape)

@@ -51,14 +51,3 @@ def _to_torch(tensor: GGUFTensor, data):
         return copied.reshape(tensor.shape)
     return copied  # uint8, (*stored_shape[:-1], bytes per row)
 
-
-def dequantize(tensor: GGUFTensor, raw) -> "torch.Tensor":
-    """A quantized tensor's float32 values in its logical shape, by the gguf package's own dequantiser (the
-    reference the tests compare diffusers' per-forward dequantisation with)."""
-    import gguf
-    import torch
-
-    if not tensor.quantized:
-        return raw.float().reshape(tensor.shape)
-    values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[tensor.type_name])
-    return torch.from_numpy(values.astype("float32", copy=False)).reshape(tensor.shape)

@@ -53,3 +53,14 @@ def reference_dequant(param) -> torch.Tensor:
 
     values = gguf.quants.dequantize(gguf_weights.raw_bytes(param).numpy(), param.quant_type)
     return torch.from_numpy(values).double().reshape(tuple(param.quant_shape))
+
+
+def package_dequant(tensor, raw) -> torch.Tensor:
+    """A header tensor's float32 values in its logical shape by the ``gguf`` package's own dequantiser (numpy): the
+    independent reference the engine's decoder (diffusers' block decoders, ``gguf_weights``) is compared with."""
+    import gguf
+
+    if not tensor.quantized:
+        return raw.float().reshape(tensor.shape)
+    values = gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[tensor.type_name])
+    return torch.from_numpy(values.astype("float32", copy=False)).reshape(tensor.shape)

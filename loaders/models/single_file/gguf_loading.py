@@ -21,9 +21,10 @@ layout rule), and one of a module the class keeps in float32.
 
 from __future__ import annotations
 
+from ... import gguf_weights
 from ...errors import ModelLoadError
 from ...io.gguf_header import GGUFTensor, read_gguf_header
-from ...io.gguf_tensors import dequantize, read_gguf_tensors
+from ...io.gguf_tensors import read_gguf_tensors
 from .detect import Detected
 from .loading import (batches, build_empty, check_all_loaded, check_file_keys, fp32_modules, ignored_key, owner,
                       place)
@@ -52,7 +53,7 @@ def load_gguf_component(detected: Detected, *, dtype=None, fp8_rounding: str = "
             if info.quantized and _stays_quantized(model, layout, native_key, keys, info, keep):
                 _place_quantized(model, keys[0], raw, info, compute, detected)
                 continue
-            value = dequantize(info, raw) if info.quantized else raw
+            value = _dequantized(info, raw) if info.quantized else raw
             for key, part in layout.split(native_key, value, keys).items():
                 place(model, key, part, None, compute, keeps_fp32(key, keep), detected, fp8_rounding)
     check_all_loaded(model, detected)
@@ -87,6 +88,13 @@ def _stays_quantized(model, layout, native_key: str, keys: tuple, info: GGUFTens
     module, leaf = owner(model, keys[0])
     return (leaf == "weight" and isinstance(module, torch.nn.Linear) and info.shape == info.stored_shape
             and info.shape == (module.out_features, module.in_features) and not keeps_fp32(keys[0], keep))
+
+
+def _dequantized(info: GGUFTensor, raw):
+    """A quantized tensor that cannot stay quantized (see ``_stays_quantized``), as float32 values."""
+    import gguf
+
+    return gguf_weights.dequantize_blocks(raw, gguf.GGMLQuantizationType[info.type_name], info.shape)
 
 
 def _place_quantized(model, key: str, raw, info: GGUFTensor, compute, detected: Detected) -> None:

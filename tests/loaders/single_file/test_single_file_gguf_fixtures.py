@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gguf_helpers import package_dequant
 from lorabind.loaders.io.gguf_header import read_gguf_header
-from lorabind.loaders.io.gguf_tensors import dequantize, read_gguf_tensors
+from lorabind.loaders.io.gguf_tensors import read_gguf_tensors
 from lorabind.tiny_models.gguf_files import GGUF_QUANTS, GGUF_STEMS
 from lorabind.tiny_models.single_files import SUBFOLDER
 
@@ -40,7 +41,7 @@ def test_gguf_fixture_is_the_bf16_file_within_the_quantization_bound(single_file
     for name, tensor in header.tensors.items():
         expected = reference[name].float()
         assert tensor.shape == tuple(expected.shape), name
-        values = dequantize(tensor, raw[name])
+        values = package_dequant(tensor, raw[name])
         if not tensor.quantized:  # F32 / BF16 hold the bf16 file's values exactly
             assert torch.equal(values, expected), name
             continue

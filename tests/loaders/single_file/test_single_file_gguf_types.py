@@ -9,8 +9,10 @@ import pytest
 import torch
 from diffusers.quantizers.gguf.utils import GGUFParameter, dequantize_gguf_tensor
 
+from gguf_helpers import package_dequant
+from lorabind.loaders import gguf_weights
 from lorabind.loaders.io.gguf_header import QUANTIZED_TYPES, UNQUANTIZED_TYPES, read_gguf_header
-from lorabind.loaders.io.gguf_tensors import dequantize, read_gguf_tensors
+from lorabind.loaders.io.gguf_tensors import read_gguf_tensors
 
 ROWS = 3
 
@@ -51,12 +53,14 @@ def test_quantized_types_read_as_diffusers_blocks_and_dequantise_like_the_gguf_p
     assert raw.dtype == torch.uint8 and raw.numpy().tolist() == expected[name].tolist()
     parameter = GGUFParameter(raw, quant_type=gguf.GGMLQuantizationType[name])
     assert tuple(parameter.quant_shape) == tensor.shape
-    reference = dequantize(tensor, raw)
+    reference = package_dequant(tensor, raw)
     assert reference.shape == tensor.shape and bool(torch.isfinite(reference).all())
     # diffusers dequantises in fp16 (scale x quant, then the K-quants' minimum): a few fp16 roundings, measured up
     # to 2**-10 of the tensor's largest value for Q4_K; bound at 2**-9, below bf16's own resolution (2**-8)
     tolerance = reference.abs().max().item() * 2.0 ** -9
     assert (dequantize_gguf_tensor(parameter).float() - reference).abs().max().item() <= tolerance
+    # the engine's float32 decoder (a weight dequantised at load, or per forward under a LoRA) is the reference
+    assert torch.equal(gguf_weights.dequantize_blocks(raw, parameter.quant_type, tensor.shape), reference)
 
 
 @pytest.mark.parametrize("name", UNQUANTIZED_TYPES)
@@ -68,4 +72,4 @@ def test_unquantized_types_read_as_their_values(every_type_file, name):
     assert not tensor.quantized and values.dtype == {"F32": torch.float32, "F16": torch.float16,
                                                      "BF16": torch.bfloat16}[name]
     exact = torch.from_numpy(expected[name]).to(values.dtype)  # the writer rounded to the type
-    assert torch.equal(values, exact) and torch.equal(dequantize(tensor, values), exact.float())
+    assert torch.equal(values, exact) and torch.equal(package_dequant(tensor, values), exact.float())
