@@ -2,7 +2,7 @@
 
 Metrics (issue 7): 1. fuse speed-up vs diffusers (load_lora_adapter + fuse_lora; the model-level equivalent
 of the pipeline's load_lora_weights, which only adds the key conversion we also time) and vs the floor
-(``Floor``: a copy of each original, then per row chunk upcast, addmm of the already-loaded factors, cast back);
+(``Floor``: a copy of each original, then the delta added with one rounding: one bfloat16 gemm, or float32 rows);
 2. switch A -> B and a strength change 1.0 -> 0.5 (diffusers: unfuse + unload + load + fuse; lorabind:
 incremental re-bind, restore bit-exact);
 (3. peak memory is measured in a fresh process: see bench_memory.py.)
@@ -15,7 +15,7 @@ import gc
 import torch
 
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.binding.fused_rows import CHUNK_BYTES
+from lorabind.loaders.binding.fused_rows import CHUNK_BYTES, has_onednn_bf16_gemm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache, map_to_model, read_lora
 from lorabind.loaders.families import family_by_id
@@ -61,51 +61,62 @@ class DiffusersSide:
 
 
 class Floor:
-    """The least work any exact, exactly restorable fuse must do, with the factors already in memory in float32:
-    keep a copy of each original (restoring bit-exactly needs one when no file holds the weight, as here), then,
-    per row chunk of ``fused_rows.CHUNK_BYTES``, upcast the rows into one reused float32 buffer, ``addmm`` the
-    scaled factors and cast back once. No file read, no accounting, no finite-value bound.
+    """The least work any exact, exactly restorable fuse must do, with the factors already in memory: keep a copy
+    of each original (restoring bit-exactly needs one when no file holds the weight, as here), then add the
+    scaled delta with one rounding by the fastest exact method this CPU has — one bfloat16 gemm per layer
+    (float32 accumulation, the weight added by the gemm's ``beta = 1``) where oneDNN runs bfloat16 gemms
+    (``fused_rows.has_onednn_bf16_gemm``), else per row chunk of ``fused_rows.CHUNK_BYTES`` an upcast into one
+    reused float32 buffer, ``addmm`` and one cast back. No file read, no accounting, no finite-value bound.
 
-    Redefined in issue 33: the previous floor upcast each whole layer into a fresh float32 tensor, which costs more
-    than this chunked loop (lorabind's fuse, backups and file read included, had come within 3% of it). Adding the
-    delta's float32 rows to the weight in one mixed-dtype ``add`` (no float32 copy of the weight) was measured too:
-    it is slower than upcast + cast back on this torch (its casting add is not vectorised like the plain casts),
-    and it equals the sgemm's ``beta=1`` add bit for bit only on chunks of more than about a dozen rows."""
+    Redefined twice in issue 33: first the whole-layer float32 upcast became the chunked loop (cheaper, and
+    lorabind's fuse had come within 3% of it); then the one-gemm fuse (no float32 copy of the weight at all) made
+    the chunked loop a floor lorabind beat. Adding float32 delta rows to the weight in one mixed-dtype ``add`` was
+    measured too: slower than upcast + cast back on this torch (its casting add is not vectorised)."""
 
     def __init__(self, transformer, lora_path: str):
         mapped = read_lora_mapped(lora_path)
         modules = dict(transformer.named_modules())
+        self.one_gemm = has_onednn_bf16_gemm()
         self.items = []
         for module_path, target in mapped.items():
             module = modules[module_path]
             lr = target.low_rank
-            up = lr.up.float() * lr.scale
-            self.items.append((module.weight, up, lr.down.float(), module.bias, target.param_diffs.get("bias")))
+            if self.one_gemm and module.weight.dtype == lr.up.dtype == torch.bfloat16:
+                up, down = lr.up, lr.down
+            else:
+                up, down = lr.up.float() * lr.scale, lr.down.float()
+            self.items.append((module.weight, up, down, lr.scale, module.bias, target.param_diffs.get("bias")))
         self.originals = [(w.detach().clone(), None if b is None else b.detach().clone())
-                          for w, _, _, b, _ in self.items]
+                          for w, _, _, _, b, _ in self.items]
         self.backups: list = []
         widest = max(w.shape[1] for w, *_ in self.items)
         self.buffer = torch.empty(CHUNK_BYTES // 4 + widest, dtype=torch.float32)
 
+    def _add_by_rows(self, weight, up, down) -> None:
+        rows, cols = weight.shape
+        step = max(1, CHUNK_BYTES // (4 * cols))
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            chunk = self.buffer[: (stop - start) * cols].view(stop - start, cols)
+            chunk.copy_(weight[start:stop])
+            chunk.addmm_(up[start:stop], down)
+            weight[start:stop].copy_(chunk)
+
     def run(self) -> None:
         with torch.no_grad():
-            for weight, up, down, bias, diff_b in self.items:
+            for weight, up, down, scale, bias, diff_b in self.items:
                 self.backups.append((weight.clone(), None if bias is None else bias.clone()))
-                rows, cols = weight.shape
-                step = max(1, CHUNK_BYTES // (4 * cols))
-                for start in range(0, rows, step):
-                    stop = min(start + step, rows)
-                    chunk = self.buffer[: (stop - start) * cols].view(stop - start, cols)
-                    chunk.copy_(weight[start:stop])
-                    chunk.addmm_(up[start:stop], down)
-                    weight[start:stop].copy_(chunk)
+                if up.dtype == weight.dtype:
+                    weight.addmm_(up, down, alpha=scale)
+                else:
+                    self._add_by_rows(weight, up, down)
                 if diff_b is not None:
                     bias.copy_(bias.float() + diff_b.float())
 
     def restore(self) -> None:
         """Back to the originals; the backups are dropped, as an unbind drops a fuse's."""
         with torch.no_grad():
-            for (weight, _, _, bias, _), (w0, b0) in zip(self.items, self.originals):
+            for (weight, _, _, _, bias, _), (w0, b0) in zip(self.items, self.originals):
                 weight.copy_(w0)
                 if b0 is not None:
                     bias.copy_(b0)

@@ -10,10 +10,9 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
   copied: the extra host memory of a bind is then about one layer, not the size of the touched weights. Any
   other weight keeps a copy (on CPU by default), but a GGUF-quantized one is never rewritten at all: it gets its
   patches when it dequantises (``dequant_patches``);
-* a parameter's patched value is computed from that ORIGINAL in float32 — the sum of every contribution
-  (``strength ·`` each adapter kind's delta, ``lora.kinds``: ``scale · up @ down``, LoHa, LoKr, DoRA, a full
-  diff) — and cast back once, so stacking LoRAs never
-  re-rounds in between and the result does not depend on the order in which they were applied;
+* a parameter's patched value is the ORIGINAL plus every contribution (``strength ·`` each kind's delta,
+  ``lora.kinds``), summed in float32 and rounded once (``fused_rows``), so stacking LoRAs never re-rounds in
+  between and the result does not depend on the order in which they were applied;
 * a patch set is a value: applying a new one only rewrites the parameters whose set of contributions changed
   (changing one LoRA's strength rewrites only that LoRA's parameters);
 * an apply is a transaction: if anything raises part-way (a bad tensor, an interrupt raised by the
@@ -33,7 +32,6 @@ import torch
 from torch import nn
 
 from ..errors import KeyMatchError
-from ..lora.finite_bounds import largest_abs
 from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
@@ -114,8 +112,6 @@ class WeightPatcher:
         self.weight_sources = weight_sources
         self._originals: dict[str, torch.Tensor] = {}  # param id -> exact copy of the unpatched tensor
         self._file_backed: dict[str, FileBackedOriginal] = {}  # param id -> re-readable original
-        # param id -> max|original|, taken once with the original: what proves a fused value finite (finite_bounds)
-        self._original_abs_max: dict[str, float] = {}
         self._applied: dict[str, tuple[_Contribution, ...]] = {}  # param id -> contributions now in the tensor
         self._locations: dict[str, tuple[str, str, str]] = {}  # param id -> (component, module path, param)
         self.last_written: set[str] = set()
@@ -295,9 +291,7 @@ class WeightPatcher:
             # the live tensor still IS the original here; ``write_patched`` reads each row chunk of its source
             # before writing those rows, so it may read and write the same tensor (no layer-size copy)
             self._file_backed[pid] = record
-            self._original_abs_max[pid] = largest_abs(tensor)
             return tensor
-        self._original_abs_max[pid] = largest_abs(tensor)
         original = tensor.detach().to(self.backup_device, copy=True)
         self._originals[pid] = original
         return original
@@ -330,12 +324,13 @@ class WeightPatcher:
         tensor = _param_or_none(module, name)
         if tensor.is_meta:
             return
+        first_touch = pid not in self._originals and pid not in self._file_backed
         original = self._original(pid, tensor)
         if not contributions:
             tensor.copy_(original)
             return
         write_patched(tensor, original, contributions, self._workspace, storage=fp8.stored_weight(module, name),
-                      seed_key=pid, original_abs_max=self._original_abs_max[pid])
+                      seed_key=pid, dest_holds_original=first_touch)
 
     def _roll_back(self, touched: Iterable[str], before: dict) -> None:
         """Recompute each touched parameter's pre-call value (deterministic, so bit-identical) or copy it back."""
@@ -346,7 +341,7 @@ class WeightPatcher:
         self._drop_unused_originals()
 
     def _drop_unused_originals(self) -> None:
-        for held in (self._originals, self._file_backed, self._original_abs_max):
+        for held in (self._originals, self._file_backed):
             for pid in [p for p in held if p not in self._applied]:
                 del held[pid]
 

@@ -74,6 +74,14 @@ class LowRankDelta:
         terms = up * down * float(self.scale)
         return float(terms.sum()), (rounding_growth(self.rank + 2) - 1.0) * float(terms.abs().sum())
 
+    def gemm_factors(self, dtype) -> Optional[tuple]:
+        """``(up, down)`` as matrices when both are stored in ``dtype`` (a linear layer's pair, not a conv's), for
+        the patcher's one-gemm fuse in the weight's dtype; None otherwise (rounding a factor would change the
+        delta)."""
+        if self.up.dtype != dtype or self.down.dtype != dtype or self.down.dim() != 2 or self.up.dim() != 2:
+            return None
+        return self.up, self.down
+
     def row_adder(self, device, base_rows=None):
         up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)
         down = self.down.to(device=device, dtype=torch.float32).reshape(self.down.shape[0], -1)

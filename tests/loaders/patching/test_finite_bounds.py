@@ -3,6 +3,7 @@ of scanning what it wrote, refuses a certain overflow before writing, and scans 
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +90,52 @@ def test_what_the_bound_cannot_prove_is_scanned_and_fused_when_it_stays_finite(s
     assert scans["chunks"] > 0
     assert torch.isfinite(root.proj.weight).all()
     assert root.proj.weight[1, 1].item() == pytest.approx(2e37, rel=1e-2)
+
+
+@pytest.fixture
+def weight_passes(monkeypatch):
+    """How many times the fuse computed ``max|W|`` of a weight (a pass over all of it)."""
+    count = {"passes": 0}
+    real = fused_rows.largest_abs
+
+    def counting(tensor):
+        count["passes"] += 1
+        return real(tensor)
+
+    monkeypatch.setattr(fused_rows, "largest_abs", counting)
+    return count
+
+
+def _one_element_delta(value: float, dtype: torch.dtype) -> LowRankDelta:
+    """A rank-1 pair whose product is ``value`` at [0, 0] and zero elsewhere (a 4 x 4 weight)."""
+    down, up = torch.zeros(1, 4, dtype=dtype), torch.zeros(4, 1, dtype=dtype)
+    down[0, 0], up[0, 0] = value, 1.0
+    return LowRankDelta(down=down, up=up, alpha=None, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_a_delta_within_a_quarter_spacing_at_the_largest_value_needs_no_pass_over_the_weight(
+        scans, weight_passes, dtype):
+    """The weight holds the dtype's largest finite value M; a delta of an eighth of the spacing at M pushes it up,
+    yet cannot carry it to Inf: proven from the delta alone (no ``max|W|`` pass, no scan), and M stays M."""
+    largest = float(torch.finfo(dtype).max)
+    spacing = 2.0 ** math.ceil(math.log2(largest)) - largest
+    weight = torch.zeros(4, 4, dtype=dtype)
+    weight[0, 0], weight[1, 1] = largest, -largest
+    root = _linear(weight)
+    WeightPatcher({"transformer": root}).apply([_layer(_one_element_delta(spacing / 8, dtype))])
+    assert (scans["chunks"], weight_passes["passes"]) == (0, 0)
+    assert root.proj.weight[0, 0].item() == largest and root.proj.weight[1, 1].item() == -largest
+
+
+def test_a_larger_delta_is_proven_with_the_weights_largest_value(scans, weight_passes):
+    """A delta of one spacing at bfloat16's largest value proves nothing alone; with max|W| = 1 it is proven
+    finite after one pass over the weight, and written without a scan."""
+    spacing = 2.0 ** 120
+    root = _linear(torch.ones(4, 4, dtype=torch.bfloat16))
+    WeightPatcher({"transformer": root}).apply([_layer(_one_element_delta(spacing, torch.bfloat16))])
+    assert (scans["chunks"], weight_passes["passes"]) == (0, 1)
+    assert root.proj.weight[0, 0].item() == spacing and root.proj.weight[0, 1].item() == 1.0
 
 
 def _computed(delta, shape) -> torch.Tensor:
