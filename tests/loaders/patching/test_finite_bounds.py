@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lorabind.loaders.binding import fused_rows
+from lorabind.loaders.lora import finite_bounds
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.lora.canonical import TargetPatch
 from lorabind.loaders.lora.kinds.full_diff import FullDiff
@@ -136,6 +137,23 @@ def test_a_larger_delta_is_proven_with_the_weights_largest_value(scans, weight_p
     WeightPatcher({"transformer": root}).apply([_layer(_one_element_delta(spacing, torch.bfloat16))])
     assert (scans["chunks"], weight_passes["passes"]) == (0, 1)
     assert root.proj.weight[0, 0].item() == spacing and root.proj.weight[0, 1].item() == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("size", [1.0, 1e-30, 1e30])  # ordinary; squares underflow float32; squares overflow it
+@pytest.mark.parametrize("dim", [0, 1])
+def test_largest_norm_is_an_upper_bound_close_to_the_float64_norm(dtype, size, dim):
+    """Summed in float32 where it can be (with a rounding margin), in float64 where float32 squares overflow:
+    never below the exact norm of the longest row/column, and within 1e-5 of it (or of the underflow margin)."""
+    if size * 2 > float(torch.finfo(dtype).max) or size < float(torch.finfo(dtype).tiny):
+        pytest.skip("not representable in this dtype")
+    matrix = (torch.randn(96, 200, generator=torch.Generator().manual_seed(3)) * size).to(dtype)
+    exact = matrix.double().square().sum(dim=dim).sqrt()
+    norm, index = finite_bounds.largest_norm(matrix, dim=dim)
+    assert norm >= exact.max().item()
+    assert norm <= exact.max().item() * (1 + 1e-5) + math.sqrt(matrix.shape[dim] * 2.0 ** -149) * 1.01
+    if size >= 1:  # where every square underflows, all sums are 0 and the index says nothing
+        assert exact[index].item() >= exact.max().item() * (1 - 1e-4)
 
 
 def _computed(delta, shape) -> torch.Tensor:
