@@ -75,8 +75,8 @@ class PeftScaling:
             start = time.monotonic()
             try:
                 matched = left > 0 and _compiled(pattern).match(module, timeout=left)
-            except TimeoutError:
-                matched = None
+            except TimeoutError:  # the regex module may stop a little before ``left`` is spent: over budget
+                matched, self._spent[0] = None, PATTERN_MATCH_BUDGET_S
             self._spent[0] += time.monotonic() - start
             if self._spent[0] >= PATTERN_MATCH_BUDGET_S:
                 raise LoraFileError(
