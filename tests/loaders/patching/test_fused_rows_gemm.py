@@ -111,3 +111,12 @@ def test_bind_switch_and_unbind_through_the_patcher_restore_the_original_bits():
     _assert_rounded_once(root.proj.weight.detach(), original, 1.0, b)
     patcher.restore_all()
     assert torch.equal(root.proj.weight, original)
+
+
+def test_with_onednn_switched_off_the_rows_are_used():
+    """torch's own bfloat16 gemm without oneDNN is a plain loop (about 100 times slower): the row path instead."""
+    weight, delta = _weight(), _pair(10)
+    with torch.backends.mkldnn.flags(enabled=False):
+        value, used_rows = _written(weight, [_contribution(delta)])
+    assert used_rows
+    _assert_rounded_once(value, weight, 0.8, delta)
