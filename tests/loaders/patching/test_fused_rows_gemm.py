@@ -113,6 +113,7 @@ def test_bind_switch_and_unbind_through_the_patcher_restore_the_original_bits():
     assert torch.equal(root.proj.weight, original)
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # torch's note when its oneDNN flags are set on a CPU build
 def test_with_onednn_switched_off_the_rows_are_used():
     """torch's own bfloat16 gemm without oneDNN is a plain loop (about 100 times slower): the row path instead."""
     weight, delta = _weight(), _pair(10)
