@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from stat import S_ISDIR
 from typing import Iterable, Optional
 
@@ -162,6 +161,6 @@ def find_peft_folder(roots: list[str], name: str) -> Optional[str]:
     return None
 
 
-def model_folder_names(roots: list[Path]) -> list[str]:
+def model_folder_names(roots: Iterable) -> list[str]:
     """Every diffusers model folder (holding ``model_index.json``) under ``roots``, as relative names."""
     return folders_holding([str(root) for root in roots], MODEL_INDEX)

@@ -8,6 +8,7 @@ registry (ComfyUI's ``folder_paths`` or the runtime's), so nothing here knows wh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -59,8 +60,10 @@ def diffusers_roots(registry) -> list[Path]:
 
 def list_models(registry) -> list[str]:
     """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
-    the built-in tiny models, which the loader builds on first use (so a fresh install works offline)."""
-    return sorted(set(builtin_model_names()) | set(model_folder_names(diffusers_roots(registry))))
+    the built-in tiny models, which the loader builds on first use (so a fresh install works offline). The roots
+    stay strings (as here and in ``find_model``): this runs for every prompt's validation, where making Path
+    objects of them cost more than the remembered listing."""
+    return sorted(set(builtin_model_names()) | set(model_folder_names(registry.get_folder_paths(MODEL_FOLDER_KIND))))
 
 
 def find_model(registry, model_name: str) -> Optional[Path]:
@@ -68,9 +71,10 @@ def find_model(registry, model_name: str) -> Optional[Path]:
     relative = Path(model_name.replace("\\", "/"))
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
-    for root in diffusers_roots(registry):
-        if (root / relative / "model_index.json").is_file():
-            return root / relative
+    for root in registry.get_folder_paths(MODEL_FOLDER_KIND):
+        folder = os.path.join(root, *relative.parts)
+        if os.path.isfile(os.path.join(folder, "model_index.json")):
+            return Path(folder)
     return None
 
 
