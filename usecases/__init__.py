@@ -5,7 +5,7 @@ sampler's order of checks, composing a contract, listing and resolving models, f
 so every host runs them the same way. Nodes import this one facade, never the engine's modules. The facade is
 lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
 
-Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
+Verbs: ``list_models``, ``find_model``, ``model_index_stat``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
 ``tokenizer_dirs``, ``gguf_denoiser_names``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
 offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
@@ -17,9 +17,9 @@ declaration needs (socket types, choices, handles, errors).
 from importlib import import_module
 
 _EXPORTS = {
-    ".models": ("list_models", "find_model", "resolve_model", "load_model", "load_checkpoint_files",
-                "tokenizer_dirs", "builtin_model_names", "builtin_file_names", "ensure_builtin_files",
-                "gguf_denoiser_names", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
+    ".models": ("list_models", "find_model", "model_index_stat", "resolve_model", "load_model",
+                "load_checkpoint_files", "tokenizer_dirs", "builtin_model_names", "builtin_file_names",
+                "ensure_builtin_files", "gguf_denoiser_names", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
     ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
                   "contract_text"),
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",

@@ -143,3 +143,23 @@ class _Out:
 
     def show(self, model):
         return {}
+
+
+def test_the_loader_is_changed_follows_a_rebuilt_or_deleted_model(tmp_path, registry_at):
+    """One stat per root now (``model_index_stat``): a rebuilt model_index.json changes the value, a deleted one
+    says missing, and a name leaving the roots is never looked up."""
+    from lorabind.nodes.model_nodes import LoraBindModelLoader
+
+    models = tmp_path / "models"
+    folder = _model(models / "diffusers", "mine")
+    registry_at(models)
+    first = LoraBindModelLoader.IS_CHANGED("mine", "auto")
+    assert first.startswith("mine:2:") and first.endswith(":auto")  # the size of "{}"
+    (folder / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
+    second = LoraBindModelLoader.IS_CHANGED("mine", "auto")
+    assert second != first and second.startswith("mine:30:")
+    (folder / "model_index.json").unlink()
+    assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
+    (folder / "model_index.json").mkdir()  # not a file: not a model
+    assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
+    assert LoraBindModelLoader.IS_CHANGED("../outside", "auto") == "../outside:missing:auto"
