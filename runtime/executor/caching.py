@@ -37,7 +37,7 @@ def to_hashable(value: Any) -> Any:
     """
     if isinstance(value, float) and math.isnan(value):
         raise _Unhashable()
-    if value is None or type(value) in _PLAIN or isinstance(value, _PLAIN):
+    if value is None or isinstance(value, _PLAIN):
         return value
     if isinstance(value, dict):
         return frozenset((to_hashable(k), to_hashable(v)) for k, v in value.items())
@@ -69,6 +69,8 @@ class _KeyBuilder:
     def build(self, start: str) -> None:
         """Depth-first, one upstream node pushed at a time so the stack is the path: an upstream node already on
         it closes a cycle, whose nodes get no key."""
+        if start in self.keys:
+            return
         stack = [start]
         links_of = {start: linked_inputs(self.prompt[start])}
         while stack:
@@ -85,6 +87,9 @@ class _KeyBuilder:
             del links_of[current]
 
     def _key(self, node_id: str, links: list) -> tuple | None:
+        """``(class_type, IS_CHANGED value[, node id], sorted inputs)``, each link written as ``("LINK", upstream
+        key, slot)`` (a link to a node absent from the prompt as ``"MISSING"``); None when a constant, the IS_CHANGED
+        value or an upstream key cannot be compared."""
         node = self.prompt[node_id]
         class_type = node["class_type"]
         try:
