@@ -96,12 +96,11 @@ class LoraBindModelLoader:
         """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself). The
         value is embedded with the prompt in outputs, so it names the folder by its relative name, never by path."""
         try:
-            folder = find_model_folder(model_name)
+            stat = usecases.model_index_stat(folder_paths(), model_name)
         except ValueError:
-            folder = None
-        if folder is None:
+            stat = None
+        if stat is None:
             return f"{model_name}:missing:{dtype}"
-        stat = (folder / "model_index.json").stat()
         return f"{model_name}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
 
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,

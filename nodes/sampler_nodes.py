@@ -158,9 +158,18 @@ class LoraBindSampler:
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
             on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted)
-        ran = torch.tensor([float(s) for s in resolved.stage_sigmas()], dtype=torch.float32)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
-                "result": (samples, ran)}
+                "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}
+
+    def _sigmas_output(self, sigmas) -> torch.Tensor:
+        """The SIGMAS output: the same tensor as last run while the stage ran the same sigmas (node instances
+        persist per node id). A seed-only rerun rebuilt it for nothing, tens of µs when the sampler has left
+        torch's code cold; downstream nodes treat it as read-only, as they do every cached output."""
+        points = tuple(float(s) for s in sigmas)
+        last = getattr(self, "_last_sigmas", None)
+        if last is None or last[0] != points:
+            last = self._last_sigmas = (points, torch.tensor(points, dtype=torch.float32))
+        return last[1]
 
 
 NODE_CLASS_MAPPINGS = {"LoraBindSampler": LoraBindSampler}

@@ -5,7 +5,7 @@ sampler's order of checks, composing a contract, listing and resolving models, f
 so every host runs them the same way. Nodes import this one facade, never the engine's modules. The facade is
 lazy (PEP 562): ``usecases.host`` and ``usecases.model_folders`` stay torch-free for the CLI's fast start.
 
-Verbs: ``list_models``, ``find_model``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
+Verbs: ``list_models``, ``find_model``, ``model_index_stat``, ``resolve_model``, ``load_model``, ``load_checkpoint_files``,
 ``tokenizer_dirs``, ``gguf_denoiser_names``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
 offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
@@ -14,12 +14,14 @@ contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``a
 declaration needs (socket types, choices, handles, errors).
 """
 
+import sys
 from importlib import import_module
+from importlib.util import resolve_name
 
 _EXPORTS = {
-    ".models": ("list_models", "find_model", "resolve_model", "load_model", "load_checkpoint_files",
-                "tokenizer_dirs", "builtin_model_names", "builtin_file_names", "ensure_builtin_files",
-                "gguf_denoiser_names", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
+    ".models": ("list_models", "find_model", "model_index_stat", "resolve_model", "load_model",
+                "load_checkpoint_files", "tokenizer_dirs", "builtin_model_names", "builtin_file_names",
+                "ensure_builtin_files", "gguf_denoiser_names", "MODEL_FOLDER_KIND", "TOKENIZER_KIND"),
     ".adapters": ("attach_fuse", "attach_fuses", "attach_adapter", "expert_slots", "accounting_text",
                   "contract_text"),
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",
@@ -46,14 +48,21 @@ _EXPORTS = {
     "..loaders.io.wav_files": ("write_wav",),
     "..loaders.io.video_files": ("write_video", "VIDEO_FORMATS", "VIDEO_PRESETS"),
 }
-_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_MODULE_OF = {name: resolve_name(module, __name__) for module, names in _EXPORTS.items() for name in names}
 
 
 def __getattr__(name):
+    """Looked up on every access, never copied here, so a name replaced in its module (a test's monkeypatch) is
+    seen. A module already imported is taken from ``sys.modules``: nodes read several names per prompt, and going
+    through the import machinery each time was a visible part of a seed-only rerun. One still being imported (by
+    another thread) goes through ``import_module``, which waits for it."""
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(module, __name__), name)
+    loaded = sys.modules.get(module)
+    if loaded is None or getattr(getattr(loaded, "__spec__", None), "_initializing", False):
+        loaded = import_module(module)
+    return getattr(loaded, name)
 
 
 def __dir__():

@@ -8,7 +8,9 @@ registry (ComfyUI's ``folder_paths`` or the runtime's), so nothing here knows wh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from stat import S_ISREG
 from typing import Optional
 
 from ..loaders.binding.bind import set_adapter_cache_size
@@ -17,7 +19,7 @@ from ..loaders.handles import ModelHandle
 from ..loaders.models.store import load_model as load_folder
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
 from . import host
-from .model_folders import files_named, model_folder_names
+from .model_folders import MODEL_INDEX, files_named, model_folder_names
 
 MODEL_FOLDER_KIND = "diffusers"
 TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
@@ -59,19 +61,40 @@ def diffusers_roots(registry) -> list[Path]:
 
 def list_models(registry) -> list[str]:
     """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
-    the built-in tiny models, which the loader builds on first use (so a fresh install works offline)."""
-    return sorted(set(builtin_model_names()) | set(model_folder_names(diffusers_roots(registry))))
+    the built-in tiny models, which the loader builds on first use (so a fresh install works offline). The roots
+    stay strings (as here and in ``find_model``): this runs for every prompt's validation, where making Path
+    objects of them cost more than the remembered listing."""
+    return sorted(set(builtin_model_names()) | set(model_folder_names(registry.get_folder_paths(MODEL_FOLDER_KIND))))
 
 
 def find_model(registry, model_name: str) -> Optional[Path]:
     """The existing folder a model name names, confined to the ``diffusers`` roots (None when absent)."""
+    for folder in _candidate_folders(registry, model_name):
+        if os.path.isfile(os.path.join(folder, MODEL_INDEX)):
+            return Path(folder)
+    return None
+
+
+def model_index_stat(registry, model_name: str) -> Optional[os.stat_result]:
+    """The ``os.stat`` of the ``model_index.json`` of the folder ``find_model`` finds (None when absent), in one
+    system call per root: the loader's IS_CHANGED asks it for every prompt, right after the sampler has flushed the
+    CPU caches, where each call is slow."""
+    for folder in _candidate_folders(registry, model_name):
+        try:
+            found = os.stat(os.path.join(folder, MODEL_INDEX))
+        except OSError:
+            continue
+        if S_ISREG(found.st_mode):
+            return found
+    return None
+
+
+def _candidate_folders(registry, model_name: str) -> list[str]:
+    """Where a model name may be, root by root; a name that would leave the roots is refused by name."""
     relative = Path(model_name.replace("\\", "/"))
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
-    for root in diffusers_roots(registry):
-        if (root / relative / "model_index.json").is_file():
-            return root / relative
-    return None
+    return [os.path.join(root, *relative.parts) for root in registry.get_folder_paths(MODEL_FOLDER_KIND)]
 
 
 def resolve_model(registry, model_name: str) -> Path:

@@ -12,6 +12,7 @@ exists outside ``families/``.
 
 from __future__ import annotations
 
+import functools
 from importlib import import_module
 from typing import Optional
 
@@ -24,9 +25,16 @@ _FAMILY_PACKAGES = ("wan", "qwen_image", "minimax_h3")
 _registered: list = []  # families registered at run time (``register``), after the packages
 
 
+@functools.cache
+def _packaged_families() -> tuple:
+    """The pack's own family objects, imported on first use (importing the registry stays cheap) and then kept:
+    ``family_for`` runs several times per sampler run, and re-importing by name cost more than the look-up."""
+    return tuple(import_module(f".{name}", __name__).FAMILY for name in _FAMILY_PACKAGES)
+
+
 def all_families() -> tuple:
-    """Every family object, in registry order (imported lazily: importing the registry stays cheap)."""
-    return tuple(import_module(f".{name}", __name__).FAMILY for name in _FAMILY_PACKAGES) + tuple(_registered)
+    """Every family object, in registry order."""
+    return _packaged_families() + tuple(_registered)
 
 
 def register(family: ModelFamily) -> None:

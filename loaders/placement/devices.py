@@ -8,6 +8,7 @@ workflow without rewriting the workflow, and a workflow saved in the UI always c
 
 from __future__ import annotations
 
+import functools
 import threading
 
 from ..errors import ModelLoadError
@@ -39,10 +40,16 @@ def session_defaults() -> dict:
 
 def device_choices() -> list[str]:
     """The loader's device options: the fixed names plus ``cuda:N`` for every CUDA device present."""
+    return list(DEVICE_NAMES) + [f"cuda:{i}" for i in range(_cuda_device_count())]
+
+
+@functools.cache
+def _cuda_device_count() -> int:
+    """Asked once: the CUDA runtime enumerates its devices once per process (``CUDA_VISIBLE_DEVICES`` is read at
+    its start), and the loader's choices are listed for every prompt's validation."""
     import torch
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return list(DEVICE_NAMES) + [f"cuda:{i}" for i in range(count)]
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def check_device_name(name: str) -> None:

@@ -1,9 +1,16 @@
 """Signature-keyed output cache and per-(node_id, class_type) node instances, as ComfyUI's CLASSIC cache.
 
 Why signatures and not values: values flowing on edges are arbitrary handles (models, tensors) that must never
-be hashed or compared. A node's key is its own signature plus its ancestors' signatures (class, IS_CHANGED
-value, constant inputs, and the position of each linked ancestor), so identical sub-graphs under different
-node ids share outputs, and changing one constant invalidates exactly the nodes downstream of it.
+be hashed or compared. A node's key is its own signature (class, IS_CHANGED value, constant inputs) with each
+link written as the key of the node it comes from and the slot, so identical sub-graphs under different node ids
+share outputs, and changing one constant invalidates exactly the nodes downstream of it.
+
+Why keys nest instead of listing every ancestor (ComfyUI's ancestry order with positions): each node's key is
+built once from its upstream keys, where the ancestry form rebuilt every ancestor's signature for every
+descendant; on a seed-only rerun of the tiny Wan workflow that was a sixth of the runtime's own work. The two
+agree on every prompt except one where a node takes two links from distinct but identical upstream nodes: nested
+keys then equal those of the same node taking both links from one of them, which is the same computation (the
+premise of sharing outputs between identical sub-graphs; nodes that are not idempotent key on their id).
 """
 
 from __future__ import annotations
@@ -15,20 +22,22 @@ from typing import Any
 from .definitions import NodeDefinitions
 from .graph import linked_inputs
 
+_PLAIN = (int, float, str, bool, bytes)
 
-class Unhashable:
-    """Marks a value that cannot be part of a key; a key containing one is dropped (the node never hits)."""
+
+class _Unhashable(Exception):
+    """A value that cannot be part of a key; a key containing one is dropped (the node never hits)."""
 
 
 def to_hashable(value: Any) -> Any:
-    """A hashable, order-aware image of a constant; NaN and non-primitive objects become ``Unhashable()``.
+    """A hashable, order-aware image of a constant; raises _Unhashable for NaN and non-primitive objects.
 
     NaN gets special care: ``math.nan`` is a singleton and tuples compare items by identity first, so a NaN
     IS_CHANGED value would otherwise hit the cache although ComfyUI's intent is "always re-execute".
     """
     if isinstance(value, float) and math.isnan(value):
-        return Unhashable()
-    if value is None or isinstance(value, (int, float, str, bool, bytes)):
+        raise _Unhashable()
+    if value is None or isinstance(value, _PLAIN):
         return value
     if isinstance(value, dict):
         return frozenset((to_hashable(k), to_hashable(v)) for k, v in value.items())
@@ -36,92 +45,68 @@ def to_hashable(value: Any) -> Any:
         return tuple(to_hashable(item) for item in value)
     if isinstance(value, (set, frozenset)):
         return frozenset(to_hashable(item) for item in value)
-    return Unhashable()
-
-
-def _contains_unhashable(key: Any) -> bool:
-    if isinstance(key, Unhashable):
-        return True
-    if isinstance(key, (tuple, frozenset)):
-        return any(_contains_unhashable(item) for item in key)
-    return False
+    raise _Unhashable()
 
 
 def node_signatures(prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any]) -> dict[str, Any]:
-    """Cache key of every node in ``prompt``; None for nodes that must never be served from cache.
-
-    Key = own signature followed by each ancestor's, in a deterministic upstream order; links are written as
-    ("ANCESTOR", position of the upstream node in that order, slot), so node ids stay out of the key. Each node's
-    links and constant part are worked out once per prompt, not once per descendant that repeats them (this
-    runs before every prompt, cached reruns included).
-    """
-    links = {node_id: linked_inputs(node) for node_id, node in prompt.items()}
-    own = {node_id: _own_signature(prompt, definitions, is_changed, node_id, links[node_id]) for node_id in prompt}
-    keys: dict[str, Any] = {}
+    """Cache key of every node in ``prompt``; None for nodes that must never be served from cache (an unhashable
+    value in it or upstream of it, or a dependency cycle)."""
+    builder = _KeyBuilder(prompt, definitions, is_changed)
     for node_id in prompt:
-        ancestors = _ordered_ancestry(prompt, links, node_id)
-        members = [node_id, *ancestors]
-        if any(own[member].unhashable for member in members):
-            keys[node_id] = None
-            continue
-        positions = {ancestor: i for i, ancestor in enumerate(ancestors)}
-        keys[node_id] = tuple(own[member].placed(positions) for member in members)
-    return keys
+        builder.build(node_id)
+    return builder.keys
 
 
-def _ordered_ancestry(prompt: dict, links: dict, node_id: str) -> list[str]:
-    """Upstream node ids in depth-first order over sorted input names (ComfyUI's get_ordered_ancestry);
-    ``links``: every node's ``linked_inputs``."""
-    order: list[str] = []
-    seen: set[str] = {node_id}
-    stack = [iter(links[node_id])]
-    while stack:
-        step = next(stack[-1], None)
-        if step is None:
+class _KeyBuilder:
+    """Keys built upstream first, each once per prompt (this runs before every prompt, cached reruns included)."""
+
+    def __init__(self, prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any]):
+        self.prompt = prompt
+        self.definitions = definitions
+        self.is_changed = is_changed
+        self.keys: dict[str, Any] = {}
+
+    def build(self, start: str) -> None:
+        """Depth-first, one upstream node pushed at a time so the stack is the path: an upstream node already on
+        it closes a cycle, whose nodes get no key."""
+        if start in self.keys:
+            return
+        stack = [start]
+        links_of = {start: linked_inputs(self.prompt[start])}
+        while stack:
+            current = stack[-1]
+            waiting = next((upstream for _, upstream, _ in links_of[current]
+                            if upstream in self.prompt and upstream not in self.keys), None)
+            if waiting is not None and waiting not in links_of:
+                links_of[waiting] = linked_inputs(self.prompt[waiting])
+                stack.append(waiting)
+                continue
+            on_cycle = waiting is not None
+            self.keys[current] = None if on_cycle else self._key(current, links_of[current])
             stack.pop()
-            continue
-        upstream = step[1]
-        if upstream in seen or upstream not in prompt:
-            continue
-        seen.add(upstream)
-        order.append(upstream)
-        stack.append(iter(links[upstream]))
-    return order
+            del links_of[current]
 
-
-@dataclass(frozen=True)
-class _OwnSignature:
-    """A node's signature before its links are written as ancestor positions: ``head`` is ``(class_type,
-    is_changed[, node_id])``; ``inputs`` are sorted ``(name, constant)`` pairs and ``(name, _Link)`` ones."""
-
-    head: tuple
-    inputs: tuple
-    unhashable: bool
-
-    def placed(self, positions: dict) -> tuple:
-        """``(*head, sorted (input, constant | ("ANCESTOR", position, slot)))`` for one keyed node's ancestry."""
-        inputs = tuple((name, ("ANCESTOR", positions.get(value.from_id, -1), value.slot))
-                       if isinstance(value, _Link) else (name, value) for name, value in self.inputs)
-        return (*self.head, inputs)
-
-
-@dataclass(frozen=True)
-class _Link:
-    from_id: str
-    slot: int
-
-
-def _own_signature(prompt, definitions, is_changed, node_id, links: list) -> _OwnSignature:
-    node = prompt[node_id]
-    class_type = node["class_type"]
-    head = [class_type, to_hashable(is_changed.get(node_id, False))]
-    if definitions.keys_on_node_id(class_type):
-        head.append(node_id)
-    linked = {name: _Link(from_id, slot) for name, from_id, slot in links}
-    inputs = tuple((name, linked[name] if name in linked else to_hashable(value))
-                   for name, value in sorted((node.get("inputs") or {}).items()))
-    constants = tuple(value for _, value in inputs if not isinstance(value, _Link))
-    return _OwnSignature(tuple(head), inputs, _contains_unhashable((*head, constants)))
+    def _key(self, node_id: str, links: list) -> tuple | None:
+        """``(class_type, IS_CHANGED value[, node id], sorted inputs)``, each link written as ``("LINK", upstream
+        key, slot)`` (a link to a node absent from the prompt as ``"MISSING"``); None when a constant, the IS_CHANGED
+        value or an upstream key cannot be compared."""
+        node = self.prompt[node_id]
+        class_type = node["class_type"]
+        try:
+            head = (class_type, to_hashable(self.is_changed.get(node_id, False)))
+            linked = {}
+            for name, from_id, slot in links:
+                upstream = self.keys[from_id] if from_id in self.prompt else "MISSING"
+                if upstream is None:
+                    return None
+                linked[name] = ("LINK", upstream, slot)
+            inputs = tuple((name, linked[name] if name in linked else to_hashable(value))
+                           for name, value in sorted((node.get("inputs") or {}).items()))
+        except _Unhashable:
+            return None
+        if self.definitions.keys_on_node_id(class_type):
+            head += (node_id,)
+        return head + (inputs,)
 
 
 @dataclass

@@ -8,6 +8,7 @@ one ``NodeDefinitions`` is built per validate/execute call and memoises it per c
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -37,19 +38,30 @@ def full_type_name(klass: type) -> str:
     return f"{module}.{klass.__qualname__}"
 
 
-def accepted_arguments(function) -> tuple[set[str], bool]:
-    """(named parameters, has **kwargs) of a node method, used to filter what VALIDATE_INPUTS receives."""
+@functools.lru_cache(maxsize=512)
+def _parameters_of(function) -> tuple[frozenset, bool]:
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
-        return set(), True
-    names = {
+        return frozenset(), True
+    names = frozenset(
         name
         for name, param in signature.parameters.items()
         if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
-    }
+    )
     has_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     return names, has_kwargs
+
+
+def accepted_arguments(function) -> tuple[frozenset, bool]:
+    """(named parameters, has **kwargs) of a node method, used to filter what VALIDATE_INPUTS receives.
+
+    Remembered per function (a classmethod looked up again compares equal): ``inspect.signature`` was a tenth of
+    validating a prompt, and a function's parameters never change. An unhashable callable is read every time."""
+    try:
+        return _parameters_of(function)
+    except TypeError:
+        return _parameters_of.__wrapped__(function)
 
 
 class NodeDefinitions:
@@ -58,6 +70,9 @@ class NodeDefinitions:
     def __init__(self, node_classes: dict):
         self.node_classes = node_classes
         self._input_types: dict[str, dict] = {}
+        # per (class_type, input name) and per class: validation, scheduling and input gathering each ask again
+        self._input_info: dict[tuple[str, str], tuple] = {}
+        self._declared: dict[str, tuple[str, ...]] = {}
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)
@@ -70,6 +85,13 @@ class NodeDefinitions:
 
     def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
+        key = (class_type, input_name)
+        info = self._input_info.get(key)
+        if info is None:
+            info = self._input_info[key] = self._read_input_info(class_type, input_name)
+        return info
+
+    def _read_input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         declared = self.input_types(class_type)
         for category in ("required", "optional", "hidden"):
             section = declared.get(category) or {}
@@ -83,10 +105,13 @@ class NodeDefinitions:
                 return spec, category, {}
         return None, None, None
 
-    def declared_inputs(self, class_type: str) -> list[str]:
+    def declared_inputs(self, class_type: str) -> tuple[str, ...]:
         """Required then optional input names, in declaration order."""
-        declared = self.input_types(class_type)
-        return [*(declared.get("required") or {}), *(declared.get("optional") or {})]
+        names = self._declared.get(class_type)
+        if names is None:
+            declared = self.input_types(class_type)
+            names = self._declared[class_type] = (*(declared.get("required") or {}), *(declared.get("optional") or {}))
+        return names
 
     def hidden_inputs(self, class_type: str) -> dict:
         return dict(self.input_types(class_type).get("hidden") or {})

@@ -121,3 +121,18 @@ def test_sigma_nodes_give_the_contract_table_and_split_it_at_the_boundary(wan22,
     assert second.tolist() == pytest.approx(TABLE[2:], abs=1e-6)
     with pytest.raises(ContractError, match=rf"{HIGH} is a 4-step distill LoRA: steps must be 4, got 6"):
         LoraBindSigmas().sigmas(paired, 6, 5.0)
+
+
+def test_the_sigmas_output_is_rebuilt_only_when_the_stage_sigmas_change(wan22):
+    """One node instance across runs (as the executor keeps it): a seed-only rerun hands over the same tensor, a
+    changed stage a new one with the new values (issue 33: the rebuild was a seed-only rerun's cost)."""
+    handle, pos, neg, latent = wan22
+    node = LoraBindSampler()
+    first = node.sample(handle, pos, neg, latent, 7, 4, 1.0, 5.0, 0.0, True)["result"][1]
+    again = node.sample(handle, pos, neg, latent, 8, 4, 1.0, 5.0, 0.0, True)["result"][1]
+    stage = node.sample(handle, pos, neg, latent, 8, 4, 1.0, 5.0, 0.0, True, end_step=3)["result"][1]
+    assert again is first and first.dtype == torch.float32
+    assert stage is not first
+    assert first.tolist() == pytest.approx(TABLE, abs=1e-6) and stage.tolist() == pytest.approx(TABLE[:4], abs=1e-6)
+    shorter = node.sample(handle, pos, neg, latent, 8, 2, 1.0, 5.0, 0.0, True)["result"][1]
+    assert len(shorter) == 3 and shorter is not stage

@@ -1,0 +1,165 @@
+"""Model and LoRA listings are reused only while the folders they walked are unchanged (issue 33: the loader's
+folder scan was a quarter of a seed-only rerun's validation).
+
+A folder's modification time changes when an entry is added, removed or renamed, so each test ages the folders
+(``os.utime`` into the past: a listing of folders modified within ``SETTLE_NS`` is never reused) and then
+changes them as a user would; the listing must follow every change, and must not walk again when nothing
+changed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from lorabind.usecases import model_folders
+
+
+def _age(*folders: Path) -> None:
+    past = time.time() - 60
+    for folder in folders:
+        os.utime(folder, (past, past))
+
+
+@pytest.fixture
+def counted_walks(monkeypatch):
+    walks = []
+    original = model_folders.walk
+
+    def counting(roots, walked=None):
+        walks.append(tuple(roots))
+        return original(roots, walked)
+
+    monkeypatch.setattr(model_folders, "walk", counting)
+    monkeypatch.setattr(model_folders, "_listings", {})
+    return walks
+
+
+def _model(root: Path, name: str) -> Path:
+    (root / name).mkdir(parents=True)
+    (root / name / "model_index.json").write_text("{}")
+    return root / name
+
+
+def test_an_unchanged_model_folder_is_listed_without_walking_again(tmp_path, counted_walks):
+    root = tmp_path / "diffusers"
+    _age(_model(root, "a"), root)
+    assert model_folders.model_folder_names([root]) == ["a"]
+    assert model_folders.model_folder_names([root]) == ["a"]
+    assert len(counted_walks) == 1
+
+
+def test_a_model_added_or_deleted_between_listings_is_seen(tmp_path, counted_walks):
+    root = tmp_path / "diffusers"
+    _age(_model(root, "a"), root)
+    assert model_folders.model_folder_names([root]) == ["a"]
+    _model(root, "b")
+    assert model_folders.model_folder_names([root]) == ["a", "b"]
+    (root / "a" / "model_index.json").unlink()  # only the model's own folder changes
+    assert model_folders.model_folder_names([root]) == ["b"]
+    assert len(counted_walks) == 3
+
+
+def test_a_missing_root_that_appears_is_seen(tmp_path, counted_walks):
+    root = tmp_path / "diffusers"
+    assert model_folders.model_folder_names([root]) == []
+    _age(_model(root, "late"), root)
+    assert model_folders.model_folder_names([root]) == ["late"]
+
+
+def test_a_listing_of_just_modified_folders_is_walked_again(tmp_path, counted_walks):
+    """Within the settle time a second change could keep the folder's mtime (coarse time stamps): never trusted."""
+    root = tmp_path / "diffusers"
+    _model(root, "a")
+    model_folders.model_folder_names([root])
+    model_folders.model_folder_names([root])
+    assert len(counted_walks) == 2
+
+
+def test_lora_and_gguf_lists_follow_a_deleted_file(tmp_path, counted_walks):
+    loras = tmp_path / "loras"
+    (loras / "sub").mkdir(parents=True)
+    for name in ("one.safetensors", "sub/two.safetensors", "sub/three.gguf"):
+        (loras / name).write_bytes(b"x")
+    _age(loras, loras / "sub")
+    assert model_folders.lora_names([str(loras)]) == ["one.safetensors", "sub/two.safetensors"]
+    assert model_folders.files_named([str(loras)], ".gguf") == ["sub/three.gguf"]
+    assert model_folders.lora_names([str(loras)]) == ["one.safetensors", "sub/two.safetensors"]
+    assert len(counted_walks) == 2
+    (loras / "sub" / "two.safetensors").unlink()
+    (loras / "sub" / "three.gguf").unlink()
+    assert model_folders.lora_names([str(loras)]) == ["one.safetensors"]
+    assert model_folders.files_named([str(loras)], ".gguf") == []
+
+
+def test_a_linked_folder_pointed_elsewhere_is_seen(tmp_path, counted_walks):
+    """Models often live on another disk behind a link; repointing the link changes what is listed."""
+    root, disk_a, disk_b = tmp_path / "diffusers", tmp_path / "disk_a", tmp_path / "disk_b"
+    root.mkdir()
+    _model(disk_a, "x")
+    _model(disk_b, "y")
+    (root / "shared").symlink_to(disk_a, target_is_directory=True)
+    _age(root, disk_a, disk_b, disk_a / "x", disk_b / "y")
+    assert model_folders.model_folder_names([root]) == ["shared/x"]
+    (root / "shared").unlink()
+    (root / "shared").symlink_to(disk_b, target_is_directory=True)
+    assert model_folders.model_folder_names([root]) == ["shared/y"]
+
+
+def test_a_persistent_executor_refuses_a_model_deleted_between_two_prompts(tmp_path, registry_at, counted_walks):
+    """The loader's choice list is read for every prompt: the second validation names the missing model."""
+    from lorabind.nodes.model_nodes import LoraBindModelLoader
+    from lorabind.runtime.executor import PromptExecutor
+
+    models = tmp_path / "models"
+    root = models / "diffusers"
+    _age(_model(root, "mine"), root)
+    registry_at(models)
+    executor = PromptExecutor({"LoraBindModelLoader": LoraBindModelLoader, "Out": _Out})
+    prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "mine", "dtype": "auto"}},
+              "2": {"class_type": "Out", "inputs": {"model": ["1", 0]}}}
+    assert executor.validate(prompt).ok
+    assert executor.validate(prompt).ok
+    for path in sorted((root / "mine").rglob("*"), reverse=True):
+        path.unlink()
+    (root / "mine").rmdir()
+    refused = executor.validate(prompt)
+    assert not refused.ok
+    error = refused.node_errors["1"]["errors"][0]
+    assert error["type"] == "value_not_in_list" and "'mine' not in" in error["details"]
+
+
+class _Out:
+    OUTPUT_NODE = True
+    RETURN_TYPES = ()
+    FUNCTION = "show"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("LORABIND_MODEL",)}}
+
+    def show(self, model):
+        return {}
+
+
+def test_the_loader_is_changed_follows_a_rebuilt_or_deleted_model(tmp_path, registry_at):
+    """One stat per root now (``model_index_stat``): a rebuilt model_index.json changes the value, a deleted one
+    says missing, and a name leaving the roots is never looked up."""
+    from lorabind.nodes.model_nodes import LoraBindModelLoader
+
+    models = tmp_path / "models"
+    folder = _model(models / "diffusers", "mine")
+    registry_at(models)
+    first = LoraBindModelLoader.IS_CHANGED("mine", "auto")
+    assert first.startswith("mine:2:") and first.endswith(":auto")  # the size of "{}"
+    (folder / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
+    second = LoraBindModelLoader.IS_CHANGED("mine", "auto")
+    assert second != first and second.startswith("mine:30:")
+    (folder / "model_index.json").unlink()
+    assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
+    (folder / "model_index.json").mkdir()  # not a file: not a model
+    assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
+    assert LoraBindModelLoader.IS_CHANGED("../outside", "auto") == "../outside:missing:auto"
