@@ -63,6 +63,8 @@ class WeightDelta(Protocol):
         call of ``row_adder``. ``base_rows`` reads the unpatched weight: a kind whose delta depends on it (DoRA)
         computes from the base, never from ``chunk``, which may already hold other LoRAs' contributions."""
 
+    # Optional: ``rough_abs_bound() -> Optional[float]``, a looser bound than ``abs_bound`` that is cheaper to
+    # compute; ``finite_bounds`` tries it first where a loose bound is enough.
     # Optional (a kind without it is always fused by ``row_adder``):
     # ``gemm_factors(dtype) -> Optional[(up, down)]``: the delta as ``scale · up @ down`` with both 2-D factors
     # already stored in ``dtype``, so the patcher may add it with one gemm in the weight's own dtype

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from ...errors import LoraFileError
-from ..finite_bounds import largest_norm, product_bound, rounding_growth
+from ..finite_bounds import largest_abs, largest_norm, product_bound, rounding_growth
 from .base import AdapterKind, PeftForm, alpha_of
 
 
@@ -61,6 +61,13 @@ class LowRankDelta:
         the float32 rounding of a rank-r dot product (``finite_bounds``)."""
         (up_norm, _), (down_norm, _) = self._longest
         return product_bound(up_norm, down_norm, self.rank, self.scale)
+
+    def rough_abs_bound(self) -> Optional[float]:
+        """A looser bound from each factor's largest element (a row or column of r elements has a norm of at most
+        √r times it): one pass per factor and no float32 copy, which proves a fuse far from its dtype's limit
+        (``finite_bounds.proven_finite_for_any_weight``) without the norms of ``abs_bound``."""
+        root = math.sqrt(self.rank)
+        return product_bound(root * largest_abs(self.up), root * largest_abs(self.down), self.rank, self.scale)
 
     def peak_index(self) -> tuple:
         """Where the delta can be largest: the longest row of ``up`` against the longest column of ``down``."""

@@ -16,6 +16,7 @@ from lorabind.loaders.lora.canonical import TargetPatch
 from lorabind.loaders.lora.kinds.full_diff import FullDiff
 from lorabind.loaders.lora.kinds.loha import LohaDelta
 from lorabind.loaders.lora.kinds.lokr import LokrDelta
+from lorabind.loaders.lora.kinds import low_rank
 from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
@@ -129,6 +130,43 @@ def test_a_delta_within_a_quarter_spacing_at_the_largest_value_needs_no_pass_ove
     assert root.proj.weight[0, 0].item() == largest and root.proj.weight[1, 1].item() == -largest
 
 
+@pytest.fixture
+def norm_passes(monkeypatch):
+    """How many factor norms a fuse computed (the tight bound's float32 pass over a factor)."""
+    count = {"norms": 0}
+    real = low_rank.largest_norm
+
+    def counting(matrix, dim):
+        count["norms"] += 1
+        return real(matrix, dim)
+
+    monkeypatch.setattr(low_rank, "largest_norm", counting)
+    return count
+
+
+def test_an_ordinary_fuse_is_proven_by_the_rough_bound_without_factor_norms(scans, weight_passes, norm_passes):
+    g = torch.Generator().manual_seed(5)
+    delta = LowRankDelta(down=torch.randn(8, 48, generator=g).to(torch.bfloat16),
+                         up=torch.randn(64, 8, generator=g).to(torch.bfloat16), alpha=8.0, scale=1.0)
+    WeightPatcher({"transformer": _linear(torch.randn(64, 48, generator=g).to(torch.bfloat16))}).apply(
+        [_layer(delta)])
+    assert (scans["chunks"], weight_passes["passes"], norm_passes["norms"]) == (0, 0, 0)
+
+
+def test_where_the_rough_bound_is_not_enough_the_norms_prove_it(scans, weight_passes, norm_passes):
+    """A rank-64 pair whose largest elements sit in different rows: the rough bound (r · max|up| · max|down|)
+    is 64 times the true one and exceeds float16's margin (8), the Cauchy–Schwarz bound from the norms proves
+    it (still without a pass over the weight)."""
+    down, up = torch.zeros(64, 16, dtype=torch.float16), torch.zeros(16, 64, dtype=torch.float16)
+    for k in range(64):
+        down[k, k % 16], up[k % 16, k] = 0.5, 0.5  # each product term sits alone in its row and column
+    delta = LowRankDelta(down=down, up=up, alpha=None, scale=1.0)
+    root = _linear(torch.zeros(16, 16, dtype=torch.float16))
+    WeightPatcher({"transformer": root}).apply([_layer(delta)])
+    assert (scans["chunks"], weight_passes["passes"]) == (0, 0) and norm_passes["norms"] == 2
+    assert root.proj.weight[0, 0].item() == 1.0  # four terms of 0.25 at the element of row 0 and column 0
+
+
 def test_a_larger_delta_is_proven_with_the_weights_largest_value(scans, weight_passes):
     """A delta of one spacing at bfloat16's largest value proves nothing alone; with max|W| = 1 it is proven
     finite after one pass over the weight, and written without a scan."""
@@ -188,5 +226,7 @@ def test_each_kinds_bound_covers_what_the_fuse_computes(name):
     largest = _computed(delta, shape).abs().max().item()
     bound = delta.abs_bound()
     assert largest <= bound
+    rough = getattr(delta, "rough_abs_bound", lambda: None)()
+    assert rough is None or bound <= rough * 1.0001  # looser (or equal), so a bound as well
     if "tight" in name:
         assert bound <= largest * 1.0001  # Cauchy-Schwarz is an equality for aligned vectors
