@@ -25,7 +25,9 @@ Issue 33's fourth round: a quiet run (384951c) flagged three figures that no cha
 single_file_load_vs_folder 0.51 -> 1.22 (fresh-process loads of two 2.8 GB copies out of the page cache; quiet runs
 of engines that do not touch loading read 0.45, 0.51, 1.0 and 1.22, and 0.82 when run alone right after), and
 help_seconds 0.069 -> 0.117 and import_seconds 0.001 -> 0.002 (one short fresh process each; the same 125 modules
-imported before and after): their noise is set from those spreads.
+imported before and after): their noise is set from those spreads. The next quiet run (b42d078) flagged
+restore_file_vs_ram 2.71 -> 4.43, a ratio between a file re-read and a RAM copy that no change touched: quiet runs
+have read 2.62, 2.71, 3.37, 3.57 and 4.43, so its noise is 75%.
 ``fuse_vs_floor`` changed meaning twice in issue 33 (``bench_fuse.Floor``): first the chunked loop plus a copy of each
 original, tighter than the whole-layer upcast before it; then, where oneDNN runs bfloat16 gemms, one bfloat16 gemm
 per layer plus that copy. Compared with a run from before either change it reads worse by construction.
@@ -56,7 +58,7 @@ METRICS = {
     "parallel_load_speedup": ("higher", 0.25, "sharded folder load: sequential / parallel (auto workers)", (">=", 1.0)),
     "fuse_real_size_vs_diffusers": ("higher", 0.85, "real size (Wan2.1-1.3B, 30 blocks): diffusers fuse / "
                                     "lorabind fuse", (">=", 2.0)),
-    "restore_file_vs_ram": ("lower", 0.25, "real size: restore from the file / from RAM backups", None),
+    "restore_file_vs_ram": ("lower", 0.75, "real size: restore from the file / from RAM backups", None),
     "bind_peak_rss_layers": ("lower", 0.1, "real size: peak extra RSS of a bind / largest layer",
                              ("<=", 3.0)),
     "single_file_load_vs_folder": ("lower", 1.5, "single file load / diffusers folder load", None),
