@@ -142,11 +142,13 @@ def proven_finite_for_any_weight(dtype: torch.dtype, terms: Sequence[tuple]) -> 
         return False
     half_spacing = (overflow_threshold(dtype) - finite_limit(dtype)) / 2.0
     allowed = half_spacing / 2.0 / rounding_growth(len(terms) + 1)
-    for rough in (True, False):  # the rough bounds prove every ordinary fuse; the tight ones only when needed
-        total = _contributions_bound(terms, rough)
-        if total is not None and total <= allowed:
-            return True
-    return False
+    rough = _contributions_bound(terms, rough=True)  # proves every ordinary fuse
+    if rough is not None and rough <= allowed:
+        return True
+    if not any(callable(getattr(delta, "rough_abs_bound", None)) for _, delta in terms):
+        return False  # the rough sum was already the tight one
+    tight = _contributions_bound(terms)
+    return tight is not None and tight <= allowed
 
 
 def proven_finite(dtype: torch.dtype, base_abs_max: float, terms: Sequence[tuple]) -> bool:

@@ -10,6 +10,7 @@ deltas like any other kind's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 import torch
@@ -42,11 +43,15 @@ class FullDiff:
     def _rows(self) -> torch.Tensor:
         return self.tensor.reshape(int(self.tensor.shape[0]) if self.tensor.dim() else 1, -1)
 
-    def abs_bound(self) -> Optional[float]:
-        """``max|diff|``, grown by the float32 conversion and ``strength ·`` (a pass over the diff: a bias is
-        small; a full weight diff is read by the fuse anyway)."""
+    @cached_property
+    def _bound(self) -> Optional[float]:
         largest = largest_abs(self.tensor)
         return largest * rounding_growth(2) if largest <= FLOAT32_MAX else None
+
+    def abs_bound(self) -> Optional[float]:
+        """``max|diff|``, grown by the float32 conversion and ``strength ·`` (one pass over the diff per delta,
+        however often the finite proofs ask: a bias is small, a full weight diff is as large as its weight)."""
+        return self._bound
 
     def peak_index(self) -> Optional[tuple]:
         if self.tensor.numel() == 0:

@@ -21,18 +21,23 @@ from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
 
+def _counted(monkeypatch, owner, name: str, key: str) -> dict:
+    """``{key: calls}`` of ``owner.name`` from now on (the function still runs)."""
+    count = {key: 0}
+    real = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        count[key] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return count
+
+
 @pytest.fixture
 def scans(monkeypatch):
     """How many written chunks were scanned for non-finite values."""
-    count = {"chunks": 0}
-    real = fused_rows.chunk_is_finite
-
-    def counting(written, source):
-        count["chunks"] += 1
-        return real(written, source)
-
-    monkeypatch.setattr(fused_rows, "chunk_is_finite", counting)
-    return count
+    return _counted(monkeypatch, fused_rows, "chunk_is_finite", "chunks")
 
 
 def _linear(weight: torch.Tensor) -> torch.nn.Module:
@@ -97,15 +102,7 @@ def test_what_the_bound_cannot_prove_is_scanned_and_fused_when_it_stays_finite(s
 @pytest.fixture
 def weight_passes(monkeypatch):
     """How many times the fuse computed ``max|W|`` of a weight (a pass over all of it)."""
-    count = {"passes": 0}
-    real = fused_rows.largest_abs
-
-    def counting(tensor):
-        count["passes"] += 1
-        return real(tensor)
-
-    monkeypatch.setattr(fused_rows, "largest_abs", counting)
-    return count
+    return _counted(monkeypatch, fused_rows, "largest_abs", "passes")
 
 
 def _one_element_delta(value: float, dtype: torch.dtype) -> LowRankDelta:
@@ -133,15 +130,7 @@ def test_a_delta_within_a_quarter_spacing_at_the_largest_value_needs_no_pass_ove
 @pytest.fixture
 def norm_passes(monkeypatch):
     """How many factor norms a fuse computed (the tight bound's float32 pass over a factor)."""
-    count = {"norms": 0}
-    real = low_rank.largest_norm
-
-    def counting(matrix, dim):
-        count["norms"] += 1
-        return real(matrix, dim)
-
-    monkeypatch.setattr(low_rank, "largest_norm", counting)
-    return count
+    return _counted(monkeypatch, low_rank, "largest_norm", "norms")
 
 
 def test_an_ordinary_fuse_is_proven_by_the_rough_bound_without_factor_norms(scans, weight_passes, norm_passes):
