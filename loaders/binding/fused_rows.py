@@ -1,4 +1,6 @@
-"""Computing one fused parameter: ``original + Σ strength · delta`` in float32 row chunks, rounded once.
+"""Computing one fused parameter: ``original + Σ strength · delta`` summed in float32 and rounded once, in
+float32 row chunks or, for one bfloat16 LoRA pair on a bfloat16 weight where oneDNN runs bfloat16 gemms, by one
+gemm in place (``_one_gemm_factors`` says why that is the same value).
 
 Split from ``patching`` (which decides WHAT to write and keeps the originals): this is HOW one value is written,
 shared by the patcher and ``lorabind merge``. Whether the result can leave the dtype's range is decided a priori

@@ -8,15 +8,18 @@ every written chunk for non-finite values cost as much as the fuse's matmuls, so
 * each adapter kind bounds its scaled delta from its small factors (``WeightDelta.abs_bound``, computed once per
   delta), e.g. a low-rank pair by Cauchy–Schwarz: ``|ΔW_ij| = |scale · Σ_k up_ik down_kj| ≤ |scale| · ‖up_i‖ ·
   ‖down_j‖``, so ``max|ΔW| ≤ |scale| · max_i ‖up_i‖ · max_j ‖down_j‖``;
-* the patcher knows ``max|W|`` of the original (one reduction when the original is first kept);
+* a low-rank pair also has a rough bound, ``|scale| · r · max|up| · max|down|`` (one ``aminmax`` per factor,
+  no float32 copy), tried first: it is enough wherever the fused value stays far from the dtype's limit;
 * rounding: each kind's bound already covers its own float32 arithmetic. A float32 sum or dot product of n terms
   differs from the exact one by at most ``γ_n · Σ|terms|`` (``γ_n = n·u / (1 − n·u)``, ``u = 2⁻²⁴``, whatever
   the summation order, FMA or not), so the computed value is at most ``(1 + γ_n)`` times the bound.
 
-Why that is exact: if ``(max|W| + Σ|s|·bound) · (1 + γ)`` is at most the dtype's largest finite value, every
-float32 value computed stays in range (so no Inf appears, and NaN needs an Inf or NaN operand), and rounding it
-to the dtype cannot exceed that largest value either (rounding is monotone and the largest value is
-representable). Such a parameter needs no scan. Where the bound proves nothing, one element may still prove an
+First from the deltas alone (``proven_finite_for_any_weight``): if ``Σ|s|·bound · (1 + γ)`` is within a quarter
+of the dtype's spacing at its largest finite value, no finite weight can be carried to Inf, and ``max|W|`` (a
+pass over the whole weight) is never computed. Else with it: if ``(max|W| + Σ|s|·bound) · (1 + γ)`` is at most
+the dtype's largest finite value, every float32 value computed stays in range (so no Inf appears, and NaN needs
+an Inf or NaN operand), and rounding it to the dtype cannot exceed that largest value either (rounding is
+monotone and the largest value is representable). Such a parameter needs no scan. Where the bound proves nothing, one element may still prove an
 overflow (``certain_overflow``), refused before anything is written; otherwise the written chunks are scanned.
 """
 
