@@ -69,23 +69,27 @@ def list_models(registry) -> list[str]:
 
 def find_model(registry, model_name: str) -> Optional[Path]:
     """The existing folder a model name names, confined to the ``diffusers`` roots (None when absent)."""
-    for folder in _candidate_folders(registry, model_name):
-        if os.path.isfile(os.path.join(folder, MODEL_INDEX)):
-            return Path(folder)
-    return None
+    found = _model_index(registry, model_name)
+    return Path(found[0]) if found is not None else None
 
 
 def model_index_stat(registry, model_name: str) -> Optional[os.stat_result]:
     """The ``os.stat`` of the ``model_index.json`` of the folder ``find_model`` finds (None when absent), in one
     system call per root: the loader's IS_CHANGED asks it for every prompt, right after the sampler has flushed the
     CPU caches, where each call is slow."""
+    found = _model_index(registry, model_name)
+    return found[1] if found is not None else None
+
+
+def _model_index(registry, model_name: str) -> Optional[tuple]:
+    """``(folder, os.stat of its model_index.json)`` of the first root holding the model as a regular file."""
     for folder in _candidate_folders(registry, model_name):
         try:
             found = os.stat(os.path.join(folder, MODEL_INDEX))
         except OSError:
             continue
         if S_ISREG(found.st_mode):
-            return found
+            return folder, found
     return None
 
 
