@@ -155,9 +155,12 @@ class LoraBindSampler:
 
         # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
         # clients read every step-progress message as a sampling step.
+        # A node instance persists per node id (here and in ComfyUI): its last plan serves a seed-only rerun.
+        plan = self._plan = usecases.plan_sampling(model, positive, negative, latent, options, adapter=adapter,
+                                                   schedule=schedule, reuse=getattr(self, "_plan", None))
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
-            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted)
+            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
         return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
                 "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}
 

@@ -9,7 +9,7 @@ Verbs: ``list_models``, ``find_model``, ``model_index_stat``, ``resolve_model``,
 ``tokenizer_dirs``, ``gguf_denoiser_names``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
 offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
-``lora_components`` (adapters); ``sample``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
+``lora_components`` (adapters); ``sample``, ``plan_sampling``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
 ``decode_audio``, ``with_first_frame``, ``with_reference_images`` (MiniMax-H3); plus the engine names a node
 declaration needs (socket types, choices, handles, errors).
 """
@@ -27,8 +27,8 @@ _EXPORTS = {
     ".host_models": ("prepare_host_lora", "host_family", "host_patched_value", "check_expert_pair", "check_sampling",
                      "check_stacking", "sigma_table", "switch_step", "HostContract", "PART_ALL", "PART_HIGH",
                      "PART_LOW", "PART_ANY"),
-    ".sampling": ("sample", "SampleOptions", "schedule_report", "schedule_sigmas", "split_sigmas",
-                  "END_OF_SCHEDULE", "SCHEDULER_CHOICES"),
+    ".sampling": ("sample", "plan_sampling", "SamplingPlan", "SampleOptions", "schedule_report", "schedule_sigmas",
+                  "split_sigmas", "END_OF_SCHEDULE", "SCHEDULER_CHOICES"),
     ".minimax": ("check_contract", "decode_audio", "with_first_frame", "with_reference_images", "TASKS",
                  "MAX_REFERENCE_IMAGES"),
     "..loaders.families": ("lora_components",),
