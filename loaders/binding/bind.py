@@ -127,7 +127,17 @@ def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False,
     state = binding_state(model)
     adapters = [_on_component(model, spec) for spec in adapters]
     with state.lock:
+        if not fuses and not any(float(spec.scale) for spec in adapters) and _holds_base_weights(state):
+            # Nothing asked, nothing bound (every run of a workflow without LoRAs): nothing to plan, write or
+            # report. The full path's bookkeeping cost more than the rest of the sampler's set-up on a rerun.
+            state.stats.bind_calls += 1
+            return BindReport(restore_sources=state.patcher.restore_sources())
         return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt, on_progress)
+
+
+def _holds_base_weights(state: BindingState) -> bool:
+    """True when no fuse is bound, no parameter holds a patched value and no adapter is active."""
+    return not state.fuses and not state.patcher.patched and not state.adapters.active
 
 
 def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_interrupt, on_progress) -> BindReport:

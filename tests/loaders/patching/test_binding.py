@@ -91,6 +91,26 @@ def test_rebinding_the_same_patch_set_writes_nothing(make_model, loras):
     assert binding_state(model).patcher.last_written == set()
 
 
+def test_a_bind_of_nothing_on_base_weights_touches_nothing_and_reports_as_the_full_path(make_model, loras,
+                                                                                       monkeypatch):
+    """The shortcut for a workflow without LoRAs: no planning, no apply, the report of the full path; a model
+    that still holds a fuse takes the full path and is restored bit-exactly."""
+    from lorabind.loaders.binding import bind as binding
+
+    model = make_model()
+    before = snapshots(model)
+    full = binding._bind_locked(model, binding_state(model), [], [], False, None, None)
+    applies = binding_state(model).patcher.stats.apply_calls
+    short = bind(model, [], [])
+    assert short.to_dict() == full.to_dict() == {"fuses": [], "adapters": [], "written": 0, "restored": 0,
+                                                 "unchanged": 0, "warnings": [], "restore_sources": {}}
+    assert binding_state(model).patcher.stats.apply_calls == applies and binding_state(model).stats.bind_calls == 2
+    fused = bind(model, [FuseSpec(loras["ffn"][0], 1.0, "transformer")], [])
+    restored = bind(model, [], [])
+    assert restored.restored == fused.written > 0 and binding_state(model).patcher.patched == set()
+    assert_model_bit_identical(before, model)
+
+
 def test_changing_one_strength_rewrites_only_that_loras_tensors(make_model, loras):
     model = make_model()
     attn_path, attn, _ = loras["attn"]
