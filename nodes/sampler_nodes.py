@@ -10,24 +10,11 @@ from ..usecases import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCK
 from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
 
 
-def _report_lines(report: dict, enforced: bool) -> list[str]:
-    """The sampler's text output (``lorabind run`` prints it): schedule, contracts, expert switch, what bound."""
-    lines = [
-        f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
-        f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]"
-    ]
-    lines += [f"warning: {w}" for w in report.get("warnings", ())]
-    if report.get("start_step", 0) or report.get("end_step", report["steps"]) != report["steps"]:
-        lines.append(f"stage: steps {report['start_step']}..{report['end_step'] - 1} of {report['steps']} "
-                     f"(add_noise {'on' if report['add_noise'] else 'off'})")
-    if report.get("scheduler", "euler") != "euler":
-        lines.append(f"scheduler: {report['scheduler']}")
-    lines += [f"contract{' enforced' if enforced else ''}: {c['text']}" for c in report["contracts"]]
-    if report["boundary"] is not None:
-        lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
-        lines += _expert_switch_lines(report)
-    lines += [f"contract override: {text}" for text in report["overrides"]]
-    lines += [f"schedule: {text}" for text in report.get("notes", ())]
+def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
+    """The sampler's text output (``lorabind run`` prints it): schedule, contracts, expert switch, what bound.
+    ``schedule_lines``: ``_schedule_lines`` of the run's plan (a node keeps them with the plan)."""
+    first, rest = schedule_lines
+    lines = [first, *(f"warning: {w}" for w in report.get("warnings", ())), *rest]
     bound = report["bind"]
     lines.append(f"bind: {len(bound['fuses'])} LoRA(s) fused, {len(bound['adapters'])} adapter(s) active; "
                  f"{bound['written']} model parameters written, {bound['restored']} restored to base")
@@ -42,6 +29,26 @@ def _report_lines(report: dict, enforced: bool) -> list[str]:
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
     return lines
+
+
+def _schedule_lines(report: dict, enforced: bool) -> tuple[str, list[str]]:
+    """(the schedule line, the stage/contract/expert lines that follow the run's warnings): what the plan alone
+    decides, so a seed-only rerun does not format them again."""
+    first = (f"steps={report['steps']} shift={report['shift']:g} cfg={report['cfg']} "
+             f"sigmas=[{', '.join(f'{s:.4f}' for s in report['sigmas'])}]")
+    lines = []
+    if report.get("start_step", 0) or report.get("end_step", report["steps"]) != report["steps"]:
+        lines.append(f"stage: steps {report['start_step']}..{report['end_step'] - 1} of {report['steps']} "
+                     f"(add_noise {'on' if report['add_noise'] else 'off'})")
+    if report.get("scheduler", "euler") != "euler":
+        lines.append(f"scheduler: {report['scheduler']}")
+    lines += [f"contract{' enforced' if enforced else ''}: {c['text']}" for c in report["contracts"]]
+    if report["boundary"] is not None:
+        lines.append(f"boundary={report['boundary']:g} experts: {' '.join(report['experts'])}")
+        lines += _expert_switch_lines(report)
+    lines += [f"contract override: {text}" for text in report["overrides"]]
+    lines += [f"schedule: {text}" for text in report.get("notes", ())]
+    return first, lines
 
 
 def _expert_switch_lines(report: dict) -> list[str]:
@@ -161,8 +168,15 @@ class LoraBindSampler:
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
             on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
-        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, enforce_contract)},
+        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, self._lines_of(plan, report, enforce_contract))},
                 "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}
+
+    def _lines_of(self, plan, report: dict, enforced: bool) -> tuple:
+        """The schedule lines of ``plan`` (``enforced`` is one of its options), formatted once per plan."""
+        kept = getattr(self, "_plan_lines", None)
+        if kept is None or kept[0] is not plan:
+            kept = self._plan_lines = (plan, _schedule_lines(report, enforced))
+        return kept[1]
 
     def _sigmas_output(self, sigmas) -> torch.Tensor:
         """The SIGMAS output: the same tensor as last run while the stage ran the same sigmas (node instances

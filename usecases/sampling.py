@@ -131,20 +131,25 @@ class SamplingPlan:
     The handles are held weakly: a kept plan must not keep a model the graph has let go of in memory."""
 
     handles: tuple  # weak references (None for an absent optional input)
-    options: SampleOptions  # with seed 0
+    options: dict  # the options' fields but the seed
     resolved: object
     schedule_report: dict
 
-    def made_from(self, handles: tuple, options: SampleOptions) -> bool:
+    def made_from(self, handles: tuple, options: dict) -> bool:
         return self.options == options and all(
             handle is None if ref is None else ref() is handle for ref, handle in zip(self.handles, handles))
+
+
+def _seedless(options: SampleOptions) -> dict:
+    """The fields a plan depends on (all but the seed); a dict, cheaper to build and compare than a replace()."""
+    return {**vars(options), "seed": None}
 
 
 def plan_sampling(model, positive, negative, latent, options: SampleOptions, *, adapter=None, schedule=None,
                   reuse: Optional[SamplingPlan] = None) -> SamplingPlan:
     """The plan of this run: ``reuse`` when it was made from the same handles and options (any seed), else a new
     one; everything that can refuse the run is checked here, before any weight is bound."""
-    handles, seedless = (model, positive, negative, latent, adapter, schedule), replace(options, seed=0)
+    handles, seedless = (model, positive, negative, latent, adapter, schedule), _seedless(options)
     if reuse is not None and reuse.made_from(handles, seedless):
         return reuse
     _check_options(model, options)

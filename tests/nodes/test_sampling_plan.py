@@ -87,6 +87,20 @@ def test_new_handles_resolve_a_new_plan_and_a_contract_still_refuses_before_bind
     assert binds == [] and node._plan is kept  # refused before binding; the last good plan stays
 
 
+def test_the_text_of_a_kept_plan_is_the_text_a_fresh_sampler_writes(wan22, registry):
+    handle, pos, neg, latent = wan22
+    (paired,) = WanMoELoRAPair().pair(handle, F.WAN22_HIGH, 1.0, F.WAN22_LOW, 1.0)["result"]
+    node = LoraBindSampler()
+    first = _run(node, paired, pos, neg, latent, seed=1, cfg=1.0)["ui"]["text"]
+    kept = _run(node, paired, pos, neg, latent, seed=2, cfg=1.0)["ui"]["text"]
+    fresh = _run(LoraBindSampler(), paired, pos, neg, latent, seed=2, cfg=1.0)["ui"]["text"]
+    assert kept == fresh and kept[0] == first[0]  # bind lines may differ: the first run may have fused
+    assert any(line.startswith("contract enforced: ") for line in kept)
+    lenient = node.sample(paired, pos, neg, latent, 3, 4, 1.0, 5.0, 0.0, False)["ui"]["text"]
+    assert any(line.startswith("contract: ") for line in lenient)
+    assert not any(line.startswith("contract enforced") for line in lenient)
+
+
 def test_a_kept_plan_holds_its_handles_weakly(wan22):
     handle, pos, neg, latent = wan22
     fresh = ModelHandle(handle.model)
