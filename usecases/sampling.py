@@ -128,7 +128,9 @@ class SamplingPlan:
     Why a plan: it is a pure function of the handles (immutable, compared by identity) and of the options other
     than the seed, so a sampler keeps its last plan and a seed-only rerun skips contract resolution, staging,
     the input checks and the report (a quarter of the runtime's own work on such a rerun of the tiny model).
-    The handles are held weakly: a kept plan must not keep a model the graph has let go of in memory."""
+    Every run is still held to every contract: a plan is reused only for the very handles and options it was
+    checked against, and no contract names a seed. The handles are held weakly: a kept plan must not keep a
+    model the graph has let go of in memory."""
 
     handles: tuple  # weak references (None for an absent optional input)
     options: dict  # the options' fields but the seed

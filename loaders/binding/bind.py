@@ -130,7 +130,9 @@ def bind(model, fuses: Sequence, adapters: Sequence, *, lenient: bool = False,
         if not fuses and not any(float(spec.scale) for spec in adapters) and _holds_base_weights(state):
             # Nothing asked, nothing bound (every run of a workflow without LoRAs): nothing to plan, write or
             # report. The full path's bookkeeping cost more than the rest of the sampler's set-up on a rerun.
+            # The memory plan still hears of the bind, with nothing written, as the full path would tell it.
             state.stats.bind_calls += 1
+            _keep_under_plan(model, None)
             return BindReport(restore_sources=state.patcher.restore_sources())
         return _bind_locked(model, state, fuses, adapters, lenient, check_interrupt, on_progress)
 

@@ -101,7 +101,12 @@ def test_a_bind_of_nothing_on_base_weights_touches_nothing_and_reports_as_the_fu
     before = snapshots(model)
     full = binding._bind_locked(model, binding_state(model), [], [], False, None, None)
     applies = binding_state(model).patcher.stats.apply_calls
+    told = []
+    monkeypatch.setattr(model, "placement", type("Plan", (), {"after_bind": lambda self, w: told.append(w)})(),
+                        raising=False)
     short = bind(model, [], [])
+    assert told == [{}]  # the memory plan hears of it as of any bind that wrote nothing
+    monkeypatch.setattr(model, "placement", None, raising=False)
     assert short.to_dict() == full.to_dict() == {"fuses": [], "adapters": [], "written": 0, "restored": 0,
                                                  "unchanged": 0, "warnings": [], "restore_sources": {}}
     assert binding_state(model).patcher.stats.apply_calls == applies and binding_state(model).stats.bind_calls == 2
