@@ -19,7 +19,8 @@ from .caching import CacheEntry, InstanceCache, OutputCache, node_signatures
 from .call_over_lists import format_value, gather_inputs, map_over_lists, shape_returns
 from .definitions import NodeDefinitions, full_type_name
 from .graph import DependencyCycleError, ExecutionList
-from .validation import ValidationResult, validate_prompt
+from .validation import ValidationResult
+from .validation_memo import ValidationMemo
 
 EventCallback = Callable[[str, dict], None]
 
@@ -55,9 +56,10 @@ class PromptExecutor:
         self.output_cache = OutputCache(enabled=cache)
         self.instances = InstanceCache()
         self._run_lock = threading.Lock()
+        self._validations = ValidationMemo()  # a seed-only rerun re-checks only the nodes that changed
 
     def validate(self, prompt: dict, partial_execution_targets=None) -> ValidationResult:
-        return validate_prompt(self.node_classes, prompt, partial_execution_targets)
+        return self._validations.validate(self.node_classes, prompt, partial_execution_targets)
 
     def reset_cache(self) -> None:
         """Drop cached outputs and node instances (the server's /free)."""
@@ -79,7 +81,7 @@ class PromptExecutor:
         interrupt_event.clear()
         # One INPUT_TYPES() per class for validating and running (it may scan model folders).
         definitions = NodeDefinitions(self.node_classes)
-        validation = validate_prompt(self.node_classes, prompt, execute_outputs, definitions)
+        validation = self._validations.validate(self.node_classes, prompt, execute_outputs, definitions)
         if not validation.ok:
             raise PromptValidationError(validation)
         with self._run_lock:

@@ -238,6 +238,22 @@ class _InputValidator:
             errors.extend(self._custom_validation(node_id, node, node_class, fn_args, fn_kwargs, received_types))
         return (not errors and valid), errors
 
+    def check_constants(self, node_id: str, names) -> list[dict]:
+        """The errors of these constant inputs of a node without ``VALIDATE_INPUTS``, each cast in place, exactly
+        as ``_validate_node`` finds them (the validation memo re-checks a rerun's changed constants this way)."""
+        node = self.prompt[node_id]
+        class_type = node["class_type"]
+        errors = []
+        for name in names:
+            input_type, category, extra_info = self.definitions.input_info(class_type, name)
+            if category not in ("required", "optional"):
+                continue  # not a declared input: passed on as sent, never checked
+            error = self._check_constant(node["inputs"], name, input_type, extra_info, [input_type, extra_info],
+                                         checks_bounds=True)
+            if error is not None:
+                errors.append(error)
+        return errors
+
     def _check_link(self, name: str, value: list, config: list) -> dict | None:
         problem = None
         if len(value) != 2:
