@@ -11,6 +11,11 @@ descendant; on a seed-only rerun of the tiny Wan workflow that was a sixth of th
 agree on every prompt except one where a node takes two links from distinct but identical upstream nodes: nested
 keys then equal those of the same node taking both links from one of them, which is the same computation (the
 premise of sharing outputs between identical sub-graphs; nodes that are not idempotent key on their id).
+
+Why keys are ``CacheKey`` objects and not the nested tuples themselves: CPython does not remember a tuple's hash,
+so every dict or set operation on a nested key rehashed the whole upstream tree (a tenth of the runtime's own work
+on a seed-only rerun). A ``CacheKey`` hashes its tuple once; the tuple holds upstream ``CacheKey``s, whose hashes
+are remembered, so building and hashing a key costs its own inputs only. Equality is the tuples' equality.
 """
 
 from __future__ import annotations
@@ -23,6 +28,29 @@ from .definitions import NodeDefinitions
 from .graph import linked_inputs
 
 _PLAIN = (int, float, str, bool, bytes)
+
+
+class CacheKey:
+    """A node's cache key: the tuple ``parts`` with its hash computed once (see the module docstring)."""
+
+    __slots__ = ("parts", "_hash")
+
+    def __init__(self, parts: tuple):
+        self.parts = parts
+        self._hash = hash(parts)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if type(other) is not CacheKey or self._hash != other._hash:
+            return False
+        return self.parts == other.parts
+
+    def __repr__(self) -> str:
+        return f"CacheKey{self.parts!r}"
 
 
 class _Unhashable(Exception):
@@ -86,7 +114,7 @@ class _KeyBuilder:
             stack.pop()
             del links_of[current]
 
-    def _key(self, node_id: str, links: list) -> tuple | None:
+    def _key(self, node_id: str, links: list) -> CacheKey | None:
         """``(class_type, IS_CHANGED value[, node id], sorted inputs)``, each link written as ``("LINK", upstream
         key, slot)`` (a link to a node absent from the prompt as ``"MISSING"``); None when a constant, the IS_CHANGED
         value or an upstream key cannot be compared."""
@@ -106,7 +134,7 @@ class _KeyBuilder:
             return None
         if self.definitions.keys_on_node_id(class_type):
             head += (node_id,)
-        return head + (inputs,)
+        return CacheKey(head + (inputs,))
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from lorabind.runtime.executor.caching import node_signatures
+from lorabind.runtime.executor.caching import CacheKey, node_signatures
 from lorabind.runtime.executor.definitions import NodeDefinitions
 from runtime_fake_nodes import FAKE_NODES
 
@@ -81,3 +81,45 @@ def test_a_node_that_is_not_idempotent_keys_on_its_id():
     other = {"1": one["1"], "8": one["2"]}
     assert keys(one, {"2": 1})["2"] != keys(other, {"8": 1})["8"]
     assert keys(one, {"2": 1})["1"] == keys(other, {"8": 1})["1"]
+
+
+def plain(key):
+    """The nested-tuple key a ``CacheKey`` stands for (its upstream keys expanded), to compare with."""
+    if isinstance(key, CacheKey):
+        return tuple(plain(part) for part in key.parts)
+    if isinstance(key, tuple):
+        return tuple(plain(part) for part in key)
+    return key
+
+
+def test_keys_are_equal_exactly_when_their_expanded_tuples_are_and_equal_keys_hash_alike():
+    variants = [chain(), chain(b=2), chain(seed=4), chain(slot=1), chain()]
+    relinked = chain()
+    relinked["3"]["inputs"]["value"] = ["4", 0]
+    variants.append(relinked)
+    every = [key for prompt in variants for key in keys(prompt).values()]
+    for one in every:
+        for other in every:
+            assert (one == other) is (plain(one) == plain(other))
+            assert (one != other) is (plain(one) != plain(other))
+            if one == other:
+                assert hash(one) == hash(other)
+    assert keys(chain())["3"] != plain(keys(chain())["3"])  # a key never equals a bare tuple
+
+
+class CountedHash:
+    calls = 0
+
+    def __hash__(self):
+        CountedHash.calls += 1
+        return 7
+
+
+def test_a_key_hashes_its_parts_once_so_upstream_trees_are_not_rehashed():
+    upstream = CacheKey(("RtInt", False, (("value", CountedHash()),)))
+    downstream = CacheKey(("RtShow", False, (("value", ("LINK", upstream, 0)),)))
+    assert CountedHash.calls == 1
+    lookups = {downstream: "entry"}
+    for _ in range(3):
+        assert lookups[downstream] == "entry" and hash(upstream) == hash(upstream)
+    assert CountedHash.calls == 1
