@@ -46,19 +46,23 @@ def gather_inputs(
                 values[name] = upstream[slot]
         elif category is not None:
             values[name] = [value]
-    extra_data = extra_data or {}
-    for name, kind in definitions.hidden_inputs(class_type).items():
-        hidden_value = {
-            "PROMPT": prompt if prompt is not None else {},
-            "DYNPROMPT": prompt,  # ComfyUI passes its DynamicPrompt; we have no expansion, so the prompt
-            "EXTRA_PNGINFO": extra_data.get("extra_pnginfo"),
-            "UNIQUE_ID": node_id,
-            "AUTH_TOKEN_COMFY_ORG": extra_data.get("auth_token_comfy_org"),
-            "API_KEY_COMFY_ORG": extra_data.get("api_key_comfy_org"),
-        }
-        if kind in hidden_value:
-            values[name] = [hidden_value[kind]]
+    hidden = definitions.hidden_inputs(class_type)
+    if hidden:
+        values.update(_hidden_values(hidden, node_id, prompt, extra_data or {}))
     return values, missing
+
+
+def _hidden_values(hidden: dict, node_id: str, prompt: dict | None, extra_data: dict) -> dict[str, list]:
+    """The values of a node's hidden inputs (kinds this runtime does not know are left out)."""
+    known = {
+        "PROMPT": prompt if prompt is not None else {},
+        "DYNPROMPT": prompt,  # ComfyUI passes its DynamicPrompt; we have no expansion, so the prompt
+        "EXTRA_PNGINFO": extra_data.get("extra_pnginfo"),
+        "UNIQUE_ID": node_id,
+        "AUTH_TOKEN_COMFY_ORG": extra_data.get("auth_token_comfy_org"),
+        "API_KEY_COMFY_ORG": extra_data.get("api_key_comfy_org"),
+    }
+    return {name: [known[kind]] for name, kind in hidden.items() if kind in known}
 
 
 def _resolve(result: Any) -> Any:

@@ -73,6 +73,7 @@ class NodeDefinitions:
         # per (class_type, input name) and per class: validation, scheduling and input gathering each ask again
         self._input_info: dict[tuple[str, str], tuple] = {}
         self._declared: dict[str, tuple[str, ...]] = {}
+        self._hidden: dict[str, dict] = {}
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)
@@ -114,7 +115,11 @@ class NodeDefinitions:
         return names
 
     def hidden_inputs(self, class_type: str) -> dict:
-        return dict(self.input_types(class_type).get("hidden") or {})
+        """{input name: hidden kind}; one dict per class and run, which callers only read."""
+        hidden = self._hidden.get(class_type)
+        if hidden is None:
+            hidden = self._hidden[class_type] = dict(self.input_types(class_type).get("hidden") or {})
+        return hidden
 
     def is_lazy(self, class_type: str, input_name: str) -> bool:
         _, _, extra = self.input_info(class_type, input_name)

@@ -57,6 +57,9 @@ class PromptExecutor:
         self.instances = InstanceCache()
         self._run_lock = threading.Lock()
         self._validations = ValidationMemo()  # a seed-only rerun re-checks only the nodes that changed
+        # The interrupt flag of prompts whose caller passes none: nobody else holds it and every prompt clears it, so
+        # one per executor behaves as a fresh one and saves building an Event (a Condition, a Lock) per prompt.
+        self._unshared_interrupt = threading.Event()
 
     def validate(self, prompt: dict, partial_execution_targets=None) -> ValidationResult:
         return self._validations.validate(self.node_classes, prompt, partial_execution_targets)
@@ -75,7 +78,7 @@ class PromptExecutor:
         Raises PromptValidationError if no requested output validates; node failures and interrupts are
         reported in the result (and as events), never raised.
         """
-        interrupt_event = interrupt_event if interrupt_event is not None else threading.Event()
+        interrupt_event = interrupt_event if interrupt_event is not None else self._unshared_interrupt
         # ComfyUI resets the interrupt flag when a prompt starts. Done before validating, not after: an
         # interrupt sent while this prompt validates (INPUT_TYPES may scan model folders) must still stop it.
         interrupt_event.clear()

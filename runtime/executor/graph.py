@@ -27,7 +27,11 @@ class NodeInputError(Exception):
 def linked_inputs(node: dict) -> list[tuple[str, str, int]]:
     """(input_name, from_node_id, from_slot) for every link input of a prompt node, sorted by input name."""
     inputs = node.get("inputs") or {}
-    return [(name, value[0], int(value[1])) for name, value in sorted(inputs.items()) if is_link(value)]
+    # links picked before sorting: most inputs are constants, and this runs for every node several times a prompt
+    links = [(name, value[0], int(value[1])) for name, value in inputs.items()
+             if isinstance(value, list) and is_link(value)]
+    links.sort()
+    return links
 
 
 def upstream_closure(prompt: dict, start_ids: list[str]) -> set[str]:
