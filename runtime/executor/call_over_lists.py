@@ -65,10 +65,15 @@ def _hidden_values(hidden: dict, node_id: str, prompt: dict | None, extra_data: 
     return {name: [known[kind]] for name, kind in hidden.items() if kind in known}
 
 
+# What node methods return almost always: never awaitable, told apart by type alone. inspect.isawaitable goes
+# through the Awaitable ABC, which is slow right after a node's torch work has flushed the CPU caches.
+_NEVER_AWAITABLE = frozenset({tuple, dict, list, str, bool, int, float, type(None)})
+
+
 def _resolve(result: Any) -> Any:
     """Node functions may be ``async def``: run the coroutine to completion here. The executor runs on a worker
     thread (server) or the main thread (CLI), never inside a running event loop."""
-    if inspect.isawaitable(result):
+    if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):
         return asyncio.run(_await(result))
     return result
 
