@@ -36,7 +36,7 @@ def gather_inputs(
     missing: set[str] = set()
     for name, value in (node.get("inputs") or {}).items():
         _, category, extra = definitions.input_info(class_type, name)
-        if is_link(value) and not (extra or {}).get("rawLink", False):
+        if isinstance(value, list) and is_link(value) and not (extra and extra.get("rawLink", False)):
             upstream = outputs_of(value[0]) if outputs_of is not None else None
             slot = int(value[1])
             if upstream is None or slot >= len(upstream):

@@ -74,6 +74,7 @@ class NodeDefinitions:
         self._input_info: dict[tuple[str, str], tuple] = {}
         self._declared: dict[str, tuple[str, ...]] = {}
         self._hidden: dict[str, dict] = {}
+        self._return_types: dict[str, tuple] = {}
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)
@@ -129,7 +130,11 @@ class NodeDefinitions:
         return getattr(self.node_classes[class_type], "OUTPUT_NODE", False) is True
 
     def return_types(self, class_type: str) -> tuple:
-        return tuple(getattr(self.node_classes[class_type], "RETURN_TYPES", ()))
+        """RETURN_TYPES as a tuple, once per class and run (validation asks twice per link)."""
+        types = self._return_types.get(class_type)
+        if types is None:
+            types = self._return_types[class_type] = tuple(getattr(self.node_classes[class_type], "RETURN_TYPES", ()))
+        return types
 
     def keys_on_node_id(self, class_type: str) -> bool:
         """Whether the node id enters the cache key: NOT_IDEMPOTENT nodes and nodes taking UNIQUE_ID."""

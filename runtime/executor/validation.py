@@ -127,6 +127,7 @@ class _InputValidator:
         self.validated: dict[str, tuple[bool, list]] = {}
         # Upstream nodes whose INPUT_TYPES/VALIDATE_INPUTS raised, until the node linking to them reports it.
         self.raised: dict[str, BaseException] = {}
+        self._upstream: dict[str, list[str]] = {}
 
     def validate_output(self, output_id: str) -> tuple[bool, list]:
         cycle = find_cycle(self.prompt, [output_id])
@@ -181,6 +182,14 @@ class _InputValidator:
         self.validated[value[0]] = (False, [reason])
 
     def _upstream_ids(self, node_id: str) -> list[str]:
+        """Linked nodes on declared inputs; asked twice per node by the walk (before and after its upstream nodes),
+        read once (only a node's own validation casts its inputs, after both)."""
+        ids = self._upstream.get(node_id)
+        if ids is None:
+            ids = self._upstream[node_id] = self._read_upstream_ids(node_id)
+        return ids
+
+    def _read_upstream_ids(self, node_id: str) -> list[str]:
         node = self.prompt[node_id]
         class_type = node["class_type"]
         ids = []
