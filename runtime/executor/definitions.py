@@ -71,10 +71,11 @@ class NodeDefinitions:
         self.node_classes = node_classes
         self._input_types: dict[str, dict] = {}
         # per (class_type, input name) and per class: validation, scheduling and input gathering each ask again
-        self._input_info: dict[tuple[str, str], tuple] = {}
+        self._input_info: dict[str, dict[str, tuple]] = {}  # class_type -> input name -> info (no key tuples)
         self._declared: dict[str, tuple[str, ...]] = {}
         self._hidden: dict[str, dict] = {}
         self._return_types: dict[str, tuple] = {}
+        self._output_node: dict[str, bool] = {}
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)
@@ -87,10 +88,12 @@ class NodeDefinitions:
 
     def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
-        key = (class_type, input_name)
-        info = self._input_info.get(key)
+        of_class = self._input_info.get(class_type)
+        if of_class is None:
+            of_class = self._input_info[class_type] = {}
+        info = of_class.get(input_name)
         if info is None:
-            info = self._input_info[key] = self._read_input_info(class_type, input_name)
+            info = of_class[input_name] = self._read_input_info(class_type, input_name)
         return info
 
     def _read_input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
@@ -127,7 +130,11 @@ class NodeDefinitions:
         return bool(extra and extra.get("lazy", False))
 
     def is_output_node(self, class_type: str) -> bool:
-        return getattr(self.node_classes[class_type], "OUTPUT_NODE", False) is True
+        """Read once per class and run: validation and every scheduling step ask."""
+        flag = self._output_node.get(class_type)
+        if flag is None:
+            flag = self._output_node[class_type] = getattr(self.node_classes[class_type], "OUTPUT_NODE", False) is True
+        return flag
 
     def return_types(self, class_type: str) -> tuple:
         """RETURN_TYPES as a tuple, once per class and run (validation asks twice per link)."""
