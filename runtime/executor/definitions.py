@@ -64,14 +64,49 @@ def accepted_arguments(function) -> tuple[frozenset, bool]:
         return _parameters_of.__wrapped__(function)
 
 
+_CATEGORIES = ("required", "optional", "hidden")
+_UNDECLARED = (None, None, None)
+
+
+class _PerName(dict):
+    """Input infos of a class whose declaration could not be read in one pass: read per name as asked."""
+
+
+def _spec_info(spec: Any, category: str) -> tuple[Any, str, dict]:
+    if category == "hidden":
+        return spec, category, {}
+    if isinstance(spec, (list, tuple)):
+        extra = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+        return spec[0], category, extra
+    return spec, category, {}
+
+
+def _read_all_infos(declared: dict) -> dict | None:
+    """Every declared input's info in one pass over the declaration (the first category naming an input wins, as
+    when read per name). None when a section is not a plain dict or a spec cannot be read: such a class is read per
+    name, so a malformed input still fails only where it is asked for."""
+    infos: dict[str, tuple] = {}
+    for category in _CATEGORIES:
+        section = declared.get(category) or {}
+        if type(section) is not dict:
+            return None
+        for name, spec in section.items():
+            if name not in infos:
+                try:
+                    infos[name] = _spec_info(spec, category)
+                except Exception:
+                    return None
+    return infos
+
+
 class NodeDefinitions:
     """The node classes of one run, with ``INPUT_TYPES()`` memoised per class for the duration of that run."""
 
     def __init__(self, node_classes: dict):
         self.node_classes = node_classes
         self._input_types: dict[str, dict] = {}
-        # per (class_type, input name) and per class: validation, scheduling and input gathering each ask again
-        self._input_info: dict[str, dict[str, tuple]] = {}  # class_type -> input name -> info (no key tuples)
+        # per class: validation, scheduling and input gathering each ask again (class_type -> input name -> info)
+        self._input_info: dict[str, dict[str, tuple]] = {}
         self._declared: dict[str, tuple[str, ...]] = {}
         self._hidden: dict[str, dict] = {}
         self._return_types: dict[str, tuple] = {}
@@ -88,27 +123,24 @@ class NodeDefinitions:
 
     def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
-        of_class = self._input_info.get(class_type)
-        if of_class is None:
-            of_class = self._input_info[class_type] = {}
-        info = of_class.get(input_name)
+        infos = self._input_info.get(class_type)
+        if infos is None:
+            infos = _read_all_infos(self.input_types(class_type))
+            self._input_info[class_type] = infos = _PerName() if infos is None else infos
+        if type(infos) is not _PerName:
+            return infos.get(input_name, _UNDECLARED)
+        info = infos.get(input_name)
         if info is None:
-            info = of_class[input_name] = self._read_input_info(class_type, input_name)
+            info = infos[input_name] = self._read_input_info(class_type, input_name)
         return info
 
     def _read_input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         declared = self.input_types(class_type)
-        for category in ("required", "optional", "hidden"):
+        for category in _CATEGORIES:
             section = declared.get(category) or {}
             if input_name in section:
-                spec = section[input_name]
-                if category == "hidden":
-                    return spec, category, {}
-                if isinstance(spec, (list, tuple)):
-                    extra = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
-                    return spec[0], category, extra
-                return spec, category, {}
-        return None, None, None
+                return _spec_info(section[input_name], category)
+        return _UNDECLARED
 
     def declared_inputs(self, class_type: str) -> tuple[str, ...]:
         """Required then optional input names, in declaration order."""
