@@ -123,16 +123,17 @@ class _KeyBuilder:
         node = self.prompt[node_id]
         class_type = node["class_type"]
         try:
-            head = (class_type, to_hashable(self.is_changed.get(node_id, False)))
+            changed = self.is_changed.get(node_id, False)
+            head = (class_type, changed if type(changed) in _AS_IS else to_hashable(changed))
             linked = {}
             for name, from_id, slot in links:
                 upstream = self.keys[from_id] if from_id in self.prompt else "MISSING"
                 if upstream is None:
                     return None
                 linked[name] = ("LINK", upstream, slot)
-            inputs = tuple((name, linked[name] if name in linked
-                            else value if type(value) in _AS_IS else to_hashable(value))
-                           for name, value in sorted((node.get("inputs") or {}).items()))
+            inputs = tuple([(name, linked[name] if name in linked
+                             else value if type(value) in _AS_IS else to_hashable(value))
+                            for name, value in sorted((node.get("inputs") or {}).items())])
         except _Unhashable:
             return None
         if self.definitions.keys_on_node_id(class_type):

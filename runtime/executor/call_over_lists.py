@@ -102,7 +102,7 @@ def map_over_lists(
         return [call(inputs)]
     if not inputs:
         return [call({})]
-    longest = max(len(values) for values in inputs.values())
+    longest = max(map(len, inputs.values()))
     return [
         call({name: values[i if len(values) > i else -1] for name, values in inputs.items()})
         for i in range(longest)
@@ -151,6 +151,8 @@ def _check_result(result: Any, return_types: tuple, node_id: str, class_type: st
 
 
 def _merge_results(results: list[tuple], output_is_list) -> list[list]:
+    if len(results) == 1 and not output_is_list:  # one call, as almost always: each slot holds its one value
+        return [[value] for value in results[0]]
     slot_count = len(results[0])
     is_list = list(output_is_list) if output_is_list else [False] * slot_count
     merged = []

@@ -111,6 +111,7 @@ class NodeDefinitions:
         self._hidden: dict[str, dict] = {}
         self._return_types: dict[str, tuple] = {}
         self._output_node: dict[str, bool] = {}
+        self._keys_on_id: dict[str, bool] = {}
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)
@@ -176,6 +177,11 @@ class NodeDefinitions:
         return types
 
     def keys_on_node_id(self, class_type: str) -> bool:
-        """Whether the node id enters the cache key: NOT_IDEMPOTENT nodes and nodes taking UNIQUE_ID."""
-        cls = self.node_classes[class_type]
-        return bool(getattr(cls, "NOT_IDEMPOTENT", False)) or "UNIQUE_ID" in self.hidden_inputs(class_type).values()
+        """Whether the node id enters the cache key: NOT_IDEMPOTENT nodes and nodes taking UNIQUE_ID (read once per
+        class and run)."""
+        keys_on_id = self._keys_on_id.get(class_type)
+        if keys_on_id is None:
+            not_idempotent = bool(getattr(self.node_classes[class_type], "NOT_IDEMPOTENT", False))
+            keys_on_id = not_idempotent or "UNIQUE_ID" in self.hidden_inputs(class_type).values()
+            self._keys_on_id[class_type] = keys_on_id
+        return keys_on_id
