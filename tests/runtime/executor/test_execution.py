@@ -256,3 +256,21 @@ def test_async_functions_and_undeclared_linked_inputs():
               "3": {"class_type": "AsyncJoin", "inputs": {"x_1": ["1", 0], "x_2": ["2", 0], "ignored": 9}}}
     result = PromptExecutor(nodes).execute(prompt, "async")
     assert result.outputs["3"] == {"text": ["x_1=3,x_2=4"]}
+
+
+def test_a_prompt_without_an_interrupt_event_starts_clear_after_one_that_was_interrupted():
+    """Callers that pass no interrupt_event share the executor's own flag: every prompt must clear it first."""
+    from lorabind.runtime.context import current_context
+
+    def interrupt_at_step_two(name, data):
+        if name == "progress" and data["value"] == 2:
+            current_context().interrupt_event.set()
+
+    prompt = {"1": {"class_type": "RtInt", "inputs": {"value": 1}},
+              "2": {"class_type": "RtSteps", "inputs": {"value": ["1", 0], "steps": 5}},
+              "3": {"class_type": "RtShow", "inputs": {"value": ["2", 0]}}}
+    executor = PromptExecutor(FAKE_NODES)
+    first = executor.execute(prompt, "a", on_event=Recorder(interrupt_at_step_two))
+    assert first.interrupted and first.executed == ["1"]
+    second = executor.execute(prompt, "b")
+    assert second.success and second.executed == ["2", "3"] and second.outputs == {"3": {"text": ["6"]}}
