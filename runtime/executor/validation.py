@@ -61,9 +61,11 @@ def copy_prompt(prompt: dict) -> dict:
     """Copy the node dicts and their input dicts (values are shared) so casting never edits the caller's."""
     copied = {}
     for node_id, node in prompt.items():
-        copied[str(node_id)] = dict(node) if isinstance(node, dict) else node
-        if isinstance(node, dict) and isinstance(node.get("inputs"), dict):
-            copied[str(node_id)]["inputs"] = dict(node["inputs"])
+        if isinstance(node, dict):
+            node = dict(node)
+            if isinstance(node.get("inputs"), dict):
+                node["inputs"] = dict(node["inputs"])
+        copied[str(node_id)] = node
     return copied
 
 
@@ -212,7 +214,6 @@ class _InputValidator:
 
         for name in self.definitions.declared_inputs(class_type):
             input_type, category, extra_info = self.definitions.input_info(class_type, name)
-            config = [input_type, extra_info]
             if name not in inputs:
                 if category == "required":
                     errors.append(_error("required_input_missing", "Required input is missing", name,
@@ -220,6 +221,7 @@ class _InputValidator:
                 continue
             value = inputs[name]
             if isinstance(value, list):
+                config = [input_type, extra_info]
                 link_error = self._check_link(name, value, config)
                 if link_error is not None:
                     errors.append(link_error)
@@ -238,7 +240,7 @@ class _InputValidator:
                 if not self.validated[value[0]][0]:
                     valid = False
                 continue
-            constant_error = self._check_constant(inputs, name, input_type, extra_info, config,
+            constant_error = self._check_constant(inputs, name, input_type, extra_info,
                                                   checks_bounds=name not in fn_args and not fn_kwargs)
             if constant_error is not None:
                 errors.append(constant_error)
@@ -257,8 +259,7 @@ class _InputValidator:
             input_type, category, extra_info = self.definitions.input_info(class_type, name)
             if category not in ("required", "optional"):
                 continue  # not a declared input: passed on as sent, never checked
-            error = self._check_constant(node["inputs"], name, input_type, extra_info, [input_type, extra_info],
-                                         checks_bounds=True)
+            error = self._check_constant(node["inputs"], name, input_type, extra_info, checks_bounds=True)
             if error is not None:
                 errors.append(error)
         return errors
@@ -283,7 +284,9 @@ class _InputValidator:
                       problem, {"input_name": name, "input_config": config, "received_value": value})
 
     @staticmethod
-    def _check_constant(inputs, name, input_type, extra_info, config, *, checks_bounds) -> dict | None:
+    def _check_constant(inputs, name, input_type, extra_info, *, checks_bounds) -> dict | None:
+        """Cast (and unwrap) the constant in place; its first problem as ComfyUI's error, else None. The error's
+        ``input_config`` list is built only for an error: most constants pass."""
         value = inputs[name]
         try:
             if isinstance(value, dict) and "__value__" in value:
@@ -296,22 +299,22 @@ class _InputValidator:
         except Exception as exc:
             return _error("invalid_input_type", f"Failed to convert an input value to a {input_type} value",
                           f"{name}, {value}, {exc}",
-                          {"input_name": name, "input_config": config, "received_value": value,
+                          {"input_name": name, "input_config": [input_type, extra_info], "received_value": value,
                            "exception_message": str(exc)})
         if not checks_bounds:
             return None
         if "min" in extra_info and value < extra_info["min"]:
             return _error("value_smaller_than_min", f"Value {value} smaller than min of {extra_info['min']}", name,
-                          {"input_name": name, "input_config": config, "received_value": value})
+                          {"input_name": name, "input_config": [input_type, extra_info], "received_value": value})
         if "max" in extra_info and value > extra_info["max"]:
             return _error("value_bigger_than_max", f"Value {value} bigger than max of {extra_info['max']}", name,
-                          {"input_name": name, "input_config": config, "received_value": value})
+                          {"input_name": name, "input_config": [input_type, extra_info], "received_value": value})
         options = combo_options(input_type, extra_info)
         if options is not None and value not in options:
             if len(options) > 20:  # ComfyUI does not echo huge lists such as scanned model files
                 list_info, config = f"(list of length {len(options)})", None
             else:
-                list_info = str(options)
+                list_info, config = str(options), [input_type, extra_info]
             return _error("value_not_in_list", "Value not in list",
                           f"{name}: '{value}' not in {list_info}{_searched_folders(name)}"
                           f"{_closest_text(value, options)}",
