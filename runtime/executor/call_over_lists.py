@@ -34,8 +34,9 @@ def gather_inputs(
     class_type = node["class_type"]
     values: dict[str, list] = {}
     missing: set[str] = set()
+    infos = definitions.input_infos(class_type)
     for name, value in (node.get("inputs") or {}).items():
-        _, category, extra = definitions.input_info(class_type, name)
+        _, category, extra = infos[name]
         if isinstance(value, list) and is_link(value) and not (extra and extra.get("rawLink", False)):
             upstream = outputs_of(value[0]) if outputs_of is not None else None
             slot = int(value[1])

@@ -68,8 +68,23 @@ _CATEGORIES = ("required", "optional", "hidden")
 _UNDECLARED = (None, None, None)
 
 
+class _Infos(dict):
+    """Input name -> info of one class, read in one pass; an undeclared name reads as (None, None, None)."""
+
+    def __missing__(self, name: str) -> tuple:
+        return _UNDECLARED
+
+
 class _PerName(dict):
     """Input infos of a class whose declaration could not be read in one pass: read per name as asked."""
+
+    def __init__(self, read_one):
+        super().__init__()
+        self._read_one = read_one
+
+    def __missing__(self, name: str) -> tuple:
+        info = self[name] = self._read_one(name)
+        return info
 
 
 def _spec_info(spec: Any, category: str) -> tuple[Any, str, dict]:
@@ -85,7 +100,7 @@ def _read_all_infos(declared: dict) -> dict | None:
     """Every declared input's info in one pass over the declaration (the first category naming an input wins, as
     when read per name). None when a section is not a plain dict or a spec cannot be read: such a class is read per
     name, so a malformed input still fails only where it is asked for."""
-    infos: dict[str, tuple] = {}
+    infos = _Infos()
     for category in _CATEGORIES:
         section = declared.get(category) or {}
         if type(section) is not dict:
@@ -124,16 +139,18 @@ class NodeDefinitions:
 
     def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
+        return self.input_infos(class_type)[input_name]
+
+    def input_infos(self, class_type: str) -> dict[str, tuple]:
+        """``input_info`` of every input name of a class, for callers asking about many names: index it by name
+        (``[name]``; an undeclared name gives (None, None, None)). Read once per class and run."""
         infos = self._input_info.get(class_type)
         if infos is None:
             infos = _read_all_infos(self.input_types(class_type))
-            self._input_info[class_type] = infos = _PerName() if infos is None else infos
-        if type(infos) is not _PerName:
-            return infos.get(input_name, _UNDECLARED)
-        info = infos.get(input_name)
-        if info is None:
-            info = infos[input_name] = self._read_input_info(class_type, input_name)
-        return info
+            if infos is None:
+                infos = _PerName(functools.partial(self._read_input_info, class_type))
+            self._input_info[class_type] = infos
+        return infos
 
     def _read_input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         declared = self.input_types(class_type)

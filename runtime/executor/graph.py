@@ -106,9 +106,9 @@ class ExecutionList:
             for input_name, from_id, from_slot in linked_inputs(self.prompt[current]):
                 if not include_lazy and self.definitions.is_lazy(class_type, input_name):
                     continue
-                if not self.is_available(from_id):
+                if not self.is_available(from_id):  # links to available outputs block nothing
                     to_visit.append(from_id)
-                links.append((from_id, from_slot, current))
+                    links.append((from_id, from_slot, current))
         for from_id, from_slot, to_id in links:
             self._add_strong_link(from_id, from_slot, to_id)
 

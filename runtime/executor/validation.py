@@ -212,8 +212,9 @@ class _InputValidator:
         valid = True
         received_types: dict[str, Any] = {}
 
+        infos = self.definitions.input_infos(class_type)
         for name in self.definitions.declared_inputs(class_type):
-            input_type, category, extra_info = self.definitions.input_info(class_type, name)
+            input_type, category, extra_info = infos[name]
             if name not in inputs:
                 if category == "required":
                     errors.append(_error("required_input_missing", "Required input is missing", name,
