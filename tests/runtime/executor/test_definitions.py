@@ -37,23 +37,26 @@ DECLARATIONS = [
 
 @pytest.mark.parametrize("declared", DECLARATIONS)
 def test_every_input_reads_as_it_does_name_by_name(declared):
-    definitions = NodeDefinitions({"C": node_class(declared)})
-    names = {name for section in declared.values() if section for name in section} | {"absent"}
-    for name in sorted(names):
-        assert definitions.input_info("C", name) == read_by_name(declared, name)
-    assert definitions.input_info("C", "a") is definitions.input_info("C", "a")  # read once per run
+    names = sorted({name for section in declared.values() if section for name in section} | {"absent"})
+    by_name, whole = NodeDefinitions({"C": node_class(declared)}), NodeDefinitions({"C": node_class(declared)})
+    for name in names:
+        assert by_name.input_info("C", name) == read_by_name(declared, name)  # one name asked: read per name
+        assert whole.input_infos("C")[name] == read_by_name(declared, name)  # the whole table, in one pass
+    assert by_name.input_infos("C")["a"] == by_name.input_info("C", "a") == read_by_name(declared, "a")
+    assert whole.input_info("C", "a") is whole.input_info("C", "a")  # read once per run
 
 
 def test_a_malformed_input_fails_only_where_it_is_asked_for():
     declared = {"required": {"a": ("INT", {"max": 3})}, "optional": {"broken": ()}}
     definitions = NodeDefinitions({"C": node_class(declared)})
-    assert definitions.input_info("C", "a") == ("INT", "required", {"max": 3})
+    assert definitions.input_infos("C")["a"] == ("INT", "required", {"max": 3})
     with pytest.raises(IndexError):
-        definitions.input_info("C", "broken")
+        definitions.input_infos("C")["broken"]
+    assert definitions.input_info("C", "a") == ("INT", "required", {"max": 3})
     listed = NodeDefinitions({"C": node_class({"required": {"a": ("INT",)}, "optional": ["b"]})})
-    assert listed.input_info("C", "a") == ("INT", "required", {})
+    assert listed.input_infos("C")["a"] == ("INT", "required", {})
     with pytest.raises(TypeError):
-        listed.input_info("C", "b")  # a list section: ``section["b"]`` fails, as it did read by name
+        listed.input_infos("C")["b"]  # a list section: ``section["b"]`` fails, as it did read by name
 
 
 def test_flags_read_once_per_run_answer_as_the_class_says():
