@@ -158,9 +158,25 @@ def readme_table(path: Path) -> str:
              "", "| metric | result | target |", "|---|---|---|"]
     for name, (_, _, wording, target) in METRICS.items():
         if name in figures:
-            goal = "—" if target is None else f"{_SYMBOLS[target[0]]} {target[1]:g}"
-            lines.append(f"| {wording} (`{name}`) | **{figures[name]:.2f}** | {goal} |")
+            shown, goal = _shown(figures[name], target), _goal_text(name, figures[name])
+            lines.append(f"| {wording} (`{name}`) | **{shown}** | {goal} |")
     return "\n".join(lines + ["", _TABLE_END])
+
+
+def _shown(value: float, target) -> str:
+    """Two decimals, or three where two would round a missed target onto its bound (1.053 against ≤ 1.05)."""
+    if target is not None and f"{value:.2f}" == f"{target[1]:.2f}" and value != target[1]:
+        return f"{value:.3f}"
+    return f"{value:.2f}"
+
+
+def _goal_text(name: str, value: float) -> str:
+    """The target and whether this run met it ("≤ 1.05: missed"); "—" for a figure without one."""
+    target = METRICS[name][3]
+    if target is None:
+        return "—"
+    met = verdict(name, value).endswith(": met")
+    return f"{_SYMBOLS[target[0]]} {target[1]:g}: {'met' if met else '**missed**'}"
 
 
 def write_readme(path: Path) -> None:
