@@ -76,13 +76,12 @@ class _Infos(dict):
 
 
 class _PerName(dict):
-    """Input infos of a class read per name as asked: before anyone asked for the whole table (the validation memo
-    re-checks one changed constant), or for good when its declaration could not be read in one pass (``settled``)."""
+    """Input infos of a class whose declaration could not be read in one pass, read per name as asked, so a
+    malformed input still fails only where it is asked for."""
 
-    def __init__(self, read_one, settled: bool = False):
+    def __init__(self, read_one):
         super().__init__()
         self._read_one = read_one
-        self.settled = settled
 
     def __missing__(self, name: str) -> tuple:
         info = self[name] = self._read_one(name)
@@ -141,20 +140,17 @@ class NodeDefinitions:
 
     def input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:
         """(input_type, category, extra_info) of a declared input; (None, None, None) if undeclared."""
-        infos = self._input_info.get(class_type)
-        if infos is None:
-            infos = self._input_info[class_type] = _PerName(functools.partial(self._read_input_info, class_type))
-        return infos[input_name]
+        return self.input_infos(class_type)[input_name]
 
     def input_infos(self, class_type: str) -> dict[str, tuple]:
         """``input_info`` of every input name of a class, for callers asking about many names: index it by name
         (``[name]``; an undeclared name gives (None, None, None)). Read in one pass, once per class and run."""
         infos = self._input_info.get(class_type)
-        if infos is None or (type(infos) is _PerName and not infos.settled):
-            whole = _read_all_infos(self.input_types(class_type))
-            if whole is None:
-                whole = _PerName(functools.partial(self._read_input_info, class_type), settled=True)
-            self._input_info[class_type] = infos = whole
+        if infos is None:
+            infos = _read_all_infos(self.input_types(class_type))
+            if infos is None:
+                infos = _PerName(functools.partial(self._read_input_info, class_type))
+            self._input_info[class_type] = infos
         return infos
 
     def _read_input_info(self, class_type: str, input_name: str) -> tuple[Any, str | None, dict | None]:

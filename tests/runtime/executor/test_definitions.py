@@ -40,7 +40,7 @@ def test_every_input_reads_as_it_does_name_by_name(declared):
     names = sorted({name for section in declared.values() if section for name in section} | {"absent"})
     by_name, whole = NodeDefinitions({"C": node_class(declared)}), NodeDefinitions({"C": node_class(declared)})
     for name in names:
-        assert by_name.input_info("C", name) == read_by_name(declared, name)  # one name asked: read per name
+        assert by_name.input_info("C", name) == read_by_name(declared, name)  # asked name by name
         assert whole.input_infos("C")[name] == read_by_name(declared, name)  # the whole table, in one pass
     assert by_name.input_infos("C")["a"] == by_name.input_info("C", "a") == read_by_name(declared, "a")
     assert whole.input_info("C", "a") is whole.input_info("C", "a")  # read once per run
