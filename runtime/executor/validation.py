@@ -97,7 +97,7 @@ def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=
     if not outputs:
         return ValidationResult(False, _error("prompt_no_outputs", "Prompt has no outputs"))
 
-    validator = _InputValidator(prompt, definitions)
+    validator = InputValidator(prompt, definitions)
     good_outputs, failed, node_errors = [], [], {}
     for output_id in outputs:
         ok, reasons = validator.validate_output(output_id)
@@ -120,7 +120,7 @@ def validate_prompt(node_classes: dict, prompt: dict, partial_execution_targets=
     return ValidationResult(True, None, good_outputs, node_errors, prompt)
 
 
-class _InputValidator:
+class InputValidator:
     """Validates nodes upstream from each output, memoising ``validated[node_id] = (ok, errors)``."""
 
     def __init__(self, prompt: dict, definitions: NodeDefinitions):
@@ -142,7 +142,7 @@ class _InputValidator:
             self.validated.setdefault(output_id, (False, [reason] if output_id in cycle else []))
             return False, self.validated[output_id][1]
         try:
-            return self._validate(output_id)
+            return self.validate_with_upstream(output_id)
         except Exception as exc:  # a node's INPUT_TYPES/VALIDATE_INPUTS raised: ComfyUI reports it this way
             reason = _error("exception_during_validation", "Exception when validating node", str(exc),
                             {"exception_type": full_type_name(type(exc)),
@@ -150,7 +150,7 @@ class _InputValidator:
             self.validated[output_id] = (False, [reason])
             return False, [reason]
 
-    def _validate(self, node_id: str) -> tuple[bool, list]:
+    def validate_with_upstream(self, node_id: str) -> tuple[bool, list]:
         """Post-order walk (explicit stack: no recursion limit on long chains; cycles were excluded)."""
         stack = [node_id]
         while stack:

@@ -21,7 +21,7 @@ import copy
 from dataclasses import dataclass
 
 from .definitions import NodeDefinitions
-from .validation import ValidationResult, _InputValidator, validate_prompt
+from .validation import InputValidator, ValidationResult, validate_prompt
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _revalidated(last: _Validated, prompt, targets, definitions: NodeDefinitions
     casts = last.result.prompt
     fresh = {node_id: {**node, "inputs": dict(node["inputs"] if node_id in changed else casts[node_id]["inputs"])}
              for node_id, node in prompt.items()}
-    validator = _InputValidator(fresh, definitions)
+    validator = InputValidator(fresh, definitions)
     whole = [node_id for node_id, node in fresh.items()
              if hasattr(definitions.get_class(node["class_type"]), "VALIDATE_INPUTS")]
     validator.validated = {node_id: (True, []) for node_id in fresh if node_id not in whole}
@@ -91,7 +91,7 @@ def _revalidated(last: _Validated, prompt, targets, definitions: NodeDefinitions
         if any(validator.check_constants(node_id, names) for node_id, names in changed.items()
                if node_id not in whole):
             return None
-        if any(validator._validate(node_id) != (True, []) for node_id in whole):
+        if any(validator.validate_with_upstream(node_id) != (True, []) for node_id in whole):
             return None
     except Exception:
         return None

@@ -70,7 +70,7 @@ def _outside_world():
 def checked(monkeypatch):
     """What the validator checked, per call: ("node", id) validated whole, ("constants", id, names) re-checked."""
     seen = []
-    validator = validation._InputValidator
+    validator = validation.InputValidator
     validate_node, check_constants = validator._validate_node, validator.check_constants
 
     def whole(self, node_id):
@@ -81,8 +81,8 @@ def checked(monkeypatch):
         seen.append(("constants", node_id, list(names)))
         return check_constants(self, node_id, names)
 
-    monkeypatch.setattr(validation._InputValidator, "_validate_node", whole)
-    monkeypatch.setattr(validation._InputValidator, "check_constants", constants)
+    monkeypatch.setattr(validation.InputValidator, "_validate_node", whole)
+    monkeypatch.setattr(validation.InputValidator, "check_constants", constants)
     return seen
 
 
