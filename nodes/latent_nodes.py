@@ -18,6 +18,15 @@ MAX_RESOLUTION = 8192
 # has (16 channels, 8x spatial and 4x temporal compression, float32): 8192 x 8192 x 1025 frames x batch 64 would
 # otherwise try to allocate about a terabyte. Real requests (720p, 81 frames, small batches) are far below.
 MAX_LATENT_BYTES = 1 << 30
+# (min, max, step or None) of the empty latent's size inputs: declared by INPUT_TYPES and checked by VALIDATE_INPUTS (which
+# takes the executor's bound checks over), from this one table so neither rebuilds the other's declaration.
+SIZE_BOUNDS = {"width": (16, MAX_RESOLUTION, 16), "height": (16, MAX_RESOLUTION, 16), "frames": (1, 1025, 4),
+               "batch_size": (1, 64, None)}
+
+
+def _bounds(name: str) -> dict:
+    low, high, step = SIZE_BOUNDS[name]
+    return {"min": low, "max": high, **({"step": step} if step is not None else {})}
 
 
 class LoraBindEmptyLatent:
@@ -37,13 +46,13 @@ class LoraBindEmptyLatent:
         return {
             "required": {
                 "model": (SOCKET_MODEL, {"tooltip": "The model the latent is for (decides its shape)."}),
-                "width": ("INT", {"default": 64, "min": 16, "max": MAX_RESOLUTION, "step": 16,
+                "width": ("INT", {"default": 64, **_bounds("width"),
                                   "tooltip": "Output width in pixels (a multiple of 16)."}),
-                "height": ("INT", {"default": 64, "min": 16, "max": MAX_RESOLUTION, "step": 16,
+                "height": ("INT", {"default": 64, **_bounds("height"),
                                    "tooltip": "Output height in pixels (a multiple of 16)."}),
-                "frames": ("INT", {"default": 5, "min": 1, "max": 1025, "step": 4,
+                "frames": ("INT", {"default": 5, **_bounds("frames"),
                                    "tooltip": "Video frames (4k + 1 for Wan); ignored by image models."}),
-                "batch_size": ("INT", {"default": 1, "min": 1, "max": 64,
+                "batch_size": ("INT", {"default": 1, **_bounds("batch_size"),
                                        "tooltip": "Independent samples generated together."}),
             }
         }
@@ -55,9 +64,8 @@ class LoraBindEmptyLatent:
         executor (ComfyUI's rule)."""
         if None in (width, height, frames, batch_size):
             return True
-        declared = cls.INPUT_TYPES()["required"]
         for name, value in (("width", width), ("height", height), ("frames", frames), ("batch_size", batch_size)):
-            low, high = declared[name][1]["min"], declared[name][1]["max"]
+            low, high, _ = SIZE_BOUNDS[name]
             if not low <= value <= high:
                 return f"{name} {value} is outside {low}..{high}"
         estimate = batch_size * 16 * ((max(frames, 1) - 1) // 4 + 1) * (height // 8) * (width // 8) * 4
