@@ -18,8 +18,8 @@ MAX_RESOLUTION = 8192
 # has (16 channels, 8x spatial and 4x temporal compression, float32): 8192 x 8192 x 1025 frames x batch 64 would
 # otherwise try to allocate about a terabyte. Real requests (720p, 81 frames, small batches) are far below.
 MAX_LATENT_BYTES = 1 << 30
-# (min, max, step or None) of the empty latent's size inputs: declared by INPUT_TYPES and checked by VALIDATE_INPUTS (which
-# takes the executor's bound checks over), from this one table so neither rebuilds the other's declaration.
+# (min, max, step or None) of the empty latent's size inputs: declared by INPUT_TYPES and checked by
+# VALIDATE_INPUTS (which takes the executor's bound checks over), from this one table so neither rebuilds the other.
 SIZE_BOUNDS = {"width": (16, MAX_RESOLUTION, 16), "height": (16, MAX_RESOLUTION, 16), "frames": (1, 1025, 4),
                "batch_size": (1, 64, None)}
 

@@ -168,7 +168,8 @@ class LoraBindSampler:
         samples, resolved, report = usecases.sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
             on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
-        return {"ui": {"lorabind_schedule": [report], "text": _report_lines(report, self._lines_of(plan, report, enforce_contract))},
+        text = _report_lines(report, self._lines_of(plan, report, enforce_contract))
+        return {"ui": {"lorabind_schedule": [report], "text": text},
                 "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}
 
     def _lines_of(self, plan, report: dict, enforced: bool) -> tuple:

@@ -9,9 +9,9 @@ Verbs: ``list_models``, ``find_model``, ``model_index_stat``, ``resolve_model``,
 ``tokenizer_dirs``, ``gguf_denoiser_names``, ``builtin_model_names``/``builtin_file_names``/``ensure_builtin_files`` (the built-ins a host
 offers through ``usecases.host``) (models); ``prepare_host_lora``, ``check_stacking``, ``check_sampling``, ``check_expert_pair`` (LoRAs and
 contracts on a host's own model: the ComfyUI-native nodes); ``attach_fuse``, ``attach_fuses``, ``attach_adapter``, ``expert_slots``,
-``lora_components`` (adapters); ``sample``, ``plan_sampling``, ``schedule_sigmas``, ``split_sigmas`` (sampling); ``check_contract``,
-``decode_audio``, ``with_first_frame``, ``with_reference_images`` (MiniMax-H3); plus the engine names a node
-declaration needs (socket types, choices, handles, errors).
+``lora_components`` (adapters); ``sample``, ``plan_sampling``, ``schedule_sigmas``, ``split_sigmas`` (sampling);
+``check_contract``, ``decode_audio``, ``with_first_frame``, ``with_reference_images`` (MiniMax-H3); plus the engine
+names a node declaration needs (socket types, choices, handles, errors).
 """
 
 import sys
