@@ -116,11 +116,15 @@ def _read_all_infos(declared: dict) -> dict | None:
 
 
 class NodeDefinitions:
-    """The node classes of one run, with ``INPUT_TYPES()`` memoised per class for the duration of that run."""
+    """The node classes of one run, with ``INPUT_TYPES()`` memoised per class for the duration of that run.
 
-    def __init__(self, node_classes: dict):
+    ``declarations``: INPUT_TYPES() results already read (the validation memo's copies), used instead of asking the
+    classes: what is read from them can then serve later runs whose classes declare the same (``take_facts_of``).
+    """
+
+    def __init__(self, node_classes: dict, declarations: dict | None = None):
         self.node_classes = node_classes
-        self._input_types: dict[str, dict] = {}
+        self._input_types: dict[str, dict] = dict(declarations or {})
         # per class: validation, scheduling and input gathering each ask again (class_type -> input name -> info)
         self._input_info: dict[str, dict[str, tuple]] = {}
         self._declared: dict[str, tuple[str, ...]] = {}
@@ -128,6 +132,17 @@ class NodeDefinitions:
         self._return_types: dict[str, tuple] = {}
         self._output_node: dict[str, bool] = {}
         self._keys_on_id: dict[str, bool] = {}
+
+    def take_facts_of(self, earlier: "NodeDefinitions", class_types) -> None:
+        """Use what ``earlier`` read from these classes' declarations (input infos, declared and hidden inputs)
+        instead of reading this run's again. Only for classes whose ``INPUT_TYPES()`` this run the caller found
+        equal to ``earlier``'s, and ``earlier`` must own its declarations (built from copies nobody else holds), so
+        what it read cannot change under it. Why: on a seed-only rerun, reading the same declarations again was a
+        tenth of the runtime's own work (each table is read in one pass over a declaration, per class and run)."""
+        for class_type in class_types:
+            self._input_info[class_type] = earlier.input_infos(class_type)
+            self._declared[class_type] = earlier.declared_inputs(class_type)
+            self._hidden[class_type] = earlier.hidden_inputs(class_type)
 
     def get_class(self, class_type: str):
         return self.node_classes.get(class_type)

@@ -32,6 +32,7 @@ class _Validated:
     targets: object  # the partial execution targets it was validated for
     declarations: dict  # class_type -> copy of INPUT_TYPES()
     result: ValidationResult
+    definitions: NodeDefinitions  # what is read from those copies, lent to the runs whose classes declare the same
 
 
 class ValidationMemo:
@@ -64,7 +65,8 @@ def _remembered(prompt, targets, definitions: NodeDefinitions, result: Validatio
             nodes[node_id] = (node["class_type"], inputs, tuple(map(type, inputs.values())))
         declarations = {class_type: copy.deepcopy(definitions.input_types(class_type))
                         for class_type in {class_type for class_type, _, _ in nodes.values()}}
-        return _Validated(nodes, copy.deepcopy(targets), declarations, result)
+        return _Validated(nodes, copy.deepcopy(targets), declarations, result,
+                          NodeDefinitions(definitions.node_classes, declarations))
     except Exception:  # a declaration that cannot be copied: such prompts are always validated in full
         return None
 
@@ -80,6 +82,7 @@ def _revalidated(last: _Validated, prompt, targets, definitions: NodeDefinitions
             return None
     except Exception:  # an INPUT_TYPES that raises now: the full validation reports it
         return None
+    definitions.take_facts_of(last.definitions, last.declarations)
     casts = last.result.prompt
     fresh = {node_id: {**node, "inputs": dict(node["inputs"] if node_id in changed else casts[node_id]["inputs"])}
              for node_id, node in prompt.items()}

@@ -8,6 +8,7 @@ import copy
 import pytest
 
 from lorabind.runtime.executor import validation
+from lorabind.runtime.executor.definitions import NodeDefinitions
 from lorabind.runtime.executor.validation_memo import ValidationMemo
 from runtime_fake_nodes import FAKE_NODES
 
@@ -201,3 +202,37 @@ def test_a_node_whose_declaration_changed_is_checked_again_though_its_inputs_did
     CHOICES.remove("b.safetensors")
     gone = memo.validate(nodes, edited(prompt, "1", "value", 9))
     assert gone.node_errors["8"]["errors"][0]["type"] == "value_not_in_list" and "9" not in gone.outputs
+
+
+class SameDict:
+    """Returns the one dict it keeps, as some custom nodes do, so it can change its declaration in place."""
+
+    DECLARED = {"required": {"count": ("INT", {"min": 0, "max": 10})}, "hidden": {"me": "UNIQUE_ID"}}
+    RETURN_TYPES = ("INT",)
+    FUNCTION = "run"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return cls.DECLARED
+
+    def run(self, count, me=None):
+        return (count,)
+
+
+def test_a_rerun_takes_what_was_read_from_the_memos_copies_until_a_declaration_changes_in_place(monkeypatch):
+    monkeypatch.setattr(SameDict, "DECLARED", copy.deepcopy(SameDict.DECLARED))
+    nodes = {**NODES, "SameDict": SameDict}
+    prompt = {"1": {"class_type": "SameDict", "inputs": {"count": 7}},
+              "2": {"class_type": "RtShow", "inputs": {"value": ["1", 0]}}}
+    memo = ValidationMemo()
+    assert memo.validate(nodes, prompt).ok
+    kept = memo._last.definitions
+    rerun = NodeDefinitions(nodes)
+    assert memo.validate(nodes, edited(prompt, "1", "count", 8), None, rerun).ok
+    assert rerun.input_infos("SameDict") is kept.input_infos("SameDict")
+    assert rerun.hidden_inputs("SameDict") == {"me": "UNIQUE_ID"} and rerun.declared_inputs("SameDict") == ("count",)
+    SameDict.DECLARED["required"]["count"][1]["max"] = 5  # edited in place: the memo's copy still says 10
+    edited_in_place = NodeDefinitions(nodes)
+    refused = memo.validate(nodes, edited(prompt, "1", "count", 6), None, edited_in_place)
+    assert refused.node_errors["1"]["errors"][0]["type"] == "value_bigger_than_max"
+    assert edited_in_place.input_infos("SameDict")["count"][2]["max"] == 5
