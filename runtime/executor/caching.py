@@ -12,10 +12,14 @@ agree on every prompt except one where a node takes two links from distinct but 
 keys then equal those of the same node taking both links from one of them, which is the same computation (the
 premise of sharing outputs between identical sub-graphs; nodes that are not idempotent key on their id).
 
-Why keys are ``CacheKey`` objects and not the nested tuples themselves: CPython does not remember a tuple's hash,
-so every dict or set operation on a nested key rehashed the whole upstream tree (a tenth of the runtime's own work
-on a seed-only rerun). A ``CacheKey`` hashes its tuple once; the tuple holds upstream ``CacheKey``s, whose hashes
-are remembered, so building and hashing a key costs its own inputs only. Equality is the tuples' equality.
+Why keys are ``CacheKey`` objects, one per distinct signature: CPython does not remember a tuple's hash, so every
+dict or set operation on a nested tuple key rehashed the whole upstream tree (a tenth of the runtime's own work on a
+seed-only rerun). ``node_signatures`` interns each key in a table (``OutputCache.interned``, signature -> key) and
+builds keys upstream first, so a signature's links hold the upstream keys themselves: equal signatures give the very
+same ``CacheKey``, which dicts and sets hash and compare by identity, in C. (A key with a hash of its own, compared
+by value, cost a Python ``__hash__`` call per look-up and per link hashed, and a Python ``__eq__`` per level of
+every comparison: sixty calls on a seed-only rerun of the tiny Wan workflow, each slow in the CPU caches the
+denoise has just flushed.) Interning one signature costs hashing its own inputs, and upstream keys by identity.
 """
 
 from __future__ import annotations
@@ -33,23 +37,13 @@ _AS_IS = frozenset({str, int, bool, type(None)})
 
 
 class CacheKey:
-    """A node's cache key: the tuple ``parts`` with its hash computed once (see the module docstring)."""
+    """A node's cache key: ``parts`` is its signature. Equal only to itself: ``node_signatures`` hands out one key
+    per signature (see the module docstring), so keys are compared only with keys from the same table."""
 
-    __slots__ = ("parts", "_hash")
+    __slots__ = ("parts",)
 
     def __init__(self, parts: tuple):
         self.parts = parts
-        self._hash = hash(parts)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        if self is other:
-            return True
-        if type(other) is not CacheKey or self._hash != other._hash:
-            return False
-        return self.parts == other.parts
 
     def __repr__(self) -> str:
         return f"CacheKey{self.parts!r}"
@@ -78,10 +72,12 @@ def to_hashable(value: Any) -> Any:
     raise _Unhashable()
 
 
-def node_signatures(prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any]) -> dict[str, Any]:
+def node_signatures(prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any],
+                    interned: dict) -> dict[str, Any]:
     """Cache key of every node in ``prompt``; None for nodes that must never be served from cache (an unhashable
-    value in it or upstream of it, or a dependency cycle)."""
-    builder = _KeyBuilder(prompt, definitions, is_changed)
+    value in it or upstream of it, or a dependency cycle). ``interned``: signature -> key, the table every key
+    comes from and new ones are added to (``OutputCache.interned``)."""
+    builder = _KeyBuilder(prompt, definitions, is_changed, interned)
     for node_id in prompt:
         builder.build(node_id)
     return builder.keys
@@ -90,10 +86,11 @@ def node_signatures(prompt: dict, definitions: NodeDefinitions, is_changed: dict
 class _KeyBuilder:
     """Keys built upstream first, each once per prompt (this runs before every prompt, cached reruns included)."""
 
-    def __init__(self, prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any]):
+    def __init__(self, prompt: dict, definitions: NodeDefinitions, is_changed: dict[str, Any], interned: dict):
         self.prompt = prompt
         self.definitions = definitions
         self.is_changed = is_changed
+        self.interned = interned
         self.keys: dict[str, Any] = {}
 
     def build(self, start: str) -> None:
@@ -138,7 +135,11 @@ class _KeyBuilder:
             return None
         if self.definitions.keys_on_node_id(class_type):
             head += (node_id,)
-        return CacheKey(head + (inputs,))
+        parts = head + (inputs,)
+        key = self.interned.get(parts)
+        if key is None:
+            key = self.interned[parts] = CacheKey(parts)
+        return key
 
 
 @dataclass
@@ -155,11 +156,14 @@ class OutputCache:
 
     enabled: bool = True
     _entries: dict = field(default_factory=dict)
+    interned: dict = field(default_factory=dict)  # signature -> its one CacheKey, for node_signatures
 
     def retain_only(self, keys) -> None:
-        """CLASSIC mode: keep only the entries the current prompt can use."""
+        """CLASSIC mode: keep only the entries the current prompt can use, and only its keys in the table (every
+        entry's key is among them)."""
         wanted = {key for key in keys if key is not None}
         self._entries = {key: entry for key, entry in self._entries.items() if key in wanted}
+        self.interned = {key.parts: key for key in wanted}
 
     def get(self, key) -> CacheEntry | None:
         if key is None or not self.enabled:
@@ -172,6 +176,7 @@ class OutputCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self.interned.clear()
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -146,8 +146,8 @@ class _PromptRun:
     # -- the run ------------------------------------------------------------------------------------------
     def run(self, outputs: list[str]) -> ExecutionResult:
         self.emit("execution_start", {"prompt_id": self.prompt_id}, status_message=True)
-        self.keys = node_signatures(self.prompt, self.definitions, self._is_changed_values())
         cache = self.executor.output_cache
+        self.keys = node_signatures(self.prompt, self.definitions, self._is_changed_values(), cache.interned)
         cache.retain_only(self.keys.values())
         self.executor.instances.retain_only(self.prompt)
         for node_id in self.prompt:

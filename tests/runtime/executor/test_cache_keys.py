@@ -10,10 +10,11 @@ from lorabind.runtime.executor.definitions import NodeDefinitions
 from runtime_fake_nodes import FAKE_NODES
 
 DEFINITIONS = NodeDefinitions(FAKE_NODES)
+INTERNED = {}  # one table for every key these tests build, as one executor's cache keeps one
 
 
 def keys(prompt, is_changed=None):
-    return node_signatures(prompt, DEFINITIONS, is_changed or {})
+    return node_signatures(prompt, DEFINITIONS, is_changed or {}, INTERNED)
 
 
 def chain(seed=3, b=1, slot=0):
@@ -115,11 +116,28 @@ class CountedHash:
         return 7
 
 
-def test_a_key_hashes_its_parts_once_so_upstream_trees_are_not_rehashed():
+def test_using_a_key_never_hashes_its_parts_nor_its_upstream_tree():
     upstream = CacheKey(("RtInt", False, (("value", CountedHash()),)))
     downstream = CacheKey(("RtShow", False, (("value", ("LINK", upstream, 0)),)))
-    assert CountedHash.calls == 1
-    lookups = {downstream: "entry"}
+    lookups = {downstream: "entry", upstream: "up"}
     for _ in range(3):
-        assert lookups[downstream] == "entry" and hash(upstream) == hash(upstream)
-    assert CountedHash.calls == 1
+        assert lookups[downstream] == "entry" and downstream in {downstream} and hash(upstream) == hash(upstream)
+    assert CountedHash.calls == 0
+
+
+def test_an_unchanged_nodes_key_is_the_one_the_cache_holds_and_links_name_it_itself():
+    from lorabind.runtime.executor.caching import CacheEntry, OutputCache
+
+    cache = OutputCache()
+    first = node_signatures(chain(), DEFINITIONS, {}, cache.interned)
+    for node_id, key in first.items():
+        cache.put(key, CacheEntry([[node_id]]))
+    cache.retain_only(first.values())
+    again = node_signatures(chain(b=2), DEFINITIONS, {}, cache.interned)
+    assert [node_id for node_id in again if again[node_id] is first[node_id]] == ["1", "4"]
+    assert again["2"] != first["2"] and again["3"] != first["3"]
+    assert again["2"].parts[2][0][1][1] is first["1"]  # its link holds the upstream key itself
+    cache.retain_only(again.values())
+    assert set(cache.interned.values()) == set(again.values())
+    assert cache.get(again["4"]).outputs == [["4"]] and cache.get(again["2"]) is None
+    assert node_signatures(chain(), DEFINITIONS, {}, {})["1"] != first["1"]  # keys of another table: never equal
