@@ -124,28 +124,31 @@ class NodeDefinitions:
 
     def __init__(self, node_classes: dict, declarations: dict | None = None):
         self.node_classes = node_classes
+        # ``get_class(class_type)``: the class or None. The dict's own method: every step of a run asks, and a
+        # method of ours would add a Python call each time.
+        self.get_class = node_classes.get
         self._input_types: dict[str, dict] = dict(declarations or {})
         # per class: validation, scheduling and input gathering each ask again (class_type -> input name -> info)
         self._input_info: dict[str, dict[str, tuple]] = {}
         self._declared: dict[str, tuple[str, ...]] = {}
         self._hidden: dict[str, dict] = {}
+        self._lazy: dict[str, frozenset] = {}
         self._return_types: dict[str, tuple] = {}
         self._output_node: dict[str, bool] = {}
         self._keys_on_id: dict[str, bool] = {}
+        for class_type in declarations or ():  # read now: such definitions lend what they read (take_facts_of)
+            self.input_infos(class_type), self.hidden_inputs(class_type), self.lazy_inputs(class_type)
 
-    def take_facts_of(self, earlier: "NodeDefinitions", class_types) -> None:
-        """Use what ``earlier`` read from these classes' declarations (input infos, declared and hidden inputs)
-        instead of reading this run's again. Only for classes whose ``INPUT_TYPES()`` this run the caller found
-        equal to ``earlier``'s, and ``earlier`` must own its declarations (built from copies nobody else holds), so
-        what it read cannot change under it. Why: on a seed-only rerun, reading the same declarations again was a
-        tenth of the runtime's own work (each table is read in one pass over a declaration, per class and run)."""
-        for class_type in class_types:
-            self._input_info[class_type] = earlier.input_infos(class_type)
-            self._declared[class_type] = earlier.declared_inputs(class_type)
-            self._hidden[class_type] = earlier.hidden_inputs(class_type)
-
-    def get_class(self, class_type: str):
-        return self.node_classes.get(class_type)
+    def take_facts_of(self, earlier: "NodeDefinitions") -> None:
+        """Use what ``earlier`` read from its declarations (input infos, declared, hidden and lazy inputs) instead of
+        reading this run's again. Only when this run's ``INPUT_TYPES()`` of each of ``earlier``'s classes equals
+        ``earlier``'s declaration, and ``earlier`` must be built from declarations nobody else holds (copies), so what
+        it read cannot change under it. Why: on a seed-only rerun, reading the same declarations again was a tenth
+        of the runtime's own work (each table is read in one pass over a declaration, per class and run)."""
+        self._input_info.update(earlier._input_info)
+        self._declared.update(earlier._declared)
+        self._hidden.update(earlier._hidden)
+        self._lazy.update(earlier._lazy)
 
     def input_types(self, class_type: str) -> dict:
         if class_type not in self._input_types:
@@ -191,9 +194,14 @@ class NodeDefinitions:
             hidden = self._hidden[class_type] = dict(self.input_types(class_type).get("hidden") or {})
         return hidden
 
-    def is_lazy(self, class_type: str, input_name: str) -> bool:
-        _, _, extra = self.input_info(class_type, input_name)
-        return bool(extra and extra.get("lazy", False))
+    def lazy_inputs(self, class_type: str) -> frozenset:
+        """Names of the inputs declared ``lazy``: the scheduler asks per node, not per link."""
+        names = self._lazy.get(class_type)
+        if names is None:
+            infos = self.input_infos(class_type)
+            names = self._lazy[class_type] = frozenset(
+                name for name in self.declared_inputs(class_type) if (infos[name][2] or {}).get("lazy", False))
+        return names
 
     def is_output_node(self, class_type: str) -> bool:
         """Read once per class and run: validation and every scheduling step ask."""

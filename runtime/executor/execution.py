@@ -158,7 +158,7 @@ class _PromptRun:
         self.emit("execution_cached", {"nodes": list(self.result.cached), "prompt_id": self.prompt_id},
                   status_message=True)
 
-        execution_list = ExecutionList(self.prompt, self.definitions, lambda node_id: node_id in self.available)
+        execution_list = ExecutionList(self.prompt, self.definitions, self.available.__contains__)
         for output_id in outputs:
             execution_list.add_node(output_id)
         failed = False

@@ -102,9 +102,9 @@ class ExecutionList:
             self.pending[current] = True
             self.block_count[current] = 0
             self.blocking[current] = {}
-            class_type = self.prompt[current]["class_type"]
+            lazy = () if include_lazy else self.definitions.lazy_inputs(self.prompt[current]["class_type"])
             for input_name, from_id, from_slot in linked_inputs(self.prompt[current]):
-                if not include_lazy and self.definitions.is_lazy(class_type, input_name):
+                if input_name in lazy:
                     continue
                 if not self.is_available(from_id):  # links to available outputs block nothing
                     to_visit.append(from_id)

@@ -77,12 +77,9 @@ def _revalidated(last: _Validated, prompt, targets, definitions: NodeDefinitions
     changed = _changed_constants(last, prompt)
     if changed is None or targets != last.targets:
         return None
-    try:
-        if any(definitions.input_types(class_type) != declared for class_type, declared in last.declarations.items()):
-            return None
-    except Exception:  # an INPUT_TYPES that raises now: the full validation reports it
+    if not _declarations_unchanged(last, definitions):
         return None
-    definitions.take_facts_of(last.definitions, last.declarations)
+    definitions.take_facts_of(last.definitions)
     casts = last.result.prompt
     fresh = {node_id: {**node, "inputs": dict(node["inputs"] if node_id in changed else casts[node_id]["inputs"])}
              for node_id, node in prompt.items()}
@@ -90,15 +87,36 @@ def _revalidated(last: _Validated, prompt, targets, definitions: NodeDefinitions
     whole = [node_id for node_id, node in fresh.items()
              if hasattr(definitions.get_class(node["class_type"]), "VALIDATE_INPUTS")]
     validator.validated = {node_id: (True, []) for node_id in fresh if node_id not in whole}
-    try:
-        if any(validator.check_constants(node_id, names) for node_id, names in changed.items()
-               if node_id not in whole):
-            return None
-        if any(validator.validate_with_upstream(node_id) != (True, []) for node_id in whole):
-            return None
-    except Exception:
+    if not _rechecks_pass(validator, changed, whole):
         return None
     return ValidationResult(True, None, list(last.result.outputs), {}, fresh)
+
+
+# Loops rather than any(...) in the two checks below: a generator costs a Python call per item, and they run on
+# every rerun in CPU caches the last denoise has flushed.
+def _declarations_unchanged(last: _Validated, definitions: NodeDefinitions) -> bool:
+    """Whether every class of ``last`` declares now exactly what it declared then."""
+    try:
+        for class_type, declared in last.declarations.items():
+            if definitions.input_types(class_type) != declared:
+                return False
+    except Exception:  # an INPUT_TYPES that raises now: the full validation reports it
+        return False
+    return True
+
+
+def _rechecks_pass(validator: InputValidator, changed: dict, whole: list) -> bool:
+    """Whether the changed constants of nodes without VALIDATE_INPUTS, and the nodes with it, all pass again."""
+    try:
+        for node_id, names in changed.items():
+            if node_id not in whole and validator.check_constants(node_id, names):
+                return False
+        for node_id in whole:
+            if validator.validate_with_upstream(node_id) != (True, []):
+                return False
+    except Exception:
+        return False
+    return True
 
 
 def _changed_constants(last: _Validated, prompt) -> dict | None:

@@ -77,3 +77,11 @@ def test_one_call_returns_each_slot_as_a_one_item_list_and_lists_still_merge():
     assert shape_returns([([1, 2], "a")], listed, "1", "Listed") == ([[1, 2], ["a"]], {})
     assert shape_returns([{"result": (3, "c"), "ui": {"text": ["c"]}}], plain, "1", "Plain") == ([[3], ["c"]],
                                                                                                {"text": ["c"]})
+
+
+def test_lazy_inputs_are_the_declared_inputs_marked_lazy():
+    declared = {"required": {"a": ("INT", {"lazy": True}), "b": ("INT", {})}, "optional": {"c": ("IMAGE", {"lazy": 1}),
+                "d": "MODEL", "e": ("LATENT", {"lazy": False})}, "hidden": {"p": "PROMPT"}}
+    definitions = NodeDefinitions({"C": node_class(declared)})
+    assert definitions.lazy_inputs("C") == {"a", "c"}
+    assert definitions.lazy_inputs("C") is definitions.lazy_inputs("C")  # read once per class and run
