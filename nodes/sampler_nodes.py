@@ -14,7 +14,8 @@ def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
     """The sampler's text output (``lorabind run`` prints it): schedule, contracts, expert switch, what bound.
     ``schedule_lines``: ``_schedule_lines`` of the run's plan (a node keeps them with the plan)."""
     first, rest = schedule_lines
-    lines = [first, *(f"warning: {w}" for w in report.get("warnings", ())), *rest]
+    # list comprehensions, not generators: a generator costs a Python call per item, and this runs after the denoise
+    lines = [first, *[f"warning: {w}" for w in report.get("warnings", ())], *rest]
     bound = report["bind"]
     lines.append(f"bind: {len(bound['fuses'])} LoRA(s) fused, {len(bound['adapters'])} adapter(s) active; "
                  f"{bound['written']} model parameters written, {bound['restored']} restored to base")
@@ -24,7 +25,7 @@ def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
     lines += [f"warning: {w}" for w in bound["warnings"]]
     placed = report.get("placement")
     if placed:
-        where = ", ".join(f"{name}: {at}" for name, at in placed["components"].items())
+        where = ", ".join([f"{name}: {at}" for name, at in placed["components"].items()])
         lines.append(f"memory={placed['memory']} on {placed['device']}"
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
@@ -183,7 +184,7 @@ class LoraBindSampler:
         """The SIGMAS output: the same tensor as last run while the stage ran the same sigmas (node instances
         persist per node id). A seed-only rerun rebuilt it for nothing, tens of µs when the sampler has left
         torch's code cold; downstream nodes treat it as read-only, as they do every cached output."""
-        points = tuple(float(s) for s in sigmas)
+        points = tuple(map(float, sigmas))
         last = getattr(self, "_last_sigmas", None)
         if last is None or last[0] != points:
             last = self._last_sigmas = (points, torch.tensor(points, dtype=torch.float32))

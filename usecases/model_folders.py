@@ -67,12 +67,21 @@ def _identity(folder: str):
     return (stat.st_dev, stat.st_ino, stat.st_mtime_ns) if S_ISDIR(stat.st_mode) else None
 
 
+def _unchanged(walked: tuple) -> bool:
+    """Whether every folder a listing walked still has the identity it had (a loop, not all(...): a generator
+    costs a Python call per folder, on every validation)."""
+    for folder, identity in walked:
+        if _identity(folder) != identity:
+            return False
+    return True
+
+
 def _remembered(kind: str, roots: Iterable, argument, list_names) -> list[str]:
     """``list_names(roots, argument, walked)``, or its last result while the folders it walked are unchanged."""
     roots = tuple(str(root) for root in roots)
     key = (kind, roots, argument)
     known = _listings.get(key)
-    if known is not None and all(_identity(folder) == identity for folder, identity in known[0]):
+    if known is not None and _unchanged(known[0]):
         return list(known[1])
     walked: list = []
     names = list_names(roots, argument, walked)

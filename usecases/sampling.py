@@ -138,8 +138,12 @@ class SamplingPlan:
     schedule_report: dict
 
     def made_from(self, handles: tuple, options: dict) -> bool:
-        return self.options == options and all(
-            handle is None if ref is None else ref() is handle for ref, handle in zip(self.handles, handles))
+        if self.options != options:
+            return False
+        for ref, handle in zip(self.handles, handles):  # a loop, not all(...): asked twice per run, in cold caches
+            if (handle is not None) if ref is None else (ref() is not handle):
+                return False
+        return True
 
 
 def _seedless(options: SampleOptions) -> dict:

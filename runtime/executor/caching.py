@@ -32,7 +32,8 @@ from .definitions import NodeDefinitions
 from .graph import linked_inputs
 
 _PLAIN = (int, float, str, bool, bytes)
-# Constants that are their own hashable image (no NaN among them): _key takes them as they are, without a call.
+# Constants that are their own hashable image (no NaN among them): _key takes them as they are, without a call, and
+# floats too once it has seen they are not NaN.
 _AS_IS = frozenset({str, int, bool, type(None)})
 
 
@@ -128,8 +129,8 @@ class _KeyBuilder:
                 if upstream is None:
                     return None
                 linked[name] = ("LINK", upstream, slot)
-            inputs = tuple([(name, linked[name] if name in linked
-                             else value if type(value) in _AS_IS else to_hashable(value))
+            inputs = tuple([(name, linked[name] if name in linked else value if type(value) in _AS_IS
+                             or (type(value) is float and value == value) else to_hashable(value))  # not NaN
                             for name, value in sorted((node.get("inputs") or {}).items())])
         except _Unhashable:
             return None

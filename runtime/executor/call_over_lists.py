@@ -71,12 +71,10 @@ def _hidden_values(hidden: dict, node_id: str, prompt: dict | None, extra_data: 
 _NEVER_AWAITABLE = frozenset({tuple, dict, list, str, bool, int, float, type(None)})
 
 
-def _resolve(result: Any) -> Any:
-    """Node functions may be ``async def``: run the coroutine to completion here. The executor runs on a worker
-    thread (server) or the main thread (CLI), never inside a running event loop."""
-    if type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result):
-        return asyncio.run(_await(result))
-    return result
+def _is_awaitable(result: Any) -> bool:
+    """Node functions may be ``async def``: ``map_over_lists`` then runs the coroutine to completion. The executor
+    runs on a worker thread (server) or the main thread (CLI), never inside a running event loop."""
+    return type(result) not in _NEVER_AWAITABLE and inspect.isawaitable(result)
 
 
 async def _await(awaitable):
@@ -97,13 +95,16 @@ def map_over_lists(
     def call(kwargs: dict) -> Any:
         if before_call is not None:
             before_call()
-        return _resolve(function(**kwargs))
+        result = function(**kwargs)
+        return asyncio.run(_await(result)) if _is_awaitable(result) else result
 
     if input_is_list:
         return [call(inputs)]
     if not inputs:
         return [call({})]
     longest = max(map(len, inputs.values()))
+    if longest == 1:  # one call, as almost always (a constant or one upstream value per input)
+        return [call({name: values[0] for name, values in inputs.items()})]
     return [
         call({name: values[i if len(values) > i else -1] for name, values in inputs.items()})
         for i in range(longest)
