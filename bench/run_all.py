@@ -143,8 +143,9 @@ def main(argv=None) -> int:
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
              if loading["same_path"] else ""}
+    same_code = {"parallel_load_same_path": loading["same_path"]}
     for name, value in summary.items():
-        print(f"{name}: {value:.3f} {history.verdict(name, value)} {notes.get(name, '')}".rstrip())
+        print(f"{name}: {value:.3f} {history.verdict(name, value, same_code)} {notes.get(name, '')}".rstrip())
     if args.compare:
         print(f"\ncompared with {args.compare}")
         print("\n".join(history.compare(summary, args.compare)))

@@ -39,3 +39,16 @@ def test_compare_flags_only_what_moved_the_wrong_way_by_more_than_its_noise(tmp_
                      "peak_mem_ratio": 0.5}, str(previous))  # better by far: never flagged
     flagged = {line.split(":", 1)[0] for line in lines if "WORSE" in line}
     assert flagged == {"switch_speedup_vs_diffusers"} and len(lines) == 3
+
+
+def test_a_figure_whose_sides_ran_the_same_code_is_met_by_construction_and_only_then():
+    from lorabind.bench.history import BY_CONSTRUCTION, _goal_text, judged, verdict
+
+    assert judged("parallel_load_speedup", 0.96) == (">=", 1.0, "missed")
+    assert judged("parallel_load_speedup", 1.2) == (">=", 1.0, "met")
+    same = {"parallel_load_same_path": True}
+    assert judged("parallel_load_speedup", 0.96, same) == (">=", 1.0, BY_CONSTRUCTION)
+    assert verdict("parallel_load_speedup", 0.96, same) == "target >= 1: met by construction"
+    assert "noise of identical runs" in _goal_text("parallel_load_speedup", 0.96, same)
+    assert judged("rerun_runtime_overhead", 1.06, same) == ("<=", 1.05, "missed")  # only the figure that says so
+    assert verdict("rerun_runtime_overhead", 1.06) == "target <= 1.05: MISSED"
