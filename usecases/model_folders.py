@@ -78,7 +78,7 @@ def _unchanged(walked: tuple) -> bool:
 
 def _remembered(kind: str, roots: Iterable, argument, list_names) -> list[str]:
     """``list_names(roots, argument, walked)``, or its last result while the folders it walked are unchanged."""
-    roots = tuple(str(root) for root in roots)
+    roots = tuple(map(str, roots))
     key = (kind, roots, argument)
     known = _listings.get(key)
     if known is not None and _unchanged(known[0]):
@@ -172,4 +172,4 @@ def find_peft_folder(roots: list[str], name: str) -> Optional[str]:
 
 def model_folder_names(roots: Iterable) -> list[str]:
     """Every diffusers model folder (holding ``model_index.json``) under ``roots``, as relative names."""
-    return folders_holding([str(root) for root in roots], MODEL_INDEX)
+    return folders_holding(roots, MODEL_INDEX)  # the roots are made strings where the listing is remembered

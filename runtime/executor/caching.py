@@ -166,10 +166,12 @@ class OutputCache:
         self._entries = {key: entry for key, entry in self._entries.items() if key in wanted}
         self.interned = {key.parts: key for key in wanted}
 
-    def get(self, key) -> CacheEntry | None:
-        if key is None or not self.enabled:
-            return None
-        return self._entries.get(key)
+    def hits(self, node_ids, keys: dict) -> dict:
+        """{node id: its cached entry}, in the order of ``node_ids``, of those whose key (``keys[node id]``) has one."""
+        if not self.enabled:
+            return {}
+        entries = self._entries
+        return {node_id: entries[keys[node_id]] for node_id in node_ids if keys[node_id] in entries}
 
     def put(self, key, entry: CacheEntry) -> None:
         if key is not None and self.enabled:

@@ -150,10 +150,7 @@ class _PromptRun:
         self.keys = node_signatures(self.prompt, self.definitions, self._is_changed_values(), cache.interned)
         cache.retain_only(self.keys.values())
         self.executor.instances.retain_only(self.prompt)
-        for node_id in self.prompt:
-            entry = cache.get(self.keys[node_id])
-            if entry is not None:
-                self.available[node_id] = entry
+        self.available.update(cache.hits(self.prompt, self.keys))
         self.result.cached = list(self.available)
         self.emit("execution_cached", {"nodes": list(self.result.cached), "prompt_id": self.prompt_id},
                   status_message=True)
@@ -188,8 +185,10 @@ class _PromptRun:
                 continue
             try:
                 inputs, _ = gather_inputs(node_id, node, self.definitions, None, extra_data=self.extra_data)
-                values[node_id] = map_over_lists(node_class, "IS_CHANGED", inputs,
-                                                 input_is_list=bool(getattr(node_class, "INPUT_IS_LIST", False)))
+                results = map_over_lists(node_class, "IS_CHANGED", inputs,
+                                         input_is_list=bool(getattr(node_class, "INPUT_IS_LIST", False)))
+                # one call, as almost always: its value, which a cache key takes as it is when it is a plain str
+                values[node_id] = results[0] if len(results) == 1 else results
             except Exception:
                 values[node_id] = float("nan")
         return values
