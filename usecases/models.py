@@ -8,6 +8,7 @@ registry (ComfyUI's ``folder_paths`` or the runtime's), so nothing here knows wh
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from stat import S_ISREG
@@ -95,10 +96,19 @@ def _model_index(registry, model_name: str) -> Optional[tuple]:
 
 def _candidate_folders(registry, model_name: str) -> list[str]:
     """Where a model name may be, root by root; a name that would leave the roots is refused by name."""
+    parts = _confined_parts(model_name)
+    return [os.path.join(root, *parts) for root in registry.get_folder_paths(MODEL_FOLDER_KIND)]
+
+
+@functools.lru_cache(maxsize=256)
+def _confined_parts(model_name: str) -> tuple:
+    """The path parts of a model name that stays under a root (ValueError otherwise). Remembered per name (a pure
+    function of the string): the loader's IS_CHANGED asks for every prompt, and parsing it as a Path each time was
+    a tenth of a seed-only rerun's IS_CHANGED work."""
     relative = Path(model_name.replace("\\", "/"))
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
-    return [os.path.join(root, *relative.parts) for root in registry.get_folder_paths(MODEL_FOLDER_KIND)]
+    return relative.parts
 
 
 def resolve_model(registry, model_name: str) -> Path:
