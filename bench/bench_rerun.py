@@ -26,6 +26,10 @@ from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime import folder_paths
 from lorabind.runtime.executor import PromptExecutor
 
+# Reruns in a full bench run: one takes about 40 ms, so 40 cost 2 s. With the other benches' 5, the median of
+# runtime_overhead moved by about ±0.005 between quiet runs of one commit (1.047-1.055), as much as a session's cuts.
+FULL_RERUNS = 40
+
 WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows",
                         "wan22_tiny_t2v.api.json")
 

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         memory = _memory_in_fresh_process(size_name, lora_a)
         peft = bench_peft.run(size, tmp, reps)
         schedule = bench_strength_schedule.run(size, tmp, reps)
-        rerun = bench_rerun.run(tmp, reps)
+        rerun = bench_rerun.run(tmp, reps if args.quick else bench_rerun.FULL_RERUNS)
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
