@@ -20,7 +20,7 @@ from ..loaders.handles import ModelHandle
 from ..loaders.models.store import load_model as load_folder
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
 from . import host
-from .model_folders import MODEL_INDEX, files_named, model_folder_names
+from .model_folders import MODEL_INDEX, files_named, model_folder_names, safe_relative_name
 
 MODEL_FOLDER_KIND = "diffusers"
 TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
@@ -102,13 +102,13 @@ def _candidate_folders(registry, model_name: str) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def _confined_parts(model_name: str) -> tuple:
-    """The path parts of a model name that stays under a root (ValueError otherwise). Remembered per name (a pure
-    function of the string): the loader's IS_CHANGED asks for every prompt, and parsing it as a Path each time was
-    a tenth of a seed-only rerun's IS_CHANGED work."""
-    relative = Path(model_name.replace("\\", "/"))
-    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+    """The path parts of a model name that stays under a root (``safe_relative_name``'s rule and error). Remembered
+    per name (a pure function of the string): the loader's IS_CHANGED asks for every prompt, and parsing the name
+    each time was a tenth of a seed-only rerun's IS_CHANGED work."""
+    relative = safe_relative_name(MODEL_FOLDER_KIND, model_name)
+    if not relative:  # "." or "./": the root itself, which is no model folder
         raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
-    return relative.parts
+    return tuple(relative.split("/"))
 
 
 def resolve_model(registry, model_name: str) -> Path:

@@ -163,3 +163,27 @@ def test_the_loader_is_changed_follows_a_rebuilt_or_deleted_model(tmp_path, regi
     (folder / "model_index.json").mkdir()  # not a file: not a model
     assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
     assert LoraBindModelLoader.IS_CHANGED("../outside", "auto") == "../outside:missing:auto"
+
+
+@pytest.mark.parametrize("name", ["../outside", "a/../../b", "/etc", "C:/models/x", "C:x", ".", "./", "", "  "])
+def test_a_model_name_that_names_no_folder_under_the_roots_is_refused_by_name(tmp_path, registry_at, name):
+    from lorabind.usecases.models import find_model
+
+    models = tmp_path / "models"
+    _model(models / "diffusers", "mine")
+    with pytest.raises(ValueError) as refused:
+        find_model(registry_at(models), name)
+    message = str(refused.value)
+    assert "diffusers" in message and (f"'{name}'" in message or message.startswith("Empty model name"))
+    assert str(tmp_path) not in message  # the message reaches the browser: no local paths
+
+
+def test_a_model_name_is_found_with_either_slash_and_parsed_once(tmp_path, registry_at):
+    from lorabind.usecases.models import _confined_parts, find_model
+
+    models = tmp_path / "models"
+    folder = _model(models / "diffusers" / "wan", "mine")
+    registry = registry_at(models)
+    assert find_model(registry, "wan/mine") == folder and find_model(registry, "wan\\mine") == folder
+    before = _confined_parts.cache_info().hits
+    assert find_model(registry, "wan/mine") == folder and _confined_parts.cache_info().hits == before + 1
