@@ -102,11 +102,14 @@ def _candidate_folders(registry, model_name: str) -> list[str]:
 
 @functools.lru_cache(maxsize=256)
 def _confined_parts(model_name: str) -> tuple:
-    """The path parts of a model name that stays under a root (``safe_relative_name``'s rule and error). Remembered
-    per name (a pure function of the string): the loader's IS_CHANGED asks for every prompt, and parsing the name
-    each time was a tenth of a seed-only rerun's IS_CHANGED work."""
-    relative = safe_relative_name(MODEL_FOLDER_KIND, model_name)
-    if not relative:  # "." or "./": the root itself, which is no model folder
+    """The path parts of a model name that stays under a root (``safe_relative_name``'s rule; the error names the
+    loader's input). Remembered per name (a pure function of the string): the loader's IS_CHANGED asks for every
+    prompt, and parsing the name each time was a tenth of a seed-only rerun's IS_CHANGED work."""
+    try:
+        relative = safe_relative_name(MODEL_FOLDER_KIND, model_name)
+    except ValueError:
+        relative = ""
+    if not relative:  # refused, or "." / "./": the root itself, which is no model folder
         raise ValueError(f"model_name {model_name!r}: must be a folder name under models/{MODEL_FOLDER_KIND}")
     return tuple(relative.split("/"))
 
