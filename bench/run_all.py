@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     if args.save:
         saved = history.save(history.record(summary, {"machine": machine_description(), "size": size_name,
                                                        "parallel_load_workers": loading["workers"],
-                                                       "parallel_load_same_path": loading["same_path"]}))
+                                                       **same_code}))
         print(f"saved {saved}")
     if args.json:
         payload = dict(summary, restore_bit_exact=fuse["restore_bit_exact"], peft_base_weights_untouched=peft[
