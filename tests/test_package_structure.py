@@ -107,17 +107,21 @@ def test_the_package_has_no_import_circle():
 
 
 ENGINE = f"{PACKAGE}.loaders"
+SERVER = f"{PACKAGE}.runtime.server"
 
 
 def folder_of(module: str) -> str:
     """The folder a module counts in: its directory (a package's own ``__init__`` belongs to it), except that an
     engine subsystem (a folder directly under ``loaders/``) counts with everything below it: the family packages
     are the families subsystem's parts (its registry imports them by name, which no import statement shows) and
-    ``lora/kinds`` is lora's."""
+    ``lora/kinds`` is lora's. Likewise the server's two API folders count with the server: its ``app`` assembles
+    them over the plumbing they build on (their own order: ``tests/runtime/server/test_server_folders.py``)."""
     path = PACKAGE_DIR.joinpath(*module.split(".")[1:])
     folder = module if path.is_dir() else module.rpartition(".")[0]
     if folder.startswith(ENGINE + "."):
         return ".".join(folder.split(".")[:3])
+    if folder.startswith(SERVER + "."):
+        return SERVER
     return folder
 
 
