@@ -1,7 +1,7 @@
 """``lorabind serve``: a ComfyUI-compatible HTTP/WebSocket API (aiohttp) over the headless executor, with
 OpenAI-style endpoints beside it.
 
-Three folders, so each API reads on its own: this one is the plumbing both share: ``app`` (factory,
+Three folders, so each API reads on its own. This one holds the plumbing both share: ``app`` (factory,
 middlewares; the one module that assembles the two APIs), ``config`` (ServerConfig), ``composition_root``
 (ServerState: the shared objects every route uses), ``queue``/``history`` (priority queue, persisted history),
 ``worker`` (the one execution thread), ``websocket`` (clients, ``/ws``), ``http_json`` (request/response
