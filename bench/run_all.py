@@ -1,7 +1,7 @@
 """Run every benchmark and print side-by-side ratios (issue 7); keep and compare the results (issue 33).
 
     python bench/run_all.py [--quick] [--json FILE] [--save] [--compare FILE]
-    python bench/run_all.py --readme                         # README table from the latest bench/results/ run
+    python bench/run_all.py --docs                           # docs/performance table from the latest results/ run
     python bench/run_all.py --device cuda [--json FILE]     # the device figures (bench_cuda), on a GPU
 
 Every figure is a ratio measured in one process, alternating A and B, median of >= 5 repetitions after a
@@ -48,13 +48,13 @@ def main(argv=None) -> int:
                         ".json (commit the quiet-machine run of every landing that touches the engine)")
     parser.add_argument("--compare", metavar="FILE", help="print each figure beside FILE's (a saved run or a --json "
                         "file) and flag those worse by more than the noise")
-    parser.add_argument("--readme", action="store_true", help="only rewrite README.md's performance table from the "
-                        "latest run in bench/results/ (runs no benchmark)")
+    parser.add_argument("--docs", action="store_true", help="only rewrite docs/performance/benchmarks.md's table from "
+                        "the latest run in bench/results/ (runs no benchmark)")
     args = parser.parse_args(argv)
-    if args.readme:
+    if args.docs:
         latest = history.latest()
-        history.write_readme(latest)
-        print(f"README performance table rewritten from {latest}")
+        history.write_table(latest)
+        print(f"{history.PERFORMANCE_PAGE} table rewritten from {latest}")
         return 0
 
     import torch

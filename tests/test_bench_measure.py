@@ -5,6 +5,8 @@ import json
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -52,3 +54,29 @@ def test_a_figure_whose_sides_ran_the_same_code_is_met_by_construction_and_only_
     assert "noise of identical runs" in _goal_text("parallel_load_speedup", 0.96, same)
     assert judged("rerun_runtime_overhead", 1.06, same) == ("<=", 1.05, "missed")  # only the figure that says so
     assert verdict("rerun_runtime_overhead", 1.06) == "target <= 1.05: MISSED"
+
+
+def test_the_docs_table_is_rewritten_between_its_markers_on_the_performance_page(tmp_path):
+    from lorabind.bench.history import _TABLE_END, _TABLE_START, PERFORMANCE_PAGE, write_table
+
+    assert PERFORMANCE_PAGE == ROOT / "docs" / "performance" / "benchmarks.md"
+    assert _TABLE_START in PERFORMANCE_PAGE.read_text() and _TABLE_END in PERFORMANCE_PAGE.read_text()
+    run = tmp_path / "2026-12-02-abc1234.json"
+    run.write_text(json.dumps({"commit": "abc1234", "date": "2026-12-02T00:00:00+00:00", "load_average": [0.5],
+                               "figures": {"fuse_vs_floor": 1.16}}))
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"before\n{_TABLE_START}\nold table\n{_TABLE_END}\nafter\n")
+    write_table(run, page)
+    text = page.read_text()
+    assert text.startswith(f"before\n{_TABLE_START}\n") and text.endswith(f"{_TABLE_END}\nafter\n")
+    assert "old table" not in text and "| **1.16** | ≤ 1.3: met |" in text
+
+
+def test_a_page_without_the_markers_is_refused_not_overwritten(tmp_path):
+    from lorabind.bench.history import write_table
+
+    page = tmp_path / "benchmarks.md"
+    page.write_text("no table here\n")
+    with pytest.raises(SystemExit, match="has no generated bench table"):
+        write_table(tmp_path / "unused.json", page)
+    assert page.read_text() == "no table here\n"

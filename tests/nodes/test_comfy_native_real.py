@@ -4,7 +4,8 @@ loaders, our pair node, core ``KSamplerAdvanced`` x2, core decode and save; the 
 fails in the first sampler before any step, naming the LoRA file and the field; a swapped pair is refused by name.
 For every LoRA fixture ``build-tiny`` makes, the weights ComfyUI's patcher writes with ``LoraBindLoRA`` equal our
 own fuse within bf16 rounding, every file tensor is accounted for, and the keys ComfyUI's own
-``LoraLoaderModelOnly`` leaves unapplied are counted (``comfy_patcher_cases.py``, the README table).
+``LoraLoaderModelOnly`` leaves unapplied are counted (``comfy_patcher_cases.py``, the table in
+``docs/comfyui/native-mode.md``).
 
 One ComfyUI start serves every prompt: ``comfy_native_client.py`` queues them through ``--exec``.
 """
@@ -210,8 +211,8 @@ def _is_file_name(value) -> bool:
 # Keys of each fixture that ComfyUI's own LoraLoaderModelOnly leaves unapplied (its "lora key not loaded" lines),
 # measured in ComfyUI 0.3.64: lightx2v files lose every block's diff_m (the modulation diff; 40 keys in the real
 # 40-block files), the Wan2.2 I2V pair also the 24 keys of the Wan2.1 image branch (which no Wan2.2 expert has:
-# expected-unmatched for us too), a PEFT folder (its adapter_model.safetensors) all of them. The README's table:
-# {fixture: (keys ComfyUI leaves unapplied, of which ours applies)}.
+# expected-unmatched for us too), a PEFT folder (its adapter_model.safetensors) all of them. The table in
+# docs/comfyui/native-mode.md: {fixture: (keys ComfyUI leaves unapplied, of which ours applies)}.
 COMFY_UNAPPLIED = {"wan22_t2v_high": (2, 2), "wan22_t2v_low": (2, 2), "wan21_t2v": (2, 2),
                    "wan21_peft_folder": (32, 32), "wan22_i2v_high": (26, 2), "wan22_i2v_low": (26, 2),
                    "wan21_i2v": (2, 2), "qwen_image_lightning": (0, 0)}

@@ -1,5 +1,5 @@
-"""Every ``lorabind`` command in the README's ``bash`` blocks, run exactly as written from a clone's folder (issue
-30: ``inspect`` and ``merge`` pointed at ``models/loras/wan2.2_…`` while the fixtures live in
+"""Every ``lorabind`` command in the ``bash`` blocks of the README and docs/, run exactly as written from a clone's
+folder (issue 30: ``inspect`` and ``merge`` pointed at ``models/loras/wan2.2_…`` while the fixtures live in
 ``models/loras/lorabind-tiny/``, and failed when copied). Lines with a placeholder (``FILE``, ``DIR``) are
 templates, and ``serve`` runs until stopped (the server tests cover it); everything else must exit 0."""
 
@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from docs_text import doc_files, shell_commands
 
 import lorabind
 from lorabind.runtime import folder_paths
@@ -22,24 +23,18 @@ LONG_RUNNING = ("serve",)
 
 
 def readme_commands() -> list[str]:
-    """The ``lorabind …`` lines of the README's ``bash`` blocks, continuation lines joined, comments dropped."""
-    text = PACK.joinpath("README.md").read_text(encoding="utf-8")
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("  #", 1)[0].strip()
-            if line.startswith("lorabind "):
-                commands.append(line)
-    return commands
+    """The ``lorabind …`` commands of the README's and the docs' ``bash`` blocks, each once."""
+    return shell_commands(doc_files())
 
 
 def runnable(command: str) -> bool:
     return not PLACEHOLDER.search(command) and shlex.split(command)[1] not in LONG_RUNNING
 
 
-def test_the_readme_names_the_fixture_folder_in_every_runnable_path():
+def test_the_docs_name_the_fixture_folder_in_every_runnable_path():
     commands = [command for command in readme_commands() if runnable(command)]
-    assert [shlex.split(c)[1] for c in commands] == ["run", "run", "run", "inspect", "merge", "extract"]
+    assert [shlex.split(c)[1] for c in commands] == [
+        "run", "run", "inspect", "merge", "extract", "plan", "run", "inspect"]
     for command in commands:
         for lora in re.findall(r"models/loras/\S+", command):
             assert lora.startswith("models/loras/lorabind-tiny/"), command

@@ -1,7 +1,7 @@
 """The README's first command is the product in one line: ``lorabind run`` on the lightx2v high/low pair
 workflow. Its output must say what happened: a fuse on each expert, the 4-step contract enforced, and the switch
-from the high-noise to the low-noise expert at the boundary. A published LoRA name outside ``lorabind-tiny/``
-that is missing fails validation with the choices and writes no file."""
+from the high-noise to the low-noise expert at the boundary; every line the Quick start shows of it is printed. A
+published LoRA name outside ``lorabind-tiny/`` that is missing fails validation with the choices and writes no file."""
 
 import json
 import re
@@ -17,20 +17,32 @@ from lorabind.runtime.cli import main
 PACK = Path(lorabind.__file__).parent
 
 
+def quick_start() -> str:
+    return PACK.joinpath("README.md").read_text(encoding="utf-8").split("## Quick start", 1)[1]
+
+
 def readme_main_command() -> list:
     """The arguments after ``lorabind`` of the Quick start's first ``lorabind run`` command."""
-    quick_start = PACK.joinpath("README.md").read_text(encoding="utf-8").split("## Quick start", 1)[1]
-    line = next(line for line in quick_start.splitlines() if "lorabind run " in line)
+    line = next(line for line in quick_start().splitlines() if "lorabind run " in line)
     return shlex.split(line.split("lorabind run ", 1)[1])
+
+
+def readme_main_output() -> list:
+    """The Quick start's output block for that command, as patterns of whole lines (``/…/`` elides a path)."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", quick_start(), re.S | re.M)
+    block = next(body for language, body in blocks if not language)  # the first block that is no bash
+    return [re.escape(line).replace(re.escape("/…/"), ".*/") for line in block.splitlines()]
 
 
 @pytest.mark.slow
 def test_readme_main_command_runs_the_lightx2v_pair_and_says_so(tiny_models_root, tmp_path, capsys):
     (workflow,) = readme_main_command()
     assert workflow == "workflows/wan22_lightx2v_4step.json"
-    code = main(["run", str(PACK / workflow), "--models", str(tiny_models_root), "--output", str(tmp_path)])
+    code = main(["run", str(PACK / workflow), "--models", str(tiny_models_root), "--output", str(tmp_path / "output")])
     out, err = capsys.readouterr()
     assert code == 0, err
+    shown = readme_main_output()
+    assert len(shown) >= 5 and [line for line in shown if not re.search(f"^{line}$", out, re.MULTILINE)] == []
     sampler = [line.split(" text: ", 1)[1] for line in out.splitlines() if "(LoraBindSampler) text: " in line]
     high, low = (Path(name).name for name in (WAN22_HIGH, WAN22_LOW))
     assert f"contract enforced: {high}: distill steps=4 shift=5 cfg=1 (declared by its file name)" in sampler

@@ -1,4 +1,4 @@
-"""The README's examples through the real CLI and the real nodes on the built-in tiny models (built on first use
+"""The documented examples through the real CLI and the real nodes on the built-in tiny models (built on first use
 into a temporary models root, offline)."""
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ def build_tiny_root(tmp_path_factory, tiny_models_root, mm_root):
     root = tmp_path_factory.mktemp("build_tiny_root")
     for source in (Path(tiny_models_root), Path(mm_root)):
         _link_entries(source / "diffusers", root / "diffusers")
-        # copied, not linked: a LoRA that links out of the loras folder is refused (README, "Safe defaults")
+        # copied, not linked: a LoRA that links out of the loras folder is refused (docs/serving/comfyui-api.md,
+        # "Safe defaults")
         shutil.copytree(source / "loras" / "lorabind-tiny", root / "loras" / "lorabind-tiny", dirs_exist_ok=True)
     return root
