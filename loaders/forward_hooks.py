@@ -58,11 +58,16 @@ After = Callable[[Any, Any], None]  # (module, state), also when the forward rai
 def attach(module, name: str, state: Any = None, before: Optional[Before] = None,
            after: Optional[After] = None) -> Any:
     """Run ``before`` and ``after`` around every forward of ``module`` as the hook ``name`` (``lorabind.<kind>``);
-    ``state`` is what the kind keeps for this module (``state_of`` finds it). Returns the hook."""
+    ``state`` is what the kind keeps for this module (``state_of`` finds it). Returns the hook. A second hook of
+    ours on one module is refused (``ValueError``): the chain could not remove the lower one safely."""
     from diffusers.hooks.hooks import HookRegistry
 
+    registry = HookRegistry.check_if_exists_or_initialize(module)
+    ours = [other for other in registry.hooks if other.startswith(PREFIX)]
+    if ours:  # see "Limits" in the module docstring
+        raise ValueError(f"{type(module).__name__} already has the hook {ours[0]}; one lorabind hook per module")
     hook = _hook_class()(state, before, after)
-    HookRegistry.check_if_exists_or_initialize(module).register_hook(hook, name)
+    registry.register_hook(hook, name)
     return hook
 
 

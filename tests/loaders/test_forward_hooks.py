@@ -123,3 +123,12 @@ def test_detach_keeps_a_registry_that_holds_another_hook():
     forward_hooks.detach(layer, forward_hooks.PLACEMENT_STAGE)
     assert list(layer._diffusers_hook.hooks) == ["someone_else"] and "forward" in vars(layer)
     assert torch.equal(layer(torch.ones(1, 4)), torch.nn.functional.linear(torch.ones(1, 4), layer.weight, layer.bias))
+
+
+def test_a_second_hook_of_ours_on_one_module_is_refused():
+    """diffusers' ``remove_hook`` cannot take a hook out from under one of ours: one per module, checked."""
+    layer = torch.nn.Linear(4, 4)
+    forward_hooks.attach(layer, forward_hooks.PLACEMENT_STAGE)
+    with pytest.raises(ValueError, match="already has the hook lorabind.placement_stage; one lorabind hook"):
+        forward_hooks.attach(layer, forward_hooks.GGUF_PATCHES)
+    assert [name for _, _, name in forward_hooks.hooked(layer)] == [forward_hooks.PLACEMENT_STAGE]
