@@ -9,11 +9,11 @@ Formats (read from ComfyUI ``comfy/utils.py::convert_old_quants`` and ``comfy/op
   compute in bf16.
 
 In memory the weights stay fp8 (one byte per weight, the file's exact bytes) and every module holding one gets
-a forward pre-hook that swaps in the dequantized bf16 weight (fp8 -> bf16 is exact, then x scale) for the call
-and a post-hook that puts the stored fp8 tensor back. Why our own hook instead of diffusers' layerwise casting:
-that hook casts *every* parameter of a module to the storage dtype (biases too, which the files keep in bf16)
-and cannot apply a per-tensor scale. The cost is one dequantized weight per running module, not a second copy of
-the model.
+a forward hook (``forward_hooks.FP8_COMPUTE``) that swaps in the dequantized bf16 weight (fp8 -> bf16 is exact,
+then x scale) for the call and puts the stored fp8 tensor back after it, also when the call raises. Why our
+own hook instead of diffusers' layerwise casting: that hook casts *every* parameter of a module to the storage
+dtype (biases too, which the files keep in bf16) and cannot apply a per-tensor scale. The cost is one dequantized
+weight per running module, not a second copy of the model.
 
 Fusing a LoRA into an fp8 weight (``patching.write_patched``): the value (fp8 x scale) plus every contribution
 is computed in float32 and rounded to fp8 ONCE, keeping the file's scale, saturating at +-448. Rounding is
@@ -26,20 +26,16 @@ the original fp8 bytes back. peft adapters over fp8 weights keep their own weigh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
+
+from . import forward_hooks
 from .errors import ModelLoadError
 
 SCALED_MARKER = "scaled_fp8"
 SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
 IGNORED_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def fp8_dtype():
-    import torch
-
-    return torch.float8_e4m3fn
 
 
 def quantize(weight, *, scaled: bool):
@@ -102,18 +98,25 @@ class StoredWeight:
     rounding: str = "nearest"  # how a fuse rounds into it (see the module docstring)
 
 
-def _pre_hook(module, args):
+@dataclass
+class Fp8Compute:
+    """What the fp8 hook of one module keeps: the dtype it computes in and its fp8-stored parameters."""
+    compute_dtype: object
+    weights: dict = field(default_factory=dict)  # parameter name -> StoredWeight
+
+
+def _dequantize_in(module, compute: Fp8Compute, args, kwargs):
     import torch
 
-    for name, entry in module._lorabind_fp8.items():
+    for name, entry in compute.weights.items():
         module._parameters[name] = torch.nn.Parameter(
-            dequantize(entry.stored, entry.scale, module._lorabind_compute_dtype), requires_grad=False)
+            dequantize(entry.stored, entry.scale, compute.compute_dtype), requires_grad=False)
+    return args, kwargs
 
 
-def _post_hook(module, args, output):
-    for name, entry in module._lorabind_fp8.items():
+def _put_back(module, compute: Fp8Compute) -> None:
+    for name, entry in compute.weights.items():
         module._parameters[name] = entry.stored
-    return output
 
 
 def keep_fp8(module, name: str, stored, scale, compute_dtype, rounding: str = "nearest") -> None:
@@ -122,26 +125,30 @@ def keep_fp8(module, name: str, stored, scale, compute_dtype, rounding: str = "n
 
     param = torch.nn.Parameter(stored, requires_grad=False)
     module._parameters[name] = param
-    if not hasattr(module, "_lorabind_fp8"):
-        module._lorabind_fp8 = {}
-        module._lorabind_compute_dtype = compute_dtype
-        module.register_forward_pre_hook(_pre_hook)
-        module.register_forward_hook(_post_hook)
-    module._lorabind_fp8[name] = StoredWeight(param, scale, rounding)
+    compute = forward_hooks.state_of(module, forward_hooks.FP8_COMPUTE)
+    if compute is None:
+        compute = Fp8Compute(compute_dtype)
+        forward_hooks.attach(module, forward_hooks.FP8_COMPUTE, compute, before=_dequantize_in, after=_put_back)
+    compute.weights[name] = StoredWeight(param, scale, rounding)
 
 
 def stored_weights(root) -> dict:
     """``{qualified parameter name: StoredWeight}`` of every fp8-stored parameter under ``root``."""
     found = {}
     for module_name, module in root.named_modules():
-        for name, entry in getattr(module, "_lorabind_fp8", {}).items():
+        for name, entry in _weights_of(module).items():
             found[f"{module_name}.{name}" if module_name else name] = entry
     return found
 
 
 def stored_weight(module, name: str) -> Optional[StoredWeight]:
     """The fp8 storage record of ``module.<name>``, or None for an ordinary parameter."""
-    return getattr(module, "_lorabind_fp8", {}).get(name)
+    return _weights_of(module).get(name)
+
+
+def _weights_of(module) -> dict:
+    compute = forward_hooks.state_of(module, forward_hooks.FP8_COMPUTE)
+    return compute.weights if compute is not None else {}
 
 
 def round_to_fp8(values, rounding: str, seed_key: str, generator=None):
@@ -177,4 +184,5 @@ def seeded_generator(seed_key: str):
 
 def compute_dtype(module):
     """The dtype an fp8-stored layer computes in, or None for a layer that stores no fp8 weight."""
-    return module._lorabind_compute_dtype if hasattr(module, "_lorabind_fp8") else None
+    compute = forward_hooks.state_of(module, forward_hooks.FP8_COMPUTE)
+    return compute.compute_dtype if compute is not None else None

@@ -5,14 +5,15 @@ into the quantization grid (a Q4 grid step is larger than most LoRA deltas) and 
 the bytes. Instead the patcher gives the layer its patch list, and the layer computes, at each forward,
 ``W = dequant(Q) + Σ sᵢ·ΔWᵢ`` in float32 (each adapter kind's rows, as a fuse computes them:
 ``fused_rows.write_patched``) and casts it once to the compute dtype. The quantized bytes are never touched, so
-unbinding only drops the patch list (and the hooks): trivially exact.
+unbinding only drops the patch list (and the hook): trivially exact.
 
-Memory: one layer at a time. The patched weight exists only during its layer's forward (a forward pre-hook puts
-it in place of the GGUF parameter, the forward hook puts the parameter back, also when the forward raises); at
-its peak a patched forward holds that layer's float32 dequantisation and its compute-dtype value, where
-diffusers' own GGUF forward holds the dequantisation and its cast. Nothing dequantised is cached per layer: a cache of
-patched weights would be the size of the unquantized model, which is what GGUF is there to avoid. The cost is a
-float32 dequantise and one low-rank product per patched layer per forward (``bench/bench_gguf_patches.py``).
+Memory: one layer at a time. The patched weight exists only during its layer's forward (the layer's hook,
+``forward_hooks.GGUF_PATCHES``, puts it in place of the GGUF parameter for the call and the parameter back after
+it, also when the forward raises); at its peak a patched forward holds that layer's float32 dequantisation
+and its compute-dtype value, where diffusers' own GGUF forward holds the dequantisation and its cast. Nothing
+dequantised is cached per layer: a cache of patched weights would be the size of the unquantized model, which
+is what GGUF is there to avoid. The cost is a float32 dequantise and one low-rank product per patched layer per
+forward (``bench/bench_gguf_patches.py``).
 
 Limitation: diffusers' optional CUDA GGUF kernels (``DIFFUSERS_GGUF_CUDA_KERNELS``, fetched from the hub) read
 the parameter's ``quant_type`` in the forward; lorabind never downloads them, and a patched layer always runs the
@@ -22,12 +23,12 @@ plain dequantise-and-matmul path.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from .. import gguf_weights
+from .. import forward_hooks, gguf_weights
 from ..lora.finite_bounds import largest_abs
 from .fused_rows import Workspace, write_patched
 
@@ -49,34 +50,46 @@ def is_deferred(module: torch.nn.Module, name: str) -> bool:
     return gguf_weights.is_quantized(module._parameters.get(name))
 
 
+@dataclass
+class GgufPatches:
+    """What the GGUF hook of one layer keeps: its patches, and the GGUF parameters set aside while it runs."""
+
+    patches: dict = field(default_factory=dict)  # parameter name -> DequantPatch
+    set_aside: dict = field(default_factory=dict)  # parameter name -> the GGUF parameter, during a forward
+
+
 def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> None:
     """Give ``module.<name>`` exactly ``contributions`` (empty: none). The patched value is computed once here, so
-    a value that overflows the compute dtype is refused at bind time (``NonFiniteResultError``), not mid-run."""
-    patches = getattr(module, "_lorabind_dequant", None)
+    a value that overflows the compute dtype is refused at bind time (``NonFiniteResultError``), not mid-run.
+    A layer left without patches loses its hook: it is as it was loaded."""
+    state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)
     if not contributions:
-        if patches is not None:
-            patches.pop(name, None)
-            if not patches:
-                _remove_hooks(module)
+        if state is not None:
+            state.patches.pop(name, None)
+            if not state.patches:
+                forward_hooks.detach(module, forward_hooks.GGUF_PATCHES)
         return
     base = gguf_weights.dequantize(module._parameters[name])
     patch = DequantPatch(tuple(contributions), largest_abs(base))
     _patched_value(patch, base, _compute_dtype(module, base.dtype))  # raises before anything is installed
-    if patches is None:
-        _install_hooks(module)
-    module._lorabind_dequant[name] = patch
+    if state is None:
+        state = GgufPatches()
+        forward_hooks.attach(module, forward_hooks.GGUF_PATCHES, state, before=_patch_in, after=_put_back)
+    state.patches[name] = patch
 
 
 def patches_of(module: torch.nn.Module) -> dict:
     """``{parameter name: DequantPatch}`` of a module (empty when none is patched)."""
-    return dict(getattr(module, "_lorabind_dequant", {}))
+    state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)
+    return dict(state.patches) if state is not None else {}
 
 
 def patched_weight(module: torch.nn.Module, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The value ``module.<name>`` computes with now: ``dequant(Q) + Σ s·ΔW`` rounded once to the compute dtype."""
-    stored = module._lorabind_stashed.get(name, module._parameters[name])  # inside the forward: the stashed bytes
+    state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)
+    stored = state.set_aside.get(name, module._parameters[name])  # inside the forward: the set-aside bytes
     base = gguf_weights.dequantize(stored)
-    return _patched_value(module._lorabind_dequant[name], base, dtype or _compute_dtype(module, base.dtype))
+    return _patched_value(state.patches[name], base, dtype or _compute_dtype(module, base.dtype))
 
 
 def _compute_dtype(module: torch.nn.Module, fallback: torch.dtype) -> torch.dtype:
@@ -92,31 +105,18 @@ def _patched_value(patch: DequantPatch, base: torch.Tensor, dtype: torch.dtype) 
     return value
 
 
-def _pre_hook(module, args):
+def _patch_in(module, state: GgufPatches, args, kwargs):
     """Put each patched weight in place of its GGUF parameter for this forward (the layer's own dequantise
-    leaves a plain tensor as it is); the parameter waits in ``_lorabind_stashed``."""
+    leaves a plain tensor as it is); the parameter waits in ``set_aside``."""
     dtype = _compute_dtype(module, args[0].dtype) if args else None
-    for name in module._lorabind_dequant:
+    for name in state.patches:
         patched = patched_weight(module, name, dtype)
-        module._lorabind_stashed[name] = module._parameters[name]
+        state.set_aside[name] = module._parameters[name]
         module._parameters[name] = torch.nn.Parameter(patched, requires_grad=False)
+    return args, kwargs
 
 
-def _post_hook(module, args, output):
-    for name, stored in module._lorabind_stashed.items():
+def _put_back(module, state: GgufPatches) -> None:
+    for name, stored in state.set_aside.items():
         module._parameters[name] = stored
-    module._lorabind_stashed.clear()
-    return output
-
-
-def _install_hooks(module: torch.nn.Module) -> None:
-    module._lorabind_dequant, module._lorabind_stashed = {}, {}
-    module._lorabind_dequant_hooks = (module.register_forward_pre_hook(_pre_hook),
-                                      module.register_forward_hook(_post_hook, always_call=True))
-
-
-def _remove_hooks(module: torch.nn.Module) -> None:
-    """The module is as it was loaded again: no patch list, no hooks."""
-    for handle in module._lorabind_dequant_hooks:
-        handle.remove()
-    del module._lorabind_dequant, module._lorabind_stashed, module._lorabind_dequant_hooks
+    state.set_aside.clear()

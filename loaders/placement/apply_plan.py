@@ -45,6 +45,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from .. import forward_hooks
 from ..families.interface import ROLE_VAE
 from .planner import default_decode_bytes
 from .sizes import DENOISER_ROLES, ENCODER_ROLES
@@ -85,7 +86,7 @@ class ModelPlacement:
         self.stats = PlacementStats()
         self.released = False
         self._stream = None
-        self._hook_handles: list = []
+        self._hooked: list = []  # (module, hook name) of each hook placement attached (``forward_hooks``)
         self._offload_params: dict[str, frozenset] = {}  # group-offloaded component -> the tensors its hooks know
 
     # ------------------------------------------------------------------ applying
@@ -136,31 +137,40 @@ class ModelPlacement:
         self._offload_params[name] = frozenset(module_tensors(module))
 
     def _install_hooks(self, name: str, module: nn.Module) -> None:
+        """Bring the staged component up (and its inputs to the device) before each forward; an encoder's phase
+        ends with its forward, so it goes down after it (also after a forward that raised)."""
         from accelerate.utils import send_to_device
 
-        def before(mod, args, kwargs):
+        def before(mod, _state, args, kwargs):
             self.activate(name)
             return send_to_device(args, self.device), send_to_device(kwargs, self.device)
 
-        self._hook_handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
-        if self.roles.get(name) in ENCODER_ROLES:  # an encoder's phase ends with its forward
-            self._hook_handles.append(module.register_forward_hook(lambda mod, args, out: self.staged[name].drop()))
+        def after(mod, _state):
+            self.staged[name].drop()
+
+        is_encoder = self.roles.get(name) in ENCODER_ROLES
+        self._hook(module, forward_hooks.PLACEMENT_STAGE, before, after if is_encoder else None)
+
+    def _hook(self, module: nn.Module, name: str, before, after=None) -> None:
+        forward_hooks.attach(module, name, before=before, after=after)
+        self._hooked.append((module, name))
 
     def _install_decode_hooks(self) -> None:
         """Start the decode phase when a VAE's decoder runs, wherever the decode is called from: the denoising
         phase is over (``end_denoise``) and, on CUDA, the decode's working memory is made room for. Why a hook
         and not a call in the sampler: every family decodes through its own code, and this keeps the plan's
         phases in one place."""
-        def before_decoder(mod, args):
+        def before_decoder(mod, _state, args, kwargs):
             self.end_denoise()
             latent = args[0] if args and torch.is_tensor(args[0]) else None
             width, height = (latent.shape[-1], latent.shape[-2]) if latent is not None and latent.dim() >= 4 else (0, 0)
             self.prepare_image_decode(width * _VAE_SPATIAL_FACTOR, height * _VAE_SPATIAL_FACTOR)
+            return args, kwargs
 
         for name, module in self.modules.items():
             decoder = getattr(module, "decoder", None)
             if self.roles.get(name) == ROLE_VAE and isinstance(decoder, nn.Module):
-                self._hook_handles.append(decoder.register_forward_pre_hook(before_decoder))
+                self._hook(decoder, forward_hooks.PLACEMENT_DECODE, before_decoder)
 
     # ------------------------------------------------------------------ moving staged components
 
@@ -276,9 +286,9 @@ class ModelPlacement:
 
     def remove(self) -> None:
         """Undo the placement's hooks (the model is being dropped or re-placed)."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles.clear()
+        for module, name in self._hooked:
+            forward_hooks.detach(module, name)
+        self._hooked.clear()
         for staged in self.staged.values():
             staged.drop()
             if isinstance(staged, FileStaged):

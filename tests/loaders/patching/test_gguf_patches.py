@@ -16,6 +16,7 @@ import torch
 from gguf_helpers import gguf_bytes, quantize_linears, reference_dequant
 from safetensors.torch import load_file
 
+from lorabind.loaders import forward_hooks
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.binding.bind import bind, binding_state, unbind
 from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
@@ -94,7 +95,8 @@ def test_bind_and_unbind_of_the_lightx2v_pair_leave_every_gguf_byte_identical(ma
         for path in REFERENCE_NAMES:
             layer = module.get_submodule(path)
             assert dequant_patches.patches_of(layer) == {}
-            assert not layer._forward_pre_hooks and not layer._forward_hooks  # the hooks went with the patches
+            assert list(forward_hooks.hooked(layer)) == []  # the hook went with the patches
+            assert not hasattr(layer, "_diffusers_hook") and "forward" not in vars(layer)
 
 
 @pytest.mark.parametrize("strength", [1.0, 0.37])
@@ -339,14 +341,18 @@ def test_a_forward_holds_one_patched_layer_at_a_time(make_experts, tiny_models_r
     layers = [module.get_submodule(path) for path in REFERENCE_NAMES]
     dense_while_running = []
 
-    def count_dense(layer, args):
-        dense_while_running.append(sum(type(other.weight).__name__ != "GGUFParameter" for other in layers))
-        assert type(layer.weight).__name__ != "GGUFParameter"  # this one runs with its patched weight
+    def counting_dense(layer):
+        def forward_native(inputs):
+            dense_while_running.append(sum(type(other.weight).__name__ != "GGUFParameter" for other in layers))
+            assert type(layer.weight).__name__ != "GGUFParameter"  # this one runs with its patched weight
+            return type(layer).forward_native(layer, inputs)
+        return forward_native
 
-    handles = [layer.register_forward_pre_hook(count_dense) for layer in layers]  # after ours: sees its swap
+    for layer in layers:  # inside the layer's forward, within our hook: sees its swap
+        layer.forward_native = counting_dense(layer)
     with torch.no_grad():
         module(**_expert_inputs(), return_dict=False)
-    for handle in handles:
-        handle.remove()
+    for layer in layers:
+        del layer.forward_native
     assert dense_while_running == [1] * len(layers)
     assert all(type(layer.weight).__name__ == "GGUFParameter" for layer in layers)

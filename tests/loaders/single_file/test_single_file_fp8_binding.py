@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from lorabind.loaders import fp8
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.models.store import clear_cache
@@ -66,7 +67,7 @@ def _expected_nearest(root, model, component, name) -> torch.Tensor:
                         model.family, family_by_id(model.family))
     target = lora.targets[module_path]
     delta = target.low_rank
-    entry = model.components[component].get_submodule(module_path)._lorabind_fp8["weight"]
+    entry = fp8.stored_weight(model.components[component].get_submodule(module_path), "weight")
     file_weight = _file_tensor(root, component, name)
     value = file_weight.float() * entry.scale + float(delta.scale) * (delta.up.float() @ delta.down.float())
     return (value / entry.scale).clamp(-448, 448).to(torch.float8_e4m3fn)
