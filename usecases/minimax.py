@@ -13,11 +13,13 @@ from typing import Callable
 
 from ..loaders.dispatch.contract_discovery import SamplingRequest
 from ..loaders.errors import LoraBindError
-from ..loaders.families import minimax_h3
+from ..loaders.families.minimax_h3 import FAMILY as MINIMAX_H3, contracts as minimax_h3
+from ..loaders.families.minimax_h3.references import MAX_IMAGE_REFERENCES
+from ..loaders.families.minimax_h3.resolve import resolve
 from ..loaders.handles import AdapterSpec, ScheduleHandle
 
 TASKS = minimax_h3.TASKS
-MAX_REFERENCE_IMAGES = minimax_h3.MAX_IMAGE_REFERENCES
+MAX_REFERENCE_IMAGES = MAX_IMAGE_REFERENCES
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
     """The adapter (its file found by ``path_of()``) attached to ``model`` with its contract; ``task`` "auto" is
     the artifact's first task. Refuses, naming ``where``, a model of another family (before looking for the
     file) and a file that declares no contract."""
-    if not minimax_h3.FAMILY.serves(model):
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
                             f"{model.family}")
     path = path_of()
@@ -54,7 +56,7 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
         words.append("scale 0: the adapter is off and its contract is not applied")
     else:
         request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
-        resolved = minimax_h3.resolve_schedule(handle.contracts, request, handle)
+        resolved = resolve(handle.contracts, request, handle)
         sigmas = resolved.sigmas
         words += list(resolved.notes)
         words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
@@ -66,18 +68,18 @@ def decode_audio(model, latent, *, where: str) -> dict:
     """The soundtrack of a sampled MiniMax-H3 latent as ComfyUI AUDIO."""
     if "audio" not in latent.extra:
         raise LoraBindError(f"{where}: the latent ({latent.family}) carries no MiniMax-H3 audio")
-    return minimax_h3.FAMILY.decode_audio(model.model, latent)
+    return MINIMAX_H3.sampling.decode_audio(model.model, latent)
 
 
 def with_first_frame(model, latent, image, *, where: str):
     """The latent anchored on a first frame (task fl2va)."""
-    if not minimax_h3.FAMILY.serves(model):
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
-    return minimax_h3.FAMILY.with_first_frame(model.model, latent, image)
+    return MINIMAX_H3.sampling.with_first_frame(model.model, latent, image)
 
 
 def with_reference_images(model, latent, images, *, where: str):
-    """The latent with reference images for task ref2va (at most ``minimax_h3.MAX_IMAGE_REFERENCES``)."""
-    if not minimax_h3.FAMILY.serves(model):
+    """The latent with reference images for task ref2va (at most ``MAX_REFERENCE_IMAGES``)."""
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
-    return minimax_h3.FAMILY.with_references(model.model, latent, images)
+    return MINIMAX_H3.sampling.with_references(model.model, latent, images)

@@ -62,7 +62,7 @@ class SingleFileWeights:
     @property
     def component(self) -> str:
         """The component this file is, named as its family names a lone denoiser file (``transformer``)."""
-        parts = family_by_id(self.detected.family).single_file_parts([self.detected], None, None)
+        parts = family_by_id(self.detected.family).layout.single_file_parts([self.detected], None, None)
         return next(comp for comp, part in parts.items() if part is self.detected)
 
     def keys(self):

@@ -1,4 +1,4 @@
-"""The MiniMax-H3 family object: video + audio generation, two DiT partitions chosen by the task
+"""The MiniMax-H3 family (``FAMILY``) and its layout, contracts and sampling parts: video + audio generation, two DiT partitions chosen by the task
 (``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit schedules (video, audio)."""
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ from typing import Optional
 
 from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS,
                          SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
-from . import contracts, keymap, pipeline, references, sampling
+from ..parts import FamilyContracts, FamilyLayout, FamilySampling
+from . import contracts, pipeline, references, sampling
+from .keymap import KEYMAP
 from .resolve import resolve
 
 
-class MiniMaxH3Family(ModelFamily):
-    id = contracts.FAMILY_ID
-    model_families = (contracts.FAMILY_ID,)
-    has_audio = True
+class MiniMaxH3Layout(FamilyLayout):
     # ``transformer`` runs t2va / fl2va; ``transformer_ref`` only ref2va, so a run loads one or the other
     index_roles = {"transformer": ROLE_DENOISER, "transformer_ref": ROLE_ALTERNATE, "audio_vae": ROLE_VAE,
                    **SHARED_INDEX_ROLES}
@@ -28,24 +27,12 @@ class MiniMaxH3Family(ModelFamily):
 
     def detect(self, model_index: dict) -> Optional[str]:
         class_name = str(model_index.get("_class_name", ""))
-        return self.id if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
+        return contracts.FAMILY_ID if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
 
-    def load_pipeline(self, source: PipelineSource):
-        if source.kind == SOURCE_SINGLE_FILE:
-            raise ValueError(f"{source.path}: MiniMax-H3 does not load from single files; it runs from its diffusers "
-                             "folder (models/diffusers/, LoraBindModelLoader)")
-        if source.kind != SOURCE_DIFFUSERS:
-            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for MiniMax-H3 models")
-        return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
 
-    def denoiser_roles(self, model) -> dict:
-        return {name: ROLE_DENOISER for name in model.components}
+class MiniMaxH3Contracts(FamilyContracts):
+    """Turbo / native / checkpoint-pinned contracts, resolved into two schedules, a task and a partition."""
 
-    # LoRA key map and contracts
-    recognizes = staticmethod(keymap.recognizes)
-    prepare = staticmethod(keymap.prepare)
-    map_target = staticmethod(keymap.map_target)
-    expected_unmatched_reason = staticmethod(keymap.expected_unmatched_reason)
     declared_contract = staticmethod(contracts.declared_contract)
     checkpoint_contract = staticmethod(contracts.checkpoint_contract)
 
@@ -54,6 +41,18 @@ class MiniMaxH3Family(ModelFamily):
 
     def resolve_schedule(self, model_handle, contract_list: tuple, request):
         return resolve(contract_list, request, model_handle)
+
+
+class MiniMaxH3Sampling(FamilySampling):
+    """Its modular pipeline, the two-schedule loop, and the soundtrack, first frame and references only it has."""
+
+    def load_pipeline(self, source: PipelineSource):
+        if source.kind == SOURCE_SINGLE_FILE:
+            raise ValueError(f"{source.path}: MiniMax-H3 does not load from single files; it runs from its diffusers "
+                             "folder (models/diffusers/, LoraBindModelLoader)")
+        if source.kind != SOURCE_DIFFUSERS:
+            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for MiniMax-H3 models")
+        return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
 
     # text, latents, sampling, decoding
     def encode_text(self, model, text: str):
@@ -87,3 +86,7 @@ class MiniMaxH3Family(ModelFamily):
     def with_references(self, model, latent, images):
         """The latent with reference images appended (task ref2va)."""
         return references.with_references(model, latent, images)
+
+
+FAMILY = ModelFamily(id=contracts.FAMILY_ID, model_families=(contracts.FAMILY_ID,), layout=MiniMaxH3Layout(),
+                     keymap=KEYMAP, contracts=MiniMaxH3Contracts(), sampling=MiniMaxH3Sampling(), has_audio=True)

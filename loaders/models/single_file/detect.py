@@ -226,7 +226,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 _check_gguf(path, name, kind, architecture)
                 flags = tuple(key for key in kind.flag_keys if key in shapes)
-                edition, changes = family_by_id(kind.family).single_file_edition(kind.role, base_name, flags)
+                edition, changes = family_by_id(kind.family).layout.single_file_edition(kind.role, base_name, flags)
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert,
                                 edition=edition, config_changes=tuple(sorted(changes.items())))
@@ -340,7 +340,7 @@ def check_denoisers(denoisers: Sequence[Detected]) -> None:
     if first.expert and first.expert == second.expert:
         _refuse(first, second, f"both are {first.expert}-noise experts")
 
-    family_by_id(first.family).check_expert_files((first, second))
+    family_by_id(first.family).layout.check_expert_files((first, second))
 
 
 def _check_image_encoder(denoiser: Detected, image_encoder: Optional[Detected]) -> None:

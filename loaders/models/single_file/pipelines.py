@@ -3,7 +3,7 @@
 ``model_store.load`` loads it by the same sequence as a diffusers folder, into the same shared object (one per
 set of files, in the same cache, keyed by resolved paths, mtimes, dtype, fp8 rounding and placement), so
 binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the loaded modules
-(``ModelFamily.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the ``model_index`` the model
+(``FamilySampling.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the ``model_index`` the model
 reports is what the equivalent diffusers folder would hold (``interface.pipeline_index``: two experts ->
 ``transformer_2`` and the published ``boundary_ratio``).
 """
@@ -97,7 +97,7 @@ class SingleFileSet(ModelSource):
         self.path = files.denoisers[0].path
         self.name = self.label = " + ".join(os.path.basename(p) for p in self.paths)
         # component name -> Detected, named as the equivalent diffusers folder names them (the family decides)
-        self.named = self.family.single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
+        self.named = self.family.layout.single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
                                                    files.image_encoder)
 
     def default_dtype(self):
@@ -116,11 +116,11 @@ class SingleFileSet(ModelSource):
         high = self.files.denoisers[0]
         model_family = self.family.model_families[-1 if len(self.files.denoisers) > 1 else 0]
         # an edition of equal shapes may need a newer library than the family (Qwen-Image-Edit-2511's zero_cond_t)
-        compat.require(self.family.requirements_id(model_family, variant=high.edition or high.model.variant),
+        compat.require(self.family.layout.requirements_id(model_family, variant=high.edition or high.model.variant),
                        high.title)
 
     def component_roles(self) -> dict:
-        return self.family.component_roles(_parts_index(self.named))
+        return self.family.layout.component_roles(_parts_index(self.named))
 
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
@@ -145,10 +145,10 @@ class SingleFileSet(ModelSource):
         source = PipelineSource(path=high.path, kind=SOURCE_SINGLE_FILE, dtype=dtype, components=components,
                                 tokenizer=_TOKENIZER[encoder.kind.kind](encoder, self.tokenizer_dirs),
                                 variant=high.model.variant, denoiser_files=tuple(self.files.denoisers))
-        pipeline = self.family.load_pipeline(source)
+        pipeline = self.family.sampling.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
-        denoisers = {n: components[n] for n in self.family.denoiser_components(_parts_index(self.named))}
-        return BuiltModel(pipeline=pipeline, model_family=self.family.detect(model_index), model_index=model_index,
+        denoisers = {n: components[n] for n in self.family.layout.denoiser_components(_parts_index(self.named))}
+        return BuiltModel(pipeline=pipeline, model_family=self.family.layout.detect(model_index), model_index=model_index,
                           modules=components, roles=self.component_roles(), denoisers=denoisers,
                           weight_sources=SingleFileWeightSources(dict(zip(denoisers, self.files.denoisers))))
 

@@ -19,9 +19,10 @@ import torch
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
-from lorabind.loaders.families.diffusers_flow import DiffusersFlowFamily, check_multiple
+from lorabind.loaders.families.diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple
 from lorabind.loaders.families.interface import (ROLE_DENOISER, ROLE_TEXT_ENCODER, ROLE_VAE, SOURCE_DIFFUSERS,
-                                                 PipelineSource)
+                                                 ModelFamily, PipelineSource)
+from lorabind.loaders.families.parts import FamilyLayout, KeyMap
 from lorabind.loaders.handles import ConditioningHandle, LatentHandle
 from lorabind.loaders.lora.canonical import LoraFile
 from lorabind.loaders.generation.sampling import device_and_dtype
@@ -107,15 +108,19 @@ def _map_target(name: str) -> Optional[str]:
     return name if _TARGET.fullmatch(name) else None
 
 
-class ToyFamily(DiffusersFlowFamily):
-    id = "toy"
-    model_families = ("toy",)
+def _recognizes(lora: LoraFile) -> bool:
+    return any(name.startswith("mixers.") for name in lora.targets if _map_target(name))
+
+
+class ToyLayout(FamilyLayout):
     index_roles = {DENOISER: ROLE_DENOISER, "text_encoder": ROLE_TEXT_ENCODER, "vae": ROLE_VAE}
     lora_components = (DENOISER,)
 
     def detect(self, model_index: dict) -> Optional[str]:
-        return self.id if model_index.get("_class_name") == PIPELINE_CLASS else None
+        return "toy" if model_index.get("_class_name") == PIPELINE_CLASS else None
 
+
+class ToySampling(DiffusersFlowSampling):
     def load_pipeline(self, source: PipelineSource):
         if source.kind != SOURCE_DIFFUSERS:
             raise ValueError(f"{source.path}: toy models load from their folder only")
@@ -123,11 +128,6 @@ class ToyFamily(DiffusersFlowFamily):
         return ToyPipeline({name: cls.from_pretrained(source.path, subfolder=name, local_files_only=True,
                                                       use_safetensors=True, **dtype)
                             for name, cls in _CLASSES.items()})
-
-    map_target = staticmethod(_map_target)
-
-    def recognizes(self, lora: LoraFile) -> bool:
-        return any(name.startswith("mixers.") for name in lora.targets if _map_target(name))
 
     def encode_text(self, model, text: str) -> ConditioningHandle:
         encoder = model.pipeline.text_encoder
@@ -162,4 +162,6 @@ class ToyFamily(DiffusersFlowFamily):
         return (image.float().permute(0, 2, 3, 1) / 2 + 0.5).clamp(0.0, 1.0).cpu()
 
 
-FAMILY = ToyFamily()
+FAMILY = ModelFamily(id="toy", model_families=("toy",), layout=ToyLayout(),
+                     keymap=KeyMap(recognizes=_recognizes, map_target=_map_target), contracts=OneScheduleContracts(),
+                     sampling=ToySampling(), runs_stages=True)

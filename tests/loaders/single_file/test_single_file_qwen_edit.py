@@ -72,7 +72,7 @@ def test_a_2511_file_asks_for_the_diffusers_release_with_zero_cond_t(edit_files)
     family = family_by_id("qwen_image")
     for name, wanted in (("renamed_download", "qwen_image_edit_2511"), ("qwen_image_edit_2509_bf16", "qwen_image")):
         found = detect(str(edit_files[0] / f"{name}.safetensors"))
-        assert family.requirements_id("qwen_image", variant=found.edition or found.model.variant) == wanted
+        assert family.layout.requirements_id("qwen_image", variant=found.edition or found.model.variant) == wanted
     assert requirements_for("qwen_image_edit_2511") == ({"diffusers": "0.37", "transformers": "4.49"},
                                                        "Qwen-Image-Edit-2511")
 
