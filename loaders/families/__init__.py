@@ -13,6 +13,7 @@ exists outside ``families/``.
 from __future__ import annotations
 
 import functools
+import re
 from importlib import import_module
 from typing import Optional
 
@@ -111,6 +112,12 @@ def guess_family(lora) -> Optional[ModelFamily]:
     return None
 
 
+def named_for_another_family(file_name: str, family_id: str) -> bool:
+    """True when ``file_name`` carries the words another family's files are named with (``file_name_words``)."""
+    return any(family.id != family_id and family.layout.file_name_words
+               and re.search(family.layout.file_name_words, file_name, re.IGNORECASE) for family in all_families())
+
+
 def checkpoint_contracts(model) -> tuple:
     """Contracts pinned by a loaded checkpoint (a ``LoadedModel``), as a tuple for ``ModelHandle.contracts``."""
     contract = family_for(model).contracts.checkpoint_contract(model.model_index, model.name)
@@ -145,6 +152,14 @@ def real_config_names() -> tuple:
 def tiny_recipes() -> dict:
     """{built-in tiny model name: TinyRecipe} of every family."""
     return {recipe.name: recipe for family in all_families() for recipe in family.layout.tiny_models}
+
+
+def example_order() -> tuple:
+    """The example templates in the order a newcomer meets them: every family's featured examples (the main one
+    first, registry order), then the rest of each family's (adapter and single-file variants)."""
+    layouts = [family.layout for family in all_families()]
+    featured = [name for layout in layouts for name in layout.example_templates[:layout.featured_examples]]
+    return tuple(featured + [name for layout in layouts for name in layout.example_templates[layout.featured_examples:]])
 
 
 def lora_components() -> list:

@@ -9,6 +9,7 @@ from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_R
                          SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
 from ..parts import FamilyContracts, FamilyLayout, FamilySampling
 from . import contracts, pipeline, references, sampling
+from .key_layouts import REFUSED_FILES
 from .keymap import KEYMAP
 from .resolve import resolve
 
@@ -24,6 +25,11 @@ class MiniMaxH3Layout(FamilyLayout):
     # one builder writes both folders (the pinned one is a copy with a pinned release)
     tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID, ".minimax_h3", "build_tiny_minimax_h3")
                         for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
+    refused_single_files = REFUSED_FILES
+    file_name_words = "minimax"
+    # listed last: none featured
+    example_templates = ("minimax_h3_turbo_8step", "minimax_h3_turbo_mp4", "minimax_h3_turbo_4step_768p",
+                         "minimax_h3_native", "minimax_h3_pinned")
 
     def detect(self, model_index: dict) -> Optional[str]:
         class_name = str(model_index.get("_class_name", ""))

@@ -3,8 +3,9 @@
 The roles of a ``model_index.json``'s components (``component_roles``: what the planner and placement size and
 move), which denoiser a LoRA file goes to and the slot check (``component_for_file``, ``check_slots``), the
 library versions and labels (``requirements``, ``labels``), the real configurations ``lorabind plan`` ships
-(``real_configs``), the built-in tiny models (``tiny_models``: recipes the factory builds) and how single files
-name their parts (``single_file_parts``, ``single_file_edition``, ``check_expert_files``). Asked through the
+(``real_configs``), the built-in tiny models (``tiny_models``: recipes the factory builds) and its single files:
+their kinds, key layouts, configurations and tokenizers (``single_file_kinds``, ``known_single_files``), how a set
+names its parts (``single_file_parts``, ``single_file_edition``, ``check_expert_files``). Asked through the
 registry, so no module outside ``families/`` names a component or keys a table by family id.
 """
 
@@ -31,6 +32,18 @@ class FamilyLayout(FamilyPart):
     labels: dict = {}
     real_configs: tuple = ()  # folders under ``loaders/placement/real_configs`` (``lorabind plan NAME``)
     tiny_models: tuple = ()  # TinyRecipe of each built-in tiny model
+    # single files (``io.single_file_kinds``): the kinds this family loads (ComponentKind), their known
+    # configurations (KnownModel) and the files it recognises but refuses (RefusedKind)
+    single_file_kinds: tuple = ()
+    known_single_files: tuple = ()
+    refused_single_files: tuple = ()
+    # a regex of the words a LoRA file's name carries when it is made for this family's models ("qwen"): another
+    # family's name rules leave such a file alone (a Qwen-Image Lightning file is not a Wan distill file)
+    file_name_words: str = ""
+    # the served example templates (``workflows/``) of this family, most important first, of which the first
+    # ``featured_examples`` are listed before every family's other examples (``families.example_order``)
+    example_templates: tuple = ()
+    featured_examples: int = 0
 
     def detect(self, model_index: dict) -> Optional[str]:
         """The model family id a ``model_index.json`` describes when it is this family's, else None."""

@@ -14,6 +14,7 @@ from ..diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_
 from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
 from ..parts import FamilyLayout
 from . import contracts, edit, single_files
+from . import single_file_kinds as files
 from .keymap import KEYMAP
 from .edit_processor import load_processor
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
@@ -36,6 +37,11 @@ class QwenImageLayout(FamilyLayout):
                    TinyRecipe("tiny-qwen-image-edit", FAMILY_ID, ".qwen_image_edit", "build_tiny_qwen_image_edit"),
                    TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS, ".qwen_image_edit",
                               "build_tiny_qwen_image_edit_plus"))
+    single_file_kinds = files.KINDS
+    known_single_files = files.KNOWN_MODELS
+    file_name_words = "qwen"
+    example_templates = ("qwen_image_lightning", "qwen_image_edit_lightning")
+    featured_examples = 2
 
     def detect(self, model_index: dict) -> Optional[str]:
         return FAMILY_ID if str(model_index.get("_class_name", "")).startswith("QwenImage") else None

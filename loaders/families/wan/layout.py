@@ -9,6 +9,7 @@ from ...io.model_index import is_set
 from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
 from ..parts import FamilyLayout
 from . import contracts, slots
+from . import single_file_kinds as files
 from .single_files import check_expert_files
 from .slots import HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT
 
@@ -43,6 +44,15 @@ class WanLayout(FamilyLayout):
     real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
                     "wan2.1-vace-14b", "wan2.2-vace-fun-a14b")
     tiny_models = TINY_MODELS
+    single_file_kinds = files.KINDS
+    known_single_files = files.KNOWN_MODELS
+    # the main example first, then the other Wan examples; the adapter and single-file variants after the other
+    # families' featured ones
+    example_templates = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mismatched_contract",
+                         "wan22_lightning_three_stage", "wan22_strength_schedule", "wan21_distill",
+                         "wan21_unipc_reference", "wan21_i2v", "wan22_ti2v", "wan21_vace_control", "wan22_tiny_t2v",
+                         "peft_two_branches", "wan22_single_files_fp8", "wan22_gguf_lightx2v")
+    featured_examples = 10
 
     def detect(self, model_index: dict) -> Optional[str]:
         if not str(model_index.get("_class_name", "")).startswith("Wan"):

@@ -18,10 +18,9 @@ from .. import compat
 from ...errors import ModelLoadError
 from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
-from . import catalog, tokenizers
+from . import catalog
 from ... import fp8
 from .detect import CheckpointSet, Detected, check_set, detect
-from .layouts import SPIECE_KEY
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 from .gguf_loading import gguf_stored_bytes, load_gguf_component
 from .baked_files import baked_index_entry
@@ -49,26 +48,6 @@ class SingleFileWeightSources:
         if layout.fused_rule(native) is not None:
             return None
         return WeightSource(file=str(Path(detected.path).resolve()), key=detected.prefix + native)
-
-
-def _umt5_tokenizer(encoder: Detected, tokenizer_dirs):
-    from safetensors import safe_open
-
-    with safe_open(encoder.path, framework="pt") as handle:
-        if SPIECE_KEY not in handle.keys():
-            raise ModelLoadError(f"{encoder.name}: no '{SPIECE_KEY}' tensor (ComfyUI's umt5 files carry their "
-                                 "SentencePiece tokenizer there); this file has none")
-        model_bytes = tokenizers.spiece_bytes(handle.get_tensor(SPIECE_KEY))
-    return tokenizers.umt5_tokenizer_from_spiece(model_bytes, encoder.name)
-
-
-def _qwen_tokenizer(encoder: Detected, tokenizer_dirs):
-    vocab_size = encoder.config.get("text_config", encoder.config).get("vocab_size")
-    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name,
-                                       vocab_size)
-
-
-_TOKENIZER = {"umt5": _umt5_tokenizer, "qwen25_vl": _qwen_tokenizer}
 
 
 def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple,
@@ -143,7 +122,7 @@ class SingleFileSet(ModelSource):
         encoder = self.files.text_encoder
         high = self.files.denoisers[0]
         source = PipelineSource(path=high.path, kind=SOURCE_SINGLE_FILE, dtype=dtype, components=components,
-                                tokenizer=_TOKENIZER[encoder.kind.kind](encoder, self.tokenizer_dirs),
+                                tokenizer=encoder.kind.tokenizer(encoder, self.tokenizer_dirs),
                                 variant=high.model.variant, denoiser_files=tuple(self.files.denoisers))
         pipeline = self.family.sampling.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
