@@ -4,10 +4,8 @@ Why: a graph may use one loaded model in several branches with different LoRAs. 
 mutate a model; they return new handles that *describe* the wanted state (patch set to fuse, dynamic adapters
 with scales, schedule contracts). The sampler makes the shared model match a handle right before denoising
 ("binding"). Handles are cheap (no tensors copied) and compare by identity (``eq=False``): the executor's cache
-must never hash them by value.
-
-Socket type names (see ``SOCKET_*``) are our own so that, inside ComfyUI, they cannot be wired into core nodes
-expecting ComfyUI's MODEL/CONDITIONING/LATENT objects.
+must never hash them by value. The socket types that carry them along a graph's edges are the nodes' vocabulary
+(``usecases.vocabulary``), not the engine's.
 """
 
 from __future__ import annotations
@@ -16,15 +14,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .contract_types import ScheduleContract
-
-SOCKET_MODEL = "LORABIND_MODEL"
-SOCKET_CONDITIONING = "LORABIND_CONDITIONING"
-SOCKET_LATENT = "LORABIND_LATENT"
-SOCKET_ADAPTER = "LORABIND_ADAPTER"
-SOCKET_SCHEDULE = "LORABIND_SCHEDULE"
-SOCKET_IMAGE = "IMAGE"  # ComfyUI's own: float [B, H, W, C] in 0..1
-SOCKET_SIGMAS = "SIGMAS"  # ComfyUI's own: 1-D float tensor ending in 0
-SOCKET_AUDIO = "AUDIO"  # ComfyUI's own: {"waveform": [B, C, T], "sample_rate": int}
 
 
 @dataclass(frozen=True)

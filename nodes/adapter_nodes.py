@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from .. import usecases
-from ..usecases import SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, LoraBindError, LoraFileError, file_identity
+from ..usecases.verbs import attach_adapter, attach_fuse, attach_fuses, expert_slots, file_identity
+from ..usecases.vocabulary import (SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, LoraBindError, LoraFileError,
+                                   lora_components)
 from . import comfy_bridge
 
 CATEGORY = "lorabind/adapters"
@@ -95,8 +96,8 @@ class LoadPEFTAdapter:
                               "adapter_model.safetensors) or .safetensors LoRA file under the loras folder."}),
                 "scale": ("FLOAT", dict(_STRENGTH, tooltip="Adapter scale for the run (1.0 = as trained, "
                                         "0 = off). Applied on top of the file's own alpha/r.")),
-                "component": (usecases.lora_components(), {
-                    "default": usecases.lora_components()[0], "tooltip": "Denoiser the adapter attaches to: "
+                "component": (lora_components(), {
+                    "default": lora_components()[0], "tooltip": "Denoiser the adapter attaches to: "
                     "transformer (Wan2.2: the high-noise expert) or transformer_2 (Wan2.2 low-noise expert)."}),
             },
             "optional": {
@@ -113,8 +114,8 @@ class LoadPEFTAdapter:
     def load(self, lora_name, scale, component="", adapter: Optional[AdapterHandle] = None, lenient=False,
              strength_schedule=""):
         path = resolve_lora(lora_name, "lora_name", "LoadPEFTAdapter")
-        component = component or usecases.lora_components()[0]
-        return _ui(usecases.attach_adapter(lora_name, path, scale, component, adapter, lenient, strength_schedule))
+        component = component or lora_components()[0]
+        return _ui(attach_adapter(lora_name, path, scale, component, adapter, lenient, strength_schedule))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class FuseDistillLoRA:
                 "lora_name": (lora_choices(), {"tooltip": "LoRA file under the loras folder."}),
                 "strength": ("FLOAT", dict(_STRENGTH, tooltip="Fuse strength (1.0 = as published; 0 = the "
                                            "LoRA and its contract are off).")),
-                "component": ([AUTO_COMPONENT, *usecases.lora_components()], {"default": AUTO_COMPONENT, "tooltip":
+                "component": ([AUTO_COMPONENT, *lora_components()], {"default": AUTO_COMPONENT, "tooltip":
                               "Denoiser to fuse into. auto: the only transformer, or for Wan2.2 MoE the expert "
                               "the file name says (high_noise -> transformer, low_noise -> transformer_2)."}),
             },
@@ -157,8 +158,8 @@ class FuseDistillLoRA:
         path = resolve_lora(lora_name, "lora_name", "FuseDistillLoRA")
         chosen = None if component == AUTO_COMPONENT else component
         try:
-            attached = usecases.attach_fuse(model, lora_name, path, strength, chosen, where="FuseDistillLoRA",
-                                            lenient=lenient, strength_schedule=strength_schedule)
+            attached = attach_fuse(model, lora_name, path, strength, chosen, where="FuseDistillLoRA",
+                                   lenient=lenient, strength_schedule=strength_schedule)
         except LoraBindError as exc:
             if chosen is None and "does not say which expert" in str(exc):
                 raise type(exc)(f"{exc}, or use WanMoELoRAPair") from None
@@ -207,7 +208,7 @@ class WanMoELoRAPair:
 
     def pair(self, model, high_noise_lora, high_noise_strength, low_noise_lora, low_noise_strength, lenient=False,
              strength_schedule=""):
-        experts = usecases.expert_slots(model)
+        experts = expert_slots(model)
         if experts is None:
             loaded = model.model
             raise LoraBindError(
@@ -222,8 +223,8 @@ class WanMoELoRAPair:
             chosen = None if name == NONE_CHOICE else name
             path = resolve_lora(name, input_name, "WanMoELoRAPair") if chosen else None
             slots.append((input_name, chosen, path, strength, component))
-        return _ui(usecases.attach_fuses(model, slots, where="WanMoELoRAPair", lenient=lenient,
-                                         strength_schedule=strength_schedule))
+        return _ui(attach_fuses(model, slots, where="WanMoELoRAPair", lenient=lenient,
+                                strength_schedule=strength_schedule))
 
 
 NODE_CLASS_MAPPINGS = {

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import usecases
-from ..usecases import ROUNDINGS, SOCKET_MODEL, builtin_file_names, ensure_builtin_files
+from ..usecases.verbs import (builtin_file_names, ensure_builtin_files, gguf_denoiser_names, load_checkpoint_files,
+                              tokenizer_dirs)
+from ..usecases.vocabulary import ROUNDINGS, SOCKET_MODEL
 from . import comfy_bridge
 from .comfy_bridge import folder_paths
 from .model_nodes import model_placement_inputs
@@ -32,7 +33,7 @@ def list_files(kind: str) -> list[str]:
 
 def list_denoisers() -> list[str]:
     """The denoiser files: safetensors and GGUF (the published quantized sets are GGUF denoisers)."""
-    return sorted(set(list_files("diffusion_models")) | set(usecases.gguf_denoiser_names(folder_paths())))
+    return sorted(set(list_files("diffusion_models")) | set(gguf_denoiser_names(folder_paths())))
 
 
 def resolve_file(kind: str, name: str) -> tuple[str, str]:
@@ -48,11 +49,6 @@ def resolve_file(kind: str, name: str) -> tuple[str, str]:
     if path is None:
         path = paths.get_full_path_or_raise(kind, name)  # ComfyUI's "Model in folder ... not found" error
     return path, name
-
-
-def tokenizer_dirs() -> list[Path]:
-    """Folders that may hold a Qwen2.5-VL tokenizer (``usecases.tokenizer_dirs``)."""
-    return usecases.tokenizer_dirs(folder_paths())
 
 
 class LoraBindCheckpointLoader:
@@ -117,9 +113,9 @@ class LoraBindCheckpointLoader:
         if denoiser_low_noise != NO_FILE:
             denoisers.append(resolve_file("diffusion_models", denoiser_low_noise))
         image_encoder = resolve_file("clip_vision", clip_vision) if clip_vision != NO_FILE else None
-        return usecases.load_checkpoint_files(
+        return load_checkpoint_files(
             denoisers, resolve_file("vae", vae), resolve_file("text_encoders", text_encoder), image_encoder,
-            dtype=dtype, tokenizer_dirs=tokenizer_dirs(), fp8_rounding=fp8_rounding,
+            dtype=dtype, tokenizer_dirs=tokenizer_dirs(folder_paths()), fp8_rounding=fp8_rounding,
             device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
             attention=attention, compile=compile, before_device_alloc=comfy_bridge.free_device_memory)
 

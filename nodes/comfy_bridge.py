@@ -13,10 +13,11 @@ import importlib
 import os
 from functools import lru_cache
 
-from ..usecases import host, LoraBindError
+from ..usecases import host
 from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, folders_holding, lora_names as list_loras,
                                       safe_relative_name)
-from .. import usecases
+from ..usecases.verbs import follow_host_node_cache, release_device_memory
+from ..usecases.vocabulary import LoraBindError
 
 
 @lru_cache(maxsize=1)
@@ -181,7 +182,7 @@ def follow_comfyui_memory_management() -> bool:
     if not install_unload_hook():
         return False
 
-    usecases.follow_host_node_cache()
+    follow_host_node_cache()
     return True
 
 
@@ -199,7 +200,7 @@ def install_unload_hook() -> bool:
         return True
 
     def unload_all_models(*args, **kwargs):
-        usecases.release_device_memory()  # folder and single-file models share the cache
+        release_device_memory()  # folder and single-file models share the cache
         return current(*args, **kwargs)
 
     setattr(unload_all_models, _UNLOAD_HOOK_MARK, True)

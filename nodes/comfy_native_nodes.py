@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from .. import usecases
-from ..usecases import LoraBindError, LoraFileError
+from ..usecases.verbs import (check_expert_pair, check_sampling, check_stacking, host_family, host_patched_value,
+                              prepare_host_lora, sigma_table, switch_step)
+from ..usecases.vocabulary import PART_ANY, PART_HIGH, PART_LOW, HostContract, LoraBindError, LoraFileError
 from . import comfy_bridge
 from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora
 
@@ -33,14 +34,14 @@ def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: s
     """Our read + key accounting of ``lora_name`` against ComfyUI's ``model``: nothing patched yet."""
     comfy_bridge.require_comfyui(where)
     path = resolve_lora(lora_name, input_name, where)
-    return usecases.prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path,
-                                      strength, lenient=lenient, where=where)
+    return prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path,
+                             strength, lenient=lenient, where=where)
 
 
 def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None,
                where: str = "LoraBindLoRA"):
     """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
-    usecases.check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
+    check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
     patched = model.clone()
     computes = {key: partial(_patched_weight, deltas) for key, deltas in prepared.deltas.items()}
     taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
@@ -49,7 +50,7 @@ def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, 
     records = tuple(patched.get_attachment(CONTRACTS_ATTACHMENT) or ())
     lines = list(prepared.text)
     if prepared.contract is not None:
-        record = usecases.HostContract(prepared.contract, part or usecases.PART_ANY, switch, bool(enforce))
+        record = HostContract(prepared.contract, part or PART_ANY, switch, bool(enforce))
         records += (record,)
         lines.append(record.describe())
     _set_contracts(patched, records)
@@ -65,7 +66,7 @@ def _one_lora_node(model, name: str, strength: float, lenient: bool, enforce: bo
 
 
 def _patched_weight(deltas, weight, strength):
-    return usecases.host_patched_value(weight, deltas, strength)
+    return host_patched_value(weight, deltas, strength)
 
 
 def _set_contracts(model, records: tuple) -> None:
@@ -75,7 +76,7 @@ def _set_contracts(model, records: tuple) -> None:
 
 
 def _check_sampler(records, sigmas, cfg) -> None:
-    for line in usecases.check_sampling(records, sigmas, cfg):
+    for line in check_sampling(records, sigmas, cfg):
         print(f"[lorabind] {line}")  # an override is recorded in ComfyUI's log, never silent
 
 
@@ -149,17 +150,17 @@ class LoraBindLoRAPair:
              lenient=False, enforce_contract=True):
         where = "LoraBindLoRAPair"
         comfy_bridge.require_comfyui(where)
-        family = usecases.host_family(comfy_bridge.model_shapes(model_high), f"{where} model_high")
-        usecases.check_expert_pair(family, lora_high, lora_low, where)  # by name, before any file is read
+        family = host_family(comfy_bridge.model_shapes(model_high), f"{where} model_high")
+        check_expert_pair(family, lora_high, lora_low, where)  # by name, before any file is read
         high = prepare_lora(model_high, lora_high, strength_high, lenient, where, "lora_high")
         low = prepare_lora(model_low, lora_low, strength_low, lenient, where, "lora_low")
         contract = high.contract or low.contract
-        table = usecases.sigma_table(contract) if contract is not None else None
-        switch = usecases.switch_step(table, boundary) if table else 0
+        table = sigma_table(contract) if contract is not None else None
+        switch = switch_step(table, boundary) if table else 0
         model_high, high_lines = apply_lora(model_high, high, lora_high, strength_high, enforce_contract,
-                                            usecases.PART_HIGH, switch, where)
+                                            PART_HIGH, switch, where)
         model_low, low_lines = apply_lora(model_low, low, lora_low, strength_low, enforce_contract,
-                                          usecases.PART_LOW, switch, where)
+                                          PART_LOW, switch, where)
         lines = high_lines + low_lines
         if table:
             lines.append(f"switch at step {switch} of {len(table) - 1} (boundary {boundary:g})")
@@ -220,7 +221,7 @@ class LoraBindContractSigmas:
     def sigmas(self, model):
         comfy_bridge.require_comfyui("LoraBindContractSigmas")
         records = model.get_attachment(CONTRACTS_ATTACHMENT) or ()
-        tables = [usecases.sigma_table(record.contract) for record in records]
+        tables = [sigma_table(record.contract) for record in records]
         tables = [table for table in tables if table]
         if not tables:
             raise LoraBindError("LoraBindContractSigmas: the MODEL carries no LoRA with a sigma contract (apply a "

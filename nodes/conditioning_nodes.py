@@ -3,7 +3,8 @@ LoraBindTextEncodeImageEdit: a prompt read together with input images (image-edi
 
 from __future__ import annotations
 
-from ..usecases import SOCKET_CONDITIONING, SOCKET_IMAGE, SOCKET_MODEL, encode_text, encode_with_images
+from ..usecases.verbs import encode_text, encode_with_images
+from ..usecases.vocabulary import SOCKET_CONDITIONING, SOCKET_IMAGE, SOCKET_MODEL
 
 
 class LoraBindTextEncode:

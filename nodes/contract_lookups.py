@@ -18,7 +18,8 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-from ..usecases import LoraBindError, file_identity
+from ..usecases.verbs import file_identity
+from ..usecases.vocabulary import LoraBindError
 
 WORKERS = 2
 TIMEOUT_S = 30.0

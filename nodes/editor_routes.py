@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..usecases import builtin_model_names, lora_file_contract, model_file_contract, model_folder_contract
+from ..usecases.verbs import builtin_model_names, lora_file_contract, model_file_contract, model_folder_contract
 from . import comfy_bridge
 from .contract_lookups import LOOKUPS, refusal
 from .model_nodes import find_model_folder

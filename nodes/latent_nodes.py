@@ -4,14 +4,8 @@ LoraBindVaceToVideo: the start latent of a controlled video (Wan VACE): control 
 
 from __future__ import annotations
 
-from ..usecases import (
-    SOCKET_IMAGE,
-    SOCKET_LATENT,
-    SOCKET_MODEL,
-    control_video_latent,
-    empty_latent,
-    image_to_video_latent,
-)
+from ..usecases.verbs import control_video_latent, empty_latent, image_to_video_latent
+from ..usecases.vocabulary import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
 
 MAX_RESOLUTION = 8192
 # The largest empty latent accepted, estimated before any model is known with the smallest geometry any family

@@ -6,9 +6,9 @@ import os
 
 import torch
 
-from .. import usecases
-from ..usecases import (SOCKET_AUDIO, SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS,
-                        TASKS, LoraBindError, write_wav)
+from ..usecases.verbs import check_contract, decode_audio, with_first_frame, with_reference_images, write_wav
+from ..usecases.vocabulary import (MAX_REFERENCE_IMAGES, SOCKET_AUDIO, SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL,
+                                   SOCKET_SCHEDULE, SOCKET_SIGMAS, TASKS, LoraBindError)
 from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
 from .output_nodes import SAVERS_CATEGORY, filename_prefix_input, output_target
@@ -62,8 +62,8 @@ class MiniMaxTurboSchedule:
         return lora_inputs_identity(lora_name)  # the contract is read from the file: re-run when it changes
 
     def attach(self, model, lora_name, scale, task):
-        checked = usecases.check_contract(model, lora_name, lambda: _lora_path(lora_name), scale, task,
-                                          where="MiniMaxTurboSchedule")
+        checked = check_contract(model, lora_name, lambda: _lora_path(lora_name), scale, task,
+                                 where="MiniMaxTurboSchedule")
         return {
             "ui": {"lorabind_contract": [checked.view], "text": checked.text},
             "result": (checked.handle, checked.schedule, torch.tensor(checked.sigmas, dtype=torch.float32)),
@@ -88,7 +88,7 @@ class MiniMaxDecodeAudio:
         }
 
     def decode(self, model, latent):
-        return (usecases.decode_audio(model, latent, where="MiniMaxDecodeAudio"),)
+        return (decode_audio(model, latent, where="MiniMaxDecodeAudio"),)
 
 
 class MiniMaxFirstFrame:
@@ -111,7 +111,7 @@ class MiniMaxFirstFrame:
         }
 
     def anchor(self, model, latent, image):
-        return (usecases.with_first_frame(model, latent, image, where="MiniMaxFirstFrame"),)
+        return (with_first_frame(model, latent, image, where="MiniMaxFirstFrame"),)
 
 
 class MiniMaxReferenceImages:
@@ -132,12 +132,12 @@ class MiniMaxReferenceImages:
                 "latent": (SOCKET_LATENT, {"tooltip": "An empty MiniMax-H3 latent (references may differ in size)."}),
                 "reference_images": (SOCKET_IMAGE, {
                     "tooltip": f"Reference images, one per batch item, in the order the model reads them (at most "
-                               f"{usecases.MAX_REFERENCE_IMAGES} per latent, this node's and earlier ones')."}),
+                               f"{MAX_REFERENCE_IMAGES} per latent, this node's and earlier ones')."}),
             }
         }
 
     def attach(self, model, latent, reference_images):
-        return (usecases.with_reference_images(model, latent, reference_images, where="MiniMaxReferenceImages"),)
+        return (with_reference_images(model, latent, reference_images, where="MiniMaxReferenceImages"),)
 
 
 class LoraBindSaveAudio:

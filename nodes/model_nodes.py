@@ -5,25 +5,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .. import usecases
-from ..usecases import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
+from ..usecases.verbs import find_model, list_models, load_model, model_index_stat, resolve_model
+from ..usecases.vocabulary import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
 from . import comfy_bridge
 from .comfy_bridge import WorkProgress, folder_paths
 
 
 def list_model_folders() -> list[str]:
     """The loader's choices: every model folder under the ``diffusers`` roots plus the built-in tiny models."""
-    return usecases.list_models(folder_paths())
+    return list_models(folder_paths())
 
 
 def find_model_folder(model_name: str) -> Optional[Path]:
     """The existing folder a COMBO value names, confined to the ``diffusers`` roots (None when absent)."""
-    return usecases.find_model(folder_paths(), model_name)
+    return find_model(folder_paths(), model_name)
 
 
 def resolve_model_folder(model_name: str) -> Path:
-    """The folder to load, a missing built-in tiny model built first (``usecases.resolve_model``)."""
-    return usecases.resolve_model(folder_paths(), model_name)
+    """The folder to load, a missing built-in tiny model built first (``usecases.models.resolve_model``)."""
+    return resolve_model(folder_paths(), model_name)
 
 
 def model_placement_inputs() -> dict:
@@ -96,7 +96,7 @@ class LoraBindModelLoader:
         """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself). The
         value is embedded with the prompt in outputs, so it names the folder by its relative name, never by path."""
         try:
-            stat = usecases.model_index_stat(folder_paths(), model_name)
+            stat = model_index_stat(folder_paths(), model_name)
         except ValueError:
             stat = None
         if stat is None:
@@ -108,7 +108,7 @@ class LoraBindModelLoader:
         folder = resolve_model_folder(model_name)
         # placing components is work, not sampling steps: ComfyUI clients count every `progress` message as a step
         placing = WorkProgress("placing model components")
-        handle = usecases.load_model(
+        handle = load_model(
             folder, name=model_name, max_cached_adapters=max_cached_adapters, dtype=dtype,
             device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
             attention=attention, compile=compile, on_progress=placing.update,

@@ -14,7 +14,8 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from ..usecases import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL, decode, write_atomically
+from ..usecases.verbs import decode, write_atomically
+from ..usecases.vocabulary import SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL
 from .comfy_bridge import folder_paths
 
 SAVERS_CATEGORY = "lorabind/output"  # every node that writes files (images, audio)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import usecases
-from ..usecases import (SOCKET_ADAPTER, SOCKET_CONDITIONING, SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE,
-                        SOCKET_SIGMAS)
+from ..usecases.verbs import plan_sampling, sample
+from ..usecases.vocabulary import (END_OF_SCHEDULE, SCHEDULER_CHOICES, SOCKET_ADAPTER, SOCKET_CONDITIONING,
+                                   SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS, SampleOptions)
 from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
 
 
@@ -71,12 +71,12 @@ STAGE_INPUTS = {
     "sigmas": (SOCKET_SIGMAS, {"tooltip": "ComfyUI SIGMAS (BasicScheduler, SplitSigmas, LoraBind Sigmas, a sampler's "
                                           "sigmas output): the schedule to run instead of steps + shift. Under a "
                                           "contract it must be a contiguous part of the contract's table."}),
-    "scheduler": (list(usecases.SCHEDULER_CHOICES), {"default": "euler", "tooltip": (
+    "scheduler": (list(SCHEDULER_CHOICES), {"default": "euler", "tooltip": (
         "Step rule over the sigmas: euler (ours), unipc / dpmpp_2m (diffusers' flow-matching schedulers), or "
         "default: what a contract pins (distill LoRAs: euler), else the family's reference (Wan: unipc).")}),
-    "start_step": ("INT", {"default": 0, "min": 0, "max": usecases.END_OF_SCHEDULE, "tooltip": (
+    "start_step": ("INT", {"default": 0, "min": 0, "max": END_OF_SCHEDULE, "tooltip": (
         "First step of the schedule this sampler runs (a stage; KSamplerAdvanced's start_at_step).")}),
-    "end_step": ("INT", {"default": usecases.END_OF_SCHEDULE, "min": 1, "max": usecases.END_OF_SCHEDULE, "tooltip": (
+    "end_step": ("INT", {"default": END_OF_SCHEDULE, "min": 1, "max": END_OF_SCHEDULE, "tooltip": (
         "Step where this sampler stops (exclusive; 10000 = the end). Stopping early leaves a noisy latent for the "
         "next sampler.")}),
     "denoise": ("FLOAT", {"default": 1.0, "min": 0.01, "max": 1.0, "step": 0.01, "tooltip": (
@@ -147,13 +147,13 @@ class LoraBindSampler:
 
     def sample(self, model, positive, negative, latent, seed, steps, cfg, shift, boundary, enforce_contract,
                adapter=None, schedule=None, cfg_low_noise=0.0, audio_flow_shift=0.0, sigmas=None,
-               scheduler="euler", start_step=0, end_step=usecases.END_OF_SCHEDULE, denoise=1.0, add_noise=True):
-        options = usecases.SampleOptions(seed=seed, steps=steps, cfg=cfg, shift=shift, boundary=boundary,
-                                         enforce_contract=enforce_contract, cfg_low_noise=cfg_low_noise,
-                                         audio_flow_shift=audio_flow_shift, scheduler=scheduler,
-                                         sigmas=None if sigmas is None else tuple(float(s) for s in sigmas),
-                                         start_step=start_step, end_step=end_step, denoise=denoise,
-                                         add_noise=add_noise)
+               scheduler="euler", start_step=0, end_step=END_OF_SCHEDULE, denoise=1.0, add_noise=True):
+        options = SampleOptions(seed=seed, steps=steps, cfg=cfg, shift=shift, boundary=boundary,
+                                enforce_contract=enforce_contract, cfg_low_noise=cfg_low_noise,
+                                audio_flow_shift=audio_flow_shift, scheduler=scheduler,
+                                sigmas=None if sigmas is None else tuple(float(s) for s in sigmas),
+                                start_step=start_step, end_step=end_step, denoise=denoise,
+                                add_noise=add_noise)
         bars: list = []  # the step bar starts with the first step, after binding
 
         def report_step(done: int, total: int) -> None:
@@ -164,9 +164,9 @@ class LoraBindSampler:
         # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
         # clients read every step-progress message as a sampling step.
         # A node instance persists per node id (here and in ComfyUI): its last plan serves a seed-only rerun.
-        plan = self._plan = usecases.plan_sampling(model, positive, negative, latent, options, adapter=adapter,
-                                                   schedule=schedule, reuse=getattr(self, "_plan", None))
-        samples, resolved, report = usecases.sample(
+        plan = self._plan = plan_sampling(model, positive, negative, latent, options, adapter=adapter,
+                                          schedule=schedule, reuse=getattr(self, "_plan", None))
+        samples, resolved, report = sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
             on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
         text = _report_lines(report, self._lines_of(plan, report, enforce_contract))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import usecases
-from ..usecases import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS
+from ..usecases.verbs import schedule_sigmas, split_sigmas
+from ..usecases.vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS
 
 
 def _tensor(points) -> torch.Tensor:
@@ -49,8 +49,8 @@ class LoraBindSigmas:
         }
 
     def sigmas(self, model, steps, shift, enforce_contract=True, adapter=None, schedule=None):
-        resolved = usecases.schedule_sigmas(model, steps, shift, adapter=adapter, schedule=schedule,
-                                            enforce=enforce_contract)
+        resolved = schedule_sigmas(model, steps, shift, adapter=adapter, schedule=schedule,
+                                   enforce=enforce_contract)
         sources = ", ".join(c.source for c in resolved.contracts) or f"shift {resolved.shift:g}"
         return {"ui": {"text": [f"sigmas {_show(resolved.sigmas)} ({sources})"]},
                 "result": (_tensor(resolved.sigmas),)}
@@ -78,7 +78,7 @@ class LoraBindSplitSigmas:
         }}
 
     def split(self, sigmas, step, boundary):
-        first, second, at = usecases.split_sigmas([float(s) for s in sigmas], step, boundary)
+        first, second, at = split_sigmas([float(s) for s in sigmas], step, boundary)
         return {"ui": {"text": [f"split at step {at}: {_show(first)} + {_show(second)}"]},
                 "result": (_tensor(first), _tensor(second), at)}
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from ..usecases import SOCKET_AUDIO, SOCKET_IMAGE, LoraBindError, VIDEO_FORMATS, VIDEO_PRESETS, write_video
+from ..usecases.verbs import write_video
+from ..usecases.vocabulary import SOCKET_AUDIO, SOCKET_IMAGE, VIDEO_FORMATS, VIDEO_PRESETS, LoraBindError
 from .output_nodes import SAVERS_CATEGORY, filename_prefix_input, output_target
 
 MAX_CRF = 51  # libx264's scale (0 lossless .. 51 worst); libvpx-vp9 takes 0..63, so every value fits both

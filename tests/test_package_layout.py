@@ -36,3 +36,16 @@ def test_requirements_txt_matches_pyproject_dependencies():
     listed = [line.strip() for line in (root / "requirements.txt").read_text().splitlines()
               if line.strip() and not line.startswith("#")]
     assert sorted(listed) == sorted(d for d in declared if not d.startswith("torch"))
+
+
+def test_pyproject_lists_every_package():
+    """setuptools installs only the packages ``[tool.setuptools] packages`` names: a folder missing there is
+    missing from the wheel, and ``pip install lorabind`` fails on its first import (as ``loaders.dispatch`` did)."""
+    import tomllib
+
+    root = pathlib.Path(lorabind.__file__).parent
+    listed = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    folders = ("loaders", "nodes", "runtime", "usecases", "tiny_models")
+    found = {".".join(("lorabind", *init.parent.relative_to(root).parts))
+             for folder in folders for init in (root / folder).rglob("__init__.py")}
+    assert sorted(listed) == sorted(found | {"lorabind"})

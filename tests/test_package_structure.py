@@ -95,7 +95,7 @@ def find_cycle(graph: dict):
 
 def test_the_import_graph_is_read():
     graph = import_graph()
-    assert "lorabind.usecases" in graph["lorabind.nodes.sampler_nodes"]
+    assert "lorabind.usecases.verbs" in graph["lorabind.nodes.sampler_nodes"]
     assert "lorabind.loaders.dispatch.contract_discovery" in graph["lorabind.usecases.sampling"]
     assert "lorabind.loaders.families.interface" in graph["lorabind.loaders.families.wan.family"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -107,17 +107,21 @@ def test_the_package_has_no_import_circle():
 
 
 ENGINE = f"{PACKAGE}.loaders"
+SERVER = f"{PACKAGE}.runtime.server"
 
 
 def folder_of(module: str) -> str:
     """The folder a module counts in: its directory (a package's own ``__init__`` belongs to it), except that an
     engine subsystem (a folder directly under ``loaders/``) counts with everything below it: the family packages
     are the families subsystem's parts (its registry imports them by name, which no import statement shows) and
-    ``lora/kinds`` is lora's."""
+    ``lora/kinds`` is lora's. Likewise the server's two API folders count with the server: its ``app`` assembles
+    them over the plumbing they build on (their own order: ``tests/runtime/server/test_server_folders.py``)."""
     path = PACKAGE_DIR.joinpath(*module.split(".")[1:])
     folder = module if path.is_dir() else module.rpartition(".")[0]
     if folder.startswith(ENGINE + "."):
         return ".".join(folder.split(".")[:3])
+    if folder.startswith(SERVER + "."):
+        return SERVER
     return folder
 
 
@@ -272,11 +276,11 @@ FACTORY_PACKAGE = f"{PACKAGE}.tiny_models"
 FACTORY_IMPORTERS = (f"{PACKAGE}", f"{PACKAGE}.runtime")
 # Modules whose imports inside functions are allowed, each with a ``# lazy:`` comment saying why: what the CLI's
 # fast start imports (``tests/test_package_layout.py``: ``--help`` without torch), the pack's ``__init__``
-# (ComfyUI imports it by path), the use-case facade (PEP 562) and the host port. Everywhere else imports sit at
+# (ComfyUI imports it by path) and the host port. Everywhere else imports sit at
 # module level: the folder graph is acyclic, so a lazy import only hides an edge.
 FAST_START = {PACKAGE, f"{PACKAGE}.loaders", f"{PACKAGE}.runtime", f"{PACKAGE}.runtime.cli",
               f"{PACKAGE}.runtime.context", f"{PACKAGE}.runtime.device_options", f"{PACKAGE}.runtime.folder_paths",
-              f"{PACKAGE}.usecases", f"{PACKAGE}.usecases.host", f"{PACKAGE}.usecases.model_folders"}
+              f"{PACKAGE}.usecases.host", f"{PACKAGE}.usecases.model_folders"}
 FAST_START_PACKAGES = (f"{PACKAGE}.runtime.commands",)  # every CLI command module: the parser imports them all
 # modules whose lazy imports keep an optional extra unimported (Ray, for a server that is not scaled out)
 OPTIONAL_EXTRAS = {f"{PACKAGE}.runtime.server.composition_root"}

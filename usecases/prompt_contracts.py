@@ -14,9 +14,9 @@ from typing import Callable
 
 from ..loaders.dispatch.contract_discovery import lora_file_contracts, model_folder_contracts
 from ..loaders.errors import LoraBindError
-from ..loaders.handles import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from .models import find_model
+from .vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 
 LORA_KIND = "loras"
 _CONTRACT_SOCKETS = (SOCKET_MODEL, SOCKET_ADAPTER, SOCKET_SCHEDULE)  # what carries a contract to the sampler

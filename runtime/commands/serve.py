@@ -112,7 +112,7 @@ def check_openai_arguments(args) -> str | None:
     """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``); with the peft backend the
     ``--lora-path`` files join ``--preload-adapter``. An error text, or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ..server.openai_templates import parse_model_option
+    from ..server.openai.templates import parse_model_option
 
     try:
         args.openai_models = [parse_model_option(option) for option in args.openai_model]

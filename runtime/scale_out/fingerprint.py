@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from ...loaders.handles import SOCKET_MODEL
+from ...usecases.vocabulary import SOCKET_MODEL
 
 
 def _is_link(value) -> bool:

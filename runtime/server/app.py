@@ -20,15 +20,15 @@ from aiohttp import web
 
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
-from . import (routes_files, routes_info, routes_jobs, routes_openai, routes_prompt, routes_settings,
-               routes_userdata)
-from .routes_frontend import add_frontend_routes, INSTALL_HINT, frontend_static_dir
-from .routes_logs import add_log_routes
-from .routes_openai import startup_lines
+from .comfy_api import (routes_files, routes_info, routes_jobs, routes_prompt, routes_settings,
+                        routes_userdata)
+from .comfy_api.routes_frontend import add_frontend_routes, INSTALL_HINT, frontend_static_dir
+from .comfy_api.routes_logs import add_log_routes
+from .comfy_api.template_thumbnails import render_template_thumbnails
+from .openai import routes as openai_routes
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
 from .example_assets import prepare_example_assets
-from .template_thumbnails import render_template_thumbnails
 
 log = logging.getLogger("lorabind.server")
 
@@ -199,7 +199,7 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
         app.router.add_route(route.method, route.path, route.handler)
         app.router.add_route(route.method, "/api" + route.path, route.handler)
     routes_info.add_static_routes(app, state)
-    routes_openai.register(app, state)  # /v1/…: OpenAI-style endpoints over --openai-model templates
+    openai_routes.register(app, state)  # /v1/…: OpenAI-style endpoints over --openai-model templates
     add_log_routes(app, state)  # /internal/logs/…: the editor's Logs panel
     add_frontend_routes(app)  # last: it mounts the frontend's folder at /
 
@@ -236,7 +236,7 @@ def run_server(config: ServerConfig) -> None:
     _prepare_examples(config)
     app = create_app(config)
 
-    for line in startup_lines(app):
+    for line in openai_routes.startup_lines(app):
         print(line)
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from lorabind.loaders.placement import devices
-from lorabind.loaders.models import store as model_store
 from lorabind.nodes import comfy_bridge
 from lorabind.nodes.model_nodes import LoraBindModelLoader
 
@@ -45,7 +44,7 @@ def test_comfyui_device_is_the_default_and_its_unload_releases_ours_too(fake_mod
     comfy_bridge.free_device_memory(123, torch.device("cuda", 0))
     assert calls == [("free_memory", 123, "cuda:0")]
     released = []
-    monkeypatch.setattr(model_store, "release_device_memory", lambda: released.append(1) or 0)
+    monkeypatch.setattr(comfy_bridge, "release_device_memory", lambda: released.append(1) or 0)
     assert comfy_bridge.install_unload_hook() and comfy_bridge.install_unload_hook()  # installed once
     management.unload_all_models()
     assert released == [1] and calls[-1] == ("comfy-unload",)
@@ -106,7 +105,7 @@ def test_inside_comfyui_the_pack_follows_its_memory_controls_from_import_on(fake
     """Before any model loads: the unload hook is in, and the store leaves model lifetime to ComfyUI's node cache."""
     management, calls = fake_model_management
     switched = []
-    monkeypatch.setattr(model_store, "follow_host_node_cache", lambda: switched.append(1))
+    monkeypatch.setattr(comfy_bridge, "follow_host_node_cache", lambda: switched.append(1))
     assert comfy_bridge.follow_comfyui_memory_management() is True
     assert switched == [1] and getattr(management.unload_all_models, "_lorabind_releases_too")
     monkeypatch.setitem(sys.modules, "comfy.model_management", None)  # headless: nothing to follow

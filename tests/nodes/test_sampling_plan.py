@@ -7,7 +7,6 @@ import weakref
 import pytest
 import torch
 
-from lorabind import usecases
 from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ModelHandle
@@ -104,8 +103,7 @@ def test_the_text_of_a_kept_plan_is_the_text_a_fresh_sampler_writes(wan22, regis
 def test_a_kept_plan_holds_its_handles_weakly(wan22):
     handle, pos, neg, latent = wan22
     fresh = ModelHandle(handle.model)
-    plan = usecases.plan_sampling(fresh, pos, neg, latent, usecases.SampleOptions(seed=0, steps=4, cfg=5.0,
-                                                                                  shift=5.0))
+    plan = sampling.plan_sampling(fresh, pos, neg, latent, sampling.SampleOptions(seed=0, steps=4, cfg=5.0, shift=5.0))
     gone = weakref.ref(fresh)
     del fresh
     gc.collect()

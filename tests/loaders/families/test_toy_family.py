@@ -10,13 +10,14 @@ import torch
 from safetensors.torch import save_file
 
 import toy_family
-from lorabind import usecases
 from lorabind.loaders import families
 from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import unbind
 from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
 from lorabind.loaders.placement import component_sizes
+from lorabind.usecases import verbs
+from lorabind.usecases.vocabulary import SampleOptions
 
 RANK, STRENGTH = 2, 0.75
 
@@ -48,11 +49,11 @@ def test_the_toy_family_is_detected_and_planned_by_its_own_roles(toy_root):
 
 
 def _run(handle, seed: int = 3):
-    positive = usecases.encode_text(handle.model, "a toy")
-    negative = usecases.encode_text(handle.model, "")
-    latent = usecases.empty_latent(handle.model, 8, 6)
-    samples, schedule, report = usecases.sample(handle, positive, negative, latent,
-                                                usecases.SampleOptions(seed=seed, steps=3, cfg=2.0, shift=1.0))
+    positive = verbs.encode_text(handle.model, "a toy")
+    negative = verbs.encode_text(handle.model, "")
+    latent = verbs.empty_latent(handle.model, 8, 6)
+    samples, schedule, report = verbs.sample(handle, positive, negative, latent,
+                                             SampleOptions(seed=seed, steps=3, cfg=2.0, shift=1.0))
     return samples, schedule, report
 
 
@@ -65,14 +66,14 @@ def test_the_toy_family_binds_samples_and_decodes(toy_root):
 
     plain, schedule, report = _run(base)
     assert report["experts"] == ["backbone"] * 3 and len(schedule.sigmas) == 4
-    attached = usecases.attach_fuse(base, "toy_style.safetensors", str(lora_path), STRENGTH, where="toy test")
+    attached = verbs.attach_fuse(base, "toy_style.safetensors", str(lora_path), STRENGTH, where="toy test")
     assert attached.handle.fuses[0].component == "backbone"  # the family chose its main denoiser
     assert attached.accounting[0]["counts"] == {"applied": 3, "expected_unmatched": 0, "unmatched": 0}
     fused, _, _ = _run(attached.handle)
     torch.testing.assert_close(weight.detach(), original + STRENGTH * delta, rtol=0, atol=1e-5)
     assert not torch.allclose(fused.samples, plain.samples)
 
-    image = usecases.decode(model, fused)
+    image = verbs.decode(model, fused)
     assert image.shape == (1, 6, 8, 3) and 0.0 <= float(image.min()) and float(image.max()) <= 1.0
     assert float(image.std()) > 0
 

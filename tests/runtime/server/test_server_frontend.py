@@ -10,7 +10,7 @@ import pytest
 from server_client import Client, run_async, start_server
 from server_fake_nodes import count_and_save
 
-from lorabind.runtime.server import routes_frontend
+from lorabind.runtime.server.comfy_api import routes_frontend
 from lorabind.runtime.server.config import PACK_DIR
 
 needs_frontend = pytest.mark.skipif(routes_frontend.frontend_static_dir() is None,

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from lorabind.runtime.server import ServerConfig, routes_frontend
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.comfy_api import routes_frontend
 from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer
 

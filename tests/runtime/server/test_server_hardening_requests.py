@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from lorabind.loaders.io import json_limits
-from lorabind.runtime.server import routes_prompt
+from lorabind.runtime.server.comfy_api import routes_prompt
 from lorabind.runtime.server.history import HistoryStore
 from server_client import Client, run_async
 from server_fake_nodes import count_and_save
@@ -166,8 +166,8 @@ def test_a_large_websocket_message_closes_only_that_socket(server):
 
 
 def test_openai_requests_take_only_well_formed_client_ids():
-    from lorabind.runtime.server.openai_errors import OpenAIRequestError
-    from lorabind.runtime.server.openai_requests import _request
+    from lorabind.runtime.server.openai.errors import OpenAIRequestError
+    from lorabind.runtime.server.openai.requests import _request
 
     for forged in ("me\n12:00:00 prompt forged finished", 7):
         with pytest.raises(OpenAIRequestError, match="client_id: expected the WebSocket clientId, 1 to 128"):

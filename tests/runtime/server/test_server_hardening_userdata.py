@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from lorabind.runtime.server import routes_settings, user_files
+from lorabind.runtime.server.comfy_api import routes_settings, user_files
 from server_client import Client, run_async, user_folder
 
 

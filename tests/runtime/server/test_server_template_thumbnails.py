@@ -15,7 +15,7 @@ import lorabind
 from lorabind.runtime import folder_paths
 from lorabind.loaders.families import example_order
 from lorabind.runtime.server.example_assets import ordered_templates
-from lorabind.runtime.server.template_thumbnails import render_template_thumbnails, thumbnail_folder
+from lorabind.runtime.server.comfy_api.template_thumbnails import render_template_thumbnails, thumbnail_folder
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 
@@ -100,7 +100,7 @@ def test_a_template_that_saves_a_video_gets_its_first_frame(tmp_path):
     import torch
 
     from lorabind.loaders.io.video_files import VIDEO_FORMATS, write_video
-    from lorabind.runtime.server.template_thumbnails import _first_image
+    from lorabind.runtime.server.comfy_api.template_thumbnails import _first_image
 
     frames = torch.zeros(3, 16, 24, 3)
     frames[0, ..., 0] = 1.0  # frame 0 red, the others black

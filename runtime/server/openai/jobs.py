@@ -14,12 +14,12 @@ import time
 import uuid
 from typing import Optional
 
-from . import prompt_log
-from .composition_root import ServerState
-from .openai_errors import OpenAIRequestError
-from .openai_templates import ADAPTER_NODE, Template
-from .queue import QueueItem
-from .routes_prompt import validate_prompt
+from .. import prompt_log
+from ..comfy_api.prompt_service import validate_prompt
+from ..composition_root import ServerState
+from ..queue import QueueItem
+from .errors import OpenAIRequestError
+from .templates import ADAPTER_NODE, Template
 
 OPENAI_EXTRA_KEY = "lorabind_openai"  # extra_data entry describing the request (kept in /queue and /history)
 _MAX_TRACKED = 10000  # progress entries kept for jobs nobody asked about (bounded like the history)

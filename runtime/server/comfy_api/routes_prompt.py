@@ -12,17 +12,13 @@ import uuid
 
 from aiohttp import web
 
-from . import identifiers, prompt_log
-from .composition_root import STATE_KEY, ServerState
-from .history import SENSITIVE_EXTRA_DATA_KEYS
-from .http_json import bad_request, dumps, read_json_body, too_large
-from .queue import QueueItem
-from .. import folder_paths
-from ..executor.graph import upstream_closure
-from ..executor.validation import ValidationResult
-from ..workflow_format import WorkflowFormatError, to_api_prompt
-from ...tiny_models import ensure_builtin_models
-from ...usecases.prompt_contracts import early_contract_refusals
+from ...workflow_format import WorkflowFormatError, to_api_prompt
+from .. import identifiers, prompt_log
+from ..composition_root import STATE_KEY, ServerState
+from ..history import SENSITIVE_EXTRA_DATA_KEYS
+from ..http_json import bad_request, dumps, read_json_body, too_large
+from ..queue import QueueItem
+from .prompt_service import validate_prompt
 
 
 MAX_EXTRA_DATA_BYTES = 8 * 1024 * 1024
@@ -149,34 +145,6 @@ def _no_prompt_details(body) -> str:
     if looks_like_prompt or _is_ui_workflow(body):
         return f"This body looks like a workflow file sent as it is; {shape}"
     return shape[0].upper() + shape[1:]
-
-
-def validate_prompt(state: ServerState, prompt: dict, targets):
-    """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
-    does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs now include it."""
-    ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir, announce=prompt_log.log.info)
-    result = state.validator.validate(prompt, targets)
-    return _refuse_contract_mismatches(state, result) if result.ok else result
-
-
-def _refuse_contract_mismatches(state: ServerState, result):
-    """The valid prompt, or a failed validation naming each sampler whose literal steps a file upstream of it
-    contradicts: the check ``lorabind run`` makes before anything runs (the LoRA files, read once and cached
-    for the run, and the folders' ``model_index.json``; no model), so a mismatched prompt is a 400 now rather
-    than an error minutes into the run, after the model load."""
-    refusals = early_contract_refusals(result.prompt, state.node_classes, folder_paths)
-    if not refusals:
-        return result
-    node_errors = {node_id: {
-        "errors": [{"type": "contract_mismatch", "message": "Value breaks a file's sampling contract",
-                    "details": message, "extra_info": {"input_name": "steps",
-                                                       "received_value": result.prompt[node_id]["inputs"]["steps"]}}],
-        "dependent_outputs": [o for o in result.outputs if node_id in upstream_closure(result.prompt, [o])],
-        "class_type": result.prompt[node_id]["class_type"]} for node_id, message in refusals}
-    details = "\n".join(f"node {node_id}: {message}" for node_id, message in refusals)
-    error = {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation",
-             "details": details, "extra_info": {}}
-    return ValidationResult(False, error, [], node_errors, result.prompt)
 
 
 async def get_prompt(request: web.Request) -> web.Response:

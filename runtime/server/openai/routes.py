@@ -1,9 +1,9 @@
 """OpenAI-style endpoints beside ComfyUI's API: ``/v1/models``, ``/v1/chat/completions`` (vllm-omni's shape),
 ``/v1/images/generations`` and the video job API (``/v1/videos``).
 
-Each request fills in its model's workflow template (``openai_templates``) and queues it like ``POST /prompt``
-(``openai_jobs``); chat and image requests wait for the history entry and answer with the files, a video
-request answers with the job at once. Errors use OpenAI's shape (``openai_errors``). Streaming is not offered.
+Each request fills in its model's workflow template (``templates``) and queues it like ``POST /prompt``
+(``jobs``); chat and image requests wait for the history entry and answer with the files, a video
+request answers with the job at once. Errors use OpenAI's shape (``errors``). Streaming is not offered.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ import time
 
 from aiohttp import web
 
-from . import routes_openai_videos
-from .composition_root import ServerState
-from .openai_errors import OpenAIRequestError
-from .openai_jobs import JobWatcher, describe_request, queue_prompt, template_value
-from .openai_loras import attach_distill
-from .openai_requests import GenerationRequest, parse_chat, parse_images
-from .openai_results import ResultFile, failure, result_files
-from .openai_service import OPENAI_KEY, OpenAIService, origin, read_body, service_of
-from .openai_templates import Template, describe, fill_in, load_template
-from .queue import QueueItem
-from .routes_prompt import validate_prompt
+from ..comfy_api.prompt_service import validate_prompt
+from ..composition_root import ServerState
+from ..queue import QueueItem
+from . import video_routes
+from .errors import OpenAIRequestError
+from .jobs import JobWatcher, describe_request, queue_prompt, template_value
+from .loras import attach_distill
+from .requests import GenerationRequest, parse_chat, parse_images
+from .results import ResultFile, failure, result_files
+from .service import OPENAI_KEY, OpenAIService, origin, read_body, service_of
+from .templates import Template, describe, fill_in, load_template
 
 log = logging.getLogger("lorabind.server")
 
@@ -50,7 +50,7 @@ def register(app: web.Application, state: ServerState) -> None:
                                   ("POST", "/v1/chat/completions", chat_completions),
                                   ("POST", "/v1/images/generations", images_generations)):
         app.router.add_route(method, path, handler)
-    routes_openai_videos.register(app)
+    video_routes.register(app)
 
 
 def startup_lines(app: web.Application) -> list[str]:

@@ -17,10 +17,10 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...loaders.io.atomic_files import write_atomically
-from .composition_root import STATE_KEY, ServerState
-from .http_json import bad_request
-from .media_types import media_type
+from ....loaders.io.atomic_files import write_atomically
+from ..composition_root import STATE_KEY, ServerState
+from ..http_json import bad_request
+from ..media_types import media_type
 
 # Served as downloads, never rendered: a file in output/ must not become script running on our origin.
 DANGEROUS_MIMETYPES = {"text/html", "text/javascript", "application/javascript", "application/xhtml+xml",

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...loaders.placement.devices import host_memory
-from .composition_root import STATE_KEY, ServerState
-from .config import PACK_NAME
-from .example_assets import ordered_templates
-from .http_json import dumps
-from ...nodes.editor_routes import ROUTES as EDITOR_ROUTES
+from ....loaders.placement.devices import host_memory
+from ....nodes.editor_routes import ROUTES as EDITOR_ROUTES
+from ... import folder_paths
+from ...node_info import object_info, node_info
+from ..composition_root import STATE_KEY, ServerState
+from ..config import PACK_NAME
+from ..example_assets import ordered_templates
+from ..http_json import dumps
 from .template_thumbnails import thumbnail_folder
-from ..node_info import object_info, node_info
-from .. import folder_paths
 
 
 def register(routes: web.RouteTableDef) -> None:

@@ -13,12 +13,12 @@ from typing import Optional
 
 from aiohttp import web
 
-from .openai_errors import OpenAIRequestError, error_response
-from .openai_jobs import OPENAI_EXTRA_KEY, describe_request, queue_prompt, template_value
-from .openai_requests import parse_video
-from .openai_results import failure, result_files
-from .openai_service import read_body, service_of
-from .openai_templates import fill_in
+from .errors import OpenAIRequestError, error_response
+from .jobs import OPENAI_EXTRA_KEY, describe_request, queue_prompt, template_value
+from .requests import parse_video
+from .results import failure, result_files
+from .service import read_body, service_of
+from .templates import fill_in
 
 VIDEO_ENDPOINT = "videos"
 

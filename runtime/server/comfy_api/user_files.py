@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-from ...loaders.io.atomic_files import write_atomically
+from ....loaders.io.atomic_files import write_atomically
 
 MAX_USER_FILES = 10_000  # also the most a listing returns, so a listing within the quota is never cut
 MAX_USER_BYTES = 1024 * 1024 * 1024

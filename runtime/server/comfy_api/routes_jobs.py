@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .composition_root import STATE_KEY, ServerState
-from .http_json import bad_request, dumps, read_json_body
+from ..composition_root import STATE_KEY, ServerState
+from ..http_json import bad_request, dumps, read_json_body
 
 STATUSES = ("pending", "in_progress", "completed", "failed", "cancelled")
 MAX_LIMIT = 500  # the frontend asks for 200 at a time

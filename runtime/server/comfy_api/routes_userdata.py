@@ -22,9 +22,9 @@ from pathlib import Path
 
 from aiohttp import web
 
+from ..composition_root import STATE_KEY
+from ..http_json import bad_request, read_bounded_body, too_large
 from . import user_files
-from .composition_root import STATE_KEY
-from .http_json import bad_request, read_bounded_body, too_large
 
 MAX_USERDATA_BYTES = 32 * 1024 * 1024  # a saved workflow with many nodes is a few MB; user.css far less
 MAX_PATH_BYTES = 1024

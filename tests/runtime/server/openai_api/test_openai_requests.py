@@ -14,12 +14,12 @@ import pytest
 
 import lorabind
 from lorabind.runtime.core_nodes import runtime_node_classes
-from lorabind.runtime.server.openai_errors import OpenAIRequestError
-from lorabind.runtime.server.openai_jobs import validation_error
-from lorabind.runtime.server.openai_loras import confined_lora_name
-from lorabind.runtime.server.openai_requests import parse_chat, parse_images, parse_video
-from lorabind.runtime.server.openai_results import failure
-from lorabind.runtime.server.openai_templates import fill_in, load_template
+from lorabind.runtime.server.openai.errors import OpenAIRequestError
+from lorabind.runtime.server.openai.jobs import validation_error
+from lorabind.runtime.server.openai.loras import confined_lora_name
+from lorabind.runtime.server.openai.requests import parse_chat, parse_images, parse_video
+from lorabind.runtime.server.openai.results import failure
+from lorabind.runtime.server.openai.templates import fill_in, load_template
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 NODE_CLASSES = runtime_node_classes()[0]

@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from ...loaders.io.video_files import first_video_frame, is_video_file
-from .example_assets import COMFYUI_ONLY_PREFIX
-from .. import folder_paths
-from ..executor import PromptExecutor
+from ....loaders.io.video_files import first_video_frame, is_video_file
+from ... import folder_paths
+from ...executor import PromptExecutor
+from ..example_assets import COMFYUI_ONLY_PREFIX
 
 THUMBNAIL_FOLDER = "template_thumbnails"
 THUMBNAIL_PIXELS = 256  # the card shows about 200 px; the tiny outputs are 32-64 px, enlarged without smoothing

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 
-from .. import folder_paths
-from .openai_errors import OpenAIRequestError
-from .openai_templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node, typed_value
-from ...tiny_models import ensure_builtin_models
-from ...loaders import families
-from ...loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
-from ...loaders.lora import read_lora
-from ...loaders.models.structure import load_structure
+from ....loaders import families
+from ....loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
+from ....loaders.lora import read_lora
+from ....loaders.models.structure import load_structure
+from ....tiny_models import ensure_builtin_models
+from ... import folder_paths
+from .errors import OpenAIRequestError
+from .templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node, typed_value
 
 
 MAX_REQUEST_ADAPTERS = 8

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import identifiers
-from .openai_errors import OpenAIRequestError
-from .openai_loras import request_adapters
-from .openai_templates import FIELDS, Template, check_values, typed_value
+from .. import identifiers
+from .errors import OpenAIRequestError
+from .loras import request_adapters
+from .templates import FIELDS, Template, check_values, typed_value
 
 MAX_IMAGES_PER_REQUEST = 10  # OpenAI's own limit for ``n``
 CHAT_FIELDS = frozenset({"model", "messages", "stream", "n", "user", "modalities"})

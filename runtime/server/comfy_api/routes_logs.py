@@ -18,8 +18,8 @@ import threading
 
 from aiohttp import web
 
-from .composition_root import ServerState
-from .http_json import bad_request, read_json_body
+from ..composition_root import ServerState
+from ..http_json import bad_request, read_json_body
 
 MAX_ENTRIES = 300  # ComfyUI keeps the last 300 lines too
 TERMINAL_SIZE = {"cols": 120, "rows": 30}  # ComfyUI reports its console's; the panel does not read it

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from .composition_root import STATE_KEY, ServerState
-from .http_json import read_json_body
-from .openai_errors import OpenAIRequestError
-from .openai_jobs import JobWatcher
-from .openai_templates import Template
+from ..composition_root import STATE_KEY, ServerState
+from ..http_json import read_json_body
+from .errors import OpenAIRequestError
+from .jobs import JobWatcher
+from .templates import Template
 
 
 @dataclass

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...loaders.io import json_limits
-from .openai_errors import OpenAIRequestError
+from ....loaders.io import json_limits
+from .errors import OpenAIRequestError
 
 # request field -> the Python type its value must have (vllm-omni's names; ``size`` arrives split into these)
 FIELDS = {

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ...loaders.io import json_limits
-from ...loaders.io.atomic_files import write_atomically
-from .http_json import bad_request, parse_json, read_bounded_body, too_large
+from ....loaders.io import json_limits
+from ....loaders.io.atomic_files import write_atomically
+from ..http_json import bad_request, parse_json, read_bounded_body, too_large
 from .routes_userdata import user_root
 
 MAX_SETTINGS_BYTES = 1024 * 1024  # the frontend's settings are a few hundred small values

@@ -14,10 +14,10 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from .config import ServerConfig
-from .media_types import media_type
-from .openai_errors import OpenAIRequestError
-from .openai_templates import Template
+from ..config import ServerConfig
+from ..media_types import media_type
+from .errors import OpenAIRequestError
+from .templates import Template
 
 _USER_ERRORS = ("ContractError", "KeyMatchError", "LoraFileError")  # the request asked for something impossible
 
