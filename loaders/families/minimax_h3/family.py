@@ -37,13 +37,24 @@ class MiniMaxH3Layout(FamilyLayout):
 
 
 class MiniMaxH3Contracts(FamilyContracts):
-    """Turbo / native / checkpoint-pinned contracts, resolved into two schedules, a task and a partition."""
+    """Turbo / native / checkpoint-pinned contracts, resolved into two schedules, a task and a partition; the
+    contract node reads an adapter's own contract (``adapter_contract``), binds it (``bound``) and says it
+    (``describe``)."""
 
+    tasks = contracts.TASKS  # what its adapters are made for (the contract node's choices)
+    turbo_grammar = contracts.TURBO_GRAMMAR  # how a Turbo file's name declares its contract
     declared_contract = staticmethod(contracts.declared_contract)
     checkpoint_contract = staticmethod(contracts.checkpoint_contract)
+    adapter_contract = staticmethod(contracts.file_contract)
+    describe = staticmethod(contracts.describe_contract)
+    view = staticmethod(contracts.contract_dict)  # what the contract node shows (its text lines are separate)
+
+    def bound(self, contract, model_index: dict, scale: float, task: str):
+        """The adapter's contract on this checkpoint, at ``scale``, for ``task``."""
+        return contracts.with_scale(contracts.on_checkpoint(contract, model_index), scale, task)
 
     def contract_to_dict(self, contract) -> dict:
-        return {**contracts.contract_dict(contract), "text": contracts.describe_contract(contract)}
+        return {**self.view(contract), "text": self.describe(contract)}
 
     def resolve_schedule(self, model_handle, contract_list: tuple, request):
         return resolve(contract_list, request, model_handle)
@@ -51,6 +62,8 @@ class MiniMaxH3Contracts(FamilyContracts):
 
 class MiniMaxH3Sampling(FamilySampling):
     """Its modular pipeline, the two-schedule loop, and the soundtrack, first frame and references only it has."""
+
+    max_references = references.MAX_IMAGE_REFERENCES  # reference images one ref2va run takes
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
