@@ -127,8 +127,8 @@ def test_the_toy_family_loads_its_own_single_files_and_gguf(toy_root):
     assert type(mixer).__name__ == "GGUFParameter"  # kept quantized, dequantised at each forward
     gguf_run, _, _ = _run(ModelHandle(quantized))
     torch.testing.assert_close(gguf_run.samples, folder_run.samples, rtol=0, atol=0.05)
-    attached = usecases.attach_fuse(ModelHandle(quantized), "toy_style.safetensors", str(lora_path), STRENGTH,
-                                    where="toy test")
+    attached = verbs.attach_fuse(ModelHandle(quantized), "toy_style.safetensors", str(lora_path), STRENGTH,
+                                 where="toy test")
     assert attached.accounting[0]["counts"] == {"applied": 3, "expected_unmatched": 0, "unmatched": 0}
     fused, _, _ = _run(attached.handle)
     assert not torch.allclose(fused.samples, gguf_run.samples)
