@@ -51,8 +51,8 @@ def control_video_latent(model, control_video, control_masks, reference_images, 
                          frames: int, strength: float = 1.0, batch: int = 1) -> LatentHandle:
     """The start latent of a controlled video run (Wan VACE): the family encodes the control video, masks and
     reference images into what its denoiser's control branch takes; ValueError naming the input it cannot take."""
-    return family_for(model).sampling.control_latent(model, control_video, control_masks, reference_images, width, height,
-                                            frames, strength, batch)
+    return family_for(model).sampling.control_latent(model, control_video, control_masks, reference_images, width,
+                                                     height, frames, strength, batch)
 
 
 def implied_task(model, latent: LatentHandle) -> Optional[str]:

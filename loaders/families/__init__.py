@@ -159,7 +159,8 @@ def example_order() -> tuple:
     first, registry order), then the rest of each family's (adapter and single-file variants)."""
     layouts = [family.layout for family in all_families()]
     featured = [name for layout in layouts for name in layout.example_templates[:layout.featured_examples]]
-    return tuple(featured + [name for layout in layouts for name in layout.example_templates[layout.featured_examples:]])
+    rest = [name for layout in layouts for name in layout.example_templates[layout.featured_examples:]]
+    return tuple(featured + rest)
 
 
 def lora_components() -> list:

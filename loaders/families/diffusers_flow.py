@@ -16,7 +16,8 @@ from ..contracts.schedule_rules import resolve_single_schedule
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
 from ..contracts.sigmas import TABLE_TOLERANCE
-from .interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, PipelineSource
+from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
+                        PipelineSource)
 from .parts import FamilyContracts, FamilySampling
 
 

@@ -93,8 +93,8 @@ class DiffusersFolder(ModelSource):
         workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
         try:
             with shard_loading(workers):
-                pipeline = self.family.sampling.load_pipeline(PipelineSource(path=self.path, model_index=self.model_index,
-                                                                    dtype=dtype))
+                source = PipelineSource(path=self.path, model_index=self.model_index, dtype=dtype)
+                pipeline = self.family.sampling.load_pipeline(source)
         except Exception as exc:
             raise ModelLoadError(f"{self.name}: cannot load the {self.model_family} pipeline: {exc}") from exc
         return BuiltModel(pipeline=pipeline, model_family=self.model_family, model_index=self.model_index,

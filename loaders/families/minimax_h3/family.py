@@ -1,5 +1,6 @@
-"""The MiniMax-H3 family (``FAMILY``) and its layout, contracts and sampling parts: video + audio generation, two DiT partitions chosen by the task
-(``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit schedules (video, audio)."""
+"""The MiniMax-H3 family (``FAMILY``) and its layout, contracts and sampling parts: video + audio generation, two
+DiT partitions chosen by the task (``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit
+schedules (video, audio)."""
 
 from __future__ import annotations
 

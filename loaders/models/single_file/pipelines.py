@@ -2,10 +2,10 @@
 
 ``model_store.load`` loads it by the same sequence as a diffusers folder, into the same shared object (one per
 set of files, in the same cache, keyed by resolved paths, mtimes, dtype, fp8 rounding and placement), so
-binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the loaded modules
-(``FamilySampling.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the ``model_index`` the model
-reports is what the equivalent diffusers folder would hold (``interface.pipeline_index``: two experts ->
-``transformer_2`` and the published ``boundary_ratio``).
+binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the
+loaded modules (``FamilySampling.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the
+``model_index`` the model reports is what the equivalent diffusers folder would hold
+(``interface.pipeline_index``: two experts -> ``transformer_2`` and the published ``boundary_ratio``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
 from . import catalog
 from ... import fp8
-from .detect import CheckpointSet, Detected, check_set, detect
+from .detect import CheckpointSet, check_set, detect
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 from .gguf_loading import gguf_stored_bytes, load_gguf_component
 from .baked_files import baked_index_entry
@@ -127,8 +127,8 @@ class SingleFileSet(ModelSource):
         pipeline = self.family.sampling.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
         denoisers = {n: components[n] for n in self.family.layout.denoiser_components(_parts_index(self.named))}
-        return BuiltModel(pipeline=pipeline, model_family=self.family.layout.detect(model_index), model_index=model_index,
-                          modules=components, roles=self.component_roles(), denoisers=denoisers,
+        return BuiltModel(pipeline=pipeline, model_family=self.family.layout.detect(model_index),
+                          model_index=model_index, modules=components, roles=self.component_roles(), denoisers=denoisers,
                           weight_sources=SingleFileWeightSources(dict(zip(denoisers, self.files.denoisers))))
 
 

@@ -11,7 +11,7 @@ import torch
 
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
-from lorabind.loaders.families.minimax_h3 import FAMILY, references, sampling
+from lorabind.loaders.families.minimax_h3 import FAMILY, references
 from lorabind.loaders.families.minimax_h3 import pipeline as S
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
