@@ -1,6 +1,7 @@
 """The family interface on the real tiny models: the registry finds each model's family, the families name their
-denoisers' roles and components, and every denoiser forward of a sampling run goes through ``family.sampling.forward``
-(the one place a device/offload hook wraps)."""
+denoisers' roles and components, and every denoiser forward of a sampling run goes through
+``family.sampling.forward`` (the one place a device/offload hook wraps). ``ModelFamily`` itself stays small: its
+own members are counted."""
 
 from __future__ import annotations
 
