@@ -41,7 +41,7 @@ def write(folder: Path, size: str) -> None:
     from diffusers import WanTransformer3DModel
     from safetensors.torch import save_file
 
-    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+    from lorabind.loaders.families import family_by_id
     from lorabind.loaders.models.single_file.native_files import native_tensors
 
     config = _config(size)
@@ -51,7 +51,8 @@ def write(folder: Path, size: str) -> None:
     with torch.device("meta"):
         model = WanTransformer3DModel.from_config(config)
     state = {k: torch.randn(v.shape, dtype=torch.bfloat16) * 0.02 for k, v in model.state_dict().items()}
-    save_file(native_tensors(state, WAN_TRANSFORMER), str(folder / "model.safetensors"))
+    transformer = family_by_id("wan2.1").layout.single_file_kinds[0]  # the family's first kind is its denoiser
+    save_file(native_tensors(state, transformer.layout(config)), str(folder / "model.safetensors"))
     (folder / "folder").mkdir(exist_ok=True)
     (folder / "folder" / "config.json").write_text(json.dumps({"_class_name": "WanTransformer3DModel", **config}))
     save_file(state, str(folder / "folder" / "diffusion_pytorch_model.safetensors"))
@@ -85,13 +86,17 @@ def load(kind: str, folder: Path) -> dict:
     import torch
     from diffusers import WanTransformer3DModel
 
+    from lorabind.loaders.families import family_by_id
+    from lorabind.loaders.io.single_file_kinds import KnownModel
     from lorabind.loaders.models.single_file import catalog
     from lorabind.loaders.models.single_file.detect import detect
     from lorabind.loaders.models.single_file.loading import load_component
 
     path = folder / "model.safetensors"
-    probe = catalog.KnownModel(str(folder / "config.json"), "wan_transformer", "bench probe", "probe", "t2v")
-    detected = detect(str(path), path.name, models=catalog.KNOWN_MODELS + (probe,)) if kind == "file" else None
+    transformer = family_by_id("wan2.1").layout.single_file_kinds[0]  # the family's first kind is its denoiser
+    probe = KnownModel(config=str(folder / "config.json"), kind=transformer.kind, title="bench probe", size="probe",
+                       variant="t2v")
+    detected = detect(str(path), path.name, models=catalog.known_models() + (probe,)) if kind == "file" else None
     baseline = _rss()
     reset = _reset_peak()
     start = time.perf_counter()

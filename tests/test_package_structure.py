@@ -217,9 +217,9 @@ def family_vocabulary() -> tuple:
 
     components, ids = set(), set()
     for family in families.all_families():
-        components.update(family.lora_components)
-        components.update(name for name, role in family.index_roles.items() if "denoiser" in role or "expert" in role)
-        ids.update({family.id, *family.model_families, *family.requirements})
+        components.update(family.layout.lora_components)
+        components.update(name for name, role in family.layout.index_roles.items() if "denoiser" in role or "expert" in role)
+        ids.update({family.id, *family.model_families, *family.layout.requirements})
     return frozenset(components), frozenset(ids)
 
 

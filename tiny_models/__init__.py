@@ -17,7 +17,7 @@ from . import lora_fixtures, minimax_h3, single_files
 from ._common import diffusers_dir, log, stale_reason
 from .input_images import ensure_input_images, write_input_images
 
-# Which built-ins exist, and which library versions each needs, is each family's list (``ModelFamily.tiny_models``);
+# Which built-ins exist, and which library versions each needs, is each family's list (``FamilyLayout.tiny_models``);
 # the recipes name the builder here that writes the folder.
 RECIPES = tiny_recipes()
 BUILTIN_NAMES = tuple(RECIPES)

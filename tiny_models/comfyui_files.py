@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loaders.models.single_file import layouts
+from ..loaders.families.wan import key_layouts as layouts
 from ..loaders.models.single_file.native_files import native_tensors
 from ._common import FIXTURE_LORA_FOLDER, seeded
 from .lora_fixtures import _wan_native_lora, save_fixture

@@ -71,7 +71,7 @@ def gguf_file_bytes(tensors: dict, types: dict, *, architecture: str, quant: str
 
 def gguf_architecture(class_name: str) -> str:
     """The ``general.architecture`` published GGUF denoisers of this diffusers class declare."""
-    return next(kind.gguf_architecture for kind in catalog.KINDS.values()
+    return next(kind.gguf_architecture for kind in catalog.kinds().values()
                 if kind.role == "denoiser" and kind.class_name == class_name)
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loaders.models.single_file import layouts
+from ..loaders.families.qwen_image import key_layouts as qwen_layouts
+from ..loaders.families.wan import key_layouts as layouts
 from ..loaders.models.single_file.native_files import PRECISIONS, native_tensors
-from ..loaders.models.single_file.tokenizers import build_spiece_model
+from ..loaders.families.wan.tokenizer import build_spiece_model
 from ._common import diffusers_dir
 from .gguf_files import GGUF_QUANTS, GGUF_STEMS, write_gguf_files
 from .lora_fixtures import _write_if_changed
@@ -53,7 +54,7 @@ DENOISER_FILES = {
                                         "WanVACETransformer3DModel"),
     "wan2.2_fun_vace_low_noise_tiny": (WAN22_VACE_FUN_NAME, LOW_NOISE_EXPERT, layouts.WAN_VACE_TRANSFORMER,
                                        "blocks.", "WanVACETransformer3DModel"),
-    "qwen_image_tiny": (QWEN_IMAGE_NAME, "transformer", layouts.QWEN_IMAGE_TRANSFORMER, "transformer_blocks.",
+    "qwen_image_tiny": (QWEN_IMAGE_NAME, "transformer", qwen_layouts.QWEN_IMAGE_TRANSFORMER, "transformer_blocks.",
                         "QwenImageTransformer2DModel"),
 }
 VAE_FILES = {"wan_2.1_vae_tiny.safetensors": WAN22_NAME, "qwen_image_vae_tiny.safetensors": QWEN_IMAGE_NAME,
@@ -135,7 +136,7 @@ def write_tiny_single_files(models_root) -> list[Path]:
     if (qwen / "model_index.json").is_file():
         encoder = _component(qwen, "text_encoder")
         for precision, name in (("bf16", QWEN25_VL_FILE), ("fp8_scaled", QWEN25_VL_FP8_FILE)):
-            tensors = native_tensors(encoder, layouts.QWEN25_VL_ENCODER, precision=precision,
+            tensors = native_tensors(encoder, qwen_layouts.QWEN25_VL_ENCODER, precision=precision,
                                      quantized_prefix="model.layers.")
             written.append(_save(models_root / "text_encoders" / SUBFOLDER / name, tensors))
     clip = source_root / WAN21_I2V_NAME

@@ -55,7 +55,7 @@ def component_for(model_handle, lora_name: str, component: Optional[str], where:
         return component
     loaded = model_handle.model
     try:
-        return families.family_for(loaded).component_for_file(loaded.model_index, lora_name)
+        return families.family_for(loaded).layout.component_for_file(loaded.model_index, lora_name)
     except LoraBindError as exc:
         raise type(exc)(f"{where}: {exc} (model {loaded.name})") from None
 
@@ -71,7 +71,7 @@ def prepare_fuse(model_handle, name: str, path: str, strength: float, component:
     refuses a file made for another model kind or slot first (``check_artifact``), before any key is read."""
     schedule = parse_strength_schedule(strength_schedule, where)
     family = families.family_for(model_handle.model)
-    family.check_artifact(model_handle.model, os.path.basename(name), component)
+    family.contracts.check_artifact(model_handle.model, os.path.basename(name), component)
     prepared = prepare_lora(path, model_handle.model, component, family, guess_family=families.guess_family,
                             name=name, lenient=lenient, where=where)
     report = prepared.report()
@@ -98,7 +98,7 @@ def attach_fuses(model_handle, slots: list, *, where: str, lenient: bool = False
     strength, component)``. The family checks every file against its slot first, naming all misplaced ones.
     ``strength_schedule`` multiplies every slot's strength alike (a pair fades together)."""
     loaded = model_handle.model
-    families.family_for(loaded).check_slots(
+    families.family_for(loaded).layout.check_slots(
         loaded.model_index, [(component, name, input_name) for input_name, name, _, _, component in slots if name])
     specs, contracts, attached = [], [], Attached(model_handle)
     for input_name, name, path, strength, component in slots:
@@ -122,7 +122,7 @@ def expert_slots(model_handle) -> tuple:
     loaded = model_handle.model
     if not families.has_expert_pair(loaded):
         return None
-    roles = families.family_for(loaded).denoiser_roles(loaded)
+    roles = families.family_for(loaded).layout.denoiser_roles(loaded)
     by_role = {role: name for name, role in roles.items()}
     return by_role[ROLE_HIGH_NOISE], by_role[ROLE_LOW_NOISE]
 

@@ -119,11 +119,11 @@ def host_patched_value(original, deltas, strength: float):
 def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str) -> None:
     """Refuse a swapped pair by name, as our own pair node does (the family's slot check on a two-expert model)."""
     family = families.family_by_id(family_id)
-    index = {component: ["library", "Class"] for component in family.index_roles}
-    roles = {role: component for component, role in family.component_roles(index).items()}
+    index = {component: ["library", "Class"] for component in family.layout.index_roles}
+    roles = {role: component for component, role in family.layout.component_roles(index).items()}
     if ROLE_HIGH_NOISE not in roles:
         return
-    family.check_slots(index, [(roles[ROLE_HIGH_NOISE], high_name, f"{where} lora_high"),
+    family.layout.check_slots(index, [(roles[ROLE_HIGH_NOISE], high_name, f"{where} lora_high"),
                                (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")])
 
 

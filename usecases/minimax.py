@@ -13,11 +13,13 @@ from typing import Callable
 
 from ..loaders.dispatch.contract_discovery import SamplingRequest
 from ..loaders.errors import LoraBindError
-from ..loaders.families import minimax_h3
+from ..loaders.families import family_by_id
 from ..loaders.handles import AdapterSpec, ScheduleHandle
 
-TASKS = minimax_h3.TASKS
-MAX_REFERENCE_IMAGES = minimax_h3.MAX_IMAGE_REFERENCES
+# The family these use cases serve (MiniMax-H3's own nodes call them), reached through the registry and its parts
+MINIMAX_H3 = family_by_id("minimax_h3")
+TASKS = MINIMAX_H3.contracts.tasks
+MAX_REFERENCE_IMAGES = MINIMAX_H3.sampling.max_references
 
 
 @dataclass(frozen=True)
@@ -34,50 +36,50 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
     """The adapter (its file found by ``path_of()``) attached to ``model`` with its contract; ``task`` "auto" is
     the artifact's first task. Refuses, naming ``where``, a model of another family (before looking for the
     file) and a file that declares no contract."""
-    if not minimax_h3.FAMILY.serves(model):
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: {lora_name} is a MiniMax-H3 adapter, but model {model.model.name} is "
                             f"{model.family}")
     path = path_of()
-    contract = minimax_h3.file_contract(path)
+    contract = MINIMAX_H3.contracts.adapter_contract(path)
     if contract is None:
         raise LoraBindError(
             f"{where}: {lora_name} declares no MiniMax-H3 contract: its name does not follow "
-            f"{minimax_h3.TURBO_GRAMMAR} and its metadata has no key_format='minimax-h3-native'. Use "
+            f"{MINIMAX_H3.contracts.turbo_grammar} and its metadata has no key_format='minimax-h3-native'. Use "
             f"LoadPEFTAdapter for other LoRAs.")
     chosen = contract.tasks[0] if task == "auto" else task
-    contract = minimax_h3.with_scale(minimax_h3.on_checkpoint(contract, model.model.model_index), scale, chosen)
+    contract = MINIMAX_H3.contracts.bound(contract, model.model.model_index, scale, chosen)
     handle = model.with_adapters(AdapterSpec(path, float(scale), component=contract.partition, name=lora_name),
                                  contracts=(contract,))
-    words = [minimax_h3.describe_contract(contract)]
+    words = [MINIMAX_H3.contracts.describe(contract)]
     if scale == 0:
         sigmas = contract.sigmas  # the artifact's own schedule, shown even though it is switched off
         words.append("scale 0: the adapter is off and its contract is not applied")
     else:
         request = SamplingRequest(steps=0, cfg=1.0, shift=0.0, task=chosen)
-        resolved = minimax_h3.resolve_schedule(handle.contracts, request, handle)
+        resolved = MINIMAX_H3.contracts.resolve_schedule(handle, handle.contracts, request)
         sigmas = resolved.sigmas
         words += list(resolved.notes)
         words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
                      f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
-    return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), minimax_h3.contract_dict(contract), words)
+    return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), MINIMAX_H3.contracts.view(contract), words)
 
 
 def decode_audio(model, latent, *, where: str) -> dict:
     """The soundtrack of a sampled MiniMax-H3 latent as ComfyUI AUDIO."""
     if "audio" not in latent.extra:
         raise LoraBindError(f"{where}: the latent ({latent.family}) carries no MiniMax-H3 audio")
-    return minimax_h3.FAMILY.decode_audio(model.model, latent)
+    return MINIMAX_H3.sampling.decode_audio(model.model, latent)
 
 
 def with_first_frame(model, latent, image, *, where: str):
     """The latent anchored on a first frame (task fl2va)."""
-    if not minimax_h3.FAMILY.serves(model):
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
-    return minimax_h3.FAMILY.with_first_frame(model.model, latent, image)
+    return MINIMAX_H3.sampling.with_first_frame(model.model, latent, image)
 
 
 def with_reference_images(model, latent, images, *, where: str):
-    """The latent with reference images for task ref2va (at most ``minimax_h3.MAX_IMAGE_REFERENCES``)."""
-    if not minimax_h3.FAMILY.serves(model):
+    """The latent with reference images for task ref2va (at most ``MAX_REFERENCE_IMAGES``)."""
+    if not MINIMAX_H3.serves(model):
         raise LoraBindError(f"{where}: model {model.model.name} is {model.family}, not MiniMax-H3")
-    return minimax_h3.FAMILY.with_references(model.model, latent, images)
+    return MINIMAX_H3.sampling.with_references(model.model, latent, images)

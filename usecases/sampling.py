@@ -60,9 +60,9 @@ def schedule_report(model, schedule) -> dict:
         "audio_sigmas": [float(s) for s in schedule.audio_sigmas] if schedule.audio_sigmas else None,
         "shift": schedule.shift,
         "cfg": list(schedule.cfg) if isinstance(schedule.cfg, (tuple, list)) else schedule.cfg,
-        "boundary": family.effective_boundary(model, schedule),
+        "boundary": family.sampling.effective_boundary(model, schedule),
         "task": schedule.task,
-        "experts": family.experts_per_step(model, schedule),  # None: the denoiser follows the task
+        "experts": family.sampling.experts_per_step(model, schedule),  # None: the denoiser follows the task
         "contracts": [contract_to_dict(c) for c in schedule.contracts],
         "overrides": list(schedule.overrides),
         "notes": list(schedule.notes),  # why this schedule ran, when another was declared too
@@ -116,7 +116,7 @@ def _staged(model, resolved, options: SampleOptions):
                                                    family.reference_scheduler, options.enforce_contract)
     staged = replace(resolved, start_step=start, end_step=min(options.end_step, resolved.steps),
                      add_noise=options.add_noise, scheduler=name)
-    overrides += family.check_stage(model, staged, options.enforce_contract)
+    overrides += family.contracts.check_stage(model, staged, options.enforce_contract)
     return replace(staged, overrides=resolved.overrides + tuple(overrides))
 
 
@@ -184,7 +184,7 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
                                  on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
-    report = {**plan.schedule_report, "warnings": family_for(model).run_warnings(model.model),
+    report = {**plan.schedule_report, "warnings": family_for(model).sampling.run_warnings(model.model),
               "bind": bind_report.to_dict(),
               "strength_schedules": strengths.report(),
               "placement": placement.describe() if placement is not None else None}
@@ -197,7 +197,7 @@ def schedule_sigmas(model, steps: int, shift: float, *, adapter=None, schedule=N
     contracts = collect_contracts(model, adapter, schedule)
     cfg = next((c.cfg for c in contracts if c.cfg is not None), 1.0)  # the sigma node asks no guidance
     request = SamplingRequest(steps=steps, cfg=cfg, shift=shift, enforce_contract=enforce)
-    return family_for(model).resolve_schedule(model, contracts, request)
+    return family_for(model).contracts.resolve_schedule(model, contracts, request)
 
 
 def split_sigmas(sigmas, step: int, boundary: float) -> tuple:

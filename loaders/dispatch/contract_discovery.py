@@ -29,7 +29,7 @@ def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> Res
     """Collect, check and resolve. ``model`` is a ModelHandle, ``adapters`` an AdapterHandle or None,
     ``schedule`` a ScheduleHandle or None. Raises ContractError before anything touches a weight."""
     contracts = collect_contracts(model, adapters, schedule)
-    return families.family_for(model).resolve_schedule(model, contracts, request)
+    return families.family_for(model).contracts.resolve_schedule(model, contracts, request)
 
 
 def collect_contracts(model, adapters=None, schedule=None) -> tuple:
@@ -59,7 +59,7 @@ def contract_to_dict(contract: Optional[ScheduleContract]) -> dict:
     if contract is None:
         return {}
     family = families.family_serving(contract.family)
-    return family.contract_to_dict(contract) if family is not None else contract_dict(contract)
+    return family.contracts.contract_to_dict(contract) if family is not None else contract_dict(contract)
 
 
 def _switched_off(source: str, specs: Sequence) -> bool:
@@ -123,7 +123,7 @@ def discover_contract(path: str, lora_name: str | None = None, *, family=None, l
         return None
     full = os.path.abspath(str(path).rstrip("/\\"))
     named = f"{os.path.basename(os.path.dirname(full))}/{os.path.basename(full)}"
-    return family.declared_contract(named, lora.metadata, lora_rank(lora), table_entry(path))
+    return family.contracts.declared_contract(named, lora.metadata, lora_rank(lora), table_entry(path))
 
 
 def model_folder_contract(path: str, model_name: str) -> dict:
@@ -139,7 +139,7 @@ def model_folder_contracts(path: str, model_name: str) -> tuple:
     """``(family, (ScheduleContract, ...))`` a model folder's ``model_index.json`` pins or carries baked in."""
     index = read_model_index(path)
     family = families.family_for_index(index)
-    pinned = family.checkpoint_contract(index, model_name)
+    pinned = family.contracts.checkpoint_contract(index, model_name)
     return family, ((pinned,) if pinned is not None else ()) + baked_contracts(index, model_name)
 
 

@@ -17,7 +17,7 @@ from ..handles import ConditioningHandle, LatentHandle
 
 def encode_text(model, text: str) -> ConditioningHandle:
     """Encode one prompt with the model's own text encoder (embeds on the CPU in float32, batch 1)."""
-    return family_for(model).encode_text(model, text)
+    return family_for(model).sampling.encode_text(model, text)
 
 
 def encode_with_images(model, text: str, images: list) -> tuple:
@@ -25,39 +25,39 @@ def encode_with_images(model, text: str, images: list) -> tuple:
     appends their latents to every forward) -> (ConditioningHandle, lines saying how each image was resized);
     ValueError naming the input when the model takes no images or not that many."""
     family = family_for(model)
-    conditioning = family.encode_with_images(model, text, images)
+    conditioning = family.sampling.encode_with_images(model, text, images)
     notes = [line for reference in conditioning.extra.values() for line in getattr(reference, "notes", ())]
-    return conditioning, notes + family.image_rules(model, images)
+    return conditioning, notes + family.sampling.image_rules(model, images)
 
 
 def latent_shape(model, width: int, height: int, frames: int, batch: int) -> tuple:
     """The family's latent shape for a width x height (x frames) output; raises ValueError naming the bad field."""
-    return family_for(model).latent_shape(model, width, height, frames, batch)
+    return family_for(model).sampling.latent_shape(model, width, height, frames, batch)
 
 
 def empty_latent(model, width: int, height: int, frames: int = 1, batch: int = 1) -> LatentHandle:
     """A zero latent of the family's shape: the sampler's start point for text-to-video / text-to-image."""
-    return family_for(model).empty_latent(model, width, height, frames, batch)
+    return family_for(model).sampling.empty_latent(model, width, height, frames, batch)
 
 
 def image_to_video_latent(model, start_image, end_image, width: int, height: int, frames: int,
                           batch: int = 1) -> LatentHandle:
     """The start latent of an image-to-video run: the family encodes the start (and optional end) IMAGE into
     the conditioning its denoiser needs; ValueError naming the input when the model cannot take it."""
-    return family_for(model).image_latent(model, start_image, end_image, width, height, frames, batch)
+    return family_for(model).sampling.image_latent(model, start_image, end_image, width, height, frames, batch)
 
 
 def control_video_latent(model, control_video, control_masks, reference_images, width: int, height: int,
                          frames: int, strength: float = 1.0, batch: int = 1) -> LatentHandle:
     """The start latent of a controlled video run (Wan VACE): the family encodes the control video, masks and
     reference images into what its denoiser's control branch takes; ValueError naming the input it cannot take."""
-    return family_for(model).control_latent(model, control_video, control_masks, reference_images, width, height,
-                                            frames, strength, batch)
+    return family_for(model).sampling.control_latent(model, control_video, control_masks, reference_images, width,
+                                                     height, frames, strength, batch)
 
 
 def implied_task(model, latent: LatentHandle) -> Optional[str]:
     """The task a latent implies (MiniMax-H3: a latent anchored on a first frame means ``fl2va``), else None."""
-    return family_for(model).implied_task(latent)
+    return family_for(model).sampling.implied_task(latent)
 
 
 def check_inputs(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
@@ -68,7 +68,7 @@ def check_inputs(model, positive: ConditioningHandle, negative: Optional[Conditi
         if handle is not None and not made_for(handle, model):
             raise ValueError(f"{input_name} was made for a {handle.family} model but the model {model.name!r} is "
                              f"{model.family}; encode the prompt / make the latent with this model")
-    family_for(model).check_inputs(model, positive, negative, latent, schedule)
+    family_for(model).sampling.check_inputs(model, positive, negative, latent, schedule)
 
 
 def denoise(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
@@ -79,10 +79,10 @@ def denoise(model, positive: ConditioningHandle, negative: Optional[Conditioning
     ``on_step(done, total)`` is called after each step; ``check_interrupt()`` before each step (it raises to
     stop). Returns a new ``LatentHandle``; the input is not modified."""
     check_inputs(model, positive, negative, latent, schedule)
-    return family_for(model).denoise(model, positive, negative, latent, schedule, seed, on_step=on_step,
+    return family_for(model).sampling.denoise(model, positive, negative, latent, schedule, seed, on_step=on_step,
                                      check_interrupt=check_interrupt)
 
 
 def decode(model, latent: LatentHandle):
     """VAE-decode to ComfyUI's IMAGE: float [frames, H, W, C] in 0..1 (video batches are concatenated frames)."""
-    return family_for(model).decode(model, latent)
+    return family_for(model).sampling.decode(model, latent)

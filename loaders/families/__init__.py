@@ -1,4 +1,4 @@
-"""Model families: one package per family, each implementing ``interface.ModelFamily``.
+"""Model families: one package per family, each declaring an ``interface.ModelFamily`` from its parts.
 
 The registry below is the only way the engine, the nodes, the CLI and the server reach family behaviour: they
 ask for the family of a model (``family_for``), of a ``model_index.json`` (``family_for_index``, or just its
@@ -13,6 +13,7 @@ exists outside ``families/``.
 from __future__ import annotations
 
 import functools
+import re
 from importlib import import_module
 from typing import Optional
 
@@ -88,7 +89,7 @@ def made_for(handle, model) -> bool:
 def detect_model_family(model_index: dict) -> str:
     """Model family id from a ``model_index.json`` dict; raises ``ModelLoadError`` for unsupported pipelines."""
     for family in all_families():
-        found = family.detect(model_index)
+        found = family.layout.detect(model_index)
         if found is not None:
             return found
     class_name = str(model_index.get("_class_name", ""))
@@ -106,46 +107,62 @@ def family_for_index(model_index: dict) -> ModelFamily:
 def guess_family(lora) -> Optional[ModelFamily]:
     """The family whose names the LoRA file uses, or None (diffusers/PEFT names of an unknown model)."""
     for family in all_families():
-        if family.recognizes(lora):
+        if family.keymap.recognizes(lora):
             return family
     return None
 
 
+def named_for_another_family(file_name: str, family_id: str) -> bool:
+    """True when ``file_name`` carries the words another family's files are named with (``file_name_words``)."""
+    return any(family.id != family_id and family.layout.file_name_words
+               and re.search(family.layout.file_name_words, file_name, re.IGNORECASE) for family in all_families())
+
+
 def checkpoint_contracts(model) -> tuple:
     """Contracts pinned by a loaded checkpoint (a ``LoadedModel``), as a tuple for ``ModelHandle.contracts``."""
-    contract = family_for(model).checkpoint_contract(model.model_index, model.name)
+    contract = family_for(model).contracts.checkpoint_contract(model.model_index, model.name)
     return ((contract,) if contract is not None else ()) + baked_contracts(model.model_index, model.name)
 
 
 def component_roles(model_index: dict) -> dict:
     """{component: role} of a ``model_index.json``'s weighted components, as its family names them."""
-    return family_for_index(model_index).component_roles(model_index)
+    return family_for_index(model_index).layout.component_roles(model_index)
 
 
 def denoiser_components(model_index: dict) -> list:
     """The set denoisers of a ``model_index.json``, the main one first."""
-    return family_for_index(model_index).denoiser_components(model_index)
+    return family_for_index(model_index).layout.denoiser_components(model_index)
 
 
 def requirements_for(requirements_id: str) -> tuple:
-    """``({distribution: minimum version}, label)`` of a requirements id (``ModelFamily.requirements``);
+    """``({distribution: minimum version}, label)`` of a requirements id (``FamilyLayout.requirements``);
     ``({}, id)`` for an id no family lists."""
     for family in all_families():
-        if requirements_id in family.requirements:
-            return family.requirements[requirements_id], family.labels.get(requirements_id, requirements_id)
+        layout = family.layout
+        if requirements_id in layout.requirements:
+            return layout.requirements[requirements_id], layout.labels.get(requirements_id, requirements_id)
     return {}, requirements_id
 
 
 def real_config_names() -> tuple:
     """The shipped real configurations every family lists (``lorabind plan NAME``)."""
-    return tuple(name for family in all_families() for name in family.real_configs)
+    return tuple(name for family in all_families() for name in family.layout.real_configs)
 
 
 def tiny_recipes() -> dict:
     """{built-in tiny model name: TinyRecipe} of every family."""
-    return {recipe.name: recipe for family in all_families() for recipe in family.tiny_models}
+    return {recipe.name: recipe for family in all_families() for recipe in family.layout.tiny_models}
+
+
+def example_order() -> tuple:
+    """The example templates in the order a newcomer meets them: every family's featured examples (the main one
+    first, registry order), then the rest of each family's (adapter and single-file variants)."""
+    layouts = [family.layout for family in all_families()]
+    featured = [name for layout in layouts for name in layout.example_templates[:layout.featured_examples]]
+    rest = [name for layout in layouts for name in layout.example_templates[layout.featured_examples:]]
+    return tuple(featured + rest)
 
 
 def lora_components() -> list:
     """Every denoiser name a LoRA can be attached to by name, in registry order (the adapter nodes' choices)."""
-    return list(dict.fromkeys(name for family in all_families() for name in family.lora_components))
+    return list(dict.fromkeys(name for family in all_families() for name in family.layout.lora_components))

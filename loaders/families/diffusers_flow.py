@@ -1,8 +1,9 @@
 """What the Wan and Qwen-Image families share: a ``DiffusionPipeline`` folder, one sigma schedule, flow-matching
 Euler with CFG, and a video VAE with ``latents_mean``/``latents_std``.
 
-``DiffusersFlowFamily`` implements those parts of ``ModelFamily`` once; a subclass supplies its ``prediction``
-(the forward one sampling step calls) and, where it has one, its own latent packing and CFG rescaling.
+``DiffusersFlowSampling`` implements that sampling once; a subclass supplies its ``prediction`` (the forward one
+sampling step calls) and, where it has one, its own latent packing and CFG rescaling. ``OneScheduleContracts``
+resolves a request on the one schedule, with a family's own check of the result (``check_resolved``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from ..generation.sampling import device_and_dtype, guidance_for, guided, noised
 from ..generation.schedulers import step_over
 from ..contracts.sigmas import TABLE_TOLERANCE
 from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
-                        ModelFamily, PipelineSource)
+                        PipelineSource)
+from .parts import FamilyContracts, FamilySampling
 
 
 def dtype_kwargs(dtype) -> dict:
@@ -57,16 +59,25 @@ def check_continuation(latent, schedule) -> None:
                          f"set start_step to where the previous stage's end_step stopped")
 
 
-class DiffusersFlowFamily(ModelFamily):
-    """Shared implementation for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
+class OneScheduleContracts(FamilyContracts):
+    """Contracts of a family sampled on one sigma schedule (``schedule_rules.resolve_single_schedule``)."""
 
-    runs_stages = True
+    def resolve_schedule(self, model_handle, contracts: tuple, request) -> ResolvedSchedule:
+        return resolve_single_schedule(model_handle, contracts, request, serves=self.family.model_families,
+                                       check_resolved=self.check_resolved)
+
+    def check_resolved(self, model_handle, resolved: ResolvedSchedule, request, overrides: list) -> None:
+        """A family's own check of a resolved schedule (may raise ContractError or append to ``overrides``)."""
+
+
+class DiffusersFlowSampling(FamilySampling):
+    """Shared sampling for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
             return self.assemble_single_files(source)
         if source.kind != SOURCE_DIFFUSERS:
-            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for {self.id} models")
+            raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for {self.family.id} models")
         from diffusers import DiffusionPipeline
 
         return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
@@ -74,23 +85,16 @@ class DiffusersFlowFamily(ModelFamily):
 
     def assemble_single_files(self, source: PipelineSource):
         """The family's pipeline from modules built out of single files (``PipelineSource`` kind "single_file")."""
-        raise ValueError(f"{source.path}: {self.id} models do not load from single files")
-
-    def resolve_schedule(self, model_handle, contracts: tuple, request) -> ResolvedSchedule:
-        return resolve_single_schedule(model_handle, contracts, request, serves=self.model_families,
-                                       check_resolved=self.check_resolved)
-
-    def check_resolved(self, model_handle, resolved: ResolvedSchedule, request, overrides: list) -> None:
-        """A family's own check of a resolved schedule (may raise ContractError or append to ``overrides``)."""
+        raise ValueError(f"{source.path}: {self.family.id} models do not load from single files")
 
     def experts_per_step(self, model, schedule) -> list:
-        roles = self.denoiser_roles(model)
+        roles = self.family.layout.denoiser_roles(model)
         high = next((n for n, r in roles.items() if r in (ROLE_HIGH_NOISE, ROLE_DENOISER)), "transformer")
         low = next((n for n, r in roles.items() if r == ROLE_LOW_NOISE), high)
         return split_at_boundary(schedule.sigmas, self.effective_boundary(model, schedule), high, low)
 
     def _is_low_noise(self, model, expert: str) -> bool:
-        return self.denoiser_roles(model).get(expert) == ROLE_LOW_NOISE
+        return self.family.layout.denoiser_roles(model).get(expert) == ROLE_LOW_NOISE
 
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         experts = self.experts_per_step(model, schedule)

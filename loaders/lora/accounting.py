@@ -57,7 +57,7 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
     raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message, naming the family the
     file looks like when ``guess_family`` (``families.guess_family``, passed in: lora/ never imports it) says."""
     lora = mapped.source
-    family = mapped.keymap
+    keymap = mapped.keymap
     file_names = _file_names_by_key(mapped)
     modules = dict(component_module.named_modules())
     acc = KeyAccounting(file=lora.name, format=lora.format, family=mapped.family, component=component,
@@ -69,7 +69,7 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
         dest, patch = _as_parameter_diff(modules, dest, patch)
         module = modules.get(dest)
         if module is None:
-            _not_in_model(acc, family, mapped.family, file_names, patch.all_source_keys())
+            _not_in_model(acc, keymap, mapped.family, file_names, patch.all_source_keys())
             continue
         params = _own_parameters(module)
         fitting = TargetPatch(module=dest)
@@ -149,10 +149,10 @@ def _file_names_by_key(mapped: MappedLora) -> dict:
     return names
 
 
-def _not_in_model(acc, family, model_family, file_names, keys) -> None:
+def _not_in_model(acc, keymap, model_family, file_names, keys) -> None:
     """A mapped module the model lacks: expected when the family can say why (e.g. no image branch)."""
     for raw in keys:
-        reason = family.expected_unmatched_reason(file_names.get(raw, raw), model_family)
+        reason = keymap.expected_unmatched_reason(file_names.get(raw, raw), model_family)
         if reason is None:
             acc.unmatched.append(raw)
         else:

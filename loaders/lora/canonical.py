@@ -84,4 +84,4 @@ class MappedLora:
     targets: dict  # diffusers module path -> TargetPatch
     expected_unmatched: dict = field(default_factory=dict)  # raw key -> reason
     unmatched: list = field(default_factory=list)  # raw keys the family map does not know
-    keymap: Any = None  # the ``ModelFamily`` that mapped it (``account`` asks it why a key is expected to miss)
+    keymap: Any = None  # the family's ``KeyMap`` that mapped it (``account`` asks it why a key is expected to miss)

@@ -22,23 +22,24 @@ TEXT_ENCODER_REASON = ("text-encoder LoRA key: lorabind applies LoRAs to the dif
 def map_to_model(lora: LoraFile, model_family: str, family) -> MappedLora:
     """Map every target of ``lora`` to the diffusers module paths of ``model_family``'s denoiser, by the key map
     of ``family`` (the ``ModelFamily`` serving ``model_family``; ``families.family_by_id``)."""
-    prepared = family.prepare(lora, model_family)
-    mapped = MappedLora(source=prepared, family=model_family, targets={}, keymap=family)
+    keymap = family.keymap
+    prepared = keymap.prepare(lora, model_family)
+    mapped = MappedLora(source=prepared, family=model_family, targets={}, keymap=keymap)
     module_parts = low_rank_parts() | frozenset(_OWN_PARAMETERS)
     for name, patch in prepared.targets.items():
         own_diffs = {p: patch.param_diffs[p] for p in _OWN_PARAMETERS if p in patch.param_diffs}
         if patch.low_rank is not None or own_diffs:
             own_keys = {part: keys for part, keys in patch.source_keys.items() if part in module_parts}
-            _place(mapped, family, prepared, name, family.map_target(name),
+            _place(mapped, keymap, prepared, name, keymap.map_target(name),
                    TargetPatch(module=name, low_rank=patch.low_rank, param_diffs=own_diffs, source_keys=own_keys))
         for param, diff in patch.param_diffs.items():
             if param in _OWN_PARAMETERS:
                 continue
             # another parameter of the module (Wan "modulation"): the family maps the full parameter path
-            param_path = family.map_target(f"{name}.{param}")
+            param_path = keymap.map_target(f"{name}.{param}")
             dest, _, dest_param = (param_path or "").rpartition(".")
             dest_param = dest_param or param
-            _place(mapped, family, prepared, f"{name}.{param}", dest if param_path else None,
+            _place(mapped, keymap, prepared, f"{name}.{param}", dest if param_path else None,
                    TargetPatch(module=name, param_diffs={dest_param: diff},
                                source_keys={dest_param: tuple(patch.source_keys.get(param, ()))}))
         # a part that names no data of this patch cannot be applied; it is reported, never dropped
@@ -47,9 +48,9 @@ def map_to_model(lora: LoraFile, model_family: str, family) -> MappedLora:
     return mapped
 
 
-def _place(mapped: MappedLora, family, lora: LoraFile, name: str, dest, part: TargetPatch) -> None:
+def _place(mapped: MappedLora, keymap, lora: LoraFile, name: str, dest, part: TargetPatch) -> None:
     if dest is None:
-        reason = family.expected_unmatched_reason(name, mapped.family)
+        reason = keymap.expected_unmatched_reason(name, mapped.family)
         if reason is None and name.startswith(_TEXT_ENCODER_PREFIXES):
             reason = TEXT_ENCODER_REASON
         if reason is None:

@@ -5,7 +5,7 @@ module tree. Binding, the adapter nodes, ``lorabind inspect`` and ``lorabind mer
 so a file is refused with the same words wherever it is used, and what ``inspect`` reports is exactly what a fuse
 would apply. Also here: the small questions every caller asks about a LoRA file (its rank, its adapter kinds).
 The contract it declares is ``contracts.discover_contract``'s answer; which denoiser a file's name says it
-belongs in is its model family's (``ModelFamily.component_for_file``).
+belongs in is its model family's (``FamilyLayout.component_for_file``).
 """
 
 from __future__ import annotations

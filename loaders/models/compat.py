@@ -28,7 +28,7 @@ def installed_version(distribution: str) -> str | None:
 
 
 def unmet_requirements(family: str) -> list[str]:
-    """Human-readable unmet requirements of a family's requirements id (``ModelFamily.requirements``: the
+    """Human-readable unmet requirements of a family's requirements id (``FamilyLayout.requirements``: the
     family owns its versions), e.g. ["diffusers >= 0.42 (installed 0.35.2)"]."""
     unmet = []
     for distribution, minimum in requirements_for(family)[0].items():

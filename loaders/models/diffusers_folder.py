@@ -1,6 +1,6 @@
 """A diffusers folder (``model_index.json`` + one subfolder per component) as a ``ModelSource``.
 
-Its family loads the pipeline (``ModelFamily.load_pipeline``: ``DiffusionPipeline`` for Wan and Qwen-Image, a
+Its family loads the pipeline (``FamilySampling.load_pipeline``: ``DiffusionPipeline`` for Wan and Qwen-Image, a
 modular pipeline for MiniMax-H3), offline only, safetensors only; a sharded component's files are read by
 ``$LORABIND_LOAD_WORKERS`` threads (``parallel_loading``).
 """
@@ -41,7 +41,7 @@ def require_libraries(model_index: dict, family: str, label: str, folder: Option
     """Refuse, naming the versions needed, when the installed libraries are older than a folder's model needs:
     its family's, or a later variant's (Wan2.2 TI2V is a one-transformer Wan pipeline that came with Wan2.2;
     Qwen-Image-Edit-2511 shows only in ``folder``'s transformer config)."""
-    compat.require(family_by_id(family).requirements_id(family, model_index=model_index, folder=folder), label)
+    compat.require(family_by_id(family).layout.requirements_id(family, model_index=model_index, folder=folder), label)
 
 
 def refuse_pickle_weights(folder: Path, model_index: dict) -> None:
@@ -82,7 +82,7 @@ class DiffusersFolder(ModelSource):
         refuse_pickle_weights(self.folder, self.model_index)
 
     def component_roles(self) -> dict:
-        return self.family.component_roles(self.model_index)
+        return self.family.layout.component_roles(self.model_index)
 
     def component_sizes(self, dtype) -> list:
         dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(self.folder,
@@ -93,8 +93,8 @@ class DiffusersFolder(ModelSource):
         workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
         try:
             with shard_loading(workers):
-                pipeline = self.family.load_pipeline(PipelineSource(path=self.path, model_index=self.model_index,
-                                                                    dtype=dtype))
+                source = PipelineSource(path=self.path, model_index=self.model_index, dtype=dtype)
+                pipeline = self.family.sampling.load_pipeline(source)
         except Exception as exc:
             raise ModelLoadError(f"{self.name}: cannot load the {self.model_family} pipeline: {exc}") from exc
         return BuiltModel(pipeline=pipeline, model_family=self.model_family, model_index=self.model_index,
@@ -104,7 +104,7 @@ class DiffusersFolder(ModelSource):
     def _denoisers(self, pipeline) -> dict:
         """{name: module} of the index's denoisers; one the installed diffusers dropped (an older release ignores
         an unknown component with only a warning) is refused by name."""
-        listed = self.family.denoiser_components(self.model_index)
+        listed = self.family.layout.denoiser_components(self.model_index)
         components = {n: getattr(pipeline, n) for n in listed if getattr(pipeline, n, None)}
         dropped = sorted(set(listed) - set(components))
         if dropped:

@@ -24,7 +24,7 @@ from ..errors import KeyMatchError
 from ..lora.preparation import PreparedLora, prepare_lora
 from ..meta_modules import tree_on_meta
 from .single_file import catalog
-from .single_file.layouts import strip_prefix
+from .single_file.key_prefixes import strip_prefix
 
 HOST_COMPONENT = "diffusion_model"  # the component name our messages use for a host's denoiser
 
@@ -51,10 +51,10 @@ def native_denoiser(shapes: Mapping[str, tuple], name: str) -> NativeDenoiser:
     own = {strip_prefix(key): (key, tuple(shape)) for key, shape in shapes.items() if strip_prefix(key) != key}
     if not own:
         own = {key: (key, tuple(shape)) for key, shape in shapes.items()}
-    kind = next((kind for kind in catalog.KINDS.values()
+    kind = next((kind for kind in catalog.kinds().values()
                  if kind.role == "denoiser" and kind.fits(own)), None)
     if kind is None:
-        known = ", ".join(sorted({k.family for k in catalog.KINDS.values() if k.role == "denoiser"}))
+        known = ", ".join(sorted({k.family for k in catalog.kinds().values() if k.role == "denoiser"}))
         raise KeyMatchError(f"{name}: its parameter names are not those of a denoiser lorabind maps LoRAs onto "
                             f"({known})")
     layout = kind.layout({})

@@ -25,7 +25,7 @@ class BuiltModel:
     model_family: str  # ``LoadedModel.family``: "wan2.2_moe", "qwen_image", ...
     model_index: dict  # the folder's ``model_index.json``, or the one an equivalent folder would hold
     modules: dict  # {component: module} that the memory plan places (non-modules are ignored)
-    roles: dict  # {component: ROLE_*} as the family names them (``ModelFamily.component_roles``)
+    roles: dict  # {component: ROLE_*} as the family's layout names them (``component_roles``)
     denoisers: dict  # {denoiser component: module}, the main one first (``LoadedModel.components``)
     # where each denoiser weight can be re-read from (``LoadedModel.weight_sources``); None: the folder's files
     weight_sources: Any = None

@@ -50,7 +50,7 @@ def merge_into_folder(model_dir: str, loras: list, out_dir: str, *, component: s
 
     ``loras``: ``(path, strength)`` (into ``component``; None: the model's main denoiser) or ``(component, path,
     strength)`` (a None component likewise), so both Wan2.2 experts are baked in one run. The model's family
-    refuses files whose names say another slot (``ModelFamily.check_slots``). ``dtype`` (a torch dtype, None =
+    refuses files whose names say another slot (``FamilyLayout.check_slots``). ``dtype`` (a torch dtype, None =
     as stored) is the merged components' tensor type. Untouched files are copied, symlinked or hardlinked (``asset_mode``). The fused LoRAs' contracts and
     what was fused are written into the output ``model_index.json`` (``baked_contracts``). Returns the JSON-able
     report. ``out_dir`` follows ``safe_output``'s rule (``OutputRefusedError`` for an existing folder that is not
@@ -97,7 +97,7 @@ def placed_requests(model_index: dict, family: str, main: str, loras: list, comp
     family_object = families.family_by_id(family)
     requests = [(item[0] or _slot(family_object, model_index, item, main), item[1], float(item[2]))
                 if len(item) >= 3 else (component or main, item[0], float(item[1])) for item in loras]
-    family_object.check_slots(
+    family_object.layout.check_slots(
         model_index, [(comp, os.path.basename(str(path).rstrip("/\\")), "") for comp, path, _ in requests])
     return requests
 
@@ -106,7 +106,7 @@ def _slot(family, model_index: dict, item: tuple, main: str) -> str:
     """A LoRA given without a component: ``main``, or the component a slot name says (LightX2V's config names
     each expert's LoRA ``high_noise_model`` / ``low_noise_model``: the family reads it like a file name)."""
     if len(item) == 4 and item[3]:
-        return family.component_for_file(model_index, str(item[3]), strict=True)
+        return family.layout.component_for_file(model_index, str(item[3]), strict=True)
     return main
 
 

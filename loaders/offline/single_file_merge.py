@@ -109,7 +109,7 @@ def _named_denoisers(model_files: list, out_files: list) -> dict:
             raise MergeInputError(f"{item.name}: merge takes denoiser files, this is a {item.role.replace('_', ' ')} "
                                   f"({item.describe()})")
     check_denoisers(denoisers)
-    parts = family_by_id(denoisers[0].family).single_file_parts(denoisers, None, None)
+    parts = family_by_id(denoisers[0].family).layout.single_file_parts(denoisers, None, None)
     return {comp: part for comp, part in parts.items() if any(part is d for d in denoisers)}
 
 

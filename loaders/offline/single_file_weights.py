@@ -1,7 +1,7 @@
 """``lorabind extract`` on ComfyUI's single denoiser files: a file read as ``ComponentWeights`` reads a folder.
 
 Why: people have single files (a published fp8 Wan2.2 expert, the one ``merge`` baked the lightx2v pair into), and
-the extractor compares tensors by diffusers name. So the file is read through its layout (``single_file.layouts``:
+the extractor compares tensors by diffusers name. So the file is read through its layout (``io.key_layouts``:
 native names renamed, fused tensors split, any saver's key prefix stripped), each tensor one at a time, and an fp8
 weight is read as its value (fp8 x ``scale_weight``, exact in float32): a base stored fp8 and a tuned file stored
 bf16 then differ by what the tuning changed, not by the storage format. A folder and a file of the same model
@@ -62,7 +62,7 @@ class SingleFileWeights:
     @property
     def component(self) -> str:
         """The component this file is, named as its family names a lone denoiser file (``transformer``)."""
-        parts = family_by_id(self.detected.family).single_file_parts([self.detected], None, None)
+        parts = family_by_id(self.detected.family).layout.single_file_parts([self.detected], None, None)
         return next(comp for comp, part in parts.items() if part is self.detected)
 
     def keys(self):

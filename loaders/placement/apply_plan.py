@@ -70,7 +70,7 @@ class ModelPlacement:
     """The live placement of one ``LoadedModel``'s components under one ``MemoryPlan`` on one device."""
 
     def __init__(self, modules: dict, plan, device: torch.device, roles: dict, weight_sources=None):
-        """``roles``: {component: role} from the model's family (``ModelFamily.component_roles``);
+        """``roles``: {component: role} from the model's family (``FamilyLayout.component_roles``);
         ``weight_sources``: where weights can be re-read (``lookup(component, key)``), for the components the plan
         keeps in their files (``plan.file_resident``)."""
         self.weight_sources = weight_sources

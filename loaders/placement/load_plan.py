@@ -47,7 +47,7 @@ def free_memory(device) -> tuple[int, int | None]:
 def cpu_plan(roles: dict):
     """``auto`` on the CPU: everything stays in RAM. Offloading to the memory it already lives in saves nothing,
     so no sizes are measured (a config the planner cannot read is then the loader's error, as before).
-    ``roles``: {component: role} of the weighted components (``ModelFamily.component_roles``)."""
+    ``roles``: {component: role} of the weighted components (``FamilyLayout.component_roles``)."""
     names = tuple(roles)
     return MemoryPlan(memory="full", resident=names, placement={n: "device" for n in names},
                       reason="auto on the CPU: every component stays in RAM")

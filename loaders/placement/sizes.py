@@ -35,7 +35,7 @@ EXPERT_ROLES = (ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
 ENCODER_ROLES = (ROLE_TEXT_ENCODER, ROLE_IMAGE_ENCODER)
 # Configurations of the real models (configs only, no weights), typed from the public releases; each
 # model_index.json names its source in "_lorabind_source". Which ones ship is the families' list
-# (``ModelFamily.real_configs``).
+# (``FamilyLayout.real_configs``).
 REAL_CONFIGS_DIR = Path(__file__).parent / "real_configs"
 
 

@@ -127,7 +127,7 @@ def inspect_lora(path: str, *, model_dir: str | None = None) -> dict:
         family_module = family_module or families.for_model_family(model.family)
     # rank/alpha/scale as the engine applies them: after the family's rewrites (e.g. the MiniMax-H3 Turbo
     # alpha-8 default for files that declare none)
-    prepared = family_module.prepare(lora, family_module.model_families[0]) if family_module else lora
+    prepared = family_module.keymap.prepare(lora, family_module.model_families[0]) if family_module else lora
     lows = [patch.low_rank for patch in prepared.targets.values() if patch.low_rank is not None]
     contract = discover_contract(path, family=family_module, lora=lora)
     return {
@@ -280,7 +280,7 @@ def _accounting(lora, model) -> dict:
     from ...loaders.lora.preparation import prepare_lora
 
     family = family_for(model)
-    component = family.component_for_file(model.model_index, lora.name, strict=False)
+    component = family.layout.component_for_file(model.model_index, lora.name, strict=False)
     prepared = prepare_lora(lora.path, model, component, family, guess_family=guess_family, name=lora.name,
                             lenient=True, where="lorabind inspect")
     accounting = prepared.accounting

@@ -12,18 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Callable, Iterable
+from ...loaders.families import example_order
 from ...tiny_models import ensure_builtin_models
-
-# The template browser lists ours in the order /workflow_templates gives (frontend 1.58.1 sorts templates without
-# a date or usage count stably), so this is the order a newcomer meets them: the main example first, then the
-# other Wan examples, Qwen-Image, the adapter and single-file variants, MiniMax-H3 last. Others follow A-Z.
-TEMPLATE_ORDER = ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step", "wan22_mismatched_contract",
-                  "wan22_lightning_three_stage", "wan22_strength_schedule", "wan21_distill", "wan21_unipc_reference",
-                  "wan21_i2v", "wan22_ti2v", "wan21_vace_control", "qwen_image_lightning",
-                  "qwen_image_edit_lightning", "wan22_tiny_t2v", "peft_two_branches", "wan22_single_files_fp8",
-                  "wan22_gguf_lightx2v", "minimax_h3_turbo_8step", "minimax_h3_turbo_mp4",
-                  "minimax_h3_turbo_4step_768p", "minimax_h3_native", "minimax_h3_pinned")
-
 
 # comfy_*: the ComfyUI-native examples (ComfyUI's core loaders and samplers with our LoRA nodes) run only inside
 # ComfyUI, so the headless editor neither lists them nor renders their thumbnails.
@@ -31,9 +21,11 @@ COMFYUI_ONLY_PREFIX = "comfy_"
 
 
 def ordered_templates(names: Iterable[str]) -> list[str]:
-    """``names`` by importance (``TEMPLATE_ORDER``), the ones it does not know after them, A-Z; the ComfyUI-only
-    examples are left out."""
-    rank = {name: index for index, name in enumerate(TEMPLATE_ORDER)}
+    """``names`` by importance, the ones it does not know after them, A-Z; the ComfyUI-only examples are left out.
+    The template browser lists ours in the order /workflow_templates gives (frontend 1.58.1 sorts templates without
+    a date or usage count stably), so this is the order a newcomer meets them: each family says which of its
+    examples come first (``families.example_order``)."""
+    rank = {name: index for index, name in enumerate(example_order())}
     served = [name for name in names if not name.startswith(COMFYUI_ONLY_PREFIX)]
     return sorted(served, key=lambda name: (rank.get(name, len(rank)), name))
 

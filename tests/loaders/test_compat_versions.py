@@ -16,7 +16,7 @@ def test_numeric_versions_compare_release_parts():
 def test_installed_libraries_meet_every_family(monkeypatch):
     from lorabind.loaders.families import all_families
 
-    ids = [requirement for family in all_families() for requirement in family.requirements]
+    ids = [requirement for family in all_families() for requirement in family.layout.requirements]
     assert {"wan2.1", "wan2.2_moe", "wan2.2_ti2v", "qwen_image", "minimax_h3"} <= set(ids)
     for requirement in ids:
         assert compat.unmet_requirements(requirement) == []
@@ -48,9 +48,9 @@ def test_a_ti2v_folder_or_file_is_checked_against_the_wan22_release(monkeypatch)
     with pytest.raises(ModelLoadError, match=r"ti2v5b \(wan2\.1\) needs diffusers >= 0\.35 \(installed 0\.34\.0\)"):
         require_libraries(ti2v_index, "wan2.1", "ti2v5b (wan2.1)")
     wan = family_by_id("wan2.1")
-    assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="ti2v")) == [
+    assert compat.unmet_requirements(wan.layout.requirements_id("wan2.1", variant="ti2v")) == [
         "diffusers >= 0.35 (installed 0.34.0)"]
-    assert compat.unmet_requirements(wan.requirements_id("wan2.1", variant="i2v")) == []
+    assert compat.unmet_requirements(wan.layout.requirements_id("wan2.1", variant="i2v")) == []
 
 
 def test_an_edit_2511_folder_is_checked_against_the_release_that_knows_zero_cond_t(monkeypatch, tiny_models_root):

@@ -229,7 +229,7 @@ def test_minimax_h3_models_delegate_to_the_family_resolver(monkeypatch):
         seen.update(contracts=contracts, request=request, model=model_handle)
         return sentinel
 
-    monkeypatch.setattr(minimax_h3.FAMILY, "resolve_schedule", fake_resolve)
+    monkeypatch.setattr(minimax_h3.FAMILY.contracts, "resolve_schedule", fake_resolve)
     pinned = ScheduleContract(source="tiny-minimax-h3-pinned", kind="pinned", family="minimax_h3",
                               base_schedule=(1.0, 0.7, 0.4, 0.15, 0.0))
     handle = ModelHandle(model=SimpleNamespace(family="minimax_h3", name="tiny-minimax-h3-pinned"),
@@ -243,8 +243,8 @@ def test_qwen_lightning_contract_steps_come_from_the_file_name():
     from lorabind.loaders.families import for_model_family
 
     family = for_model_family("qwen_image")
-    four = family.declared_contract("Qwen-Image-Lightning-4steps-V1.0.safetensors", {}, 64)
-    eight = family.declared_contract("Qwen-Image-Lightning-8steps-V1.1.safetensors", {}, 64)
+    four = family.contracts.declared_contract("Qwen-Image-Lightning-4steps-V1.0.safetensors", {}, 64)
+    eight = family.contracts.declared_contract("Qwen-Image-Lightning-8steps-V1.1.safetensors", {}, 64)
     assert (four.steps, eight.steps) == (4, 8)
     assert four.cfg == 1.0 and len(four.sigmas) == 5 and len(eight.sigmas) == 9
     spec = AdapterSpec(path="/l/Qwen-Image-Lightning-8steps-V1.1.safetensors", scale=1.0)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
-from lorabind.loaders.families.qwen_image import pack_qwen_latents, unpack_qwen_latents
+from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents, unpack_qwen_latents
 from lorabind.loaders.dispatch.generation_steps import decode, denoise, empty_latent, encode_text
 from lorabind.loaders.generation.sampling import initial_noise
 from lorabind.loaders.contracts.sigmas import shifted_sigmas

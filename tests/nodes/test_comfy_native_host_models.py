@@ -80,7 +80,7 @@ def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which
     from safetensors import safe_open
 
     from comfy_patcher_cases import expected_peft_scale, write_peft_scaling_folder
-    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+    from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
 
     weights = tiny_models_root / "diffusers" / "tiny-wan21-t2v" / "transformer" / "diffusion_pytorch_model.safetensors"
     with safe_open(str(weights), "pt") as handle:

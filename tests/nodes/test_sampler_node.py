@@ -100,7 +100,7 @@ def test_a_moe_model_without_boundary_ratio_uses_the_published_t2v_boundary(inpu
     no_boundary = dataclasses.replace(handle.model, model_index=index)
     schedule = ResolvedSchedule(sigmas=tuple(PUBLISHED_4STEP), steps=4, cfg=1.0, shift=5.0)
     generation.check_inputs(no_boundary, pos, neg, latent, schedule)
-    assert family_for(no_boundary).effective_boundary(no_boundary, schedule) == 0.875
-    assert family_for(no_boundary).experts_per_step(no_boundary, schedule) == ["transformer"] * 2 + ["transformer_2"] * 2
+    assert family_for(no_boundary).sampling.effective_boundary(no_boundary, schedule) == 0.875
+    assert family_for(no_boundary).sampling.experts_per_step(no_boundary, schedule) == ["transformer"] * 2 + ["transformer_2"] * 2
     explicit = dataclasses.replace(schedule, boundary=0.95)  # an explicit input still wins
-    assert family_for(no_boundary).experts_per_step(no_boundary, explicit) == ["transformer"] + ["transformer_2"] * 3
+    assert family_for(no_boundary).sampling.experts_per_step(no_boundary, explicit) == ["transformer"] + ["transformer_2"] * 3

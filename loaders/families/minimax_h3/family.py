@@ -1,5 +1,6 @@
-"""The MiniMax-H3 family object: video + audio generation, two DiT partitions chosen by the task
-(``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit schedules (video, audio)."""
+"""The MiniMax-H3 family (``FAMILY``) and its layout, contracts and sampling parts: video + audio generation, two
+DiT partitions chosen by the task (``transformer``: t2va / fl2va, ``transformer_ref``: ref2va), two explicit
+schedules (video, audio)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ from typing import Optional
 
 from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS,
                          SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
-from . import contracts, keymap, pipeline, references, sampling
+from ..parts import FamilyContracts, FamilyLayout, FamilySampling
+from . import contracts, pipeline, references, sampling
+from .key_layouts import REFUSED_FILES
+from .keymap import KEYMAP
 from .resolve import resolve
 
 
-class MiniMaxH3Family(ModelFamily):
-    id = contracts.FAMILY_ID
-    model_families = (contracts.FAMILY_ID,)
-    has_audio = True
+class MiniMaxH3Layout(FamilyLayout):
     # ``transformer`` runs t2va / fl2va; ``transformer_ref`` only ref2va, so a run loads one or the other
     index_roles = {"transformer": ROLE_DENOISER, "transformer_ref": ROLE_ALTERNATE, "audio_vae": ROLE_VAE,
                    **SHARED_INDEX_ROLES}
@@ -25,10 +26,45 @@ class MiniMaxH3Family(ModelFamily):
     # one builder writes both folders (the pinned one is a copy with a pinned release)
     tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID, ".minimax_h3", "build_tiny_minimax_h3")
                         for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
+    refused_single_files = REFUSED_FILES
+    file_name_words = "minimax"
+    # listed last: none featured
+    example_templates = ("minimax_h3_turbo_8step", "minimax_h3_turbo_mp4", "minimax_h3_turbo_4step_768p",
+                         "minimax_h3_native", "minimax_h3_pinned")
 
     def detect(self, model_index: dict) -> Optional[str]:
         class_name = str(model_index.get("_class_name", ""))
-        return self.id if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
+        return contracts.FAMILY_ID if "minimax" in class_name.lower() or "_minimax_h3" in model_index else None
+
+
+class MiniMaxH3Contracts(FamilyContracts):
+    """Turbo / native / checkpoint-pinned contracts, resolved into two schedules, a task and a partition; the
+    contract node reads an adapter's own contract (``adapter_contract``), binds it (``bound``) and says it
+    (``describe``)."""
+
+    tasks = contracts.TASKS  # what its adapters are made for (the contract node's choices)
+    turbo_grammar = contracts.TURBO_GRAMMAR  # how a Turbo file's name declares its contract
+    declared_contract = staticmethod(contracts.declared_contract)
+    checkpoint_contract = staticmethod(contracts.checkpoint_contract)
+    adapter_contract = staticmethod(contracts.file_contract)
+    describe = staticmethod(contracts.describe_contract)
+    view = staticmethod(contracts.contract_dict)  # what the contract node shows (its text lines are separate)
+
+    def bound(self, contract, model_index: dict, scale: float, task: str):
+        """The adapter's contract on this checkpoint, at ``scale``, for ``task``."""
+        return contracts.with_scale(contracts.on_checkpoint(contract, model_index), scale, task)
+
+    def contract_to_dict(self, contract) -> dict:
+        return {**self.view(contract), "text": self.describe(contract)}
+
+    def resolve_schedule(self, model_handle, contract_list: tuple, request):
+        return resolve(contract_list, request, model_handle)
+
+
+class MiniMaxH3Sampling(FamilySampling):
+    """Its modular pipeline, the two-schedule loop, and the soundtrack, first frame and references only it has."""
+
+    max_references = references.MAX_IMAGE_REFERENCES  # reference images one ref2va run takes
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
@@ -37,23 +73,6 @@ class MiniMaxH3Family(ModelFamily):
         if source.kind != SOURCE_DIFFUSERS:
             raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for MiniMax-H3 models")
         return pipeline.load_pipeline(source.path, source.model_index, dtype=source.dtype)
-
-    def denoiser_roles(self, model) -> dict:
-        return {name: ROLE_DENOISER for name in model.components}
-
-    # LoRA key map and contracts
-    recognizes = staticmethod(keymap.recognizes)
-    prepare = staticmethod(keymap.prepare)
-    map_target = staticmethod(keymap.map_target)
-    expected_unmatched_reason = staticmethod(keymap.expected_unmatched_reason)
-    declared_contract = staticmethod(contracts.declared_contract)
-    checkpoint_contract = staticmethod(contracts.checkpoint_contract)
-
-    def contract_to_dict(self, contract) -> dict:
-        return {**contracts.contract_dict(contract), "text": contracts.describe_contract(contract)}
-
-    def resolve_schedule(self, model_handle, contract_list: tuple, request):
-        return resolve(contract_list, request, model_handle)
 
     # text, latents, sampling, decoding
     def encode_text(self, model, text: str):
@@ -87,3 +106,7 @@ class MiniMaxH3Family(ModelFamily):
     def with_references(self, model, latent, images):
         """The latent with reference images appended (task ref2va)."""
         return references.with_references(model, latent, images)
+
+
+FAMILY = ModelFamily(id=contracts.FAMILY_ID, model_families=(contracts.FAMILY_ID,), layout=MiniMaxH3Layout(),
+                     keymap=KEYMAP, contracts=MiniMaxH3Contracts(), sampling=MiniMaxH3Sampling(), has_audio=True)

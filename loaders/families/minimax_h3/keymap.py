@@ -19,6 +19,7 @@ from typing import Optional
 
 from ...errors import KeyMatchError
 from ...lora.canonical import LoraFile, TargetPatch
+from ..parts import KeyMap
 from .contracts import (
     NATIVE_KEY_FORMAT,
     NATIVE_QKV_LAYOUT,
@@ -206,3 +207,7 @@ def map_target(name: str) -> Optional[str]:
 def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
     """MiniMax-H3 models have no optional branches (unlike Wan's I2V image branch): every key must bind."""
     return None
+
+
+KEYMAP = KeyMap(recognizes=recognizes, map_target=map_target, prepare=prepare,
+                expected_unmatched_reason=expected_unmatched_reason)

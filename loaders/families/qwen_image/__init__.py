@@ -1,13 +1,8 @@
-"""Qwen-Image: the family object (``FAMILY``) and the package's public functions.
+"""Qwen-Image: the family object (``FAMILY``).
 
 Modules: ``keymap`` (LoRA names onto ``QwenImageTransformer2DModel``), ``contracts`` (Lightning distill
-contracts), ``prediction`` (packing, one forward, CFG renormalisation), ``family`` (the ``ModelFamily``
-implementation).
+contracts), ``prediction`` (packing, one forward, CFG renormalisation), ``edit`` (Qwen-Image-Edit's input
+images), ``single_files`` (editions of equal shapes), ``family`` (its parts and ``FAMILY``).
 """
 
-from .contracts import LIGHTNING_SHIFT, declared_contract  # noqa: F401
-from .family import QwenImageFamily
-from .keymap import map_target, recognizes  # noqa: F401
-from .prediction import pack_qwen_latents, unpack_qwen_latents  # noqa: F401
-
-FAMILY = QwenImageFamily()
+from .family import FAMILY  # noqa: F401

@@ -1,4 +1,5 @@
-"""The Qwen-Image family object: one transformer on 2x2-packed image latents, loaded as ``QwenImagePipeline``."""
+"""The Qwen-Image family (``FAMILY``): one transformer on 2x2-packed image latents, loaded as ``QwenImagePipeline``;
+its layout, contracts and sampling parts (the key map is ``keymap``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import torch
 
 from ...handles import ConditioningHandle, LatentHandle
 from ...io.image_files import image_to_pil
-from ..diffusers_flow import DiffusersFlowFamily, check_multiple, dtype_kwargs, text_device
-from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, TinyRecipe
-from . import contracts, edit, keymap, single_files
+from ..diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple, dtype_kwargs, text_device
+from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
+from ..parts import FamilyLayout
+from . import contracts, edit, single_files
+from . import single_file_kinds as files
+from .keymap import KEYMAP
 from .edit_processor import load_processor
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
@@ -20,10 +24,7 @@ EDIT_2511_REQUIREMENTS = "qwen_image_edit_2511"  # its ``requirements`` entry (t
 DENOISER = "transformer"
 
 
-class QwenImageFamily(DiffusersFlowFamily):
-    id = FAMILY_ID
-    model_families = (FAMILY_ID,)
-    renormalize = staticmethod(renormalize)
+class QwenImageLayout(FamilyLayout):
     index_roles = {DENOISER: ROLE_DENOISER, **SHARED_INDEX_ROLES}
     lora_components = (DENOISER,)
     # QwenImagePipeline arrived in diffusers 0.35, Qwen2.5-VL text encoders in transformers 4.49. Edit-2511's
@@ -36,9 +37,43 @@ class QwenImageFamily(DiffusersFlowFamily):
                    TinyRecipe("tiny-qwen-image-edit", FAMILY_ID, ".qwen_image_edit", "build_tiny_qwen_image_edit"),
                    TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS, ".qwen_image_edit",
                               "build_tiny_qwen_image_edit_plus"))
+    single_file_kinds = files.KINDS
+    known_single_files = files.KNOWN_MODELS
+    file_name_words = "qwen"
+    example_templates = ("qwen_image_lightning", "qwen_image_edit_lightning")
+    featured_examples = 2
 
     def detect(self, model_index: dict) -> Optional[str]:
-        return self.id if str(model_index.get("_class_name", "")).startswith("QwenImage") else None
+        return FAMILY_ID if str(model_index.get("_class_name", "")).startswith("QwenImage") else None
+
+    single_file_edition = staticmethod(single_files.single_file_edition)
+
+    def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
+        """Edit-2511 needs ``zero_cond_t`` (a newer diffusers than Qwen-Image itself): a single file says so by its
+        detected edition, a folder only in its transformer's config. Why check the folder too: an older diffusers
+        ignores the config field it does not know and would run the edit model as 2509, silently wrong."""
+        if variant == single_files.EDIT_2511 or (folder is not None and edit.needs_zero_cond_t(folder)):
+            return EDIT_2511_REQUIREMENTS
+        return model_family
+
+
+class QwenImageContracts(OneScheduleContracts):
+    """Lightning distill contracts by name; a Lightning file made for the other task (edit or text-to-image)
+    is refused."""
+
+    declared_contract = staticmethod(contracts.declared_contract)
+
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        super().check_artifact(model, file_name, component)
+        edits = self.family.sampling.edit_variant(model) is not None
+        contracts.check_lightning_task(model, file_name, component, edits)
+
+
+class QwenImageSampling(DiffusersFlowSampling):
+    """One transformer on 2x2-packed latents, with true-CFG renormalisation; an edit model reads its prompt
+    together with the input images."""
+
+    renormalize = staticmethod(renormalize)
 
     def load_pipeline(self, source):
         """An edit folder gets its processor built here (``edit_processor``: transformers cannot construct it
@@ -54,16 +89,6 @@ class QwenImageFamily(DiffusersFlowFamily):
         """How the model takes input images: ``edit.EDIT``, ``edit.EDIT_PLUS``, or None (text-to-image)."""
         return edit.pipeline_variant(model.model_index)
 
-    single_file_edition = staticmethod(single_files.single_file_edition)
-
-    def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
-        """Edit-2511 needs ``zero_cond_t`` (a newer diffusers than Qwen-Image itself): a single file says so by its
-        detected edition, a folder only in its transformer's config. Why check the folder too: an older diffusers
-        ignores the config field it does not know and would run the edit model as 2509, silently wrong."""
-        if variant == single_files.EDIT_2511 or (folder is not None and edit.needs_zero_cond_t(folder)):
-            return EDIT_2511_REQUIREMENTS
-        return model_family
-
     def assemble_single_files(self, source):
         """``QwenImagePipeline`` from the single files' modules (the scheduler the Qwen-Image folders ship), or the
         edit pipeline (with its processor) for an edit file (``single_files``: the marker or the name says which)."""
@@ -76,16 +101,6 @@ class QwenImageFamily(DiffusersFlowFamily):
                                                                                         os.path.basename(source.path))}
         return pipeline_class(transformer=parts[DENOISER], vae=parts["vae"], scheduler=FlowMatchEulerDiscreteScheduler(),
                               text_encoder=parts["text_encoder"], tokenizer=source.tokenizer, **extra)
-
-    # LoRA key map and contracts (no ``prepare`` rewrite: absent alpha means scale 1.0, as diffusers' own Qwen
-    # converter does)
-    recognizes = staticmethod(keymap.recognizes)
-    map_target = staticmethod(keymap.map_target)
-    declared_contract = staticmethod(contracts.declared_contract)
-
-    def check_artifact(self, model, file_name: str, component: str) -> None:
-        super().check_artifact(model, file_name, component)
-        contracts.check_lightning_task(model, file_name, component, self.edit_variant(model) is not None)
 
     # text, latents, prediction
     def encode_text(self, model, text: str) -> ConditioningHandle:
@@ -139,3 +154,8 @@ class QwenImageFamily(DiffusersFlowFamily):
 
     def from_model_space(self, x, latent):
         return unpack_qwen_latents(x, *latent.samples.shape[-2:])
+
+
+# no ``prepare`` rewrite in its key map: absent alpha means scale 1.0, as diffusers' own Qwen converter does
+FAMILY = ModelFamily(id=FAMILY_ID, model_families=(FAMILY_ID,), layout=QwenImageLayout(), keymap=KEYMAP,
+                     contracts=QwenImageContracts(), sampling=QwenImageSampling(), runs_stages=True)

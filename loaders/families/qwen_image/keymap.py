@@ -16,6 +16,7 @@ from typing import Optional
 
 from ...lora.canonical import LoraFile
 from ...lora.layouts import redot
+from ..parts import KeyMap
 
 _MODULE_NAME = re.compile(
     r"transformer_blocks\.\d+\.(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out"
@@ -39,3 +40,6 @@ def map_target(name: str) -> Optional[str]:
 
 def recognizes(lora: LoraFile) -> bool:
     return any(_QWEN_SPECIFIC.search(mapped) for mapped in filter(None, map(map_target, lora.targets)))
+
+
+KEYMAP = KeyMap(recognizes=recognizes, map_target=map_target)

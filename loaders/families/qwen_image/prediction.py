@@ -39,10 +39,10 @@ def renormalize(guided: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
 
 
 class QwenPrediction:
-    """``predict(expert, x, sigma, uncond)`` for the Qwen-Image transformer, through the family's one forward."""
+    """``predict(expert, x, sigma, uncond)`` for the Qwen-Image transformer, through the sampling part's one forward."""
 
-    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], grid):
-        self.family = family
+    def __init__(self, sampling, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], grid):
+        self.sampling = sampling
         self.model = model
         self.transformer = model.components[DENOISER]
         self.positive = (positive.embeds, positive.mask, positive.extra.get(EDIT_KEY))
@@ -65,7 +65,7 @@ class QwenPrediction:
         if reference is not None:  # Qwen-Image-Edit: the input images' tokens follow the noise tokens
             hidden = reference.hidden_states(hidden)
             shapes += list(reference.shapes)
-        out = self.family.forward(
+        out = self.sampling.forward(
             self.model, DENOISER,
             hidden_states=hidden, timestep=torch.full((batch,), sigma, device=device, dtype=dtype),
             encoder_hidden_states=embeds, encoder_hidden_states_mask=mask,

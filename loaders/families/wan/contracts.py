@@ -11,12 +11,12 @@ from ...errors import ContractError
 from ...contracts.schedule_rules import contract_value, refuse_or_record
 from ...contracts.sigmas import on_high_noise_expert
 from ...contracts.distill_names import declared, distill_contract, open_contract
+from .. import named_for_another_family
 
 MOE_FAMILY = "wan2.2_moe"
 
 # Distill artifacts: LightX2V / Lightning / Seko names carry the step count ("4step", "4steps", "8-steps").
 _DISTILL_MARKER = re.compile(r"lightx2v|lightning|distill|seko", re.IGNORECASE)
-_OTHER_FAMILY = re.compile(r"qwen|minimax", re.IGNORECASE)  # their Lightning/lightx2v files are not Wan's
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2|a14b|high[-_]?noise|low[-_]?noise|moe|(?<![a-z])(high|low)(?![a-z])",
                     re.IGNORECASE)
 # LightX2V configs (configs/distill/wan21|wan22/*.json) and the Wan2.2-Lightning reference configs all use
@@ -82,7 +82,7 @@ def _grammar_text(file_name: str) -> str:
 
 
 def _by_name(text: str, family: str, rank: Optional[int]) -> Optional[ScheduleContract]:
-    if _OTHER_FAMILY.search(text):
+    if named_for_another_family(text, "wan"):  # other families' Lightning/lightx2v files are not Wan's
         return None
     if _CAUSVID.search(text):
         return open_contract(text, family, rank, ("steps", "shift", "cfg"), CAUSVID_NOTE)

@@ -1,5 +1,6 @@
-"""The Wan family object: Wan2.1 (one transformer) and Wan2.2 MoE (``transformer`` = high-noise expert,
-``transformer_2`` = low-noise expert, switching at ``boundary_ratio``), loaded as a diffusers ``WanPipeline``."""
+"""The Wan family (``FAMILY``): Wan2.1 (one transformer) and Wan2.2 MoE (``transformer`` = high-noise expert,
+``transformer_2`` = low-noise expert, switching at ``boundary_ratio``), loaded as a diffusers ``WanPipeline``;
+its contracts and sampling parts (the layout is ``layout``, the key map ``keymap``)."""
 
 from __future__ import annotations
 
@@ -9,37 +10,17 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
-from ...io.model_index import is_set
-from ..diffusers_flow import DiffusersFlowFamily, check_multiple, text_device
-from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
-from . import contracts, keymap, slots, stages
+from ..diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple, text_device
+from ..interface import ModelFamily
+from . import contracts, stages
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
+from .keymap import KEYMAP
+from .layout import WanLayout
 from .prediction import WanPrediction
-from .single_files import assemble_wan_pipeline, check_expert_files
-from .slots import HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT
+from .single_files import assemble_wan_pipeline
+from .slots import HIGH_NOISE_EXPERT
 from .vace_conditioning import VACE_KEY, check_vace_inputs, encode_vace_condition, is_vace, reference_count
 
-TI2V_REQUIREMENTS = "wan2.2_ti2v"  # its ``requirements`` entry
-VACE_REQUIREMENTS = "wan_vace"
-VACE_PIPELINE = "WanVACEPipeline"  # a VACE folder's model_index ``_class_name``
-# From checks against older releases (diffusers 0.32-0.35): WanPipeline appears in diffusers 0.33, its
-# transformer_2/boundary_ratio (Wan2.2 MoE) in 0.35, and expand_timesteps (TI2V) came with Wan2.2 in 0.35.
-REQUIREMENTS = {"wan2.1": {"diffusers": "0.33"}, contracts.MOE_FAMILY: {"diffusers": "0.35"},
-                TI2V_REQUIREMENTS: {"diffusers": "0.35"},
-                # WanVACEPipeline with transformer_2/boundary_ratio (the Wan2.2 VACE Fun pair): read in 0.36 and
-                # 0.42; 0.35 and older were not checked, so 0.36 is the floor
-                VACE_REQUIREMENTS: {"diffusers": "0.36"}}
-LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V",
-          VACE_REQUIREMENTS: "Wan VACE"}
-TINY_MODELS = (
-    TinyRecipe("tiny-wan22-t2v", contracts.MOE_FAMILY, ".wan", "build_tiny_wan22"),
-    TinyRecipe("tiny-wan21-t2v", "wan2.1", ".wan", "build_tiny_wan21"),
-    TinyRecipe("tiny-wan22-i2v", contracts.MOE_FAMILY, ".wan_i2v", "build_tiny_wan22_i2v"),
-    TinyRecipe("tiny-wan21-i2v", "wan2.1", ".wan_i2v", "build_tiny_wan21_i2v"),
-    TinyRecipe("tiny-wan22-ti2v", TI2V_REQUIREMENTS, ".wan_i2v", "build_tiny_wan22_ti2v"),
-    TinyRecipe("tiny-wan21-vace", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan21_vace"),
-    TinyRecipe("tiny-wan22-vace-fun", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan22_vace_fun"),
-)
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
 # which would change what the cross-attention sees, so we pass the __call__ value explicitly.
 WAN_TEXT_TOKENS = 512
@@ -48,69 +29,15 @@ DEFAULT_I2V_BOUNDARY = 0.9
 DEFAULT_T2V_BOUNDARY = 0.875
 
 
-class WanFamily(DiffusersFlowFamily):
-    id = "wan"
-    model_families = ("wan2.1", contracts.MOE_FAMILY)
-    index_roles = {HIGH_NOISE_EXPERT: ROLE_DENOISER, LOW_NOISE_EXPERT: ROLE_LOW_NOISE, **SHARED_INDEX_ROLES}
-    lora_components = (HIGH_NOISE_EXPERT, LOW_NOISE_EXPERT)
-    requirements = REQUIREMENTS
-    labels = LABELS
-    real_configs = ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b",
-                    "wan2.1-vace-14b", "wan2.2-vace-fun-a14b")
-    tiny_models = TINY_MODELS
-    reference_scheduler = "unipc"  # Wan-AI/*-Diffusers scheduler_config.json: UniPCMultistepScheduler
+class WanContracts(OneScheduleContracts):
+    """Distill contracts by name, the Wan2.2 expert split, and which expert a stage may run."""
 
-    def detect(self, model_index: dict) -> Optional[str]:
-        if not str(model_index.get("_class_name", "")).startswith("Wan"):
-            return None
-        return contracts.MOE_FAMILY if is_set(model_index.get(LOW_NOISE_EXPERT)) else "wan2.1"
-
-    def component_roles(self, model_index: dict) -> dict:
-        """With ``transformer_2`` set, ``transformer`` runs the high-noise steps (Wan2.2's ``boundary_ratio``)."""
-        roles = super().component_roles(model_index)
-        if LOW_NOISE_EXPERT in roles and HIGH_NOISE_EXPERT in roles:
-            roles[HIGH_NOISE_EXPERT] = ROLE_HIGH_NOISE
-        return roles
-
-    def component_for_file(self, model_index: dict, file_name: str, *, strict: bool = True) -> str:
-        """A two-expert model: the expert the file name says (``…high_noise…`` / ``…low_noise…``)."""
-        if LOW_NOISE_EXPERT not in self.component_roles(model_index):
-            return HIGH_NOISE_EXPERT
-        return slots.expert_for_file(file_name, strict=strict)
-
-    def check_slots(self, model_index: dict, assignments: list) -> None:
-        if LOW_NOISE_EXPERT in self.component_roles(model_index):
-            slots.check_slots(assignments)
-
-    def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
-        # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)
-        if variant == "vace" or (model_index or {}).get("_class_name") == VACE_PIPELINE:
-            return VACE_REQUIREMENTS
-        if variant == "ti2v" or (model_index or {}).get("expand_timesteps"):
-            return TI2V_REQUIREMENTS
-        return model_family
-
-    check_expert_files = staticmethod(check_expert_files)
-
-    def assemble_single_files(self, source):
-        return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)
-
-    def denoiser_roles(self, model) -> dict:
-        if model.family != contracts.MOE_FAMILY:
-            return {name: ROLE_DENOISER for name in model.components}
-        return {name: role for name, role in self.component_roles(model.model_index).items()
-                if name in model.components}
-
-    # LoRA key map and contracts
-    recognizes = staticmethod(keymap.recognizes)
-    prepare = staticmethod(keymap.prepare)
-    map_target = staticmethod(keymap.map_target)
-    expected_unmatched_reason = staticmethod(keymap.expected_unmatched_reason)
     declared_contract = staticmethod(contracts.declared_contract)
+    check_resolved = staticmethod(contracts.check_expert_split)
 
     def check_artifact(self, model, file_name: str, component: str) -> None:
         super().check_artifact(model, file_name, component)
-        contracts.check_artifact_fits(model, file_name, component, self.image_variant(model))
+        contracts.check_artifact_fits(model, file_name, component, self.family.sampling.image_variant(model))
 
     def contract_to_dict(self, contract) -> dict:
         """The common view plus the contract's note (where published recipes disagree on a field)."""
@@ -119,12 +46,19 @@ class WanFamily(DiffusersFlowFamily):
         if note:
             view.update(note=note, text=f"{view['text']} ({note})")
         return view
-    check_resolved = staticmethod(contracts.check_expert_split)
 
     def check_stage(self, model_handle, schedule, enforce: bool) -> list:
-        experts = self.experts_per_step(model_handle.model, schedule)
-        return stages.check_stage_experts(model_handle, schedule, experts, self.denoiser_roles(model_handle.model),
-                                          enforce)
+        experts = self.family.sampling.experts_per_step(model_handle.model, schedule)
+        roles = self.family.layout.denoiser_roles(model_handle.model)
+        return stages.check_stage_experts(model_handle, schedule, experts, roles, enforce)
+
+
+class WanSampling(DiffusersFlowSampling):
+    """One schedule, switching from the high-noise to the low-noise expert at the boundary; start images (I2V,
+    TI2V) and VACE control inputs travel in the latent."""
+
+    def assemble_single_files(self, source):
+        return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)
 
     # Wan2.2 expert split
     def model_boundary(self, model) -> Optional[float]:
@@ -267,3 +201,9 @@ def _check_positions(model, grid: tuple, patch) -> None:
         if size // step > limit:
             raise ValueError(f"{model.name} places at most {limit} latent positions along {axis} (its "
                              f"rope_max_seq_len); this request needs {size // step}: lower the {axis}")
+
+
+FAMILY = ModelFamily(id="wan", model_families=("wan2.1", contracts.MOE_FAMILY), layout=WanLayout(), keymap=KEYMAP,
+                     contracts=WanContracts(), sampling=WanSampling(), runs_stages=True,
+                     # Wan-AI/*-Diffusers scheduler_config.json: UniPCMultistepScheduler
+                     reference_scheduler="unipc")

@@ -25,6 +25,7 @@ from typing import Optional
 
 from ...lora.canonical import LoraFile, TargetPatch
 from ...lora.layouts import redot
+from ..parts import KeyMap
 
 _PROJ = {"q": "to_q", "k": "to_k", "v": "to_v", "o": "to_out.0", "k_img": "add_k_proj", "v_img": "add_v_proj"}
 _ATTN = {"self_attn": "attn1", "cross_attn": "attn2"}
@@ -138,3 +139,7 @@ def expected_unmatched_reason(name: str, model_family: str) -> Optional[str]:
     if _VACE_BRANCH.match(name) or _VACE_BRANCH.match(dotted):
         return VACE_BRANCH_REASON
     return None
+
+
+KEYMAP = KeyMap(recognizes=recognizes, map_target=map_target, prepare=prepare,
+                expected_unmatched_reason=expected_unmatched_reason)

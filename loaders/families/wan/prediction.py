@@ -18,11 +18,11 @@ from .vace_conditioning import VACE_KEY
 
 
 class WanPrediction:
-    """``predict(expert, x, sigma, uncond)`` for Wan transformers, through the family's one forward."""
+    """``predict(expert, x, sigma, uncond)`` for Wan transformers, through the sampling part's one forward."""
 
-    def __init__(self, family, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle],
+    def __init__(self, sampling, model, positive: ConditioningHandle, negative: Optional[ConditioningHandle],
                  latent: Optional[LatentHandle] = None):
-        self.family = family
+        self.sampling = sampling
         self.model = model
         self.positive = positive.embeds
         self.negative = negative.embeds if negative is not None else None
@@ -46,7 +46,7 @@ class WanPrediction:
         else:
             timestep = torch.full((batch,), t, device=device, dtype=torch.float32)
         control = {} if self.control is None else self.control.forward_inputs(transformer, batch, device, dtype)
-        out = self.family.forward(self.model, expert, hidden_states=x.to(device, dtype), timestep=timestep,
+        out = self.sampling.forward(self.model, expert, hidden_states=x.to(device, dtype), timestep=timestep,
                                   encoder_hidden_states=embeds, return_dict=False, **control)[0]
         return out.float()
 
@@ -59,5 +59,5 @@ class WanPrediction:
                   "timestep": self.image.timestep(t, x.shape[0], transformer.config.patch_size).to(device)}
         if self.image.image_embeds is not None:
             inputs["encoder_hidden_states_image"] = self.image.image_embeds.to(device, dtype)
-        out = self.family.forward(self.model, expert, encoder_hidden_states=embeds, return_dict=False, **inputs)[0]
+        out = self.sampling.forward(self.model, expert, encoder_hidden_states=embeds, return_dict=False, **inputs)[0]
         return out.float()

@@ -20,8 +20,9 @@ from ...io.gguf_header import QUANTIZED_TYPES, is_gguf_path, read_gguf_header
 from ...errors import ModelLoadError
 from ...lora.safetensors_header import check_header_budget
 from . import catalog
+from ...io.single_file_kinds import ComponentKind, KnownModel
 from ... import fp8
-from .layouts import DIFFUSION_PREFIXES, strip_prefix
+from .key_prefixes import DIFFUSION_PREFIXES, strip_prefix
 from ...contracts.baked import INDEX_KEY
 from ...families import family_by_id
 
@@ -34,8 +35,8 @@ _DTYPE_NAMES = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 class Detected:
     path: str
     name: str  # as the user gave it (relative to its models folder), for messages
-    kind: catalog.ComponentKind
-    model: catalog.KnownModel
+    kind: ComponentKind
+    model: KnownModel
     precision: str  # "bf16", "fp16", "fp32", "fp8_e4m3fn", "fp8_scaled"; GGUF: its main type ("q8_0", "q4_k")
     prefix: str  # "" or "model.diffusion_model." (stripped on load)
     version: Optional[str] = None  # Wan denoisers: "2.1" / "2.2"
@@ -165,7 +166,7 @@ def _precision(shapes: dict, dtypes: dict) -> str:
 def _candidates(shapes: dict, base_name: str) -> list:
     """Kinds whose marker keys the file has; among equal-shaped ones (the Wan-layout VAE is also Qwen-Image's)
     the one whose name hint the file name matches, else the ones without a hint."""
-    kinds = [kind for kind in catalog.KINDS.values() if kind.fits(shapes)]
+    kinds = [kind for kind in catalog.kinds().values() if kind.fits(shapes)]
     hinted = [k for k in kinds if k.name_hint and re.search(k.name_hint, base_name, re.IGNORECASE)]
     return hinted or [k for k in kinds if not k.name_hint]
 
@@ -173,7 +174,7 @@ def _candidates(shapes: dict, base_name: str) -> list:
 def _unknown_prefix(shapes: dict):
     """The one prefix before a known kind's marker keys in a file no kind matched (a saver we do not know), or
     None: such a file is refused naming it, not as "not a single file lorabind knows"."""
-    for kind in catalog.KINDS.values():
+    for kind in catalog.kinds().values():
         marker = kind.markers[0] if kind.markers else None
         found = {key[: -len(marker)] for key in shapes if marker and key.endswith("." + marker)}
         if len(found) != 1:
@@ -184,9 +185,11 @@ def _unknown_prefix(shapes: dict):
     return None
 
 
-def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -> Detected:
-    """Identify one file among ``models``; ``ModelLoadError`` naming the file (and its shapes) when nothing fits."""
+def detect(path: str, name: str = "", *, models: Optional[tuple] = None) -> Detected:
+    """Identify one file among ``models`` (every family's known ones by default); ``ModelLoadError`` naming the
+    file (and its shapes) when nothing fits."""
     name = name or os.path.basename(path)
+    models = catalog.known_models() if models is None else models
     raw_shapes, dtypes, architecture = _file_shapes(path, name)
     prefixes = {k[: len(k) - len(strip_prefix(k))] for k in raw_shapes}
     prefix = max(prefixes, key=len) if len(prefixes) == 1 else ""
@@ -195,7 +198,7 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
     base_name = os.path.basename(name)
     kinds = _candidates(shapes, base_name)
     if not kinds:
-        refused = next((r for r in catalog.REFUSED_KINDS if r.matches(shapes)), None)
+        refused = next((r for r in catalog.refused_kinds() if r.matches(shapes)), None)
         if refused is not None:
             raise ModelLoadError(f"{name}: a {refused.title} single file, which lorabind does not load. "
                                  f"{refused.instead}")
@@ -226,17 +229,17 @@ def detect(path: str, name: str = "", *, models: tuple = catalog.KNOWN_MODELS) -
                     version = "2.2" if two_two or expert or _WAN22.search(base_name) else "2.1"
                 _check_gguf(path, name, kind, architecture)
                 flags = tuple(key for key in kind.flag_keys if key in shapes)
-                edition, changes = family_by_id(kind.family).single_file_edition(kind.role, base_name, flags)
+                edition, changes = family_by_id(kind.family).layout.single_file_edition(kind.role, base_name, flags)
                 return Detected(path=str(path), name=name, kind=kind, model=model,
                                 precision=_precision(shapes, dtypes), prefix=prefix, version=version, expert=expert,
                                 edition=edition, config_changes=tuple(sorted(changes.items())))
-        known = ", ".join(m.title for m in catalog.KNOWN_MODELS if m.kind == kind.kind)
+        known = ", ".join(m.title for m in catalog.known_models() if m.kind == kind.kind)
         mismatches.append(f"a {kind.kind} file whose shapes {signature} match no known configuration ({known})")
     # every kind whose key names the file has (the Wan2.1 and Wan2.2 VAEs share theirs) is named, with its shapes
     raise ModelLoadError(f"{name}: " + "; or ".join(mismatches) + ".")
 
 
-def _check_gguf(path: str, name: str, kind: catalog.ComponentKind, architecture) -> None:
+def _check_gguf(path: str, name: str, kind: ComponentKind, architecture) -> None:
     """A GGUF file is read as a denoiser only (the published sets pair it with safetensors encoders and VAEs),
     and the architecture it declares, when it declares one, must be the one its tensors are."""
     if not is_gguf_path(path):
@@ -340,7 +343,7 @@ def check_denoisers(denoisers: Sequence[Detected]) -> None:
     if first.expert and first.expert == second.expert:
         _refuse(first, second, f"both are {first.expert}-noise experts")
 
-    family_by_id(first.family).check_expert_files((first, second))
+    family_by_id(first.family).layout.check_expert_files((first, second))
 
 
 def _check_image_encoder(denoiser: Detected, image_encoder: Optional[Detected]) -> None:

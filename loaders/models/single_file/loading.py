@@ -192,18 +192,22 @@ def ignored_key(native_key: str, layout) -> bool:
 
 
 def _tied(native_key: str, layout, detected: Detected) -> bool:
-    """A Qwen2.5-VL file may leave out ``lm_head`` (text encoding never uses it): tied to the embeddings then."""
-    return detected.kind.kind == "qwen25_vl" and native_key == "lm_head.weight"
+    """A key the file's kind lets it leave out (Qwen2.5-VL's ``lm_head``: text encoding never uses it), tied to
+    the embeddings then."""
+    return native_key in detected.kind.tied_to_embeddings
 
 
 def _tie_missing(model, detected: Detected, layout, native_keys) -> None:
-    """Tied copies the files leave out (umt5's ``encoder.embed_tokens`` is ``shared``) and a missing lm_head."""
+    """Tied copies the files leave out (umt5's ``encoder.embed_tokens`` is ``shared``) and the keys the kind lets
+    a file leave out (a missing lm_head)."""
     for key in layout.diffusers_only:
         module, leaf = owner(model, key)
         if module._parameters[leaf].device.type == "meta":
             module._parameters[leaf] = model.get_input_embeddings().weight
-    if detected.kind.kind == "qwen25_vl" and "lm_head.weight" not in native_keys:
-        model.lm_head.weight = model.get_input_embeddings().weight
+    for native_key in detected.kind.tied_to_embeddings:
+        if native_key not in native_keys:
+            module, leaf = owner(model, layout.to_diffusers(native_key))
+            setattr(module, leaf, model.get_input_embeddings().weight)
 
 
 def place(model, key: str, tensor, scale, compute, keep_fp32: bool, detected: Detected, rounding: str) -> None:

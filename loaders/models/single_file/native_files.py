@@ -10,7 +10,7 @@ file loads to exactly the state ``from_pretrained(dtype=bfloat16)`` gives from t
 from __future__ import annotations
 
 from ... import fp8
-from .layouts import KeyLayout
+from ...io.key_layouts import KeyLayout
 
 PRECISIONS = ("bf16", "fp8_e4m3fn", "fp8_scaled")
 

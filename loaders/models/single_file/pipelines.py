@@ -2,10 +2,10 @@
 
 ``model_store.load`` loads it by the same sequence as a diffusers folder, into the same shared object (one per
 set of files, in the same cache, keyed by resolved paths, mtimes, dtype, fp8 rounding and placement), so
-binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the loaded modules
-(``ModelFamily.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the ``model_index`` the model
-reports is what the equivalent diffusers folder would hold (``interface.pipeline_index``: two experts ->
-``transformer_2`` and the published ``boundary_ratio``).
+binding, sampling and every node downstream work on it unchanged. The family assembles its pipeline from the
+loaded modules (``FamilySampling.load_pipeline`` with a ``PipelineSource`` of kind "single_file"); the
+``model_index`` the model reports is what the equivalent diffusers folder would hold
+(``interface.pipeline_index``: two experts -> ``transformer_2`` and the published ``boundary_ratio``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from .. import compat
 from ...errors import ModelLoadError
 from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
-from . import catalog, tokenizers
+from . import catalog
 from ... import fp8
-from .detect import CheckpointSet, Detected, check_set, detect
-from .layouts import SPIECE_KEY
+from .detect import CheckpointSet, check_set, detect
 from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 from .gguf_loading import gguf_stored_bytes, load_gguf_component
 from .baked_files import baked_index_entry
@@ -51,26 +50,6 @@ class SingleFileWeightSources:
         return WeightSource(file=str(Path(detected.path).resolve()), key=detected.prefix + native)
 
 
-def _umt5_tokenizer(encoder: Detected, tokenizer_dirs):
-    from safetensors import safe_open
-
-    with safe_open(encoder.path, framework="pt") as handle:
-        if SPIECE_KEY not in handle.keys():
-            raise ModelLoadError(f"{encoder.name}: no '{SPIECE_KEY}' tensor (ComfyUI's umt5 files carry their "
-                                 "SentencePiece tokenizer there); this file has none")
-        model_bytes = tokenizers.spiece_bytes(handle.get_tensor(SPIECE_KEY))
-    return tokenizers.umt5_tokenizer_from_spiece(model_bytes, encoder.name)
-
-
-def _qwen_tokenizer(encoder: Detected, tokenizer_dirs):
-    vocab_size = encoder.config.get("text_config", encoder.config).get("vocab_size")
-    return tokenizers.qwen25_tokenizer([*tokenizer_dirs, tokenizers.comfy_qwen25_tokenizer_dir()], encoder.name,
-                                       vocab_size)
-
-
-_TOKENIZER = {"umt5": _umt5_tokenizer, "qwen25_vl": _qwen_tokenizer}
-
-
 def detect_set(denoisers: Sequence[tuple], vae: tuple, text_encoder: tuple,
                image_encoder: Optional[tuple] = None) -> CheckpointSet:
     """``(path, display name)`` pairs -> the checked set (``ModelLoadError`` naming the files that clash)."""
@@ -97,7 +76,7 @@ class SingleFileSet(ModelSource):
         self.path = files.denoisers[0].path
         self.name = self.label = " + ".join(os.path.basename(p) for p in self.paths)
         # component name -> Detected, named as the equivalent diffusers folder names them (the family decides)
-        self.named = self.family.single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
+        self.named = self.family.layout.single_file_parts(list(files.denoisers), files.vae, files.text_encoder,
                                                    files.image_encoder)
 
     def default_dtype(self):
@@ -116,11 +95,11 @@ class SingleFileSet(ModelSource):
         high = self.files.denoisers[0]
         model_family = self.family.model_families[-1 if len(self.files.denoisers) > 1 else 0]
         # an edition of equal shapes may need a newer library than the family (Qwen-Image-Edit-2511's zero_cond_t)
-        compat.require(self.family.requirements_id(model_family, variant=high.edition or high.model.variant),
+        compat.require(self.family.layout.requirements_id(model_family, variant=high.edition or high.model.variant),
                        high.title)
 
     def component_roles(self) -> dict:
-        return self.family.component_roles(_parts_index(self.named))
+        return self.family.layout.component_roles(_parts_index(self.named))
 
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
@@ -143,13 +122,13 @@ class SingleFileSet(ModelSource):
         encoder = self.files.text_encoder
         high = self.files.denoisers[0]
         source = PipelineSource(path=high.path, kind=SOURCE_SINGLE_FILE, dtype=dtype, components=components,
-                                tokenizer=_TOKENIZER[encoder.kind.kind](encoder, self.tokenizer_dirs),
+                                tokenizer=encoder.kind.tokenizer(encoder, self.tokenizer_dirs),
                                 variant=high.model.variant, denoiser_files=tuple(self.files.denoisers))
-        pipeline = self.family.load_pipeline(source)
+        pipeline = self.family.sampling.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
-        denoisers = {n: components[n] for n in self.family.denoiser_components(_parts_index(self.named))}
-        return BuiltModel(pipeline=pipeline, model_family=self.family.detect(model_index), model_index=model_index,
-                          modules=components, roles=self.component_roles(), denoisers=denoisers,
+        denoisers = {n: components[n] for n in self.family.layout.denoiser_components(_parts_index(self.named))}
+        return BuiltModel(pipeline=pipeline, model_family=self.family.layout.detect(model_index),
+                          model_index=model_index, modules=components, roles=self.component_roles(), denoisers=denoisers,
                           weight_sources=SingleFileWeightSources(dict(zip(denoisers, self.files.denoisers))))
 
 

@@ -12,7 +12,9 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.families import minimax_h3, qwen_image, wan
+from lorabind.loaders.families.minimax_h3 import contracts as minimax_h3
+from lorabind.loaders.families.qwen_image import contracts as qwen_image
+from lorabind.loaders.families.wan import contracts as wan
 from lorabind.loaders.handles import ModelHandle
 from lorabind.runtime.cli import main
 

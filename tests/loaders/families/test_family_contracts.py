@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from lorabind.loaders.families import qwen_image, wan
+from lorabind.loaders.families import qwen_image as qwen_package, wan as wan_package
+from lorabind.loaders.families.qwen_image import contracts as qwen_image
+from lorabind.loaders.families.wan import contracts as wan
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 # LightX2V / Lightning 4-step timesteps at shift 5: [1000, 937.5, 833.33, 625] -> 0 (reference §2.4, §5.2)
@@ -88,8 +90,8 @@ def test_qwen_lightning_schedule_equals_its_reference_scheduler():
 
 def test_qwen_names_without_a_contract_and_no_checkpoint_contracts():
     assert qwen_image.declared_contract("qwen_style_lora.safetensors", {}, 16) is None
-    assert qwen_image.FAMILY.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
-    assert wan.FAMILY.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None
+    assert qwen_package.FAMILY.contracts.checkpoint_contract({"_class_name": "QwenImagePipeline"}, "qwen") is None
+    assert wan_package.FAMILY.contracts.checkpoint_contract({"_class_name": "WanPipeline", "boundary_ratio": 0.875}, "wan") is None
 
 
 @pytest.mark.parametrize("name, family, tasks, pinned, open_fields", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.families import minimax_h3 as mm
+from lorabind.loaders.families.minimax_h3 import contracts as mm
 
 # (name, metadata) -> (steps, video shift, tasks, alpha): the published table (reference §1.8.7)
 TURBO_MATRIX = [
@@ -187,7 +187,7 @@ def test_invalid_pinned_schedule_is_refused_naming_the_checkpoint(schedule, mess
 
 def test_fixture_files_carry_the_published_matrix(mm_root):
     """The files ``build-tiny`` writes (published names and metadata, tiny rank) read back to the matrix."""
-    from lorabind.loaders.families.minimax_h3 import file_contract
+    from lorabind.loaders.families.minimax_h3.contracts import file_contract
     from lorabind.tiny_models.minimax_h3 import FIXTURE_RANK
 
     for name, _, steps, shift, tasks, alpha in TURBO_MATRIX:

@@ -9,7 +9,8 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
-from lorabind.loaders.families import minimax_h3 as mm
+from lorabind.loaders.families.minimax_h3 import FAMILY, pipeline
+from lorabind.loaders.families.minimax_h3 import keymap as mm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import read_lora
 from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG, native_metadata
@@ -76,10 +77,10 @@ def _pairs(prefix, down, up):
 
 def _one_step(model, seed=3):
     """One transformer evaluation through the real sampler (video + audio), deterministic."""
-    pos = mm.encode_prompt(model, "a cat dances")
-    latent = mm.empty_latents(model, 32, 32, 2)
+    pos = pipeline.encode_prompt(model, "a cat dances")
+    latent = pipeline.empty_latents(model, 32, 32, 2)
     schedule = ResolvedSchedule(sigmas=(1.0, 0.0), audio_sigmas=(1.0, 0.0), steps=1, cfg=1.0, shift=12.0, task="t2va")
-    out = mm.FAMILY.denoise(model, pos, None, latent, schedule, seed)
+    out = FAMILY.sampling.denoise(model, pos, None, latent, schedule, seed)
     return out.samples, out.extra["audio"]
 
 

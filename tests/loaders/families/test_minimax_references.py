@@ -11,7 +11,8 @@ import torch
 
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
-from lorabind.loaders.families import minimax_h3 as S
+from lorabind.loaders.families.minimax_h3 import FAMILY, references
+from lorabind.loaders.families.minimax_h3 import pipeline as S
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 SCHEDULE = ResolvedSchedule(sigmas=shifted_sigmas(3, 12.0), audio_sigmas=shifted_sigmas(3, 3.0), steps=3, cfg=1.0,
@@ -35,7 +36,7 @@ def first_forward(model, *args):
         lambda module, a, kwargs: seen.append({k: v.clone() if torch.is_tensor(v) else v for k, v in kwargs.items()}),
         with_kwargs=True)
     try:
-        out = S.FAMILY.denoise(model, *args)
+        out = FAMILY.sampling.denoise(model, *args)
     finally:
         hook.remove()
     return seen[0], out
@@ -71,8 +72,8 @@ def test_ref2va_conditioning_matches_the_diffusers_pipeline(mm_models, prompt):
 
     model = mm_models["plain"]
     images = [picture(24, 40, 1)[0], picture(48, 32, 2)[0]]  # one resized (to 32x56), one kept (48x32)
-    latent = S.with_references(model, S.empty_latents(model, 32, 32, 1), images[0][None])
-    latent = S.with_references(model, latent, images[1][None])  # chained nodes append, in order
+    latent = references.with_references(model, S.empty_latents(model, 32, 32, 1), images[0][None])
+    latent = references.with_references(model, latent, images[1][None])  # chained nodes append, in order
     inputs, _ = first_forward(model, prompt, None, latent, SCHEDULE, 7)
 
     conditions = [diffusers_condition(model, image) for image in images]
@@ -112,7 +113,7 @@ def test_ref2va_conditioning_matches_the_diffusers_pipeline(mm_models, prompt):
 def test_two_different_reference_images_give_two_different_outputs(mm_models, prompt):
     model = mm_models["plain"]
     empty = S.empty_latents(model, 32, 32, 1)
-    runs = [S.FAMILY.denoise(model, prompt, None, S.with_references(model, empty, picture(32, 32, seed)), SCHEDULE, 3)
+    runs = [FAMILY.sampling.denoise(model, prompt, None, references.with_references(model, empty, picture(32, 32, seed)), SCHEDULE, 3)
             for seed in (1, 2, 1)]
     assert not torch.allclose(runs[0].samples, runs[1].samples, atol=1e-4)
     assert not torch.allclose(runs[0].extra["audio"], runs[1].extra["audio"], atol=1e-4)
@@ -124,18 +125,18 @@ def test_reference_limits_and_task_combinations_are_refused_by_name(mm_models):
     model = mm_models["plain"]
     empty = S.empty_latents(model, 32, 32, 1)
     with pytest.raises(LoraBindError, match="at most 9 reference images, got 10"):
-        S.with_references(model, S.with_references(model, empty, torch.rand(4, 32, 32, 3)), torch.rand(6, 32, 32, 3))
+        references.with_references(model, references.with_references(model, empty, torch.rand(4, 32, 32, 3)), torch.rand(6, 32, 32, 3))
     with pytest.raises(LoraBindError, match=r"reference image 1 is 160x32; .* within 1:4 and 4:1"):
-        S.with_references(model, empty, torch.rand(1, 32, 160, 3))
+        references.with_references(model, empty, torch.rand(1, 32, 160, 3))
     anchored = S.with_first_frame(model, empty, torch.rand(1, 32, 32, 3))
     with pytest.raises(LoraBindError, match=r"anchored on a first frame \(task fl2va\); reference images are task "):
-        S.with_references(model, anchored, torch.rand(1, 32, 32, 3))
+        references.with_references(model, anchored, torch.rand(1, 32, 32, 3))
     with pytest.raises(LoraBindError, match=r"carries reference images \(task ref2va\); a first frame is task fl2va"):
-        S.with_first_frame(model, S.with_references(model, empty, torch.rand(1, 32, 32, 3)), torch.rand(1, 32, 32, 3))
+        S.with_first_frame(model, references.with_references(model, empty, torch.rand(1, 32, 32, 3)), torch.rand(1, 32, 32, 3))
 
 
 def test_the_released_short_edge_is_the_default(mm_models):
-    from lorabind.loaders.families.minimax_h3 import references
+
 
     assert references.short_edge(mm_models["plain"]) == 32  # the tiny release block's
     assert references.short_edge(SimpleNamespace(model_index={})) == 2048  # the released checkpoint's

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import lorabind
-from lorabind.loaders.families import minimax_h3 as S
+from lorabind.loaders.families.minimax_h3 import FAMILY, references, sampling
+from lorabind.loaders.families.minimax_h3 import pipeline as S
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
@@ -54,9 +55,9 @@ def prompts(mm_models):
 def test_same_seed_same_result_other_seed_differs(mm_models, prompts):
     model = mm_models["plain"]
     latent = S.empty_latents(model, 32, 32, 2)
-    first = S.FAMILY.denoise(model, prompts[0], None, latent, SCHEDULE, 5)
-    again = S.FAMILY.denoise(model, prompts[0], None, latent, SCHEDULE, 5)
-    other = S.FAMILY.denoise(model, prompts[0], None, latent, SCHEDULE, 6)
+    first = FAMILY.sampling.denoise(model, prompts[0], None, latent, SCHEDULE, 5)
+    again = FAMILY.sampling.denoise(model, prompts[0], None, latent, SCHEDULE, 5)
+    other = FAMILY.sampling.denoise(model, prompts[0], None, latent, SCHEDULE, 6)
     assert torch.equal(first.samples, again.samples) and torch.equal(first.extra["audio"], again.extra["audio"])
     assert not torch.equal(first.samples, other.samples)
 
@@ -65,14 +66,14 @@ def test_same_seed_same_result_other_seed_differs(mm_models, prompts):
 def test_cfg_one_runs_one_forward_per_step(mm_models, prompts, cfg, per_step):
     model = mm_models["plain"]
     with Forwards(model) as seen:
-        S.FAMILY.denoise(model, *prompts, S.empty_latents(model, 32, 32, 1), dataclasses.replace(SCHEDULE, cfg=cfg), 0)
+        FAMILY.sampling.denoise(model, *prompts, S.empty_latents(model, 32, 32, 1), dataclasses.replace(SCHEDULE, cfg=cfg), 0)
     assert [name for name, _, _ in seen.calls] == ["transformer"] * (3 * per_step)
 
 
 def test_rows_carry_one_minus_sigma_for_video_and_audio(mm_models, prompts):
     model = mm_models["plain"]
     with Forwards(model) as seen:
-        S.FAMILY.denoise(model, prompts[0], None, S.empty_latents(model, 32, 32, 1), SCHEDULE, 0)
+        FAMILY.sampling.denoise(model, prompts[0], None, S.empty_latents(model, 32, 32, 1), SCHEDULE, 0)
     for step, (_, timesteps, _) in enumerate(seen.calls):
         expected = sorted({1 - SCHEDULE.sigmas[step], 1 - SCHEDULE.audio_sigmas[step]})
         assert timesteps == pytest.approx(expected, abs=1e-6)
@@ -80,10 +81,10 @@ def test_rows_carry_one_minus_sigma_for_video_and_audio(mm_models, prompts):
 
 def test_ref2va_runs_on_transformer_ref(mm_models, prompts):
     model = mm_models["plain"]
-    latent = S.with_references(model, S.empty_latents(model, 32, 32, 1), torch.rand(1, 32, 32, 3))
+    latent = references.with_references(model, S.empty_latents(model, 32, 32, 1), torch.rand(1, 32, 32, 3))
     assert S.implied_task(latent) == "ref2va"
     with Forwards(model) as seen:
-        out = S.FAMILY.denoise(model, prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="ref2va"), 0)
+        out = FAMILY.sampling.denoise(model, prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="ref2va"), 0)
     assert [name for name, _, _ in seen.calls] == ["transformer_ref"] * 3
     assert all(rows == 16 + 16 for _, _, rows in seen.calls)  # one 32x32 reference (16 rows) + 16 generated rows
     assert out.samples.shape == (1, 4, 1, 8, 8)
@@ -95,15 +96,15 @@ def test_fl2va_keyframe_rows_are_held_near_clean(mm_models, prompts):
     anchored = S.with_first_frame(model, latent, torch.rand(1, 32, 32, 3, generator=torch.Generator().manual_seed(1)))
     assert S.implied_task(anchored) == "fl2va" and S.implied_task(latent) is None
     with Forwards(model) as seen:
-        out = S.FAMILY.denoise(model, prompts[0], None, anchored, dataclasses.replace(SCHEDULE, task="fl2va"), 0)
+        out = FAMILY.sampling.denoise(model, prompts[0], None, anchored, dataclasses.replace(SCHEDULE, task="fl2va"), 0)
     rows_per_frame = (8 // 2) * (8 // 2)
     assert all(rows == 3 * rows_per_frame for _, _, rows in seen.calls)  # 1 keyframe + 2 generated frames
     assert all(0.999 in [round(t, 6) for t in timesteps] for _, timesteps, _ in seen.calls)
     assert out.samples.shape == latent.samples.shape
     with pytest.raises(LoraBindError, match="anchored on a first frame, which is task fl2va"):
-        S.FAMILY.denoise(model, prompts[0], None, anchored, SCHEDULE, 0)
+        FAMILY.sampling.denoise(model, prompts[0], None, anchored, SCHEDULE, 0)
     with pytest.raises(LoraBindError, match="task fl2va needs a first-frame keyframe"):
-        S.FAMILY.denoise(model, prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="fl2va"), 0)
+        FAMILY.sampling.denoise(model, prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="fl2va"), 0)
     with pytest.raises(LoraBindError, match="the first frame is 16x16 but the latent is for 32x32"):
         S.with_first_frame(model, latent, torch.rand(1, 16, 16, 3))
 
@@ -121,15 +122,15 @@ def test_check_inputs_refuses_before_any_forward(mm_models, prompts):
         (prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="fl2va"), "task fl2va needs a first-frame"),
         (prompts[0], None, latent, dataclasses.replace(SCHEDULE, task="ref2va"),
          "task ref2va needs reference images .*without them the run would be text-only"),
-        (prompts[0], None, S.with_references(model, latent, torch.rand(1, 32, 32, 3)), SCHEDULE,
+        (prompts[0], None, references.with_references(model, latent, torch.rand(1, 32, 32, 3)), SCHEDULE,
          "the latent carries reference images, which is task ref2va, but the schedule was resolved for t2va"),
     ]
     with Forwards(model) as seen:
         for positive, negative, lat, schedule, message in cases:
             with pytest.raises(LoraBindError, match=message):
-                S.check_inputs(model, positive, negative, lat, schedule)
+                sampling.check_inputs(model, positive, negative, lat, schedule)
             with pytest.raises(LoraBindError, match=message):
-                S.FAMILY.denoise(model, positive, negative, lat, schedule, 0)
+                FAMILY.sampling.denoise(model, positive, negative, lat, schedule, 0)
     assert seen.calls == []
 
 
@@ -145,7 +146,7 @@ def test_progress_and_interrupt_between_steps(mm_models, prompts):
             raise Stop
 
     with pytest.raises(Stop):
-        S.FAMILY.denoise(model, prompts[0], None, S.empty_latents(model, 32, 32, 1), SCHEDULE, 0,
+        FAMILY.sampling.denoise(model, prompts[0], None, S.empty_latents(model, 32, 32, 1), SCHEDULE, 0,
                   on_step=lambda i, total: steps_seen.append((i, total)), check_interrupt=interrupt)
     assert steps_seen == [(1, 3), (2, 3)]
 
@@ -153,7 +154,7 @@ def test_progress_and_interrupt_between_steps(mm_models, prompts):
 def test_decode_video_frames_and_stereo_audio(mm_models, prompts):
     model = mm_models["plain"]
     latent = S.empty_latents(model, 32, 16, 3, audio_seconds=0.5)
-    out = S.FAMILY.denoise(model, prompts[0], None, latent, SCHEDULE, 0)
+    out = FAMILY.sampling.denoise(model, prompts[0], None, latent, SCHEDULE, 0)
     frames = S.decode(model, out)
     audio = S.decode_audio(model, out)
     assert frames.shape == (3, 16, 32, 3) and 0.0 <= frames.min() and frames.max() <= 1.0

@@ -19,7 +19,7 @@ from lorabind.loaders.dispatch.generation_steps import (
     encode_text,
     encode_with_images,
 )
-from lorabind.loaders.families.qwen_image import pack_qwen_latents
+from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents
 from lorabind.loaders.families.qwen_image.edit import area_size
 from lorabind.loaders.families.qwen_image.edit_processor import load_processor
 from lorabind.loaders.generation.sampling import initial_noise

@@ -8,7 +8,7 @@ from lorabind.loaders.contract_types import SamplingRequest
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch.contract_discovery import resolve_schedule
 from lorabind.loaders.errors import ContractError
-from lorabind.loaders.families import qwen_image
+from lorabind.loaders.families.qwen_image import contracts
 from lorabind.loaders.handles import ModelHandle
 from lorabind.tiny_models.lora_fixtures import QWEN_EDIT_LIGHTNING, QWEN_LIGHTNING
 
@@ -23,14 +23,14 @@ EDIT_FILES = [
 
 @pytest.mark.parametrize("name, steps", EDIT_FILES)
 def test_edit_lightning_names_declare_steps_shift_3_and_cfg_1(name, steps):
-    contract = qwen_image.declared_contract(f"Qwen-Image-Edit-2509/{name}", {}, 64)
+    contract = contracts.declared_contract(f"Qwen-Image-Edit-2509/{name}", {}, 64)
     assert (contract.steps, contract.shift, contract.cfg, contract.kind) == (steps, 3.0, 1.0, "distill")
     assert contract.sigmas == tuple(shifted_sigmas(steps, 3.0)) and contract.source == name
-    assert qwen_image.contracts.lightning_task(name) == "image-editing"
+    assert contracts.lightning_task(name) == "image-editing"
 
 
 def test_metadata_wins_over_an_edit_files_name():
-    contract = qwen_image.declared_contract(EDIT_FILES[0][0], {"sampling_contract": "steps=6"}, None)
+    contract = contracts.declared_contract(EDIT_FILES[0][0], {"sampling_contract": "steps=6"}, None)
     assert (contract.steps, contract.shift, contract.declared_by) == (6, 3.0, "metadata")
 
 

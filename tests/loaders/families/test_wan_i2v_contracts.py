@@ -11,7 +11,7 @@ import torch
 from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.families import family_for
-from lorabind.loaders.families.wan import declared_contract
+from lorabind.loaders.families.wan.contracts import declared_contract
 from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.tiny_models import lora_fixtures as F
@@ -62,7 +62,7 @@ def test_both_published_recipes_run_on_the_i2vpair(pair, shift, boundary, high_s
     request = SamplingRequest(steps=4, cfg=1.0, shift=shift, boundary=boundary)
     resolved = resolve_schedule(handle, None, None, request)
     assert resolved.overrides == () and resolved.sigmas == shifted_sigmas(4, shift)
-    experts = family_for(handle.model).experts_per_step(handle.model, resolved)
+    experts = family_for(handle.model).sampling.experts_per_step(handle.model, resolved)
     assert experts == ["transformer"] * high_steps + ["transformer_2"] * (4 - high_steps)
 
 
@@ -110,5 +110,5 @@ def test_a_two_expert_folder_without_boundary_ratio_gets_the_published_default(l
                                                    if k != "boundary_ratio"})
     family = family_for(bare)
     schedule = SamplingRequest(steps=4, cfg=1.0, shift=5.0)
-    assert family.effective_boundary(bare, schedule) == boundary
-    assert family.effective_boundary(bare, dataclasses.replace(schedule, boundary=0.5)) == 0.5
+    assert family.sampling.effective_boundary(bare, schedule) == boundary
+    assert family.sampling.effective_boundary(bare, dataclasses.replace(schedule, boundary=0.5)) == 0.5

@@ -10,7 +10,9 @@ from formats_helpers import effective_deltas, qwen_lora, rename, save, wan_nativ
 
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError, LoraFileError
-from lorabind.loaders.families import family_by_id, qwen_image, wan
+from lorabind.loaders.families import family_by_id, qwen_image
+from lorabind.loaders.families.qwen_image import keymap as qwen_keymap
+from lorabind.loaders.families.wan import keymap as wan_keymap
 from lorabind.loaders.lora import account, map_to_model, read_lora
 
 
@@ -176,12 +178,12 @@ def test_a_wan_lora_on_qwen_names_the_family_it_looks_like(tmp_path, qwen_transf
 
 def test_recognizes_only_qwen_specific_names(tmp_path):
     qwen = read_lora(save(qwen_lora(num_blocks=1), tmp_path / "q.safetensors"))
-    assert qwen_image.recognizes(qwen) and not wan.recognizes(qwen) and families.guess_family(qwen) is qwen_image.FAMILY
+    assert qwen_keymap.recognizes(qwen) and not wan_keymap.recognizes(qwen) and families.guess_family(qwen) is qwen_image.FAMILY
     # MiniMax-H3's diffusers layout also has transformer_blocks.N.attn.to_q, but no Qwen-only part
     h3_like = {f"transformer_blocks.0.{m}.lora_A.default.weight": torch.randn(2, 8) for m in ("attn.to_q", "ff.net.2")}
     h3_like.update({k.replace("lora_A", "lora_B"): torch.randn(8, 2) for k in h3_like})
     h3 = read_lora(save(h3_like, tmp_path / "h3.safetensors"))
-    assert not qwen_image.recognizes(h3) and not wan.recognizes(h3)
+    assert not qwen_keymap.recognizes(h3) and not wan_keymap.recognizes(h3)
 
 
 def test_adapter_model_file_inside_a_peft_folder_keeps_its_config(tmp_path, qwen_transformer):

@@ -9,6 +9,7 @@ from formats_helpers import effective_deltas, rename, save, wan_native_lora
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import wan
+from lorabind.loaders.families.wan import keymap as wan_keymap
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.families import family_by_id
 
@@ -128,7 +129,7 @@ def test_i2v_keys_on_a_wan22_expert_are_expected_unmatched(tmp_path, wan22_exper
 
     acc = _account(path, wan22_expert)
     assert set(acc.expected_unmatched) == image_keys
-    assert set(acc.expected_unmatched.values()) == {wan.IMAGE_BRANCH_REASON}
+    assert set(acc.expected_unmatched.values()) == {wan_keymap.IMAGE_BRANCH_REASON}
     assert acc.counts == {"applied": len(sd) - len(image_keys), "expected_unmatched": len(image_keys), "unmatched": 0}
     assert any(f"{len(image_keys)} key(s) not applied" in w and "image branch" in w for w in acc.warnings)
 
@@ -201,7 +202,7 @@ def test_one_module_named_twice_is_refused(tmp_path):
 
 def test_recognizes_wan_names_without_a_model(tmp_path):
     lora = read_lora(save(wan_native_lora(num_blocks=1), tmp_path / "w.safetensors"))
-    assert wan.recognizes(lora) and families.guess_family(lora) is wan.FAMILY
+    assert wan_keymap.recognizes(lora) and families.guess_family(lora) is wan.FAMILY
     kohya = read_lora(save(rename(wan_native_lora(num_blocks=1), prefix_from="diffusion_model.", prefix_to="lora_unet_",
                                   flatten=True), tmp_path / "k.safetensors"))
     assert families.guess_family(kohya) is wan.FAMILY

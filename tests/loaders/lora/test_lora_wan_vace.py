@@ -119,7 +119,7 @@ def test_inside_comfyui_a_vace_host_model_takes_a_vace_trained_lora_with_full_ac
     """ComfyUI hands over its VACE MODEL by its native keys (``diffusion_model.vace_blocks.0.before_proj...``): it is
     recognised as a VACE denoiser (not as the plain Wan one its other keys also look like), so the LoRA's VACE keys
     find their host weights."""
-    from lorabind.loaders.models.single_file.layouts import WAN_VACE_TRANSFORMER
+    from lorabind.loaders.families.wan.key_layouts import WAN_VACE_TRANSFORMER
     from lorabind.usecases import host_models
 
     model = load_tiny("tiny-wan21-vace")

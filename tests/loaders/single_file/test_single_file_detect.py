@@ -133,7 +133,7 @@ def test_experts_of_different_models_are_refused_naming_both(root, other):
 
     high = _detect(root, "diffusion_models", "lorabind-tiny/wan2.2_t2v_high_noise_tiny_bf16.safetensors")
     low = _detect(root, "diffusion_models", "lorabind-tiny/wan2.2_t2v_low_noise_tiny_bf16.safetensors")
-    low = dataclasses.replace(low, model=next(m for m in catalog.KNOWN_MODELS if m.config == other))
+    low = dataclasses.replace(low, model=next(m for m in catalog.known_models() if m.config == other))
     vae = _detect(root, "vae", "lorabind-tiny/wan_2.1_vae_tiny.safetensors")
     encoder = _detect(root, "text_encoders", "lorabind-tiny/umt5_tiny_bf16.safetensors")
     with pytest.raises(ModelLoadError, match="the two experts must be the same model") as error:
@@ -147,7 +147,7 @@ def test_a_minimax_h3_single_file_is_refused_saying_to_use_its_diffusers_folder(
     import torch
     from diffusers import MiniMaxH3Transformer3DModel
 
-    from lorabind.loaders.models.single_file.layouts import MINIMAX_H3_TRANSFORMER
+    from lorabind.loaders.families.minimax_h3.key_layouts import MINIMAX_H3_TRANSFORMER
     from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG
 
     with torch.device("meta"):

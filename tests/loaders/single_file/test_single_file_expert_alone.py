@@ -70,11 +70,11 @@ def test_an_a14b_folder_with_one_expert_warns_and_the_wan21_and_ti2v_folders_do_
     index["transformer_2"] = [None, None]
     (one_expert / "model_index.json").write_text(json.dumps(index))
     model = load_model(str(one_expert), name="tiny-wan22-t2v-one-expert")
-    (warning,) = family_for(model).run_warnings(model)
+    (warning,) = family_for(model).sampling.run_warnings(model)
     assert warning.startswith("tiny-wan22-t2v-one-expert is one of Wan2.2 A14B's two experts, run alone")
     for name in ("tiny-wan21-t2v", "tiny-wan22-ti2v", "tiny-wan22-t2v"):
         folder = load_model(str(tiny_models_root / "diffusers" / name), name=name)
-        assert family_for(folder).run_warnings(folder) == [], name
+        assert family_for(folder).sampling.run_warnings(folder) == [], name
 
 
 @pytest.mark.slow

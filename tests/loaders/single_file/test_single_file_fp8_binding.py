@@ -10,7 +10,7 @@ from lorabind.loaders import fp8
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.models.store import clear_cache
-from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
 from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
 from lorabind.tiny_models.single_files import SUBFOLDER

@@ -27,7 +27,7 @@ def _ggml_type(native: str, shape: tuple, quant: str, kind) -> str:
 
 
 def _sparse_gguf(path, kind_name: str, config_name: str, quant: str):
-    kind = catalog.KINDS[kind_name]
+    kind = catalog.kinds()[kind_name]
     stub = type("Stub", (), {"kind": kind, "config": catalog.config(config_name)})
     module = build_empty(stub)
     shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from lorabind.loaders.models.single_file import layouts
+from lorabind.loaders.families.minimax_h3 import key_layouts as minimax_layouts
+from lorabind.loaders.families.wan import key_layouts as layouts
 
 
 def _to_native(layout, state_dict):
@@ -65,11 +66,11 @@ def test_minimax_h3_layout_inverts_diffusers_converter():
     torch.manual_seed(0)
     model = MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)
     state_dict = model.state_dict()
-    native = _to_native(layouts.MINIMAX_H3_TRANSFORMER, state_dict)
+    native = _to_native(minimax_layouts.MINIMAX_H3_TRANSFORMER, state_dict)
     assert any(k.endswith("attn.qkv_proj.weight") for k in native)
     converted = convert_minimax_h3_transformer_checkpoint_to_diffusers(dict(native), config=dict(model.config))
     _assert_same(converted, state_dict)
-    for native_key, parts in layouts.MINIMAX_H3_TRANSFORMER.native_plan(state_dict).items():
-        split = layouts.MINIMAX_H3_TRANSFORMER.split(native_key, native[native_key], parts)
+    for native_key, parts in minimax_layouts.MINIMAX_H3_TRANSFORMER.native_plan(state_dict).items():
+        split = minimax_layouts.MINIMAX_H3_TRANSFORMER.split(native_key, native[native_key], parts)
         for key, tensor in split.items():
             assert torch.equal(tensor, state_dict[key]), key

@@ -130,7 +130,7 @@ def test_fp8_merged_weights_are_within_half_an_fp8_step_of_the_float32_sum(root)
 
 def test_a_bf16_merge_from_fp8_files_is_the_float32_sum_rounded_once(root):
     """Each merged weight = bf16(float32(fp8 x scale) + strength x scale x up @ down): one rounding."""
-    from lorabind.loaders.models.single_file.layouts import WAN_TRANSFORMER
+    from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
     from lorabind.loaders.lora.mapping import map_to_model
     from lorabind.loaders.lora.reader import read_lora
 

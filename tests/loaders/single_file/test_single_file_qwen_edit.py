@@ -12,7 +12,8 @@ from wan_i2v_helpers import example_image
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_with_images
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.models.single_file import layouts
+from lorabind.loaders.families.qwen_image import key_layouts as qwen_layouts
+from lorabind.loaders.families.wan import key_layouts as layouts
 from lorabind.loaders.models.single_file.detect import check_set, detect
 from lorabind.loaders.models.single_file.native_files import native_tensors
 from lorabind.loaders.models.single_file.pipelines import load_single_files
@@ -38,7 +39,7 @@ def edit_files(tiny_models_root, tmp_path_factory):
 
     folder = tiny_models_root / "diffusers" / EDIT_PLUS
     out = tmp_path_factory.mktemp("edit_single_files")
-    transformer = native_tensors(_component(folder, "transformer"), layouts.QWEN_IMAGE_TRANSFORMER)
+    transformer = native_tensors(_component(folder, "transformer"), qwen_layouts.QWEN_IMAGE_TRANSFORMER)
     for name, marked in (("qwen_image_edit_2511_bf16", True), ("renamed_download", True),
                          ("qwen_image_edit_2509_bf16", False), ("qwen_image_edit_bf16", False),
                          ("qwen_image_bf16", False)):
@@ -47,7 +48,7 @@ def edit_files(tiny_models_root, tmp_path_factory):
     config = json.loads((folder / "vae" / "config.json").read_text())
     save_file(native_tensors(_component(folder, "vae"), layouts.vae_layout_for(config)),
               str(out / "qwen_image_vae_edit_tiny.safetensors"))
-    save_file(native_tensors(_component(folder, "text_encoder"), layouts.QWEN25_VL_ENCODER),
+    save_file(native_tensors(_component(folder, "text_encoder"), qwen_layouts.QWEN25_VL_ENCODER),
               str(out / "qwen_2.5_vl_edit_tiny_bf16.safetensors"))
     return out, folder
 
@@ -72,7 +73,7 @@ def test_a_2511_file_asks_for_the_diffusers_release_with_zero_cond_t(edit_files)
     family = family_by_id("qwen_image")
     for name, wanted in (("renamed_download", "qwen_image_edit_2511"), ("qwen_image_edit_2509_bf16", "qwen_image")):
         found = detect(str(edit_files[0] / f"{name}.safetensors"))
-        assert family.requirements_id("qwen_image", variant=found.edition or found.model.variant) == wanted
+        assert family.layout.requirements_id("qwen_image", variant=found.edition or found.model.variant) == wanted
     assert requirements_for("qwen_image_edit_2511") == ({"diffusers": "0.37", "transformers": "4.49"},
                                                        "Qwen-Image-Edit-2511")
 

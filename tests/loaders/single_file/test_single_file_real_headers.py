@@ -20,7 +20,7 @@ _DTYPES = {torch.bfloat16: ("BF16", 2), torch.float8_e4m3fn: ("F8_E4M3", 1), tor
 
 def _sparse_file(path, kind_name: str, config_name: str, precision: str):
     """A safetensors file with the real header of ``config_name`` in the native layout, data left sparse."""
-    kind = catalog.KINDS[kind_name]
+    kind = catalog.kinds()[kind_name]
     stub = type("Stub", (), {"kind": kind, "config": catalog.config(config_name)})
     module = build_empty(stub)
     layout = kind.layout(stub.config)

@@ -72,7 +72,7 @@ def test_fp8_files_store_fp8_weights_and_scales(tiny_root):
 def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(tiny_root):
     import sentencepiece
 
-    from lorabind.loaders.models.single_file.tokenizers import umt5_tokenizer_from_spiece
+    from lorabind.loaders.families.wan.tokenizer import umt5_tokenizer_from_spiece
     from transformers import AutoTokenizer
 
     with safe_open(str(tiny_root / "text_encoders" / SUBFOLDER / "umt5_tiny_bf16.safetensors"), "pt") as handle:
@@ -90,7 +90,7 @@ def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(
 
 def test_a_missing_qwen_tokenizer_names_what_was_looked_for_and_where(tmp_path):
     from lorabind.loaders.errors import ModelLoadError
-    from lorabind.loaders.models.single_file.tokenizers import qwen25_tokenizer
+    from lorabind.loaders.families.qwen_image.tokenizer import qwen25_tokenizer
 
     empty = tmp_path / "tokenizers"
     empty.mkdir()
@@ -107,7 +107,7 @@ def test_a_qwen_tokenizer_with_more_ids_than_the_encoder_is_passed_over_for_one_
     """An edit model's tokenizer (its vision tokens added) sits beside the text-to-image one: a text-to-image
     encoder gets the one that fits its embedding, and a set where none fits is refused naming the folder."""
     from lorabind.loaders.errors import ModelLoadError
-    from lorabind.loaders.models.single_file.tokenizers import qwen25_tokenizer
+    from lorabind.loaders.families.qwen_image.tokenizer import qwen25_tokenizer
 
     diffusers = tiny_models_root / "diffusers"
     edit, plain = diffusers / "tiny-qwen-image-edit" / "tokenizer", diffusers / "tiny-qwen-image" / "tokenizer"

@@ -10,7 +10,7 @@ import pytest
 
 from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 from lorabind.loaders.families import checkpoint_contracts
-from lorabind.loaders.families.minimax_h3 import file_contract
+from lorabind.loaders.families.minimax_h3.contracts import file_contract
 from lorabind.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
 from lorabind.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
 from lorabind.runtime.commands.inspect import inspect_lora

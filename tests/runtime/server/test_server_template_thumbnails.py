@@ -13,7 +13,8 @@ from server_client import Client, run_async
 
 import lorabind
 from lorabind.runtime import folder_paths
-from lorabind.runtime.server.example_assets import TEMPLATE_ORDER, ordered_templates
+from lorabind.loaders.families import example_order
+from lorabind.runtime.server.example_assets import ordered_templates
 from lorabind.runtime.server.comfy_api.template_thumbnails import render_template_thumbnails, thumbnail_folder
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
@@ -22,13 +23,13 @@ WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 def test_templates_are_listed_main_example_first_and_every_shipped_one_has_a_place(server):
     shipped = sorted(p.name[:-5] for p in WORKFLOWS.glob("*.json")
                      if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # run in ComfyUI only
-    assert sorted(TEMPLATE_ORDER) == shipped  # a new example must be given its place
+    assert sorted(example_order()) == shipped  # a new example must be given its place
 
     async def body():
         client = Client(server.url)
         try:
             status, templates = await client.get("/api/workflow_templates")
-            assert status == 200 and templates == {"lorabind": list(TEMPLATE_ORDER)}
+            assert status == 200 and templates == {"lorabind": list(example_order())}
             assert templates["lorabind"][0] == "wan22_lightx2v_4step"
             status, _ = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg")
             assert status == 404  # not rendered for this server: the card shows its placeholder

@@ -1,0 +1,44 @@
+"""``FamilyContracts``: the sampling contracts a family's artifacts and checkpoints declare, and how a request is
+resolved against them before any weight moves."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ...contracts.schedule_rules import contract_dict
+from .bound import FamilyPart
+
+
+class FamilyContracts(FamilyPart):
+    """Defaults: no declared or pinned contract, the slot check as the only artifact rule, no stage rule."""
+
+    def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int], table=None):
+        """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused.
+        ``file_name`` is the file's name with the folder holding it (release layouts keep the step count
+        there); ``table`` a matching user contract table entry (``contract_table.TableEntry``) or None: the
+        file's metadata wins over it, and it wins over the name."""
+        return None
+
+    def checkpoint_contract(self, model_index: dict, model_name: str):
+        """A ScheduleContract pinned by the checkpoint itself (``model_index.json``), or None."""
+        return None
+
+    def check_artifact(self, model, file_name: str, component: str) -> None:
+        """Refuse a LoRA file made for another kind of model of this family or another slot, before anything is
+        fused (Wan: an I2V file on a T2V expert and the reverse, ContractError; a low-noise file in the
+        high-noise expert, KeyMatchError): the layout's ``check_slots`` plus the family's own artifact rules."""
+        self.family.layout.check_slots(model.model_index, [(component, file_name, "")])
+
+    def contract_to_dict(self, contract) -> dict:
+        """JSON-able view of one of this family's contracts (node UI, ``inspect --json``), with a ``text`` line."""
+        return contract_dict(contract)
+
+    def resolve_schedule(self, model_handle, contracts: tuple, request):
+        """The ResolvedSchedule for a SamplingRequest under ``contracts``; ContractError before any weight moves."""
+        raise NotImplementedError
+
+    def check_stage(self, model_handle, schedule, enforce: bool) -> list:
+        """Refuse a stage (``schedule.start_step``..``stage_end``) the model's artifacts do not allow (ContractError
+        naming the artifact and the input), before anything touches a weight; with ``enforce`` off, the override
+        lines instead."""
+        return []
