@@ -1,15 +1,15 @@
-"""The package's structure rules, checked on the source: no import circles; and outside ``loaders/families/``
-no model-family dispatch (``family == "…"``), no component-name literal (``"transformer_2"``, a
-``startswith("transformer")`` convention) and no table keyed by (or listing) family ids.
+"""The package's structure rules, checked on the source: no import circles, no folder cycles, the engine imports
+no host, only the composition roots import the tiny-model factory, and lazy imports only where the fast start
+needs them. What a family may know, and where, is ``test_family_leaks.py``'s (it reads the imports through
+``import_graph`` below).
 
 All walk the files with ``ast``/Python rather than a shell, so they run anywhere the suite runs. The checks take
-the package folder as an argument, so they can be pointed at an older checkout to show they catch its leaks.
+the package folder (or its import graph) as an argument, so they can be pointed at a tree made to breach them.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
@@ -19,8 +19,6 @@ import lorabind
 PACKAGE_DIR = Path(lorabind.__file__).parent
 PACKAGE = "lorabind"
 SOURCE_FOLDERS = ("loaders", "nodes", "runtime", "usecases", "tiny_models")
-# the grep of HELPERS.md / issue #10: a family id compared or tested for membership
-FAMILY_DISPATCH = re.compile(r"family *(==|!=|in *\()")
 
 
 def source_files(package_dir: Path = PACKAGE_DIR) -> list:
@@ -30,8 +28,8 @@ def source_files(package_dir: Path = PACKAGE_DIR) -> list:
     return files
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+def module_name(path: Path, package_dir: Path = PACKAGE_DIR) -> str:
+    parts = list(path.relative_to(package_dir).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join([PACKAGE, *parts])
@@ -41,12 +39,12 @@ def _is_module(name: str, modules: set) -> bool:
     return name in modules
 
 
-def import_graph() -> dict:
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict:
     """{module: set of package modules it imports}: every relative import, at module level or inside a
     function (a lazy import hides a circle from Python, not from the design). ``from . import x`` names the
     submodule ``x`` when there is one; parent packages a submodule import runs are not edges (a package
     ``__init__`` that imports its own submodules would otherwise always be a circle)."""
-    files = {module_name(path): path for path in source_files()}
+    files = {module_name(path, package_dir): path for path in source_files(package_dir)}
     modules = set(files)
     graph = {}
     for name, path in files.items():
@@ -179,90 +177,6 @@ def test_nodes_import_the_use_case_facade_not_the_engine():
 
 def test_contract_types_import_nothing_of_ours():
     assert import_graph()["lorabind.loaders.contract_types"] == set()
-
-
-def dispatch_lines() -> list:
-    found = []
-    families = PACKAGE_DIR / "loaders" / "families"
-    for path in source_files():
-        if families in path.parents:
-            continue
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if FAMILY_DISPATCH.search(line):
-                found.append(f"{path.relative_to(PACKAGE_DIR)}:{number}: {line.strip()}")
-    return found
-
-
-def test_the_dispatch_pattern_matches_what_it_should():
-    assert all(FAMILY_DISPATCH.search(line) for line in (
-        'if model.family == "minimax_h3":', "if family != MOE:", 'if family in ("wan2.1", "wan2.2_moe"):'))
-    assert not FAMILY_DISPATCH.search("family_for(model).has_audio")
-
-
-def test_no_family_dispatch_outside_the_family_packages():
-    assert dispatch_lines() == []
-
-
-# --------------------------------------------------------------------------------------------------------------
-# family knowledge stays in the family packages
-
-# The tiny-model factory builds each family's folders (it names their components by necessity); it leaves the
-# engine in the package split that follows, and its family-id tables are still checked.
-FACTORY = Path("tiny_models")
-
-
-def family_vocabulary() -> tuple:
-    """(component names the families give their denoisers, every family / model family / requirements id)."""
-    from lorabind.loaders import families
-
-    components, ids = set(), set()
-    for family in families.all_families():
-        components.update(family.layout.lora_components)
-        components.update(name for name, role in family.layout.index_roles.items() if "denoiser" in role or "expert" in role)
-        ids.update({family.id, *family.model_families, *family.layout.requirements})
-    return frozenset(components), frozenset(ids)
-
-
-def _string_constants(node) -> list:
-    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-
-
-def family_knowledge_leaks(package_dir: Path = PACKAGE_DIR) -> list:
-    """``file:line: why`` for each component-name literal outside the family packages and the factory, and each
-    dict literal outside the family packages with a family id among its keys or values."""
-    components, ids = family_vocabulary()
-    families_dir = package_dir / "loaders" / "families"
-    found = []
-    for path in source_files(package_dir):
-        if families_dir in path.parents:
-            continue
-        relative = path.relative_to(package_dir)
-        in_factory = FACTORY in relative.parents
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and node.value in components and not in_factory:
-                found.append(f"{relative}:{node.lineno}: component name {node.value!r}")
-            if isinstance(node, ast.Dict):
-                listed = [v for part in (*node.keys, *node.values) if part is not None for v in _string_constants(part)]
-                named = sorted(set(listed) & ids)
-                if named:
-                    found.append(f"{relative}:{node.lineno}: a table of family ids {named}")
-    return found
-
-
-def test_the_leak_check_sees_literals_and_tables(tmp_path):
-    (tmp_path / "loaders" / "families").mkdir(parents=True)
-    for folder in ("nodes", "runtime", "usecases"):
-        (tmp_path / folder).mkdir()
-    (tmp_path / "__init__.py").write_text("")
-    (tmp_path / "nodes" / "leaky.py").write_text(
-        'LOW = "transformer_2"\nREQ = {"wan2.1": 1}\nok = name.startswith("trans") and "vae"\n')
-    (tmp_path / "loaders" / "families" / "fine.py").write_text('LOW = "transformer_2"\nREQ = {"wan2.1": 1}\n')
-    assert family_knowledge_leaks(tmp_path) == [
-        "nodes/leaky.py:1: component name 'transformer_2'", "nodes/leaky.py:2: a table of family ids ['wan2.1']"]
-
-
-def test_no_component_name_or_family_table_outside_the_family_packages():
-    assert family_knowledge_leaks() == []
 
 
 # --------------------------------------------------------------------------------------------------------------
