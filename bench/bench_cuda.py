@@ -179,10 +179,10 @@ def step_entry(experts: dict, device, dtype, steps: int, size: tuple) -> dict:
 
 def swap_and_peak_entry(experts: dict, pipe, kwargs: dict, device, steps: int, size: tuple) -> dict:
     """diffusers' model offload peak, then our swap plan: the swap time vs the upload floor, and its peak."""
+    from lorabind.loaders.dispatch.generation_steps import denoise
     from lorabind.loaders.families import component_roles
     from lorabind.loaders.placement import MemoryPlan
     from lorabind.loaders.placement.apply_plan import ModelPlacement
-    from lorabind.loaders.dispatch.generation_steps import denoise
 
     def peak(fn) -> int:
         if device.type != "cuda":

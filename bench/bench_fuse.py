@@ -10,15 +10,16 @@ incremental re-bind, restore bit-exact);
 
 from __future__ import annotations
 
+import functools
 import gc
 
 import torch
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.binding.fused_rows import CHUNK_BYTES, has_onednn_bf16_gemm
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache, map_to_model, read_lora
-from lorabind.loaders.families import family_by_id
 from lorabind.loaders.models.store import LoadedModel
 
 from .measure import alternate, timed
@@ -171,7 +172,7 @@ def run(size, lora_a: str, lora_b: str, reps: int) -> dict:
     fuse = alternate("diffusers load+fuse", theirs_fuse, "lorabind fuse", ours_fuse, _fuse_reps(reps))
 
     floor = Floor(build_transformer(size, seed=0), lora_a)
-    floor_pair = alternate("floor", lambda: timed(floor.run, teardown=floor.restore),
+    floor_pair = alternate("floor", functools.partial(timed, floor.run, teardown=floor.restore),
                            "lorabind fuse", ours_fuse, reps)
     del floor
     gc.collect()

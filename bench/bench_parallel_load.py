@@ -20,8 +20,8 @@ from typing import Optional
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.models.store import quiet_library_progress
 from lorabind.loaders.models.parallel_loading import auto_workers, shard_loading
+from lorabind.loaders.models.store import quiet_library_progress
 
 from .measure import alternate, alternate_balanced, timed
 

@@ -28,7 +28,7 @@ def _switch_ms(size, workdir: str, reps: int) -> tuple[float, bool]:
         binding.bind(model, [], [spec])
     times = []
     for i in range(2 * reps + 2):
-        elapsed = timed(lambda: binding.bind(model, [], [specs[i % 2]]))
+        elapsed = timed(lambda spec=specs[i % 2]: binding.bind(model, [], [spec]))
         if i >= 2:  # first two are warm-up
             times.append(elapsed)
     binding.bind(model, [], [])

@@ -19,9 +19,9 @@ import sys
 import torch
 
 from lorabind.loaders.binding import bind as binding
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import map_to_model, read_lora
-from lorabind.loaders.families import family_by_id
 from lorabind.loaders.models.store import LoadedModel
 
 from .bench_fuse import DiffusersSide, fuse_timers

@@ -20,11 +20,11 @@ import statistics
 import time
 
 from lorabind.loaders.dispatch import generation_steps as generation
-from lorabind.tiny_models import build_tiny
-from lorabind.usecases.model_folders import SETTLE_NS
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime import folder_paths
 from lorabind.runtime.executor import PromptExecutor
+from lorabind.tiny_models import build_tiny
+from lorabind.usecases.model_folders import SETTLE_NS
 
 # Reruns in a full bench run: one takes about 40 ms, so 40 cost 2 s. With the other benches' 5, the median of
 # runtime_overhead moved by about ±0.005 between quiet runs of one commit (1.047-1.055), as much as a session's cuts.

@@ -8,7 +8,6 @@ models root.
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 import threading
 import time

@@ -22,11 +22,21 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "bench"
 
-from . import (bench_fuse, bench_gguf_patches, bench_parallel_load, bench_peft, bench_real_size,  # noqa: E402
-               bench_rerun, bench_single_file, bench_startup, bench_strength_schedule)
-from . import history  # noqa: E402
+from . import (  # noqa: E402
+    bench_fuse,
+    bench_gguf_patches,
+    bench_parallel_load,
+    bench_peft,
+    bench_real_size,
+    bench_rerun,
+    bench_single_file,
+    bench_startup,
+    bench_strength_schedule,
+    history,  # noqa: E402
+)
 from .measure import machine_description, print_table  # noqa: E402
 from .workload import FULL, QUICK, write_lora_pair  # noqa: E402
+
 
 def _memory_in_fresh_process(size_name: str, lora_path: str) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

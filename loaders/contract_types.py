@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-
 # ScheduleContract.kind of a file whose metadata says it has no contract although its name suggests one: it
 # constrains nothing, and exists so the override is shown wherever contracts are.
 NO_CONTRACT = "none"

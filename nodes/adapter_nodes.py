@@ -12,8 +12,14 @@ import os
 from typing import Optional
 
 from ..usecases.verbs import attach_adapter, attach_fuse, attach_fuses, expert_slots, file_identity
-from ..usecases.vocabulary import (SOCKET_ADAPTER, SOCKET_MODEL, AdapterHandle, LoraBindError, LoraFileError,
-                                   lora_components)
+from ..usecases.vocabulary import (
+    SOCKET_ADAPTER,
+    SOCKET_MODEL,
+    AdapterHandle,
+    LoraBindError,
+    LoraFileError,
+    lora_components,
+)
 from . import comfy_bridge
 
 CATEGORY = "lorabind/adapters"

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..usecases.verbs import (builtin_file_names, ensure_builtin_files, gguf_denoiser_names, load_checkpoint_files,
-                              tokenizer_dirs)
+from ..usecases.verbs import (
+    builtin_file_names,
+    ensure_builtin_files,
+    gguf_denoiser_names,
+    load_checkpoint_files,
+    tokenizer_dirs,
+)
 from ..usecases.vocabulary import ROUNDINGS, SOCKET_MODEL
 from . import comfy_bridge
 from .comfy_bridge import folder_paths

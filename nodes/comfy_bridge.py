@@ -14,8 +14,8 @@ import os
 from functools import lru_cache
 
 from ..usecases import host
-from ..usecases.model_folders import (PEFT_CONFIG, find_peft_folder, folders_holding, lora_names as list_loras,
-                                      safe_relative_name)
+from ..usecases.model_folders import PEFT_CONFIG, find_peft_folder, folders_holding, safe_relative_name
+from ..usecases.model_folders import lora_names as list_loras
 from ..usecases.verbs import follow_host_node_cache, release_device_memory
 from ..usecases.vocabulary import LoraBindError
 

@@ -12,8 +12,16 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from ..usecases.verbs import (check_expert_pair, check_sampling, check_stacking, host_family, host_patched_value,
-                              prepare_host_lora, sigma_table, switch_step)
+from ..usecases.verbs import (
+    check_expert_pair,
+    check_sampling,
+    check_stacking,
+    host_family,
+    host_patched_value,
+    prepare_host_lora,
+    sigma_table,
+    switch_step,
+)
 from ..usecases.vocabulary import PART_ANY, PART_HIGH, PART_LOW, HostContract, LoraBindError, LoraFileError
 from . import comfy_bridge
 from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora

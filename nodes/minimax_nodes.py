@@ -7,8 +7,17 @@ import os
 import torch
 
 from ..usecases.verbs import check_contract, decode_audio, with_first_frame, with_reference_images, write_wav
-from ..usecases.vocabulary import (MAX_REFERENCE_IMAGES, SOCKET_AUDIO, SOCKET_IMAGE, SOCKET_LATENT, SOCKET_MODEL,
-                                   SOCKET_SCHEDULE, SOCKET_SIGMAS, TASKS, LoraBindError)
+from ..usecases.vocabulary import (
+    MAX_REFERENCE_IMAGES,
+    SOCKET_AUDIO,
+    SOCKET_IMAGE,
+    SOCKET_LATENT,
+    SOCKET_MODEL,
+    SOCKET_SCHEDULE,
+    SOCKET_SIGMAS,
+    TASKS,
+    LoraBindError,
+)
 from .adapter_nodes import lora_choices, lora_inputs_identity
 from .comfy_bridge import folder_paths
 from .output_nodes import SAVERS_CATEGORY, filename_prefix_input, output_target

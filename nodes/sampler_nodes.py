@@ -5,8 +5,17 @@ from __future__ import annotations
 import torch
 
 from ..usecases.verbs import plan_sampling, sample
-from ..usecases.vocabulary import (END_OF_SCHEDULE, SCHEDULER_CHOICES, SOCKET_ADAPTER, SOCKET_CONDITIONING,
-                                   SOCKET_LATENT, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS, SampleOptions)
+from ..usecases.vocabulary import (
+    END_OF_SCHEDULE,
+    SCHEDULER_CHOICES,
+    SOCKET_ADAPTER,
+    SOCKET_CONDITIONING,
+    SOCKET_LATENT,
+    SOCKET_MODEL,
+    SOCKET_SCHEDULE,
+    SOCKET_SIGMAS,
+    SampleOptions,
+)
 from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
 
 

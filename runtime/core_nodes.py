@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import random
 
-from . import folder_paths
 from .. import nodes
-from ..loaders.io.image_files import load_image_file, file_sha256
 from ..loaders.io.atomic_files import write_atomically
+from ..loaders.io.image_files import file_sha256, load_image_file
 from ..nodes.output_nodes import frame_to_pil, png_metadata
+from . import folder_paths
 
 CORE_PYTHON_MODULE = "nodes"  # what ComfyUI's /object_info reports for its core nodes
 

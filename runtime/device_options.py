@@ -22,8 +22,8 @@ def add_device_arguments(parser) -> None:
 def apply_device_arguments(args) -> str | None:
     """Install the session defaults; a user-facing error text when ``--device`` is not a device name."""
     # lazy: the CLI's parser imports this module; the engine loads when a device is resolved
-    from ..loaders.placement.devices import set_session_defaults
     from ..loaders.errors import LoraBindError
+    from ..loaders.placement.devices import set_session_defaults
 
     try:
         set_session_defaults(device=getattr(args, "device", None), memory=getattr(args, "memory", None))

@@ -15,8 +15,14 @@ import os
 import time
 
 # the one folder walker and name rules (shared with the nodes inside ComfyUI); re-exported in ComfyUI's shape
-from ..usecases.model_folders import (PEFT_CONFIG, SAFETENSORS_EXTENSIONS, find_peft_folder,  # noqa: F401
-                                      lora_names, safe_relative_name, walk)
+from ..usecases.model_folders import (  # noqa: F401
+    PEFT_CONFIG,
+    SAFETENSORS_EXTENSIONS,
+    find_peft_folder,
+    lora_names,
+    safe_relative_name,
+    walk,
+)
 
 IMAGE_EXTENSIONS = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 FOLDER = "folder"  # ComfyUI's marker extension for kinds whose entries are directories (diffusers)

@@ -17,8 +17,8 @@ import os
 
 from . import folder_paths
 from .node_info import node_info
-from .widget_slots import widget_slots
 from .socket_types import parse_bool
+from .widget_slots import widget_slots
 
 
 class OverrideError(ValueError):

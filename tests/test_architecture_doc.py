@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from test_package_structure import ENGINE, folder_graph, import_graph
+
 import lorabind
-from test_package_structure import ENGINE, PACKAGE, folder_graph, import_graph
 
 PACKAGE_DIR = Path(lorabind.__file__).parent
 DOC = PACKAGE_DIR / "docs" / "architecture.md"

@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 
 import pytest
-from docs_text import FENCED, PACK, commands_in, doc_files
 
+from docs_text import FENCED, PACK, commands_in, doc_files
 from lorabind.runtime.cli import build_parser
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

@@ -4,6 +4,7 @@ the test with its own traceback instead of hanging it."""
 import pytest
 import torch
 import torch.distributed as dist
+
 from gloo_ranks import run_ranks
 
 

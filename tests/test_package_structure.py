@@ -12,8 +12,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 import lorabind
 
 PACKAGE_DIR = Path(lorabind.__file__).parent

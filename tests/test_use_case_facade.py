@@ -8,9 +8,10 @@ import ast
 import inspect
 from pathlib import Path
 
+from test_package_structure import PACKAGE, import_graph
+
 import lorabind
 from lorabind.usecases import verbs, vocabulary
-from test_package_structure import PACKAGE, import_graph
 
 USECASES = f"{PACKAGE}.usecases"
 # what a node may import of the use-case layer: the facade, its vocabulary and the host ports nodes ask for their

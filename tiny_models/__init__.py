@@ -11,8 +11,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from ..loaders.models import compat
 from ..loaders.families import tiny_recipes
+from ..loaders.models import compat
 from . import lora_fixtures, minimax_h3, single_files
 from ._common import diffusers_dir, log, stale_reason
 from .input_images import ensure_input_images, write_input_images

@@ -8,8 +8,8 @@ import json
 import logging
 from pathlib import Path
 
-from ..loaders.models.store import quiet_library_progress
 from ..loaders.io.safe_output import safe_output
+from ..loaders.models.store import quiet_library_progress
 
 log = logging.getLogger("lorabind.tiny_models")
 WRITTEN_BY = "lorabind build-tiny"  # the safe_output marker of every built-in folder

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 from ..loaders.io.atomic_files import write_atomically
 from ._common import FIXTURE_LORA_FOLDER, diffusers_dir
 from .qwen_image import QWEN_IMAGE_NAME
 from .qwen_image_edit import EDIT_PLUS_NAME
 from .wan import WAN21_NAME, WAN22_NAME
 from .wan_i2v import WAN21_I2V_NAME, WAN22_I2V_NAME
-from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 # Names relative to the loras root, as a workflow names them: the fixture folder + the published basename.
 WAN22_HIGH = f"{FIXTURE_LORA_FOLDER}/wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"

@@ -16,9 +16,9 @@ import json
 import shutil
 from pathlib import Path
 
+from ..loaders.io.safe_output import check_output, safe_output
 from ..loaders.models.compat import require
 from ..loaders.models.store import quiet_library_progress
-from ..loaders.io.safe_output import check_output, safe_output
 from ._common import FIXTURE_LORA_FOLDER, WRITTEN_BY, diffusers_dir, finish_folder, fixture_lora_dir, seeded
 from .lora_fixtures import save_fixture
 

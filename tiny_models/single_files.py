@@ -15,8 +15,9 @@ from pathlib import Path
 
 from ..loaders.families.qwen_image import key_layouts as qwen_layouts
 from ..loaders.families.wan import key_layouts as layouts
-from ..loaders.models.single_file.native_files import PRECISIONS, native_tensors
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 from ..loaders.families.wan.tokenizer import build_spiece_model
+from ..loaders.models.single_file.native_files import PRECISIONS, native_tensors
 from ._common import diffusers_dir
 from .gguf_files import GGUF_QUANTS, GGUF_STEMS, write_gguf_files
 from .lora_fixtures import _write_if_changed
@@ -31,7 +32,6 @@ from .wan_i2v import (
     build_tiny_wan22_ti2v,
 )
 from .wan_vace import WAN21_VACE_NAME, WAN22_VACE_FUN_NAME, build_tiny_wan21_vace, build_tiny_wan22_vace_fun
-from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 SUBFOLDER = "lorabind-tiny"
 # file stem (before _<precision>) -> (diffusers folder, component, layout, quantized prefix, model class)

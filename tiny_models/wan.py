@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 from ._common import diffusers_dir, save_pipeline_atomically, seeded
 from .tokenizers import build_umt5_style_tokenizer
-from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
 
 WAN22_NAME = "tiny-wan22-t2v"
 WAN21_NAME = "tiny-wan21-t2v"

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._common import diffusers_dir, save_pipeline_atomically, seeded
-from .wan import tiny_text_stack, tiny_transformer, tiny_vae, unipc_scheduler
 from ..loaders.families.wan.image_conditioning import clip_image_processor
 from ..loaders.families.wan.slots import LOW_NOISE_EXPERT  # the low-noise expert's component name
+from ._common import diffusers_dir, save_pipeline_atomically, seeded
+from .wan import tiny_text_stack, tiny_transformer, tiny_vae, unipc_scheduler
 
 WAN22_I2V_NAME = "tiny-wan22-i2v"
 WAN21_I2V_NAME = "tiny-wan21-i2v"

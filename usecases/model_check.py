@@ -13,13 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .models import builtin_file_names, builtin_model_names
 from ..loaders.dispatch.contract_discovery import lora_file_contracts
 from ..loaders.errors import LoraBindError
 from ..loaders.families import detect_model_family
 from ..loaders.io.model_index import read_model_index
 from ..loaders.models.single_file.detect import detect
-
+from .models import builtin_file_names, builtin_model_names
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
 FILE_INPUTS = {

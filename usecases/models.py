@@ -17,8 +17,8 @@ from typing import Optional
 from ..loaders.binding.bind import set_adapter_cache_size
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import ModelHandle
-from ..loaders.models.store import load_model as load_folder
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
+from ..loaders.models.store import load_model as load_folder
 from . import host
 from .model_folders import MODEL_INDEX, files_named, model_folder_names, safe_relative_name
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from ..loaders.dispatch.contract_discovery import lora_file_contracts, model_folder_contracts
 from ..loaders.errors import LoraBindError
-from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from .models import find_model
 from .vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ..loaders.binding.strength_schedules import StrengthStepper
+from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
 from ..loaders.dispatch import generation_steps as generation
-from ..loaders.generation import schedulers
 from ..loaders.dispatch.contract_discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
 from ..loaders.families import family_for, has_expert_pair
-from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
+from ..loaders.generation import schedulers
 
 # end_step's "to the end of the schedule" (KSamplerAdvanced's end_at_step default)
 END_OF_SCHEDULE = 10000

@@ -16,19 +16,44 @@ facade is this module, which nothing on the fast start imports.
 """
 
 from ..loaders.dispatch.contract_discovery import lora_file_contract, model_file_contract, model_folder_contract
-from ..loaders.dispatch.generation_steps import (control_video_latent, decode, empty_latent, encode_text,
-                                                 encode_with_images, image_to_video_latent)
+from ..loaders.dispatch.generation_steps import (
+                                                 control_video_latent,
+                                                 decode,
+                                                 empty_latent,
+                                                 encode_text,
+                                                 encode_with_images,
+                                                 image_to_video_latent,
+)
 from ..loaders.io.atomic_files import write_atomically
 from ..loaders.io.file_identity import file_identity
 from ..loaders.io.video_files import write_video
 from ..loaders.io.wav_files import write_wav
 from ..loaders.models.store import follow_host_node_cache, release_device_memory
 from .adapters import attach_adapter, attach_fuse, attach_fuses, expert_slots
-from .host_models import (check_expert_pair, check_sampling, check_stacking, host_family, host_patched_value,
-                          prepare_host_lora, sigma_table, switch_step)
+from .host_models import (
+                                                 check_expert_pair,
+                                                 check_sampling,
+                                                 check_stacking,
+                                                 host_family,
+                                                 host_patched_value,
+                                                 prepare_host_lora,
+                                                 sigma_table,
+                                                 switch_step,
+)
 from .minimax import check_contract, decode_audio, with_first_frame, with_reference_images
-from .models import (builtin_file_names, builtin_model_names, ensure_builtin_files, find_model, gguf_denoiser_names,
-                     list_models, load_checkpoint_files, load_model, model_index_stat, resolve_model, tokenizer_dirs)
+from .models import (
+                                                 builtin_file_names,
+                                                 builtin_model_names,
+                                                 ensure_builtin_files,
+                                                 find_model,
+                                                 gguf_denoiser_names,
+                                                 list_models,
+                                                 load_checkpoint_files,
+                                                 load_model,
+                                                 model_index_stat,
+                                                 resolve_model,
+                                                 tokenizer_dirs,
+)
 from .sampling import plan_sampling, sample, schedule_sigmas, split_sigmas
 
 # what a node may import from here (ruff's F401 reads it: an import missing here is reported unused)

@@ -17,11 +17,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from ..families import family_for, guess_family
+from ..io.weight_sources import FolderWeightSources
+from ..lora.preparation import prepare_lora
 from .patching import ApplyResult, PatchLayer, WeightPatcher
 from .peft_adapters import AdapterCache, cache_key, file_identity, to_peft_groups
-from ..io.weight_sources import FolderWeightSources
-from ..families import family_for, guess_family
-from ..lora.preparation import prepare_lora
 
 DEFAULT_MAX_CACHED_ADAPTERS = 4
 MAX_MEMOISED_ACCOUNTINGS = 16

@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 
 import torch
 
+from .. import fp8
 from ..errors import KeyMatchError
 from ..lora.finite_bounds import certain_overflow, largest_abs, proven_finite, proven_finite_for_any_weight
-from .. import fp8
 
 # Rows per float32 work chunk are chosen so one chunk stays around this size: the fused value is computed and
 # written chunk by chunk, so the extra memory of a fuse is the backups plus this buffer (not a float32 copy of the

@@ -31,13 +31,13 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from .. import fp8, gguf_weights
 from ..errors import KeyMatchError
-from .fused_rows import NonFiniteResultError, Workspace, write_patched
+from ..io.weight_sources import FileBackedOriginal
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
-from .. import fp8, gguf_weights
-from ..io.weight_sources import FileBackedOriginal
 from . import dequant_patches
+from .fused_rows import NonFiniteResultError, Workspace, write_patched
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,10 @@ from typing import Iterable, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
+from .. import fp8, gguf_weights
 from ..errors import LoraBindError
 from ..io.file_identity import file_identity
 from ..lora import kinds
-from .. import fp8, gguf_weights
 
 # How a layer that stores its weight in a compact form says which dtype it computes in (None: it does not):
 # peft gives new adapter weights the base weight's dtype, which over such storage is not the compute dtype

@@ -14,15 +14,15 @@ from typing import Optional, Sequence
 
 from .. import families
 from ..contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract  # noqa: F401  (public API)
-from ..contracts.schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
-from ..lora import read_lora
-from ..contracts.table import table_entry
-from ..lora.preparation import lora_rank
 from ..contracts.baked import baked_contracts
-from ..io.model_index import read_model_index
+from ..contracts.schedule_rules import contract_dict, describe_artifact  # noqa: F401  (public API)
+from ..contracts.table import table_entry
 from ..errors import ModelLoadError
-from ..models.single_file.detect import detect
+from ..io.model_index import read_model_index
+from ..lora import read_lora
+from ..lora.preparation import lora_rank
 from ..models.single_file.baked_files import baked_index_entry
+from ..models.single_file.detect import detect
 
 
 def resolve_schedule(model, adapters, schedule, request: SamplingRequest) -> ResolvedSchedule:

@@ -17,9 +17,10 @@ import re
 from importlib import import_module
 from typing import Optional
 
-from ..errors import ModelLoadError
-from .interface import ModelFamily, has_expert_pair as _has_expert_pair
 from ..contracts.baked import baked_contracts
+from ..errors import ModelLoadError
+from .interface import ModelFamily
+from .interface import has_expert_pair as _has_expert_pair
 
 # Registry order is the order ``guess_family`` tries (Wan's names first, as before the registry existed).
 _FAMILY_PACKAGES = ("wan", "qwen_image", "minimax_h3")

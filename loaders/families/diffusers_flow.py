@@ -11,13 +11,19 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..contract_types import ResolvedSchedule
-from ..handles import LatentHandle
 from ..contracts.schedule_rules import resolve_single_schedule
+from ..contracts.sigmas import TABLE_TOLERANCE
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
-from ..contracts.sigmas import TABLE_TOLERANCE
-from .interface import (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE,
-                        PipelineSource)
+from ..handles import LatentHandle
+from .interface import (
+    ROLE_DENOISER,
+    ROLE_HIGH_NOISE,
+    ROLE_LOW_NOISE,
+    SOURCE_DIFFUSERS,
+    SOURCE_SINGLE_FILE,
+    PipelineSource,
+)
 from .parts import FamilyContracts, FamilySampling
 
 

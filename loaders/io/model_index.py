@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import json_limits
 from ..errors import ModelLoadError
+from . import json_limits
 
 
 def is_set(entry) -> bool:

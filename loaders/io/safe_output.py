@@ -29,8 +29,8 @@ import stat
 import struct
 import tempfile
 
-from .atomic_files import FILE_MODE
 from ..errors import LoraBindError
+from .atomic_files import FILE_MODE
 
 MARKER_FILE = ".lorabind-output"
 MARKER_KEY = "lorabind_output"

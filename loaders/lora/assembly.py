@@ -17,7 +17,6 @@ from ..errors import LoraFileError
 from . import kinds
 from .canonical import TargetPatch
 
-
 # PEFT's rank_pattern/alpha_pattern keys are regexes from a file: their matching time must be bounded. A
 # pattern like "(x+x+)+y" backtracks exponentially in Python's re (11.8 s for 26-character names), and re has no
 # timeout; the ``regex`` module (a transformers dependency) matches the same syntax with a ``timeout``. A config

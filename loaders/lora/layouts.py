@@ -49,12 +49,11 @@ class ParsedKey:
 
 def parse_key(raw: str) -> Optional[ParsedKey]:
     """Split a raw key into module name and role; None when the suffix is not a LoRA tensor suffix."""
-    for suffix, role in suffix_roles():
-        if raw.endswith(suffix):
-            body = raw[: -len(suffix)]
-            break
-    else:
+    found = next(((suffix, role) for suffix, role in suffix_roles() if raw.endswith(suffix)), None)
+    if found is None:
         return None
+    suffix, role = found
+    body = raw[: -len(suffix)]
     if suffix.startswith("_lora."):
         body = _old_diffusers_processor_name(body)
     prefix = ""

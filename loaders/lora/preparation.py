@@ -21,6 +21,7 @@ from .canonical import LoraFile
 from .mapping import map_to_model
 from .reader import read_lora
 
+
 @dataclass(frozen=True)
 class PreparedLora:
     """One LoRA validated against one component: what the patcher consumes plus what reports show."""

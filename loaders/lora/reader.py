@@ -15,9 +15,9 @@ import os
 import threading
 from collections import OrderedDict
 
+from ..errors import LoraFileError
 from ..io import json_limits
 from ..io.file_identity import file_identity
-from ..errors import LoraFileError
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
 from .layouts import describe_format, parse_key, suffix_roles

@@ -19,8 +19,8 @@ import re
 import struct
 from dataclasses import dataclass
 
-from ..io import json_limits
 from ..errors import LoraFileError
+from ..io import json_limits
 
 # bytes per element of every dtype the format defines
 _ITEMSIZE = {

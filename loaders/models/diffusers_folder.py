@@ -11,16 +11,16 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from . import compat
 from ..errors import ModelLoadError
-from ..io.model_index import read_model_index
-from .sources import BuiltModel, ModelSource
-from .parallel_loading import auto_workers, shard_loading
-from ..families import family_by_id, detect_model_family
-from ..lora.reader import PICKLE_SUFFIXES
-from ..placement.load_plan import stored_dtype
-from ..placement import component_sizes
+from ..families import detect_model_family, family_by_id
 from ..families.interface import PipelineSource
+from ..io.model_index import read_model_index
+from ..lora.reader import PICKLE_SUFFIXES
+from ..placement import component_sizes
+from ..placement.load_plan import stored_dtype
+from . import compat
+from .parallel_loading import auto_workers, shard_loading
+from .sources import BuiltModel, ModelSource
 
 LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
 

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..io.weight_sources import FolderWeightSources
 from ..errors import ModelLoadError
-from ..families import detect_model_family, denoiser_components
-from .diffusers_folder import DiffusersFolder
-from ..placement import load_plan, apply_plan as placement, speed
+from ..families import denoiser_components, detect_model_family
+from ..io.weight_sources import FolderWeightSources
+from ..placement import apply_plan as placement
+from ..placement import load_plan, speed
 from ..placement.devices import resolve_device, resolve_memory
+from .diffusers_folder import DiffusersFolder
 
 
 @dataclass(eq=False)

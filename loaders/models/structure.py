@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..io.model_index import read_model_index
 from ..meta_modules import tree_on_meta
 from .diffusers_folder import require_libraries
-from ..io.model_index import read_model_index
 from .store import denoiser_names, detect_family
 
 

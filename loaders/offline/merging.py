@@ -17,19 +17,19 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from ..io import json_limits
+from .. import families
+from ..binding.fused_rows import NonFiniteResultError, write_patched
+from ..binding.patching import PatchLayer, plan_state_keys
+from ..contracts.baked import INDEX_KEY, contract_to_json, file_sha256
+from ..dispatch.contract_discovery import discover_contract
 from ..errors import ModelLoadError
+from ..io import json_limits
 from ..io.model_index import is_set, read_model_index
 from ..io.safe_output import MARKER_FILE, check_output, safe_output
-from ..contracts.baked import INDEX_KEY, file_sha256, contract_to_json
-from ..models.single_file.baked_files import WRITTEN_BY
-from ..models.store import denoiser_names, detect_family
-from ..binding.patching import plan_state_keys, PatchLayer
-from .. import families
-from ..dispatch.contract_discovery import discover_contract
 from ..lora.preparation import prepare_lora
 from ..meta_modules import build_on_meta, component_class
-from ..binding.fused_rows import NonFiniteResultError, write_patched
+from ..models.single_file.baked_files import WRITTEN_BY
+from ..models.store import denoiser_names, detect_family
 
 
 @dataclass

@@ -26,20 +26,20 @@ import json
 import os
 import re
 
+from .. import fp8
+from ..binding.fused_rows import write_patched
+from ..binding.patching import plan_state_keys
 from ..contracts.baked import INDEX_KEY as BAKED_KEY
 from ..errors import LoraBindError
+from ..families import family_by_id
 from ..io.safe_output import check_output, output_metadata, safe_output
 from ..models.single_file import catalog
-from .. import fp8
 from ..models.single_file.baked_files import WRITTEN_BY
 from ..models.single_file.detect import Detected, check_denoisers, detect
+from ..models.single_file.loading import build_empty
 from ..models.single_file.native_files import keeps_fp32
 from ..models.single_file.writer import StreamingWriter, dtype_code
-from ..families import family_by_id
 from .merging import MetaModel, baked_record, placed_requests, prepare_layers
-from ..binding.patching import plan_state_keys
-from ..models.single_file.loading import build_empty
-from ..binding.fused_rows import write_patched
 
 FP8_OUTPUT = "fp8_e4m3fn"
 OUTPUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", FP8_OUTPUT: "float8_e4m3fn"}

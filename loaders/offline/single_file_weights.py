@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 
-from .extraction import ExtractionError
+from .. import fp8
+from ..families import family_by_id
 from ..models.single_file.detect import detect, read_shapes
 from ..models.single_file.loading import build_empty, ignored_key
-from ..families import family_by_id
-from .. import fp8
+from .extraction import ExtractionError
 
 
 class SingleFileWeights:

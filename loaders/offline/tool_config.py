@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 
-from ..io import json_limits
 from ..errors import LoraBindError
-
+from ..io import json_limits
 
 MAX_CONFIG_BYTES = 1024 * 1024
 # LightX2V's name -> ours: the converter's (``tools/convert/converter.py``) for merge, the extractor's

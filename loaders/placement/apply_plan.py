@@ -47,9 +47,9 @@ from torch import nn
 
 from .. import forward_hooks
 from ..families.interface import ROLE_VAE
+from .file_staging import FileStaged
 from .planner import default_decode_bytes
 from .sizes import DENOISER_ROLES, ENCODER_ROLES
-from .file_staging import FileStaged
 from .staging import CPU, Staged, module_tensors
 
 _VAE_SPATIAL_FACTOR = 8  # latent -> pixels in every supported VAE (Wan, Qwen-Image, MiniMax-H3)
@@ -251,7 +251,7 @@ class ModelPlacement:
             staged = self.staged.get(name)
             if staged is not None:
                 self.stats.written_back += staged.write_back(tensors)
-        for name, staged in self.staged.items():
+        for staged in self.staged.values():
             staged.refresh()
         for name, known in self._offload_params.items():
             module = self.modules[name]

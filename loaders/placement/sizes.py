@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..io import json_limits
 from ..errors import ModelLoadError
 from ..families import component_roles, real_config_names
 from ..families.interface import (
@@ -25,8 +24,9 @@ from ..families.interface import (
     ROLE_LOW_NOISE,
     ROLE_TEXT_ENCODER,
 )
-from ..meta_modules import build_on_meta, component_class
+from ..io import json_limits
 from ..io.model_index import read_model_index
+from ..meta_modules import build_on_meta, component_class
 
 # The role vocabulary is the families' (``families.interface``); the planner groups components by it.
 DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)

@@ -112,8 +112,8 @@ def extract_to_file(base: str, tuned: str, out: str, *, component: str | None = 
                     device: str = "cpu", overwrite: bool = False) -> dict:
     """Extract ``tuned - base`` (folders, single files or one of each) into ``out``; the summary as a dict."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...loaders.offline.extraction import extract_lora, save_extracted
     from ...loaders.io.safe_output import check_output
+    from ...loaders.offline.extraction import extract_lora, save_extracted
 
     options = _options(rank, alpha, dtype, layers, diffs, key_prefix, device)
     inputs = (base, tuned)

@@ -68,9 +68,9 @@ def inspect_model_file(path: str) -> dict:
     was fused."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.dispatch.contract_discovery import model_file_contract
-    from ...loaders.models.single_file.detect import detect
-    from ...loaders.models.single_file.baked_files import baked_file_record
     from ...loaders.io.gguf_header import header_summary, is_gguf_path, read_gguf_header
+    from ...loaders.models.single_file.baked_files import baked_file_record
+    from ...loaders.models.single_file.detect import detect
 
     name = os.path.basename(path)
     declaration = model_file_contract(path, name)

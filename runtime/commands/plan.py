@@ -59,8 +59,8 @@ def gib_amount(text: str) -> float:
 def run(args) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
-    from ...loaders.placement.model_plan import format_plan, plan_model, plan_to_json
     from ...loaders.models.single_file.pipelines import files_sizes
+    from ...loaders.placement.model_plan import format_plan, plan_model, plan_to_json
 
     if bool(args.model) == bool(args.files):
         print("lorabind plan: give either MODEL or --files FILE... (not both)", file=sys.stderr)

@@ -229,7 +229,7 @@ class _PromptRun:
                     for name in sorted(needed):
                         execution_list.make_input_strong_link(node_id, name)
                     return True  # pending: runs again once the requested inputs exist
-            function_name = getattr(node_class, "FUNCTION")
+            function_name = node_class.FUNCTION
             returns = map_over_lists(instance, function_name, values, input_is_list=input_is_list,
                                      before_call=self.check_interrupted)
             outputs, ui = shape_returns(returns, node_class, node_id, class_type)

@@ -18,12 +18,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from .call_over_lists import gather_inputs, map_over_lists
-from ..socket_types import combo_options, types_compatible
-from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name
-from .graph import DependencyCycleError, find_cycle
 from ...usecases.model_check import FILE_INPUTS, searched_text
 from .. import folder_paths
+from ..socket_types import combo_options, types_compatible
+from .call_over_lists import gather_inputs, map_over_lists
+from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name
+from .graph import DependencyCycleError, find_cycle
 
 
 @dataclass

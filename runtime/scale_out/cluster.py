@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+
 from ...loaders.placement.devices import session_defaults
 from .dispatch import RayExecutor
 from .interrupts import interrupt_board

@@ -15,13 +15,13 @@ import threading
 
 from ray import serve
 
-from .interrupts import interrupt_board
-from .outputs import take_files
-from .scheduling import BindingFirstTurns
 from ...loaders.models import store as model_store
 from ...loaders.placement.devices import set_session_defaults
 from .. import folder_paths
 from ..executor import PromptExecutor
+from .interrupts import interrupt_board
+from .outputs import take_files
+from .scheduling import BindingFirstTurns
 
 # One binding per replica: a replica's models hold one set of fused weights at a time, so a second fingerprint
 # on the same replica would re-fuse anyway. Ray's multiplexing LRU then keeps each fingerprint on the replica

@@ -18,17 +18,16 @@ import urllib.parse
 
 from aiohttp import web
 
-from .composition_root import STATE_KEY, ServerState
-from .config import ServerConfig
-from .comfy_api import (routes_files, routes_info, routes_jobs, routes_prompt, routes_settings,
-                        routes_userdata)
-from .comfy_api.routes_frontend import add_frontend_routes, INSTALL_HINT, frontend_static_dir
-from .comfy_api.routes_logs import add_log_routes
-from .comfy_api.template_thumbnails import render_template_thumbnails
-from .openai import routes as openai_routes
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
+from .comfy_api import routes_files, routes_info, routes_jobs, routes_prompt, routes_settings, routes_userdata
+from .comfy_api.routes_frontend import INSTALL_HINT, add_frontend_routes, frontend_static_dir
+from .comfy_api.routes_logs import add_log_routes
+from .comfy_api.template_thumbnails import render_template_thumbnails
+from .composition_root import STATE_KEY, ServerState
+from .config import ServerConfig
 from .example_assets import prepare_example_assets
+from .openai import routes as openai_routes
 
 log = logging.getLogger("lorabind.server")
 

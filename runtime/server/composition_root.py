@@ -8,14 +8,14 @@ import os
 
 from aiohttp import web
 
+from .. import folder_paths
+from ..core_nodes import runtime_node_classes
+from ..executor import PromptExecutor
 from .config import PACK_NAME, ServerConfig
 from .history import HistoryStore
 from .queue import PromptQueue
 from .websocket import ClientRegistry
 from .worker import PromptWorker
-from .. import folder_paths
-from ..core_nodes import runtime_node_classes
-from ..executor import PromptExecutor
 
 
 class ServerState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Callable, Iterable
+
 from ...loaders.families import example_order
 from ...tiny_models import ensure_builtin_models
 

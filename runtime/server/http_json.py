@@ -55,7 +55,7 @@ async def parse_json(raw: bytes):
     try:
         return await asyncio.to_thread(json_limits.loads, raw)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise bad_request("invalid_json", f"Request body is not valid JSON: {exc}")
+        raise bad_request("invalid_json", f"Request body is not valid JSON: {exc}") from None
 
 
 def _error_body(error_type: str, message: str, details: str = "") -> str:

@@ -20,12 +20,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ...loaders.models import store as model_store
 from ..executor.definitions import full_type_name
 from . import prompt_log
 from .history import HistoryStore, history_entry
 from .queue import PromptQueue, QueueItem
 from .websocket import ClientRegistry
-from ...loaders.models import store as model_store
 
 log = logging.getLogger("lorabind.server")
 

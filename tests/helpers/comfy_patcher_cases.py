@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.families.qwen_image.key_layouts import QWEN_IMAGE_TRANSFORMER
 from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
+from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
 from lorabind.tiny_models import lora_fixtures as fixtures
 from lorabind.tiny_models.single_files import SUBFOLDER

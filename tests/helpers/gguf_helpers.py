@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-
 # Linears a diffusers model reads the dtype of, to cast its input (Wan's time embedder casts the timestep to its
 # first weight's dtype: uint8 bytes would truncate it), are kept unquantized
 KEPT_UNQUANTIZED = ("time_embedder.",)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_fake_nodes import FAKE_NODES

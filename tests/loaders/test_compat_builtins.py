@@ -4,8 +4,8 @@ import shutil
 
 import pytest
 
-from lorabind.loaders.models import compat
 from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.models import compat
 from lorabind.loaders.models.store import load_model
 from lorabind.tiny_models import build_builtin, unavailable_builtins
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from lorabind.loaders.models import compat
 from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.models import compat
 
 
 def test_numeric_versions_compare_release_parts():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,7 +20,6 @@ from lorabind.loaders.dispatch.contract_discovery import (
 )
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ModelHandle
-from types import SimpleNamespace
 
 LIGHTX2V = "wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
 

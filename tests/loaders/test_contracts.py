@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch import contract_discovery as contracts_module
 from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, collect_contracts, resolve_schedule
 from lorabind.loaders.errors import ContractError
@@ -15,7 +16,6 @@ from lorabind.loaders.handles import (
     ScheduleContract,
     ScheduleHandle,
 )
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 HIGH = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 LOW = "wan2.2_t2v_A14b_low_noise_lora_rank64_lightx2v_4step_1217.safetensors"

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lorabind.loaders.placement import devices, speed
 from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.placement import devices, speed
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from gguf_helpers import quantize_linears
 
+from gguf_helpers import quantize_linears
 from lorabind.loaders import families, forward_hooks, fp8
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.errors import LoraBindError, LoraFileError
 from lorabind.loaders.lora import clear_lora_cache, read_lora
-from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lorabind.loaders.models import store as model_store
 from lorabind.loaders.errors import ModelLoadError
+from lorabind.loaders.models import store as model_store
 
 
 def _wan_folder(root, weights: dict) -> str:

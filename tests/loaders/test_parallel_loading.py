@@ -47,8 +47,8 @@ def test_load_model_takes_the_worker_count_from_its_argument_or_the_environment(
     from diffusers import WanTransformer3DModel
     from diffusers.models import model_loading_utils, modeling_utils
 
-    from lorabind.loaders.models import store as model_store
     from lorabind.loaders.errors import ModelLoadError
+    from lorabind.loaders.models import store as model_store
 
     folder = tmp_path / "sharded-wan21"
     shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)

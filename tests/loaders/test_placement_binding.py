@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from lorabind.loaders import families
-from lorabind.loaders.placement import load_plan
-from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import bind, release_adapters, unbind
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
+from lorabind.loaders.models import store as model_store
+from lorabind.loaders.placement import load_plan
 from lorabind.tiny_models import lora_fixtures as F
 
 PLANS = ["full", "swap_experts", "offload_model", "offload_blocks"]

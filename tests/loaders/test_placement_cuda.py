@@ -7,11 +7,11 @@ import types
 import pytest
 import torch
 
-from lorabind.loaders.placement import load_plan
-from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text
 from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.models import store as model_store
+from lorabind.loaders.placement import load_plan
 from lorabind.tiny_models import lora_fixtures as F
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from patching_helpers import write_component_folder
 from safetensors.torch import save_file
 
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
 from lorabind.runtime.cli import main
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
+from patching_helpers import write_component_folder
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
-from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents, unpack_qwen_latents
-from lorabind.loaders.dispatch.generation_steps import decode, denoise, empty_latent, encode_text
-from lorabind.loaders.generation.sampling import initial_noise
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
+from lorabind.loaders.dispatch.generation_steps import decode, denoise, empty_latent, encode_text
+from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents, unpack_qwen_latents
+from lorabind.loaders.generation.sampling import initial_noise
 from lorabind.runtime.context import InterruptedByUser
 
 # Crosses the 0.875 boundary, with one point exactly on it (σ·1000 ≥ boundary·1000 -> high-noise expert).

@@ -6,14 +6,14 @@ import os
 import pytest
 import torch
 
-from lorabind.loaders.errors import ContractError
 from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
-from lorabind.loaders.handles import ModelHandle
+from lorabind.loaders.errors import ContractError
 from lorabind.loaders.generation.sampling import initial_noise
 from lorabind.loaders.generation.schedulers import make_scheduler, resolve_scheduler
-from lorabind.tiny_models import lora_fixtures as F
+from lorabind.loaders.handles import ModelHandle
 from lorabind.nodes.adapter_nodes import WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
+from lorabind.tiny_models import lora_fixtures as F
 
 STEPS, CFG, SEED = 6, 4.0, 11
 

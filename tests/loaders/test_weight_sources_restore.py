@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.io.weight_sources import WeightSourceError
 from lorabind.loaders.lora import clear_lora_cache
 from lorabind.loaders.models.store import LoadedModel
-from lorabind.loaders.io.weight_sources import WeightSourceError
 
 LINEARS = ("attn1.to_q", "attn1.to_v", "ffn.net.0.proj")
 
@@ -168,7 +168,6 @@ def test_replaced_file_is_refused_before_anything_is_written(tmp_path):
 def test_file_rewritten_in_place_with_the_old_mtime_is_caught_by_the_checksum(tmp_path):
     folder = _saved_model(tmp_path, torch.bfloat16)
     model = _load(folder, torch.bfloat16)
-    transformer = model.components["transformer"]
     lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
     bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
     weights = _weights_file(folder)

@@ -3,16 +3,16 @@
 import os
 
 import pytest
-from adapters_helpers import assert_same_state, state_snapshot
 
+from adapters_helpers import assert_same_state, state_snapshot
 from lorabind.loaders.errors import KeyMatchError, LoraBindError
 from lorabind.loaders.handles import AdapterHandle, ModelHandle
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import (
     FuseDistillLoRA,
     LoadPEFTAdapter,
     WanMoELoRAPair,
 )
+from lorabind.tiny_models import lora_fixtures as F
 
 
 @pytest.fixture

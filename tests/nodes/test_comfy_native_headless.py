@@ -9,8 +9,12 @@ import pytest
 
 from lorabind.loaders.errors import LoraBindError
 from lorabind.nodes import NODE_CLASS_MAPPINGS
-from lorabind.nodes.comfy_native_nodes import (LoraBindContractSigmas, LoraBindLoRA, LoraBindLoRAPair,
-                                               LoraBindPEFTAdapter)
+from lorabind.nodes.comfy_native_nodes import (
+    LoraBindContractSigmas,
+    LoraBindLoRA,
+    LoraBindLoRAPair,
+    LoraBindPEFTAdapter,
+)
 
 SHIPPED = Path(__file__).resolve().parents[2] / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from lorabind.loaders.contract_types import ScheduleContract
-from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.usecases import host_models as hm
 
 LIGHTX2V = ScheduleContract(source="wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors",

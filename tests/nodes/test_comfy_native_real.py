@@ -20,9 +20,15 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from comfy_patcher_cases import (
+    CASES,
+    PEFT_SCALING_CASE,
+    our_fused_weights,
+    probe_prompt,
+    rounding_excess,
+    write_peft_scaling_folder,
+)
 from lorabind.tiny_models import lora_fixtures as fixtures
-from comfy_patcher_cases import (CASES, PEFT_SCALING_CASE, our_fused_weights, probe_prompt, rounding_excess,
-                                 write_peft_scaling_folder)
 
 pytestmark = pytest.mark.slow
 
@@ -192,7 +198,6 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_
     the ComfyUI that ran the tiny twin, exactly the shipped API form (every core-node value set, none left to a
     default)."""
     from comfy_native_client import OBJECT_INFO
-
     from lorabind.runtime.workflow_format import to_api_prompt
 
     classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])

@@ -8,10 +8,10 @@ import os
 import threading
 import time
 
-from lorabind.nodes import contract_lookups
-from lorabind.nodes.contract_lookups import LOOKUPS, ContractLookups
 from contract_endpoint import ask_contracts
 from hostile_files import write_huge_header, write_many_tensors
+from lorabind.nodes import contract_lookups
+from lorabind.nodes.contract_lookups import LOOKUPS, ContractLookups
 
 
 def test_hostile_loras_are_refused_once_and_then_answered_from_the_cache(registry_at, tmp_path):

@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from lorabind.loaders.errors import ContractError
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.runtime.commands.inspect import inspect_lora
+from lorabind.tiny_models import lora_fixtures as F
 
 SEKO = "Wan2.2-T2V-A14B-4steps-lora-rank64-Seko-V1.1"
 # (loras-relative name as published, the tiny fixture whose keys it carries, the model it fuses into, the step

@@ -4,9 +4,9 @@ command."""
 import pytest
 
 from lorabind.loaders.binding import bind as binding
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ScheduleContract
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.nodes import model_nodes
 from lorabind.nodes.conditioning_nodes import LoraBindTextEncode
 from lorabind.nodes.latent_nodes import LoraBindEmptyLatent
@@ -96,8 +96,8 @@ def test_build_tiny_command_prints_what_it_wrote(tmp_path, capsys):
 
 
 def test_an_oversized_latent_is_refused_at_validation_with_its_size():
-    from lorabind.runtime.executor import PromptExecutor
     from lorabind.nodes import NODE_CLASS_MAPPINGS
+    from lorabind.runtime.executor import PromptExecutor
 
     prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan22-t2v", "dtype": "auto"}},
               "2": {"class_type": "LoraBindEmptyLatent",

@@ -9,12 +9,12 @@ import types
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from test_comfy_bridge import _pack_loaded_by_path
 
-from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH
+from comfyui_stubs import install_comfyui_modules
 from lorabind.nodes import comfy_bridge, editor_routes
 from lorabind.runtime.commands.inspect import inspect_lora
-from comfyui_stubs import install_comfyui_modules
-from test_comfy_bridge import _pack_loaded_by_path
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH
 
 
 @pytest.fixture

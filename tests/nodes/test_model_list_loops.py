@@ -49,11 +49,10 @@ def test_the_loader_node_lists_the_model_once(looped_root, registry_at):
 
 @pytest.mark.slow
 def test_the_server_object_info_answers(looped_root, tmp_path):
-    from server_client import Client, run_async
-
     from lorabind.nodes.model_nodes import LoraBindModelLoader
     from lorabind.runtime.server import ServerConfig
     from lorabind.runtime.server.in_process_server import BackgroundServer
+    from server_client import Client, run_async
 
     config = ServerConfig(listen="127.0.0.1", port=0, models_root=str(looped_root), output_dir=str(tmp_path / "o"),
                           input_dir=str(tmp_path / "i"), temp_dir=str(tmp_path / "t"))

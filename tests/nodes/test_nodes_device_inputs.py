@@ -107,7 +107,7 @@ def test_inside_comfyui_the_pack_follows_its_memory_controls_from_import_on(fake
     switched = []
     monkeypatch.setattr(comfy_bridge, "follow_host_node_cache", lambda: switched.append(1))
     assert comfy_bridge.follow_comfyui_memory_management() is True
-    assert switched == [1] and getattr(management.unload_all_models, "_lorabind_releases_too")
+    assert switched == [1] and management.unload_all_models._lorabind_releases_too
     monkeypatch.setitem(sys.modules, "comfy.model_management", None)  # headless: nothing to follow
     comfy_bridge._comfy_modules.cache_clear()
     assert comfy_bridge.follow_comfyui_memory_management() is False and switched == [1]

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image, ImageSequence
-from real_comfyui import RealComfyUI, strings_in
 
 import lorabind
 from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
+from real_comfyui import RealComfyUI, strings_in
 
 pytestmark = pytest.mark.slow
 

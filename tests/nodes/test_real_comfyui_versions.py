@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from real_comfyui import REPO_ROOT, RealComfyUI, require_harness
 
 import lorabind
+from real_comfyui import REPO_ROOT, RealComfyUI, require_harness
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import av
 import pytest
-from real_comfyui import RealComfyUI
 
 import lorabind
+from real_comfyui import RealComfyUI
 
 pytestmark = pytest.mark.slow
 

@@ -6,16 +6,16 @@ import os
 
 import pytest
 import torch
-from adapters_helpers import recorded_forwards
 
+from adapters_helpers import recorded_forwards
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_for
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
+from lorabind.tiny_models import lora_fixtures as F
 
 PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
 

@@ -5,16 +5,16 @@ import os
 
 import pytest
 import torch
-from adapters_helpers import recorded_forwards
 
+from adapters_helpers import recorded_forwards
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.errors import ContractError
 from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text
+from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ModelHandle
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA, WanMoELoRAPair
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.nodes.sigma_nodes import LoraBindSigmas, LoraBindSplitSigmas
+from lorabind.tiny_models import lora_fixtures as F
 
 TABLE = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # lightx2v 4 steps at shift 5 (reference §5.2)
 HIGH, LOW = os.path.basename(F.WAN22_HIGH), os.path.basename(F.WAN22_LOW)

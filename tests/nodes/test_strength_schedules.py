@@ -4,8 +4,8 @@ unbind after the run restores the base bit-exactly."""
 
 import pytest
 import torch
-from adapters_helpers import assert_same_state, state_snapshot
 
+from adapters_helpers import assert_same_state, state_snapshot
 from lorabind.loaders.binding.bind import bind, binding_state, unbind
 from lorabind.loaders.binding.strength_schedules import StrengthSchedule, parse_strength_schedule
 from lorabind.loaders.dispatch.generation_steps import empty_latent, encode_text

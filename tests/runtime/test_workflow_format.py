@@ -7,7 +7,7 @@ import pytest
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import WorkflowFormatError, detect_format, to_api_prompt
 from runtime_fake_nodes import FAKE_NODES
-from ui_workflow_builders import SEEDED_SUBGRAPH, _seeded_subgraph, _two_instances, out, sock, ui_node
+from ui_workflow_builders import _seeded_subgraph, _two_instances, out, sock, ui_node
 
 SUBGRAPH_ID = "5f0c2f6e-0000-4000-8000-000000000001"
 

@@ -22,9 +22,9 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ...errors import ContractError
 from ...contract_types import ScheduleContract
 from ...contracts.sigmas import shift_schedule, shifted_sigmas, validate_schedule
+from ...errors import ContractError
 
 FAMILY_ID = "minimax_h3"
 

@@ -6,8 +6,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..interface import (ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS,
-                         SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe)
+from ..interface import (
+    ROLE_ALTERNATE,
+    ROLE_DENOISER,
+    ROLE_VAE,
+    SHARED_INDEX_ROLES,
+    SOURCE_DIFFUSERS,
+    SOURCE_SINGLE_FILE,
+    ModelFamily,
+    PipelineSource,
+    TinyRecipe,
+)
 from ..parts import FamilyContracts, FamilyLayout, FamilySampling
 from . import contracts, pipeline, references, sampling
 from .key_layouts import REFUSED_FILES

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import LoraBindError, ModelLoadError
-from ...handles import ConditioningHandle, LatentHandle
 from ...generation.sampling import device_and_dtype
+from ...handles import ConditioningHandle, LatentHandle
 from .contracts import FAMILY_ID
 
 FPS = 24  # MiniMax-H3 generates at a fixed 24 fps

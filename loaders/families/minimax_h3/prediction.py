@@ -22,10 +22,11 @@ KEYFRAME_T = 0.999  # keyframe anchors are held just short of clean, as the rele
 def layout(transformer, num_text: int, video, audio, anchors: tuple, references: tuple = ()):
     """The packed sequence's structure: ``[text | keyframes | audio | video]``, or with ``references`` (ref2va
     conditioning latents) ``[text | one block per reference | audio | video]``."""
-    from diffusers.modular_pipelines.minimax_h3.before_denoise import (MiniMaxH3PrepareLayoutStep,
-                                                                        MiniMaxH3Ref2VAPrepareLayoutStep)
-
     import torch
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+        MiniMaxH3PrepareLayoutStep,
+        MiniMaxH3Ref2VAPrepareLayoutStep,
+    )
 
     _, _, frames, lat_h, lat_w = video.shape
     text_tags = torch.full((num_text,), TEXT_TAG, dtype=torch.long)

@@ -13,8 +13,8 @@ import os
 from typing import Optional, Sequence
 
 from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
-from ...errors import ContractError
 from ...contracts.sigmas import shift_schedule, shifted_sigmas
+from ...errors import ContractError
 from .contracts import (
     DEFAULT_TASK,
     FAMILY_ID,

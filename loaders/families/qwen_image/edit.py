@@ -29,7 +29,9 @@ import torch
 from ...handles import ConditioningHandle
 from ...io import json_limits
 from ...io.image_files import image_to_pil
-from .prediction import EDIT_KEY as CONDITIONING_KEY, pack_qwen_latents
+from .prediction import EDIT_KEY as CONDITIONING_KEY
+from .prediction import pack_qwen_latents
+
 EDIT = "edit"
 EDIT_PLUS = "edit_plus"
 # {pipeline class in model_index.json: variant}

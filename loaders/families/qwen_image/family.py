@@ -15,8 +15,8 @@ from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, Mod
 from ..parts import FamilyLayout
 from . import contracts, edit, single_files
 from . import single_file_kinds as files
-from .keymap import KEYMAP
 from .edit_processor import load_processor
+from .keymap import KEYMAP
 from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
 FAMILY_ID = "qwen_image"

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from ...handles import ConditioningHandle
 from ...generation.sampling import batched, device_and_dtype
+from ...handles import ConditioningHandle
 
 DENOISER = "transformer"
 EDIT_KEY = "qwen_image_edit"  # ConditioningHandle.extra key of the input images (``edit.EditReference``)

@@ -7,10 +7,10 @@ from dataclasses import replace
 from typing import Optional
 
 from ...contract_types import ResolvedSchedule, SamplingRequest, ScheduleContract
-from ...errors import ContractError
+from ...contracts.distill_names import declared, distill_contract, open_contract
 from ...contracts.schedule_rules import contract_value, refuse_or_record
 from ...contracts.sigmas import on_high_noise_expert
-from ...contracts.distill_names import declared, distill_contract, open_contract
+from ...errors import ContractError
 from .. import named_for_another_family
 
 MOE_FAMILY = "wan2.2_moe"

@@ -11,8 +11,8 @@ from typing import Optional
 
 import torch
 
-from ...handles import ConditioningHandle, LatentHandle
 from ...generation.sampling import batched, device_and_dtype
+from ...handles import ConditioningHandle, LatentHandle
 from .image_conditioning import LATENT_KEY
 from .vace_conditioning import VACE_KEY
 

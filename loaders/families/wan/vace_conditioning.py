@@ -24,6 +24,7 @@ ComfyUI's ``WanVaceToVideo`` takes the same inputs (``control_video``, ``control
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from ...io.image_files import image_to_pil

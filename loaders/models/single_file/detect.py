@@ -15,16 +15,16 @@ import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from ... import fp8
+from ...contracts.baked import INDEX_KEY
+from ...errors import ModelLoadError
+from ...families import family_by_id
 from ...io import json_limits
 from ...io.gguf_header import QUANTIZED_TYPES, is_gguf_path, read_gguf_header
-from ...errors import ModelLoadError
+from ...io.single_file_kinds import ComponentKind, KnownModel
 from ...lora.safetensors_header import check_header_budget
 from . import catalog
-from ...io.single_file_kinds import ComponentKind, KnownModel
-from ... import fp8
 from .key_prefixes import DIFFUSION_PREFIXES, strip_prefix
-from ...contracts.baked import INDEX_KEY
-from ...families import family_by_id
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)

@@ -26,8 +26,7 @@ from ...errors import ModelLoadError
 from ...io.gguf_header import GGUFTensor, read_gguf_header
 from ...io.gguf_tensors import read_gguf_tensors
 from .detect import Detected
-from .loading import (batches, build_empty, check_all_loaded, check_file_keys, fp32_modules, ignored_key, owner,
-                      place)
+from .loading import batches, build_empty, check_all_loaded, check_file_keys, fp32_modules, ignored_key, owner, place
 from .native_files import keeps_fp32
 
 

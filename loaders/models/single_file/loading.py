@@ -21,10 +21,10 @@ from __future__ import annotations
 import contextlib
 from typing import Optional
 
+from ... import fp8
 from ...errors import ModelLoadError
 from ...meta_modules import build_on_meta
 from . import catalog
-from ... import fp8
 from .detect import Detected
 from .native_files import keeps_fp32
 

@@ -14,20 +14,20 @@ import os
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from .. import compat
+from ... import fp8
 from ...errors import ModelLoadError
+from ...families import family_by_id
+from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
+from ...io.weight_sources import WeightSource
+from ...placement.sizes import measure_module
+from .. import compat
 from ..sources import BuiltModel, ModelSource
 from ..store import LoadedModel, load
 from . import catalog
-from ... import fp8
-from .detect import CheckpointSet, check_set, detect
-from .loading import build_empty, fp8_parameters, fp32_modules, load_component
-from .gguf_loading import gguf_stored_bytes, load_gguf_component
 from .baked_files import baked_index_entry
-from ...io.weight_sources import WeightSource
-from ...families import family_by_id
-from ...placement.sizes import measure_module
-from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
+from .detect import CheckpointSet, check_set, detect
+from .gguf_loading import gguf_stored_bytes, load_gguf_component
+from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 
 
 class SingleFileWeightSources:

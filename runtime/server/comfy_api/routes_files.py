@@ -136,9 +136,9 @@ async def _converted_image(path: Path, preview: str | None, channel: str) -> web
     try:
         data = await asyncio.to_thread(convert)
     except _TooLarge as exc:
-        raise bad_request("image_too_large", str(exc))
+        raise bad_request("image_too_large", str(exc)) from None
     except (OSError, Image.DecompressionBombError) as exc:
-        raise bad_request("invalid_image", f"{path.name} is not an image that can be converted: {exc}")
+        raise bad_request("invalid_image", f"{path.name} is not an image that can be converted: {exc}") from None
     return web.Response(body=data, content_type=f"image/{fmt}",
                         headers={"Content-Disposition": content_disposition(f"{path.stem}.{fmt}")})
 
@@ -153,7 +153,7 @@ async def post_upload_image(request: web.Request) -> web.Response:
     try:
         form = await request.post()
     except (ValueError, HttpProcessingError) as exc:  # HttpProcessingError: a part header broken by CR/LF
-        raise bad_request("invalid_request", f"Expected a multipart/form-data body: {exc}")
+        raise bad_request("invalid_request", f"Expected a multipart/form-data body: {exc}") from None
     image = form.get("image")
     if image is None or not hasattr(image, "file"):
         raise bad_request("invalid_request", "Multipart field 'image' (a file) is missing.")

@@ -15,7 +15,7 @@ from aiohttp import web
 from ....loaders.placement.devices import host_memory
 from ....nodes.editor_routes import ROUTES as EDITOR_ROUTES
 from ... import folder_paths
-from ...node_info import object_info, node_info
+from ...node_info import node_info, object_info
 from ..composition_root import STATE_KEY, ServerState
 from ..config import PACK_NAME
 from ..example_assets import ordered_templates

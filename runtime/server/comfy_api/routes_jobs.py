@@ -118,7 +118,7 @@ def _int_query(request: web.Request, name: str, default: int) -> int:
     try:
         value = int(raw) if raw else default
     except ValueError:
-        raise bad_request("invalid_request", f"Query parameter '{name}' must be an integer, got {raw!r}.")
+        raise bad_request("invalid_request", f"Query parameter '{name}' must be an integer, got {raw!r}.") from None
     if value < 0:
         raise bad_request("invalid_request", f"Query parameter '{name}' must not be negative, got {value}.")
     return value

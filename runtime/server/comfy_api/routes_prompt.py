@@ -20,7 +20,6 @@ from ..http_json import bad_request, dumps, read_json_body, too_large
 from ..queue import QueueItem
 from .prompt_service import validate_prompt
 
-
 MAX_EXTRA_DATA_BYTES = 8 * 1024 * 1024
 
 
@@ -48,10 +47,10 @@ def _to_api_prompt(state: ServerState, workflow: dict) -> dict:
     try:
         prompt, _ = to_api_prompt(workflow, state.node_classes, state.display_names)
     except WorkflowFormatError as exc:  # names the node id and type
-        raise bad_request("invalid_prompt", f"Cannot convert the UI workflow to an API prompt: {exc}")
+        raise bad_request("invalid_prompt", f"Cannot convert the UI workflow to an API prompt: {exc}") from None
     except (KeyError, IndexError, TypeError, ValueError) as exc:  # a malformed workflow is the client's error
         raise bad_request("invalid_prompt", f"Malformed UI workflow ({type(exc).__name__}: {exc}); expected "
-                          "ComfyUI's workflow JSON with 'nodes' (each with id, type, widgets_values) and 'links'.")
+                          "ComfyUI's workflow JSON with 'nodes' (each with id, type, widgets_values) and 'links'.") from None
     return prompt
 
 
@@ -213,4 +212,4 @@ def _int_query(request: web.Request, name: str, default):
     try:
         return int(raw)
     except ValueError:
-        raise bad_request("invalid_request", f"Query parameter '{name}' must be an integer, got {raw!r}.")
+        raise bad_request("invalid_request", f"Query parameter '{name}' must be an integer, got {raw!r}.") from None

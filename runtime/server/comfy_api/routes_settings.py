@@ -61,11 +61,11 @@ def _stored_settings(path: Path) -> dict:
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise _unreadable_error(f"it cannot be read ({exc.strerror})")
+        raise _unreadable_error(f"it cannot be read ({exc.strerror})") from None
     try:
         return parse_settings(raw)
     except _Unreadable as exc:
-        raise _unreadable_error(str(exc))
+        raise _unreadable_error(str(exc)) from None
 
 
 def _unreadable_error(reason: str) -> web.HTTPException:
@@ -86,7 +86,7 @@ def _update_settings(path: Path, changes: dict) -> None:
             parse_settings(raw)
         except _Unreadable as exc:
             raise bad_request("invalid_setting", f"The settings would not be readable after this change ({exc}); "
-                              "nothing was saved.")
+                              "nothing was saved.") from None
         write_atomically(str(path), lambda temp: Path(temp).write_bytes(raw))
 
 

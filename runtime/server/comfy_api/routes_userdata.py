@@ -170,8 +170,8 @@ async def _stored(operation, *args) -> bool:
         return await asyncio.to_thread(operation, *args)
     except user_files.UserFileRefused as exc:
         if exc.status == 413:
-            raise too_large(str(exc))
-        raise bad_request("invalid_path", str(exc), status=exc.status)
+            raise too_large(str(exc)) from None
+        raise bad_request("invalid_path", str(exc), status=exc.status) from None
 
 
 async def delete_userdata(request: web.Request) -> web.Response:

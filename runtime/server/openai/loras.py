@@ -21,7 +21,6 @@ from ... import folder_paths
 from .errors import OpenAIRequestError
 from .templates import ADAPTER_HOOK, DISTILL_HOOK, Template, add_node, typed_value
 
-
 MAX_REQUEST_ADAPTERS = 8
 # vllm-omni's lora object: name, path (or local_path), scale, int_id (its cache key; ours is the file itself)
 _LORA_KEYS = ("name", "path", "local_path", "scale", "int_id")

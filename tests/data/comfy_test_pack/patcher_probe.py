@@ -92,8 +92,9 @@ class LoraBindTestPatcherProbe:
 
     def probe(self, denoiser, lora_name, strength, lenient, config, out_name, node="LoraBindLoRA"):
         import folder_paths
-        import nodes
         from safetensors.torch import save_file
+
+        import nodes
 
         base, remade = _comfy_model(folder_paths.get_full_path_or_raise("diffusion_models", denoiser),
                                     json.loads(config), torch.bfloat16)

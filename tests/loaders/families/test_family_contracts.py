@@ -4,10 +4,11 @@ import math
 
 import pytest
 
-from lorabind.loaders.families import qwen_image as qwen_package, wan as wan_package
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.loaders.families import qwen_image as qwen_package
+from lorabind.loaders.families import wan as wan_package
 from lorabind.loaders.families.qwen_image import contracts as qwen_image
 from lorabind.loaders.families.wan import contracts as wan
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 # LightX2V / Lightning 4-step timesteps at shift 5: [1000, 937.5, 833.33, 625] -> 0 (reference §2.4, §5.2)
 WAN_4STEP_SIGMAS = (1.0, 0.9375, 0.833333, 0.625, 0.0)

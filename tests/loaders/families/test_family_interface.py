@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 
 from lorabind.loaders import families
-from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.loaders.contract_types import ResolvedSchedule
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
+from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.loaders.errors import ModelLoadError
 from lorabind.loaders.families.interface import ModelFamily, PipelineSource
 from lorabind.loaders.families.parts import FamilyContracts, FamilyLayout, FamilySampling
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 SCHEDULE = ResolvedSchedule(sigmas=shifted_sigmas(2, 5.0), steps=2, cfg=1.0, shift=5.0)
 

@@ -9,12 +9,12 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.families.minimax_h3 import FAMILY, pipeline
 from lorabind.loaders.families.minimax_h3 import keymap as mm
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import read_lora
 from lorabind.tiny_models.minimax_h3 import TRANSFORMER_CONFIG, native_metadata
-from lorabind.loaders.families import family_by_id
 
 HEADS, HEAD_DIM = TRANSFORMER_CONFIG["num_attention_heads"], TRANSFORMER_CONFIG["attention_head_dim"]
 HIDDEN, FFN = TRANSFORMER_CONFIG["hidden_size"], TRANSFORMER_CONFIG["ffn_dim"]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.families.minimax_h3 import FAMILY, references
 from lorabind.loaders.families.minimax_h3 import pipeline as S
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 
 SCHEDULE = ResolvedSchedule(sigmas=shifted_sigmas(3, 12.0), audio_sigmas=shifted_sigmas(3, 3.0), steps=3, cfg=1.0,
                             shift=12.0, task="ref2va")
@@ -66,9 +66,11 @@ def test_ref2va_conditioning_matches_the_diffusers_pipeline(mm_models, prompt):
     ``MiniMaxH3Ref2VAPrepareLayoutStep`` + ``MiniMaxH3SetTimestepsStep.build_row_timesteps``."""
     from diffusers import MiniMaxH3Scheduler
     from diffusers.modular_pipelines.minimax_h3 import MiniMaxH3ImageReference
-    from diffusers.modular_pipelines.minimax_h3.before_denoise import (MiniMaxH3Ref2VAPrepareLayoutStep,
-                                                                        MiniMaxH3SetTimestepsStep,
-                                                                        patchify_video_latents)
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+        MiniMaxH3Ref2VAPrepareLayoutStep,
+        MiniMaxH3SetTimestepsStep,
+        patchify_video_latents,
+    )
 
     model = mm_models["plain"]
     images = [picture(24, 40, 1)[0], picture(48, 32, 2)[0]]  # one resized (to 32x56), one kept (48x32)

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from lorabind.loaders.contracts.sigmas import shift_schedule, shifted_sigmas
 from lorabind.loaders.dispatch.contract_discovery import SamplingRequest
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families.minimax_h3 import contracts as mm
 from lorabind.loaders.families.minimax_h3.resolve import resolve
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.contracts.sigmas import shift_schedule, shifted_sigmas
 
 T4_768 = "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors"
 T8_544 = "minimax_h3_fl2v_turbo_8step_v1.0_bf16.safetensors"

@@ -9,7 +9,6 @@ packing, ``img_shapes``, the loop, true CFG) is the pipelines' code."""
 
 import numpy as np
 import pytest
-from wan_i2v_helpers import example_image
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import (
@@ -19,10 +18,11 @@ from lorabind.loaders.dispatch.generation_steps import (
     encode_text,
     encode_with_images,
 )
-from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents
 from lorabind.loaders.families.qwen_image.edit import area_size
 from lorabind.loaders.families.qwen_image.edit_processor import load_processor
+from lorabind.loaders.families.qwen_image.prediction import pack_qwen_latents
 from lorabind.loaders.generation.sampling import initial_noise
+from wan_i2v_helpers import example_image
 
 SIGMAS = (1.0, 0.8, 0.55, 0.3, 0.0)
 SEED = 5

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import toy_family
 from safetensors.torch import save_file
 
-import toy_family
 from lorabind.loaders import families
-from lorabind.loaders.models import store as model_store
 from lorabind.loaders.binding.bind import unbind
 from lorabind.loaders.handles import ModelHandle
+from lorabind.loaders.models import store as model_store
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
 from lorabind.loaders.placement import component_sizes
 from lorabind.usecases import verbs

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
+from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch.contract_discovery import SamplingRequest, contract_to_dict, resolve_schedule
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.loaders.families import family_for
 from lorabind.loaders.families.wan.contracts import declared_contract
 from lorabind.loaders.handles import ModelHandle
-from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.tiny_models import lora_fixtures as F
 
 

@@ -5,11 +5,11 @@ models and latents that do not fit are refused naming the input."""
 import numpy as np
 import pytest
 import torch
-from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text, image_to_video_latent
 from lorabind.loaders.generation.sampling import initial_noise
+from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 # Crosses both Wan2.2 boundaries (0.9 I2V) with uneven steps; the pipeline gets exactly these points.
 SIGMAS = (1.0, 0.95, 0.875, 0.6, 0.3, 0.0)

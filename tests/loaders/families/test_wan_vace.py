@@ -5,8 +5,6 @@ are dropped when decoding; models and latents that do not fit are refused naming
 import numpy as np
 import pytest
 import torch
-from wan_i2v_helpers import example_control_clip as control_clip
-from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import (
@@ -18,6 +16,8 @@ from lorabind.loaders.dispatch.generation_steps import (
     encode_text,
 )
 from lorabind.loaders.generation.sampling import initial_noise
+from wan_i2v_helpers import example_control_clip as control_clip
+from wan_i2v_helpers import example_image, pipeline_on_sigmas
 
 # Crosses the Wan2.2 T2V boundary (0.875) with uneven steps; the pipeline gets exactly these points.
 SIGMAS = (1.0, 0.95, 0.875, 0.6, 0.3, 0.0)

@@ -22,14 +22,20 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
 from lorabind.loaders.families.diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple
-from lorabind.loaders.families.interface import (ROLE_DENOISER, ROLE_TEXT_ENCODER, ROLE_VAE, SOURCE_DIFFUSERS,
-                                                 ModelFamily, PipelineSource)
+from lorabind.loaders.families.interface import (
+    ROLE_DENOISER,
+    ROLE_TEXT_ENCODER,
+    ROLE_VAE,
+    SOURCE_DIFFUSERS,
+    ModelFamily,
+    PipelineSource,
+)
 from lorabind.loaders.families.parts import FamilyLayout, KeyMap
+from lorabind.loaders.generation.sampling import device_and_dtype
+from lorabind.loaders.handles import ConditioningHandle, LatentHandle
 from lorabind.loaders.io.key_layouts import KeyLayout
 from lorabind.loaders.io.single_file_kinds import ComponentKind, KnownModel, count_indices
-from lorabind.loaders.handles import ConditioningHandle, LatentHandle
 from lorabind.loaders.lora.canonical import LoraFile
-from lorabind.loaders.generation.sampling import device_and_dtype
 
 LIBRARY = __name__  # what model_index.json names as the components' library
 PIPELINE_CLASS = "ToyPipeline"

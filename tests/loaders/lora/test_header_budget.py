@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.io import json_limits
-from lorabind.loaders.errors import LoraFileError
-from lorabind.loaders.lora.safetensors_header import read_header
 from hostile_files import write_huge_header, write_many_tensors
+from lorabind.loaders.errors import LoraFileError
+from lorabind.loaders.io import json_limits
+from lorabind.loaders.lora.safetensors_header import read_header
 
 
 def test_a_90_mb_header_is_refused_before_it_is_read(tmp_path, monkeypatch):

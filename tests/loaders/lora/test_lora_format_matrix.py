@@ -7,10 +7,10 @@ the same LoRA re-spelled, so its factors, scales and diffs must equal the refere
 
 import pytest
 import torch
-from formats_helpers import qwen_lora, save, wan_native_lora
 
-from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
+from formats_helpers import qwen_lora, save, wan_native_lora
 from lorabind.loaders.families import family_by_id
+from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
 
 FACTOR_SPELLINGS = {
     "lora_down/lora_up": (".lora_down.weight", ".lora_up.weight"),

@@ -3,14 +3,13 @@ bit-exactly, survive a fault mid-fuse, and a kind registered from a test module 
 
 import pytest
 import torch
-from patching_helpers import assert_fault_mid_fuse_leaves_base
 from safetensors.torch import save_file
 
-from lorabind.loaders.lora import account, map_to_model, read_lora
-from lorabind.loaders.lora import kinds
-from lorabind.loaders.lora.kinds.base import AdapterKind
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.families import family_by_id
+from lorabind.loaders.lora import account, kinds, map_to_model, read_lora
+from lorabind.loaders.lora.kinds.base import AdapterKind
+from patching_helpers import assert_fault_mid_fuse_leaves_base
 
 # kohya/LyCORIS-flattened module name -> diffusers module path, per tiny model
 WAN_MODULES = {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"}

@@ -7,12 +7,12 @@ import copy
 
 import pytest
 import torch
-from patching_helpers import assert_fault_mid_fuse_leaves_base
 from safetensors.torch import save_file
 
-from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.families import family_by_id
+from lorabind.loaders.lora import account, map_to_model, read_lora
+from patching_helpers import assert_fault_mid_fuse_leaves_base
 
 WAN = ("wan2.1", {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"})
 QWEN = ("qwen_image", {"transformer_blocks_0_attn_to_q": "transformer_blocks.0.attn.to_q",

@@ -6,11 +6,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.errors import LoraFileError
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.lora.kinds import by_name
-from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
-from lorabind.loaders.families import family_by_id
 
 RANK = 3
 

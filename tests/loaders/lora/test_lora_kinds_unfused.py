@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.loaders.binding.peft_adapters import AdapterCache, AdapterError, to_peft_groups
 from lorabind.loaders.families import family_by_id
+from lorabind.loaders.lora import account, map_to_model, read_lora
 
 # kohya/LyCORIS-flattened module name -> diffusers module path on the tiny Wan expert
 MODULES = {"blocks_0_self_attn_q": "blocks.0.attn1.to_q", "blocks_1_ffn_2": "blocks.1.ffn.net.2"}

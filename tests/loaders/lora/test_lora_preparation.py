@@ -4,16 +4,15 @@ refusals wherever it is called from (binding, nodes, inspect, merge), and the fi
 import pytest
 
 from lorabind.loaders.binding.bind import bind
-from lorabind.loaders.errors import KeyMatchError
-from lorabind.loaders.families import for_model_family
-from lorabind.loaders.handles import FuseSpec, ModelHandle
-from lorabind.loaders.families.wan.slots import expert_role
 from lorabind.loaders.dispatch.contract_discovery import discover_contract
+from lorabind.loaders.errors import KeyMatchError
+from lorabind.loaders.families import family_for, for_model_family, guess_family
+from lorabind.loaders.families.wan.slots import expert_role
+from lorabind.loaders.handles import FuseSpec, ModelHandle
 from lorabind.loaders.lora.preparation import lora_rank, prepare_lora
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes.adapter_nodes import FuseDistillLoRA
 from lorabind.runtime.commands.inspect import inspect_lora
-from lorabind.loaders.families import family_for, guess_family
+from lorabind.tiny_models import lora_fixtures as F
 
 
 def test_prepared_lora_carries_the_targets_that_fit_and_a_named_report(load_tiny, tiny_models_root):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from formats_helpers import effective_deltas, qwen_lora, rename, save, wan_native_lora
 
+from formats_helpers import effective_deltas, qwen_lora, rename, save, wan_native_lora
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError, LoraFileError
 from lorabind.loaders.families import family_by_id, qwen_image

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 import torch
-from formats_helpers import save
 
+from formats_helpers import save
 from lorabind.loaders.errors import LoraFileError
 from lorabind.loaders.lora import read_lora
 

@@ -4,14 +4,13 @@ import json
 
 import pytest
 import torch
-from formats_helpers import effective_deltas, rename, save, wan_native_lora
 
+from formats_helpers import effective_deltas, rename, save, wan_native_lora
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError
-from lorabind.loaders.families import wan
+from lorabind.loaders.families import family_by_id, wan
 from lorabind.loaders.families.wan import keymap as wan_keymap
 from lorabind.loaders.lora import account, map_to_model, read_lora
-from lorabind.loaders.families import family_by_id
 
 IMAGE_PARTS = ("k_img", "v_img", "norm_k_img", "img_emb")
 

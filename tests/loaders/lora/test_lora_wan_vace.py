@@ -5,9 +5,9 @@ reported as expected-unmatched with the reason, never as a failure."""
 
 import pytest
 import torch
-from formats_helpers import save
 from safetensors import safe_open
 
+from formats_helpers import save
 from lorabind.loaders.families import family_by_id
 from lorabind.loaders.families.wan import keymap
 from lorabind.loaders.handles import ModelHandle

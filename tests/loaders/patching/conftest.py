@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from patching_helpers import build_tiny_wan_transformer
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from patching_helpers import assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora
 from safetensors.torch import load_file, save_file
 
 from lorabind.loaders.binding.bind import bind
@@ -21,6 +20,7 @@ from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
 from lorabind.runtime.cli import main
+from patching_helpers import assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora
 
 
 @pytest.fixture(autouse=True)

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
-from patching_helpers import (assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora)
 
 from lorabind.loaders.binding.bind import bind, binding_state, unbind
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
+from patching_helpers import assert_bit_identical, block_modules, make_targets, snapshot, write_diffusers_lora
 
 
 @pytest.fixture(autouse=True)

@@ -7,10 +7,10 @@ import json
 
 import pytest
 import torch
-from patching_helpers import write_component_folder
 from safetensors import safe_open
 
 from lorabind.runtime.cli import main
+from patching_helpers import write_component_folder
 
 
 @pytest.fixture

@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from lorabind.loaders.binding import fused_rows
-from lorabind.loaders.lora import finite_bounds
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.errors import LoraBindError
+from lorabind.loaders.lora import finite_bounds
 from lorabind.loaders.lora.canonical import TargetPatch
+from lorabind.loaders.lora.kinds import low_rank
 from lorabind.loaders.lora.kinds.full_diff import FullDiff
 from lorabind.loaders.lora.kinds.loha import LohaDelta
 from lorabind.loaders.lora.kinds.lokr import LokrDelta
-from lorabind.loaders.lora.kinds import low_rank
 from lorabind.loaders.lora.kinds.low_rank import LowRankDelta
-from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 
 
 def _counted(monkeypatch, owner, name: str, key: str) -> dict:

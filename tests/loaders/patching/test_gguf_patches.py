@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_helpers import gguf_bytes, quantize_linears, reference_dequant
 from safetensors.torch import load_file
 
+from gguf_helpers import gguf_bytes, quantize_linears, reference_dequant
 from lorabind.loaders import forward_hooks
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.binding.bind import bind, binding_state, unbind

@@ -8,12 +8,12 @@ import warnings
 
 import pytest
 import torch
-from patching_helpers import assert_bit_identical, expected_value, lightx2v_lora, snapshot
 from safetensors.torch import save_file
 
 from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
+from patching_helpers import assert_bit_identical, expected_value, lightx2v_lora, snapshot
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ import pytest
 from safetensors.torch import load_file
 
 from lorabind.loaders.io.safe_output import MARKER_FILE
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 

@@ -8,18 +8,18 @@ import os
 
 import pytest
 import torch
-from patching_helpers import expected_value, lightx2v_lora, write_component_folder
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lorabind.loaders.binding.bind import bind
-from lorabind.loaders.offline.extraction import low_rank_factors
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.io.safe_output import MARKER_FILE
 from lorabind.loaders.lora import account, clear_lora_cache, map_to_model, read_lora
 from lorabind.loaders.models.store import LoadedModel
-from lorabind.loaders.io.safe_output import MARKER_FILE
+from lorabind.loaders.offline.extraction import low_rank_factors
 from lorabind.runtime.cli import main
-from lorabind.loaders.families import family_by_id
+from patching_helpers import expected_value, lightx2v_lora, write_component_folder
 
 COMPONENT = "transformer_2"
 

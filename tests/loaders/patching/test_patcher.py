@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from patching_helpers import assert_bit_identical, block_modules, make_targets, random_low_rank, snapshot
 
+from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.lora.canonical import TargetPatch
-from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
+from patching_helpers import assert_bit_identical, block_modules, make_targets, random_low_rank, snapshot
 
 
 def reference(weight, contributions):

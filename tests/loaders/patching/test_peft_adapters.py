@@ -7,14 +7,21 @@ import os
 
 import pytest
 import torch
-from patching_helpers import (assert_bit_identical, block_modules, forward, make_targets, random_low_rank, snapshot,
-                              write_diffusers_lora)
 
 from lorabind.loaders.binding.bind import bind, binding_state, pin_adapter, release_adapters, unbind
+from lorabind.loaders.binding.peft_adapters import AdapterError, active_adapters_of, to_peft_groups
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
 from lorabind.loaders.lora.canonical import TargetPatch
-from lorabind.loaders.binding.peft_adapters import AdapterError, active_adapters_of, to_peft_groups
+from patching_helpers import (
+    assert_bit_identical,
+    block_modules,
+    forward,
+    make_targets,
+    random_low_rank,
+    snapshot,
+    write_diffusers_lora,
+)
 
 
 @pytest.fixture(autouse=True)

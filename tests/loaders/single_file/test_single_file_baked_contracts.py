@@ -8,13 +8,13 @@ import json
 import os
 
 import pytest
-from contract_endpoint import ask_contracts
-from single_file_helpers import call
 
+from contract_endpoint import ask_contracts
 from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 from lorabind.loaders.models.store import clear_cache
 from lorabind.runtime.cli import main
 from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from single_file_helpers import call
 
 TINY = "lorabind-tiny/"
 EXPERTS = ("wan2.2_t2v_high_noise_tiny_bf16.safetensors", "wan2.2_t2v_low_noise_tiny_bf16.safetensors")

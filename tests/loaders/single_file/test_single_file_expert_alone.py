@@ -3,6 +3,7 @@ warns in its report and its ui text (what ComfyUI shows, what ``lorabind run`` p
 ``executed`` message carries). Wan2.1 and TI2V-5B single files, and the expert pair, run without a warning."""
 
 import pytest
+
 from single_file_helpers import SAMPLER, call
 
 TINY = "lorabind-tiny/"

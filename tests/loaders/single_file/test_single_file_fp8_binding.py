@@ -8,13 +8,13 @@ from safetensors import safe_open
 
 from lorabind.loaders import fp8
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.handles import AdapterSpec, FuseSpec
-from lorabind.loaders.models.store import clear_cache
+from lorabind.loaders.families import family_by_id
 from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
+from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
+from lorabind.loaders.models.store import clear_cache
 from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
 from lorabind.tiny_models.single_files import SUBFOLDER
-from lorabind.loaders.families import family_by_id
 
 EXPERTS = {"transformer": "wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors",
            "transformer_2": "wan2.2_t2v_low_noise_tiny_fp8_scaled.safetensors"}

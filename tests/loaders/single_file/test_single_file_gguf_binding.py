@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf_helpers import gguf_bytes, reference_dequant
 from safetensors.torch import load_file
-from single_file_helpers import call
 
 import lorabind
+from gguf_helpers import gguf_bytes, reference_dequant
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
 from lorabind.loaders.handles import FuseSpec
 from lorabind.tiny_models.lora_fixtures import FIXTURE_ALPHA, FIXTURE_RANK, QWEN_LIGHTNING, WAN22_HIGH, WAN22_LOW
+from single_file_helpers import call
 
 TINY = "lorabind-tiny/"
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"

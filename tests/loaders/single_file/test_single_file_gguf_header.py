@@ -5,8 +5,17 @@ import struct
 
 import pytest
 
-from gguf_builders import (F32, Q8_0, gguf_file, gguf_string, kv_array_header, kv_string, kv_u32,
-                           one_f32_tensor_file, tensor_info)
+from gguf_builders import (
+    F32,
+    Q8_0,
+    gguf_file,
+    gguf_string,
+    kv_array_header,
+    kv_string,
+    kv_u32,
+    one_f32_tensor_file,
+    tensor_info,
+)
 from lorabind.loaders.errors import ModelLoadError
 from lorabind.loaders.io import gguf_header
 from lorabind.loaders.io.gguf_header import read_gguf_header

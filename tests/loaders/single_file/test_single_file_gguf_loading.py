@@ -6,10 +6,10 @@ import gguf
 import pytest
 import torch
 from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor
-from single_file_helpers import call, render
 
 from lorabind.loaders.errors import ModelLoadError
 from lorabind.loaders.io.gguf_header import read_gguf_header
+from single_file_helpers import call, render
 
 TINY = "lorabind-tiny/"
 SETS = {

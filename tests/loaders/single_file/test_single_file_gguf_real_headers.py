@@ -76,7 +76,6 @@ def test_real_gguf_header_is_detected_and_sized_as_the_shipped_configuration(tmp
 
 def test_a_declared_architecture_that_is_not_the_tensors_is_refused(tmp_path):
     from gguf_builders import gguf_string
-
     from lorabind.loaders.errors import ModelLoadError
 
     path = _sparse_gguf(tmp_path / "qwen-image-Q8_0.gguf", "qwen_image_transformer", "qwen_image", "Q8_0")

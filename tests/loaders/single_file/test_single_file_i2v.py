@@ -5,10 +5,10 @@ has no image branch, is refused."""
 
 import pytest
 import torch
-from single_file_helpers import SAMPLER, call
-from wan_i2v_helpers import example_image
 
 from lorabind.loaders.errors import ModelLoadError
+from single_file_helpers import SAMPLER, call
+from wan_i2v_helpers import example_image
 
 TINY = "lorabind-tiny/"
 CLIP = f"{TINY}clip_vision_tiny.safetensors"

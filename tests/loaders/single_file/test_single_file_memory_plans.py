@@ -3,9 +3,9 @@ and a plan that cannot fit is refused before any weight is read, naming needed a
 
 import pytest
 import torch
-from single_file_helpers import call, render
 
 from lorabind.loaders.errors import ModelLoadError
+from single_file_helpers import call, render
 
 TINY = "lorabind-tiny/"
 WAN22_FP8 = dict(denoiser=f"{TINY}wan2.2_t2v_high_noise_tiny_fp8_e4m3fn.safetensors",
@@ -35,9 +35,9 @@ def test_every_memory_plan_renders_bit_identical_to_full(models_root):
 
 
 def test_a_plan_that_cannot_fit_is_refused_before_loading(models_root, monkeypatch):
-    from lorabind.loaders.placement import load_plan
     from lorabind.loaders.models import store as model_store
     from lorabind.loaders.models.single_file import pipelines
+    from lorabind.loaders.placement import load_plan
 
     model_store.clear_cache()  # the first test's models are cached; this load must plan afresh
     monkeypatch.setattr(load_plan, "free_memory", lambda device: (1024, None))

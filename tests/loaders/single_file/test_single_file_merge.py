@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-from single_file_helpers import call
 
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.families import family_by_id
 from lorabind.loaders.models.store import clear_cache
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+from single_file_helpers import call
 
 TINY = "lorabind-tiny/"
 EXPERTS = ("wan2.2_t2v_high_noise_tiny_{}.safetensors", "wan2.2_t2v_low_noise_tiny_{}.safetensors")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from single_file_helpers import call, render
 
 from lorabind.loaders.errors import LoraBindError
+from single_file_helpers import call, render
 
 TINY = "lorabind-tiny/"
 DENOISER = "wan2.1_t2v_tiny_bf16.safetensors"

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from wan_i2v_helpers import example_image
 
 from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_with_images
@@ -17,6 +16,7 @@ from lorabind.loaders.families.wan import key_layouts as layouts
 from lorabind.loaders.models.single_file.detect import check_set, detect
 from lorabind.loaders.models.single_file.native_files import native_tensors
 from lorabind.loaders.models.single_file.pipelines import load_single_files
+from wan_i2v_helpers import example_image
 
 EDIT_PLUS = "tiny-qwen-image-edit-plus"
 MARKER = "__index_timestep_zero__"

@@ -71,9 +71,9 @@ def test_fp8_files_store_fp8_weights_and_scales(tiny_root):
 
 def test_umt5_file_carries_a_sentencepiece_model_with_the_folder_tokenizers_ids(tiny_root):
     import sentencepiece
+    from transformers import AutoTokenizer
 
     from lorabind.loaders.families.wan.tokenizer import umt5_tokenizer_from_spiece
-    from transformers import AutoTokenizer
 
     with safe_open(str(tiny_root / "text_encoders" / SUBFOLDER / "umt5_tiny_bf16.safetensors"), "pt") as handle:
         spiece = handle.get_tensor("spiece_model")

@@ -5,11 +5,11 @@ a control video and a reference image; a VACE file is never taken for a plain Wa
 
 import pytest
 import torch
+
+from lorabind.loaders.models.single_file.detect import detect
 from single_file_helpers import SAMPLER, call
 from wan_i2v_helpers import example_control_clip as control_clip
 from wan_i2v_helpers import example_image
-
-from lorabind.loaders.models.single_file.detect import detect
 
 TINY = "lorabind-tiny/"
 CASES = {  # folder, denoiser stems, family, boundary_ratio

@@ -3,6 +3,7 @@ tolerance from fp8 files."""
 
 import pytest
 import torch
+
 from single_file_helpers import call, render
 
 TINY = "lorabind-tiny/"

@@ -1,14 +1,13 @@
 """`lorabind inspect`: the --json shape, the text report, accounting against a model, refused files."""
 
 import json
-
 from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.runtime.cli import main
+from lorabind.tiny_models import lora_fixtures as F
 
 REPORT_KEYS = {"file", "path", "format", "family", "rank", "alpha", "scale", "counts", "kinds", "metadata",
                "contract", "accounting", "warnings"}

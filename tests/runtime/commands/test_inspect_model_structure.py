@@ -10,10 +10,10 @@ import struct
 
 import pytest
 
-from lorabind.loaders.models import store as model_store
-from lorabind.tiny_models import lora_fixtures as F
-from lorabind.runtime.cli import main
 from lorabind.loaders.families import family_by_id
+from lorabind.loaders.models import store as model_store
+from lorabind.runtime.cli import main
+from lorabind.tiny_models import lora_fixtures as F
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from lorabind.tiny_models.minimax_h3 import FIXTURE_RANK, NATIVE_FIXTURE_NAME
 from lorabind.runtime.cli import main
+from lorabind.tiny_models.minimax_h3 import FIXTURE_RANK, NATIVE_FIXTURE_NAME
 
 CONTRACT_KEYS = {"kind", "steps", "sigma_points", "flow_shift", "audio_flow_shift", "tasks", "alpha", "rank", "scale",
                  "base_schedule"}

@@ -11,9 +11,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from docs_text import doc_files, shell_commands
 
 import lorabind
+from docs_text import doc_files, shell_commands
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.cli import main
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 
 PACK = Path(lorabind.__file__).parent
 

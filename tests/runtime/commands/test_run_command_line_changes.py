@@ -18,7 +18,6 @@ from runtime_fake_nodes import FAKE_NODES
 from ui_workflow_builders import _seeded_subgraph, out, sock, ui_node
 
 
-
 class ShowImageSize:
     """Shows the size of the IMAGE it gets, so a test sees which file was read."""
 

@@ -47,9 +47,9 @@ def test_mismatched_contract_is_refused_before_the_model_loads(tiny_models_root,
 
 @pytest.mark.parametrize("override", ["6.steps=4", "6.enforce_contract=off", "5.high_noise_strength=0"])
 def test_a_prompt_the_sampler_would_accept_is_not_refused_early(tiny_models_root, override):
+    from lorabind.loaders.io import json_limits
     from lorabind.runtime.commands.run import contract_refusals, load_node_classes
     from lorabind.runtime.workflow_format import to_api_prompt
-    from lorabind.loaders.io import json_limits
 
     node_classes, names = load_node_classes()
     prompt, _ = to_api_prompt(json_limits.loads((WORKFLOWS / "wan22_mismatched_contract.json").read_text()),

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
+from lorabind.tiny_models import lora_fixtures as F
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 

@@ -12,8 +12,8 @@ import pytest
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec
 from lorabind.loaders.models.store import load_model
-from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
 from lorabind.runtime.commands import serve
+from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
 
 
 @pytest.fixture

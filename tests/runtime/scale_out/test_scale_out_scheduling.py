@@ -1,5 +1,7 @@
 import asyncio
-from lorabind.runtime.scale_out.scheduling import BindingFirstTurns, MAX_PASSED_OVER
+
+from lorabind.runtime.scale_out.scheduling import MAX_PASSED_OVER, BindingFirstTurns
+
 
 def test_binding_first_with_a_fairness_bound():
     async def body():

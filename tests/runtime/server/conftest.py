@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from server_client import start_server
 
 

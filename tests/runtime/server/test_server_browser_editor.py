@@ -12,12 +12,12 @@ import json
 import re
 
 import pytest
+from test_server_browser import BROWSER_DIR, CHROMIUM, _chromium
 
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer
-from test_server_browser import BROWSER_DIR, CHROMIUM, _chromium
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)")]

@@ -11,11 +11,11 @@ import pytest
 from lorabind.loaders.dispatch.contract_discovery import contract_to_dict
 from lorabind.loaders.families import checkpoint_contracts
 from lorabind.loaders.families.minimax_h3.contracts import file_contract
-from lorabind.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
-from lorabind.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
 from lorabind.runtime.commands.inspect import inspect_lora
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from lorabind.tiny_models.lora_fixtures import FIXTURE_NAMES, PEFT_FOLDER
+from lorabind.tiny_models.minimax_h3 import FIXTURE_NAMES as MINIMAX_FIXTURE_NAMES
 
 
 @pytest.fixture(scope="module")

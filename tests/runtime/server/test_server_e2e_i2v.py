@@ -13,8 +13,8 @@ from PIL import Image, ImageSequence
 
 from lorabind.runtime.cli import main
 from lorabind.runtime.server import ServerConfig
-from lorabind.runtime.server.in_process_server import BackgroundServer
 from lorabind.runtime.server.config import PACK_DIR
+from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_client import Client, run_async
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end

@@ -3,9 +3,10 @@ image-to-video template opened with red nodes until a prompt had built its fixtu
 
 from __future__ import annotations
 
-import pytest
 import shutil
 from pathlib import Path
+
+import pytest
 
 import lorabind
 from lorabind.runtime.server.example_assets import prepare_example_assets

@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import re
-import tomllib
 
 import pytest
-from server_client import Client, run_async, start_server
-from server_fake_nodes import count_and_save
+import tomllib
 
 from lorabind.runtime.server.comfy_api import routes_frontend
 from lorabind.runtime.server.config import PACK_DIR
+from server_client import Client, run_async, start_server
+from server_fake_nodes import count_and_save
 
 needs_frontend = pytest.mark.skipif(routes_frontend.frontend_static_dir() is None,
                                     reason='the ui extra is not installed (pip install "lorabind[ui]")')

@@ -13,12 +13,11 @@ import json
 import os
 from pathlib import Path
 
-import pytest
+from test_server_frontend_browser import CHROMIUM, TIMEOUT_MS, pytestmark, sync_playwright  # noqa: F401
 
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from runtime_fake_nodes import FAKE_NODES
-from test_server_frontend_browser import CHROMIUM, TIMEOUT_MS, pytestmark, sync_playwright  # noqa: F401
 from ui_workflow_builders import frontend_export_cases
 
 FIXTURE = Path(__file__).parents[1] / "frontend_exports_1.58.1.json"

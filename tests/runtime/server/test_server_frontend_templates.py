@@ -18,12 +18,20 @@ import json
 import urllib.request
 
 import pytest
+from test_server_frontend_browser import (  # noqa: F401
+    APP_READY,
+    CHROMIUM,
+    RECORD_TOASTS_AND_DIALOGS,
+    TIMEOUT_MS,
+    _bad_toasts,
+    _keep_screenshot,
+    pytestmark,
+    sync_playwright,
+)
 
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.example_assets import prepare_example_assets
 from lorabind.runtime.server.in_process_server import BackgroundServer
-from test_server_frontend_browser import (APP_READY, CHROMIUM, RECORD_TOASTS_AND_DIALOGS, TIMEOUT_MS,  # noqa: F401
-                                          _bad_toasts, _keep_screenshot, pytestmark, sync_playwright)
 
 MISMATCHED = "wan22_mismatched_contract"
 HIGH = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"

@@ -14,8 +14,18 @@ import json
 import time
 
 import torch
-from test_server_frontend_browser import (CHROMIUM, TIMEOUT_MS, _bad_toasts, _jobs, _keep_screenshot,  # noqa: F401
-                                          _load, _open, _start, pytestmark, sync_playwright)
+from test_server_frontend_browser import (  # noqa: F401
+    CHROMIUM,
+    TIMEOUT_MS,
+    _bad_toasts,
+    _jobs,
+    _keep_screenshot,
+    _load,
+    _open,
+    _start,
+    pytestmark,
+    sync_playwright,
+)
 
 from lorabind.loaders.io.video_files import VIDEO_FORMATS, write_video
 from lorabind.runtime.server import ServerConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 import struct
+import zlib
 
 import aiohttp
 import pytest

@@ -6,10 +6,9 @@ import os
 
 import pytest
 
+from lorabind.runtime.node_info import node_info
 from server_client import Client, run_async
 from server_fake_nodes import FAKE_NODES, count_and_save
-
-from lorabind.runtime.node_info import node_info
 
 
 def test_object_info_matches_node_info_for_every_node(server):

@@ -308,9 +308,8 @@ class _Pick:
 
 
 def test_prompt_invalid_by_the_time_it_runs_is_an_execution_error_not_a_dead_worker(tmp_path):
-    from server_fake_nodes import FAKE_NODES
-
     from lorabind.runtime.server import BackgroundServer, ServerConfig
+    from server_fake_nodes import FAKE_NODES
 
     config = ServerConfig(port=0, models_root=str(tmp_path / "m"), output_dir=str(tmp_path / "o"),
                           input_dir=str(tmp_path / "i"), temp_dir=str(tmp_path / "t"))

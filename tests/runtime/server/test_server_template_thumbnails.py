@@ -9,13 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from server_client import Client, run_async
 
 import lorabind
-from lorabind.runtime import folder_paths
 from lorabind.loaders.families import example_order
-from lorabind.runtime.server.example_assets import ordered_templates
+from lorabind.runtime import folder_paths
 from lorabind.runtime.server.comfy_api.template_thumbnails import render_template_thumbnails, thumbnail_folder
+from lorabind.runtime.server.example_assets import ordered_templates
+from server_client import Client, run_async
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 

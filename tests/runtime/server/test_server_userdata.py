@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from server_client import Client, run_async, start_server, user_folder
 
 from lorabind.runtime.server.comfy_api import routes_settings, routes_userdata
+from server_client import Client, run_async, start_server, user_folder
 
 
 def test_settings_are_merged_stored_and_read_back(server):

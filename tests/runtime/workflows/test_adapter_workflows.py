@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from adapters_helpers import assert_same_state, recorded_forwards, state_snapshot
 
 import lorabind
+from adapters_helpers import assert_same_state, recorded_forwards, state_snapshot
 from lorabind.loaders.binding.bind import binding_state, unbind
-from lorabind.tiny_models import lora_fixtures as F
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
+from lorabind.tiny_models import lora_fixtures as F
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 

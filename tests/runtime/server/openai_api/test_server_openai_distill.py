@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _save_peft_folder
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _save_peft_folder
 
 openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
 pytestmark = pytest.mark.slow
