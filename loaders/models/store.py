@@ -222,11 +222,6 @@ def release_device_memory() -> int:
     return sum(1 for m in models if m.placement is not None)
 
 
-def load_count(path) -> int:
-    """How many times ``path`` was actually loaded from disk (cache misses), for tests and diagnostics."""
-    return _load_counts.get(str(Path(path).expanduser().resolve()), 0)
-
-
 def loaded_models() -> list[LoadedModel]:
     """Every model loaded now (a scaled-out replica reports the fuse work done on them)."""
     with _lock:
