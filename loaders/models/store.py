@@ -38,9 +38,9 @@ class LoadedModel:
     components: dict = field(default_factory=dict)  # denoiser name -> torch.nn.Module
     model_index: dict = field(default_factory=dict)
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
-    placement: Any = None  # loaders.placement.ModelPlacement: where each component lives under its memory plan
+    placement: Any = None  # loaders.placement.apply_plan.ModelPlacement: where each component lives under its memory plan
     # where each weight can be re-read from (``lookup(component, key) -> WeightSource``); None: the folder's own
-    # safetensors files (loaders.binding.bind.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
+    # safetensors files (loaders.io.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
     weight_sources: Any = None
 
 
