@@ -48,9 +48,21 @@ def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:
             raise ModelLoadError(f"--parallel {spec.describe()}: {name} ({type(module).__name__}) declares no "
                                  "context-parallel plan (_cp_plan) in the installed diffusers, so its sequence "
                                  "cannot be split")
-        config = config_class(ulysses_degree=spec.ulysses, ring_degree=spec.ring, mesh=mesh["ring", "ulysses"])
+        config = config_class(ulysses_degree=spec.ulysses, ring_degree=spec.ring, mesh=mesh["ring", "ulysses"],
+                              **_any_length(spec))
         with _cpu_counts_as_one_device():
             module.enable_parallelism(config=config)
+
+
+def _any_length(spec) -> dict:
+    """Token counts the degree does not divide: a prompt's text tokens (Qwen-Image's joint attention splits them
+    too) or an odd latent size. diffusers splits those unevenly in its "anything" modes, one split kind at a time;
+    with Ulysses and Ring both on, every split sequence must divide by their product."""
+    if spec.ring == 1:
+        return {"ulysses_anything": True}
+    if spec.ulysses == 1:
+        return {"ring_anything": True}
+    return {}
 
 
 def _context_parallel_config_class():
