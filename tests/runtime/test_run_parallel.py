@@ -147,9 +147,8 @@ def test_a_failing_rank_fails_the_run_naming_it_and_stops_the_others(monkeypatch
     assert "lorabind run: rank 1 of 2 failed (exit code 3); ranks 0 stopped" in capsys.readouterr().err
 
 
-def test_the_cli_module_runs_under_python_dash_m(tmp_path):
-    """The form torchrun's ``-m`` runs: ``python -m lorabind.runtime.cli`` (``python -m lorabind`` is no form: the
-    package root is the ComfyUI pack, see docs/serving/several-gpus.md)."""
-    done = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", "--help"], capture_output=True,
-                          text=True, timeout=60)
+@pytest.mark.parametrize("module", ["lorabind", "lorabind.runtime.cli"])
+def test_the_command_runs_under_python_dash_m(module):
+    """The forms torchrun's ``-m`` starts: the pack's ``__main__`` and the CLI module."""
+    done = subprocess.run([sys.executable, "-m", module, "run", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "--parallel SPEC" in done.stdout and "--ulysses-degree N" in done.stdout
