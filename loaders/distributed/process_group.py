@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from ..errors import LoraBindError
 from .spec import ParallelSpec
@@ -75,15 +75,9 @@ def session_spec() -> ParallelSpec:
     return _session.spec
 
 
-def is_rank_zero() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 def job_mesh(device_type: str):
     """The job's DeviceMesh, dims ``MESH_NAMES``: built once, the same on every rank (a collective)."""
     if _session.mesh is None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         spec = _session.spec
         _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses), mesh_dim_names=MESH_NAMES)
     return _session.mesh
@@ -96,7 +90,3 @@ def gather_objects(value) -> list:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
-
-
-def device_type_of(device) -> str:
-    return torch.device(device).type

@@ -64,3 +64,24 @@ def test_tensor_parallelism_is_parsed_but_refused_until_it_lands():
     spec = parallel_spec(args)
     assert spec == ParallelSpec(tp=2) and refusal(spec) == TP_NOT_YET
     assert refusal(parse_parallel("ulysses=2,cfg=2")) is None
+
+
+@pytest.mark.parametrize("text, attention, refused", [
+    ("ulysses=2", "native", None),
+    ("ring=2", "native", "attention=native cannot run ring sequence parallelism; use one of flash, cudnn, sage"),
+    ("ring=2", "flash", None),
+    ("ulysses=2", "xformers", "attention=xformers cannot run ulysses sequence parallelism"),
+    ("cfg=2", "xformers", None),  # nothing split inside attention
+])
+def test_attention_backends_that_cannot_split_the_sequence_are_refused_by_name(text, attention, refused,
+                                                                                monkeypatch):
+    from lorabind.loaders.distributed import context_parallel
+    from lorabind.loaders.errors import ModelLoadError
+
+    monkeypatch.setattr(context_parallel, "session_spec", lambda: parse_parallel(text))
+    if refused is None:
+        context_parallel.check_attention(attention)
+        return
+    with pytest.raises(ModelLoadError) as error:
+        context_parallel.check_attention(attention)
+    assert f"--parallel {text}: {refused}" in str(error.value)
