@@ -27,7 +27,7 @@ def bound_state_fingerprint(patch_set: list, tensors: list) -> str:
     digest = hashlib.sha256(repr(patch_set).encode())
     for name, tensor in tensors:
         bits = tensor.detach().contiguous().view(_BITS_AS[tensor.element_size()])
-        digest.update(f"{name}{tuple(tensor.shape)}{bits.to(torch.int64).sum().item()}".encode())
+        digest.update(f"{name}{tuple(tensor.shape)}{bits.sum(dtype=torch.int64).item()}".encode())
     return digest.hexdigest()
 
 

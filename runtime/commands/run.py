@@ -128,7 +128,8 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
     from .. import folder_paths
     from ..executor import PromptExecutor
 
-    folder_paths.configure(models_root=args.models, output_dir=output_dir or args.output, input_dir=args.input)
+    folder_paths.configure(models_root=args.models, output_dir=output_dir or args.output, input_dir=args.input,
+                           temp_dir=output_dir)  # an unseen rank's previews go to its scratch folder too
     for tokenizer_dir in args.tokenizer:
         folder_paths.add_model_folder_path("tokenizers", tokenizer_dir, is_default=True)
     read = _read_prompt(args)

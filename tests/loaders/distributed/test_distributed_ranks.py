@@ -42,21 +42,24 @@ def test_without_a_cfg_split_both_passes_run_here():
     assert guidance_passes(lambda index: index * 2, 2) == [0, 2] and unsplit_note(1.0) is None
 
 
-def _fingerprints(rank: int, world_size: int, differ: bool) -> str:
-    weight = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
-    if differ and rank == 1:
-        weight[1, 2] = 7.0  # one value of one patched tensor
-    try:
-        check_same_binding([("fuse", "a.safetensors", "transformer", 1.0)], [("blocks.0.weight", weight)])
-    except process_group.ParallelRunError as refused:
-        return str(refused)
-    return "same"
+def _fingerprints(rank: int, world_size: int) -> list:
+    """Two checks in one job: the same binding on both ranks, then one value changed on rank 1."""
+    outcomes = []
+    for differ in (False, True):
+        weight = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+        if differ and rank == 1:
+            weight[1, 2] = 7.0  # one value of one patched tensor
+        try:
+            check_same_binding([("fuse", "a.safetensors", "transformer", 1.0)], [("blocks.0.weight", weight)])
+            outcomes.append("same")
+        except process_group.ParallelRunError as refused:
+            outcomes.append(str(refused))
+    return outcomes
 
 
 def test_the_same_binding_passes_and_one_changed_value_stops_the_job_naming_the_rank(tmp_path):
-    assert run_ranks(_fingerprints, False, out_dir=tmp_path) == ["same", "same"]
-    refusals = run_ranks(_fingerprints, True, out_dir=tmp_path)
-    assert all("the LoRA binding of rank(s) 1 differs from rank 0's" in text for text in refusals)
+    for same, refused in run_ranks(_fingerprints, out_dir=tmp_path):
+        assert same == "same" and "the LoRA binding of rank(s) 1 differs from rank 0's" in refused
 
 
 def test_a_fingerprint_follows_the_patch_set_and_every_bit():
