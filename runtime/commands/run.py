@@ -97,7 +97,7 @@ def _run_parallel(args, spec) -> int:
     """Inside a job (torchrun's or ours): run as this rank. Outside: check the prompt here (a refusal before any
     rank starts or loads), then start the ranks."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...loaders.distributed.process_group import rank_from_environment
+    from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
     from ..parallel.launch import launch_ranks
     from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
 
@@ -108,13 +108,18 @@ def _run_parallel(args, spec) -> int:
             return prepared
         print(f"lorabind run: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
         return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]))
-    _, world_size, local_rank = job
-    with rank_of_job(spec, local_rank) as (rank, seen):
-        if seen:
-            code = _run_here(args, models_turn=rank_zero_builds_first)
-        else:
-            with unseen_rank() as (scratch, null):
-                code = _run_here(args, output_dir=scratch, progress_stream=null, models_turn=rank_zero_builds_first)
+    rank, world_size, local_rank = job
+    try:
+        with rank_of_job(spec, local_rank) as (rank, seen):
+            if seen:
+                code = _run_here(args, models_turn=rank_zero_builds_first)
+            else:
+                with unseen_rank() as (scratch, null):
+                    code = _run_here(args, output_dir=scratch, progress_stream=null,
+                                     models_turn=rank_zero_builds_first)
+    except ParallelRunError as exc:
+        print(f"lorabind run: rank {rank}: {exc}", file=sys.stderr)
+        return 2
     if code:
         print(f"lorabind run: rank {rank} of {world_size} failed", file=sys.stderr)
     return code

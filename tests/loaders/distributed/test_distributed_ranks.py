@@ -16,6 +16,11 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg_split(rank: int, world_size: int) -> dict:
+    try:
+        process_group.join_job(parse_parallel("ulysses=4"), "cpu")
+        wrong_size = "joined"
+    except process_group.ParallelRunError as refused:
+        wrong_size = str(refused)
     process_group.join_job(parse_parallel("cfg=2"), "cpu")
     ran = []
 
@@ -26,7 +31,8 @@ def _cfg_split(rank: int, world_size: int) -> dict:
     passes = guidance_passes(one_pass, 2)
     note = unsplit_note(1.0)
     process_group.leave_job()
-    return {"ran": ran, "video": [p[0] for p in passes], "audio": [p[1] for p in passes], "note": note}
+    return {"ran": ran, "video": [p[0] for p in passes], "audio": [p[1] for p in passes], "note": note,
+            "wrong_size": wrong_size}
 
 
 def test_cfg_two_runs_one_pass_per_rank_and_both_ranks_get_both(tmp_path):
@@ -36,6 +42,8 @@ def test_cfg_two_runs_one_pass_per_rank_and_both_ranks_get_both(tmp_path):
         assert [v[0, 0].item() for v in result["video"]] == [1.0, 2.0]
         assert [a.item() for a in result["audio"]] == [10.0, 20.0]
         assert "cfg is 1 here" in result["note"]
+        assert result["wrong_size"] == ("--parallel ulysses=4 needs 4 ranks, but this job has 2 (torchrun "
+                                        "--nproc-per-node must be 4)")
 
 
 def test_without_a_cfg_split_both_passes_run_here():
