@@ -25,6 +25,11 @@ class KeyMatchError(LoraBindError):
     """A LoRA's keys do not fit the model (unmatched keys, shape mismatches)."""
 
 
+class ComponentUnnamedError(KeyMatchError):
+    """A LoRA file goes to one of several denoisers and neither its name nor the request says which. A type of its
+    own so that a host can offer its own way out (a node naming the pair node) without reading the message."""
+
+
 class ContractError(LoraBindError):
     """A sampling request violates a contract declared by an artifact or a checkpoint."""
 

@@ -41,7 +41,7 @@ Limits:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 PREFIX = "lorabind."
 FP8_COMPUTE = PREFIX + "fp8_compute"
@@ -91,23 +91,6 @@ def detach(module, name: str) -> None:
         if getattr(override, "__self__", None) is module and \
                 getattr(override, "__func__", None) is type(module).forward:
             del module.forward  # the bound method diffusers put back: the class's own forward again
-
-
-def hooked(root) -> Iterator[tuple]:
-    """``(qualified module name, module, hook name)`` for every hook of ours under ``root`` (itself included)."""
-    for module_name, module in root.named_modules():
-        registry = getattr(module, _REGISTRY_ATTRIBUTE, None)
-        for name in list(registry.hooks) if registry is not None else ():
-            if name.startswith(PREFIX):
-                yield module_name, module, name
-
-
-def detach_all(root) -> int:
-    """Remove every hook of ours under ``root``; returns how many there were."""
-    found = list(hooked(root))
-    for _, module, name in found:
-        detach(module, name)
-    return len(found)
 
 
 @functools.cache

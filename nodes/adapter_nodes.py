@@ -16,6 +16,7 @@ from ..usecases.vocabulary import (
     SOCKET_ADAPTER,
     SOCKET_MODEL,
     AdapterHandle,
+    ComponentUnnamedError,
     LoraBindError,
     LoraFileError,
     lora_components,
@@ -166,10 +167,8 @@ class FuseDistillLoRA:
         try:
             attached = attach_fuse(model, lora_name, path, strength, chosen, where="FuseDistillLoRA",
                                    lenient=lenient, strength_schedule=strength_schedule)
-        except LoraBindError as exc:
-            if chosen is None and "does not say which expert" in str(exc):
-                raise type(exc)(f"{exc}, or use WanMoELoRAPair") from None
-            raise
+        except ComponentUnnamedError as exc:  # auto could not pick a denoiser: the pair node picks by slot
+            raise ComponentUnnamedError(f"{exc}, or use WanMoELoRAPair") from None
         return _ui(attached)
 
 

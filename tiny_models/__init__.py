@@ -7,32 +7,38 @@ command with no download: ``lorabind run`` calls ``ensure_builtin_models`` and t
 
 from __future__ import annotations
 
-from importlib import import_module
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from ..loaders.families import tiny_recipes
 from ..loaders.models import compat
-from . import lora_fixtures, minimax_h3, single_files
+from . import lora_fixtures, minimax_h3, qwen_image, qwen_image_edit, single_files, wan, wan_i2v, wan_vace
 from ._common import diffusers_dir, log, stale_reason
 from .input_images import ensure_input_images, write_input_images
 
 # Which built-ins exist, and which library versions each needs, is each family's list (``FamilyLayout.tiny_models``);
-# the recipes name the builder here that writes the folder.
+# the builder of each name is here, imported as code (one builder may write several folders: MiniMax-H3's plain
+# and pinned models).
 RECIPES = tiny_recipes()
+BUILDERS: dict[str, Callable] = {
+    "tiny-wan22-t2v": wan.build_tiny_wan22, "tiny-wan21-t2v": wan.build_tiny_wan21,
+    "tiny-wan22-i2v": wan_i2v.build_tiny_wan22_i2v, "tiny-wan21-i2v": wan_i2v.build_tiny_wan21_i2v,
+    "tiny-wan22-ti2v": wan_i2v.build_tiny_wan22_ti2v, "tiny-wan21-vace": wan_vace.build_tiny_wan21_vace,
+    "tiny-wan22-vace-fun": wan_vace.build_tiny_wan22_vace_fun, "tiny-qwen-image": qwen_image.build_tiny_qwen_image,
+    "tiny-qwen-image-edit": qwen_image_edit.build_tiny_qwen_image_edit,
+    "tiny-qwen-image-edit-plus": qwen_image_edit.build_tiny_qwen_image_edit_plus,
+    "tiny-minimax-h3": minimax_h3.build_tiny_minimax_h3, "tiny-minimax-h3-pinned": minimax_h3.build_tiny_minimax_h3,
+}
+_UNBUILT = sorted(set(RECIPES) - set(BUILDERS))
+if _UNBUILT:
+    raise ImportError(f"the families list built-in tiny models the factory has no builder for: {_UNBUILT}")
 BUILTIN_NAMES = tuple(RECIPES)
 BUILTIN_FAMILIES = {name: recipe.requirements_id for name, recipe in RECIPES.items()}
-
-
-def _builder(recipe) -> Callable:
-    return getattr(import_module(recipe.module, __name__), recipe.builder)
-
-
-# builders that write several folders at once (MiniMax-H3's plain and pinned models) are run by name set
-_SHARED_BUILDERS = {r.builder for r in RECIPES.values() if [o.builder for o in RECIPES.values()].count(r.builder) > 1}
+# builders that write several folders at once are run by name set, not one folder at a time
+_SHARED_BUILDERS = {b for b in BUILDERS.values() if list(BUILDERS.values()).count(b) > 1}
 # name -> builder(models_root) -> folder written, for the built-ins built one folder at a time
 BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
-    name: _builder(recipe) for name, recipe in RECIPES.items() if recipe.builder not in _SHARED_BUILDERS}
+    name: BUILDERS[name] for name in RECIPES if BUILDERS[name] not in _SHARED_BUILDERS}
 
 
 def unavailable_builtins() -> dict[str, str]:
@@ -48,7 +54,7 @@ def build_builtin(name: str, models_root) -> Path:
     if recipe is None:
         raise KeyError(f"unknown built-in model {name!r}; known: {sorted(BUILTIN_NAMES)}")
     compat.require(recipe.requirements_id, f"the built-in {name}")
-    _builder(recipe)(models_root)
+    BUILDERS[name](models_root)
     return diffusers_dir(models_root) / name
 
 
@@ -57,12 +63,12 @@ def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
     written: list[Path] = []
     done = set()
     for name in dict.fromkeys(names):
-        recipe = RECIPES[name]
-        if recipe.builder in done:
+        builder = BUILDERS[name]
+        if builder in done:
             continue
-        done.add(recipe.builder)
-        compat.require(recipe.requirements_id, f"the built-in {name}")
-        result = _builder(recipe)(models_root)
+        done.add(builder)
+        compat.require(RECIPES[name].requirements_id, f"the built-in {name}")
+        result = builder(models_root)
         written += [Path(p) for p in result] if isinstance(result, (list, tuple)) else [Path(result)]
     return written
 

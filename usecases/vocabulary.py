@@ -12,7 +12,7 @@ stay defined where they are enforced (the engine refuses a dtype, memory plan or
 the sampler a scheduler) and are imported from there, so a declaration cannot offer what the loader refuses.
 """
 
-from ..loaders.errors import LoraBindError, LoraFileError
+from ..loaders.errors import ComponentUnnamedError, LoraBindError, LoraFileError
 from ..loaders.families import lora_components
 from ..loaders.fp8 import ROUNDINGS
 from ..loaders.handles import AdapterHandle
@@ -43,5 +43,5 @@ __all__ = [
     "VIDEO_PRESETS", "device_choices", "lora_components",
     "END_OF_SCHEDULE", "MAX_REFERENCE_IMAGES", "PART_ANY", "PART_HIGH", "PART_LOW",
     "AdapterHandle", "HostContract", "SampleOptions",
-    "LoraBindError", "LoraFileError",
+    "ComponentUnnamedError", "LoraBindError", "LoraFileError",
 ]

@@ -212,14 +212,6 @@ def unbind(model) -> None:
         state.stats.tensors_restored += result.restored
 
 
-def pin_adapter(model, path: str, component: str = "", pinned: bool = True) -> None:
-    """Never evict this adapter file from ``model``'s adapter cache once loaded (``pinned=False`` undoes it);
-    ``component`` "" is the main denoiser."""
-    state = binding_state(model)
-    with state.lock:
-        state.adapters.pin(path, component or main_denoiser(model), pinned)
-
-
 def main_denoiser(model) -> str:
     """The model's main denoiser: its family lists it first among ``model.components``."""
     return next(iter(model.components))

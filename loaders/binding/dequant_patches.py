@@ -78,12 +78,6 @@ def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> Non
     state.patches[name] = patch
 
 
-def patches_of(module: torch.nn.Module) -> dict:
-    """``{parameter name: DequantPatch}`` of a module (empty when none is patched)."""
-    state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)
-    return dict(state.patches) if state is not None else {}
-
-
 def patched_weight(module: torch.nn.Module, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The value ``module.<name>`` computes with now: ``dequant(Q) + Σ s·ΔW`` rounded once to the compute dtype."""
     state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)

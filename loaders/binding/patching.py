@@ -138,10 +138,6 @@ class WeightPatcher:
                 written.setdefault(self._locations[pid][0], []).append(self._tensor(pid))
         return written
 
-    def backup_bytes(self) -> int:
-        """Host bytes held by RAM backups (file-backed originals hold only a checksum)."""
-        return sum(t.numel() * t.element_size() for t in self._originals.values())
-
     def restore_sources(self) -> dict:
         """Per component, how the originals of its patched parameters are kept: ``file`` (re-read from the
         safetensors file it was loaded from) or ``ram`` (a copy), with counts and bytes."""

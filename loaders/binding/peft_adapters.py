@@ -349,10 +349,3 @@ def _unwrap_empty_peft_layers(module: nn.Module) -> None:
         parent_path, _, child = path.rpartition(".")
         parent = module.get_submodule(parent_path) if parent_path else module
         setattr(parent, child, layer.get_base_layer())
-
-
-def active_adapters_of(cache: Optional[AdapterCache]) -> list:
-    """Labels and scales of the active adapters (for reports)."""
-    if cache is None:
-        return []
-    return [{"name": cache.entries[k].label, "component": k[2], "scale": s} for k, s in cache.active.items()]

@@ -34,7 +34,7 @@ def distill_contract(file_name: str, family: str, shift: float, rank: Optional[i
 def declared(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, table, family: str,
              shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
     """The contract a Wan/Qwen-Image file declares: its metadata's ``sampling_contract``, else a matching user
-    contract table entry (``contract_table.TableEntry`` or None), else what its name says (``by_name``)."""
+    contract table entry (``contracts.table.TableEntry`` or None), else what its name says (``by_name``)."""
     if table is not None:
         by_name = _from_table(by_name, file_name, table, family, shift, rank)
     return with_metadata(by_name, file_name, metadata, family, shift, rank)

@@ -39,15 +39,13 @@ SHARED_INDEX_ROLES = {"text_encoder": ROLE_TEXT_ENCODER, "image_encoder": ROLE_I
 
 @dataclass(frozen=True)
 class TinyRecipe:
-    """A built-in tiny model of a family: ``name`` (its folder under ``models/diffusers``), the requirements id
-    it needs (``FamilyLayout.requirements``), and the builder the tiny-model factory runs: ``builder`` in module
-    ``module`` (relative to ``tiny_models`` when it starts with a dot), ``builder(models_root)``. Named,
-    not imported, so the engine never imports the factory."""
+    """A built-in tiny model of a family: ``name`` (its folder under ``models/diffusers``) and the requirements id
+    it needs (``FamilyLayout.requirements``). The family says which built-ins it has; the tiny-model factory
+    (``tiny_models``, which the engine never imports) holds the builder of each name and refuses a recipe it has
+    no builder for."""
 
     name: str
     requirements_id: str
-    module: str
-    builder: str
 
 
 @dataclass(frozen=True)

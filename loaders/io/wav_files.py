@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import struct
 
-from . import json_limits
 from .atomic_files import write_atomically
 
 
@@ -43,18 +42,3 @@ def write_wav(path: str, waveform, sample_rate: int, comment: dict | None = None
             handle.write(data)
 
     write_atomically(path, write)
-
-
-def read_wav_comment(path: str) -> dict | None:
-    """The JSON object in a WAV's ``LIST/INFO/ICMT`` chunk, or None."""
-    with open(path, "rb") as handle:
-        blob = handle.read()
-    pos = 12
-    while pos + 8 <= len(blob):
-        tag, size = blob[pos:pos + 4], struct.unpack("<I", blob[pos + 4:pos + 8])[0]
-        payload = blob[pos + 8:pos + 8 + size]
-        if tag == b"LIST" and payload[:4] == b"INFO" and payload[4:8] == b"ICMT":
-            text_size = struct.unpack("<I", payload[8:12])[0]
-            return json_limits.loads(payload[12:12 + text_size].rstrip(b"\x00").decode("utf-8"))
-        pos += 8 + size + (size % 2)
-    return None

@@ -4,7 +4,7 @@ Read (cached) -> map onto the model family's module paths -> account every tenso
 module tree. Binding, the adapter nodes, ``lorabind inspect`` and ``lorabind merge`` all call this one function,
 so a file is refused with the same words wherever it is used, and what ``inspect`` reports is exactly what a fuse
 would apply. Also here: the small questions every caller asks about a LoRA file (its rank, its adapter kinds).
-The contract it declares is ``contracts.discover_contract``'s answer; which denoiser a file's name says it
+The contract it declares is ``dispatch.contract_discovery.discover_contract``'s answer; which denoiser a file's name says it
 belongs in is its model family's (``FamilyLayout.component_for_file``).
 """
 

@@ -40,9 +40,9 @@ class LoadedModel:
     components: dict = field(default_factory=dict)  # denoiser name -> torch.nn.Module
     model_index: dict = field(default_factory=dict)
     binding_state: Any = None  # owned by loaders.binding (patcher backups, active adapters)
-    placement: Any = None  # loaders.placement.ModelPlacement: where each component lives under its memory plan
+    placement: Any = None  # loaders.placement.apply_plan.ModelPlacement: where each component lives under its memory plan
     # where each weight can be re-read from (``lookup(component, key) -> WeightSource``); None: the folder's own
-    # safetensors files (loaders.binding.bind.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
+    # safetensors files (loaders.io.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
     weight_sources: Any = None
 
 
@@ -224,11 +224,6 @@ def release_device_memory() -> int:
     for model in models:
         _release(model)
     return sum(1 for m in models if m.placement is not None)
-
-
-def load_count(path) -> int:
-    """How many times ``path`` was actually loaded from disk (cache misses), for tests and diagnostics."""
-    return _load_counts.get(str(Path(path).expanduser().resolve()), 0)
 
 
 def loaded_models() -> list[LoadedModel]:

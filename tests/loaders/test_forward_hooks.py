@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
+from engine_probes import detach_all, fp8_stored_weights, gguf_patches_of, hooks_of_ours
 from gguf_helpers import quantize_linears
 from lorabind.loaders import families, forward_hooks, fp8
-from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.lora.canonical import LowRankDelta, TargetPatch
 from lorabind.loaders.placement.apply_plan import ModelPlacement
@@ -87,18 +87,18 @@ def test_every_hook_kind_is_in_the_one_registry_and_removing_them_leaves_the_mod
 
     _run(transformer, vae)
     assert placement.stats.uploads == {"transformer": 1}  # the placement hook ran
-    assert dequant_patches.patches_of(transformer.get_submodule(GGUF_LAYER))  # and the GGUF one is there
-    kinds = {(name, hook) for name, _, hook in forward_hooks.hooked(transformer)} | \
-        {("vae." + name, hook) for name, _, hook in forward_hooks.hooked(vae)}
+    assert gguf_patches_of(transformer.get_submodule(GGUF_LAYER))  # and the GGUF one is there
+    kinds = {(name, hook) for name, _, hook in hooks_of_ours(transformer)} | \
+        {("vae." + name, hook) for name, _, hook in hooks_of_ours(vae)}
     assert kinds == {(FP8_LAYER, forward_hooks.FP8_COMPUTE), (GGUF_LAYER, forward_hooks.GGUF_PATCHES),
                      ("", forward_hooks.PLACEMENT_STAGE), ("vae.decoder", forward_hooks.PLACEMENT_DECODE)}
     # after the forwards every swapped weight is back: the model holds its stored bytes between forwards
     assert all(_identical(b, a) for b, a in zip(before, _snapshot(transformer, vae)))
 
-    assert forward_hooks.detach_all(transformer) + forward_hooks.detach_all(vae) == 4
+    assert detach_all(transformer) + detach_all(vae) == 4
     assert _hook_free(transformer) == [] and _hook_free(vae) == []
     assert all(_identical(b, a) for b, a in zip(before, _snapshot(transformer, vae)))
-    assert fp8.stored_weights(transformer) == {} and dequant_patches.patches_of(
+    assert fp8_stored_weights(transformer) == {} and gguf_patches_of(
         transformer.get_submodule(GGUF_LAYER)) == {}
 
 
@@ -131,4 +131,4 @@ def test_a_second_hook_of_ours_on_one_module_is_refused():
     forward_hooks.attach(layer, forward_hooks.PLACEMENT_STAGE)
     with pytest.raises(ValueError, match="already has the hook lorabind.placement_stage; one lorabind hook"):
         forward_hooks.attach(layer, forward_hooks.GGUF_PATCHES)
-    assert [name for _, _, name in forward_hooks.hooked(layer)] == [forward_hooks.PLACEMENT_STAGE]
+    assert [name for _, _, name in hooks_of_ours(layer)] == [forward_hooks.PLACEMENT_STAGE]

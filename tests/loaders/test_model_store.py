@@ -7,8 +7,9 @@ import shutil
 import pytest
 import torch
 
+from engine_probes import load_count
 from lorabind.loaders.errors import ModelLoadError
-from lorabind.loaders.models.store import detect_family, load_count, load_model
+from lorabind.loaders.models.store import detect_family, load_model
 
 
 def test_second_load_returns_the_same_object_and_loads_once(tiny_models_root, tmp_path):

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from engine_probes import load_count
 from lorabind.loaders import families
 from lorabind.loaders.binding.bind import bind, release_adapters, unbind
 from lorabind.loaders.contract_types import ResolvedSchedule
@@ -135,14 +136,14 @@ def test_a_plan_that_does_not_fit_is_refused_before_loading(models_root, monkeyp
 
     monkeypatch.setattr(load_plan, "free_memory", lambda device: (64 * 1024**2, None))
     folder = models_root / "diffusers" / "tiny-wan21-t2v"
-    loads = model_store.load_count(folder)
+    loads = load_count(folder)
     with pytest.raises(ModelLoadError) as info:
         model_store.load_model(folder, device="cpu", memory="offload_blocks", dtype="float16")
     message = str(info.value)
     assert message.startswith("tiny-wan21-t2v on cpu: ")
     assert "memory=offload_blocks needs" in message and "0.1 GiB free" in message
     assert message.endswith("Nothing was loaded.")
-    assert model_store.load_count(folder) == loads
+    assert load_count(folder) == loads
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine_probes import backup_bytes
 from lorabind.loaders.binding.bind import bind, unbind
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.io.weight_sources import WeightSourceError
@@ -90,7 +91,7 @@ def test_file_backed_restore_is_bit_exact_and_holds_no_copy(tmp_path, file_dtype
     # every touched weight is re-readable from the file: no RAM backup at all, only its checksum and identity
     assert report.restore_sources == {"transformer": {"file": len(_targets()), "file_bytes": touched_bytes,
                                                       "ram": 0, "ram_bytes": 0}}
-    assert model.binding_state.patcher.backup_bytes() == 0
+    assert backup_bytes(model.binding_state.patcher) == 0
     unbind(model)
     _assert_bits_equal(base, transformer)
 
@@ -137,7 +138,7 @@ def test_without_a_file_every_original_is_a_ram_copy(tmp_path):
     touched_bytes = sum(transformer.get_submodule(p).weight.nbytes for p in _targets())
     assert report.restore_sources["transformer"] == {"file": 0, "file_bytes": 0, "ram": len(_targets()),
                                                      "ram_bytes": touched_bytes}
-    assert model.binding_state.patcher.backup_bytes() == touched_bytes
+    assert backup_bytes(model.binding_state.patcher) == touched_bytes
 
 
 def _weights_file(folder):

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from adapters_helpers import assert_same_state, state_snapshot
-from lorabind.loaders.errors import KeyMatchError, LoraBindError
+from lorabind.loaders.errors import ComponentUnnamedError, KeyMatchError, LoraBindError
 from lorabind.loaders.handles import AdapterHandle, ModelHandle
 from lorabind.nodes.adapter_nodes import (
     FuseDistillLoRA,
@@ -60,7 +60,8 @@ def test_fuse_at_strength_zero_declares_no_contract(wan21):
 def test_fuse_auto_component_follows_the_file_name_on_wan22(wan22):
     low = FuseDistillLoRA().fuse(wan22, F.WAN22_LOW, 1.0)["result"][0]
     assert low.fuses[0].component == "transformer_2"
-    with pytest.raises(LoraBindError, match=f"{F.WAN21_DISTILL} does not say which expert"):
+    with pytest.raises(ComponentUnnamedError, match=f"{F.WAN21_DISTILL} does not say which expert.*"
+                       "\\(model tiny-wan22-t2v\\), or use WanMoELoRAPair$"):
         FuseDistillLoRA().fuse(wan22, F.WAN21_DISTILL, 1.0)
     forced = FuseDistillLoRA().fuse(wan22, F.WAN21_DISTILL, 1.0, component="transformer")["result"][0]
     assert forced.fuses[0].component == "transformer"

@@ -32,9 +32,8 @@ class MiniMaxH3Layout(FamilyLayout):
     requirements = {contracts.FAMILY_ID: {"diffusers": "0.42"}}  # MiniMax-H3 arrived in diffusers 0.42
     labels = {contracts.FAMILY_ID: "MiniMax-H3"}
     real_configs = ("minimax-h3",)
-    # one builder writes both folders (the pinned one is a copy with a pinned release)
-    tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID, ".minimax_h3", "build_tiny_minimax_h3")
-                        for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
+    # the factory builds both folders at once (the pinned one is a copy with a pinned release)
+    tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID) for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
     refused_single_files = REFUSED_FILES
     file_name_words = "minimax"
     # listed last: none featured

@@ -15,7 +15,7 @@ class FamilyContracts(FamilyPart):
     def declared_contract(self, file_name: str, metadata: dict, rank: Optional[int], table=None):
         """The ScheduleContract an artifact declares by name/metadata, or None; ContractError if refused.
         ``file_name`` is the file's name with the folder holding it (release layouts keep the step count
-        there); ``table`` a matching user contract table entry (``contract_table.TableEntry``) or None: the
+        there); ``table`` a matching user contract table entry (``contracts.table.TableEntry``) or None: the
         file's metadata wins over it, and it wins over the name."""
         return None
 

@@ -51,9 +51,9 @@ class FamilyLayout(FamilyPart):
 
     def requirements_id(self, model_family: str, model_index: Optional[dict] = None,
                         variant: Optional[str] = None, folder: Optional[Path] = None) -> str:
-        """The ``compat.REQUIREMENTS`` entry checked before loading a model of ``model_family`` from a folder
-        (``model_index``; ``folder`` where a variant shows only in a component's config) or single files (detected
-        ``variant``): the family id, unless a variant of it came with a newer library release than the family."""
+        """The ``requirements`` entry ``compat.require`` checks before loading a model of ``model_family`` from a
+        folder (``model_index``; ``folder`` where a variant shows only in a component's config) or single files
+        (detected ``variant``): the family id, unless a variant of it came with a newer library release."""
         return model_family
 
     def component_roles(self, model_index: dict) -> dict:

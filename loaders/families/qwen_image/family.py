@@ -33,10 +33,8 @@ class QwenImageLayout(FamilyLayout):
                     EDIT_2511_REQUIREMENTS: {"diffusers": "0.37", "transformers": "4.49"}}
     labels = {FAMILY_ID: "Qwen-Image", EDIT_2511_REQUIREMENTS: "Qwen-Image-Edit-2511"}
     real_configs = ("qwen-image",)
-    tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID, ".qwen_image", "build_tiny_qwen_image"),
-                   TinyRecipe("tiny-qwen-image-edit", FAMILY_ID, ".qwen_image_edit", "build_tiny_qwen_image_edit"),
-                   TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS, ".qwen_image_edit",
-                              "build_tiny_qwen_image_edit_plus"))
+    tiny_models = (TinyRecipe("tiny-qwen-image", FAMILY_ID), TinyRecipe("tiny-qwen-image-edit", FAMILY_ID),
+                   TinyRecipe("tiny-qwen-image-edit-plus", EDIT_2511_REQUIREMENTS))
     single_file_kinds = files.KINDS
     known_single_files = files.KNOWN_MODELS
     file_name_words = "qwen"

@@ -26,13 +26,13 @@ REQUIREMENTS = {"wan2.1": {"diffusers": "0.33"}, contracts.MOE_FAMILY: {"diffuse
 LABELS = {"wan2.1": "Wan2.1", contracts.MOE_FAMILY: "Wan2.2 MoE", TI2V_REQUIREMENTS: "Wan2.2 TI2V",
           VACE_REQUIREMENTS: "Wan VACE"}
 TINY_MODELS = (
-    TinyRecipe("tiny-wan22-t2v", contracts.MOE_FAMILY, ".wan", "build_tiny_wan22"),
-    TinyRecipe("tiny-wan21-t2v", "wan2.1", ".wan", "build_tiny_wan21"),
-    TinyRecipe("tiny-wan22-i2v", contracts.MOE_FAMILY, ".wan_i2v", "build_tiny_wan22_i2v"),
-    TinyRecipe("tiny-wan21-i2v", "wan2.1", ".wan_i2v", "build_tiny_wan21_i2v"),
-    TinyRecipe("tiny-wan22-ti2v", TI2V_REQUIREMENTS, ".wan_i2v", "build_tiny_wan22_ti2v"),
-    TinyRecipe("tiny-wan21-vace", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan21_vace"),
-    TinyRecipe("tiny-wan22-vace-fun", VACE_REQUIREMENTS, ".wan_vace", "build_tiny_wan22_vace_fun"),
+    TinyRecipe("tiny-wan22-t2v", contracts.MOE_FAMILY),
+    TinyRecipe("tiny-wan21-t2v", "wan2.1"),
+    TinyRecipe("tiny-wan22-i2v", contracts.MOE_FAMILY),
+    TinyRecipe("tiny-wan21-i2v", "wan2.1"),
+    TinyRecipe("tiny-wan22-ti2v", TI2V_REQUIREMENTS),
+    TinyRecipe("tiny-wan21-vace", VACE_REQUIREMENTS),
+    TinyRecipe("tiny-wan22-vace-fun", VACE_REQUIREMENTS),
 )
 
 

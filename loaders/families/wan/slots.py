@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ...errors import KeyMatchError
+from ...errors import ComponentUnnamedError, KeyMatchError
 
 HIGH_NOISE_EXPERT = "transformer"
 LOW_NOISE_EXPERT = "transformer_2"
@@ -35,7 +35,7 @@ def expert_for_file(file_name: str, *, strict: bool) -> str:
         return EXPERT_OF_ROLE[role]
     if not strict:
         return HIGH_NOISE_EXPERT
-    raise KeyMatchError(f"{file_name} does not say which expert of a Wan2.2 MoE model it is for; set its component "
+    raise ComponentUnnamedError(f"{file_name} does not say which expert of a Wan2.2 MoE model it is for; set its component "
                         f"to {HIGH_NOISE_EXPERT} (high noise) or {LOW_NOISE_EXPERT} (low noise)")
 
 

@@ -31,7 +31,7 @@ from .loading import build_empty, fp8_parameters, fp32_modules, load_component
 
 
 class SingleFileWeightSources:
-    """Where each denoiser weight can be re-read for an exact restore (``loaders.binding.bind.weight_sources``): its native key
+    """Where each denoiser weight can be re-read for an exact restore (``loaders.io.weight_sources``): its native key
     in the file it came from. Fused/split tensors (none in the Wan/Qwen layouts) get no source and keep a RAM
     backup; the patcher checks every source bit for bit against the live weight before trusting it (an fp8
     weight re-reads as its exact bytes)."""

@@ -14,12 +14,13 @@ import pytest
 import torch
 
 import lorabind
+from engine_probes import read_wav_comment
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch.contract_discovery import ResolvedSchedule
 from lorabind.loaders.errors import LoraBindError
 from lorabind.loaders.families.minimax_h3 import FAMILY, references, sampling
 from lorabind.loaders.families.minimax_h3 import pipeline as S
-from lorabind.loaders.io.wav_files import read_wav_comment, write_wav
+from lorabind.loaders.io.wav_files import write_wav
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 

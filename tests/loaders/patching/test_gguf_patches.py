@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine_probes import gguf_patches_of, hooks_of_ours
 from gguf_helpers import gguf_bytes, quantize_linears, reference_dequant
-from lorabind.loaders import forward_hooks
 from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.binding.bind import bind, binding_state, unbind
 from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
@@ -83,7 +83,7 @@ def test_bind_and_unbind_of_the_lightx2v_pair_leave_every_gguf_byte_identical(ma
         after = gguf_bytes(module)
         assert [k for k in before[component] if not torch.equal(before[component][k], after[k])] == []
         for path in REFERENCE_NAMES:
-            assert set(dequant_patches.patches_of(module.get_submodule(path))) == {"weight"}
+            assert set(gguf_patches_of(module.get_submodule(path))) == {"weight"}
     # no GGUF weight keeps a backup: nothing of them is ever rewritten
     patcher = binding_state(model).patcher
     assert not any(pid.endswith(tuple(f"{p}.weight" for p in REFERENCE_NAMES)) for pid in patcher._originals)
@@ -94,8 +94,8 @@ def test_bind_and_unbind_of_the_lightx2v_pair_leave_every_gguf_byte_identical(ma
         assert [k for k, v in state_before[component].items() if not torch.equal(v, state[k])] == []
         for path in REFERENCE_NAMES:
             layer = module.get_submodule(path)
-            assert dequant_patches.patches_of(layer) == {}
-            assert list(forward_hooks.hooked(layer)) == []  # the hook went with the patches
+            assert gguf_patches_of(layer) == {}
+            assert list(hooks_of_ours(layer)) == []  # the hook went with the patches
             assert not hasattr(layer, "_diffusers_hook") and "forward" not in vars(layer)
 
 
@@ -189,13 +189,13 @@ def test_a_strength_change_rewrites_only_that_experts_layers(make_experts, tiny_
     model = make_experts()
     first = bind(model, pair_specs(tiny_models_root), [])
     low_layer = module_of(model, LOW_NOISE_EXPERT, "blocks.0.ffn.net.2")
-    low_patch = dequant_patches.patches_of(low_layer)["weight"]
+    low_patch = gguf_patches_of(low_layer)["weight"]
     again = bind(model, pair_specs(tiny_models_root), [])
     assert (again.written, again.restored, again.unchanged) == (0, 0, first.written)
     changed = bind(model, pair_specs(tiny_models_root, high=0.5), [])
     assert changed.written == first.written // 2 and changed.unchanged == first.written - changed.written
-    assert dequant_patches.patches_of(low_layer)["weight"] is low_patch  # the other expert was not touched
-    high_patch = dequant_patches.patches_of(module_of(model, "transformer", "blocks.0.ffn.net.2"))["weight"]
+    assert gguf_patches_of(low_layer)["weight"] is low_patch  # the other expert was not touched
+    high_patch = gguf_patches_of(module_of(model, "transformer", "blocks.0.ffn.net.2"))["weight"]
     assert {c.strength for c in high_patch.contributions} == {0.5}
 
 
@@ -208,7 +208,7 @@ def test_an_interrupted_bind_leaves_no_patch_and_every_byte(make_experts, tiny_m
         calls.append(1)
         if len(calls) > 20:  # past the first expert's GGUF layers (the check below proves it), before the end
             patched_when_interrupted.extend(
-                m for m in model.components["transformer"].modules() if dequant_patches.patches_of(m))
+                m for m in model.components["transformer"].modules() if gguf_patches_of(m))
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -216,7 +216,7 @@ def test_an_interrupted_bind_leaves_no_patch_and_every_byte(make_experts, tiny_m
     assert patched_when_interrupted  # the roll-back below had GGUF patches to remove
     for component, module in model.components.items():
         assert all(torch.equal(v, gguf_bytes(module)[k]) for k, v in before[component].items())
-        assert not any(dequant_patches.patches_of(m) for m in module.modules())
+        assert not any(gguf_patches_of(m) for m in module.modules())
     assert binding_state(model).patcher.patched == set()
 
 

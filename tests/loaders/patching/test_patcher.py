@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_probes import backup_bytes
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.lora.canonical import TargetPatch
@@ -66,7 +67,7 @@ def test_restore_is_bit_exact(make_transformer, dtype):
     result = patcher.restore_all()
     assert result.restored == len(patcher.last_written) > 0
     assert_bit_identical(base, model)
-    assert patcher.patched == set() and patcher.backup_bytes() == 0
+    assert patcher.patched == set() and backup_bytes(patcher) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -208,7 +209,7 @@ def test_peak_memory_is_the_backups_plus_one_layer(make_transformer):
     with LiveTensorBytes() as tracked:
         patcher.apply([PatchLayer("lora", "transformer", 1.0, targets)])
     backups = sum(p.numel() * p.element_size() for p in patched)
-    assert patcher.backup_bytes() == backups  # exactly the originals of what was written, nothing more
+    assert backup_bytes(patcher) == backups  # exactly the originals of what was written, nothing more
     largest_fp32 = max(p.numel() for p in patched) * 4
     factors_fp32 = max((t.low_rank.up.numel() + t.low_rank.down.numel()) * 4 for t in targets.values())
     assert backups <= tracked.peak <= backups + 2 * largest_fp32 + factors_fp32
@@ -240,7 +241,7 @@ def test_fault_inside_a_layer_write_rolls_back(make_transformer, monkeypatch, dt
     assert_bit_identical(patched, model)
     monkeypatch.setattr(patching, "write_patched", real)
     patcher.restore_all()
-    assert patcher.patched == set() and patcher.backup_bytes() == 0
+    assert patcher.patched == set() and backup_bytes(patcher) == 0
 
 
 @pytest.mark.parametrize("chunk_bytes", [64, 1 << 20])

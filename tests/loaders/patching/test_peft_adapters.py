@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 
-from lorabind.loaders.binding.bind import bind, binding_state, pin_adapter, release_adapters, unbind
-from lorabind.loaders.binding.peft_adapters import AdapterError, active_adapters_of, to_peft_groups
+from engine_probes import active_adapters
+from lorabind.loaders.binding.bind import bind, binding_state, release_adapters, unbind
+from lorabind.loaders.binding.peft_adapters import AdapterError, to_peft_groups
 from lorabind.loaders.handles import AdapterSpec, FuseSpec
 from lorabind.loaders.lora import clear_lora_cache
 from lorabind.loaders.lora.canonical import TargetPatch
@@ -179,7 +180,7 @@ def test_lru_eviction_pinning_and_in_use_protection(make_model, make_transformer
     assert cached() == ["a0.safetensors", "a1.safetensors"]
     bind(model, [], [AdapterSpec(files[2], 1.0)])  # a0 is least recently used
     assert cached() == ["a1.safetensors", "a2.safetensors"]
-    pin_adapter(model, files[1], "transformer")
+    binding_state(model).adapters.pin(files[1], "transformer", True)
     bind(model, [], [AdapterSpec(files[3], 1.0)])  # a1 is pinned: a2 goes
     assert cached() == ["a1.safetensors", "a3.safetensors"]
     # all requested adapters are in use: none is evicted, the cache grows and says so
@@ -249,7 +250,7 @@ def test_interrupted_bind_keeps_the_previous_adapters_and_weights(make_model, ma
     with pytest.raises(KeyboardInterrupt):
         bind(model, [FuseSpec(fused, 1.0, "transformer")], [AdapterSpec(other, 1.0)], check_interrupt=interrupt)
     assert torch.equal(forward(module), out_before)
-    assert [e["name"] for e in active_adapters_of(binding_state(model).adapters)] == ["style_peft"]
+    assert [e["name"] for e in active_adapters(binding_state(model).adapters)] == ["style_peft"]
 
 
 def test_a_changed_file_is_a_new_adapter_and_the_stale_one_is_dropped(make_model, make_transformer, tmp_path):

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 import lorabind
+from engine_probes import gguf_patches_of
 from gguf_helpers import gguf_bytes, reference_dequant
 from lorabind.loaders.binding import bind as binding
-from lorabind.loaders.binding import dequant_patches
 from lorabind.loaders.families.wan.slots import LOW_NOISE_EXPERT
 from lorabind.loaders.handles import FuseSpec
 from lorabind.tiny_models.lora_fixtures import FIXTURE_ALPHA, FIXTURE_RANK, QWEN_LIGHTNING, WAN22_HIGH, WAN22_LOW
@@ -59,13 +59,13 @@ def test_bind_and_unbind_of_the_pair_leave_every_gguf_byte_and_patch_each_quanti
         assert after.keys() == before.keys() and all(torch.equal(before[k], after[k]) for k in before)
         for component, name in before:
             layer = model.components[component].get_submodule(name.rsplit(".", 1)[0])
-            assert set(dequant_patches.patches_of(layer)) == {"weight"}, (component, name)
+            assert set(gguf_patches_of(layer)) == {"weight"}, (component, name)
         _check_patched_forwards(root, model, 0.8)
     finally:
         binding.unbind(model)
     after = _all_bytes(model)
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not any(dequant_patches.patches_of(m) for d in model.components.values() for m in d.modules())
+    assert not any(gguf_patches_of(m) for d in model.components.values() for m in d.modules())
 
 
 def _check_patched_forwards(root, model, strength):
@@ -100,7 +100,7 @@ def test_lightning_on_the_qwen_image_gguf_keeps_its_bytes(root):
         assert report.fuses[0]["accounting"]["counts"]["unmatched"] == 0
         after = _all_bytes(model)
         assert all(torch.equal(before[k], after[k]) for k in before)
-        patched = [n for _, n in before if dequant_patches.patches_of(
+        patched = [n for _, n in before if gguf_patches_of(
             model.components["transformer"].get_submodule(n.rsplit(".", 1)[0]))]
         assert patched and len(patched) == len(before)
     finally:

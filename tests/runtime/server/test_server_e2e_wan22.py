@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
+from engine_probes import load_count
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_client import Client, run_async
@@ -195,7 +196,6 @@ def test_a_missing_published_lora_fails_validation_with_the_choices_and_writes_n
 
 
 def test_free_unload_models_reloads_the_model_on_the_next_prompt(wan_server):
-    from lorabind.loaders.models import store as model_store
 
     model_dir = f"{wan_server.config.models_root}/diffusers/tiny-wan22-t2v"
 
@@ -211,10 +211,10 @@ def test_free_unload_models_reloads_the_model_on_the_next_prompt(wan_server):
         try:
             await client.connect()
             await run_example(client, 1)
-            loads = model_store.load_count(model_dir)
+            loads = load_count(model_dir)
             assert (await client.post("/free", {"unload_models": True}))[0] == 200
             await run_example(client, 2)
-            assert model_store.load_count(model_dir) == loads + 1
+            assert load_count(model_dir) == loads + 1
         finally:
             await client.close()
 

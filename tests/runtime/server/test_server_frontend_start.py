@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import json
 
+import test_server_frontend_browser
 from test_server_frontend_browser import (
     APP_READY,
     CHROMIUM,
     RECORD_TOASTS_AND_DIALOGS,
     TIMEOUT_MS,
     WORKFLOWS,
-    _bad_toasts,  # noqa: F401
+    _bad_toasts,
     _keep_screenshot,
     sync_playwright,
 )
 
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+
+pytestmark = test_server_frontend_browser.pytestmark  # the browser tests' marks: slow, skipped without chromium
 
 MAIN_EXAMPLE = "wan22_lightx2v_4step"
 CANVAS_STATE = """() => ({

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import lorabind
+from engine_probes import read_wav_comment
 from lorabind.loaders.binding.bind import unbind
 from lorabind.loaders.contracts.sigmas import shift_schedule, shifted_sigmas
-from lorabind.loaders.io.wav_files import read_wav_comment
 from lorabind.nodes import NODE_CLASS_MAPPINGS
 from lorabind.runtime.executor import PromptExecutor
 from lorabind.runtime.workflow_format import to_api_prompt
