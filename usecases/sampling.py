@@ -7,14 +7,19 @@ writes a single weight, and every host (the sampler node inside ComfyUI or headl
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from ..loaders.binding.bind import binding_state
 from ..loaders.binding.strength_schedules import StrengthStepper
 from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
 from ..loaders.dispatch import generation_steps as generation
 from ..loaders.dispatch.contract_discovery import SamplingRequest, collect_contracts, contract_to_dict, resolve_schedule
+from ..loaders.distributed.cfg_parallel import unsplit_note
+from ..loaders.distributed.fingerprints import check_same_binding
+from ..loaders.distributed.process_group import session_spec
 from ..loaders.families import family_for, has_expert_pair
 from ..loaders.generation import schedulers
 
@@ -181,14 +186,27 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
         on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
                                                  check_interrupt=check_interrupt)
+    _check_ranks_bound_alike(model.model, adapters)
     samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
                                  on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
-    report = {**plan.schedule_report, "warnings": family_for(model).sampling.run_warnings(model.model),
+    warnings = [*family_for(model).sampling.run_warnings(model.model), *filter(None, [unsplit_note(resolved.cfg)])]
+    report = {**plan.schedule_report, "warnings": warnings,
               "bind": bind_report.to_dict(),
               "strength_schedules": strengths.report(),
               "placement": placement.describe() if placement is not None else None}
     return samples, resolved, report
+
+
+def _check_ranks_bound_alike(loaded, adapters) -> None:
+    """In a parallel job every rank has just bound the same patches, or the run stops naming the rank(s) that
+    did not (``distributed.fingerprints``); nothing to compare in a single process."""
+    if not session_spec().is_parallel:
+        return
+    state = binding_state(loaded)
+    patch_set = [("fuse", os.path.basename(f.path), f.component, float(f.strength)) for f in state.fuses]
+    patch_set += [("adapter", os.path.basename(a.path), a.component, float(a.scale)) for a in adapters]
+    check_same_binding(patch_set, state.patcher.patched_tensors())
 
 
 def schedule_sigmas(model, steps: int, shift: float, *, adapter=None, schedule=None, enforce: bool = True):

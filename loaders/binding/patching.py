@@ -125,6 +125,11 @@ class WeightPatcher:
         """Parameter ids currently holding a patched value."""
         return set(self._applied)
 
+    def patched_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """(id, tensor) of each patched parameter holding its patch (not GGUF's, patched as they dequantise)."""
+        held = [p for p in sorted(self._applied) if not dequant_patches.is_deferred(*self._module_and_name(p))]
+        return [(pid, self._tensor(pid)) for pid in held]
+
     def last_written_tensors(self) -> dict[str, list[torch.Tensor]]:
         """{component: the tensors the last ``apply`` wrote or restored} (a memory plan syncs its copies of them)."""
         written: dict[str, list[torch.Tensor]] = {}

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..contracts.sigmas import on_high_noise_expert
+from ..distributed.cfg_parallel import guidance_passes
 
 
 def initial_noise(shape: Sequence[int], seed: int) -> torch.Tensor:
@@ -48,11 +49,11 @@ def guidance_for(cfg, low_noise: bool) -> float:
 def guided(predict: Callable, expert: str, x: torch.Tensor, sigma: float, cfg: float,
            renormalize: Optional[Callable] = None) -> torch.Tensor:
     """Classifier-free guidance; cfg == 1 is exactly one forward (the unconditional pass would cancel out).
-    ``renormalize(guided, cond)`` lets a family rescale the guided prediction (Qwen-Image)."""
-    cond = predict(expert, x, sigma, uncond=False)
+    ``renormalize(guided, cond)`` lets a family rescale the guided prediction (Qwen-Image). Under ``--parallel
+    cfg=2`` the two passes run on two ranks (``distributed.cfg_parallel``)."""
     if cfg == 1.0:
-        return cond
-    uncond = predict(expert, x, sigma, uncond=True)
+        return predict(expert, x, sigma, uncond=False)
+    cond, uncond = guidance_passes(lambda index: predict(expert, x, sigma, uncond=index == 1), 2)
     result = uncond + cfg * (cond - uncond)
     return renormalize(result, cond) if renormalize is not None else result
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..distributed import context_parallel
+from ..distributed.process_group import session_spec
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
 from ..io.weight_sources import FolderWeightSources
@@ -145,11 +147,12 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
     memory_name = resolve_memory(memory)
     identity, version = source.cache_identity()
     key = (identity, version, str(torch_dtype), *source.cache_options(), str(torch_device), memory_name, attention,
-           bool(compile))
+           bool(compile), session_spec().describe())
 
     def load_now() -> LoadedModel:
         source.check()
         speed.check_attention(attention, torch_device)
+        context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
@@ -163,6 +166,7 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
                                           weight_sources=built.weight_sources or FolderWeightSources(source.path))
         placed.apply(on_progress)
         speed.apply_speed_options(built.denoisers, attention=attention, compile=compile)
+        context_parallel.apply_sequence_parallel(built.denoisers, torch_device)
         _load_counts[identity] = _load_counts.get(identity, 0) + 1
         return LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
                            components=built.denoisers, model_index=built.model_index, placement=placed,

@@ -7,6 +7,7 @@ two small seams tests replace with fakes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ class RunError(Exception):
 def add_arguments(parser) -> None:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
+    from ..parallel.options import add_parallel_arguments
 
     parser.add_argument("workflow", metavar="WORKFLOW.json", help="workflow saved from ComfyUI (UI or API format)")
     parser.add_argument("--models", metavar="DIR", help="models root (default: $LORABIND_MODELS or ./models)")
@@ -37,6 +39,7 @@ def add_arguments(parser) -> None:
                         help="an image for a LoadImage node, read where it is (outside the input folder too), "
                              "e.g. --input-file 3=~/photos/start.png (repeatable)")
     add_device_arguments(parser)
+    add_parallel_arguments(parser)
 
 
 def load_node_classes() -> tuple[dict, dict]:
@@ -69,17 +72,69 @@ def contract_refusals(prompt: dict, node_classes: dict) -> list:
 
 def run(args) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from .. import folder_paths
+    from ...loaders.distributed.spec import ParallelSpecError
     from ..device_options import apply_device_arguments
-    from ..executor import PromptExecutor
-    from ..executor.graph import upstream_closure
-    from ..progress_display import ProgressDisplay
+    from ..parallel.options import parallel_spec, refusal
 
     device_error = apply_device_arguments(args)
     if device_error:
         print(f"lorabind run: {device_error}", file=sys.stderr)
         return 2
-    folder_paths.configure(models_root=args.models, output_dir=args.output, input_dir=args.input)
+    try:
+        spec = parallel_spec(args)
+    except ParallelSpecError as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return 2
+    if refusal(spec):
+        print(f"lorabind run: --parallel {spec.describe()}: {refusal(spec)}", file=sys.stderr)
+        return 2
+    if not spec.is_parallel:
+        return _run_here(args)
+    return _run_parallel(args, spec)
+
+
+def _run_parallel(args, spec) -> int:
+    """Inside a job (torchrun's or ours): run as this rank. Outside: check the prompt here (a refusal before any
+    rank starts or loads), then start the ranks."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
+    from ..parallel.launch import launch_ranks
+    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
+
+    job = rank_from_environment()
+    if job is None:
+        prepared = _prepare(args)
+        if isinstance(prepared, int):
+            return prepared
+        print(f"lorabind run: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
+        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]))
+    rank, world_size, local_rank = job
+    try:
+        with rank_of_job(spec, local_rank) as (rank, seen):
+            if seen:
+                code = _run_here(args, models_turn=rank_zero_builds_first)
+            else:
+                with unseen_rank() as (scratch, null):
+                    code = _run_here(args, output_dir=scratch, progress_stream=null,
+                                     models_turn=rank_zero_builds_first)
+    except ParallelRunError as exc:
+        print(f"lorabind run: rank {rank}: {exc}", file=sys.stderr)
+        return 2
+    if code:
+        print(f"lorabind run: rank {rank} of {world_size} failed", file=sys.stderr)
+    return code
+
+
+def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcontext):
+    """Everything before execution: folders, the prompt, the built-in models, validation and the early contract
+    check. Returns (prompt, kind, workflow, changed, node classes, executor, validation) or an exit code.
+    ``models_turn`` orders the ranks of a job around building missing built-in models (one builder at a time)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from .. import folder_paths
+    from ..executor import PromptExecutor
+
+    folder_paths.configure(models_root=args.models, output_dir=output_dir or args.output, input_dir=args.input,
+                           temp_dir=output_dir)  # an unseen rank's previews go to its scratch folder too
     for tokenizer_dir in args.tokenizer:
         folder_paths.add_model_folder_path("tokenizers", tokenizer_dir, is_default=True)
     read = _read_prompt(args)
@@ -87,19 +142,32 @@ def run(args) -> int:
         return 1
     prompt, kind, workflow, changed, node_classes = read
     try:
-        ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
+        with models_turn():
+            ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
     except Exception as exc:
         print(f"lorabind run: cannot prepare the built-in models under {folder_paths.models_dir}: {exc}",
               file=sys.stderr)
         return 1
-
     executor = PromptExecutor(node_classes)
     validation = executor.validate(prompt)
     if _refused_before_running(validation, prompt, node_classes):
         return 1
+    return prompt, kind, workflow, changed, node_classes, executor, validation
 
+
+def _run_here(args, output_dir: str | None = None, progress_stream=None, models_turn=contextlib.nullcontext) -> int:
+    """Run the prompt in this process (alone, or as one rank of a job)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from .. import folder_paths
+    from ..executor.graph import upstream_closure
+    from ..progress_display import ProgressDisplay
+
+    prepared = _prepare(args, output_dir, models_turn)
+    if isinstance(prepared, int):
+        return prepared
+    prompt, kind, workflow, changed, node_classes, executor, validation = prepared
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
-    display = ProgressDisplay(prompt, len(upstream_closure(prompt, validation.outputs)))
+    display = ProgressDisplay(prompt, len(upstream_closure(prompt, validation.outputs)), stream=progress_stream)
     try:
         result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
                                   execute_outputs=validation.outputs)

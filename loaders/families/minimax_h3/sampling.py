@@ -10,8 +10,10 @@ other way and over one schedule, so this family keeps its own loop).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Optional
 
+from ...distributed.cfg_parallel import guidance_passes
 from ...errors import LoraBindError
 from ...handles import LatentHandle
 from .contracts import DEFAULT_TASK, FAMILY_ID, PARTITION_BY_TASK
@@ -100,8 +102,8 @@ def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, 
         if cond_rows is not None:
             video_rows = torch.cat([cond_rows, video_rows], dim=1)
         audio_rows = audio.permute(0, 1, 3, 2).reshape(batch, channels * audio_len, audio_dim)  # channel-major
-        outs = [velocity(call, transformer, c, lay, video_rows, audio_rows, 1 - sigmas[i], 1 - audio_sigmas[i])
-                for c, lay in zip(conds, layouts)]
+        step_inputs = (video_rows, audio_rows, 1 - sigmas[i], 1 - audio_sigmas[i])
+        outs = guidance_passes(partial(_guidance_pass, call, transformer, conds, layouts, step_inputs), len(conds))
         video_v, audio_v = outs[0]
         if len(outs) == 2:  # classifier-free guidance on both modalities
             video_v = outs[1][0] + schedule.cfg * (video_v - outs[1][0])
@@ -113,3 +115,8 @@ def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, 
         if on_step is not None:
             on_step(i + 1, total)
     return LatentHandle(samples=video, family=FAMILY_ID, kind="video+audio", extra={**latent.extra, "audio": audio})
+
+
+def _guidance_pass(call, transformer, conds, layouts, step_inputs, index: int):
+    """Pass ``index`` of a step (0 conditional, 1 unconditional): (video, audio) velocities."""
+    return velocity(call, transformer, conds[index], layouts[index], *step_inputs)

@@ -1,0 +1,92 @@
+"""The process group of one parallel job, and the session's spec the loading and sampling code read.
+
+Why session state: a workflow's loader and sampler nodes know nothing of ranks; ``lorabind run --parallel`` sets the
+spec once per process and the loading sequence (sequence split) and the guided step (CFG split) ask here. Every
+collective wait is bounded by the group's timeout, so a rank that dies makes the others fail, never hang.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..errors import LoraBindError
+from .spec import ParallelSpec
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer fails the rank: long enough for a 14B step on one GPU
+MESH_NAMES = ("cfg", "ring", "ulysses")  # outermost first: a CFG pair of sequence groups
+
+
+class ParallelRunError(LoraBindError):
+    """A parallel job that cannot start or whose ranks disagree; the text names the rank(s)."""
+
+
+@dataclass
+class _Session:
+    spec: ParallelSpec = ParallelSpec()
+    mesh: object = None  # torch.distributed.device_mesh.DeviceMesh over MESH_NAMES, built once per job
+    owns_group: bool = False  # this module made the default group (a test harness or a host may bring its own)
+
+
+_session = _Session()
+
+
+def rank_from_environment() -> tuple[int, int, int] | None:
+    """(rank, world size, local rank) set by torchrun or by our own launcher; None outside a job."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def backend_for(device_type: str) -> str:
+    """nccl between GPUs, gloo between CPU processes (the only two this runtime starts)."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def join_job(spec: ParallelSpec, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Join (or reuse) the default process group of this job for ``spec``; returns this process's rank.
+    The world size must be the spec's product of degrees: a torchrun with another ``--nproc-per-node`` is refused
+    here, on every rank, before anything is loaded."""
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=timeout_s))
+        _session.owns_group = True
+    world = dist.get_world_size()
+    if world != spec.world_size:
+        raise ParallelRunError(f"--parallel {spec.describe()} needs {spec.world_size} ranks, but this job has "
+                               f"{world} (torchrun --nproc-per-node must be {spec.world_size})")
+    _session.spec = spec
+    _session.mesh = None
+    return dist.get_rank()
+
+
+def leave_job() -> None:
+    """Forget the spec; destroy the group if this process made one for the job."""
+    if _session.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _session.spec, _session.mesh, _session.owns_group = ParallelSpec(), None, False
+
+
+def session_spec() -> ParallelSpec:
+    return _session.spec
+
+
+def job_mesh(device_type: str):
+    """The job's DeviceMesh, dims ``MESH_NAMES``: built once, the same on every rank (a collective)."""
+    if _session.mesh is None:
+        spec = _session.spec
+        _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses), mesh_dim_names=MESH_NAMES)
+    return _session.mesh
+
+
+def gather_objects(value) -> list:
+    """``value`` of every rank, rank order (bounded by the group's timeout); ``[value]`` outside a job."""
+    if not dist.is_initialized():
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
