@@ -70,9 +70,10 @@ def loaded(model, family: str):
     return types.SimpleNamespace(family=family, components={COMPONENT: model}, binding_state=None)
 
 
-def lora_layer(model, linears: dict) -> PatchLayer:
+def lora_layer(model, linears: dict, dtype=torch.float32) -> PatchLayer:
     """A LoRA on every planned linear of block 0: low-rank pairs on colwise and rowwise layers (one LoHa on a
-    colwise and one on a rowwise layer), a bias diff on each. Seeded, so both ranks build the same."""
+    colwise and one on a rowwise layer), a bias diff on each. Seeded, so both ranks build the same. ``dtype``:
+    the pairs' factors (bfloat16 on a bfloat16 model: the patcher's one-gemm path, ``fused_rows``)."""
     generator = torch.Generator().manual_seed(11)
     targets = {}
     for index, pattern in enumerate(linears):
@@ -84,19 +85,20 @@ def lora_layer(model, linears: dict) -> PatchLayer:
                        for shape in ((out_features, 3), (3, in_features), (out_features, 3), (3, in_features))]
             delta = LohaDelta(*factors, alpha=3.0, scale=1.0)
         else:
-            delta = LowRankDelta(down=torch.randn(4, in_features, generator=generator) * 0.1,
-                                 up=torch.randn(out_features, 4, generator=generator) * 0.1, alpha=8.0, scale=2.0)
+            delta = LowRankDelta(down=(torch.randn(4, in_features, generator=generator) * 0.1).to(dtype),
+                                 up=(torch.randn(out_features, 4, generator=generator) * 0.1).to(dtype),
+                                 alpha=8.0, scale=2.0)
         targets[path] = TargetPatch(module=path, low_rank=delta, param_diffs=bias_diff)
     return PatchLayer(key="case-lora", component=COMPONENT, strength=0.75, targets=targets, name="case-lora")
 
 
 def run_case(rank: int, world_size: int, name: str) -> dict:
     """Everything a test checks for one model at tp=2, measured on this rank."""
-    build, inputs_of, family = CASES[name]
-    model = build()
-    inputs = inputs_of(model)
+    build, inputs_of, family, dtype = CASES[name]
+    model = build().to(dtype)
+    inputs = {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs_of(model).items()}
     plan_linears = _plan_linears(model, family)
-    layer = lora_layer(model, plan_linears)
+    layer = lora_layer(model, plan_linears, dtype)
     with torch.no_grad():
         whole_output = model(**inputs, return_dict=False)[0]
     whole = WeightPatcher({COMPONENT: model})
@@ -130,10 +132,12 @@ def _plan_linears(model, family: str) -> dict:
     return family_by_id(family).sampling.tensor_parallel_plan(model).linears
 
 
+# name -> (build, inputs, LoadedModel.family, dtype)
 CASES = {
-    "wan2.1": (lambda: wan_transformer("wan2.1"), wan_inputs, "wan2.1"),
-    "wan2.2-i2v-expert": (lambda: wan_transformer("wan2.2-i2v"), wan_inputs, "wan2.2_moe"),
-    "qwen-image": (qwen_transformer, qwen_inputs, "qwen_image"),
+    "wan2.1": (lambda: wan_transformer("wan2.1"), wan_inputs, "wan2.1", torch.float32),
+    "wan2.2-i2v-expert": (lambda: wan_transformer("wan2.2-i2v"), wan_inputs, "wan2.2_moe", torch.float32),
+    "qwen-image": (qwen_transformer, qwen_inputs, "qwen_image", torch.float32),
+    "wan2.1-bf16": (lambda: wan_transformer("wan2.1"), wan_inputs, "wan2.1", torch.bfloat16),
 }
 
 
@@ -194,8 +198,12 @@ def _message(action) -> str:
     return "no error"
 
 
-def run_all(rank: int, world_size: int) -> dict:
-    """Every case and the refusals in one spawn of the ranks (each spawn costs about 8 s of imports on 2 cores)."""
+def run_all(rank: int, world_size: int, models_root: str) -> dict:
+    """Every case, the refusals and the loaded tiny Wan2.1 (``tensor_parallel_loaded``) in one spawn of the
+    ranks (each spawn costs about 8 s of imports on 2 cores)."""
+    from tensor_parallel_loaded import run_loaded
+
     results = {name: run_case(rank, world_size, name) for name in CASES}
     results["refusals"] = run_refusals(rank, world_size)
+    results["loaded"] = run_loaded(rank, world_size, models_root)
     return results

@@ -1,28 +1,39 @@
-"""Tensor parallelism at tp=2 on two gloo ranks (issue 42): tiny Wan2.1, a tiny Wan2.2 I2V expert (with the image
-branch) and tiny Qwen-Image, each split with ``apply_tensor_parallel`` and bound with a LoRA on its shards.
+"""Tensor parallelism at tp=2 on two gloo ranks (issue 42): tiny Wan2.1 (float32 and bfloat16), a tiny Wan2.2
+I2V expert (with the image branch) and tiny Qwen-Image, each split with ``apply_tensor_parallel`` and bound with
+a LoRA on its shards; and the tiny Wan2.1 folder loaded and bound through ``bind``.
 
-The output tolerance, ``OUTPUT_TOLERANCE`` = 1e-5 absolute on outputs of order 1 (measured: 4.2e-7 Wan, 2.4e-7
-Qwen-Image; 4.8e-7 / 3.6e-7 with the LoRA fused): a split changes only the order of float32 sums, in the rowwise
-layers (two partial sums added by the all-reduce) and in Wan's cross-rank RMSNorm (the mean square from two
-partial sums); each reordering moves a result by a few ulps (6e-8 relative), and two layers of a tiny model
+The output tolerance (``OUTPUT_TOLERANCE``): float32 1e-5 absolute on outputs of order 1 (measured: 4.2e-7 Wan,
+2.4e-7 Qwen-Image; 4.8e-7 / 3.6e-7 with the LoRA fused). A split changes only the order of float32 sums, in the
+rowwise layers (two partial sums added by the all-reduce) and in Wan's cross-rank RMSNorm (the mean square from
+two partial sums); each reordering moves a result by a few ulps (6e-8 relative), and two layers of a tiny model
 compound a handful of them. Anything wrong in the split (a wrong head count, a norm over half the heads, a shard
-of the wrong rows) moves the output by 1e-2 or more. The fused shards and the restore are compared bit for bit.
+of the wrong rows) moves the output by 1e-2 or more. bfloat16: 2^-6, two ulps of outputs below 2 (measured 2^-7:
+the same reordering flips the rounding of some elements by one ulp). The fused shards and the restore are compared
+bit for bit, in both dtypes (bfloat16 pairs go through the patcher's one-gemm path, fp32 through its row chunks).
 """
 
 import pytest
 import torch
 from tensor_parallel_cases import CASES, run_all
+from tensor_parallel_loaded import rank_part
 
 from gloo_ranks import run_ranks
 
-OUTPUT_TOLERANCE = 1e-5
+OUTPUT_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2.0 ** -6}
 
 pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> list:
     """Every model is split once, by two ranks in one spawn; every test reads that run's measurements."""
-    return run_ranks(run_all, out_dir=tmp_path_factory.mktemp("tp2"))
+    from lorabind.tiny_models import build_tiny
+    from lorabind.tiny_models.lora_fixtures import write_fixture_loras
+    from lorabind.tiny_models.wan import WAN21_NAME
+
+    models_root = tmp_path_factory.mktemp("tiny_wan21")
+    build_tiny(models_root, names=[WAN21_NAME])
+    write_fixture_loras(models_root)
+    return run_ranks(run_all, str(models_root), out_dir=tmp_path_factory.mktemp("tp2"))
 
 
 @pytest.fixture(params=sorted(CASES))
@@ -30,19 +41,11 @@ def case(request, measured) -> list:
     return [ranked[request.param] for ranked in measured]
 
 
-def _rank_part(whole: torch.Tensor, placement: str, rank: int, shard: torch.Tensor) -> torch.Tensor:
-    """The rows (Shard(dim=0)) or columns (Shard(dim=1)) of the unsharded tensor that ``rank`` holds."""
-    if "dim=0" in placement:
-        return whole[rank * shard.shape[0]:(rank + 1) * shard.shape[0]]
-    if "dim=1" in placement:
-        return whole[:, rank * shard.shape[1]:(rank + 1) * shard.shape[1]]
-    return whole
-
-
 def test_split_output_matches_the_unsharded_output(case):
     for ranked in case:
-        assert (ranked["split_output"] - ranked["whole_output"]).abs().max() <= OUTPUT_TOLERANCE
-        assert (ranked["split_lora_output"] - ranked["whole_lora_output"]).abs().max() <= OUTPUT_TOLERANCE
+        tolerance = OUTPUT_TOLERANCE[ranked["whole_output"].dtype]
+        assert (ranked["split_output"] - ranked["whole_output"]).abs().max() <= tolerance
+        assert (ranked["split_lora_output"] - ranked["whole_lora_output"]).abs().max() <= tolerance
         assert (ranked["whole_lora_output"] - ranked["whole_output"]).abs().max() > 1e-3  # the LoRA does act
 
 
@@ -58,7 +61,7 @@ def test_each_fused_shard_equals_the_unsharded_fuse_bit_for_bit(case):
         for name, shard in ranked["fused"].items():
             placement = ranked["placements"][name]
             placements.add(placement)
-            whole = _rank_part(ranked["whole_fused"][name], placement, rank, shard)
+            whole = rank_part(ranked["whole_fused"][name], placement, rank, shard)
             assert torch.equal(shard, whole), name
     assert {"(Shard(dim=0),)", "(Shard(dim=1),)", "(Replicate(),)"} <= placements  # rows, columns, rowwise bias
 
@@ -101,3 +104,29 @@ def test_a_kind_that_cannot_be_sharded_is_refused_by_name_before_writing(refusal
 def test_a_peft_adapter_is_refused_under_tensor_parallelism(refusals):
     for ranked in refusals:
         assert ranked["peft"].startswith("LoraBindError: 'peft-file': unfused (PEFT) adapters cannot attach")
+
+
+@pytest.fixture
+def loaded(measured) -> list:
+    return [ranked["loaded"] for ranked in measured]
+
+
+def test_a_loaded_model_bound_through_bind_fuses_each_shard_as_the_whole_fuse(loaded):
+    for ranked in loaded:
+        assert ranked["fused_equal"] and all(ranked["fused_equal"].values())
+        assert ranked["restored"]
+    placements = set(loaded[0]["placements"].values())
+    assert {"(Shard(dim=0),)", "(Shard(dim=1),)", "(Replicate(),)", "plain"} <= placements
+    # the norm diffs land in the cross-rank norms' weight shards
+    assert loaded[0]["placements"]["blocks.0.attn1.norm_q.weight"] == "(Shard(dim=0),)"
+
+
+def test_accounting_is_of_the_whole_model_on_every_rank(loaded):
+    for ranked in loaded:
+        whole, split = ranked["accounting"]
+        assert split == whole
+
+
+def test_binding_a_peft_adapter_on_a_split_model_is_refused_by_name(loaded):
+    for ranked in loaded:
+        assert ranked["peft"].startswith("LoraBindError: 'style': unfused (PEFT) adapters cannot attach")
