@@ -21,14 +21,18 @@ COMPONENT = "transformer"
 
 
 def wan_transformer(variant: str):
-    """The tiny Wan2.1 transformer (``tiny_models.wan``) or a tiny Wan2.2 I2V expert (36 input channels), here
-    with the Wan2.1-I2V image branch too, so its ``add_k_proj`` and ``norm_added_k`` are split and checked."""
+    """The tiny Wan2.1 transformer (``tiny_models.wan``), the tiny VACE one (``vace_blocks`` split too) or a
+    tiny Wan2.2 I2V expert (36 input channels), here with the Wan2.1-I2V image branch too, so its
+    ``add_k_proj`` and ``norm_added_k`` are split and checked."""
     from lorabind.tiny_models.wan import tiny_transformer
     from lorabind.tiny_models.wan_i2v import CLIP_HIDDEN, I2V_IN_CHANNELS, LATENT_CHANNELS
+    from lorabind.tiny_models.wan_vace import tiny_vace_transformer
 
     torch.manual_seed(2)
     if variant == "wan2.1":
         return tiny_transformer().eval()
+    if variant == "vace":
+        return tiny_vace_transformer().eval()
     return tiny_transformer(I2V_IN_CHANNELS, LATENT_CHANNELS, image_dim=CLIP_HIDDEN, added_kv_proj_dim=24).eval()
 
 
@@ -40,6 +44,8 @@ def wan_inputs(model) -> dict:
               "timestep": torch.tensor([500.0])}
     if config.image_dim is not None:  # the I2V image branch: its tokens come before the 512 text tokens
         inputs["encoder_hidden_states_image"] = torch.randn(1, 5, config.image_dim, generator=generator)
+    if "vace_in_channels" in config:  # VACE: the control video its vace_blocks read
+        inputs["control_hidden_states"] = torch.randn(1, config.vace_in_channels, 2, 8, 8, generator=generator)
     return inputs
 
 
@@ -138,6 +144,7 @@ CASES = {
     "wan2.2-i2v-expert": (lambda: wan_transformer("wan2.2-i2v"), wan_inputs, "wan2.2_moe", torch.float32),
     "qwen-image": (qwen_transformer, qwen_inputs, "qwen_image", torch.float32),
     "wan2.1-bf16": (lambda: wan_transformer("wan2.1"), wan_inputs, "wan2.1", torch.bfloat16),
+    "wan2.1-vace": (lambda: wan_transformer("vace"), wan_inputs, "wan2.1", torch.float32),
 }
 
 

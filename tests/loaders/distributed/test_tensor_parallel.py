@@ -1,4 +1,4 @@
-"""Tensor parallelism at tp=2 on two gloo ranks (issue 42): tiny Wan2.1 (float32 and bfloat16), a tiny Wan2.2
+"""Tensor parallelism at tp=2 on two gloo ranks (issue 42): tiny Wan2.1 (float32 and bfloat16), its VACE, a Wan2.2
 I2V expert (with the image branch) and tiny Qwen-Image, each split with ``apply_tensor_parallel`` and bound with
 a LoRA on its shards; and the tiny Wan2.1 folder loaded and bound through ``bind``.
 

@@ -19,6 +19,13 @@ def test_wan_plan_splits_both_attentions_the_image_branch_and_the_ffn():
     assert len(plan.linears) == 2 * 4 + 2 + 2  # q, k, v, out per attention; the image k, v; the FFN pair
 
 
+def test_wan_plan_splits_the_vace_blocks_as_the_main_blocks():
+    plan = family_by_id("wan2.1").sampling.tensor_parallel_plan(wan_transformer("vace"))
+    main = {k.split(".", 1)[1]: v for k, v in plan.linears.items() if k.startswith("blocks.")}
+    vace = {k.split(".", 1)[1]: v for k, v in plan.linears.items() if k.startswith("vace_blocks.")}
+    assert main == vace and len(main) == 10
+
+
 def test_a_degree_that_does_not_divide_the_ffn_width_is_refused_by_name():
     from diffusers import WanTransformer3DModel
 
