@@ -208,9 +208,10 @@ def _message(action) -> str:
 def run_all(rank: int, world_size: int, models_root: str) -> dict:
     """Every case, the refusals and the loaded tiny Wan2.1 (``tensor_parallel_loaded``) in one spawn of the
     ranks (each spawn costs about 8 s of imports on 2 cores)."""
-    from tensor_parallel_loaded import run_loaded
+    from tensor_parallel_loaded import run_denoised, run_loaded
 
     results = {name: run_case(rank, world_size, name) for name in CASES}
     results["refusals"] = run_refusals(rank, world_size)
     results["loaded"] = run_loaded(rank, world_size, models_root)
+    results["denoised"] = run_denoised(rank, world_size, models_root)
     return results

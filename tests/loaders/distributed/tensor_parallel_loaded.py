@@ -59,3 +59,30 @@ def rank_part(whole: torch.Tensor, placement: str, rank: int, local: torch.Tenso
     if "dim=1" in placement:
         return whole[:, rank * local.shape[1]:(rank + 1) * local.shape[1]]
     return whole
+
+
+def run_denoised(rank: int, world_size: int, models_root: str) -> dict:
+    """The tiny Wan2.2 expert pair sampled by the family's own denoise loop (2 steps, cfg 2: one step per expert),
+    with the fixture LoRAs fused into both experts, whole and then split over the ranks."""
+    from lorabind.loaders.contract_types import SamplingRequest
+    from lorabind.loaders.dispatch.contract_discovery import resolve_schedule
+    from lorabind.loaders.dispatch.generation_steps import denoise, empty_latent, encode_text
+    from lorabind.loaders.handles import ModelHandle
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW
+    from lorabind.tiny_models.wan import WAN22_NAME
+
+    root = Path(models_root)
+    model = load_model(str(root / "diffusers" / WAN22_NAME), name=WAN22_NAME)
+    fuses = [FuseSpec(path=str(root / "loras" / WAN22_HIGH), strength=1.0, component="transformer", name="high"),
+             FuseSpec(path=str(root / "loras" / WAN22_LOW), strength=1.0, component="transformer_2", name="low")]
+    positive, negative = encode_text(model, "a cat"), encode_text(model, "blurry")
+    latent = empty_latent(model, 32, 32, 5)
+    schedule = resolve_schedule(ModelHandle(model), None, None, SamplingRequest(steps=2, cfg=2.0, shift=5.0))
+    outputs = {}
+    for split in (False, True):
+        if split:
+            reports = apply_tensor_parallel(model, world_size)
+        bind(model, fuses, [])
+        outputs[split] = denoise(model, positive, negative, latent, schedule, seed=3).samples
+        unbind(model)
+    return {"whole": outputs[False], "split": outputs[True], "components": [r.component for r in reports]}
