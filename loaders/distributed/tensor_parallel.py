@@ -46,7 +46,7 @@ def apply_tensor_parallel(model, degree: int, group=None) -> list[ShardReport]:
     import torch.distributed as dist
 
     family = family_for(model)
-    label = family.id
+    label = model.family  # the model family ("wan2.2_moe"), more precise than the family id
     _check_state(model, label)
     if not dist.is_available() or not dist.is_initialized():
         raise ModelLoadError(f"{label}: --parallel tp={degree} needs a torch.distributed process group; none is "
@@ -84,6 +84,8 @@ def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
     """Refuses, touching nothing, a denoiser ``plan`` cannot split ``degree`` ways: the degree must divide the
     heads and every split dimension (the FFN width among them), and diffusers refuses what it knows cannot be
     split (quantized, offloaded or peft-wrapped modules)."""
+    if getattr(module, "_parallel_config", None) is not None:
+        raise ModelLoadError(f"{label}: --parallel tp={degree}: the denoiser is already split or parallel")
     if plan.heads % degree:
         raise ModelLoadError(f"{label}: --parallel tp={degree} must divide the denoiser's {plan.heads} attention "
                              f"heads (each rank runs whole heads)")

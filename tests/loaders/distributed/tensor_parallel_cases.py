@@ -158,6 +158,7 @@ def run_refusals(rank: int, world_size: int) -> dict:
     found = {"heads": _message(lambda: apply_tensor_parallel(loaded(qwen_transformer(heads=3), "qwen_image"), 2))}
     model = wan_transformer("wan2.1")
     apply_tensor_parallel(loaded(model, "wan2.1"), world_size)
+    found["twice"] = _message(lambda: apply_tensor_parallel(loaded(model, "wan2.1"), world_size))
     to_q = model.get_submodule("blocks.0.attn1.to_q").weight
     before = to_q.to_local().clone()
     pair = LowRankDelta(down=torch.ones(2, 24) * 0.1, up=torch.ones(24, 2) * 0.1, alpha=None, scale=1.0)

@@ -87,6 +87,11 @@ def test_cross_rank_rmsnorm_matches_the_unsharded_norm(refusals):
     assert all(ranked["norm_diff"] <= 2e-6 for ranked in refusals)
 
 
+def test_splitting_a_split_denoiser_again_is_refused(refusals):
+    assert refusals[0]["twice"] == ("ModelLoadError: wan2.1 'transformer': --parallel tp=2: the denoiser is already "
+                                    "split or parallel")
+
+
 def test_a_degree_that_does_not_divide_the_heads_is_refused_by_name(refusals):
     message = refusals[0]["heads"]
     assert message.startswith("ModelLoadError: qwen_image") and "tp=2 must divide" in message and "3 attention" \
