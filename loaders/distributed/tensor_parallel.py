@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .. import fp8, gguf_weights
 from ..binding.sharded_deltas import local_shard
 from ..errors import ModelLoadError
 from ..families import family_for
@@ -86,6 +87,12 @@ def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
     split (quantized, offloaded or peft-wrapped modules)."""
     if getattr(module, "_parallel_config", None) is not None:
         raise ModelLoadError(f"{label}: --parallel tp={degree}: the denoiser is already split or parallel")
+    compact = sorted(fp8.stored_weights(module)) + [n for n, p in module.named_parameters()
+                                                   if gguf_weights.is_quantized(p)]
+    if compact:
+        raise ModelLoadError(f"{label}: --parallel tp cannot split weights stored as fp8 or GGUF ('{compact[0]}'): "
+                             f"their scales and blocks are laid out for the whole weight; load the denoiser in "
+                             f"bfloat16 or float16 to split it")
     if plan.heads % degree:
         raise ModelLoadError(f"{label}: --parallel tp={degree} must divide the denoiser's {plan.heads} attention "
                              f"heads (each rank runs whole heads)")

@@ -41,3 +41,13 @@ def test_a_degree_that_does_not_divide_the_ffn_width_is_refused_by_name():
 def test_a_family_without_a_plan_is_refused_by_name():
     with pytest.raises(ModelLoadError, match=r"minimax_h3: --parallel tp cannot split .* no tensor-parallel plan"):
         family_by_id("minimax_h3").sampling.tensor_parallel_plan(torch.nn.Linear(2, 2))
+
+
+def test_a_denoiser_with_gguf_weights_is_refused_by_name():
+    denoiser = wan_transformer("wan2.1")
+    weight = denoiser.get_submodule("blocks.0.ffn.net.2").weight
+    weight.quant_type, weight.quant_shape = 8, tuple(weight.shape)  # what gguf_weights.is_quantized reads
+    plan = family_by_id("wan2.1").sampling.tensor_parallel_plan(denoiser)
+    with pytest.raises(ModelLoadError, match=r"wan2.1: --parallel tp cannot split weights stored as fp8 or GGUF "
+                                             r"\('blocks.0.ffn.net.2.weight'\)"):
+        check_splittable(denoiser, plan, 2, "wan2.1")
