@@ -38,6 +38,7 @@ from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
 from . import dequant_patches
 from .fused_rows import NonFiniteResultError, Workspace, write_patched
+from .sharded_deltas import check_shardable, local_part
 
 
 @dataclass(frozen=True)
@@ -265,6 +266,7 @@ class WeightPatcher:
         if shape != tuple(got):
             raise KeyMatchError(f"LoRA '{layer.label}': shape mismatch on '{layer.component}:{where}': the model "
                                 f"has {list(shape)}, the LoRA delta is {list(got)}.")
+        check_shardable(param, delta, f"LoRA '{layer.label}'", f"{layer.component}:{where}")  # DTensor: whole shape
 
     def _module_and_name(self, pid: str) -> tuple:
         component, module_path, name = self._locations[pid]
@@ -274,9 +276,9 @@ class WeightPatcher:
     def _tensor(self, pid: str) -> torch.Tensor:
         return _param_or_none(*self._module_and_name(pid))
 
-    def _original(self, pid: str, tensor: torch.Tensor) -> torch.Tensor:
+    def _original(self, pid: str, tensor: torch.Tensor, *, from_file: bool = True) -> torch.Tensor:
         """The exact unpatched value of ``pid``: its RAM backup, a verified re-read of its file, or — on first
-        touch, while ``tensor`` still holds it — registered as one of the two."""
+        touch, while ``tensor`` still holds it — registered as one of the two (a shard: always a RAM copy)."""
         original = self._originals.get(pid)
         if original is not None:
             return original
@@ -285,7 +287,7 @@ class WeightPatcher:
             return record.read(pid)
         component, module_path, name = self._locations[pid]
         source = None
-        if self.weight_sources is not None:
+        if self.weight_sources is not None and from_file:
             source = self.weight_sources.lookup(component, f"{module_path}.{name}" if module_path else name)
         record = FileBackedOriginal.register(source, tensor) if source is not None else None
         if record is not None:
@@ -325,12 +327,14 @@ class WeightPatcher:
         tensor = _param_or_none(module, name)
         if tensor.is_meta:
             return
+        local, shard = local_part(tensor)  # tensor parallel: this rank writes what it holds (sharded_deltas)
+        contributions = shard.contributions(contributions, pid) if shard is not None else contributions
         first_touch = pid not in self._originals and pid not in self._file_backed
-        original = self._original(pid, tensor)
+        original = self._original(pid, local, from_file=local is tensor)
         if not contributions:
-            tensor.copy_(original)
+            local.copy_(original)
             return
-        write_patched(tensor, original, contributions, self._workspace, storage=fp8.stored_weight(module, name),
+        write_patched(local, original, contributions, self._workspace, storage=fp8.stored_weight(module, name),
                       seed_key=pid, dest_holds_original=first_touch)
 
     def _roll_back(self, touched: Iterable[str], before: dict) -> None:

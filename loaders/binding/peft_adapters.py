@@ -29,6 +29,7 @@ from .. import fp8, gguf_weights
 from ..errors import LoraBindError
 from ..io.file_identity import file_identity
 from ..lora import kinds
+from .sharded_deltas import refuse_unfused_adapters
 
 # How a layer that stores its weight in a compact form says which dtype it computes in (None: it does not):
 # peft gives new adapter weights the base weight's dtype, which over such storage is not the compute dtype
@@ -218,6 +219,7 @@ class AdapterCache:
         from peft import inject_adapter_in_model, set_peft_model_state_dict
 
         module = self.components[component]
+        refuse_unfused_adapters(module, label)
         if component not in self._had_peft_config:
             self._had_peft_config[component] = hasattr(module, "peft_config")
         self._counter += 1

@@ -5,4 +5,6 @@ Why a subsystem of its own, at the foundation: the sampling maths (``generation`
 ranks and the loading sequence (``models``) applies the sequence split, so both read the same session state from
 here. ``spec`` is torch-free (the CLI parses ``--parallel`` before torch is imported); everything else imports
 ``torch.distributed`` and imports diffusers' parallel APIs only when a split is asked for (they exist from 0.36).
+Tensor parallelism asks the family for its plan and cuts LoRA deltas per shard, so it sits above the families and
+binding, in ``models.tensor_parallel``.
 """

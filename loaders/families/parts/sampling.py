@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ...errors import ModelLoadError
 from .bound import FamilyPart
+from .tensor_parallel import TensorParallelPlan
 
 
 class FamilySampling(FamilyPart):
@@ -87,3 +89,15 @@ class FamilySampling(FamilyPart):
     def decode(self, model, latent):
         """Latent -> ComfyUI IMAGE, float [frames, H, W, 3] in 0..1."""
         raise NotImplementedError
+
+    def tensor_parallel_plan(self, denoiser):
+        """How ``loaders.models.tensor_parallel`` splits one denoiser across ranks: a
+        ``TensorParallelPlan``. By default the plan diffusers ships on the denoiser's class (``_tp_plan``); a
+        denoiser without one is refused, naming the family and the reason."""
+        linears = getattr(type(denoiser), "_tp_plan", None)
+        if not linears:
+            raise ModelLoadError(
+                f"{self.family.id}: --parallel tp cannot split its denoiser {type(denoiser).__name__}: it has no "
+                f"tensor-parallel plan (diffusers ships none for it and lorabind has none); use ulysses, ring or "
+                f"cfg parallelism instead")
+        return TensorParallelPlan(linears=dict(linears), heads=int(denoiser.config.num_attention_heads))

@@ -19,6 +19,7 @@ from .layout import WanLayout
 from .prediction import WanPrediction
 from .single_files import assemble_wan_pipeline
 from .slots import HIGH_NOISE_EXPERT
+from .tensor_parallel import wan_tensor_parallel_plan
 from .vace_conditioning import VACE_KEY, check_vace_inputs, encode_vace_condition, is_vace, reference_count
 
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
@@ -59,6 +60,10 @@ class WanSampling(DiffusersFlowSampling):
 
     def assemble_single_files(self, source):
         return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)
+
+    def tensor_parallel_plan(self, denoiser):
+        """Wan's own plan (``tensor_parallel``): diffusers ships none, its q/k norm spans every head."""
+        return wan_tensor_parallel_plan(denoiser)
 
     # Wan2.2 expert split
     def model_boundary(self, model) -> Optional[float]:

@@ -45,6 +45,9 @@ class DoraDelta:
     magnitude: Any
     peft_axis: bool  # PEFT's magnitude: always per output channel; kohya's dora_scale: its shape tells
     kind: str = "dora"
+    # why a tensor-parallel shard refuses it (``binding.sharded_deltas``): the magnitude divides by a norm over
+    # the whole weight (rows or columns), which one rank's shard does not hold without a cross-rank reduction
+    shard_refusal = "its norm is taken over the whole weight, which a shard would need a cross-rank reduction for"
 
     @property
     def alpha(self):

@@ -64,6 +64,10 @@ class FullDiff:
         value = float(self._rows()[row, column])
         return value, abs(value) * (rounding_growth(2) - 1.0)
 
+    def sliced(self, dim: int, start: int, stop: int) -> "FullDiff":
+        """Rows (``dim`` 0) or columns (``dim`` 1) ``start:stop`` of the diff: a tensor-parallel shard's own diff."""
+        return FullDiff(self.tensor.narrow(dim, start, stop - start))
+
     def row_adder(self, device, base_rows):
         rows = self.tensor.reshape(base_rows.rows, -1)
 

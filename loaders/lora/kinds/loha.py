@@ -16,7 +16,7 @@ only ``hada_w1_a``'s columns for those rows and the patcher's one-layer memory b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Optional
 
@@ -58,6 +58,16 @@ class LohaDelta:
 
     def tensors(self) -> list:
         return [self.w1a, self.w1b, self.w2a, self.w2b] + ([self.t1, self.t2] if self.tucker else [])
+
+    def sliced(self, dim: int, start: int, stop: int) -> "LohaDelta":
+        """Rows (``dim`` 0: both ``a`` factors' rows) or columns (``dim`` 1: both ``b`` factors' columns) of a
+        linear layer's delta, for a tensor-parallel shard; a Tucker delta (convolutions, which no plan shards)
+        raises ``ValueError`` with the reason."""
+        if self.tucker or self.w1b.dim() != 2:
+            raise ValueError("a Tucker or convolution LoHa delta is not split per rank")
+        if dim == 0:
+            return replace(self, w1a=self.w1a[start:stop], w2a=self.w2a[start:stop])
+        return replace(self, w1b=self.w1b[:, start:stop], w2b=self.w2b[:, start:stop])
 
     def _pair(self, a, b, t, device) -> tuple:
         """(up [out, r], down [r, in·k]) in float32 of one Hadamard factor."""

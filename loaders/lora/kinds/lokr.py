@@ -36,6 +36,9 @@ class LokrDelta:
     alpha: Optional[float]
     scale: float
     kind: str = "lokr"
+    # why a tensor-parallel shard refuses it (``binding.sharded_deltas``): a shard's rows or columns cut across
+    # the Kronecker blocks, so no slice of the two factors is the shard's delta
+    shard_refusal = "its Kronecker factors do not split at a shard's row or column boundary"
 
     @property
     def rank(self) -> int:

@@ -89,6 +89,14 @@ class LowRankDelta:
             return None
         return self.up, self.down
 
+    def sliced(self, dim: int, start: int, stop: int) -> "LowRankDelta":
+        """The delta of rows (``dim`` 0: ``up``'s rows) or columns (``dim`` 1: ``down``'s columns) ``start:stop``
+        of the weight: a tensor-parallel shard's own delta, computed from the same factor elements as the whole
+        delta's same rows/columns (``binding.sharded_deltas``)."""
+        if dim == 0:
+            return LowRankDelta(down=self.down, up=self.up[start:stop], alpha=self.alpha, scale=self.scale)
+        return LowRankDelta(down=self.down[:, start:stop], up=self.up, alpha=self.alpha, scale=self.scale)
+
     def row_adder(self, device, base_rows=None):
         up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)
         down = self.down.to(device=device, dtype=torch.float32).reshape(self.down.shape[0], -1)
