@@ -132,6 +132,16 @@ def keep_fp8(module, name: str, stored, scale, compute_dtype, rounding: str = "n
     compute.weights[name] = StoredWeight(param, scale, rounding)
 
 
+def stored_weights(root) -> dict:
+    """``{qualified parameter name: StoredWeight}`` of every fp8-stored parameter under ``root`` (what tensor
+    parallelism refuses to split: the scales are laid out for the whole weight)."""
+    found = {}
+    for module_name, module in root.named_modules():
+        for name, entry in _weights_of(module).items():
+            found[f"{module_name}.{name}" if module_name else name] = entry
+    return found
+
+
 def stored_weight(module, name: str) -> Optional[StoredWeight]:
     """The fp8 storage record of ``module.<name>``, or None for an ordinary parameter."""
     return _weights_of(module).get(name)

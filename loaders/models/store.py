@@ -28,6 +28,7 @@ from ..io.weight_sources import FolderWeightSources
 from ..placement import apply_plan as placement
 from ..placement import load_plan, speed
 from ..placement.devices import resolve_device, resolve_memory
+from . import tensor_parallel
 from .diffusers_folder import DiffusersFolder
 
 
@@ -168,9 +169,12 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         speed.apply_speed_options(built.denoisers, attention=attention, compile=compile)
         context_parallel.apply_sequence_parallel(built.denoisers, torch_device)
         _load_counts[identity] = _load_counts.get(identity, 0) + 1
-        return LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
-                           components=built.denoisers, model_index=built.model_index, placement=placed,
-                           weight_sources=built.weight_sources)
+        loaded = LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
+                             components=built.denoisers, model_index=built.model_index, placement=placed,
+                             weight_sources=built.weight_sources)
+        if session_spec().tp > 1:  # before anything is bound: a shard's original must be the shard's own
+            tensor_parallel.apply_tensor_parallel(loaded, session_spec().tp)
+        return loaded
 
     return load_shared(key, load_now)
 

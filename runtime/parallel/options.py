@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from ...loaders.distributed.spec import GUIDE_FLAGS, ParallelSpec, parse_parallel, with_guide_flag
 
-TP_NOT_YET = ("tensor parallelism (tp) is parsed but not available in this build yet: it arrives with the "
-              "tensor-parallel branch of issue 42; use ulysses=, ring= or cfg= meanwhile")
+# Why tp runs alone in this build: diffusers gives a model one parallel config (a split model refuses a second one),
+# and a CFG split over sharded weights would need a tensor-parallel group per guidance branch, which we do not build.
+TP_ALONE = ("tp={tp} cannot be combined with {others} in this build: a model split by tensor parallelism takes no "
+            "sequence split (diffusers keeps one parallel config per model), and a CFG split would need a "
+            "tensor-parallel group per branch; use tp=N alone, or ulysses=/ring=/cfg= without tp")
 
 
 def add_parallel_arguments(parser) -> None:
@@ -35,6 +38,7 @@ def parallel_spec(args) -> ParallelSpec:
 
 def refusal(spec: ParallelSpec) -> str | None:
     """Why this build cannot run ``spec`` (None: it can)."""
-    if spec.tp > 1:
-        return TP_NOT_YET
+    others = [f"{name}={getattr(spec, name)}" for name in ("ulysses", "ring", "cfg") if getattr(spec, name) > 1]
+    if spec.tp > 1 and others:
+        return TP_ALONE.format(tp=spec.tp, others=", ".join(others))
     return None

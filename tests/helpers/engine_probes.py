@@ -1,4 +1,4 @@
-"""What the tests look at inside the engine and no engine caller needs: fp8 storage records, the hooks of ours on a
+"""What the tests look at inside the engine and no engine caller needs: the hooks of ours on a
 module tree, GGUF patch lists, active adapters, RAM backup bytes, load counts, and a WAV's embedded comment.
 
 Why here and not in the engine: each reads state the engine keeps for its own work; a public function that only
@@ -11,17 +11,8 @@ import struct
 from pathlib import Path
 
 from lorabind.loaders import forward_hooks
-from lorabind.loaders.fp8 import stored_weight
 from lorabind.loaders.io import json_limits
 from lorabind.loaders.models import store
-
-
-def fp8_stored_weights(root) -> dict:
-    """``{qualified parameter name: StoredWeight}`` of every fp8-stored parameter under ``root``."""
-    return {f"{module_name}.{name}" if module_name else name: record
-            for module_name, module in root.named_modules()
-            for name, _ in module.named_parameters(recurse=False)
-            if (record := stored_weight(module, name)) is not None}
 
 
 def hooks_of_ours(root) -> list:

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine_probes import detach_all, fp8_stored_weights, gguf_patches_of, hooks_of_ours
+from engine_probes import detach_all, gguf_patches_of, hooks_of_ours
 from gguf_helpers import quantize_linears
 from lorabind.loaders import families, forward_hooks, fp8
 from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
@@ -98,7 +98,7 @@ def test_every_hook_kind_is_in_the_one_registry_and_removing_them_leaves_the_mod
     assert detach_all(transformer) + detach_all(vae) == 4
     assert _hook_free(transformer) == [] and _hook_free(vae) == []
     assert all(_identical(b, a) for b, a in zip(before, _snapshot(transformer, vae)))
-    assert fp8_stored_weights(transformer) == {} and gguf_patches_of(
+    assert fp8.stored_weights(transformer) == {} and gguf_patches_of(
         transformer.get_submodule(GGUF_LAYER)) == {}
 
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -113,46 +110,39 @@ def test_two_ranks_give_the_single_process_output(workflow, spec, sets, root, tm
     assert written and written == sorted(p.name for p in (tmp_path / "single").rglob("*") if p.is_file())
 
 
-def test_a_contract_refusal_comes_before_any_rank_starts(tmp_path, capsys, monkeypatch):
-    """A 20-step sampler on a 4-step distill pair, under --parallel: refused by the command itself, in under 2 s
-    (torch already imported), and no rank is ever started."""
-    from lorabind.runtime.parallel import launch
-
-    monkeypatch.setattr(launch, "launch_ranks", lambda *a: pytest.fail("a rank was started"))
-    main(command("wan22_tiny_t2v.api.json", tmp_path, tmp_path / "warm"))  # the tiny models built beforehand
-    capsys.readouterr()
-    started = time.monotonic()
-    code = main(command("wan22_mismatched_contract.api.json", tmp_path, tmp_path / "out", "--parallel", "ulysses=2"))
-    elapsed = time.monotonic() - started
-    err = capsys.readouterr().err
-    assert code == 1 and elapsed < 2.0, elapsed
-    assert "refused before any model was loaded" in err and "steps must be 4, got 20" in err
-    assert not (tmp_path / "out").exists()
+# Tensor parallelism changes the order of float32 sums (each rowwise layer's partial products are all-reduced), so
+# the output moves by rounding, not by the split; measured on this machine 1.2e-7 to 2.4e-5 on the latents (see
+# tests/loaders/distributed), and on the decoded outputs compared here within TP_TOLERANCE.
+TP_TOLERANCE = 1e-4
 
 
-RANK_ONE_FAILS = """
-import os, sys, time
-from datetime import timedelta
-import torch.distributed as dist
-dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-if dist.get_rank() == 1:
-    sys.exit(3)
-dist.barrier()  # rank 0 waits for a rank that is gone: only the launcher can end this early
-"""
+def test_tensor_parallel_ranks_give_the_single_process_output_with_the_lora_fused_into_shards(root, tmp_path):
+    workflow = "wan22_lightx2v_4step.api.json"  # both experts split, each with its distill LoRA fused per shard
+    single = run_captured(0, 1, command(workflow, root, tmp_path / "single"))
+    ranks = run_ranks(run_captured, command(workflow, root, tmp_path / "parallel", "--parallel", "tp=2"),
+                      out_dir=tmp_path)
+    difference = max_difference(single, ranks[0])
+    print(f"{workflow} --parallel tp=2: max |difference| {difference:.3g}")
+    assert difference <= TP_TOLERANCE
+    assert ranks[1]["code"] == 0 and max_difference(ranks[0], ranks[1]) == 0.0  # the all-reduce gives both the same
+    assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"] and single["split"] == []
 
 
-def test_a_failing_rank_fails_the_run_naming_it_and_stops_the_others(monkeypatch, capsys):
-    from lorabind.runtime.parallel import launch
+def run_reporting_errors(rank: int, world_size: int, argv: list) -> dict:
+    """One rank's exit code and what it wrote to stderr."""
+    import io
 
-    monkeypatch.setattr(launch, "rank_command", lambda argv: [sys.executable, "-c", RANK_ONE_FAILS])
-    started = time.monotonic()
-    code = launch.launch_ranks(2, [])
-    assert code == 3 and time.monotonic() - started < 60  # the barrier's own timeout is 300 s
-    assert "lorabind run: rank 1 of 2 failed (exit code 3); ranks 0 stopped" in capsys.readouterr().err
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    clear_cache()
+    return {"code": code, "stderr": err.getvalue()}
 
 
-@pytest.mark.parametrize("module", ["lorabind", "lorabind.runtime.cli"])
-def test_the_command_runs_under_python_dash_m(module):
-    """The forms torchrun's ``-m`` starts: the pack's ``__main__`` and the CLI module."""
-    done = subprocess.run([sys.executable, "-m", module, "run", "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "--parallel SPEC" in done.stdout and "--ulysses-degree N" in done.stdout
+def test_a_model_tensor_parallelism_cannot_split_is_refused_on_every_rank_naming_family_and_reason(root, tmp_path):
+    """The tiny Qwen-Image has 3 attention heads, which 2 ranks cannot share out whole."""
+    argv = command("qwen_image_lightning.api.json", root, tmp_path / "out", "--parallel", "tp=2")
+    ranks = run_ranks(run_reporting_errors, argv, out_dir=tmp_path)
+    assert [r["code"] for r in ranks] != [0, 0]
+    assert "qwen_image 'transformer': --parallel tp=2 must divide the denoiser's 3 attention heads" in ranks[0]["stderr"]
+    assert not any((tmp_path / "out").rglob("*.webp")) and not any((tmp_path / "out").rglob("*.png"))

@@ -6,7 +6,7 @@ import pytest
 
 from lorabind.loaders.distributed.spec import ParallelSpec, ParallelSpecError, parse_parallel, with_guide_flag
 from lorabind.runtime.cli import build_parser
-from lorabind.runtime.parallel.options import TP_NOT_YET, parallel_spec, refusal
+from lorabind.runtime.parallel.options import parallel_spec, refusal
 
 
 @pytest.mark.parametrize("text, expected, world", [
@@ -59,10 +59,12 @@ def test_a_guide_flag_that_contradicts_parallel_is_refused():
         with_guide_flag(ParallelSpec(), "tp", "x", "--tensor-parallel-size")
 
 
-def test_tensor_parallelism_is_parsed_but_refused_until_it_lands():
+def test_tensor_parallelism_runs_alone_and_is_refused_in_combination_by_name():
     args = build_parser().parse_args(["run", "wf.json", "--tensor-parallel-size", "2"])
     spec = parallel_spec(args)
-    assert spec == ParallelSpec(tp=2) and refusal(spec) == TP_NOT_YET
+    assert spec == ParallelSpec(tp=2) and refusal(spec) is None
+    assert refusal(parse_parallel("tp=2,cfg=2")).startswith("tp=2 cannot be combined with cfg=2 in this build")
+    assert "ulysses=2" in refusal(parse_parallel("tp=2,ulysses=2"))
     assert refusal(parse_parallel("ulysses=2,cfg=2")) is None
 
 

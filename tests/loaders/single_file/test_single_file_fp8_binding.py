@@ -6,7 +6,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine_probes import fp8_stored_weights
 from lorabind.loaders import fp8
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.families import family_by_id
@@ -131,6 +130,6 @@ def test_peft_adapter_runs_over_fp8_storage_without_touching_it(root):
     lora_dtypes = {p.dtype for n, p in transformer.named_parameters() if "lora_" in n}
     assert lora_dtypes and torch.float8_e4m3fn not in lora_dtypes
     assert all(torch.equal(_fp8_bytes(model)[k], before[k]) for k in before)
-    assert fp8_stored_weights(transformer)  # still fp8-stored under the peft wrappers
+    assert fp8.stored_weights(transformer)  # still fp8-stored under the peft wrappers
     binding.unbind(model)
     assert torch.equal(transformer(**inputs)[0], plain)
