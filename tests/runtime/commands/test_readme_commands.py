@@ -34,7 +34,7 @@ def runnable(command: str) -> bool:
 def test_the_docs_name_the_fixture_folder_in_every_runnable_path():
     commands = [command for command in readme_commands() if runnable(command)]
     assert [shlex.split(c)[1] for c in commands] == [
-        "run", "run", "inspect", "merge", "extract", "plan", "run", "inspect"]
+        "run", "run", "inspect", "merge", "extract", "plan", "run", "run", "inspect"]
     for command in commands:
         for lora in re.findall(r"models/loras/\S+", command):
             assert lora.startswith("models/loras/lorabind-tiny/"), command
