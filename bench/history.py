@@ -29,6 +29,8 @@ help_seconds 0.069 -> 0.117 and import_seconds 0.001 -> 0.002 (one short fresh p
 imported before and after): their noise is set from those spreads. The next quiet run (b42d078) flagged
 restore_file_vs_ram 2.71 -> 4.43, a ratio between a file re-read and a RAM copy that no change touched: quiet runs
 have read 2.62, 2.71, 3.37, 3.57 and 4.43, so its noise is 75%.
+``ulysses_2rank_vs_1rank`` (issue 42) has no quiet run yet: two full runs back to back under load 1.9-2.6 read 0.46
+and 0.30, so its noise is set at 50% until quiet runs say otherwise.
 ``fuse_vs_floor`` changed meaning twice in issue 33 (``bench_fuse.Floor``): first the chunked loop plus a copy of each
 original, tighter than the whole-layer upcast before it; then, where oneDNN runs bfloat16 gemms, one bfloat16 gemm
 per layer plus that copy. Compared with a run from before either change it reads worse by construction.
@@ -73,6 +75,8 @@ METRICS = {
                              "unpatched GGUF layer, per forward", None),
     "gguf_patched_vs_bf16_fused": ("lower", 0.4, "GGUF Q8_0 layer with a fused LoRA / a bf16 layer with it fused, "
                                    "per forward", None),
+    "ulysses_2rank_vs_1rank": ("lower", 0.5, "sequence parallelism on CPU: one tiny Wan forward split by ulysses=2 "
+                               "over 2 gloo ranks x 1 thread / unsplit in 1 rank x 2 threads", None),
     "help_seconds": ("lower", 0.75, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 1.0, "`import lorabind` (s)", None),
 }

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
 from . import (  # noqa: E402
     bench_fuse,
     bench_gguf_patches,
+    bench_parallel,
     bench_parallel_load,
     bench_peft,
     bench_real_size,
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
+    sequence_split = bench_parallel.run(args.quick, reps)
 
     summary = {
         "fuse_speedup_vs_diffusers": fuse["fuse"].ratio,
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
         "parallel_load_speedup": loading["pair"].ratio,
         "gguf_patched_vs_gguf": gguf["gguf_patched_vs_gguf"],
         "gguf_patched_vs_bf16_fused": gguf["gguf_patched_vs_bf16_fused"],
+        "ulysses_2rank_vs_1rank": sequence_split["ulysses_2rank_vs_1rank"],
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -149,6 +152,9 @@ def main(argv=None) -> int:
     print_table(f"LoRA on GGUF: one layer's forward ({gguf['layer']}, {gguf['tokens']} tokens, bf16 compute, "
                 "median ms)", [(k, f"{v:.3f}") for k, v in gguf.items() if k.endswith(("_ms", "_vs_gguf",
                                                                                           "_vs_bf16_fused"))])
+    print_table(f"Sequence parallelism on CPU: one tiny Wan forward ({sequence_split['tokens']} tokens, "
+                f"{sequence_split['blocks']} blocks), ulysses=2 on 2 gloo ranks x 1 thread vs 1 rank x 2 threads "
+                "(rank 0's median ms)", [(k, f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in sequence_split.items()])
 
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
@@ -174,7 +180,7 @@ def main(argv=None) -> int:
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_path=loading["same_path"],
-            parallel_load_same_weights=loading["same_weights"], machine=machine_description(), size=size_name,
+            parallel_load_same_weights=loading["same_weights"], sequence_parallel=sequence_split, machine=machine_description(), size=size_name,
             commit=history.commit(), load_average=list(os.getloadavg()),
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_threads=torch.get_num_threads())
@@ -197,6 +203,7 @@ def _device_figures(device: str, json_path) -> int:
     result = bench_cuda.run(bench_cuda.REAL_CONFIGS / "wan2.2-t2v-a14b" / "transformer", device)
     bench_cuda.print_report(result)
     summary = {k: v for k, v in result.items() if k != "details"}
+    summary.update(bench_parallel.run_device())  # ulysses_speedup_<N>gpu; nothing (and a line why) under 2 GPUs
     print("\nsummary")
     for name, value in summary.items():
         print(f"{name}: {value:.3f}")

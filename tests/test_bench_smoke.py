@@ -20,7 +20,7 @@ SUMMARY_KEYS = {
     "help_seconds", "import_seconds", "fuse_real_size_vs_diffusers", "bind_peak_rss_layers", "restore_file_vs_ram",
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
-    "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused",
+    "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused", "ulysses_2rank_vs_1rank",
 }
 
 
@@ -40,6 +40,7 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert result["single_file"]["checksums_equal"] is True
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
+    assert result["sequence_parallel"]["max_abs_diff"] == 0.0  # Ulysses moves heads between ranks, no sum reordered
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)
