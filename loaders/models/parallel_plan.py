@@ -198,4 +198,9 @@ def format_rank_lines(rank_plan: RankPlan) -> list[str]:
         lines.append(f"  {share.component}: {share.sharded_bytes / GIB:.2f} GiB split {spec.tp} ways, "
                      f"{share.whole_bytes / GIB:.2f} GiB whole on every rank -> {share.per_rank_bytes / GIB:.2f} GiB "
                      f"per rank")
+    if rank_plan.loading is not None:
+        loading = rank_plan.loading
+        lines.append(f"while loading: {loading.device_bytes / GIB:.1f} GiB device, {loading.host_bytes / GIB:.1f} GiB "
+                     f"host per rank (each rank loads the whole model onto its device, then splits it)"
+                     f"{'' if loading.fits else '  DOES NOT FIT'}")
     return lines

@@ -104,3 +104,15 @@ def test_text_output_names_the_spec_and_the_per_rank_split(capsys):
                           "64.0 GiB of the machine's --ram)")
     assert "transformer: 26.18 GiB split 2 ways, 0.50 GiB whole on every rank -> 13.58 GiB per rank" in out
     assert "memory: full  (fits)" in out
+
+
+def test_the_example_in_several_gpus_is_what_plan_prints(capsys):
+    import pathlib
+
+    import lorabind
+
+    page = (pathlib.Path(lorabind.__file__).parent / "docs" / "serving" / "several-gpus.md").read_text()
+    command = "$ lorabind plan wan2.2-i2v-a14b --vram 80 --ram 128 --parallel tp=2\n"
+    shown = page.split(command, 1)[1].split("\n```", 1)[0]
+    assert cli.main(command.split()[2:]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == shown
