@@ -105,7 +105,15 @@ def plan_ranks(model, spec: ParallelSpec, *, vram_gib: float, ram_gib: float | N
     plan = plan_memory(per_rank, device_free_bytes=device, host_free_bytes=host, requested="full",
                        activation_bytes=activation)
     loading = _loading_peak(whole, device, host)
-    return RankPlan(spec, _tp_reason(plan, loading, spec.tp), per_rank, activation, shares, loading)
+    ranked = RankPlan(spec, _tp_reason(plan, loading, spec.tp), per_rank, activation, shares, loading)
+    if ranked.fits:
+        return ranked
+    ulysses, _ = plan_model(model, vram_gib=vram_gib, ram_gib=rank_ram, dtype=dtype, sequence_split=spec.tp)
+    if not ulysses.fits:
+        return ranked
+    hint = (f"with ulysses={spec.tp} on as many ranks (the whole model on each) memory={ulysses.memory} fits: peak "
+            f"{ulysses.peak_device_bytes / GIB:.1f} GiB device, {ulysses.peak_host_bytes / GIB:.1f} GiB host per rank")
+    return replace(ranked, plan=replace(ranked.plan, reason=f"{ranked.plan.reason}; {hint}"))
 
 
 def _check_tp_request(degree: int, memory: str, weights: str, sizes) -> None:

@@ -76,6 +76,10 @@ def test_tp_that_fits_only_after_the_split_does_not_fit(capsys):
     code, data = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "48", "--parallel", "tp=4")
     assert code == 1 and data["fits"] is False and data["peak_device_bytes"] < 48 * GIB
     assert data["parallel"]["loading"]["fits"] is False and "while loading" in data["reason"]
+    # the machine: nothing fits under tp=2 on 24 GiB; a sequence split of as many ranks does
+    code, data = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--parallel", "tp=2")
+    assert code == 1 and data["peak_device_bytes"] > 24 * GIB
+    assert "with ulysses=2 on as many ranks (the whole model on each) memory=offload_blocks fits" in data["reason"]
 
 
 def test_sequence_and_cfg_splits_keep_the_whole_model_on_every_rank(capsys):
