@@ -105,6 +105,14 @@ def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
         raise ModelLoadError(f"{label}: --parallel tp={degree} cannot split the denoiser: {exc}") from None
 
 
+def sharded_parameter_names(module: nn.Module, plan, degree: int) -> frozenset:
+    """Names of the parameters ``plan`` splits ``degree`` ways (checked already: ``check_splittable``); a rowwise
+    layer's bias stays whole. Reads shapes only, so ``lorabind plan`` asks it of a denoiser on the meta device."""
+    hooks, _ = _diffusers_parallel(type(module).__name__)
+    specs = hooks.resolve_tp_shard_specs(module, plan.linears, degree)
+    return frozenset(name for name, spec in specs.items() if spec.dim is not None)
+
+
 def _check_state(model, label: str) -> None:
     """Split a model as loaded: no LoRA bound yet (a fuse's original would be the whole weight, not the shard)
     and its denoisers resident on the device (a memory plan that moves them would move the shards' DTensors)."""

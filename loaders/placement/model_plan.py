@@ -4,43 +4,46 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .planner import GIB, MEMORY_PLANS, MemoryPlan, plan_memory
+from .planner import GIB, MEMORY_PLANS, MemoryPlan, default_activation_bytes, plan_memory
 from .sizes import ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
                dtype: str = "bfloat16", weights: str = "bf16",
-               sizes: list | None = None) -> tuple[MemoryPlan, list[ComponentSize]]:
+               sizes: list | None = None, sequence_split: int = 1) -> tuple[MemoryPlan, list[ComponentSize]]:
     """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16",
     "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or for components the caller measured (``sizes``: single
     files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
     only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
-    smallest plan needs."""
+    smallest plan needs. ``sequence_split``: ranks sharing each step's tokens (``--parallel ulysses/ring``), which
+    divide the denoising working memory."""
     measured = sizes is not None
     if not measured:
         sizes = component_sizes(model, dtype=dtype, weights=weights)
-    plan = _plan(sizes, vram_gib, ram_gib, memory)
+    plan = _plan(sizes, vram_gib, ram_gib, memory, sequence_split)
     if plan.fits:
         return plan, sizes
     hint = None
     if not measured and weights == "bf16":
-        fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory)
+        fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory,
+                         sequence_split)
         if fp8_plan.fits:
             hint = (f"with fp8 weights (--weights fp8: ComfyUI's *_fp8_e4m3fn* single files) it fits: "
                     f"memory={fp8_plan.memory}, peak {fp8_plan.peak_device_bytes / GIB:.1f} GiB on the device, "
                     f"{fp8_plan.peak_host_bytes / GIB:.1f} GiB on the host")
     if hint is None:
-        hint = least_memory_hint(sizes, model if not measured else None, dtype, weights)
+        hint = least_memory_hint(sizes, model if not measured else None, dtype, weights, sequence_split)
     return replace(plan, reason=f"{plan.reason}; {hint}"), sizes
 
 
-def _plan(sizes, vram_gib: float, ram_gib, memory: str) -> MemoryPlan:
+def _plan(sizes, vram_gib: float, ram_gib, memory: str, sequence_split: int = 1) -> MemoryPlan:
     host = None if ram_gib is None else int(ram_gib * GIB)
-    return plan_memory(sizes, device_free_bytes=int(vram_gib * GIB), host_free_bytes=host, requested=memory)
+    return plan_memory(sizes, device_free_bytes=int(vram_gib * GIB), host_free_bytes=host, requested=memory,
+                       activation_bytes=default_activation_bytes(sizes) // sequence_split)
 
 
-def least_memory_hint(sizes, model, dtype: str, weights: str) -> str:
+def least_memory_hint(sizes, model, dtype: str, weights: str, sequence_split: int = 1) -> str:
     """The nearest machine that runs it: the least device and host memory a plan needs (fp8 weights when the
     model has a published fp8 form and bf16 weights are asked for)."""
     candidates = [("", sizes)]
@@ -49,7 +52,8 @@ def least_memory_hint(sizes, model, dtype: str, weights: str) -> str:
     best = None
     for words, candidate in candidates:
         for name in MEMORY_PLANS[1:]:
-            plan = plan_memory(candidate, device_free_bytes=1 << 60, host_free_bytes=None, requested=name)
+            plan = plan_memory(candidate, device_free_bytes=1 << 60, host_free_bytes=None, requested=name,
+                               activation_bytes=default_activation_bytes(candidate) // sequence_split)
             if plan.fits and (best is None or _need(plan) < _need(best[1])):
                 best = (words, plan)
     words, plan = best

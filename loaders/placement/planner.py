@@ -55,6 +55,12 @@ def default_decode_bytes(width: int, height: int) -> int:
     return width * height * _DECODE_FRAMES_PER_CHUNK * _DECODE_CHANNELS * 2 * _DECODE_LIVE_TENSORS
 
 
+def default_activation_bytes(sizes) -> int:
+    """Denoising working memory when none is given: ``max(1 GiB, 10 % of the largest denoiser)`` (see the module
+    docstring); ``lorabind plan --parallel`` divides it among the ranks that share the tokens."""
+    return max(GIB, max((s.bytes for s in sizes if s.role in DENOISER_ROLES), default=0) // 10)
+
+
 def _tiled_decode_bytes(width: int, height: int) -> int:
     """Tiled decode: one tile in flight plus the overlapping neighbour being blended, and the decoded chunk
     (fp32 RGB) being assembled."""
@@ -206,9 +212,8 @@ def plan_memory(sizes, *, device_free_bytes: int, host_free_bytes: int | None = 
     if requested not in MEMORY_PLANS:
         raise ValueError(f"unknown memory plan {requested!r}; choose one of {list(MEMORY_PLANS)}")
     sizes = tuple(sizes)
-    denoisers = [s.bytes for s in sizes if s.role in DENOISER_ROLES]
     if activation_bytes is None:
-        activation_bytes = max(GIB, max(denoisers, default=0) // 10)
+        activation_bytes = default_activation_bytes(sizes)
     width, height = decode_size
     inputs = _Inputs(sizes, int(device_free_bytes), host_free_bytes, int(activation_bytes),
                      default_decode_bytes(width, height), _tiled_decode_bytes(width, height))

@@ -143,11 +143,35 @@ def _measure_config(library: str, class_name: str, config_text: str, dtype_name:
     as ComfyUI's ``*_fp8_e4m3fn*.safetensors`` (norms, biases and embeddings not), a GGUF type."""
     import torch
 
-    cls = _component_class(library, class_name, Path(where))
-    module = build_on_meta(cls, json.loads(config_text))
-    keep = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ()) if library == "diffusers" else ()
+    module = _meta_module(library, class_name, config_text, where)
+    keep = keep_fp32_modules(module) if library == "diffusers" else ()
     stored = stored_block_bytes(module, weights) if weights != "bf16" else {}
     return _measure(module, getattr(torch, dtype_name), keep, stored)
+
+
+@functools.lru_cache(maxsize=8)
+def _meta_module(library: str, class_name: str, config_text: str, where: str):
+    """One component built on the meta device, kept: sizing it and planning its tensor-parallel split (``lorabind
+    plan --parallel tp=N``) read the same module, and building a 14B one takes seconds. Read only, never changed."""
+    return build_on_meta(_component_class(library, class_name, Path(where)), json.loads(config_text))
+
+
+def keep_fp32_modules(module) -> tuple:
+    """The module names diffusers keeps in float32 whatever the dtype (``_keep_in_fp32_modules``)."""
+    return tuple(getattr(type(module), "_keep_in_fp32_modules", None) or ())
+
+
+def denoisers_on_meta(model_source) -> tuple[dict, dict]:
+    """``({component: denoiser built on the meta device}, model_index)`` of a diffusers folder or shipped
+    configuration: what a tensor-parallel plan is applied to when no weight is loaded."""
+    folder = resolve_model_source(model_source)
+    model_index = read_model_index(folder)
+    modules = {}
+    for name, role in component_roles(model_index).items():
+        if role in DENOISER_ROLES:
+            library, class_name = model_index[name]
+            modules[name] = _meta_module(library, class_name, _read_config(folder / name), str(folder / name))
+    return modules, model_index
 
 
 def block_matrices(module) -> frozenset:

@@ -1,6 +1,8 @@
-"""`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--weights bf16|fp8] [--json]`, or
-`lorabind plan --files FILE... --vram GIB ...`: the memory plan, without loading weights. ``--weights`` also takes
-a GGUF type (q8_0, q4_k, ...): the denoisers sized at their quantized bytes.
+"""`lorabind plan MODEL --vram GIB [--ram GIB] [--memory PLAN] [--weights bf16|fp8] [--parallel SPEC] [--json]`,
+or `lorabind plan --files FILE... --vram GIB ...`: the memory plan, without loading weights. ``--weights`` also
+takes a GGUF type (q8_0, q4_k, ...): the denoisers sized at their quantized bytes. ``--parallel`` (or the serving
+guide's flags, as ``lorabind run`` reads them) plans one rank of a job that splits the model: ``--vram`` is each
+rank's device, ``--ram`` the machine's host memory the ranks share (``loaders.models.parallel_plan``).
 
 MODEL is a diffusers folder or the name of a real configuration shipped in the pack (wan2.2-t2v-a14b, ...);
 ``--weights fp8`` sizes it as ComfyUI's fp8 single files store it. ``--files`` plans the single files named (a
@@ -25,6 +27,9 @@ WEIGHTS = ("bf16", "fp8", "q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0")  # loa
 
 
 def add_arguments(parser) -> None:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..parallel.options import add_parallel_arguments
+
     parser.add_argument("model", metavar="MODEL", nargs="?",
                         help="a diffusers model folder, or a shipped configuration: wan2.1-t2v-1.3b, wan2.1-t2v-14b, "
                              "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3")
@@ -42,6 +47,7 @@ def add_arguments(parser) -> None:
                         help="plan these single files instead of MODEL (denoiser(s), VAE, text encoder), read from "
                              "their headers")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_parallel_arguments(parser)
 
 
 def gib_amount(text: str) -> float:
@@ -61,12 +67,18 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.models.single_file.pipelines import files_sizes
     from ...loaders.placement.model_plan import format_plan, plan_model, plan_to_json
+    from ..parallel.options import parallel_spec, refusal
 
     if bool(args.model) == bool(args.files):
         print("lorabind plan: give either MODEL or --files FILE... (not both)", file=sys.stderr)
         return 2
     try:
+        spec = parallel_spec(args)
+        if refusal(spec):
+            raise LoraBindError(f"--parallel {spec.describe()}: {refusal(spec)}")
         measured = files_sizes(tuple(args.files), args.dtype) if args.files else None
+        if spec.is_parallel:
+            return _run_parallel(args, spec, measured)
         plan, sizes = plan_model(args.model, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
                                  dtype=args.dtype, weights=args.weights, sizes=measured)
     except LoraBindError as exc:
@@ -74,3 +86,20 @@ def run(args) -> int:
         return 2
     print(json.dumps(plan_to_json(plan, sizes), indent=2) if args.json else format_plan(plan, sizes))
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
+
+
+def _run_parallel(args, spec, measured) -> int:
+    """One rank's plan for a job split as ``spec``: the spec and its division first, then the per-rank plan."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.models.parallel_plan import format_rank_lines, plan_ranks, rank_plan_to_json
+    from ...loaders.placement.model_plan import format_plan, plan_to_json
+
+    ranks = plan_ranks(args.model, spec, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
+                       dtype=args.dtype, weights=args.weights, sizes=measured)
+    if args.json:
+        data = plan_to_json(ranks.plan, ranks.sizes)
+        data["parallel"] = rank_plan_to_json(ranks)
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join([*format_rank_lines(ranks), format_plan(ranks.plan, ranks.sizes)]))
+    return 0 if ranks.fits else EXIT_DOES_NOT_FIT

@@ -1,0 +1,122 @@
+"""`lorabind plan --parallel`: one rank's figures when a job splits the model (no ranks are started)."""
+
+import json
+
+import pytest
+
+from lorabind.runtime import cli
+
+GIB = 1024**3
+
+
+def plan_json(capsys, *arguments) -> tuple[int, dict]:
+    code = cli.main(["plan", *arguments, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def refusal(capsys, *arguments) -> str:
+    code = cli.main(["plan", *arguments])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    return captured.err
+
+
+def components(data: dict) -> dict:
+    return {c["name"]: c["bytes"] for c in data["components"]}
+
+
+def test_tp_2_halves_the_split_linears_per_rank_and_keeps_the_rest_whole(capsys):
+    code, one = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "80")
+    assert code == 0 and "parallel" not in one  # without --parallel the plan is the one-process plan, unchanged
+    code, two = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "80", "--parallel", "tp=2")
+    assert code == 0 and two["memory"] == "full"
+    assert two["parallel"]["spec"] == {"ulysses": 1, "ring": 1, "cfg": 1, "tp": 2, "text": "tp=2"}
+    assert two["parallel"]["ranks"] == 2
+    whole, per_rank = components(one), components(two)
+    shares = {share["component"]: share for share in two["parallel"]["tensor_parallel"]}
+    assert sorted(shares) == ["transformer", "transformer_2"]
+    for name, share in shares.items():
+        assert share["sharded_bytes"] + share["whole_bytes"] == whole[name]
+        assert share["per_rank_bytes"] == per_rank[name] == share["whole_bytes"] + share["sharded_bytes"] // 2
+        # Wan 14B: 40 blocks of q, k, v, o (+ the image branch's k, v) and the FFN split; 0.5 GiB stays whole
+        assert 26 * GIB < share["sharded_bytes"] < 26.5 * GIB and 0.4 * GIB < share["whole_bytes"] < 0.6 * GIB
+    for name in ("text_encoder", "vae"):  # not split: the same bytes on every rank
+        assert per_rank[name] == whole[name]
+    # each rank loads the whole model onto its device before it is split
+    loading = two["parallel"]["loading"]
+    assert loading["peak_device_bytes"] == sum(whole.values()) and loading["fits"] is True
+
+
+def test_tp_4_divides_wan_a14b_40_heads_and_a_degree_that_does_not_is_refused_by_name(capsys):
+    code, four = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "80", "--parallel", "tp=4")
+    share = four["parallel"]["tensor_parallel"][0]
+    assert code == 0 and share["per_rank_bytes"] == share["whole_bytes"] + share["sharded_bytes"] // 4
+    heads = refusal(capsys, "wan2.2-i2v-a14b", "--vram", "80", "--tensor-parallel-size", "3")
+    assert "wan2.2_moe 'transformer'" in heads and "tp=3 must divide the denoiser's 40 attention heads" in heads
+    # 5 divides the 40 heads but not the FFN's 13824 features
+    width = refusal(capsys, "wan2.2-i2v-a14b", "--vram", "80", "--parallel", "tp=5")
+    assert "wan2.2_moe 'transformer'" in width and "ffn" in width and "not divisible by 5" in width
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (("minimax-h3", "--parallel", "tp=2"), ("minimax_h3", "no tensor-parallel plan")),
+    (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--weights", "fp8"), ("--weights fp8", "whole weight")),
+    (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--memory", "offload_blocks"),
+     ("--memory offload_blocks", "only memory=full combines with tp")),
+    (("wan2.2-i2v-a14b", "--parallel", "tp=2,cfg=2"), ("cannot be combined with cfg=2",)),
+    (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--tensor-parallel-size", "4"), ("contradicts tp=2",)),
+])
+def test_tp_combinations_that_cannot_work_are_refused_by_name(capsys, arguments, words):
+    err = refusal(capsys, *arguments, "--vram", "80")
+    assert all(word in err for word in words), err
+
+
+def test_tp_that_fits_only_after_the_split_does_not_fit(capsys):
+    """After a tp=4 split Wan A14B needs 32.8 GiB per rank, but each rank loads the whole 64 GiB first."""
+    code, data = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "48", "--parallel", "tp=4")
+    assert code == 1 and data["fits"] is False and data["peak_device_bytes"] < 48 * GIB
+    assert data["parallel"]["loading"]["fits"] is False and "while loading" in data["reason"]
+    # the issue's machine: nothing fits under tp=2 on 24 GiB; a sequence split of as many ranks does
+    code, data = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--parallel", "tp=2")
+    assert code == 1 and data["peak_device_bytes"] > 24 * GIB
+    assert "with ulysses=2 on as many ranks (the whole model on each) memory=offload_blocks fits" in data["reason"]
+
+
+def test_sequence_and_cfg_splits_keep_the_whole_model_on_every_rank(capsys):
+    code, one = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24")
+    code, ulysses = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--ulysses-degree", "2")
+    code, cfg = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--parallel", "cfg=2")
+    assert components(ulysses) == components(cfg) == components(one)
+    assert ulysses["memory"] == one["memory"] == "offload_blocks"  # offload plans combine with sequence splits
+    assert ulysses["parallel"]["tensor_parallel"] == [] and "loading" not in ulysses["parallel"]
+    # the working memory divides among the ranks sharing the tokens; a CFG rank runs one batch-1 pass as before
+    assert ulysses["parallel"]["activation_bytes"] * 2 == cfg["parallel"]["activation_bytes"]
+
+
+def test_the_ranks_share_the_machines_host_memory(capsys):
+    code, one = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--ram", "96")
+    code_two, two = plan_json(capsys, "wan2.2-i2v-a14b", "--vram", "24", "--ram", "96", "--parallel", "ring=2")
+    assert code == 0 and one["fits"] is True
+    assert two["host_free_bytes"] == 48 * GIB and two["peak_host_bytes"] == one["peak_host_bytes"] > 48 * GIB
+    assert code_two == 1 and two["fits"] is False
+
+
+def test_text_output_names_the_spec_and_the_per_rank_split(capsys):
+    assert cli.main(["plan", "wan2.2-i2v-a14b", "--vram", "80", "--ram", "128", "--parallel", "tp=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("parallel: tp=2 (2 ranks on one machine; the figures below are per rank, each with "
+                          "64.0 GiB of the machine's --ram)")
+    assert "transformer: 26.18 GiB split 2 ways, 0.50 GiB whole on every rank -> 13.58 GiB per rank" in out
+    assert "memory: full  (fits)" in out
+
+
+def test_the_example_in_several_gpus_is_what_plan_prints(capsys):
+    import pathlib
+
+    import lorabind
+
+    page = (pathlib.Path(lorabind.__file__).parent / "docs" / "serving" / "several-gpus.md").read_text()
+    command = "$ lorabind plan wan2.2-i2v-a14b --vram 80 --ram 128 --parallel tp=2\n"
+    shown = page.split(command, 1)[1].split("\n```", 1)[0]
+    assert cli.main(command.split()[2:]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == shown
