@@ -28,7 +28,7 @@ import torch
 LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k", "attn2.to_v",
            "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2")  # the lightx2v layout: every block linear
 RANK = 64
-REAL_CONFIGS = Path(__file__).resolve().parents[1] / "loaders" / "memory" / "real_configs"
+REAL_CONFIGS = Path(__file__).resolve().parents[1] / "loaders" / "placement" / "real_configs"
 
 
 def _sync(device):

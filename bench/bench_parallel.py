@@ -34,7 +34,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -144,16 +143,12 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str, args: tuple)
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_job(world_size: int, case: dict, device_type: str, reps: int, unsplit_threads: int) -> dict:
     """Spawn the ranks of one job and return rank 0's result (a failing rank raises with its traceback)."""
+    from lorabind.runtime.parallel.launch import free_port
+
     with tempfile.TemporaryDirectory(prefix="lorabind-bench-parallel-") as out_dir:
-        mp.start_processes(_rank_main, args=(world_size, _free_port(), out_dir,
+        mp.start_processes(_rank_main, args=(world_size, free_port(), out_dir,
                                              (case, device_type, reps, unsplit_threads)),
                            nprocs=world_size, join=True, start_method="spawn")
         return json.loads((Path(out_dir) / "rank0.json").read_text())
@@ -176,7 +171,7 @@ def run_device(reps: int = 5) -> dict:
     if count < 2:
         print(f"bench_parallel: ulysses speed-up needs at least 2 CUDA devices, this machine has {count}; skipped")
         return {}
-    config = json.loads((Path(__file__).resolve().parents[1] / "loaders" / "memory" / "real_configs" /
+    config = json.loads((Path(__file__).resolve().parents[1] / "loaders" / "placement" / "real_configs" /
                          "wan2.2-t2v-a14b" / "transformer" / "config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_")}
     case = dict(config=dict(config, num_layers=GPU_BLOCKS), latent=GPU_LATENT, text_tokens=512)

@@ -29,8 +29,10 @@ Limits:
 * diffusers' ``remove_hook`` re-links the hook above a removed one by replacing its ``fn_ref.forward``, which for
   a ``new_forward`` hook is the hook itself: a hook of ours must not sit above one that is later removed. None
   does: one hook of ours per module (fp8 and GGUF never share a layer; placement hooks sit on whole components and
-  VAE decoders), and group offload, the only other hook on our modules, is attached after fp8 compute (above it)
-  and never on a GGUF layer (GGUF is denoisers only, and denoisers offload by blocks).
+  VAE decoders); group offload is attached after fp8 compute (above it) and never on a GGUF layer (GGUF is
+  denoisers only, and denoisers offload by blocks); context parallelism (``--parallel ulysses/ring``:
+  diffusers' split/gather hooks, the root one on a denoiser placement may also hook) is attached after
+  placement (above it) and never removed.
 * like every diffusers hook it replaces ``module.forward``, so it must not be removed from under an accelerate
   hook (lorabind attaches none: placement moves tensors with accelerate's ``send_to_device`` only).
 * ``torch.compile`` traces through the chain, but not through a weight swap (it builds an ``nn.Parameter``;

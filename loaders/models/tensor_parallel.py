@@ -39,9 +39,9 @@ class ShardReport:
 def apply_tensor_parallel(model, degree: int, group=None) -> list[ShardReport]:
     """Split every denoiser of ``model`` (a ``loaders.models.store.LoadedModel``) over ``degree`` ranks.
 
-    Called by the launcher on every rank, after the model is loaded and before any LoRA is bound. ``group``: the
-    ranks that share the split (a ``torch.distributed`` process group whose size is ``degree``); None uses the
-    default group. Every denoiser is checked first (plan, divisibility, state), so a refusal leaves the model
+    Called by ``store.load`` on every rank under ``--parallel tp=N``, right after the model is built and placed
+    and before any LoRA is bound. ``group``: the ranks that share the split (a ``torch.distributed`` process group
+    whose size is ``degree``); None uses the default group. Every denoiser is checked first (plan, divisibility, state), so a refusal leaves the model
     whole; the errors name the family and the reason. Returns one ``ShardReport`` per denoiser.
     """
     import torch.distributed as dist

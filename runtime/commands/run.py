@@ -85,8 +85,9 @@ def run(args) -> int:
     except ParallelSpecError as exc:
         print(f"lorabind run: {exc}", file=sys.stderr)
         return 2
-    if refusal(spec):
-        print(f"lorabind run: --parallel {spec.describe()}: {refusal(spec)}", file=sys.stderr)
+    refused = refusal(spec)
+    if refused:
+        print(f"lorabind run: --parallel {spec.describe()}: {refused}", file=sys.stderr)
         return 2
     if not spec.is_parallel:
         return _run_here(args)

@@ -10,7 +10,6 @@ Every rank runs with one intra-op thread, so two ranks on a 2-core machine do no
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -18,14 +17,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from lorabind.runtime.parallel.launch import free_port
+
 RANK_TIMEOUT_S = 120  # a collective that waits longer than this fails the rank instead of hanging the test
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now, for the ranks' rendezvous."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rank_main(rank: int, world_size: int, port: int, out_dir: str, fn, args: tuple) -> None:

@@ -9,7 +9,7 @@ deltas like any other kind's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Optional
 
@@ -66,7 +66,7 @@ class FullDiff:
 
     def sliced(self, dim: int, start: int, stop: int) -> "FullDiff":
         """Rows (``dim`` 0) or columns (``dim`` 1) ``start:stop`` of the diff: a tensor-parallel shard's own diff."""
-        return FullDiff(self.tensor.narrow(dim, start, stop - start))
+        return replace(self, tensor=self.tensor.narrow(dim, start, stop - start))
 
     def row_adder(self, device, base_rows):
         rows = self.tensor.reshape(base_rows.rows, -1)

@@ -8,7 +8,7 @@ when the PEFT config says rsLoRA); else a PEFT config gives ``lora_alpha``/``alp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Optional
 
@@ -94,8 +94,8 @@ class LowRankDelta:
         of the weight: a tensor-parallel shard's own delta, computed from the same factor elements as the whole
         delta's same rows/columns (``binding.sharded_deltas``)."""
         if dim == 0:
-            return LowRankDelta(down=self.down, up=self.up[start:stop], alpha=self.alpha, scale=self.scale)
-        return LowRankDelta(down=self.down[:, start:stop], up=self.up, alpha=self.alpha, scale=self.scale)
+            return replace(self, up=self.up[start:stop])
+        return replace(self, down=self.down[:, start:stop])
 
     def row_adder(self, device, base_rows=None):
         up = self.up.to(device=device, dtype=torch.float32).reshape(self.up.shape[0], -1)
