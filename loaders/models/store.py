@@ -24,6 +24,7 @@ from ..distributed import context_parallel
 from ..distributed.process_group import session_spec
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
+from ..families.interface import DENOISER_ROLES
 from ..io.weight_sources import FolderWeightSources
 from ..placement import apply_plan as placement
 from ..placement import load_plan, speed
@@ -155,6 +156,9 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         speed.check_attention(attention, torch_device)
         context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
+        if session_spec().tp > 1:  # refused before any weight is read, not after the whole load
+            denoisers = [name for name, role in source.component_roles().items() if role in DENOISER_ROLES]
+            tensor_parallel.check_plan_keeps_denoisers(plan, denoisers, source.name)
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
         with quiet_library_progress():

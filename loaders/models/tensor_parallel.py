@@ -121,12 +121,17 @@ def _check_state(model, label: str) -> None:
         raise ModelLoadError(f"{label}: --parallel tp must split the model before any LoRA is bound (it has fused "
                              f"or attached LoRAs now)")
     placement = getattr(model, "placement", None)
-    moved = {name: where for name, where in getattr(placement, "placement", {}).items()
-             if name in model.components and where != "device"}
+    if placement is not None:
+        check_plan_keeps_denoisers(placement.plan, list(model.components), label)
+
+
+def check_plan_keeps_denoisers(plan, denoisers: list, label: str) -> None:
+    """Refuse a memory plan (``placement.planner.MemoryPlan``) that moves a denoiser off the device: it would move
+    the shards' DTensors. ``store.load`` asks this before any weight is read, so a refusal costs no load."""
+    moved = {name: where for name in denoisers if (where := plan.placement.get(name, "device")) != "device"}
     if moved:
         raise ModelLoadError(f"{label}: --parallel tp keeps each rank's shard on its device, but the memory plan "
-                             f"'{getattr(placement.plan, 'memory', placement.plan)}' places {moved}; use a plan "
-                             f"that keeps the denoisers on the device")
+                             f"'{plan.memory}' places {moved}; use a plan that keeps the denoisers on the device")
 
 
 def _diffusers_parallel(label: str):

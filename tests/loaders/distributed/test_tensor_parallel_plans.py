@@ -51,3 +51,19 @@ def test_a_denoiser_with_gguf_weights_is_refused_by_name():
     with pytest.raises(ModelLoadError, match=r"wan2.1: --parallel tp cannot split weights stored as fp8 or GGUF "
                                              r"\('blocks.0.ffn.net.2.weight'\)"):
         check_splittable(denoiser, plan, 2, "wan2.1")
+
+
+def test_a_tp_load_whose_memory_plan_moves_a_denoiser_is_refused_before_any_weight_is_read(tiny_models_root,
+                                                                                            monkeypatch):
+    from lorabind.loaders.distributed.spec import ParallelSpec
+    from lorabind.loaders.errors import ModelLoadError
+    from lorabind.loaders.models import store
+    from lorabind.loaders.models.diffusers_folder import DiffusersFolder
+
+    built = []
+    monkeypatch.setattr(store, "session_spec", lambda: ParallelSpec(tp=2))
+    monkeypatch.setattr(DiffusersFolder, "build", lambda self, dtype: built.append(dtype))
+    with pytest.raises(ModelLoadError, match="tiny-wan22-t2v: --parallel tp keeps each rank's shard on its device, "
+                                             "but the memory plan 'offload_model' places"):
+        store.load_model(str(tiny_models_root / "diffusers" / "tiny-wan22-t2v"), memory="offload_model")
+    assert built == []  # refused from the plan, before the folder was read
