@@ -15,6 +15,9 @@ from typing import Any, Optional
 NO_CONTRACT = "none"
 # ScheduleContract.declared_by values that are part of the artifact itself (anything else names a contract table)
 OWN_DECLARATIONS = ("file name", "metadata", "checkpoint")
+# The most steps a sampler runs (its steps input's maximum). A contract that declares more could never run, and
+# reading its words would build a sigma table of that size, so it is refused where the words are parsed.
+MAX_STEPS = 1000
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import torch
 from ..usecases.verbs import plan_sampling, sample
 from ..usecases.vocabulary import (
     END_OF_SCHEDULE,
+    MAX_STEPS,
     SCHEDULER_CHOICES,
     SOCKET_ADAPTER,
     SOCKET_CONDITIONING,
@@ -125,7 +126,7 @@ class LoraBindSampler:
                 "latent": (SOCKET_LATENT, {"tooltip": "The start latent (an empty latent for text-to-video)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": 0xFFFF_FFFF_FFFF_FFFF, "control_after_generate": True,
                                  "tooltip": "Noise seed; noise is drawn on the CPU so every device gets the same."}),
-                "steps": ("INT", {"default": 4, "min": 0, "max": 1000,
+                "steps": ("INT", {"default": 4, "min": 0, "max": MAX_STEPS,
                                   "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points); 0 = the "
                                              "step count the connected contract declares (refused without one)."}),
                 "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,

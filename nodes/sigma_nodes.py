@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..usecases.verbs import schedule_sigmas, split_sigmas
-from ..usecases.vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS
+from ..usecases.vocabulary import MAX_STEPS, SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE, SOCKET_SIGMAS
 
 
 def _tensor(points) -> torch.Tensor:
@@ -35,7 +35,7 @@ class LoraBindSigmas:
         return {
             "required": {
                 "model": (SOCKET_MODEL, {"tooltip": "The model with its LoRAs (their contracts decide the table)."}),
-                "steps": ("INT", {"default": 4, "min": 0, "max": 1000,
+                "steps": ("INT", {"default": 4, "min": 0, "max": MAX_STEPS,
                                   "tooltip": "Steps; 0 = what the connected contract declares."}),
                 "shift": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1,
                                     "tooltip": "Flow-matching time shift."}),
@@ -72,7 +72,7 @@ class LoraBindSplitSigmas:
     def INPUT_TYPES(cls):
         return {"required": {
             "sigmas": (SOCKET_SIGMAS, {"tooltip": "The schedule to split."}),
-            "step": ("INT", {"default": 1, "min": 0, "max": 1000, "tooltip": "Split at this step (boundary 0)."}),
+            "step": ("INT", {"default": 1, "min": 0, "max": MAX_STEPS, "tooltip": "Split at this step (boundary 0)."}),
             "boundary": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.005, "tooltip": (
                 "Above 0: split where sigma first drops below it instead (Wan2.2 T2V A14B: 0.875).")}),
         }}

@@ -12,6 +12,7 @@ stay defined where they are enforced (the engine refuses a dtype, memory plan or
 the sampler a scheduler) and are imported from there, so a declaration cannot offer what the loader refuses.
 """
 
+from ..loaders.contract_types import MAX_STEPS
 from ..loaders.errors import ComponentUnnamedError, LoraBindError, LoraFileError
 from ..loaders.families import lora_components
 from ..loaders.fp8 import ROUNDINGS
@@ -41,7 +42,7 @@ __all__ = [
     "SOCKET_SCHEDULE", "SOCKET_SIGMAS",
     "ATTENTION_NAMES", "DTYPE_NAMES", "MEMORY_NAMES", "ROUNDINGS", "SCHEDULER_CHOICES", "TASKS", "VIDEO_FORMATS",
     "VIDEO_PRESETS", "device_choices", "lora_components",
-    "END_OF_SCHEDULE", "MAX_REFERENCE_IMAGES", "PART_ANY", "PART_HIGH", "PART_LOW",
+    "END_OF_SCHEDULE", "MAX_REFERENCE_IMAGES", "MAX_STEPS", "PART_ANY", "PART_HIGH", "PART_LOW",
     "AdapterHandle", "HostContract", "SampleOptions",
     "ComponentUnnamedError", "LoraBindError", "LoraFileError",
 ]

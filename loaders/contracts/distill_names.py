@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..contract_types import NO_CONTRACT, ScheduleContract
+from ..contract_types import MAX_STEPS, NO_CONTRACT, ScheduleContract
 from ..errors import ContractError
 from .sigmas import shifted_sigmas
 
@@ -24,9 +24,11 @@ DISTILL_SCHEDULER = "euler"
 
 
 def distill_contract(file_name: str, family: str, shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
-    """N steps on ``shifted_sigmas(N, shift)`` at cfg 1 when ``file_name`` carries a step count N >= 1, else None."""
+    """N steps on ``shifted_sigmas(N, shift)`` at cfg 1 when ``file_name`` carries a step count N >= 1, else None.
+    A count above ``MAX_STEPS`` is no sampling contract (no sampler could run it; a trainer's ``3000steps`` is
+    its training length), so it declares nothing rather than a table of that size."""
     steps_match = _STEPS.search(file_name)
-    if steps_match is None or int(steps_match[1]) < 1:
+    if steps_match is None or not 1 <= int(steps_match[1]) <= MAX_STEPS:
         return None
     return _distill(file_name, family, int(steps_match[1]), shift, 1.0, rank, "file name")
 
@@ -121,8 +123,8 @@ def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
             if not equals or key not in ("steps", "shift", "cfg") or key in values:
                 raise ValueError(f"unexpected {part!r}")
             values[key] = int(value) if key == "steps" else float(value)
-        if values.get("steps", 0) < 1 or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
-            raise ValueError("steps must be >= 1, shift > 0 and cfg >= 0")
+        if not 1 <= values.get("steps", 0) <= MAX_STEPS or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
+            raise ValueError(f"steps must be 1 to {MAX_STEPS} (what a sampler runs), shift > 0 and cfg >= 0")
     except ValueError as exc:
         raise ContractError(f"{where} is malformed ({exc}); write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
     return values

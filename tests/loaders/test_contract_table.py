@@ -92,6 +92,7 @@ def test_a_table_one_folder_up_serves_a_release_folder_and_patterns_may_name_the
 @pytest.mark.parametrize("text, line, words", [
     ('{\n  "a.safetensors": "steps=4",\n  "b.safetensors": 4\n}', 3, "must be a string"),
     ('{\n  "a.safetensors": "steps=four"\n}', 2, "is malformed"),
+    ('{\n  "a.safetensors": "steps=1000000000"\n}', 2, "is malformed \\(steps must be 1 to 1000"),
     ('{\n  "a.safetensors": "steps=4",\n  "a.safetensors": "steps=8"\n}', 3, "already given on line 2"),
     ('{\n  "sha256:abc": "steps=4"\n}', 2, "64 lowercase hex digits"),
     ('{\n  "a.safetensors": "steps=4"\n  "b.safetensors": "steps=4"\n}', 3, "expected ','"),
@@ -109,3 +110,15 @@ def test_table_errors_name_the_table_and_the_line(tmp_path, text, line, words):
 
 def test_parse_table_keeps_file_order_and_lines():
     assert parse_table('{"a": "steps=4",\n\n "b*": "none"}') == [("a", "steps=4", 1), ("b*", "none", 3)]
+
+
+def test_a_step_count_no_sampler_can_run_is_refused_in_metadata_and_ignored_in_a_name(tmp_path):
+    """A contract's words are checked before any sigma table is built: 10^9 steps in the metadata is refused naming
+    the file and key (it once built a 10^9-point table); a name's count above the sampler's maximum is read as no
+    count (a training length), so the release's open contract applies."""
+    huge = write_lora(tmp_path, "a.safetensors", {"sampling_contract": "steps=1000000000"})
+    with pytest.raises(ContractError, match=r"^a\.safetensors: safetensors metadata .*steps must be 1 to 1000"):
+        discover_contract(str(huge))
+    assert discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "1000steps")))).steps == 1000
+    trained = discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "3000steps"))))
+    assert trained.steps is None and trained.sigmas is None and "steps" in trained.open_fields  # no count read
