@@ -22,7 +22,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ...contract_types import ScheduleContract
+from ...contract_types import MAX_STEPS, ScheduleContract
 from ...contracts.sigmas import shift_schedule, shifted_sigmas, validate_schedule
 from ...errors import ContractError
 
@@ -55,9 +55,10 @@ _COMFY_MARKER = re.compile(r"_comfy(?:ui)?(?=[_.])")
 
 
 def parse_turbo_name(file_name: str) -> Optional[dict]:
-    """The Turbo name grammar's fields (task_family, steps, version, is_768p), or None if the name does not parse."""
+    """The Turbo name grammar's fields (task_family, steps, version, is_768p), or None if the name does not parse
+    (a step count no sampler can run, above ``MAX_STEPS``, does not: its table is never built)."""
     match = TURBO_NAME_PATTERN.match(file_name)
-    if match is None or int(match["steps"]) <= 0:
+    if match is None or not 1 <= int(match["steps"]) <= MAX_STEPS:
         return None
     return {
         "task_family": match["task_family"],

@@ -87,6 +87,13 @@ def test_turbo_metadata_with_unparseable_name_is_refused():
         mm.declared_contract("my_turbo_renamed.safetensors", {"key_format": "minimax-h3-diffusers"}, 128)
 
 
+def test_a_turbo_name_with_a_step_count_no_sampler_can_run_is_refused_before_any_table_is_built():
+    name = "minimax_h3_fl2v_turbo_1000000000step_v1.0.safetensors"
+    assert mm.parse_turbo_name(name) is None and mm.parse_turbo_name(name.replace("1000000000", "4"))["steps"] == 4
+    with pytest.raises(ContractError, match=f"'{name}' carries MiniMax-H3 Turbo metadata.*cannot be determined"):
+        mm.declared_contract(name, {"key_format": "minimax-h3-diffusers"}, 128)
+
+
 @pytest.mark.parametrize("metadata, message", [
     ({"key_format": "minimax-h3-comfy"}, "key_format='minimax-h3-comfy'; expected 'minimax-h3-diffusers'"),
     ({"alpha": "eight"}, "alpha='eight' must be numeric"),
