@@ -156,7 +156,8 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         speed.check_attention(attention, torch_device)
         context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
-        if session_spec().tp > 1:  # refused before any weight is read, not after the whole load
+        tp_degree = session_spec().tp
+        if tp_degree > 1:  # refused before any weight is read, not after the whole load
             denoisers = [name for name, role in source.component_roles().items() if role in DENOISER_ROLES]
             tensor_parallel.check_plan_keeps_denoisers(plan, denoisers, source.name)
         if before_device_alloc is not None and torch_device.type != "cpu":
@@ -176,8 +177,8 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         loaded = LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
                              components=built.denoisers, model_index=built.model_index, placement=placed,
                              weight_sources=built.weight_sources)
-        if session_spec().tp > 1:  # before anything is bound: a shard's original must be the shard's own
-            tensor_parallel.apply_tensor_parallel(loaded, session_spec().tp)
+        if tp_degree > 1:  # before anything is bound: a shard's original must be the shard's own
+            tensor_parallel.apply_tensor_parallel(loaded, tp_degree)
         return loaded
 
     return load_shared(key, load_now)
