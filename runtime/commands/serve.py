@@ -7,11 +7,13 @@ are imported only inside ``run`` (``lorabind --help`` stays fast).
 from __future__ import annotations
 
 import os
+import sys
 
 
 def add_arguments(parser) -> None:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
+    from ..parallel.options import add_parallel_arguments
 
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
                         help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
@@ -44,6 +46,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
     add_openai_arguments(parser)
+    add_parallel_arguments(parser)
 
 
 def add_openai_arguments(parser) -> None:
@@ -79,6 +82,10 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    spec = parallel_spec_of(args)
+    if isinstance(spec, str):
+        print(f"lorabind serve: {spec}")
+        return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
         print(f"lorabind serve: {cache_error}")
@@ -100,12 +107,29 @@ def run(args) -> int:
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
                           lora_dirs=tuple(args.allow_lora_dir),
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
+    if spec.is_parallel and args.ray is None:
+        from ..parallel.serve_ranks import serve_job  # lazy: only a --parallel server starts ranks
+
+        return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
     try:
         run_server(config)
     except ValueError as exc:  # a configuration the server refuses (e.g. a state folder uploads could reach)
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def parallel_spec_of(args):
+    """The ``--parallel`` spec (or the guide's flags), or an error text naming the flag."""
+    from ...loaders.distributed.spec import ParallelSpecError  # lazy: as above
+    from ..parallel.options import parallel_spec, refusal
+
+    try:
+        spec = parallel_spec(args)
+    except ParallelSpecError as exc:
+        return str(exc)
+    refused = refusal(spec)
+    return f"--parallel {spec.describe()}: {refused}" if refused else spec
 
 
 def check_openai_arguments(args) -> str | None:

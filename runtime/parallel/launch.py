@@ -9,9 +9,11 @@ collective until the group's timeout) and the run fails naming the rank.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 STOP_GRACE_S = 10.0  # a stopped rank gets this long to exit before it is killed
@@ -41,19 +43,28 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict:
             "PYTHONPATH": path}
 
 
-def launch_ranks(world_size: int, argv: list[str]) -> int:
-    """Run ``argv`` as ``world_size`` ranks; 0 when all succeed, else the first failing rank's exit code."""
+def launch_ranks(world_size: int, argv: list[str], command: str = "run") -> int:
+    """Run ``argv`` as ``world_size`` ranks; 0 when all succeed, else the first failing rank's exit code.
+    ``command`` names the job in what is printed (``lorabind run`` or ``lorabind serve``)."""
     port = free_port()
+    _stop_ranks_on_sigterm()
     ranks = [subprocess.Popen(rank_command(argv), env=rank_environment(rank, world_size, port),
                               stdout=None if rank == 0 else subprocess.DEVNULL)
              for rank in range(world_size)]
     try:
-        return _wait_for(ranks)
+        return _wait_for(ranks, command)
     finally:
         _stop(ranks)
 
 
-def _wait_for(ranks: list) -> int:
+def _stop_ranks_on_sigterm() -> None:
+    """A service manager stops a server with SIGTERM, whose default action would end this process alone and leave
+    its ranks running: raise SystemExit instead, so ``launch_ranks`` stops them on the way out."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def _wait_for(ranks: list, command: str) -> int:
     while True:
         codes = [process.poll() for process in ranks]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -61,7 +72,7 @@ def _wait_for(ranks: list) -> int:
             rank, code = failed[0]
             others = [str(r) for r, c in enumerate(codes) if c is None]
             stopped = f"; ranks {', '.join(others)} stopped" if others else ""
-            print(f"lorabind run: rank {rank} of {len(ranks)} failed (exit code {code}){stopped}", file=sys.stderr)
+            print(f"lorabind {command}: rank {rank} of {len(ranks)} failed (exit code {code}){stopped}", file=sys.stderr)
             return code
         if all(code == 0 for code in codes):
             return 0

@@ -173,17 +173,18 @@ def without_local_folders(text: str, config: ServerConfig) -> str:
 
 
 def create_app(config: ServerConfig, *, node_classes: dict | None = None, display_names: dict | None = None,
-               executor=None, validator=None) -> web.Application:
+               executor=None, validator=None, unload_models=None) -> web.Application:
     """Build the app. ``node_classes`` (and their ``display_names``) default to the pack's nodes;
     ``executor``/``validator`` default to ``PromptExecutor`` instances: a persistent one for the worker and a
-    cache-less one for request validation, so validating never touches the state of a running prompt."""
+    cache-less one for request validation, so validating never touches the state of a running prompt.
+    ``unload_models``: what ``/free`` calls to unload the models (default: this process's model store)."""
     middlewares = [cors_middleware(config.cors_origin) if config.cors_origin else origin_only_middleware(),
                    json_errors_middleware]
     if _listens_on_loopback_only(config):
         middlewares.insert(0, host_check_middleware(config))
     app = web.Application(client_max_size=config.max_upload_bytes, middlewares=middlewares)
     state = ServerState(config, node_classes=node_classes, display_names=display_names, executor=executor,
-                        validator=validator)
+                        validator=validator, unload_models=unload_models)
     app[STATE_KEY] = state
 
     routes = web.RouteTableDef()
@@ -225,15 +226,16 @@ async def _on_shutdown(app: web.Application) -> None:
     await asyncio.to_thread(state.shutdown)
 
 
-def run_server(config: ServerConfig) -> None:
-    """Serve until Ctrl-C (used by ``lorabind serve``)."""
+def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kwargs) -> None:
+    """Serve until Ctrl-C (used by ``lorabind serve``); ``app_kwargs`` go to ``create_app`` (``serve --parallel``
+    brings its executor)."""
     hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
     for host in hosts:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{config.port}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
-    _prepare_examples(config)
-    app = create_app(config)
+    _prepare_examples(config, render_thumbnails)
+    app = create_app(config, **app_kwargs)
 
     for line in openai_routes.startup_lines(app):
         print(line)
@@ -253,7 +255,7 @@ def run_server(config: ServerConfig) -> None:
 _SHUTDOWN_S = 2.0
 
 
-def _prepare_examples(config: ServerConfig) -> None:
+def _prepare_examples(config: ServerConfig, render_thumbnails: bool = True) -> None:
     """What the templates name (models, fixture LoRAs, start images), then each template's thumbnail: before the
     app exists, so the worker never shares the models with a thumbnail run."""
     def announce(line: str) -> None:
@@ -262,7 +264,8 @@ def _prepare_examples(config: ServerConfig) -> None:
     config = config.resolved()
     prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=announce)
     folder_paths.configure(models_root=config.models_root, input_dir=config.input_dir)
-    render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)
+    if render_thumbnails:
+        render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)
 
 
 def _log_to_stderr() -> None:

@@ -22,7 +22,7 @@ class ServerState:
     """Everything a request handler needs, reachable as ``request.app[STATE_KEY]``."""
 
     def __init__(self, config: ServerConfig, *, node_classes: dict | None = None,
-                 display_names: dict | None = None, executor=None, validator=None):
+                 display_names: dict | None = None, executor=None, validator=None, unload_models=None):
         self.config = config.resolved()
         _configure_folder_paths(self.config)
         # /object_info's python_module for nodes without RELATIVE_PYTHON_MODULE: for the pack's own nodes,
@@ -56,7 +56,8 @@ class ServerState:
         self.clients = ClientRegistry(self.status_payload, self.feature_flags)
         self.queue = PromptQueue(on_change=self.clients.broadcast_status)
         self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
-        self.worker = PromptWorker(self.queue, self.history, self.clients, executor, concurrency=concurrency)
+        self.worker = PromptWorker(self.queue, self.history, self.clients, executor, concurrency=concurrency,
+                                   unload_models=unload_models)
         self.clients.running_node = self.worker.running_node
         self.clients.has_prompts = self.queue.has_client
 

@@ -42,11 +42,14 @@ class _Run:
 
 class PromptWorker:
     def __init__(self, queue: PromptQueue, history: HistoryStore, clients: ClientRegistry, executor,
-                 concurrency: int = 1):
+                 concurrency: int = 1, unload_models=None):
         self.queue = queue
         self.history = history
         self.clients = clients
         self.executor = executor
+        # what ``/free`` with unload_models does after dropping the cached outputs: this process's model store, or
+        # (``serve --parallel``) every rank's
+        self.unload_models = unload_models or model_store.clear_cache
         self.concurrency = max(1, int(concurrency))
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -125,7 +128,7 @@ class PromptWorker:
             return
         self.executor.reset_cache()  # cached outputs hold model handles: drop them first
         if unload:
-            model_store.clear_cache()
+            self.unload_models()
         gc.collect()
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():

@@ -11,50 +11,20 @@ ulysses=2 3.6e-7 for the Wan2.2 pair, 1.2e-7 for Qwen-Image and 1.2e-7 for MiniM
 from __future__ import annotations
 
 import contextlib
-import inspect
 from pathlib import Path
 
 import pytest
-import torch
 
 import lorabind
 from gloo_ranks import run_ranks
 from lorabind.loaders.models.store import clear_cache, loaded_models
-from lorabind.nodes import minimax_nodes, output_nodes, video_nodes
 from lorabind.runtime.cli import main
+from saver_capture import capturing_savers
 
 pytestmark = pytest.mark.slow
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 TOLERANCE = 1e-6
-SAVERS = ((output_nodes, "LoraBindSaveImage"), (minimax_nodes, "LoraBindSaveAudio"),
-          (video_nodes, "LoraBindSaveVideo"))
-
-
-@contextlib.contextmanager
-def capturing_savers():
-    """Every tensor handed to a saver, keyed ``class:argument``, kept as float32 (the savers still write)."""
-    captured: dict[str, torch.Tensor] = {}
-    originals = [(cls, cls.save) for cls in (getattr(m, name) for m, name in SAVERS)]
-
-    def wrapping(cls, save):
-        signature = inspect.signature(save)
-
-        def capturing_save(node, *args, **kwargs):
-            for name, value in signature.bind(node, *args, **kwargs).arguments.items():
-                value = value["waveform"] if isinstance(value, dict) and "waveform" in value else value
-                if isinstance(value, torch.Tensor):
-                    captured[f"{cls.__name__}:{name}"] = value.detach().float().clone()
-            return save(node, *args, **kwargs)
-        return capturing_save
-
-    for cls, save in originals:
-        cls.save = wrapping(cls, save)
-    try:
-        yield captured
-    finally:
-        for cls, save in originals:
-            cls.save = save
 
 
 def run_captured(rank: int, world_size: int, argv: list) -> dict:

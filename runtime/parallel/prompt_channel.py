@@ -1,0 +1,199 @@
+"""The control channel of a ``serve --parallel`` job: rank 0 hands each prompt (and each ``/free``) to the other
+ranks, and every rank runs the prompt in lockstep with the others.
+
+Why a key-value store and not collectives on the job's group: the group carries the model's own collectives
+(all-to-all, all-reduce) inside each step; a control message sent on it while a rank waits in a step's collective
+would pair with the wrong call. The store (torch.distributed's ``TCPStore``, hosted by rank 0) is a connection
+of its own, whose every wait is bounded and polled here, so a rank that failed is noticed at once rather than
+after a collective's timeout. Messages are JSON, never pickle: a prompt comes from an HTTP client.
+
+Lockstep: every rank stops at the same points of a prompt (before each node runs, and at each sampling step's
+progress report), says it arrived, and rank 0 answers go, stop (an interrupt) or fail (a rank reported an error,
+or the ranks reached different points). Only then does any rank go on, so no rank enters a collective its peers
+will never join: an interrupt or a failure stops every rank at the same point, and the group stays usable for
+the next prompt. A rank that fails inside a collective (not at a node's start) is bounded by the group's timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ...loaders.errors import LoraBindError
+
+SYNC_EVENTS = ("executing", "progress")  # the events every rank emits at the same points of a prompt
+POLL_S = 0.002  # while a prompt runs: a store round trip is ~0.1 ms, a step far longer
+IDLE_POLL_S = 0.05  # a rank waiting for the next prompt
+
+
+class RankFailed(LoraBindError):
+    """Another rank failed (or the ranks lost step): this rank stops the prompt too; the text names the rank."""
+
+
+class PromptChannel:
+    """The store every rank of the job reaches, and the numbering of the commands rank 0 sends."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+        self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+        self._next = 0
+
+    @classmethod
+    def open(cls, timeout_s: float) -> "PromptChannel":
+        """A collective of the job's group (every rank calls it once): rank 0 starts the store on a free port and
+        tells the others the port."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=timeout_s)) if rank == 0 else None
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        port = torch.tensor([store.port if store is not None else 0], dtype=torch.int64, device=device)
+        dist.broadcast(port, src=0)
+        if store is None:
+            store = dist.TCPStore(host, int(port.item()), world, is_master=False,
+                                  timeout=timedelta(seconds=timeout_s))
+        return cls(store, rank, world, timeout_s)
+
+    # -- commands (rank 0 sends, the others receive in the same order) ----------------------------------------
+    def send(self, command: dict) -> int:
+        number = self._next
+        self._next += 1
+        self.store.set(f"cmd{number}", json.dumps(command))
+        return number
+
+    def receive(self) -> tuple[int, dict] | None:
+        """The next command, waiting as long as the server idles; None once rank 0 has gone (its store with it)."""
+        number = self._next
+        try:
+            while not self.store.check([f"cmd{number}"]):
+                time.sleep(IDLE_POLL_S)
+            command = json.loads(self.store.get(f"cmd{number}"))
+        except RuntimeError:  # the store's host (rank 0) stopped: the job is over (torch's DistError is one)
+            return None
+        self._next += 1
+        return number, command
+
+    def read(self, key: str):
+        return json.loads(self.store.get(key))
+
+    def write(self, key: str, value) -> None:
+        self.store.set(key, json.dumps(value))
+
+    def has(self, key: str) -> bool:
+        return self.store.check([key])
+
+    def forget(self, keys: list[str]) -> None:
+        for key in keys:
+            self.store.delete_key(key)
+
+
+class Lockstep:
+    """One prompt on one rank: its events pass through ``on_event``, which waits for the other ranks at each sync
+    point. ``agreed`` is the interrupt flag the rank's executor reads: it is set only at a sync point, on every
+    rank at the same one, whereas ``requested`` (rank 0's, set by ``/interrupt``) may be set at any moment."""
+
+    def __init__(self, channel: PromptChannel, number: int, requested: threading.Event | None = None):
+        self.channel, self.prefix = channel, f"p{number}"
+        self.requested = requested or threading.Event()
+        self.agreed = threading.Event()
+        self.points = 0
+        self.stopped_by_peer = False
+
+    def wrap(self, on_event):
+        def lockstep_event(name: str, data: dict) -> None:
+            if name in SYNC_EVENTS and data.get("node") is not None:
+                self.checkpoint(f"{name} of node {data['node']}")
+            elif name == "execution_error":
+                self.report_failure(data.get("node_id"), data.get("node_type"), data.get("exception_message", ""))
+            if on_event is not None:
+                on_event(name, data)
+        return lockstep_event
+
+    def checkpoint(self, label: str) -> None:
+        key = f"{self.prefix}/at{self.points}"
+        self.points += 1
+        self.channel.write(f"{key}/r{self.channel.rank}", label)
+        decision = self._decide(key, label) if self.channel.rank == 0 else self._await_decision(key, label)
+        if decision["do"] == "stop":
+            self.agreed.set()
+        elif decision["do"] == "fail":
+            self.stopped_by_peer = True
+            raise RankFailed(decision["why"])
+
+    def report_failure(self, node_id, node_type, message: str) -> None:
+        """This rank's own failure (not one it stopped for): the others stop at their next sync point."""
+        if self.stopped_by_peer or self.channel.has(f"{self.prefix}/failed"):
+            return
+        channel = self.channel
+        where = f" at node {node_id} ({node_type})" if node_id is not None else ""
+        channel.write(f"{self.prefix}/failed", f"rank {channel.rank} of {channel.world_size} failed{where}: "
+                                                f"{str(message).strip()}")
+
+    def finish(self, outcome: dict) -> None:
+        self.channel.write(f"{self.prefix}/done/r{self.channel.rank}", outcome)
+
+    # -- rank 0 ------------------------------------------------------------------------------------------------
+    def _decide(self, key: str, label: str) -> dict:
+        channel, others = self.channel, range(1, self.channel.world_size)
+        deadline = time.monotonic() + channel.timeout_s
+        while True:
+            if channel.has(f"{self.prefix}/failed"):
+                decision = {"do": "fail", "why": channel.read(f"{self.prefix}/failed")}
+                break
+            arrived = [r for r in others if channel.has(f"{key}/r{r}")]
+            if len(arrived) == len(others):
+                labels = {r: channel.read(f"{key}/r{r}") for r in others}
+                apart = {r: other for r, other in labels.items() if other != label}
+                if apart:
+                    shown = ", ".join(f"rank {r} at the {other}" for r, other in apart.items())
+                    decision = {"do": "fail", "why": f"the ranks lost step: rank 0 at the {label}, {shown}"}
+                else:
+                    decision = {"do": "stop" if self.requested.is_set() else "go"}
+                break
+            if time.monotonic() > deadline:
+                late = ", ".join(str(r) for r in others if r not in arrived)
+                decision = {"do": "fail", "why": f"rank(s) {late} of {channel.world_size} did not reach the "
+                                                 f"{label} within {channel.timeout_s:.0f} s"}
+                break
+            time.sleep(POLL_S)
+        channel.write(f"{key}/go", decision)
+        return decision
+
+    def outcomes(self) -> dict[int, dict]:
+        """Every other rank's outcome of this prompt (``finish``), waiting for them within the timeout."""
+        channel, outcomes = self.channel, {}
+        deadline = time.monotonic() + channel.timeout_s
+        for rank in range(1, channel.world_size):
+            key = f"{self.prefix}/done/r{rank}"
+            while not channel.has(key) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+            outcomes[rank] = channel.read(key) if channel.has(key) else {
+                "success": False, "interrupted": False,
+                "error": f"rank {rank} of {channel.world_size} did not finish within {channel.timeout_s:.0f} s"}
+        return outcomes
+
+    def forget(self, command_number: int) -> None:
+        """Rank 0, once every rank is done: drop the prompt's keys (the store lives as long as the server)."""
+        world = range(self.channel.world_size)
+        keys = [f"cmd{command_number}", f"{self.prefix}/failed", *(f"{self.prefix}/done/r{r}" for r in world)]
+        for point in range(self.points):
+            keys += [f"{self.prefix}/at{point}/go", *(f"{self.prefix}/at{point}/r{r}" for r in world)]
+        self.channel.forget(keys)
+
+    # -- the other ranks ---------------------------------------------------------------------------------------
+    def _await_decision(self, key: str, label: str) -> dict:
+        channel = self.channel
+        deadline = time.monotonic() + channel.timeout_s
+        while not channel.has(f"{key}/go"):
+            if channel.has(f"{self.prefix}/failed"):
+                return {"do": "fail", "why": channel.read(f"{self.prefix}/failed")}
+            if time.monotonic() > deadline:
+                return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
+                                             f"{channel.timeout_s:.0f} s"}
+            time.sleep(POLL_S)
+        return channel.read(f"{key}/go")

@@ -1,0 +1,158 @@
+"""``lorabind serve --parallel``: rank 0 serves HTTP and WebSocket as a plain server does; the other ranks serve
+nobody and run what rank 0 hands them, so every prompt executes SPMD on all ranks (each rank takes part in
+each split step).
+
+The seam is the worker's executor: on rank 0 it is ``RankZeroExecutor``, which sends each prompt down the
+``PromptChannel`` before running it here in lockstep with the other ranks, and merges their outcomes into the
+one result the worker records. Everything before the queue (validation, the contract check) happens once, on rank
+0, before any rank loads or binds anything for the prompt, so a refusal reaches the client as it does today.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import traceback
+
+from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, rank_from_environment
+from ...loaders.models import store as model_store
+from .. import folder_paths
+from ..core_nodes import runtime_node_classes
+from ..executor import PromptExecutor
+from ..executor.definitions import full_type_name
+from ..executor.execution import ExecutionResult
+from ..server import run_server
+from .launch import launch_ranks
+from .prompt_channel import Lockstep, PromptChannel
+from .ranks import rank_of_job, unseen_rank
+
+
+def serve_job(config, spec, argv: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """Outside a job: start the ranks (each runs this command again). Inside one (ours or torchrun's): serve as
+    rank 0, or follow rank 0."""
+    job = rank_from_environment()
+    if job is None:
+        print(f"lorabind serve: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
+        return launch_ranks(spec.world_size, argv, command="serve")
+    rank = job[0]
+    try:
+        with rank_of_job(spec, job[2]) as (rank, seen):
+            channel = PromptChannel.open(timeout_s)
+            if seen:
+                return _serve_as_rank_zero(config, channel)
+            with unseen_rank() as (scratch, _null):
+                return follow_rank_zero(config, channel, scratch)
+    except ParallelRunError as exc:
+        print(f"lorabind serve: rank {rank}: {exc}")
+        return 2
+
+
+def _serve_as_rank_zero(config, channel: PromptChannel) -> int:
+    executor = RankZeroExecutor(PromptExecutor(runtime_node_classes()[0]), channel)
+    # No template thumbnails: rendering one is a prompt, which here would have to be one of the job's prompts (a
+    # plain `lorabind serve` renders them once into the state folder, where this server finds them).
+    run_server(config, executor=executor, unload_models=executor.unload_models, render_thumbnails=False)
+    return 0
+
+
+class RankZeroExecutor:
+    """The worker's executor on rank 0: each prompt goes to every rank, then runs here in lockstep with them; its
+    result fails when any rank failed, naming the rank. ``/free`` reaches every rank through ``reset_cache`` and
+    ``unload_models``."""
+
+    def __init__(self, local, channel: PromptChannel):
+        self.local, self.channel = local, channel
+
+    def reset_cache(self) -> None:
+        self.channel.send({"kind": "free", "unload": False})
+        self.local.reset_cache()
+
+    def unload_models(self) -> None:
+        self.channel.send({"kind": "free", "unload": True})
+        model_store.clear_cache()
+
+    def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None, on_event=None,
+                interrupt_event: threading.Event | None = None, execute_outputs: list | None = None
+                ) -> ExecutionResult:
+        requested = interrupt_event if interrupt_event is not None else threading.Event()
+        requested.clear()  # as the executor does: an interrupt sent before the prompt starts is not for it
+        number = self.channel.send({"kind": "prompt", "prompt": prompt, "prompt_id": prompt_id,
+                                    "extra_data": extra_data or {}, "outputs": execute_outputs})
+        lockstep = Lockstep(self.channel, number, requested)
+        outcome = {"success": False, "interrupted": False, "error": None}
+        try:
+            result = self.local.execute(prompt, prompt_id, extra_data, lockstep.wrap(on_event), lockstep.agreed,
+                                        execute_outputs)
+            outcome = {"success": result.success, "interrupted": result.interrupted, "error": None}
+        except Exception as exc:
+            lockstep.report_failure(None, None, str(exc))
+            raise
+        finally:
+            others = _finish_everywhere(lockstep, number, outcome)
+            if not all(o["success"] or o["interrupted"] for o in [outcome, *others.values()]):
+                self.reset_cache()  # a rank that failed ran fewer nodes: no rank keeps outputs the others lack
+        return _merged(result, others, prompt_id, on_event)
+
+
+def _finish_everywhere(lockstep: Lockstep, number: int, outcome: dict) -> dict[int, dict]:
+    lockstep.finish(outcome)
+    others = lockstep.outcomes()
+    lockstep.forget(number)
+    return others
+
+
+def _merged(result: ExecutionResult, others: dict[int, dict], prompt_id: str, on_event) -> ExecutionResult:
+    """Rank 0's result, failed when another rank failed where rank 0 could not notice (after the last sync point:
+    a saver, a decode)."""
+    failed = [(rank, o["error"]) for rank, o in others.items() if not (o["success"] or o["interrupted"])]
+    if not result.success or not failed:
+        return result
+    rank, message = failed[0]
+    text = message or f"rank {rank} of {len(others) + 1} failed"
+    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": list(result.executed),
+             "exception_message": f"{text}\n", "exception_type": full_type_name(ParallelRunError),
+             "traceback": [], "current_inputs": {}, "current_outputs": [], "timestamp": int(time.time() * 1000)}
+    if on_event is not None:
+        on_event("execution_error", error)
+    result.success, result.error = False, error
+    result.messages.append(["execution_error", error])
+    return result
+
+
+def follow_rank_zero(config, channel: PromptChannel, scratch: str) -> int:
+    """A rank other than 0: run each prompt rank 0 sends (its files go to ``scratch``), until rank 0 stops."""
+    config = config.resolved()
+    folder_paths.configure(models_root=config.models_root, output_dir=scratch, input_dir=config.input_dir,
+                           temp_dir=scratch)
+    for folder in config.lora_dirs:
+        folder_paths.add_model_folder_path("loras", folder)
+    executor = PromptExecutor(runtime_node_classes()[0])
+    while (received := channel.receive()) is not None:
+        number, command = received
+        if command["kind"] == "free":
+            executor.reset_cache()
+            if command["unload"]:
+                model_store.clear_cache()
+            gc.collect()
+        elif command["kind"] == "prompt":
+            _run_followed(executor, Lockstep(channel, number), command)
+    return 0
+
+
+def _run_followed(executor, lockstep: Lockstep, command: dict) -> None:
+    outcome = {"success": False, "interrupted": False, "error": None}
+    try:
+        result = executor.execute(command["prompt"], command["prompt_id"], command["extra_data"],
+                                  lockstep.wrap(None), lockstep.agreed, command["outputs"])
+        error = (result.error or {}).get("exception_message", "").strip()
+        where = f" at node {result.error.get('node_id')} ({result.error.get('node_type')})" if error else ""
+        outcome = {"success": result.success, "interrupted": result.interrupted,
+                   "error": f"rank {lockstep.channel.rank} of {lockstep.channel.world_size} failed{where}: {error}"
+                   if error else None}
+    except Exception as exc:  # e.g. the prompt does not validate here (a file only rank 0 has)
+        lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
+        outcome["error"] = (f"rank {lockstep.channel.rank} of {lockstep.channel.world_size} failed: "
+                            + "".join(traceback.format_exception_only(type(exc), exc)).strip())
+    finally:
+        lockstep.finish(outcome)
