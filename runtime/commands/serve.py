@@ -121,7 +121,8 @@ def run(args) -> int:
 
 def parallel_spec_of(args):
     """The ``--parallel`` spec (or the guide's flags), or an error text naming the flag."""
-    from ...loaders.distributed.spec import ParallelSpecError  # lazy: as above
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.distributed.spec import ParallelSpecError
     from ..parallel.options import parallel_spec, refusal
 
     try:

@@ -1,4 +1,4 @@
-"""``--parallel`` and the serving guide's spellings of the same degrees, on ``lorabind run``.
+"""``--parallel`` and the serving guide's spellings of the same degrees, on ``lorabind run`` and ``serve``.
 
 Why accept the guide's flags: users arrive with ``--ulysses-degree 2 --cfg-parallel-size 2`` in their scripts;
 each is read into the same ``ParallelSpec`` as ``--parallel ulysses=2,cfg=2``. Torch-free (the CLI's parser).
@@ -18,8 +18,8 @@ TP_ALONE = ("tp={tp} cannot be combined with {others} in this build: a model spl
 def add_parallel_arguments(parser) -> None:
     parser.add_argument("--parallel", metavar="SPEC", default=None,
                         help="split one model over several processes: ulysses=N, ring=N, cfg=2, tp=N, combined "
-                        "with commas (e.g. ulysses=2,cfg=2); the ranks are the product of the degrees. `lorabind "
-                        "run` starts them itself, or runs as one of them under torchrun")
+                        "with commas (e.g. ulysses=2,cfg=2); the ranks are the product of the degrees. The "
+                        "command starts them itself, or runs as one of them under torchrun")
     for name, flag in GUIDE_FLAGS.items():
         parser.add_argument(flag, metavar="N", default=None, dest=f"guide_{name}",
                             help=f"the serving guide's spelling of --parallel {name}=N")

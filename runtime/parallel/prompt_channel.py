@@ -33,7 +33,12 @@ IDLE_POLL_S = 0.05  # a rank waiting for the next prompt
 
 
 class RankFailed(LoraBindError):
-    """Another rank failed (or the ranks lost step): this rank stops the prompt too; the text names the rank."""
+    """Another rank failed (or the ranks lost step): this rank stops the prompt too. The text names the rank;
+    ``node_id``/``node_type`` are the node it failed at (None when it failed outside one)."""
+
+    def __init__(self, failure: dict):
+        super().__init__(failure["why"])
+        self.node_id, self.node_type = failure.get("node_id"), failure.get("node_type")
 
 
 class PromptChannel:
@@ -123,7 +128,7 @@ class Lockstep:
             self.agreed.set()
         elif decision["do"] == "fail":
             self.stopped_by_peer = True
-            raise RankFailed(decision["why"])
+            raise RankFailed(decision)
 
     def report_failure(self, node_id, node_type, message: str) -> None:
         """This rank's own failure (not one it stopped for): the others stop at their next sync point."""
@@ -131,8 +136,9 @@ class Lockstep:
             return
         channel = self.channel
         where = f" at node {node_id} ({node_type})" if node_id is not None else ""
-        channel.write(f"{self.prefix}/failed", f"rank {channel.rank} of {channel.world_size} failed{where}: "
-                                                f"{str(message).strip()}")
+        channel.write(f"{self.prefix}/failed", {
+            "do": "fail", "node_id": node_id, "node_type": node_type,
+            "why": f"rank {channel.rank} of {channel.world_size} failed{where}: {str(message).strip()}"})
 
     def finish(self, outcome: dict) -> None:
         self.channel.write(f"{self.prefix}/done/r{self.channel.rank}", outcome)
@@ -143,7 +149,7 @@ class Lockstep:
         deadline = time.monotonic() + channel.timeout_s
         while True:
             if channel.has(f"{self.prefix}/failed"):
-                decision = {"do": "fail", "why": channel.read(f"{self.prefix}/failed")}
+                decision = channel.read(f"{self.prefix}/failed")
                 break
             arrived = [r for r in others if channel.has(f"{key}/r{r}")]
             if len(arrived) == len(others):
@@ -191,7 +197,7 @@ class Lockstep:
         deadline = time.monotonic() + channel.timeout_s
         while not channel.has(f"{key}/go"):
             if channel.has(f"{self.prefix}/failed"):
-                return {"do": "fail", "why": channel.read(f"{self.prefix}/failed")}
+                return channel.read(f"{self.prefix}/failed")
             if time.monotonic() > deadline:
                 return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
                                              f"{channel.timeout_s:.0f} s"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import threading
 import time
-import traceback
 
 from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, rank_from_environment
 from ...loaders.models import store as model_store
@@ -24,7 +23,7 @@ from ..executor.definitions import full_type_name
 from ..executor.execution import ExecutionResult
 from ..server import run_server
 from .launch import launch_ranks
-from .prompt_channel import Lockstep, PromptChannel
+from .prompt_channel import Lockstep, PromptChannel, RankFailed
 from .ranks import rank_of_job, unseen_rank
 
 
@@ -80,44 +79,50 @@ class RankZeroExecutor:
         number = self.channel.send({"kind": "prompt", "prompt": prompt, "prompt_id": prompt_id,
                                     "extra_data": extra_data or {}, "outputs": execute_outputs})
         lockstep = Lockstep(self.channel, number, requested)
-        outcome = {"success": False, "interrupted": False, "error": None}
+        result, raised = ExecutionResult(success=False), None
         try:
             result = self.local.execute(prompt, prompt_id, extra_data, lockstep.wrap(on_event), lockstep.agreed,
                                         execute_outputs)
-            outcome = {"success": result.success, "interrupted": result.interrupted, "error": None}
-        except Exception as exc:
-            lockstep.report_failure(None, None, str(exc))
-            raise
-        finally:
-            others = _finish_everywhere(lockstep, number, outcome)
-            if not all(o["success"] or o["interrupted"] for o in [outcome, *others.values()]):
-                self.reset_cache()  # a rank that failed ran fewer nodes: no rank keeps outputs the others lack
-        return _merged(result, others, prompt_id, on_event)
-
-
-def _finish_everywhere(lockstep: Lockstep, number: int, outcome: dict) -> dict[int, dict]:
-    lockstep.finish(outcome)
-    others = lockstep.outcomes()
-    lockstep.forget(number)
-    return others
-
-
-def _merged(result: ExecutionResult, others: dict[int, dict], prompt_id: str, on_event) -> ExecutionResult:
-    """Rank 0's result, failed when another rank failed where rank 0 could not notice (after the last sync point:
-    a saver, a decode)."""
-    failed = [(rank, o["error"]) for rank, o in others.items() if not (o["success"] or o["interrupted"])]
-    if not result.success or not failed:
+        except RankFailed as exc:  # another rank failed before this one started a node: fail where it failed
+            _fail(result, prompt_id, {"error": str(exc), "node_id": exc.node_id, "node_type": exc.node_type},
+                  on_event)
+        except Exception as exc:  # e.g. the prompt no longer validates: the others stop at their next sync point
+            lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
+            raised = exc
+        lockstep.finish(_outcome(result))
+        others = lockstep.outcomes()
+        lockstep.forget(number)
+        if not all(o["success"] or o["interrupted"] for o in [_outcome(result), *others.values()]):
+            self.reset_cache()  # a rank that failed ran fewer nodes: no rank keeps outputs the others lack
+        if raised is not None:
+            raise raised
+        late = [o for o in others.values() if not (o["success"] or o["interrupted"])]
+        if result.success and late:  # a rank failed after the last sync point (a decode, a saver)
+            _fail(result, prompt_id, late[0], on_event)
         return result
-    rank, message = failed[0]
-    text = message or f"rank {rank} of {len(others) + 1} failed"
-    error = {"prompt_id": prompt_id, "node_id": None, "node_type": None, "executed": list(result.executed),
-             "exception_message": f"{text}\n", "exception_type": full_type_name(ParallelRunError),
-             "traceback": [], "current_inputs": {}, "current_outputs": [], "timestamp": int(time.time() * 1000)}
+
+
+def _outcome(result: ExecutionResult, channel: PromptChannel | None = None) -> dict:
+    """What a rank tells rank 0 of its run: success, interrupted, and the error naming the rank and node."""
+    error = result.error or {}
+    message = str(error.get("exception_message", "")).strip()
+    if channel is not None and message:
+        where = f" at node {error.get('node_id')} ({error.get('node_type')})" if error.get("node_id") else ""
+        message = f"rank {channel.rank} of {channel.world_size} failed{where}: {message}"
+    return {"success": result.success, "interrupted": result.interrupted, "error": message or None,
+            "node_id": error.get("node_id"), "node_type": error.get("node_type")}
+
+
+def _fail(result: ExecutionResult, prompt_id: str, failure: dict, on_event) -> None:
+    """Turn ``result`` into the failure another rank had, as ComfyUI's execution_error (sent to the client)."""
+    error = {"prompt_id": prompt_id, "node_id": failure.get("node_id"), "node_type": failure.get("node_type"),
+             "executed": list(result.executed), "exception_message": f"{failure['error'] or 'a rank failed'}\n",
+             "exception_type": full_type_name(RankFailed), "traceback": [], "current_inputs": {},
+             "current_outputs": [], "timestamp": int(time.time() * 1000)}
     if on_event is not None:
         on_event("execution_error", error)
     result.success, result.error = False, error
     result.messages.append(["execution_error", error])
-    return result
 
 
 def follow_rank_zero(config, channel: PromptChannel, scratch: str) -> int:
@@ -141,18 +146,13 @@ def follow_rank_zero(config, channel: PromptChannel, scratch: str) -> int:
 
 
 def _run_followed(executor, lockstep: Lockstep, command: dict) -> None:
-    outcome = {"success": False, "interrupted": False, "error": None}
+    result = ExecutionResult(success=False)
     try:
         result = executor.execute(command["prompt"], command["prompt_id"], command["extra_data"],
                                   lockstep.wrap(None), lockstep.agreed, command["outputs"])
-        error = (result.error or {}).get("exception_message", "").strip()
-        where = f" at node {result.error.get('node_id')} ({result.error.get('node_type')})" if error else ""
-        outcome = {"success": result.success, "interrupted": result.interrupted,
-                   "error": f"rank {lockstep.channel.rank} of {lockstep.channel.world_size} failed{where}: {error}"
-                   if error else None}
+    except RankFailed:  # another rank failed; rank 0 tells the client
+        pass
     except Exception as exc:  # e.g. the prompt does not validate here (a file only rank 0 has)
         lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
-        outcome["error"] = (f"rank {lockstep.channel.rank} of {lockstep.channel.world_size} failed: "
-                            + "".join(traceback.format_exception_only(type(exc), exc)).strip())
-    finally:
-        lockstep.finish(outcome)
+        result.error = {"exception_message": f"{full_type_name(type(exc))}: {exc}"}
+    lockstep.finish(_outcome(result, lockstep.channel))
