@@ -164,7 +164,7 @@ class Lockstep:
             if time.monotonic() > deadline:
                 late = ", ".join(str(r) for r in others if r not in arrived)
                 decision = {"do": "fail", "why": f"rank(s) {late} of {channel.world_size} did not reach the "
-                                                 f"{label} within {channel.timeout_s:.0f} s"}
+                                                 f"{label} within {channel.timeout_s:g} s"}
                 break
             time.sleep(POLL_S)
         channel.write(f"{key}/go", decision)
@@ -180,7 +180,7 @@ class Lockstep:
                 time.sleep(POLL_S)
             outcomes[rank] = channel.read(key) if channel.has(key) else {
                 "success": False, "interrupted": False,
-                "error": f"rank {rank} of {channel.world_size} did not finish within {channel.timeout_s:.0f} s"}
+                "error": f"rank {rank} of {channel.world_size} did not finish within {channel.timeout_s:g} s"}
         return outcomes
 
     def forget(self, command_number: int) -> None:
@@ -200,6 +200,6 @@ class Lockstep:
                 return channel.read(f"{self.prefix}/failed")
             if time.monotonic() > deadline:
                 return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
-                                             f"{channel.timeout_s:.0f} s"}
+                                             f"{channel.timeout_s:g} s"}
             time.sleep(POLL_S)
         return channel.read(f"{key}/go")
