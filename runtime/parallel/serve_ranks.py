@@ -14,6 +14,8 @@ import gc
 import threading
 import time
 
+import torch
+
 from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, rank_from_environment
 from ...loaders.models import store as model_store
 from .. import folder_paths
@@ -140,6 +142,8 @@ def follow_rank_zero(config, channel: PromptChannel, scratch: str) -> int:
             if command["unload"]:
                 model_store.clear_cache()
             gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         elif command["kind"] == "prompt":
             _run_followed(executor, Lockstep(channel, number), command)
     return 0
