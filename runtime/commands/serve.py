@@ -12,6 +12,7 @@ import os
 def add_arguments(parser) -> None:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
+    from ..parallel.options import add_parallel_arguments
 
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
                         help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
@@ -43,6 +44,7 @@ def add_arguments(parser) -> None:
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
+    add_parallel_arguments(parser)  # with --ray: each replica is a group of that many ranks, one GPU each
     add_openai_arguments(parser)
 
 
@@ -83,6 +85,10 @@ def run(args) -> int:
     if cache_error:
         print(f"lorabind serve: {cache_error}")
         return 2
+    parallel, parallel_error = check_parallel_arguments(args)
+    if parallel_error:
+        print(f"lorabind serve: {parallel_error}")
+        return 2
     if args.ray is not None:
         if args.replicas < 1:
             print("lorabind serve: --replicas must be at least 1")
@@ -96,7 +102,7 @@ def run(args) -> int:
     config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
                           input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
-                          replicas=args.replicas, openai_models=tuple(args.openai_models),
+                          replicas=args.replicas, parallel=parallel, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
                           lora_dirs=tuple(args.allow_lora_dir),
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
@@ -106,6 +112,25 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def check_parallel_arguments(args):
+    """(the ``--parallel`` spec or None, an error text or None); refused here, before Ray or any rank starts."""
+    # lazy: the CLI's parser imports every command module
+    from ...loaders.distributed.spec import ParallelSpecError
+    from ..parallel.options import parallel_spec, refusal
+
+    try:
+        spec = parallel_spec(args)
+    except ParallelSpecError as exc:
+        return None, str(exc)
+    if not spec.is_parallel:
+        return None, None
+    if refusal(spec):
+        return None, f"--parallel {spec.describe()}: {refusal(spec)}"
+    if args.ray is None:
+        return None, f"--parallel {spec.describe()} serves only with --ray in this build (each replica a group of ranks)"
+    return spec, None
 
 
 def check_openai_arguments(args) -> str | None:
