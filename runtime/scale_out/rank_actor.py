@@ -16,8 +16,10 @@ import queue
 import threading
 
 import ray
+import torch.distributed as dist
 
 from ...loaders.distributed.spec import ParallelSpec
+from ...loaders.models import store as model_store
 from ...loaders.placement.devices import set_session_defaults
 from ..executor import PromptExecutor
 from ..parallel.launch import free_port
@@ -73,3 +75,11 @@ class RankActor:
 
     def interrupt(self) -> None:
         self.interrupted.set()
+
+    def describe(self) -> dict:
+        """This rank's place in its group and the loaded components split over the group (an operator's
+        ``ray.get_actor(name).describe.remote()``; the tests' proof that a replica really splits its model)."""
+        split = sorted(name for model in model_store.loaded_models() for name, module in model.components.items()
+                       if getattr(module, "_parallel_config", None) is not None)
+        return {"rank": dist.get_rank() if dist.is_initialized() else None,
+                "world_size": dist.get_world_size() if dist.is_initialized() else None, "split": split}

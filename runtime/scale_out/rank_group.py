@@ -24,7 +24,10 @@ log = logging.getLogger("lorabind.server")
 
 JOIN_TIMEOUT_S = 180.0  # every rank's actor started (imports torch and the nodes) and joined the group
 SETTLE_S = 60.0  # after one rank's result, how long the others may take (their last step, decode and save)
-FAILED_SETTLE_S = 5.0  # after a rank failed: ranks that failed at the same node answer within this
+FAILED_SETTLE_S = 5.0  # after a rank failed or stopped on an interrupt: ranks that stop alike answer within this
+# Rank 0's closing events wait for the other ranks: when rank 0 failed only because another rank died, the client
+# gets the group's answer naming that rank, not rank 0's broken collective as a second error.
+CLOSING_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
 
 
 class RankGroupError(RuntimeError):
@@ -58,14 +61,16 @@ def settle(results: dict[int, dict], world: int, waited_s: float) -> tuple[dict,
     else a failure naming the first rank that failed (or did not answer within ``waited_s``)."""
     if len(results) == world and _same_outcome([results[rank] for rank in range(world)]):
         return results[0], True
-    failed = sorted((rank, text) for rank, result in results.items() if (text := _failure_of(result)))
+    # a rank whose actor died first: the others' failures are then its consequence (a collective cut off)
+    failed = sorted((not result.get("lost"), rank, text) for rank, result in results.items()
+                    if (text := _failure_of(result)))
     if not failed:
         missing = [rank for rank in range(world) if rank not in results]
         if 0 in results and results[0].get("interrupted"):
             return results[0], False  # interrupted: the ranks that stopped later are cut off
-        failed = [(missing[0], f"did not finish within {waited_s:g} s of the other ranks")] if missing else \
-            [(0, "the ranks ended the prompt differently")]
-    rank, text = failed[0]
+        failed = [(True, missing[0], f"did not finish within {waited_s:g} s of the other ranks")] if missing else \
+            [(True, 0, "the ranks ended the prompt differently")]
+    _, rank, text = failed[0]
     return {"failure": f"rank {rank} of {world}: {text} (the replica's {world} ranks are restarted for the next "
                        f"prompt)", "fuses": results.get(0, {}).get("fuses", 0)}, False
 
@@ -125,6 +130,7 @@ class RankGroup:
         pumps = [asyncio.ensure_future(_pump(rank, actor.run.options(num_returns="streaming").remote(
             prompt, prompt_id, extra_data, outputs), answers)) for rank, actor in enumerate(self.actors)]
         results: dict[int, dict] = {}
+        closing: list = []
         waited, loop = 0.0, asyncio.get_running_loop()
         deadline = None
         try:
@@ -134,11 +140,14 @@ class RankGroup:
                         answers.get(), None if deadline is None else max(0.0, deadline - loop.time()))
                 except asyncio.TimeoutError:
                     break
+                if name in CLOSING_EVENTS:
+                    closing.append([name, data])
+                    continue
                 if name != "lorabind_result":
                     yield [name, data]
                     continue
                 results[rank] = data
-                settle_s = FAILED_SETTLE_S if _failure_of(data) else SETTLE_S
+                settle_s = SETTLE_S if data.get("success") else FAILED_SETTLE_S
                 if deadline is None or loop.time() + settle_s < deadline:
                     deadline, waited = loop.time() + settle_s, settle_s
         finally:
@@ -149,6 +158,8 @@ class RankGroup:
             log.warning("prompt %s: tearing down the replica's group: %s", prompt_id,
                         answer.get("failure", "interrupted"))
             self.stop()
+        for event in closing if "failure" not in answer else ():
+            yield event
         yield ["lorabind_result", answer]
 
 
@@ -160,8 +171,9 @@ async def _pump(rank: int, stream, answers: asyncio.Queue) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the actor died (killed, out of memory, node lost) or the call could not run
-        await answers.put((rank, ["lorabind_result", {"failure": f"its actor stopped ({type(exc).__name__}: "
-                                                                 f"{str(exc).splitlines()[0] if str(exc) else ''})"}]))
+        cause = str(exc).splitlines()[0] if str(exc) else ""
+        await answers.put((rank, ["lorabind_result", {"failure": f"its actor stopped ({type(exc).__name__}: {cause})",
+                                                      "lost": True}]))
 
 
 def _in_bundle(group, rank: int) -> dict:

@@ -117,6 +117,8 @@ def test_a_contract_refusal_comes_back_before_any_rank_loads(ray_server):
 
 
 def test_one_replica_of_two_ranks_answers_with_the_single_process_output(ray_server, single_frames):
+    import ray
+
     async def body():
         client = Client(ray_server.url, client_id="tp")
         try:
@@ -131,6 +133,10 @@ def test_one_replica_of_two_ranks_answers_with_the_single_process_output(ray_ser
             assert difference <= LEVELS
             replicas = (await client.get("/lorabind/routing"))[1]["replicas"]
             assert len(replicas) == 1 and next(iter(replicas.values()))["prompts"] == 1
+            ranks = [await ray.get_actor(f"{next(iter(replicas))}#g1#rank{rank}", namespace="lorabind")
+                     .describe.remote() for rank in (0, 1)]
+            assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+            assert ranks[0]["split"] == ranks[1]["split"] == ["transformer", "transformer_2"]  # both experts
         finally:
             await client.close()
 
