@@ -169,3 +169,24 @@ def test_a_rank_killed_mid_prompt_fails_it_naming_the_rank_and_the_group_restart
             await client.close()
 
     run_async(body)
+
+
+def test_an_interrupt_reaches_every_rank_and_the_replica_serves_on(ray_server):
+    async def body():
+        client = Client(ray_server.url, client_id="interrupter")
+        try:
+            await client.connect()
+            prompt_id = (await client.queue_prompt(_prompt(steps=400, seed=7)))["prompt_id"]
+            await _wait_for(client, prompt_id, "progress")
+            status, _ = await client.post("/interrupt", {"prompt_id": prompt_id})
+            assert status == 200
+            seen = await client.wait_done(prompt_id, timeout=120)
+            kinds = [m["type"] for m in seen]
+            assert "execution_interrupted" in kinds and "execution_success" not in kinds, kinds
+            assert max(m["data"]["value"] for m in seen if m["type"] == "progress") < 400
+            next_id = (await client.queue_prompt(_prompt(seed=8)))["prompt_id"]
+            assert "execution_success" in [m["type"] for m in await client.wait_done(next_id, timeout=600)]
+        finally:
+            await client.close()
+
+    run_async(body)
