@@ -149,13 +149,11 @@ def test_the_readme_is_a_front_door_with_the_two_setup_commands_ci_runs():
     assert install in ci.read_text() and f"\n{test}\n" in ci.read_text()
 
 
-def test_several_gpus_says_what_serve_refuses_and_run_accepts(parser):
-    """``run`` takes the serving guide's spellings (``--parallel``'s degrees); ``serve`` has no ranks yet."""
+def test_several_gpus_names_the_guide_flags_run_and_serve_accept(parser):
+    """``run`` and ``serve --ray`` take the serving guide's spellings (``--parallel``'s degrees)."""
     page = (PACK / "docs" / "serving" / "several-gpus.md").read_text(encoding="utf-8")
-    assert "`lorabind serve` refuses `--tensor-parallel-size`" in page
+    assert "`lorabind serve --ray` takes `--parallel`" in page
     for flag in ("--tensor-parallel-size", "--ulysses-degree", "--ring-degree", "--cfg-parallel-size"):
         assert f"`{flag} N`" in page
         assert parser.parse_args(["run", "wf.json", flag, "2"]).command == "run"
-    with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as refused:
-        parser.parse_args(["serve", "--tensor-parallel-size", "2"])
-    assert refused.value.code == 2 and "unrecognized arguments: --tensor-parallel-size 2" in err.getvalue()
+        assert parser.parse_args(["serve", "--ray", flag, "2"]).command == "serve"

@@ -48,3 +48,15 @@ def test_an_interrupt_that_stopped_the_ranks_at_different_steps_stays_an_interru
     interrupted = {"success": False, "interrupted": True, "error": None, "fuses": 0}
     assert settle({0: interrupted}, 2, 5.0) == (interrupted, False)
     assert settle({0: interrupted, 1: dict(interrupted)}, 2, 5.0) == (interrupted, True)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--ray", "--parallel", "tp=2,ulysses=2"], "tp=2 cannot be combined with ulysses=2"),
+    (["--ray", "--tensor-parallel-size", "2", "--parallel", "tp=4"], "--tensor-parallel-size 2 contradicts tp=4"),
+    (["--parallel", "tp=2"], "serves only with --ray in this build"),
+])
+def test_serve_refuses_a_spec_it_cannot_run_before_ray_or_any_rank_starts(argv, says, tmp_path, capsys):
+    from lorabind.runtime.cli import main
+
+    assert main(["serve", "--models", str(tmp_path), *argv]) == 2
+    assert says in capsys.readouterr().out
