@@ -18,6 +18,7 @@ import pytest
 
 from docs_text import FENCED, PACK, commands_in, doc_files
 from lorabind.runtime.cli import build_parser
+from lorabind.runtime.parallel.options import parallel_spec
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -150,10 +151,10 @@ def test_the_readme_is_a_front_door_with_the_two_setup_commands_ci_runs():
 
 
 def test_several_gpus_names_the_guide_flags_run_and_serve_accept(parser):
-    """``run`` and ``serve --ray`` take the serving guide's spellings (``--parallel``'s degrees)."""
+    """``run`` and ``serve`` take the serving guide's spellings (``--parallel``'s degrees)."""
     page = (PACK / "docs" / "serving" / "several-gpus.md").read_text(encoding="utf-8")
-    assert "`lorabind serve --ray` takes `--parallel`" in page
+    assert "`lorabind run` and `lorabind serve` accept the guide's flags" in page
     for flag in ("--tensor-parallel-size", "--ulysses-degree", "--ring-degree", "--cfg-parallel-size"):
         assert f"`{flag} N`" in page
         assert parser.parse_args(["run", "wf.json", flag, "2"]).command == "run"
-        assert parser.parse_args(["serve", "--ray", flag, "2"]).command == "serve"
+        assert parallel_spec(parser.parse_args(["serve", flag, "2"])).world_size == 2

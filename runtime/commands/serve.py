@@ -44,8 +44,8 @@ def add_arguments(parser) -> None:
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
-    add_parallel_arguments(parser)  # with --ray: each replica is a group of that many ranks, one GPU each
     add_openai_arguments(parser)
+    add_parallel_arguments(parser)
 
 
 def add_openai_arguments(parser) -> None:
@@ -81,13 +81,13 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    spec = parallel_spec_of(args)
+    if isinstance(spec, str):
+        print(f"lorabind serve: {spec}")
+        return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
         print(f"lorabind serve: {cache_error}")
-        return 2
-    parallel, parallel_error = check_parallel_arguments(args)
-    if parallel_error:
-        print(f"lorabind serve: {parallel_error}")
         return 2
     if args.ray is not None:
         if args.replicas < 1:
@@ -102,10 +102,15 @@ def run(args) -> int:
     config = ServerConfig(listen=args.listen, port=args.port, models_root=args.models, output_dir=args.output,
                           input_dir=args.input, temp_dir=args.temp, cors_origin=args.enable_cors_header,
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
-                          replicas=args.replicas, parallel=parallel, openai_models=tuple(args.openai_models),
+                          replicas=args.replicas, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
                           lora_dirs=tuple(args.allow_lora_dir),
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
+    if spec.is_parallel and args.ray is None:
+        print(f"lorabind serve: --parallel {spec.describe()} serves only with --ray in this build")
+        return 2
+    if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)
+        config.parallel = spec
     try:
         run_server(config)
     except ValueError as exc:  # a configuration the server refuses (e.g. a state folder uploads could reach)
@@ -114,23 +119,18 @@ def run(args) -> int:
     return 0
 
 
-def check_parallel_arguments(args):
-    """(the ``--parallel`` spec or None, an error text or None); refused here, before Ray or any rank starts."""
-    # lazy: the CLI's parser imports every command module
+def parallel_spec_of(args):
+    """The ``--parallel`` spec (or the guide's flags), or an error text naming the flag."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.distributed.spec import ParallelSpecError
     from ..parallel.options import parallel_spec, refusal
 
     try:
         spec = parallel_spec(args)
     except ParallelSpecError as exc:
-        return None, str(exc)
-    if not spec.is_parallel:
-        return None, None
-    if refusal(spec):
-        return None, f"--parallel {spec.describe()}: {refusal(spec)}"
-    if args.ray is None:
-        return None, f"--parallel {spec.describe()} serves only with --ray in this build (each replica a group of ranks)"
-    return spec, None
+        return str(exc)
+    refused = refusal(spec)
+    return f"--parallel {spec.describe()}: {refused}" if refused else spec
 
 
 def check_openai_arguments(args) -> str | None:

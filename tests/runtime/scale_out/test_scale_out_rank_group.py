@@ -53,10 +53,17 @@ def test_an_interrupt_that_stopped_the_ranks_at_different_steps_stays_an_interru
 @pytest.mark.parametrize("argv, says", [
     (["--ray", "--parallel", "tp=2,ulysses=2"], "tp=2 cannot be combined with ulysses=2"),
     (["--ray", "--tensor-parallel-size", "2", "--parallel", "tp=4"], "--tensor-parallel-size 2 contradicts tp=4"),
-    (["--parallel", "tp=2"], "serves only with --ray in this build"),
 ])
 def test_serve_refuses_a_spec_it_cannot_run_before_ray_or_any_rank_starts(argv, says, tmp_path, capsys):
     from lorabind.runtime.cli import main
 
     assert main(["serve", "--models", str(tmp_path), *argv]) == 2
     assert says in capsys.readouterr().out
+
+
+def test_serve_reads_the_guide_flags_as_each_ray_replica_s_ranks():
+    from lorabind.runtime.cli import build_parser
+    from lorabind.runtime.parallel.options import parallel_spec
+
+    args = build_parser().parse_args(["serve", "--ray", "auto", "--tensor-parallel-size", "2"])
+    assert args.ray == "auto" and parallel_spec(args).tp == 2
