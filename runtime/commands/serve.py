@@ -111,6 +111,8 @@ def run(args) -> int:
         from ..parallel.serve_ranks import serve_job  # lazy: only a --parallel server starts ranks
 
         return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
+    if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)
+        config.parallel = spec
     try:
         run_server(config)
     except ValueError as exc:  # a configuration the server refuses (e.g. a state folder uploads could reach)

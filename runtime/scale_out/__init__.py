@@ -10,5 +10,7 @@ Split by concern: ``fingerprint`` (what a prompt needs bound), ``replica`` (the 
 executor per GPU), ``interrupts`` (the one actor that carries ``/interrupt`` to whichever replica runs a
 prompt), ``outputs`` (files written on a replica brought into the front's output folder), ``dispatch`` (the
 front's executor: validated prompt -> replica -> events back in order), ``cluster`` (connect or start Ray and
-deploy). Ray is imported only here, and this package only with ``--ray``.
+deploy), ``prompt_run`` (one prompt on a replica's or a rank's executor). With ``--parallel`` a replica is a group
+of rank actors splitting one model: ``rank_group`` (placement, rendezvous, settling each prompt over the ranks)
+and ``rank_actor`` (one rank). Ray is imported only here, and this package only with ``--ray``.
 """

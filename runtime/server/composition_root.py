@@ -45,7 +45,7 @@ class ServerState:
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
                 node_classes, models_root=self.config.models_root, input_dir=self.config.input_dir,
                 output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing,
-                lora_dirs=self.config.lora_dirs)
+                lora_dirs=self.config.lora_dirs, parallel=self.config.parallel)
             concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
         if executor is None or validator is None:
             executor = executor or PromptExecutor(node_classes)

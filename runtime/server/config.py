@@ -35,6 +35,8 @@ class ServerConfig:
     ray_address: Optional[str] = None
     replicas: int = 1
     routing: str = "affinity"  # or "round_robin" (for comparison: bench/scale_out.py)
+    # ``serve --parallel``: a ParallelSpec; with --ray each replica is a group of ranks (scale_out/rank_group.py).
+    parallel: Optional[object] = None
     # OpenAI-style endpoints (``serve --openai-model NAME=WORKFLOW.api.json``): (name, template path) pairs.
     openai_models: tuple = ()
     # ``--lora-backend distill --lora-path FILE...``: fused into every served template they fit, for the server's

@@ -1,0 +1,85 @@
+"""One rank of a ``serve --ray --parallel`` replica: a Ray actor that joins its group's ``torch.distributed`` job
+and executes every prompt SPMD with the other ranks.
+
+Why an actor per rank, not a process per rank under the replica: Ray places each rank on its own GPU (a bundle of
+the replica's placement group) and can place them on other nodes; the replica only coordinates. The rank does what
+a rank of ``lorabind run --parallel`` does (``runtime.parallel.ranks.rank_of_job`` joins the job the same way);
+rank 0 streams its events and files to the replica, the others answer only with their result (their files are
+dropped, as an unseen rank's scratch folder is on the command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+
+import ray
+import torch.distributed as dist
+
+from ...loaders.distributed.spec import ParallelSpec
+from ...loaders.models import store as model_store
+from ...loaders.placement.devices import set_session_defaults
+from ..executor import PromptExecutor
+from ..parallel.launch import free_port
+from ..parallel.ranks import rank_of_job
+from .prompt_run import private_folders, run_prompt
+
+
+# Two calls at once: a prompt runs in one, ``interrupt`` arrives in the other.
+@ray.remote(max_concurrency=2)
+class RankActor:
+    def __init__(self, rank: int, spec: ParallelSpec, node_classes: dict, models_root: str, input_dir: str,
+                 memory: str | None, lora_dirs: tuple = ()):
+        set_session_defaults(memory=memory)  # the device stays "auto": the GPU of this rank's bundle
+        self.rank, self.spec = rank, spec
+        self.folders = private_folders(models_root, input_dir, lora_dirs, f"lorabind-rank{rank}-")
+        self.executor = PromptExecutor(node_classes)
+        self.interrupted = threading.Event()
+        self._job = contextlib.ExitStack()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port on its node: where the group's store listens."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def join(self, address: str, port: int) -> int:
+        """Join the group (every rank at once: this returns when all have joined, or fails at the timeout)."""
+        # torchrun's variables, as our own launcher sets them; Ray shows each rank only its bundle's GPU, so the
+        # local rank is 0 on every one
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.spec.world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        rank, _ = self._job.enter_context(rank_of_job(self.spec, 0))
+        return rank
+
+    def run(self, prompt: dict, prompt_id: str, extra_data: dict, outputs: list):
+        """Stream ``[name, data]`` events (rank 0 only), then one ``["lorabind_result", payload]``."""
+        self.interrupted.clear()
+        if self.rank != 0:
+            yield ["lorabind_result", run_prompt(self.executor, prompt, prompt_id, extra_data, outputs,
+                                                 self.folders, lambda name, data: None, self.interrupted)]
+            return
+        events: queue.Queue = queue.Queue()
+
+        def execute() -> None:
+            payload = run_prompt(self.executor, prompt, prompt_id, extra_data, outputs, self.folders,
+                                 lambda name, data: events.put([name, data]), self.interrupted)
+            events.put(["lorabind_result", payload])
+
+        threading.Thread(target=execute, name="lorabind-rank-prompt", daemon=True).start()
+        while True:
+            event = events.get()
+            yield event
+            if event[0] == "lorabind_result":
+                return
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
+
+    def describe(self) -> dict:
+        """This rank's place in its group and the loaded components split over the group (an operator's
+        ``ray.get_actor(name).describe.remote()``; the tests' proof that a replica really splits its model)."""
+        split = sorted(name for model in model_store.loaded_models() for name, module in model.components.items()
+                       if getattr(module, "_parallel_config", None) is not None)
+        return {"rank": dist.get_rank() if dist.is_initialized() else None,
+                "world_size": dist.get_world_size() if dist.is_initialized() else None, "split": split}
