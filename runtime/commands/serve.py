@@ -108,7 +108,7 @@ def run(args) -> int:
                           lora_dirs=tuple(args.allow_lora_dir),
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
-        from ..parallel.serve_ranks import serve_job  # lazy: only a --parallel server starts ranks
+        from ..server.parallel_job import serve_job  # lazy: only a --parallel server starts ranks
 
         return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
     if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)

@@ -23,10 +23,10 @@ from ..core_nodes import runtime_node_classes
 from ..executor import PromptExecutor
 from ..executor.definitions import full_type_name
 from ..executor.execution import ExecutionResult
-from ..server import run_server
-from .launch import launch_ranks
-from .prompt_channel import Lockstep, PromptChannel, RankFailed
-from .ranks import rank_of_job, unseen_rank
+from ..parallel.launch import launch_ranks
+from ..parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
+from ..parallel.ranks import rank_of_job, unseen_rank
+from .app import run_server
 
 
 def serve_job(config, spec, argv: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
