@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..loaders.families.wan import key_layouts as layouts
-from ..loaders.models.single_file.native_files import native_tensors
 from ..loaders.models import compat
+from ..loaders.models.single_file.native_files import native_tensors
 from ._common import FIXTURE_LORA_FOLDER, seeded
 from .comfyui_minimax import MINIMAX_REQUIREMENT, write_comfyui_minimax
 from .lora_fixtures import _wan_native_lora, save_fixture

@@ -44,7 +44,6 @@ def comfy_minimax_transformer(dtype=None):
 
 def write_comfyui_minimax(models_root) -> list[Path]:
     """Write the tiny ComfyUI MiniMax-H3 denoiser under ``models_root/diffusion_models``; return its path."""
-    import torch
 
     model = comfy_minimax_transformer()
     tensors = native_tensors(model.state_dict(), MINIMAX_H3_TRANSFORMER,

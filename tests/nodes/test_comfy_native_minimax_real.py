@@ -146,7 +146,7 @@ def test_the_tiny_turbo_workflow_runs_on_comfyui_own_minimax_nodes_and_sampler(c
 ])
 def test_a_run_off_the_turbo_contract_is_refused_before_any_step_naming_file_and_field(comfy_results, label,
                                                                                      field):
-    run, log = comfy_results[0][label], comfy_results[3]
+    run = comfy_results[0][label]
     assert run["status"] == "error"
     error = run["error"]
     assert error["node_id"] == "7" and error["exception_type"] == "ContractError"
@@ -219,7 +219,6 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_comfyui_0_30_
     """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
     the ComfyUI that ran the tiny twin (its MiniMax-H3 nodes are v3 schema nodes), exactly the shipped API form."""
     from comfy_native_client import OBJECT_INFO
-
     from lorabind.runtime.workflow_format import to_api_prompt
 
     classes = {}
