@@ -28,7 +28,9 @@ TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_minimax_h3_turbo.tiny.api.json"
 SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_minimax_h3_turbo_4step_768p.api.json"
 TEST_PACK = REPO / "tests" / "data" / "comfy_test_pack"
 CLIENT = REPO / "tests" / "helpers" / "comfy_native_client.py"
-COMFY_VERSION = os.environ.get("LORABIND_MINIMAX_COMFY", "0.30.0")  # the first ComfyUI with MiniMax-H3
+# the harness's ComfyUI snapshots; MiniMax-H3 arrived in ComfyUI between them (comfy/ldm/minimax, 0.30.0 has it)
+COMFY_VERSIONS = ("0.3.64", "0.30.0")
+FIRST_WITH_MINIMAX = (0, 30, 0)
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
 NATIVE = "minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors"
 STAND_INS = {"LoraBindTestMiniMaxConditioning", "LoraBindTestLatentStats"}
@@ -42,12 +44,19 @@ def _harness() -> Path:
     pytest.skip(f"no real ComfyUI harness (shared/peers/real-comfyui.sh above {REPO})")
 
 
-def _snapshot(harness: Path) -> None:
-    if not list(harness.parent.glob(f"comfyui-{COMFY_VERSION}-*.tar.gz")):
-        pytest.skip(f"no ComfyUI {COMFY_VERSION} snapshot beside {harness}")
-    if COMFY_VERSION.startswith("0.3."):
-        pytest.skip(f"ComfyUI {COMFY_VERSION} has no MiniMax-H3 model (comfy/ldm/minimax arrived after 0.3.x; "
-                    f"0.30.0 has it): the ComfyUI-native MiniMax-H3 tests run on 0.30.0 only")
+@pytest.fixture(scope="module", params=COMFY_VERSIONS)
+def comfy_version(request) -> str:
+    """Each ComfyUI version the harness carries, as every real-ComfyUI module runs; MiniMax-H3 only where it
+    exists (``_snapshot`` skips the others, saying why)."""
+    return request.param
+
+
+def _snapshot(harness: Path, version: str) -> None:
+    if tuple(int(part) for part in version.split(".")) < FIRST_WITH_MINIMAX:
+        pytest.skip(f"ComfyUI {version} has no MiniMax-H3 model (no comfy/ldm/minimax, no MiniMaxH3 in its "
+                    f"supported models): ComfyUI-native MiniMax-H3 needs ComfyUI 0.30.0 or later")
+    if not list(harness.parent.glob(f"comfyui-{version}-*.tar.gz")):
+        pytest.skip(f"no ComfyUI {version} snapshot beside {harness}")
 
 
 def _variant(drop=(), **changes) -> dict:
@@ -95,9 +104,9 @@ def _fixtures() -> list:
 
 
 @pytest.fixture(scope="module")
-def comfy_results(tmp_path_factory):
+def comfy_results(tmp_path_factory, comfy_version):
     harness = _harness()
-    _snapshot(harness)
+    _snapshot(harness, comfy_version)
     from lorabind.loaders.models import compat
     from lorabind.tiny_models.comfyui_files import write_comfyui_files
     from lorabind.tiny_models.minimax_h3 import write_minimax_fixture_loras
@@ -118,7 +127,7 @@ def comfy_results(tmp_path_factory):
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
     results = work / "results.json"
-    command = [str(harness), "--comfy", COMFY_VERSION, "--name", "lorabind", "--models-dir", str(models),
+    command = [str(harness), "--comfy", comfy_version, "--name", "lorabind", "--models-dir", str(models),
                "--extra-pack", str(TEST_PACK), "--nodes", "LoraBindLoRA,MiniMaxH3SigmaShift,EmptyMiniMaxH3LatentAV",
                "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
                          f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
