@@ -4,11 +4,13 @@ a host such as ComfyUI holds, in the original checkpoint's "native" key layout).
 Why from the state dict: a host's model may come from a full-precision file, an fp8 one, a GGUF quantisation or
 another loader entirely, and its parameter names are whatever its own model class uses. The state dict is the one
 thing every such model exposes, and its names are exactly what the host's patcher keys patches by. So the family
-and key layout are recognised from the names (the single-file catalog's marker keys), each name is turned into
-the diffusers path our key maps target (the layout's ``to_diffusers``), and a meta-device module tree with those
-paths and shapes stands in for the model during ``prepare_lora``: the same read, map and key accounting as a fuse
-into our own model, so a file is refused or accepted with the same words. The result is a table from the host's
-own keys to our adapter kinds' deltas, which the host applies with its own patcher.
+and key layout are recognised from the names (the single-file catalog's marker keys, or a family's host-only
+denoisers: MiniMax-H3, whose files we do not load but ComfyUI 0.30 does), each name is turned into the diffusers
+paths our key maps target (the layout's ``diffusers_parts``: one, or the parts of a fused native tensor such as
+MiniMax-H3's ``qkv_proj``), and a meta-device module tree with those paths and shapes stands in for the model
+during ``prepare_lora``: the same read, map and key accounting as a fuse into our own model, so a file is refused
+or accepted with the same words. The result is a ``HostPatch`` per host key, which the host applies with its own
+patcher: its value is each part's fuse in the host's dtype, joined back (bit for bit our fuse's value).
 
 Beside ``lora/``, not in it: it recognises the host model with the single-file catalog and the family registry,
 both of which import ``lora/``.
