@@ -123,3 +123,30 @@ def test_a_native_adapter_pins_its_base_schedule_shifted_as_the_host_model_shift
     assert hm.check_sampling([record], list(contract.sigmas), 1.0, {}) == []
     with pytest.raises(ContractError, match="steps/sigmas"):
         hm.check_sampling([record], shifted_sigmas(4, 12.0), 1.0, {})
+
+
+def test_a_lora_in_comfyui_own_native_names_lands_on_the_fused_tensors_row_for_row(mm_root, bf16_model, tmp_path):
+    """A MiniMax-H3 LoRA trained on the native names (``diffusion_model.`` prefix, ``lora_down``/``lora_up``, fused
+    ``qkv_proj`` and ``fc1`` in the checkpoint's own row order, no published contract): our key map splits them
+    into diffusers' separate projections and the host patch joins them back, so each fused tensor gets exactly
+    ``up @ down`` in its own row order."""
+    from safetensors.torch import save_file
+
+    original = _native_state(bf16_model)
+    shapes = {PREFIX + key: tuple(value.shape) for key, value in original.items()}
+    generator = torch.Generator().manual_seed(5)
+    factors = {}
+    for module in ("blocks.1.attn.qkv_proj", "blocks.0.mlp.fc1", "token_refiner.blocks.0.attn.qkv_proj"):
+        rows, columns = original[f"{module}.weight"].shape
+        factors[module] = (torch.randn(rows, 2, generator=generator) * 0.1, torch.randn(2, columns, generator=generator))
+    tensors = {f"{PREFIX}{module}.lora_{part}.weight": tensor.contiguous()
+               for module, (up, down) in factors.items() for part, tensor in (("up", up), ("down", down))}
+    path = tmp_path / "my_minimax_style.safetensors"
+    save_file(tensors, str(path))
+    prepared = hm.prepare_host_lora(shapes, "m", path.name, str(path), 1.0, lenient=False, where="test")
+    # counted after the split: each fused qkv pair is three pairs (to_q, to_k, to_v)
+    assert prepared.report["counts"] == {"applied": 14, "expected_unmatched": 0, "unmatched": 0}
+    for module, (up, down) in factors.items():
+        weight = original[f"{module}.weight"].float()
+        patched = prepared.deltas[f"{PREFIX}{module}.weight"].value(weight, 1.0)
+        torch.testing.assert_close(patched, (weight + up @ down).to(torch.bfloat16).float(), atol=0, rtol=2 ** -7)
