@@ -123,6 +123,7 @@ def comfy_results(tmp_path_factory, comfy_version):
         "shift12": _variant(**{"3": {"shift_video": 12.0}, "7": {"seed": 2}}),
         "sd3_only": _variant(**{"3": ("ModelSamplingSD3", {"model": ["2", 0], "shift": 6.0}), "7": {"seed": 3}}),
         "native": _native_prompt(),
+        "shipped": json.loads(SHIPPED_WORKFLOW.read_text()),  # real file names: refused for those alone
         **{f"probe_{index}": _probe(str(index), lora) for index, lora in enumerate(_fixtures())},
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
@@ -243,3 +244,15 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_comfyui_0_30_
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}
                       for node_id, node in converted.items()}
     assert kind == "ui" and without_titles == json.loads(SHIPPED_WORKFLOW.read_text())
+
+
+def test_comfyui_validates_the_shipped_example_but_for_its_model_files(comfy_results):
+    """Queued as is, the shipped example is refused by ComfyUI's validation only because its model, encoder, VAE
+    and LoRA files are not in the tiny models folder: every node and every other input value is valid there."""
+    run = comfy_results[0]["shipped"]
+    assert run["status"] == "rejected"
+    errors = run["error"]["node_errors"]
+    named = {(node_id, error["extra_info"]["input_name"]) for node_id, node in errors.items()
+             for error in node["errors"]}
+    assert named == {("1", "unet_name"), ("2", "lora_name"), ("4", "clip_name"), ("10", "vae_name"),
+                     ("11", "vae_name")}
