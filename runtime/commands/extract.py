@@ -56,7 +56,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", default=None, metavar="DEVICE",
                         help="where the SVDs run: cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--key-prefix", default=None, metavar="PREFIX",
-                        help="prefix of every written key (default 'transformer.'; '' for bare module names)")
+                        help="prefix of every written key (default 'transformer.'; '' for bare module names; "
+                             "auto: the tuned model's own, e.g. a single file's 'model.diffusion_model.'; a name "
+                             "without its dot gets one)")
     parser.add_argument("--diffs", action=argparse.BooleanOptionalAction, default=None,
                         help="also store changed biases, norms and other non-linear tensors whole "
                              "(default on; --no-diffs writes low-rank pairs only, like LightX2V)")
