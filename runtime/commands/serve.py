@@ -121,15 +121,15 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
-    if args.lora_backend == "peft":
-        args.preload_adapter = [*args.preload_adapter, *args.lora_path]
     return None
 
 
 def apply_adapter_cache_arguments(args) -> str | None:
-    """``--max-cached-adapters`` / ``--preload-adapter``: the adapter cache's session defaults; preloaded files are
-    read now (a bad name or file fails at start, not at the first prompt) and pinned. An error text, or None."""
-    if args.max_cached_adapters is None and not args.preload_adapter:
+    """``--max-cached-adapters`` / ``--preload-adapter`` (and, with the peft backend, ``--lora-path``): the adapter
+    cache's session defaults; preloaded files are read now (a bad name or file fails at start, not at the first
+    prompt), pinned, and said. An error text, or None."""
+    lora_paths = args.lora_path if args.lora_backend == "peft" else ()
+    if args.max_cached_adapters is None and not args.preload_adapter and not lora_paths:
         return None
     if args.max_cached_adapters is not None and args.max_cached_adapters < 1:
         return "--max-cached-adapters must be at least 1"
@@ -140,15 +140,39 @@ def apply_adapter_cache_arguments(args) -> str | None:
     from .. import folder_paths
 
     folder_paths.configure(models_root=args.models)
+    for folder in args.allow_lora_dir:  # the folders a --lora-path (as a request's lora.path) may come from
+        folder_paths.add_model_folder_path("loras", folder)
+    named, error = _lora_path_names(lora_paths)
+    if error:
+        return error
     paths = []
-    for name in args.preload_adapter:
+    for flag, name in [("--preload-adapter", n) for n in args.preload_adapter] + named:
         path = folder_paths.get_full_path("loras", name)
         if path is None:
-            return f"--preload-adapter {name}: not found under {args.models}/loras"
+            return f"{flag} {name}: not found under {args.models}/loras"
         try:
-            read_lora(path)
+            lora = read_lora(path)
         except LoraBindError as exc:
-            return f"--preload-adapter {name}: {exc}"
+            return f"{flag} {name}: {exc}"
         paths.append(path)
+        print(f"lorabind serve: preloaded adapter {name} ({lora.format}, {len(lora.targets)} modules; pinned in "
+              "the adapter cache for requests to use)")
     set_adapter_cache_defaults(max_size=args.max_cached_adapters, pinned_paths=paths)
     return None
+
+
+def _lora_path_names(lora_paths) -> tuple:
+    """``([("--lora-path", name in the LoRA folders)], None)``, or ``([], error text)``: a ``--lora-path`` is
+    confined exactly as a request's ``lora.path`` (absolute, or relative to a LoRA folder; inside the LoRA folders
+    or an ``--allow-lora-dir``, links resolved)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..server.openai.errors import OpenAIRequestError
+    from ..server.openai.loras import confined_lora_name
+
+    named = []
+    for path in lora_paths:
+        try:
+            named.append(("--lora-path", confined_lora_name(path)))
+        except OpenAIRequestError as exc:
+            return [], f"--lora-path: {exc.message}".replace("lora.path ", "")
+    return named, None
