@@ -48,6 +48,9 @@ def add_arguments(parser) -> None:
 
 def add_openai_arguments(parser) -> None:
     """The OpenAI-style endpoints (/v1/...) and LoRA the vllm-omni way (its flag names)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..guide_flags import add_serve_guide_arguments
+
     parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
                         help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
                         "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
@@ -61,11 +64,13 @@ def add_openai_arguments(parser) -> None:
     parser.add_argument("--allow-lora-dir", action="append", default=[], metavar="DIR",
                         help="another folder LoRA names and request adapter paths may come from (repeatable); "
                         "everything else outside models/loras is refused")
+    add_serve_guide_arguments(parser)
 
 
 def run(args) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
+    from ..guide_flags import apply_serve_guide_arguments
     from ..server import ServerConfig, run_server
 
     device_error = apply_device_arguments(args)
@@ -75,7 +80,7 @@ def run(args) -> int:
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
         return 2
-    openai_error = check_openai_arguments(args)
+    openai_error = check_openai_arguments(args) or apply_serve_guide_arguments(args)
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
