@@ -114,8 +114,9 @@ def run(args) -> int:
 
 
 def check_openai_arguments(args) -> str | None:
-    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``); with the peft backend the
-    ``--lora-path`` files join ``--preload-adapter``. An error text, or None."""
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``) and the ``--allow-lora-dir`` folders
+    (with the peft backend, ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text,
+    or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai.templates import parse_model_option
 
