@@ -83,6 +83,15 @@ def test_the_guides_i2v_recipe_runs_with_the_extracted_pair(single_file_root, tm
     recipe = SamplingRequest(steps=4, cfg=1.0, shift=12.0, boundary=0.875, task="i2v")
     resolved = resolve_schedule(handle, None, None, recipe)
     assert resolved.overrides == () and resolved.sigmas == shifted_sigmas(4, 12.0)
+    # and it runs, through the Python API, on the tiny I2V model
+    from lorabind import Generator
+    from wan_i2v_helpers import example_image
+
+    video = Generator(_handle=ModelHandle(load_tiny("tiny-wan22-i2v"))).bind_distill(high, low).generate(
+        "a cat", image=example_image(), steps=4, flow_shift=12.0, guidance_scale=1.0, boundary_ratio=0.875,
+        height=32, width=32, num_frames=5, seed=1)
+    assert video.schedule["overrides"] == [] and len(video.frames) == 5
+    assert [c["source"] for c in video.schedule["contracts"]] == [high.name, low.name]
 
 
 @pytest.mark.parametrize("option, prefix", [
