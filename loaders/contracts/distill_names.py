@@ -3,6 +3,7 @@ their whole contract in their safetensors metadata (``sampling_contract``), whic
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import replace
@@ -123,6 +124,8 @@ def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
             if not equals or key not in ("steps", "shift", "cfg") or key in values:
                 raise ValueError(f"unexpected {part!r}")
             values[key] = int(value) if key == "steps" else float(value)
+            if not math.isfinite(values[key]):  # nan and inf would reach the JSON answers and every comparison
+                raise ValueError(f"{part!r} is not a finite number")
         if not 1 <= values.get("steps", 0) <= MAX_STEPS or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
             raise ValueError(f"steps must be 1 to {MAX_STEPS} (what a sampler runs), shift > 0 and cfg >= 0")
     except ValueError as exc:

@@ -94,6 +94,9 @@ def test_a_table_one_folder_up_serves_a_release_folder_and_patterns_may_name_the
     ('{\n  "a.safetensors": "steps=4",\n  "b.safetensors": 4\n}', 3, "must be a string"),
     ('{\n  "a.safetensors": "steps=four"\n}', 2, "is malformed"),
     ('{\n  "a.safetensors": "steps=1000000000"\n}', 2, "is malformed \\(steps must be 1 to 1000"),
+    ('{\n  "a.safetensors": "steps=4, shift=nan"\n}', 2, "is malformed \\('shift=nan' is not a finite"),
+    ('{\n  "a.safetensors": "steps=4, cfg=inf"\n}', 2, "is malformed \\('cfg=inf' is not a finite"),
+    ('{\n  "a.safetensors": "shift=-inf"\n}', 2, "is malformed \\('shift=-inf' is not a finite"),
     ('{\n  "a.safetensors": "steps=4",\n  "a.safetensors": "steps=8"\n}', 3, "already given on line 2"),
     ('{\n  "sha256:abc": "steps=4"\n}', 2, "64 lowercase hex digits"),
     ('{\n  "a.safetensors": "steps=4"\n  "b.safetensors": "steps=4"\n}', 3, "expected ','"),
@@ -123,6 +126,12 @@ def test_a_step_count_no_sampler_can_run_is_refused_in_metadata_and_ignored_in_a
     assert discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "1000steps")))).steps == 1000
     trained = discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "3000steps"))))
     assert trained.steps is None and trained.sigmas is None and "steps" in trained.open_fields  # no count read
+
+
+def test_non_finite_contract_words_in_metadata_are_refused_naming_the_file(tmp_path):
+    path = write_lora(tmp_path, "a.safetensors", {"sampling_contract": "steps=4, shift=nan, cfg=inf"})
+    with pytest.raises(ContractError, match=r"^a\.safetensors: safetensors metadata .*'shift=nan' is not a finite"):
+        discover_contract(str(path))
 
 
 def _many_entries(count: int) -> str:
