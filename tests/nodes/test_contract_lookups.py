@@ -98,6 +98,26 @@ def test_a_contract_table_added_or_edited_later_changes_the_cached_answer(regist
     assert ask_contracts(["my_speedup.safetensors"])[0][1]["contract"]["steps"] == 8
 
 
+def test_a_sha256_entry_is_matched_again_after_a_rewrite_with_the_same_size_and_mtime(registry_at, tmp_path):
+    import hashlib
+
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    path = loras / "download.safetensors"
+    path.write_bytes(_tiny_lora_bytes())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (loras / "lorabind-contracts.json").write_text(f'{{"sha256:{digest}": "steps=6"}}')
+    registry_at(tmp_path / "models")
+    assert ask_contracts(["download.safetensors"])[0][1]["contract"]["steps"] == 6
+    stat = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # same size, other content, the mtime set back
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (status, body), = ask_contracts(["download.safetensors"])
+    assert status == 200 and body["contract"] is None
+
+
 def _tiny_lora_bytes() -> bytes:
     import torch
     from safetensors.torch import save
