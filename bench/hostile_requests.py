@@ -1,8 +1,10 @@
 """Issue 31's two server attacks, measured against a running ``lorabind serve`` (``python -m bench.load_test
 --hostile``): how long ``GET /queue`` takes while two 90 MB bodies of small objects are posted (it was 52 s), and
 what contract lookups of a LoRA with a 90 MB header (800K empty tensors) cost in time and server memory (the
-first took 67 s and 1.5 GB, and every repeat the same). The hostile files are generated here, in the temporary
-models root.
+first took 67 s and 1.5 GB, and every repeat the same). Issue 46's files are asked for too
+(``hostile_files46``): contract words declaring 10^9 steps (the server passed 7.6 GB) and a GGUF whose metadata
+holds 999,999 empty strings (45 s and 1.6 GB in the gguf package's reader). The hostile files are generated
+here, in the temporary models root.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+
+from .hostile_files46 import measure_issue46, write_issue46_models
 
 BODY_OBJECTS = 11_500_000  # about 90 MB of {"a":1}
 HEADER_TENSORS = 800_000
@@ -41,6 +45,7 @@ def write_hostile_models(models: str) -> None:
             b'{"dtype":"F16","shape":[0,64],"data_offsets":[0,0]}'
     header = b"{" + b",".join(entry % i for i in range(HEADER_TENSORS)) + b"}"
     (loras / HOSTILE_LORA).write_bytes(struct.pack("<Q", len(header)) + header)
+    write_issue46_models(models)
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes) -> str:
@@ -106,6 +111,7 @@ async def _contract_lookups(url: str, pid: int) -> dict:
 
 
 async def measure_hostile(url: str, pid: int) -> int:
+    issue46_ok = await measure_issue46(url, pid, _poll_queue)
     lookups = await _contract_lookups(url, pid)
     idle = await _queue_when_idle(url)
     slowest, asked, posts = await _queue_during_big_posts(url)
@@ -124,4 +130,4 @@ async def measure_hostile(url: str, pid: int) -> int:
     same = len(set(lookups["answers"])) == 1
     ok = slowest < 1.0 and status == 422 and same and max(repeat) < 10
     print("  OK" if ok else "  FAILED: a figure is over its goal (/queue < 1 s, lookups refused, repeats < 10 ms)")
-    return 0 if ok else 1
+    return 0 if ok and issue46_ok else 1

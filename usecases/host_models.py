@@ -200,4 +200,9 @@ def _sigma_mismatch(record: HostContract, sigmas: list) -> Optional[str]:
 
 
 def _show(sigmas: Sequence[float]) -> str:
-    return "[" + ", ".join(f"{s:.4f}" for s in sigmas) + "]"
+    """A host sampler's sigmas in a message: all of a short list, the ends of a long one (ComfyUI allows 10,000
+    steps; a message must not carry them all)."""
+    if len(sigmas) <= 8:
+        return "[" + ", ".join(f"{s:.4f}" for s in sigmas) + "]"
+    ends = ", ".join(f"{s:.4f}" for s in sigmas[:4]) + ", ..., " + ", ".join(f"{s:.4f}" for s in sigmas[-2:])
+    return f"[{ends}] ({len(sigmas)} points)"

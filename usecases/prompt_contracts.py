@@ -10,11 +10,14 @@ what an active file upstream of the sampler's model declares); everything else i
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from ..loaders.dispatch.contract_discovery import lora_file_contracts, model_folder_contracts
 from ..loaders.errors import LoraBindError
+from ..loaders.lora.safetensors_header import check_safetensors_prefix
+from .model_check import FILE_INPUTS
 from .models import find_model
 from .vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 
@@ -37,6 +40,24 @@ def early_contract_refusals(prompt: dict, node_classes: dict, registry) -> list[
             if _is_count(declared) and declared != steps:
                 refusals.append((node_id, mismatch_message(contract, "steps", "steps", declared, steps)))
                 break
+    return refusals
+
+
+def unreadable_lora_refusals(prompt: dict, registry) -> list[tuple[str, str, str]]:
+    """``[(node id, input name, message)]`` for each LoRA input naming a ``.safetensors`` file that cannot be one
+    by its first 8 bytes (a 0-byte file): refused before the model loads, in the reader's words. Only the prefix
+    is read; everything else about the file is the node's to report."""
+    refusals = []
+    for node_id, node in prompt.items():
+        for input_name, value in (node.get("inputs") or {}).items():
+            if FILE_INPUTS.get(input_name) != LORA_KIND or not isinstance(value, str):
+                continue
+            path = registry.get_full_path(LORA_KIND, value) if value.endswith(".safetensors") else None
+            try:
+                if path is not None and os.path.isfile(path):
+                    check_safetensors_prefix(path, value)
+            except LoraBindError as exc:
+                refusals.append((node_id, input_name, str(exc)))
     return refusals
 
 

@@ -15,6 +15,7 @@ every ``lorabind`` command; made lazy, no checker could follow it. So ``usecases
 facade is this module, which nothing on the fast start imports.
 """
 
+from ..loaders.contracts.table import table_versions as contract_table_versions
 from ..loaders.dispatch.contract_discovery import lora_file_contract, model_file_contract, model_folder_contract
 from ..loaders.dispatch.generation_steps import (
                                                  control_video_latent,
@@ -26,6 +27,7 @@ from ..loaders.dispatch.generation_steps import (
 )
 from ..loaders.io.atomic_files import write_atomically
 from ..loaders.io.file_identity import file_identity
+from ..loaders.io.read_deadline import read_deadline
 from ..loaders.io.video_files import write_video
 from ..loaders.io.wav_files import write_wav
 from ..loaders.models.store import follow_host_node_cache, release_device_memory
@@ -72,7 +74,7 @@ __all__ = [
     "check_contract", "decode_audio", "with_first_frame", "with_reference_images",
     # engine steps a node runs as they are
     "control_video_latent", "decode", "empty_latent", "encode_text", "encode_with_images", "image_to_video_latent",
-    "lora_file_contract", "model_file_contract", "model_folder_contract",
-    "file_identity", "write_atomically", "write_video", "write_wav",
+    "contract_table_versions", "lora_file_contract", "model_file_contract", "model_folder_contract",
+    "file_identity", "read_deadline", "write_atomically", "write_video", "write_wav",
     "follow_host_node_cache", "release_device_memory",
 ]

@@ -17,6 +17,7 @@ from ..loaders.errors import ComponentUnnamedError, LoraBindError, LoraFileError
 from ..loaders.families import lora_components
 from ..loaders.fp8 import ROUNDINGS
 from ..loaders.handles import AdapterHandle
+from ..loaders.io.read_deadline import DeadlinePassed
 from ..loaders.io.video_files import VIDEO_FORMATS, VIDEO_PRESETS
 from ..loaders.models.store import DTYPE_NAMES
 from ..loaders.placement.devices import MEMORY_NAMES, device_choices
@@ -44,5 +45,5 @@ __all__ = [
     "VIDEO_PRESETS", "device_choices", "lora_components",
     "END_OF_SCHEDULE", "MAX_REFERENCE_IMAGES", "MAX_STEPS", "PART_ANY", "PART_HIGH", "PART_LOW",
     "AdapterHandle", "HostContract", "SampleOptions",
-    "ComponentUnnamedError", "LoraBindError", "LoraFileError",
+    "ComponentUnnamedError", "DeadlinePassed", "LoraBindError", "LoraFileError",
 ]

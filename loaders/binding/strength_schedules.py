@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -24,6 +25,7 @@ from .bind import bind
 MAX_SCHEDULE_CHARS = 20_000  # a widget's text: bounds the parse (one value per step of a 10 000-step run)
 MAX_SCHEDULE_STEP = 10_000  # the sampler's own step bound
 MAX_MULTIPLIER = 10.0  # as the strength widgets' range
+_STEP = re.compile(r"[0-9]{1,6}")
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def _value(entry: str, where: str) -> float:
 
 def _keyframe(entry: str, where: str) -> tuple:
     step_text, value_text = entry.split(":", 1)
-    if not step_text.strip().isdigit() or int(step_text) > MAX_SCHEDULE_STEP:
+    # ASCII digits only: str.isdigit() also accepts "²", which int() then refuses with a bare error
+    if not _STEP.fullmatch(step_text.strip()) or int(step_text) > MAX_SCHEDULE_STEP:
         raise ValueError(f"{where}: strength_schedule keyframe {entry[:40]!r} needs a step from 0 to "
                          f"{MAX_SCHEDULE_STEP} before the ':'")
     return int(step_text), _value(value_text.strip(), where)

@@ -14,6 +14,7 @@ import os
 
 from ..contract_types import ScheduleContract
 from ..errors import ContractError
+from ..io.read_deadline import check_deadline
 from .distill_names import CONTRACT_METADATA_KEY
 
 INDEX_KEY = "_lorabind"
@@ -56,6 +57,7 @@ def file_sha256(path: str) -> str:
         if os.path.isfile(name):
             with open(name, "rb") as handle:
                 for block in iter(lambda: handle.read(1 << 20), b""):
+                    check_deadline()  # a lookup that gave up stops hashing here (io.read_deadline)
                     digest.update(block)
     return digest.hexdigest()
 

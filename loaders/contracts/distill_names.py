@@ -3,6 +3,7 @@ their whole contract in their safetensors metadata (``sampling_contract``), whic
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import replace
@@ -146,4 +147,7 @@ def _word_value(key: str, value: str):
         if not all(_TASK.fullmatch(task) for task in tasks):
             raise ValueError(f"tasks must be names such as i2v, joined by '|', got {value!r}")
         return tasks
-    return int(value) if key == "steps" else float(value)
+    number = int(value) if key == "steps" else float(value)
+    if not math.isfinite(number):  # nan and inf would reach the JSON answers and every comparison
+        raise ValueError(f"'{key}={value}' is not a finite number")
+    return number

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from ..contract_types import MAX_STEPS
+
 
 def shift_sigma(u: float, shift: float) -> float:
     """Rectified-flow time shift ``s(u) = k·u / (1 + (k − 1)·u)``."""
@@ -35,17 +37,39 @@ def on_high_noise_expert(sigma: float, boundary: float) -> bool:
     return sigma * 1000.0 >= boundary * 1000.0
 
 
+# A schedule has at most one point more than the steps a sampler runs; a longer list (a 10^6-point SIGMAS input)
+# is refused before its values are read, and messages quote a few values, not the list.
+MAX_POINTS = MAX_STEPS + 1
+
+
+def shown(values: Sequence[float]) -> str:
+    """A schedule in a message: every value of a short one, the ends of a long one with its length."""
+    if len(values) <= 6:
+        return str([float(v) for v in values])
+    ends = ", ".join(f"{float(v):g}" for v in values[:3]) + ", ..., " + ", ".join(f"{float(v):g}" for v in values[-2:])
+    return f"[{ends}] ({len(values)} points)"
+
+
+def _bounded_floats(points: Sequence[float], source: str) -> tuple[float, ...]:
+    if len(points) > MAX_POINTS:
+        raise ValueError(f"{source}: {len(points)} sigma points, over the {MAX_POINTS} of the most steps a sampler "
+                         f"runs ({MAX_STEPS})")
+    values = tuple(float(p) for p in points)
+    bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ValueError(f"{source}: sigma point {bad} is {values[bad]}, a non-finite value ({shown(values)})")
+    return values
+
+
 def validate_schedule(points: Sequence[float], source: str) -> tuple[float, ...]:
     """A schedule must be finite, start at 1.0, end at 0.0 and strictly decrease. ``source`` names the artifact."""
-    values = tuple(float(p) for p in points)
+    values = _bounded_floats(points, source)
     if len(values) < 2:
-        raise ValueError(f"{source}: a schedule needs at least 2 sigma points, got {list(values)}")
-    if not all(math.isfinite(v) for v in values):
-        raise ValueError(f"{source}: schedule {list(values)} has a non-finite value")
+        raise ValueError(f"{source}: a schedule needs at least 2 sigma points, got {shown(values)}")
     if values[0] != 1.0 or values[-1] != 0.0:
-        raise ValueError(f"{source}: schedule {list(values)} must start at 1.0 and end at 0.0")
+        raise ValueError(f"{source}: schedule {shown(values)} must start at 1.0 and end at 0.0")
     if any(b >= a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{source}: schedule {list(values)} must be strictly decreasing")
+        raise ValueError(f"{source}: schedule {shown(values)} must be strictly decreasing")
     return values
 
 
@@ -78,13 +102,13 @@ def switch_step(table: Sequence[float], boundary: float) -> int:
 
 
 def check_run_sigmas(points: Sequence[float], source: str) -> tuple[float, ...]:
-    """Sigmas a sampler is handed (ComfyUI SIGMAS, a slice of a schedule): at least 2 finite points in [0, 1],
-    strictly decreasing. Unlike a contract's full schedule they need not start at 1 or end at 0 (a stage)."""
-    values = tuple(float(p) for p in points)
+    """Sigmas a sampler is handed (ComfyUI SIGMAS, a slice of a schedule): 2 to ``MAX_POINTS`` finite points in
+    [0, 1], strictly decreasing. Unlike a contract's full schedule they need not start at 1 or end at 0 (a stage)."""
+    values = _bounded_floats(points, source)
     if len(values) < 2:
-        raise ValueError(f"{source}: needs at least 2 sigma points (1 step), got {list(values)}")
-    if not all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values):
-        raise ValueError(f"{source}: every sigma must be a finite number in 0..1, got {list(values)}")
+        raise ValueError(f"{source}: needs at least 2 sigma points (1 step), got {shown(values)}")
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"{source}: every sigma must be a number in 0..1, got {shown(values)}")
     if any(b >= a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{source}: sigmas {list(values)} must be strictly decreasing")
+        raise ValueError(f"{source}: sigmas {shown(values)} must be strictly decreasing")
     return values

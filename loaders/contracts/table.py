@@ -20,16 +20,18 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import ContractError
+from ..io.read_deadline import check_deadline
 from .baked import file_sha256
 
 TABLE_NAME = "lorabind-contracts.json"
 MAX_TABLE_BYTES = 1 << 20  # a list of names, not a data set: a larger file is refused, not read
+MAX_TABLE_ENTRIES = 10_000  # each lookup may try every entry: a longer table is refused by its line
 _SHA256 = re.compile(r"^sha256:([0-9a-f]{64})$")
-_cache: dict = {}  # table path -> ((mtime_ns, size), entries)
-_hash_cache: dict = {}  # (real path, mtime_ns, size) -> sha256
+_cache: dict = {}  # table path -> (file version, [TableLine])
+_hash_cache: dict = {}  # (real path, file version) -> sha256
 
 
 @dataclass(frozen=True)
@@ -41,25 +43,59 @@ class TableEntry:
     where: str
 
 
+@dataclass(frozen=True)
+class TableLine:
+    """A parsed entry with its pattern compiled once per table version (``fnmatch`` recompiles past its small
+    cache, which a long table overran on every lookup)."""
+
+    key: str
+    contract: str
+    line: int
+    sha256: Optional[str]  # the hex digest of a ``sha256:`` key, else None
+    matches_name: Optional[Callable]  # the compiled glob of a name pattern, else None
+
+
+def file_version(stat: os.stat_result) -> tuple:
+    """What changes when a file is rewritten: inode, size, mtime and ctime (a rewrite that restores the size and
+    the mtime still moves the ctime, which no user call can set back)."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+def _table_paths(path: str) -> tuple:
+    """Where the tables for the LoRA at ``path`` may be, nearest first, with the folder each applies from."""
+    folder = os.path.dirname(os.path.abspath(str(path).rstrip("/\\")))
+    return tuple((table_folder, os.path.join(table_folder, TABLE_NAME))
+                 for table_folder in (folder, os.path.dirname(folder)))
+
+
+def table_versions(path: str) -> tuple:
+    """The version of each table that may apply to the LoRA at ``path`` (None where there is none): a cached
+    answer about the file is stale when this changes."""
+    versions = []
+    for _, table in _table_paths(path):
+        try:
+            versions.append(file_version(os.stat(table)))
+        except OSError:
+            versions.append(None)
+    return tuple(versions)
+
+
 def table_entry(path: str) -> Optional[TableEntry]:
     """The entry of the nearest contract table that matches the LoRA at ``path``, or None."""
-    folder = os.path.dirname(os.path.abspath(str(path).rstrip("/\\")))
-    for table_folder in (folder, os.path.dirname(folder)):
-        table = os.path.join(table_folder, TABLE_NAME)
+    for table_folder, table in _table_paths(path):
         if not os.path.isfile(table):
             continue
-        entries = _entries(table)
         names = _names_for_matching(path, table_folder)
         digest = None
-        for key, contract, line in entries:
-            sha = _SHA256.match(key)
-            if sha is not None:
+        for entry in _entries(table):
+            check_deadline()
+            if entry.sha256 is not None:
                 digest = digest or _sha256(path)
-                matched = sha[1] == digest
+                matched = entry.sha256 == digest
             else:
-                matched = any(fnmatch.fnmatchcase(name, key) for name in names)
+                matched = any(entry.matches_name(name) for name in names)
             if matched:
-                return TableEntry(contract=contract, where=f"{TABLE_NAME} line {line}")
+                return TableEntry(contract=entry.contract, where=f"{TABLE_NAME} line {entry.line}")
     return None
 
 
@@ -71,54 +107,82 @@ def _names_for_matching(path: str, table_folder: str) -> tuple:
 
 
 def _entries(table: str) -> list:
-    """``[(key, contract text, line)]`` of a table, parsed once per (mtime, size)."""
-    stat = os.stat(table)
-    stamp = (stat.st_mtime_ns, stat.st_size)
+    """The table's ``TableLine``s, parsed and compiled once per file version."""
+    version = file_version(os.stat(table))
     cached = _cache.get(table)
-    if cached is not None and cached[0] == stamp:
+    if cached is not None and cached[0] == version:
         return cached[1]
-    if stat.st_size > MAX_TABLE_BYTES:
-        raise ContractError(f"{TABLE_NAME}: {stat.st_size} bytes is larger than the {MAX_TABLE_BYTES} bytes a "
+    if version[2] > MAX_TABLE_BYTES:
+        raise ContractError(f"{TABLE_NAME}: {version[2]} bytes is larger than the {MAX_TABLE_BYTES} bytes a "
                             f"contract table may have")
     with open(table, encoding="utf-8") as handle:
         text = handle.read()
-    entries = parse_table(text)
-    _cache[table] = (stamp, entries)
+    entries = [_compiled(key, contract, line) for key, contract, line in parse_table(text)]
+    _cache[table] = (version, entries)
     return entries
+
+
+def _compiled(key: str, contract: str, line: int) -> TableLine:
+    sha = _SHA256.match(key)
+    if sha is not None:
+        return TableLine(key, contract, line, sha[1], None)
+    return TableLine(key, contract, line, None, re.compile(fnmatch.translate(key)).match)
+
+
+class _Lines:
+    """Line numbers of positions met in increasing order, counted once over the text (linear, where counting
+    from the start for each entry was quadratic: 28 s for a 1 MB table)."""
+
+    def __init__(self, text: str):
+        self.text, self.position, self.line = text, 0, 1
+
+    def at(self, position: int) -> int:
+        if position >= self.position:
+            self.line += self.text.count("\n", self.position, position)
+            self.position = position
+        return self.line
 
 
 def parse_table(text: str) -> list:
     """``[(key, value, line)]`` of a table's text, checking the shape; ContractError naming the line."""
-    decoder = json.JSONDecoder()
+    decoder, lines = json.JSONDecoder(), _Lines(text)
     position = _skip_space(text, 0)
     if not text.startswith("{", position):
-        raise ContractError(f"{TABLE_NAME} line {_line(text, position)}: the table must be one JSON object "
+        raise ContractError(f"{TABLE_NAME} line {lines.at(position)}: the table must be one JSON object "
                             f"mapping a file name pattern or 'sha256:<hex>' to a contract such as 'steps=4'")
     entries, seen = [], {}
     position = _skip_space(text, position + 1)
     while not text.startswith("}", position):
-        line = _line(text, position)
-        try:
-            key, position = json.decoder.scanstring(text, position + 1) if text.startswith('"', position) else \
-                (None, position)
-            if key is None:
-                raise ValueError("expected a quoted key")
-            position = _skip_space(text, position)
-            if not text.startswith(":", position):
-                raise ValueError("expected ':' after the key")
-            value, position = decoder.raw_decode(text, _skip_space(text, position + 1))
-        except ValueError as exc:
-            raise ContractError(f"{TABLE_NAME} line {line}: not valid JSON ({exc})") from None
+        line = lines.at(position)
+        if len(entries) == MAX_TABLE_ENTRIES:
+            raise ContractError(f"{TABLE_NAME} line {line}: more than {MAX_TABLE_ENTRIES} entries; a contract "
+                                f"table names files or releases, use patterns for many files")
+        key, value, position = _entry(text, position, decoder, line)
         _check_entry(key, value, line, seen)
         entries.append((key, value, line))
         position = _skip_space(text, position)
         if text.startswith(",", position):
             position = _skip_space(text, position + 1)
         elif not text.startswith("}", position):
-            raise ContractError(f"{TABLE_NAME} line {_line(text, position)}: expected ',' or '}}'")
+            raise ContractError(f"{TABLE_NAME} line {lines.at(position)}: expected ',' or '}}'")
     if text[position + 1:].strip():
-        raise ContractError(f"{TABLE_NAME} line {_line(text, position + 1)}: text after the table's closing '}}'")
+        raise ContractError(f"{TABLE_NAME} line {lines.at(position + 1)}: text after the table's closing '}}'")
     return entries
+
+
+def _entry(text: str, position: int, decoder, line: int) -> tuple:
+    """``(key, value, position after the value)`` of the entry starting at ``position``."""
+    try:
+        if not text.startswith('"', position):
+            raise ValueError("expected a quoted key")
+        key, position = json.decoder.scanstring(text, position + 1)
+        position = _skip_space(text, position)
+        if not text.startswith(":", position):
+            raise ValueError("expected ':' after the key")
+        value, position = decoder.raw_decode(text, _skip_space(text, position + 1))
+    except ValueError as exc:
+        raise ContractError(f"{TABLE_NAME} line {line}: not valid JSON ({exc})") from None
+    return key, value, position
 
 
 def _check_entry(key: str, value, line: int, seen: dict) -> None:
@@ -141,16 +205,12 @@ def _skip_space(text: str, position: int) -> int:
     return position
 
 
-def _line(text: str, position: int) -> int:
-    return text.count("\n", 0, position) + 1
-
-
 def _sha256(path: str) -> str:
-    """The file's content hash (cached per file version: a table with hashes must not re-read a 1 GB file on
-    every question)."""
+    """The file's content hash, cached per file version (a table with hashes must not re-read a 1 GB file on
+    every question; the version includes the ctime, so a same-size rewrite with its mtime set back is hashed
+    again)."""
     real = os.path.realpath(path)
-    stat = os.stat(real)
-    key = (real, stat.st_mtime_ns, stat.st_size)
+    key = (real, file_version(os.stat(real)))
     if key not in _hash_cache:
         _hash_cache[key] = file_sha256(real)
     return _hash_cache[key]

@@ -25,6 +25,7 @@ by repeating the last row/column, and the caller is told (``VideoWritten.padded`
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -38,6 +39,7 @@ VP9_CPU_USED = dict(zip(VIDEO_PRESETS, (8, 7, 6, 5, 4, 3, 2, 1, 0)))
 FALLBACK_AUDIO_RATE = 48000  # taken by both AAC and Opus
 CHANNEL_LAYOUTS = {1: "mono", 2: "stereo"}
 PIXEL_FORMAT = "yuv420p"
+MAX_SAMPLE_RATE = 384_000  # the highest rate audio interfaces record at
 
 
 def x264_options(crf: int, preset: str) -> dict:
@@ -125,7 +127,10 @@ def _resampled(samples, source_rate: int, rate: int):
 def write_video(path: str, frames, fps: float, video_format: VideoFormat, crf: int, preset: str,
                 audio: dict | None = None, metadata: dict | None = None) -> VideoWritten:
     """Encode IMAGE ``frames`` (and ComfyUI AUDIO ``{"waveform", "sample_rate"}``) into ``path``; every value of
-    ``metadata`` is stored as JSON under its key (``prompt``, ``workflow``)."""
+    ``metadata`` is stored as JSON under its key (``prompt``, ``workflow``). ValueError, before anything is
+    written, for what no player could open or what would be saved wrong silently: no frames, non-finite
+    pixels or samples, a sample rate that is not positive."""
+    _check_media(frames, audio)
     pixels = even_frames(frames)
     soundtrack = None
     if audio is not None:
@@ -135,6 +140,24 @@ def write_video(path: str, frames, fps: float, video_format: VideoFormat, crf: i
                                                 metadata or {}))
     return VideoWritten(width=pixels.shape[2], height=pixels.shape[1],
                         padded=pixels.shape[1:3] != tuple(frames.shape[1:3]))
+
+
+def _check_media(frames, audio: dict | None) -> None:
+    import torch
+
+    if frames.dim() != 4 or frames.shape[0] == 0 or 0 in frames.shape[1:3]:
+        raise ValueError(f"images hold no frame to save (shape {list(frames.shape)}); a video needs at least one")
+    if not bool(torch.isfinite(frames).all()):
+        raise ValueError("images hold NaN or infinite pixel values (a failed decode or an overflow upstream); "
+                         "nothing was saved")
+    if audio is None:
+        return
+    rate = audio.get("sample_rate")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) or rate < 1 \
+            or rate > MAX_SAMPLE_RATE:
+        raise ValueError(f"audio sample_rate {rate!r} is not a rate from 1 to {MAX_SAMPLE_RATE} Hz")
+    if not bool(torch.isfinite(audio["waveform"]).all()):
+        raise ValueError("audio holds NaN or infinite samples; nothing was saved")
 
 
 def _encode(path, pixels, fps, video_format, crf, preset, soundtrack, metadata) -> None:

@@ -60,14 +60,7 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
     try:
         file_size = os.path.getsize(path)
         with open(path, "rb") as handle:
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise LoraFileError(f"{display_name}: not a safetensors file (only {file_size} bytes; truncated?)")
-            (header_len,) = struct.unpack("<Q", prefix)
-            if 8 + header_len > file_size:
-                raise LoraFileError(
-                    f"{display_name}: safetensors header claims {header_len} bytes but the file has {file_size} "
-                    f"bytes; the file is truncated or not a safetensors file")
+            header_len = _header_length(handle, file_size, display_name)
             raw_header = handle.read(min(header_len, _MAX_HEADER_BYTES + 1))
     except OSError as exc:
         raise LoraFileError(f"{display_name}: cannot read the file ({exc.strerror or exc})") from exc
@@ -100,6 +93,27 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
         spans.append((begin, end, key))
     _check_tiling(spans, data_size, display_name)
     return SafetensorsHeader(metadata=dict(metadata), tensors=tensors)
+
+
+def check_safetensors_prefix(path: str, display_name: str) -> None:
+    """LoraFileError when ``path`` cannot be a safetensors file by its first 8 bytes alone (a 0-byte file, a
+    header longer than the file): what a prompt's validation can refuse without reading the header."""
+    try:
+        with open(path, "rb") as handle:
+            _header_length(handle, os.fstat(handle.fileno()).st_size, display_name)
+    except OSError as exc:
+        raise LoraFileError(f"{display_name}: cannot read the file ({exc.strerror or exc})") from exc
+
+
+def _header_length(handle, file_size: int, display_name: str) -> int:
+    prefix = handle.read(8)
+    if len(prefix) < 8:
+        raise LoraFileError(f"{display_name}: not a safetensors file (only {file_size} bytes; truncated?)")
+    (header_len,) = struct.unpack("<Q", prefix)
+    if 8 + header_len > file_size:
+        raise LoraFileError(f"{display_name}: safetensors header claims {header_len} bytes but the file has "
+                            f"{file_size} bytes; the file is truncated or not a safetensors file")
+    return header_len
 
 
 def check_header_budget(raw_header: bytes, display_name: str, *, error=LoraFileError,

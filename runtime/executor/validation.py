@@ -14,6 +14,7 @@ Constants are cast (INT/FLOAT/STRING/BOOLEAN) and ``{"__value__": [...]}`` unwra
 from __future__ import annotations
 
 import difflib
+import math
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from ...usecases.model_check import FILE_INPUTS, searched_text
 from .. import folder_paths
 from ..socket_types import combo_options, types_compatible
 from .call_over_lists import gather_inputs, map_over_lists
-from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name
+from .definitions import CASTS, NodeDefinitions, accepted_arguments, full_type_name, is_link
 from .graph import DependencyCycleError, find_cycle
 
 
@@ -246,9 +247,25 @@ class InputValidator:
             if constant_error is not None:
                 errors.append(constant_error)
 
+        errors.extend(self._undeclared_links(node_class, class_type, inputs))
         if validate_fn is not None and (fn_args or fn_kwargs):
             errors.extend(self._custom_validation(node_id, node, node_class, fn_args, fn_kwargs, received_types))
         return (not errors and valid), errors
+
+    def _undeclared_links(self, node_class, class_type: str, inputs: dict) -> list[dict]:
+        """ComfyUI 0.3.64 validates declared inputs only, drops undeclared constants and passes undeclared links
+        to the node's function (variadic nodes take them as **kwargs): a link its function cannot take failed
+        there at run time with a TypeError. Refused here instead, naming the input; constants are still dropped."""
+        declared = self.definitions.declared_inputs(class_type)
+        names = [name for name, value in inputs.items() if name not in declared and is_link(value)]
+        function = getattr(node_class, str(getattr(node_class, "FUNCTION", "")), None)
+        if not names or function is None:
+            return []
+        parameters, takes_any = accepted_arguments(function)
+        return [_error("undeclared_input", "Input is not declared by the node",
+                       f"{name}: {class_type} has no input {name!r} (its inputs: {', '.join(declared)})",
+                       {"input_name": name, "received_value": inputs[name]})
+                for name in names if not takes_any and name not in parameters]
 
     def check_constants(self, node_id: str, names) -> list[dict]:
         """The errors of these constant inputs of a node without ``VALIDATE_INPUTS``, each cast in place, exactly
@@ -304,6 +321,11 @@ class InputValidator:
                            "exception_message": str(exc)})
         if not checks_bounds:
             return None
+        if ("min" in extra_info or "max" in extra_info) and isinstance(value, float) and math.isnan(value):
+            # NaN compares false with both bounds, so it passed them (ComfyUI's own check lets it through too)
+            return _error("value_not_a_number", f"Value {value} is not a number between {extra_info.get('min')} and "
+                          f"{extra_info.get('max')}", name,
+                          {"input_name": name, "input_config": [input_type, extra_info], "received_value": None})
         if "min" in extra_info and value < extra_info["min"]:
             return _error("value_smaller_than_min", f"Value {value} smaller than min of {extra_info['min']}", name,
                           {"input_name": name, "input_config": [input_type, extra_info], "received_value": value})

@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lorabind.loaders.contracts import table
 from lorabind.loaders.contracts.table import TABLE_NAME, parse_table
 from lorabind.loaders.dispatch.contract_discovery import (
     SamplingRequest,
@@ -93,6 +94,9 @@ def test_a_table_one_folder_up_serves_a_release_folder_and_patterns_may_name_the
     ('{\n  "a.safetensors": "steps=4",\n  "b.safetensors": 4\n}', 3, "must be a string"),
     ('{\n  "a.safetensors": "steps=four"\n}', 2, "is malformed"),
     ('{\n  "a.safetensors": "steps=1000000000"\n}', 2, "is malformed \\(steps must be 1 to 1000"),
+    ('{\n  "a.safetensors": "steps=4, shift=nan"\n}', 2, "is malformed \\('shift=nan' is not a finite"),
+    ('{\n  "a.safetensors": "steps=4, cfg=inf"\n}', 2, "is malformed \\('cfg=inf' is not a finite"),
+    ('{\n  "a.safetensors": "shift=-inf"\n}', 2, "is malformed \\('shift=-inf' is not a finite"),
     ('{\n  "a.safetensors": "steps=4",\n  "a.safetensors": "steps=8"\n}', 3, "already given on line 2"),
     ('{\n  "sha256:abc": "steps=4"\n}', 2, "64 lowercase hex digits"),
     ('{\n  "a.safetensors": "steps=4"\n  "b.safetensors": "steps=4"\n}', 3, "expected ','"),
@@ -122,3 +126,77 @@ def test_a_step_count_no_sampler_can_run_is_refused_in_metadata_and_ignored_in_a
     assert discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "1000steps")))).steps == 1000
     trained = discover_contract(str(write_lora(tmp_path, LIGHTX2V.replace("4step", "3000steps"))))
     assert trained.steps is None and trained.sigmas is None and "steps" in trained.open_fields  # no count read
+
+
+def test_non_finite_contract_words_in_metadata_are_refused_naming_the_file(tmp_path):
+    path = write_lora(tmp_path, "a.safetensors", {"sampling_contract": "steps=4, shift=nan, cfg=inf"})
+    with pytest.raises(ContractError, match=r"^a\.safetensors: safetensors metadata .*'shift=nan' is not a finite"):
+        discover_contract(str(path))
+
+
+def _many_entries(count: int) -> str:
+    return "{\n" + ",\n".join(f'  "release_{n:05d}_*.safetensors": "steps=4"' for n in range(count)) + "\n}\n"
+
+
+class _CountingText(str):
+    """A table's text that counts the characters its line counting scans."""
+
+    scanned = 0
+
+    def count(self, sub, start=0, end=None):
+        end = len(self) if end is None else end
+        _CountingText.scanned += max(end - start, 0)
+        return super().count(sub, start, end)
+
+
+def test_a_long_table_parses_in_linear_time_and_its_patterns_compile_once(tmp_path, monkeypatch):
+    import fnmatch
+    import time
+
+    bound = table.MAX_TABLE_ENTRIES
+    text = _CountingText(_many_entries(bound))
+    assert len(parse_table(text)) == bound
+    assert _CountingText.scanned <= len(text)  # each line counted once (from the start for each entry: 28 s at 1 MB)
+    path = write_lora(tmp_path, f"release_{bound - 1:05d}_x.safetensors")
+    write_table(tmp_path, text)
+    assert discover_contract(str(path)).declared_by == f"{TABLE_NAME} line {bound + 1}"  # the last entry
+    compiled = []
+    monkeypatch.setattr(fnmatch, "translate", lambda pattern: compiled.append(pattern) or ".*")
+    started = time.perf_counter()
+    for _ in range(3):
+        assert discover_contract(str(path)).steps == 4
+    assert compiled == [] and (time.perf_counter() - started) / 3 < 1.0  # no pattern compiled again
+
+
+def test_a_table_past_the_entry_cap_is_refused_naming_the_line(tmp_path):
+    bound = table.MAX_TABLE_ENTRIES
+    assert len(parse_table(_many_entries(bound))) == bound
+    with pytest.raises(ContractError, match=rf"^{TABLE_NAME} line {bound + 2}: more than {bound} entries"):
+        parse_table(_many_entries(bound + 1))
+
+
+def test_a_sha256_entry_stops_matching_when_the_bytes_change_with_the_same_size_and_mtime(tmp_path):
+    import os
+
+    path = write_lora(tmp_path, "renamed_download.safetensors")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    write_table(tmp_path, json.dumps({f"sha256:{digest}": "steps=4"}))
+    assert discover_contract(str(path)).steps == 4
+    stat = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor: same size, other content
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size and os.stat(path).st_mtime_ns == stat.st_mtime_ns
+    assert discover_contract(str(path)) is None
+
+
+def test_a_lookup_past_its_deadline_stops_hashing(tmp_path):
+    from lorabind.loaders.contracts.baked import file_sha256
+    from lorabind.loaders.io.read_deadline import DeadlinePassed, read_deadline
+
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(b"\0" * (8 << 20))
+    with read_deadline(0.0, "reading 'big.safetensors'"), pytest.raises(DeadlinePassed, match="was stopped"):
+        file_sha256(str(path))
+    assert file_sha256(str(path)) == hashlib.sha256(b"\0" * (8 << 20)).hexdigest()  # no deadline: the whole file

@@ -98,3 +98,11 @@ def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which
     (line,) = [text for text in prepared.text if text.startswith("PEFT scale")]
     assert line == ("PEFT scale = alpha/sqrt(r) (rsLoRA): r=4, lora_alpha=16, 1 rank_pattern entry, 1 alpha_pattern "
                     "entry; module scales 1.5 to 11.3137")
+
+
+def test_a_host_samplers_long_sigmas_are_quoted_by_their_ends():
+    """A ComfyUI sampler may run 10,000 steps: the refusal quotes a few values and the length, not the list."""
+    with pytest.raises(ContractError) as refused:
+        hm.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], shifted_sigmas(10_000, 5.0), 1.0)
+    message = str(refused.value)
+    assert "(10001 points)" in message and len(message) < 600

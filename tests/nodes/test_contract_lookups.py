@@ -82,3 +82,70 @@ def test_the_cache_is_bounded(tmp_path, monkeypatch):
 
     asyncio.run(run(_files(tmp_path, 12)))
     assert len(lookups._answers) == 5 and lookups.reads == 12
+
+
+def test_a_contract_table_added_or_edited_later_changes_the_cached_answer(registry_at, tmp_path):
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    (loras / "my_speedup.safetensors").write_bytes(_tiny_lora_bytes())
+    registry_at(tmp_path / "models")
+    (status, body), = ask_contracts(["my_speedup.safetensors"])
+    assert status == 200 and body["contract"] is None
+    (loras / "lorabind-contracts.json").write_text('{"my_speedup.safetensors": "steps=6"}')
+    (status, body), = ask_contracts(["my_speedup.safetensors"])
+    assert status == 200 and body["contract"]["steps"] == 6, body  # as /prompt enforces it
+    (loras / "lorabind-contracts.json").write_text('{"my_speedup.safetensors": "steps=8"}')
+    assert ask_contracts(["my_speedup.safetensors"])[0][1]["contract"]["steps"] == 8
+
+
+def test_a_sha256_entry_is_matched_again_after_a_rewrite_with_the_same_size_and_mtime(registry_at, tmp_path):
+    import hashlib
+
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    path = loras / "download.safetensors"
+    path.write_bytes(_tiny_lora_bytes())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    (loras / "lorabind-contracts.json").write_text(f'{{"sha256:{digest}": "steps=6"}}')
+    registry_at(tmp_path / "models")
+    assert ask_contracts(["download.safetensors"])[0][1]["contract"]["steps"] == 6
+    stat = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # same size, other content, the mtime set back
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (status, body), = ask_contracts(["download.safetensors"])
+    assert status == 200 and body["contract"] is None
+
+
+def _tiny_lora_bytes() -> bytes:
+    import torch
+    from safetensors.torch import save
+
+    return save({"diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.ones(4, 8),
+                 "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.ones(8, 4)})
+
+
+def test_a_lookup_that_times_out_stops_its_work_and_caches_nothing(tmp_path, monkeypatch):
+    from lorabind.loaders.io.read_deadline import check_deadline
+
+    monkeypatch.setattr(contract_lookups, "TIMEOUT_S", 0.3)
+    lookups, steps = ContractLookups(), []
+    path, = _files(tmp_path, 1)
+
+    def endless_declaration(path: str, name: str) -> dict:
+        while True:  # work that would run on allocating: it checks the deadline, as the long loops do
+            check_deadline()
+            steps.append(bytearray(1024))
+            time.sleep(0.01)
+
+    async def run():
+        answer = await lookups.answer("loras", "f0", path, endless_declaration)
+        await asyncio.sleep(0.2)
+        return answer
+
+    status, body = asyncio.run(run())
+    assert status == 503 and "longer than 0.3 s" in body["reason"]
+    done = len(steps)
+    time.sleep(0.2)
+    assert len(steps) == done and lookups._running == {} and len(lookups._answers) == 0  # stopped, nothing kept

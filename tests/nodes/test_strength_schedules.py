@@ -151,6 +151,7 @@ def test_a_schedule_that_does_not_fit_the_run_is_refused_before_any_weight(wan21
 @pytest.mark.parametrize("text, message", [
     ("1, 0:1", "mixes plain strengths"), ("1, x", "'x' is not a number"), ("3:1, 1:0", "must rise"),
     ("a:1", "needs a step"), ("inf", "finite number"), ("1" * 20_001, "longer than"), ("11", "within"),
+    ("²:1", "'²:1' needs a step"), ("٣:1", "needs a step"),
 ])
 def test_bad_schedule_text_is_refused_naming_the_node(text, message):
     with pytest.raises(ValueError, match=message) as err:

@@ -133,6 +133,34 @@ def test_bad_soundtracks_and_choices_are_refused_by_name(output):
     assert not any((output / "clips").glob("*.mp4"))  # nothing half-written stays
 
 
+def _nan_frames():
+    frames = colour_frames(2, 16, 16)
+    frames[1, 3, 3, 0] = float("nan")
+    return frames
+
+
+@pytest.mark.parametrize("frames, audio, message", [
+    (torch.zeros(0, 16, 16, 3), None, r"images hold no frame to save \(shape \[0, 16, 16, 3\]\)"),
+    (_nan_frames(), None, "images hold NaN or infinite pixel values"),
+    (colour_frames(2, 16, 16), {"waveform": torch.full((1, 1, 100), float("nan")), "sample_rate": 16000},
+     "audio holds NaN or infinite samples"),
+    (colour_frames(2, 16, 16), {"waveform": torch.zeros(1, 1, 100), "sample_rate": 0},
+     "audio sample_rate 0 is not a rate from 1 to 384000 Hz"),
+    (colour_frames(2, 16, 16), {"waveform": torch.zeros(1, 1, 100), "sample_rate": 384_001},
+     "audio sample_rate 384001 is not a rate"),
+])
+def test_media_nothing_could_play_or_that_would_save_wrong_is_refused_naming_the_node(output, frames, audio,
+                                                                                      message):
+    with pytest.raises(LoraBindError, match=f"^LoraBindSaveVideo: {message}"):
+        save(frames, audio)
+    assert not any((output / "clips").glob("*.mp4"))
+
+
+def test_a_sample_rate_at_the_bound_is_saved(output):
+    save(colour_frames(2, 16, 16), {"waveform": torch.zeros(1, 1, 100), "sample_rate": 384_000})
+    assert len(list((output / "clips").glob("*.mp4"))) == 1
+
+
 def test_a_missing_pyav_is_named_with_its_install_command(output, monkeypatch):
     monkeypatch.setitem(sys.modules, "av", None)  # import av now raises ImportError
     with pytest.raises(LoraBindError, match="LoraBindSaveVideo needs PyAV .*pip install av"):

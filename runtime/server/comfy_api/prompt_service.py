@@ -8,7 +8,7 @@ should depend on this service, not on another API's route module.
 from __future__ import annotations
 
 from ....tiny_models import ensure_builtin_models
-from ....usecases.prompt_contracts import early_contract_refusals
+from ....usecases.prompt_contracts import early_contract_refusals, unreadable_lora_refusals
 from ... import folder_paths
 from ...executor.graph import upstream_closure
 from ...executor.validation import ValidationResult
@@ -29,17 +29,25 @@ def _refuse_contract_mismatches(state: ServerState, result):
     """The valid prompt, or a failed validation naming each sampler whose literal steps a file upstream of it
     contradicts: the check ``lorabind run`` makes before anything runs (the LoRA files, read once and cached
     for the run, and the folders' ``model_index.json``; no model), so a mismatched prompt is a 400 now rather
-    than an error minutes into the run, after the model load."""
-    refusals = early_contract_refusals(result.prompt, state.node_classes, folder_paths)
-    if not refusals:
+    than an error minutes into the run, after the model load. A LoRA input naming a file that cannot be a
+    safetensors file (0 bytes) is refused here too, for the same reason."""
+    errors = [(node_id, "steps", {"type": "contract_mismatch", "message": "Value breaks a file's sampling contract",
+                                  "details": message, "extra_info": {
+                                      "input_name": "steps", "received_value": result.prompt[node_id]["inputs"]["steps"]}})
+              for node_id, message in early_contract_refusals(result.prompt, state.node_classes, folder_paths)]
+    errors += [(node_id, name, {"type": "invalid_lora_file", "message": "Value is not a safetensors file",
+                                "details": message, "extra_info": {"input_name": name,
+                                                                   "received_value": result.prompt[node_id]["inputs"][name]}})
+               for node_id, name, message in unreadable_lora_refusals(result.prompt, folder_paths)]
+    if not errors:
         return result
-    node_errors = {node_id: {
-        "errors": [{"type": "contract_mismatch", "message": "Value breaks a file's sampling contract",
-                    "details": message, "extra_info": {"input_name": "steps",
-                                                       "received_value": result.prompt[node_id]["inputs"]["steps"]}}],
-        "dependent_outputs": [o for o in result.outputs if node_id in upstream_closure(result.prompt, [o])],
-        "class_type": result.prompt[node_id]["class_type"]} for node_id, message in refusals}
-    details = "\n".join(f"node {node_id}: {message}" for node_id, message in refusals)
+    node_errors: dict = {}
+    for node_id, _, error in errors:
+        entry = node_errors.setdefault(node_id, {
+            "errors": [], "dependent_outputs": [o for o in result.outputs if node_id in upstream_closure(result.prompt, [o])],
+            "class_type": result.prompt[node_id]["class_type"]})
+        entry["errors"].append(error)
+    details = "\n".join(f"node {node_id}: {error['details']}" for node_id, _, error in errors)
     error = {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation",
              "details": details, "extra_info": {}}
     return ValidationResult(False, error, [], node_errors, result.prompt)

@@ -70,13 +70,20 @@ def _resolve(future: asyncio.Future, entry: dict) -> None:
         future.set_result(entry)
 
 
-async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Template, prompt: dict,
-                       description: dict, client_id: Optional[str]) -> tuple[str, asyncio.Future]:
-    """Validate and queue ``prompt``; returns its prompt id and the future of its history entry."""
+async def validated(state: ServerState, template: Template, prompt: dict):
+    """``prompt``'s validation result; OpenAIRequestError (400) naming the request field when it is refused."""
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
         raise validation_error(template, prompt, result)
+    return result
+
+
+async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Template, prompt: dict,
+                       description: dict, client_id: Optional[str], result=None) -> tuple[str, asyncio.Future]:
+    """Queue ``prompt`` (validated here unless ``result`` is its validation already); returns its prompt id and
+    the future of its history entry."""
+    result = result or await validated(state, template, prompt)
     prompt_id = str(uuid.uuid4())
     client_id = client_id or f"openai-{prompt_id}"  # events are produced only for prompts with a client
     extra_data = {"create_time": int(time.time() * 1000), "client_id": client_id, OPENAI_EXTRA_KEY: description}

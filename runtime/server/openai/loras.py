@@ -61,6 +61,8 @@ def confined_lora_name(path: str) -> str:
 
     ``path`` is absolute or relative to a LoRA folder. Refused (400, naming the request's path and never ours):
     anything whose real location, links resolved, is outside every LoRA folder, and names that do not exist."""
+    if "\0" in path:  # os.path would raise on it (a 500); no file has one in its name
+        raise OpenAIRequestError(f"lora.path {path!r}: a path cannot hold a NUL character", param="lora.path")
     roots = [os.path.realpath(root) for root in folder_paths.get_folder_paths("loras")]
     candidates = [path] if os.path.isabs(path) else [os.path.join(root, path) for root in roots]
     inside = False
@@ -70,6 +72,9 @@ def confined_lora_name(path: str) -> str:
         inside = inside or root is not None
         if root is None or not os.path.exists(real):
             continue
+        if not (os.path.isfile(real) or os.path.isdir(real)):  # a FIFO, a device: nothing a LoRA can be
+            raise OpenAIRequestError(f"lora.path {path!r} is not a file or a folder, so it is no LoRA file or PEFT "
+                                     "folder", param="lora.path")
         name = os.path.relpath(real, root).replace(os.sep, "/")
         found = folder_paths.get_full_path("loras", name)
         if found is None or os.path.realpath(found) != real:

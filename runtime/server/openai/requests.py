@@ -8,6 +8,7 @@ field the model's template maps, ``lora`` or ``client_id``; anything else is ref
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,6 +22,7 @@ CHAT_FIELDS = frozenset({"model", "messages", "stream", "n", "user", "modalities
 IMAGE_FIELDS = frozenset({"model", "prompt", "n", "size", "response_format", "user"})
 VIDEO_FIELDS = frozenset({"model", "prompt", "size", "seconds", "user"})
 RESPONSE_FORMATS = ("b64_json", "url")
+_SIDE = re.compile(r"[0-9]{1,6}")  # a size's width or height; the template's own bounds are checked after
 
 
 @dataclass
@@ -80,6 +82,9 @@ def pick_model(models: dict[str, Template], requested) -> Template:
     """The template a request names; with one served model, ``model`` may be left out (as with vllm-omni)."""
     if requested is None and len(models) == 1:
         return next(iter(models.values()))
+    if requested is not None and not isinstance(requested, str):
+        raise OpenAIRequestError(f"model: expected a model name (a string), got {type(requested).__name__}",
+                                 param="model")
     if requested in models:
         return models[requested]
     served = ", ".join(sorted(models)) or "none (start the server with --openai-model NAME=WORKFLOW.api.json)"
@@ -126,8 +131,10 @@ def _split_size(generation: dict) -> None:
     if "width" in generation or "height" in generation:
         raise OpenAIRequestError("size: give either size or width and height", param="size")
     width, sep, height = str(size).lower().partition("x")
-    if not (sep and width.isdigit() and height.isdigit()):
-        raise OpenAIRequestError(f"size: expected WIDTHxHEIGHT such as 1024x1024, got {size!r}", param="size")
+    # ASCII digits only (str.isdigit() accepts superscripts, which int() refuses), and few enough for int()
+    if not (sep and _SIDE.fullmatch(width) and _SIDE.fullmatch(height)):
+        shown = repr(size) if len(str(size)) <= 40 else f"{str(size)[:40]!r}... ({len(str(size))} characters)"
+        raise OpenAIRequestError(f"size: expected WIDTHxHEIGHT such as 1024x1024, got {shown}", param="size")
     generation["width"], generation["height"] = int(width), int(height)
 
 

@@ -19,7 +19,7 @@ from ..composition_root import ServerState
 from ..queue import QueueItem
 from . import video_routes
 from .errors import OpenAIRequestError
-from .jobs import JobWatcher, describe_request, queue_prompt, template_value
+from .jobs import JobWatcher, describe_request, queue_prompt, template_value, validated
 from .loras import attach_distill
 from .requests import GenerationRequest, parse_chat, parse_images
 from .results import ResultFile, failure, result_files
@@ -76,17 +76,20 @@ def _queue_warm_ups(state: ServerState, templates: list[Template]) -> None:
 
 
 async def run_to_end(request: web.Request, generation: GenerationRequest, endpoint: str) -> list[ResultFile]:
-    """Queue the request's prompts (``n`` of them, seeds counting up) and wait for all; their files, in order."""
+    """Queue the request's prompts (``n`` of them, seeds counting up) and wait for all; their files, in order.
+    All ``n`` are validated before any is queued: a refusal of a later one (its seed past the maximum) must not
+    leave the earlier ones running."""
     service, state = service_of(request)
     template = generation.template
-    queued = []
+    prompts = []
     for index in range(generation.count):
         values = dict(generation.values)
         if index:
             values["seed"] = values.get("seed", template_value(template, "seed")) + index
         prompt = fill_in(template, values, generation.adapters)
-        queued.append(await queue_prompt(state, service.watcher, template, prompt,
-                                         describe_request(endpoint, template, values), generation.client_id))
+        prompts.append((prompt, values, await validated(state, template, prompt)))
+    queued = [await queue_prompt(state, service.watcher, template, prompt, describe_request(endpoint, template, values),
+                                 generation.client_id, result) for prompt, values, result in prompts]
     files = []
     for _, future in queued:
         entry = await future

@@ -85,7 +85,8 @@ def _job(request: web.Request):
         return error_response(f"no video job {video_id!r}", status=404, code="not_found")
     if (entry.get("status") or {}).get("status_str") == "success":
         return _video_object(video_id, description, "completed", 100, completed_at=_finished_at(entry))
-    template = service.models.get(description["model"])
+    model = description.get("model")  # the extra_data of a /prompt may pose as a job: any JSON may be here
+    template = service.models.get(model) if isinstance(model, str) else None
     error = failure(template, entry) if template is not None else OpenAIRequestError("the job failed")
     return _video_object(video_id, description, "failed", 0, completed_at=_finished_at(entry),
                          error={"code": error.code or "failed", "message": error.message, "param": error.param})

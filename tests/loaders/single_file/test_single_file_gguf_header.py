@@ -90,8 +90,8 @@ def test_metadata_bombs_are_refused(tmp_path):
     # one array declaring 2**40 items in a 100-byte file: refused by the item budget, nothing allocated
     bomb = gguf_file([kv_array_header("tokenizer.ggml.tokens", 0, 1 << 40)])
     _refused(_write(tmp_path, bomb), "tokenizer.ggml.tokens", "metadata bomb")
-    # a string array within the item budget whose strings the file does not hold
-    strings = gguf_file([kv_array_header("tokenizer.ggml.tokens", 8, 900_000) + gguf_string("a") * 3])
+    # a string array within the item budgets whose strings the file does not hold
+    strings = gguf_file([kv_array_header("tokenizer.ggml.tokens", 8, 200_000) + gguf_string("a") * 3])
     _refused(_write(tmp_path, strings), "tokenizer.ggml.tokens", "truncated")
     # one string declaring a petabyte
     long_string = gguf_file([gguf_string("general.name") + struct.pack("<IQ", 8, 1 << 50)])
@@ -128,3 +128,33 @@ def test_header_only_scan_reads_kv_strings(tmp_path):
     header = read_gguf_header(_write(tmp_path, data))
     assert header.metadata == {"general.architecture": "qwen_image", "general.file_type": 7}
     assert header.architecture == "qwen_image" and header.tensors == {}
+
+
+def _empty_strings_file(count: int) -> bytes:
+    """Issue 46's metadata file: one tensor and ``tokenizer.tokens`` holding ``count`` empty strings."""
+    tokens = kv_array_header("tokenizer.tokens", 8, count) + struct.pack("<Q", 0) * count
+    return gguf_file([kv_string("general.architecture", "wan"), tokens],
+                     [tensor_info("w", (4, 2), F32, 0)], struct.pack("<8f", *range(8)))
+
+
+def test_string_array_items_are_budgeted_at_the_bound(tmp_path):
+    bound = gguf_header.MAX_STRING_ITEMS
+    header = read_gguf_header(_write(tmp_path, _empty_strings_file(bound)))
+    assert len(header.metadata["tokenizer.tokens"]) == bound
+    assert read_gguf_tensors(header, "model.gguf")["w"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    _refused(_write(tmp_path, _empty_strings_file(bound + 1)), "tokenizer.tokens", f"{bound + 1}", "budget")
+
+
+def test_tensors_are_mapped_without_the_gguf_reader(tmp_path, monkeypatch):
+    import gguf
+
+    def no_reader(*args, **kwargs):
+        raise AssertionError("GGUFReader re-parses the metadata without budgets")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    path = _write(tmp_path, one_f32_tensor_file(rows=2, cols=4))
+    header = read_gguf_header(path)
+    assert read_gguf_tensors(header, "model.gguf")["blocks.0.ffn.2.weight"].sum().item() == 28.0
+    path.write_bytes(one_f32_tensor_file(rows=2, cols=4) + b"\0" * 32)  # rewritten since its header was read
+    with pytest.raises(ModelLoadError, match="model.gguf: the file changed since its header was checked"):
+        read_gguf_tensors(header, "model.gguf")

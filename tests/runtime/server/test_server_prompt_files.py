@@ -1,0 +1,36 @@
+"""Issue 46: a LoRA input naming a 0-byte file is refused when the prompt is validated, as not a safetensors
+file, before any model loads (it was queued, loaded the model, then failed as a contract mismatch)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lorabind.runtime.core_nodes import runtime_node_classes
+from lorabind.runtime.executor.validation import ValidationResult
+from lorabind.runtime.server.comfy_api import prompt_service
+from lorabind.usecases.prompt_contracts import unreadable_lora_refusals
+
+
+def _prompt(lora_name: str) -> dict:
+    return {"5": {"class_type": "FuseDistillLoRA", "inputs": {"model": ["1", 0], "lora_name": lora_name,
+                                                              "strength": 1.0}}}
+
+
+def test_a_zero_byte_lora_is_refused_at_validation_naming_the_node_and_input(registry_at, tmp_path):
+    loras = tmp_path / "models" / "loras"
+    loras.mkdir(parents=True)
+    (loras / "empty.safetensors").write_bytes(b"")
+    (loras / "short.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{}")  # a header longer than the file
+    registry = registry_at(tmp_path / "models")
+    assert unreadable_lora_refusals(_prompt("empty.safetensors"), registry) == [
+        ("5", "lora_name", "empty.safetensors: not a safetensors file (only 0 bytes; truncated?)")]
+    assert "header claims 16 bytes" in unreadable_lora_refusals(_prompt("short.safetensors"), registry)[0][2]
+    assert unreadable_lora_refusals(_prompt("missing.safetensors"), registry) == []  # the list check reports it
+
+    state = SimpleNamespace(node_classes=runtime_node_classes()[0])
+    result = prompt_service._refuse_contract_mismatches(
+        state, ValidationResult(True, None, ["5"], {}, _prompt("empty.safetensors")))
+    assert not result.ok
+    error, = result.node_errors["5"]["errors"]
+    assert (error["type"], error["extra_info"]["input_name"]) == ("invalid_lora_file", "lora_name")
+    assert "not a safetensors file" in error["details"] and result.node_errors["5"]["dependent_outputs"] == ["5"]
