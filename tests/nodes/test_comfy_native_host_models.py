@@ -98,3 +98,18 @@ def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which
     (line,) = [text for text in prepared.text if text.startswith("PEFT scale")]
     assert line == ("PEFT scale = alpha/sqrt(r) (rsLoRA): r=4, lora_alpha=16, 1 rank_pattern entry, 1 alpha_pattern "
                     "entry; module scales 1.5 to 11.3137")
+
+
+def test_a_swapped_pair_is_refused_in_the_nodes_words_not_the_components():
+    """A ComfyUI user sees the pair node's ``model_high`` / ``model_low`` and ``lora_high`` / ``lora_low`` inputs;
+    diffusers' ``transformer`` / ``transformer_2`` mean nothing there."""
+    high, low = LIGHTX2V.source, LIGHTX2V.source.replace("high_noise", "low_noise")
+    hm.check_expert_pair("wan2.2_moe", high, low, "LoraBindLoRAPair")  # the right way round: no refusal
+    with pytest.raises(LoraBindError) as refused:
+        hm.check_expert_pair("wan2.2_moe", low, high, "LoraBindLoRAPair")
+    message = str(refused.value)
+    assert "(the pair is swapped)" in message
+    assert f"{low} says low noise but goes into model_high (LoraBindLoRAPair lora_high)" in message
+    assert f"{high} says high noise but goes into model_low (LoraBindLoRAPair lora_low)" in message
+    assert message.endswith("put high-noise files into model_high and low-noise files into model_low")
+    assert "transformer" not in message
