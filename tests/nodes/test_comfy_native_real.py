@@ -1,13 +1,14 @@
-"""The ComfyUI-native nodes in real ComfyUI 0.3.64 (``shared/peers/real-comfyui.sh``), on the tiny files
+"""The ComfyUI-native nodes in real ComfyUI, 0.3.64 and 0.30.0 (``shared/peers/real-comfyui.sh``), on the tiny files
 ``lorabind models build-tiny --comfyui`` writes: the shipped Wan2.2 lightx2v workflow's tiny twin runs through core
 loaders, our pair node, core ``KSamplerAdvanced`` x2, core decode and save; the same prompt with 20 steps or cfg 5
-fails in the first sampler before any step, naming the LoRA file and the field; a swapped pair is refused by name.
-For every LoRA fixture ``build-tiny`` makes, the weights ComfyUI's patcher writes with ``LoraBindLoRA`` equal our
-own fuse within bf16 rounding, every file tensor is accounted for, and the keys ComfyUI's own
-``LoraLoaderModelOnly`` leaves unapplied are counted (``comfy_patcher_cases.py``, the table in
-``docs/comfyui/native-mode.md``).
+fails in the first sampler before any step, naming the LoRA file and the field; a swapped pair is refused in the
+node's words; the Qwen-Image Lightning example's twin runs on core loaders and ``KSampler``. For every LoRA fixture
+``build-tiny`` makes (Edit-2511's from 0.30.0, the first ComfyUI with that model), the weights ComfyUI's patcher
+writes with ``LoraBindLoRA`` equal our own fuse within bf16 rounding, also when a patch is applied the streaming
+way, every file tensor is accounted for, and the keys ComfyUI's own ``LoraLoaderModelOnly`` leaves unapplied are
+counted (``comfy_patcher_cases.py``, the table in ``docs/comfyui/native-mode.md``).
 
-One ComfyUI start serves every prompt: ``comfy_native_client.py`` queues them through ``--exec``.
+One ComfyUI start per version serves every prompt: ``comfy_native_client.py`` queues them through ``--exec``.
 """
 
 import json
@@ -255,7 +256,7 @@ COMFY_UNAPPLIED = {"wan22_t2v_high": (2, 2), "wan22_t2v_low": (2, 2), "wan21_t2v
 def _probe(comfy_results, label) -> dict:
     case = CASES.get(label)
     if case is not None and not _runs_in(case, comfy_results[4]):
-        pytest.skip(f"ComfyUI {comfy_results[4]}: {case.why_since}")
+        pytest.skip(case.why_since)
     run = comfy_results[0][f"probe_{label}"]
     assert run["status"] == "success", run["error"]
     return run["outputs"]["1"]["probe"][0]
