@@ -107,6 +107,7 @@ def comfy_results(tmp_path_factory, native_models, comfy_version):
            if _runs_in(case, comfy_version)},
         "probe_peft_scaling": probe_prompt(models, "peft_scaling", PEFT_SCALING_CASE, node="LoraBindPEFTAdapter"),
         "peft_on_a_file": probe_prompt(models, "peft_on_a_file", CASES["wan21_t2v"], node="LoraBindPEFTAdapter"),
+        "qwen_on_wan": _another_familys_lora(models),
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
     results = work / "results.json"
@@ -120,6 +121,13 @@ def comfy_results(tmp_path_factory, native_models, comfy_version):
     assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
     return (json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text(),
             comfy_version)
+
+
+def _another_familys_lora(models: Path) -> dict:
+    """The Qwen-Image Lightning fixture into LoraBindLoRA on ComfyUI's Wan2.1 model."""
+    prompt = probe_prompt(models, "qwen_on_wan", CASES["wan21_t2v"])
+    prompt["1"]["inputs"]["lora_name"] = CASES["qwen_image_lightning"].lora
+    return prompt
 
 
 def _runs_in(case, version: str) -> bool:
@@ -154,6 +162,18 @@ def test_a_swapped_pair_is_refused_by_name_in_real_comfyui(comfy_results):
     assert f"{HIGH_LORA} says high noise but goes into model_low (LoraBindLoRAPair lora_low)" in message
     assert "put high-noise files into model_high and low-noise files into model_low" in message
     assert "transformer" not in message
+
+
+def test_a_qwen_image_lora_on_a_wan_model_is_refused_as_another_familys(comfy_results):
+    """Qwen-Image's text-stream projections share diffusers' ``add_k_proj`` / ``add_v_proj`` names with Wan2.1 I2V's
+    image branch; on a Wan model they are another family's keys like the rest of the file, not an image branch."""
+    run = comfy_results[0]["qwen_on_wan"]
+    assert run["status"] == "error" and run["error"]["node_id"] == "1"
+    message = run["error"]["exception_message"]
+    assert os.path.basename(CASES["qwen_image_lightning"].lora) in message and "key(s) match nothing" in message
+    assert ("They are another model family's keys: the file's module names look like a qwen_image LoRA, not one for "
+            "this wan2.1 model.") in message
+    assert "image branch" not in message and "I2V" not in message
 
 
 def test_enforce_contract_off_samples_anyway_and_records_the_override(comfy_results):
