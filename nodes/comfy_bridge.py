@@ -261,21 +261,27 @@ def require_comfyui(node: str) -> None:
 
 @lru_cache(maxsize=1)
 def _weight_patch_class():
-    """A ComfyUI weight adapter whose value is computed by ``compute(weight_fp32, strength)``: ComfyUI's patcher
-    calls it per weight when it loads, offloads or low-VRAM-streams the model, so our deltas follow its memory
-    paths and nothing is computed before that (ComfyUI hands it the float32 weight and rounds the result)."""
+    """A ComfyUI weight adapter whose value is computed by ``compute(weight, strength)``: ComfyUI's patcher calls it
+    per weight when it loads, offloads or low-VRAM-streams the model, so our deltas follow its memory paths and
+    nothing is computed before that. Loading, ComfyUI hands it the float32 weight and rounds the result; streaming
+    (its low-VRAM patches, and every patched weight under 0.30.0's dynamic VRAM) it hands the weight in the compute
+    dtype and uses the result as is, so the value goes back in the dtype it came in.
+
+    The constructor is ComfyUI's adapters' own, ``(loaded_keys, weights)``, with ``(compute, label)`` as the
+    weights: 0.30.0's dynamic-VRAM prefetch re-makes each adapter as ``type(patch)(patch.loaded_keys, staged
+    weights)`` (``comfy.lora.prefetch_prepared_value``), which keeps non-tensor items as they are."""
     base = importlib.import_module("comfy.weight_adapter.base").WeightAdapterBase
 
     class LoraBindWeightPatch(base):
         name = "lorabind"
 
-        def __init__(self, compute, label: str):
-            self.compute, self.label = compute, label
-            self.loaded_keys, self.weights = set(), []
+        def __init__(self, loaded_keys, weights):
+            self.loaded_keys, self.weights = loaded_keys, weights
+            self.compute, self.label = weights
 
         def calculate_weight(self, weight, key, strength, strength_model, offset, function,
                              intermediate_dtype=None, original_weight=None):
-            return self.compute(weight, float(strength))
+            return self.compute(weight, float(strength)).to(weight.dtype)
 
     return LoraBindWeightPatch
 
@@ -291,7 +297,8 @@ def add_weight_patches(model, computes: dict, strength: float, label: str) -> in
     every other key stays a weight patch, computed when ComfyUI's patcher loads the weight."""
     patch_class = _weight_patch_class()
     weight_keys = [key for key in computes if _patcher_writes(model, key)]
-    taken = len(model.add_patches({key: patch_class(computes[key], label) for key in weight_keys}, float(strength)))
+    taken = len(model.add_patches({key: patch_class(set(), (computes[key], label)) for key in weight_keys},
+                                  float(strength)))
     for key in computes.keys() - set(weight_keys):
         model.add_object_patch(key, _patched_parameter(model, key, computes[key], strength))
         taken += 1

@@ -23,6 +23,7 @@ from ..loaders.models import compat
 from ..loaders.models.single_file.native_files import native_tensors
 from ._common import FIXTURE_LORA_FOLDER, seeded
 from .comfyui_minimax import MINIMAX_REQUIREMENT, write_comfyui_minimax
+from .comfyui_qwen_image import write_comfyui_qwen_image
 from .lora_fixtures import _wan_native_lora, save_fixture
 from .single_files import SUBFOLDER, _save
 
@@ -41,8 +42,9 @@ _SEEDS = {"high": (31, 131), "low": (32, 132)}  # (denoiser, LoRA)
 
 
 def write_comfyui_files(models_root, *, with_vae: bool = True) -> list[Path]:
-    """Write both experts (diffusion_models/), their LoRA pair (loras/) and, with ``with_vae``, the full-size
-    random Wan2.1 VAE (vae/) under ``models_root``; return the paths."""
+    """Write both experts (diffusion_models/), their LoRA pair (loras/), the Qwen-Image twin and its Lightning LoRA
+    (``comfyui_qwen_image``) and, with ``with_vae``, the full-size random Wan2.1 VAE (vae/) under ``models_root``;
+    return the paths."""
     import diffusers
 
     root = Path(models_root)
@@ -54,6 +56,7 @@ def write_comfyui_files(models_root, *, with_vae: bool = True) -> list[Path]:
         tensors = native_tensors(model.state_dict(), layouts.WAN_TRANSFORMER, keep_fp32_modules=keep)
         written.append(_save(root / "diffusion_models" / DENOISERS[expert], tensors))
         written.append(save_fixture(root / "loras" / LORAS[expert], _wan_native_lora(COMFY_CONFIG, seed=lora_seed)))
+    written += write_comfyui_qwen_image(root)
     if with_vae:
         written.append(write_full_vae(root / "vae" / FULL_VAE))
     if not compat.unmet_requirements(MINIMAX_REQUIREMENT):

@@ -119,15 +119,20 @@ def host_patched_value(original, patch, strength: float):
     return patch.value(original, strength)
 
 
-def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str) -> None:
-    """Refuse a swapped pair by name, as our own pair node does (the family's slot check on a two-expert model)."""
+def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str,
+                      model_inputs: tuple = ("model_high", "model_low")) -> None:
+    """Refuse a swapped pair by name, as our own pair node does (the family's slot check on a two-expert model),
+    in the node's words: each expert is called by the node's model input (``model_inputs``, high then low) and
+    each file by its LoRA input, never by the component names our own model path uses."""
     family = families.family_by_id(family_id)
     index = {component: ["library", "Class"] for component in family.layout.index_roles}
     roles = {role: component for component, role in family.layout.component_roles(index).items()}
     if ROLE_HIGH_NOISE not in roles:
         return
+    high_input, low_input = model_inputs
     family.layout.check_slots(index, [(roles[ROLE_HIGH_NOISE], high_name, f"{where} lora_high"),
-                               (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")])
+                                      (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")],
+                              slot_names={roles[ROLE_HIGH_NOISE]: high_input, roles[ROLE_LOW_NOISE]: low_input})
 
 
 def expected_part(record: HostContract) -> Optional[tuple]:

@@ -117,7 +117,8 @@ def _family_hint(lora, model_family: str, guess_family: Optional[Callable]) -> s
     guessed = guess_family(lora) if guess_family is not None else None
     if guessed is None or model_family in guessed.model_families:
         return ""
-    return f"Its module names look like a {'/'.join(guessed.model_families)} LoRA. "
+    return (f"They are another model family's keys: the file's module names look like a "
+            f"{'/'.join(guessed.model_families)} LoRA, not one for this {model_family} model. ")
 
 
 def _as_parameter_diff(modules: dict, dest: str, patch: TargetPatch) -> tuple:

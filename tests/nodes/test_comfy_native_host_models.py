@@ -106,3 +106,18 @@ def test_a_host_samplers_long_sigmas_are_quoted_by_their_ends():
         hm.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], shifted_sigmas(10_000, 5.0), 1.0)
     message = str(refused.value)
     assert "(10001 points)" in message and len(message) < 600
+
+
+def test_a_swapped_pair_is_refused_in_the_nodes_words_not_the_components():
+    """A ComfyUI user sees the pair node's ``model_high`` / ``model_low`` and ``lora_high`` / ``lora_low`` inputs;
+    diffusers' ``transformer`` / ``transformer_2`` mean nothing there."""
+    high, low = LIGHTX2V.source, LIGHTX2V.source.replace("high_noise", "low_noise")
+    hm.check_expert_pair("wan2.2_moe", high, low, "LoraBindLoRAPair")  # the right way round: no refusal
+    with pytest.raises(LoraBindError) as refused:
+        hm.check_expert_pair("wan2.2_moe", low, high, "LoraBindLoRAPair")
+    message = str(refused.value)
+    assert "(the pair is swapped)" in message
+    assert f"{low} says low noise but goes into model_high (LoraBindLoRAPair lora_high)" in message
+    assert f"{high} says high noise but goes into model_low (LoraBindLoRAPair lora_low)" in message
+    assert message.endswith("put high-noise files into model_high and low-noise files into model_low")
+    assert "transformer" not in message

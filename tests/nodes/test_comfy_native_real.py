@@ -1,13 +1,14 @@
-"""The ComfyUI-native nodes in real ComfyUI 0.3.64 (``shared/peers/real-comfyui.sh``), on the tiny files
+"""The ComfyUI-native nodes in real ComfyUI, 0.3.64 and 0.30.0 (``shared/peers/real-comfyui.sh``), on the tiny files
 ``lorabind models build-tiny --comfyui`` writes: the shipped Wan2.2 lightx2v workflow's tiny twin runs through core
 loaders, our pair node, core ``KSamplerAdvanced`` x2, core decode and save; the same prompt with 20 steps or cfg 5
-fails in the first sampler before any step, naming the LoRA file and the field; a swapped pair is refused by name.
-For every LoRA fixture ``build-tiny`` makes, the weights ComfyUI's patcher writes with ``LoraBindLoRA`` equal our
-own fuse within bf16 rounding, every file tensor is accounted for, and the keys ComfyUI's own
-``LoraLoaderModelOnly`` leaves unapplied are counted (``comfy_patcher_cases.py``, the table in
-``docs/comfyui/native-mode.md``).
+fails in the first sampler before any step, naming the LoRA file and the field; a swapped pair is refused in the
+node's words; the Qwen-Image Lightning example's twin runs on core loaders and ``KSampler``. For every LoRA fixture
+``build-tiny`` makes (Edit-2511's from 0.30.0, the first ComfyUI with that model), the weights ComfyUI's patcher
+writes with ``LoraBindLoRA`` equal our own fuse within bf16 rounding, also when a patch is applied the streaming
+way, every file tensor is accounted for, and the keys ComfyUI's own ``LoraLoaderModelOnly`` leaves unapplied are
+counted (``comfy_patcher_cases.py``, the table in ``docs/comfyui/native-mode.md``).
 
-One ComfyUI start serves every prompt: ``comfy_native_client.py`` queues them through ``--exec``.
+One ComfyUI start per version serves every prompt: ``comfy_native_client.py`` queues them through ``--exec``.
 """
 
 import json
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -26,28 +28,23 @@ from comfy_patcher_cases import (
     our_fused_weights,
     probe_prompt,
     rounding_excess,
+    write_edit_2511_file,
     write_peft_scaling_folder,
 )
-from lorabind.tiny_models import lora_fixtures as fixtures
+from real_comfyui import harness_command, version_tuple
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_wan22_lightx2v_4step.tiny.api.json"
 SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
+QWEN_TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_qwen_image_lightning.tiny.api.json"
 TEST_PACK = REPO / "tests" / "data" / "comfy_test_pack"
 CLIENT = REPO / "tests" / "helpers" / "comfy_native_client.py"
 HIGH_LORA = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
-STAND_IN = "LoraBindTestWanConditioning"
+STAND_INS = {"LoraBindTestWanConditioning", "LoraBindTestQwenImageConditioning"}
 TEXT_ENCODING = {"CLIPLoader", "CLIPTextEncode"}  # what the stand-in replaces in the shipped workflow
-
-
-def _harness() -> Path:
-    for folder in REPO.parents:
-        script = folder / "shared" / "peers" / "real-comfyui.sh"
-        if script.is_file():
-            return script
-    pytest.skip(f"no real ComfyUI harness (shared/peers/real-comfyui.sh above {REPO})")
+TINY_SIZES = {"width", "height"}  # the twins sample 32x32 (the shipped Qwen-Image example: 1328x1328)
 
 
 def _variant(**changes) -> dict:
@@ -81,13 +78,20 @@ def _custom_sampler_prompt(cfg: float) -> dict:
 
 
 @pytest.fixture(scope="module")
-def comfy_results(tmp_path_factory):
-    work = tmp_path_factory.mktemp("comfy_native")
-    models = work / "models"
+def native_models(tmp_path_factory) -> Path:
+    """``build-tiny --comfyui``'s files (and the PEFT scaling folder), once for every ComfyUI version."""
+    models = tmp_path_factory.mktemp("comfy_native_models")
     built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
                             str(models), "--comfyui"], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr
     write_peft_scaling_folder(models)
+    write_edit_2511_file(models)
+    return models
+
+
+@pytest.fixture(scope="module")
+def comfy_results(tmp_path_factory, native_models, comfy_version):
+    work, models = tmp_path_factory.mktemp("comfy_native"), native_models
     pair = json.loads(TINY_WORKFLOW.read_text())["7"]["inputs"]
     prompts = {
         "contract": _variant(),
@@ -96,23 +100,38 @@ def comfy_results(tmp_path_factory):
         "swapped": _variant(**{"7": {"lora_high": pair["lora_low"], "lora_low": pair["lora_high"]}}),
         "enforce_off": _variant(**{"7": {"enforce_contract": False}, "11": {"cfg": 5.0, "noise_seed": 3},
                                    "12": {"cfg": 5.0, "noise_seed": 3}}),
+        "qwen_example": json.loads(QWEN_TINY_WORKFLOW.read_text()),
         "custom_sigmas": _custom_sampler_prompt(1.0),
         "custom_cfg5": _custom_sampler_prompt(5.0),
-        **{f"probe_{label}": probe_prompt(models, label, case) for label, case in CASES.items()},
+        **{f"probe_{label}": probe_prompt(models, label, case) for label, case in CASES.items()
+           if _runs_in(case, comfy_version)},
         "probe_peft_scaling": probe_prompt(models, "peft_scaling", PEFT_SCALING_CASE, node="LoraBindPEFTAdapter"),
         "peft_on_a_file": probe_prompt(models, "peft_on_a_file", CASES["wan21_t2v"], node="LoraBindPEFTAdapter"),
+        "qwen_on_wan": _another_familys_lora(models),
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
     results = work / "results.json"
-    command = [str(_harness()), "--name", "lorabind", "--models-dir", str(models), "--extra-pack", str(TEST_PACK),
+    command = [*harness_command(comfy_version), "--name", "lorabind", "--models-dir", str(models), "--extra-pack", str(TEST_PACK),
                "--nodes", "LoraBindLoRA,LoraBindLoRAPair,LoraBindPEFTAdapter,LoraBindContractSigmas",
                "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
                          f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
                str(REPO)]
-    run = subprocess.run(["bash", *command], capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
     assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
-    return json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text()
+    return (json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text(),
+            comfy_version)
+
+
+def _another_familys_lora(models: Path) -> dict:
+    """The Qwen-Image Lightning fixture into LoraBindLoRA on ComfyUI's Wan2.1 model."""
+    prompt = probe_prompt(models, "qwen_on_wan", CASES["wan21_t2v"])
+    prompt["1"]["inputs"]["lora_name"] = CASES["qwen_image_lightning"].lora
+    return prompt
+
+
+def _runs_in(case, version: str) -> bool:
+    return not case.since or version_tuple(version) >= version_tuple(case.since)
 
 
 def test_the_tiny_workflow_runs_in_real_comfyui_and_writes_its_output(comfy_results):
@@ -137,8 +156,24 @@ def test_a_prompt_off_the_contract_fails_in_the_first_sampler_naming_file_and_fi
 
 def test_a_swapped_pair_is_refused_by_name_in_real_comfyui(comfy_results):
     error = comfy_results[0]["swapped"]["error"]
-    assert error["node_id"] == "7" and "the pair is swapped" in error["exception_message"]
-    assert HIGH_LORA in error["exception_message"]
+    message = error["exception_message"]
+    assert error["node_id"] == "7" and "the pair is swapped" in message and HIGH_LORA in message
+    # in the node's words (its model_high / model_low inputs), not diffusers' component names
+    assert f"{HIGH_LORA} says high noise but goes into model_low (LoraBindLoRAPair lora_low)" in message
+    assert "put high-noise files into model_high and low-noise files into model_low" in message
+    assert "transformer" not in message
+
+
+def test_a_qwen_image_lora_on_a_wan_model_is_refused_as_another_familys(comfy_results):
+    """Qwen-Image's text-stream projections share diffusers' ``add_k_proj`` / ``add_v_proj`` names with Wan2.1 I2V's
+    image branch; on a Wan model they are another family's keys like the rest of the file, not an image branch."""
+    run = comfy_results[0]["qwen_on_wan"]
+    assert run["status"] == "error" and run["error"]["node_id"] == "1"
+    message = run["error"]["exception_message"]
+    assert os.path.basename(CASES["qwen_image_lightning"].lora) in message and "key(s) match nothing" in message
+    assert ("They are another model family's keys: the file's module names look like a qwen_image LoRA, not one for "
+            "this wan2.1 model.") in message
+    assert "image branch" not in message and "I2V" not in message
 
 
 def test_enforce_contract_off_samples_anyway_and_records_the_override(comfy_results):
@@ -161,9 +196,24 @@ def test_a_single_lora_node_and_contract_sigmas_drive_sampler_custom_advanced(co
     assert "cfg must be 1" in refused["error"]["exception_message"]
 
 
-def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_the_stand_in():
-    shipped, tiny = json.loads(SHIPPED_WORKFLOW.read_text()), json.loads(TINY_WORKFLOW.read_text())
-    stand_ins = {node_id for node_id, node in tiny.items() if node["class_type"] == STAND_IN}
+def test_the_qwen_image_example_twin_runs_on_comfyuis_own_loaders_and_sampler(comfy_results):
+    """The shipped Qwen-Image Lightning example (UNETLoader, LoraBindLoRA, ModelSamplingAuraFlow, KSampler) on a
+    Qwen-Image ComfyUI detects itself: every LoRA key applied, the contract enforced, the image saved."""
+    run, output = comfy_results[0]["qwen_example"], comfy_results[1]
+    assert run["status"] == "success", run["error"]
+    text = " ".join(run["outputs"]["4"]["text"])
+    assert "0 unmatched" in text, text
+    assert "contract enforced: Qwen-Image-Lightning-4steps-V1.0.safetensors: distill steps=4 shift=3 cfg=1" in text
+    (image,) = run["outputs"]["11"]["images"]
+    assert image["filename"].startswith("comfy_qwen_image_lightning_")
+    assert (output / image["subfolder"] / image["filename"]).stat().st_size > 0
+
+
+@pytest.mark.parametrize("tiny_path", [TINY_WORKFLOW, QWEN_TINY_WORKFLOW], ids=lambda path: path.name.split(".")[0])
+def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_the_stand_in(tiny_path):
+    shipped = json.loads((SHIPPED_WORKFLOW.parent / tiny_path.name.replace(".tiny", "")).read_text())
+    tiny = json.loads(tiny_path.read_text())
+    stand_ins = {node_id for node_id, node in tiny.items() if node["class_type"] in STAND_INS}
     encoders = {node_id for node_id, node in shipped.items() if node["class_type"] in TEXT_ENCODING}
     assert stand_ins and stand_ins <= encoders
     assert set(shipped) - encoders == set(tiny) - stand_ins
@@ -171,7 +221,7 @@ def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_t
         ours, theirs = shipped[node_id], tiny[node_id]
         assert ours["class_type"] == theirs["class_type"], node_id
         for name, value in theirs["inputs"].items():
-            if value != ours["inputs"][name]:
+            if value != ours["inputs"][name] and name not in TINY_SIZES:
                 assert _is_file_name(value) and _is_file_name(ours["inputs"][name]), (node_id, name)
                 assert os.path.basename(value) == os.path.basename(ours["inputs"][name]) or "tiny" in value
     for node_id in stand_ins:  # the stand-in takes the text the shipped encoder gets
@@ -214,16 +264,19 @@ def _is_file_name(value) -> bool:
 
 
 # Keys of each fixture that ComfyUI's own LoraLoaderModelOnly leaves unapplied (its "lora key not loaded" lines),
-# measured in ComfyUI 0.3.64: lightx2v files lose every block's diff_m (the modulation diff; 40 keys in the real
+# measured in ComfyUI 0.3.64 and 0.30.0 alike: lightx2v files lose every block's diff_m (the modulation diff; 40 keys in the real
 # 40-block files), the Wan2.2 I2V pair also the 24 keys of the Wan2.1 image branch (which no Wan2.2 expert has:
 # expected-unmatched for us too), a PEFT folder (its adapter_model.safetensors) all of them. The table in
 # docs/comfyui/native-mode.md: {fixture: (keys ComfyUI leaves unapplied, of which ours applies)}.
 COMFY_UNAPPLIED = {"wan22_t2v_high": (2, 2), "wan22_t2v_low": (2, 2), "wan21_t2v": (2, 2),
                    "wan21_peft_folder": (32, 32), "wan22_i2v_high": (26, 2), "wan22_i2v_low": (26, 2),
-                   "wan21_i2v": (2, 2), "qwen_image_lightning": (0, 0)}
+                   "wan21_i2v": (2, 2), "qwen_image_lightning": (0, 0), "qwen_image_edit_2511": (0, 0)}
 
 
 def _probe(comfy_results, label) -> dict:
+    case = CASES.get(label)
+    if case is not None and not _runs_in(case, comfy_results[4]):
+        pytest.skip(case.why_since)
     run = comfy_results[0][f"probe_{label}"]
     assert run["status"] == "success", run["error"]
     return run["outputs"]["1"]["probe"][0]
@@ -237,11 +290,9 @@ def _file_tensor_count(path: Path) -> int:
 
 def test_every_lora_fixture_build_tiny_makes_has_a_patcher_case(comfy_results):
     fixture_root = comfy_results[2] / "loras" / "lorabind-tiny"
-    # No MiniMax-H3 in ComfyUI; the Qwen-Image-Edit-2511 Lightning fixture is for an edition newer than the
-    # ComfyUI 0.3.64 this runs (it has no index_timestep_zero edit model to patch).
+    # MiniMax-H3 is not ComfyUI's model in 0.3.64 (its own tests cover ComfyUI's MiniMax-H3)
     made = {f"lorabind-tiny/{entry.name}" for entry in fixture_root.iterdir()
-            if entry.name != "comfyui" and not entry.name.startswith("minimax_h3")
-            and f"lorabind-tiny/{entry.name}" != fixtures.QWEN_EDIT_LIGHTNING}
+            if entry.name != "comfyui" and not entry.name.startswith("minimax_h3")}
     assert made == {case.lora for case in CASES.values()}
     assert set(COMFY_UNAPPLIED) == set(CASES)
 
@@ -249,21 +300,31 @@ def test_every_lora_fixture_build_tiny_makes_has_a_patcher_case(comfy_results):
 def _assert_patcher_wrote_our_fuse(comfy_results, label, case):
     probe, models = _probe(comfy_results, label), comfy_results[2]
     assert probe["dtype"] == "torch.bfloat16"
-    theirs = load_file(str(comfy_results[1] / f"patched_{label}.safetensors"))
+    theirs = _weights(load_file(str(comfy_results[1] / f"patched_{label}.safetensors")))
     ours = our_fused_weights(models, case)
-    original = {key.removeprefix("model.diffusion_model."): value for key, value in load_file(
-        str(models / "diffusion_models" / "lorabind-tiny" / f"{case.denoiser}_bf16.safetensors")).items()}
+    original = _weights({key.removeprefix("model.diffusion_model."): value for key, value in load_file(
+        str(models / "diffusion_models" / "lorabind-tiny" / f"{case.denoiser}_bf16.safetensors")).items()})
     assert set(theirs) == set(ours) == set(original)
     excess = {key: rounding_excess(theirs[key], ours[key], original[key]) for key in theirs}
     assert max(excess.values()) <= 0, {key: value for key, value in excess.items() if value > 0}
     changed = [key for key in ours if not ours[key].equal(original[key].float())]
     assert len(changed) == probe["ours_patched"] > 0  # every patch we added reached the weights
+    streamed = probe["streamed"]  # streamed in the model's dtype (low VRAM; 0.30.0's dynamic VRAM): the same value
+    assert streamed["dtype"] == "torch.bfloat16", streamed
+    assert streamed["max_diff"] <= 2 * torch.finfo(torch.bfloat16).eps * streamed["max_abs"], streamed
     return probe
+
+
+def _weights(tensors: dict) -> dict:
+    """Without empty tensors: the 2511 marker (and ComfyUI's buffer for it) carries no weight."""
+    return {key: value for key, value in tensors.items() if value.numel()}
 
 
 @pytest.mark.parametrize("label", sorted(CASES))
 def test_comfyui_patcher_writes_our_fused_weights_for_every_fixture(comfy_results, label):
-    _assert_patcher_wrote_our_fuse(comfy_results, label, CASES[label])
+    probe = _assert_patcher_wrote_our_fuse(comfy_results, label, CASES[label])
+    if CASES[label] is CASES["qwen_image_edit_2511"]:  # ComfyUI built its Edit-2511 model from the marker
+        assert probe["ref_method"] == "index_timestep_zero"
 
 
 def test_the_peft_adapter_node_applies_every_peft_scale_rule_as_our_fuse_does(comfy_results):

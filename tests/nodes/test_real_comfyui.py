@@ -1,5 +1,6 @@
-"""The pack inside real ComfyUI 0.3.64 (``real_comfyui``): its memory controls free our models, nothing the browser
-sees holds a local path, the LoRA list is the headless one, and model loading is not reported as steps.
+"""The pack inside real ComfyUI, each version of ``real_comfyui.COMFY_VERSIONS``: its memory controls free our
+models, nothing the browser sees holds a local path, the LoRA list is the headless one, and model loading is not
+reported as steps.
 
 One ComfyUI serves the module; each test talks to its HTTP and WebSocket API like the browser does.
 """
@@ -45,8 +46,8 @@ def models_dir(tmp_path_factory, tiny_models_root):
 
 
 @pytest.fixture(scope="module")
-def comfy(tmp_path_factory, models_dir):
-    with RealComfyUI(tmp_path_factory.mktemp("comfy_run"), models_dir) as running:
+def comfy(tmp_path_factory, models_dir, comfy_version):
+    with RealComfyUI(tmp_path_factory.mktemp("comfy_run"), models_dir, version=comfy_version) as running:
         status, info = running.get("/object_info/LoraBindSampler")
         assert status == 200 and "LoraBindSampler" in info, running.log_tail()
         yield running

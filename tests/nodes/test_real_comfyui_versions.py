@@ -1,7 +1,7 @@
 """The pack inside real ComfyUI in an older environment (transformers 4, diffusers 0.36), as many ComfyUI
 installs still are: it imports, and a family that needs newer libraries is refused with our version message.
 
-The environment is a venv of its own, built by ``real-comfyui.sh`` on first use (``COMFY_TRANSFORMERS='<5'``, the
+The environment is a venv of its own per ComfyUI version, built by ``real-comfyui.sh`` on first use (``COMFY_TRANSFORMERS='<5'``, the
 pack's requirements with diffusers pinned); the tiny models are built in it the way a user would, with
 ``lorabind models build-tiny`` run by that environment's Python.
 """
@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 
 import lorabind
-from real_comfyui import REPO_ROOT, RealComfyUI, require_harness
+from real_comfyui import COMFY_VERSIONS, REPO_ROOT, RealComfyUI, require_harness
 
 pytestmark = pytest.mark.slow
 
 OLD_DIFFUSERS = "0.36.0"
-VENV = Path.home() / ".cache" / "real-comfyui" / f"venv-transformers4-diffusers{OLD_DIFFUSERS}"
+
+def _venv(version: str) -> Path:
+    """The old environment's venv for ComfyUI ``version`` (0.3.64 keeps the name it had before 0.30.0 came)."""
+    suffix = "" if version == COMFY_VERSIONS[0] else f"-comfy{version}"
+    return Path.home() / ".cache" / "real-comfyui" / f"venv-transformers4-diffusers{OLD_DIFFUSERS}{suffix}"
+
 VERSION_MESSAGE = f"needs diffusers >= 0.42 (installed {OLD_DIFFUSERS})"
 
 
@@ -38,19 +43,22 @@ def _build_tiny_in(venv: Path, models: Path, work: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def old_comfy(tmp_path_factory):
+def old_comfy(tmp_path_factory, comfy_version):
     require_harness()
     work = tmp_path_factory.mktemp("comfy_old_env")
     models = work / "models"
     models.mkdir()
     pip = f"-r {REPO_ROOT / 'requirements.txt'} diffusers=={OLD_DIFFUSERS}"
-    with RealComfyUI(work, models, venv=VENV, pip=pip, env={"COMFY_TRANSFORMERS": "<5"}) as running:
-        running.build_output = _build_tiny_in(VENV, models, work)
+    venv = _venv(comfy_version)
+    with RealComfyUI(work, models, version=comfy_version, venv=venv, pip=pip,
+                     env={"COMFY_TRANSFORMERS": "<5"}) as running:
+        running.venv_python = venv / "bin" / "python"
+        running.build_output = _build_tiny_in(venv, models, work)
         yield running
 
 
 def test_the_old_environment_is_what_it_claims(old_comfy):
-    versions = subprocess.run([str(VENV / "bin" / "python"), "-c",
+    versions = subprocess.run([str(old_comfy.venv_python), "-c",
                                "import diffusers, transformers; print(diffusers.__version__, transformers.__version__)"],
                               capture_output=True, text=True, check=True).stdout.split()
     assert versions[0] == OLD_DIFFUSERS and versions[1].startswith("4.")

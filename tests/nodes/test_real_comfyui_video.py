@@ -1,5 +1,5 @@
-"""LoraBindSaveVideo inside real ComfyUI 0.3.64, beside ComfyUI's own ``CreateVideo`` + ``SaveVideo`` on the same
-frames: both MP4s report the same way in the history, decode to the same frame count and size, and carry the
+"""LoraBindSaveVideo inside real ComfyUI (each version of ``real_comfyui.COMFY_VERSIONS``), beside ComfyUI's own
+``CreateVideo`` + ``SaveVideo`` on the same frames: both MP4s report the same way in the history, decode to the same frame count and size, and carry the
 prompt and workflow under the same metadata keys (the ``moov/udta/meta/keys`` names the frontend reads). So the
 layout in ``loaders/io/video_files.py`` is ComfyUI's own, checked against ComfyUI rather than against our reading
 of its source. (ComfyUI's saver gets no soundtrack here: its AAC encoder refuses the tiny model's 320 Hz.)
@@ -21,8 +21,8 @@ NAME = "minimax_h3_turbo_mp4"
 
 
 @pytest.fixture(scope="module")
-def comfy(tmp_path_factory, mm_root):
-    with RealComfyUI(tmp_path_factory.mktemp("comfy_video"), mm_root) as running:
+def comfy(tmp_path_factory, mm_root, comfy_version):
+    with RealComfyUI(tmp_path_factory.mktemp("comfy_video"), mm_root, version=comfy_version) as running:
         status, info = running.get("/object_info/LoraBindSaveVideo")
         assert status == 200 and "LoraBindSaveVideo" in info, running.log_tail()
         yield running

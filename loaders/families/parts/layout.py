@@ -80,9 +80,10 @@ class FamilyLayout(FamilyPart):
         this to read the file name; ``strict`` False picks the main one where the name does not say)."""
         return self.denoiser_components(model_index)[0]
 
-    def check_slots(self, model_index: dict, assignments: list) -> None:
+    def check_slots(self, model_index: dict, assignments: list, slot_names: Optional[dict] = None) -> None:
         """Refuse (``KeyMatchError``) LoRA files put into a denoiser their names say is the wrong one.
-        ``assignments``: ``(component, file name, input name or "")``. Nothing to check without experts."""
+        ``assignments``: ``(component, file name, input name or "")``; ``slot_names`` ({component: what the user
+        sees}) words the message in the caller's terms. Nothing to check without experts."""
 
     def single_file_parts(self, denoisers: list, vae, text_encoder, image_encoder=None) -> dict:
         """{component name: part} for the parts of a single-file set, named as this family's diffusers folder

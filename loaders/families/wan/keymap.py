@@ -68,8 +68,10 @@ _NAME_TOKENS = frozenset({
     "image_embedder", "time_proj", "linear_1", "linear_2", "proj_out", "scale_shift_table",
     "vace_blocks", "vace_patch_embedding", "before_proj", "after_proj", "proj_in"})
 
+# Anchored on Wan's own block names: other families have add_k_proj / add_v_proj too (Qwen-Image's text-stream
+# projections, ``transformer_blocks.N.attn.add_k_proj``), and those are another family's keys, not an image branch.
 _IMAGE_BRANCH = re.compile(
-    r"(^|.*\.)(k_img|v_img|norm_k_img|add_k_proj|add_v_proj|norm_added_k)$"
+    r"^(vace_)?blocks\.\d+\.(cross_attn\.(k_img|v_img|norm_k_img)|attn2\.(add_k_proj|add_v_proj|norm_added_k))$"
     r"|^(img_emb|condition_embedder\.image_embedder)\.")
 _VACE_BRANCH = re.compile(r"^vace_(blocks\.\d+\.|patch_embedding$)")
 VACE_BRANCH_REASON = ("Wan VACE control-branch key (vace_blocks / vace_patch_embedding); this model has no VACE "

@@ -72,9 +72,9 @@ class WanLayout(FamilyLayout):
             return HIGH_NOISE_EXPERT
         return slots.expert_for_file(file_name, strict=strict)
 
-    def check_slots(self, model_index: dict, assignments: list) -> None:
+    def check_slots(self, model_index: dict, assignments: list, slot_names: Optional[dict] = None) -> None:
         if LOW_NOISE_EXPERT in self.component_roles(model_index):
-            slots.check_slots(assignments)
+            slots.check_slots(assignments, slot_names)
 
     def requirements_id(self, model_family, model_index=None, variant=None, folder=None):
         # TI2V-5B is a one-transformer "wan2.1"-shaped pipeline, but expand_timesteps arrived later (Wan2.2)

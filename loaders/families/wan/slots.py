@@ -39,16 +39,19 @@ def expert_for_file(file_name: str, *, strict: bool) -> str:
                         f"to {HIGH_NOISE_EXPERT} (high noise) or {LOW_NOISE_EXPERT} (low noise)")
 
 
-def check_slots(assignments: list) -> None:
+def check_slots(assignments: list, slot_names: Optional[dict] = None) -> None:
     """Refuse files whose names say the other expert, naming every one (and saying when a pair is swapped).
-    ``assignments``: ``(component, file name, input name or "")``."""
+    ``assignments``: ``(component, file name, input name or "")``. ``slot_names`` ({component: name}) is what the
+    caller's user sees for each expert (a ComfyUI node's ``model_high`` / ``model_low`` inputs), so the message
+    speaks of those rather than of diffusers' component names."""
     wrong = [(component, name, where, role) for component, name, where in assignments
              if (role := expert_role(name)) is not None and component in EXPERT_OF_ROLE.values()
              and EXPERT_OF_ROLE[role] != component]
     if not wrong:
         return
-    words = "; ".join(f"{name} says {role} noise but goes into {component}" + (f" ({where})" if where else "")
+    slot = {component: (slot_names or {}).get(component, component) for component in EXPERT_OF_ROLE.values()}
+    words = "; ".join(f"{name} says {role} noise but goes into {slot[component]}" + (f" ({where})" if where else "")
                       for component, name, where, role in wrong)
     swapped = " (the pair is swapped)" if {w[3] for w in wrong} == {"high", "low"} else ""
     raise KeyMatchError(f"LoRA files in the wrong slots{swapped}: {words}; put high-noise files into "
-                        f"{HIGH_NOISE_EXPERT} and low-noise files into {LOW_NOISE_EXPERT}")
+                        f"{slot[HIGH_NOISE_EXPERT]} and low-noise files into {slot[LOW_NOISE_EXPERT]}")

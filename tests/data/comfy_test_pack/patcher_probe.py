@@ -76,6 +76,24 @@ def _patched_weights(patcher):
         patcher.unpatch_model(device_to=patcher.offload_device)
 
 
+def _streamed(patcher, weights):
+    """One weight patch the way ComfyUI applies it while streaming weights (its low-VRAM patch; in 0.30.0 also
+    every patched weight under dynamic VRAM, whose prefetch first re-makes the adapter): the first patched key,
+    handed over in the model's dtype. -> {key, dtype of the result, largest difference to the loaded value}."""
+    import comfy.model_patcher
+    import comfy.utils
+
+    key = sorted(patcher.patches)[0]
+    streaming = comfy.model_patcher.LowVramPatch(key, patcher.patches)
+    if hasattr(streaming, "prepare"):  # 0.30.0: what dynamic VRAM's cast does before it calls the patch
+        streaming.memory_required()
+        streaming.prepare(None, None, copy=False, commit=True)
+    value = streaming(comfy.utils.get_attr(patcher.model, key).detach().clone())
+    loaded = weights[key.removeprefix("diffusion_model.")]
+    return {"key": key, "dtype": str(value.dtype), "max_diff": float((value.float() - loaded).abs().max()),
+            "max_abs": float(loaded.abs().max())}
+
+
 class LoraBindTestPatcherProbe:
     CATEGORY = "lorabind-test"
     FUNCTION = "probe"
@@ -100,6 +118,7 @@ class LoraBindTestPatcherProbe:
                                     json.loads(config), torch.bfloat16)
         ours = nodes.NODE_CLASS_MAPPINGS[node]().apply(base, lora_name, strength, lenient, False)
         weights = _patched_weights(ours["result"][0])
+        streamed = _streamed(ours["result"][0], weights) if ours["result"][0].patches else None
         save_file(weights, os.path.join(folder_paths.get_output_directory(), f"{out_name}.safetensors"))
         not_loaded = _NotLoaded()
         logging.getLogger().addHandler(not_loaded)
@@ -111,6 +130,7 @@ class LoraBindTestPatcherProbe:
             logging.getLogger().removeHandler(not_loaded)
         report = {"accounting": ours["ui"]["lorabind_accounting"][0], "remade": remade, "text": ours["ui"]["text"],
                   "comfy_not_loaded": not_loaded.keys, "comfy_patched": len(theirs.patches),
+                  "streamed": streamed, "ref_method": getattr(base.model.diffusion_model, "default_ref_method", None),
                   "ours_patched": len(ours["result"][0].patches) + len(ours["result"][0].object_patches), "dtype": str(base.model.get_dtype())}
         return {"ui": {"probe": [report]}}
 

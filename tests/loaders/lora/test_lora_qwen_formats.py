@@ -171,8 +171,9 @@ def test_text_encoder_keys_are_expected_unmatched(tmp_path, qwen_transformer):
 def test_a_wan_lora_on_qwen_names_the_family_it_looks_like(tmp_path, qwen_transformer):
     sd = wan_native_lora(num_blocks=1)
     with pytest.raises(KeyMatchError, match=rf"wan\.safetensors: {len(sd)} key\(s\) match nothing in the "
-                                            r"transformer \(qwen_image\): .* Its module names look like a "
-                                            r"wan2\.1/wan2\.2_moe LoRA\."):
+                                            r"transformer \(qwen_image\): .* They are another model family's "
+                                            r"keys: the file's module names look like a wan2\.1/wan2\.2_moe LoRA, "
+                                            r"not one for this qwen_image model\."):
         _account(save(sd, tmp_path / "wan.safetensors"), qwen_transformer)
 
 

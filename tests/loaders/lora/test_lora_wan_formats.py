@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from formats_helpers import effective_deltas, rename, save, wan_native_lora
+from formats_helpers import effective_deltas, qwen_lora, rename, save, wan_native_lora
 from lorabind.loaders import families
 from lorabind.loaders.errors import KeyMatchError
 from lorabind.loaders.families import family_by_id, wan
@@ -235,3 +235,19 @@ def test_diffusers_named_diff_on_a_non_weight_parameter_targets_that_parameter(t
     assert torch.equal(acc.applied["blocks.0"].param_diffs["scale_shift_table"], table)
     assert torch.equal(acc.applied["blocks.0.attn1.to_q"].param_diffs["bias"], bias)
     assert set(acc.applied[""].param_diffs) == {"scale_shift_table"}
+
+
+def test_a_qwen_image_lora_on_wan_is_another_familys_not_an_image_branch(tmp_path, wan22_expert):
+    """Qwen-Image's text-stream projections are called ``attn.add_k_proj`` / ``add_v_proj`` too: on a Wan model
+    every key of the file is another family's (refused saying so), none is explained as Wan2.1's image branch."""
+    sd = {key: value for key, value in qwen_lora(num_blocks=1).items()  # blocks only, as the Lightning files
+          if key.startswith("transformer_blocks.")}
+    path = save(sd, tmp_path / "Qwen-Image-Lightning-4steps-V1.0.safetensors")
+    with pytest.raises(KeyMatchError) as refused:
+        _account(path, wan22_expert, guess_family=families.guess_family)
+    message = str(refused.value)
+    assert f"{len(sd)} key(s) match nothing" in message and "image branch" not in message
+    assert ("They are another model family's keys: the file's module names look like a qwen_image LoRA, not one "
+            "for this wan2.2_moe model.") in message
+    lenient = _account(path, wan22_expert, lenient=True, guess_family=families.guess_family)
+    assert lenient.expected_unmatched == {} and len(lenient.unmatched) == len(sd)
