@@ -14,6 +14,7 @@ from typing import Optional
 from .. import identifiers
 from .errors import OpenAIRequestError
 from .loras import request_adapters
+from .sampling_fields import read_sampling_fields
 from .templates import FIELDS, Template, check_values, typed_value
 
 MAX_IMAGES_PER_REQUEST = 10  # OpenAI's own limit for ``n``
@@ -114,6 +115,7 @@ def _request(template: Template, generation: dict, count: int = 1) -> Generation
         if name not in FIELDS:
             raise OpenAIRequestError(f"{name}: unknown request field", param=name, code="unknown_field")
     check_values(template, generation)
+    read_sampling_fields(template, generation)
     values = {name: typed_value(name, value, FIELDS[name]) for name, value in generation.items()}
     if count > 1 and "seed" not in template.bindings:
         raise OpenAIRequestError(f"n: model {template.name!r} maps no seed, so its {count} images would be the same",

@@ -65,7 +65,7 @@ def _confined(config: ServerConfig, image: dict):
     return path if path.startswith(root + os.sep) and os.path.isfile(path) else None
 
 
-def failure(template: Template, entry: dict) -> OpenAIRequestError:
+def failure(template: Template, entry: dict, sent=()) -> OpenAIRequestError:
     """Why the prompt did not finish: a contract mismatch (and other refusals of the request's own values) is a
     400 naming the file and the request field; an interrupt or a server-side failure is a 500."""
     events = {name: data for name, data in (entry.get("status") or {}).get("messages", []) if isinstance(data, dict)}
@@ -78,11 +78,17 @@ def failure(template: Template, entry: dict) -> OpenAIRequestError:
     if not str(error.get("exception_type", "")).endswith(_USER_ERRORS):
         return OpenAIRequestError(f"node {node_id} ({error.get('node_type')}) failed: {text}", status=500,
                                   code="execution_error")
-    fields = template.fields_of(node_id) if node_id in template.prompt else {}
-    named = [(input_name, field) for input_name, field in fields.items()
-             if re.search(rf"\b{re.escape(input_name)} must\b", text)]
+    fields = template.fields_of(node_id, sent) if node_id in template.prompt else {}
+    named = [(input_name, field) for input_name, field in fields.items() if _names_input(text, input_name)]
     if not named:
         return OpenAIRequestError(f"{text} ({template.file_name})", code="contract_mismatch")
     input_name, request_field = named[0]
     return OpenAIRequestError(f"{request_field}: {text} (the request's {request_field} sets {input_name} of node "
                               f"{node_id} in {template.file_name})", param=request_field, code="contract_mismatch")
+
+
+def _names_input(text: str, input_name: str) -> bool:
+    """Whether a refusal is about ``input_name``: "…: steps must be 4, got 20", "… requires shift=6, got …",
+    "…: boundary=0.5 runs 1 of 4 steps on the high-noise expert…"."""
+    name = re.escape(input_name)
+    return re.search(rf"\b{name} must\b|(?:: |requires ){name}=", text) is not None

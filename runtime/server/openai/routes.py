@@ -91,7 +91,7 @@ async def run_to_end(request: web.Request, generation: GenerationRequest, endpoi
     for _, future in queued:
         entry = await future
         if (entry.get("status") or {}).get("status_str") != "success":
-            raise failure(template, entry)
+            raise failure(template, entry, generation.values)
         files += result_files(entry, state.config)
     if not files:
         raise OpenAIRequestError(f"the template {template.file_name} saved no image or video", status=500)

@@ -86,7 +86,7 @@ def _job(request: web.Request):
     if (entry.get("status") or {}).get("status_str") == "success":
         return _video_object(video_id, description, "completed", 100, completed_at=_finished_at(entry))
     template = service.models.get(description["model"])
-    error = failure(template, entry) if template is not None else OpenAIRequestError("the job failed")
+    error = failure(template, entry, description.get("fields", ())) if template is not None else OpenAIRequestError("the job failed")
     return _video_object(video_id, description, "failed", 0, completed_at=_finished_at(entry),
                          error={"code": error.code or "failed", "message": error.message, "param": error.param})
 
