@@ -76,7 +76,7 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
-        raise validation_error(template, prompt, result, description.get("fields", ()))
+        raise validation_error(template, prompt, result, description.get("fields"))
     prompt_id = str(uuid.uuid4())
     client_id = client_id or f"openai-{prompt_id}"  # events are produced only for prompts with a client
     extra_data = {"create_time": int(time.time() * 1000), "client_id": client_id, OPENAI_EXTRA_KEY: description}
@@ -87,9 +87,9 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
     return prompt_id, future
 
 
-def validation_error(template: Template, prompt: dict, result, sent=()) -> OpenAIRequestError:
+def validation_error(template: Template, prompt: dict, result, sent=None) -> OpenAIRequestError:
     """The first node error, named by the request field that set the input (or the adapter it came from);
-    ``sent``: the request's fields."""
+    ``sent``: ``GenerationRequest.sent``."""
     for node_id, node_error in (result.node_errors or {}).items():
         errors = sorted(node_error.get("errors", []), key=lambda error: not _states_own_input(error))
         for error in errors:
@@ -121,13 +121,14 @@ def _field_of(template: Template, prompt: dict, node_id: str, input_name, sent) 
     return template.fields_of(node_id, sent).get(input_name)
 
 
-def describe_request(endpoint: str, template: Template, values: dict) -> dict:
-    """What ``extra_data`` records of an OpenAI-style request (the video status is built from it)."""
+def describe_request(endpoint: str, template: Template, values: dict, sent: dict) -> dict:
+    """What ``extra_data`` records of an OpenAI-style request (the video status is built from it; ``sent``:
+    ``GenerationRequest.sent``, which field an error names)."""
     width, height = values.get("width", template_value(template, "width")), values.get(
         "height", template_value(template, "height"))
     return {"endpoint": endpoint, "model": template.name, "prompt": values.get("prompt"),
             "size": f"{width}x{height}" if width and height else None, "created_at": int(time.time()),
-            "fields": sorted(values)}  # which field an error names where two set one input
+            "fields": sent}
 
 
 def template_value(template: Template, request_field: str):

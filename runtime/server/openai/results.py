@@ -65,7 +65,7 @@ def _confined(config: ServerConfig, image: dict):
     return path if path.startswith(root + os.sep) and os.path.isfile(path) else None
 
 
-def failure(template: Template, entry: dict, sent=()) -> OpenAIRequestError:
+def failure(template: Template, entry: dict, sent=None) -> OpenAIRequestError:
     """Why the prompt did not finish: a contract mismatch (and other refusals of the request's own values) is a
     400 naming the file and the request field; an interrupt or a server-side failure is a 500."""
     events = {name: data for name, data in (entry.get("status") or {}).get("messages", []) if isinstance(data, dict)}

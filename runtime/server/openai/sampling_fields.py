@@ -26,15 +26,16 @@ GUIDANCE = "guidance_scale"
 LOW_NOISE_GUIDANCE = "guidance_scale_2"
 
 
-def read_sampling_fields(template: Template, generation: dict) -> None:
+def read_sampling_fields(template: Template, generation: dict) -> dict:
     """Check ``sample_solver``'s name and give ``guidance_scale`` its low-noise meaning next to
-    ``guidance_scale_high`` (in place); 400 naming the field otherwise."""
+    ``guidance_scale_high`` (in place); 400 naming the field otherwise. Returns {field now set: the name the
+    request gave it} for each field renamed, so errors name what the client sent."""
     solver = generation.get(SOLVER_FIELD)
     if solver is not None and solver not in SCHEDULERS:
         raise OpenAIRequestError(f"{SOLVER_FIELD}: {solver!r} is not a solver lorabind runs; use one of "
                                  f"{', '.join(SCHEDULERS)}", param=SOLVER_FIELD, code="unsupported_value")
     if HIGH_NOISE_GUIDANCE not in generation or GUIDANCE not in generation:
-        return
+        return {}
     if LOW_NOISE_GUIDANCE in generation:
         raise OpenAIRequestError(f"{GUIDANCE}: with {HIGH_NOISE_GUIDANCE} it is the low-noise expert's guidance, "
                                  f"which {LOW_NOISE_GUIDANCE} sets too; give one of them", param=GUIDANCE)
@@ -43,3 +44,4 @@ def read_sampling_fields(template: Template, generation: dict) -> None:
                                  f"but model {template.name!r} has no input for it ({template.file_name} maps no "
                                  f"{LOW_NOISE_GUIDANCE}); send {GUIDANCE} alone", param=GUIDANCE)
     generation[LOW_NOISE_GUIDANCE] = generation.pop(GUIDANCE)
+    return {LOW_NOISE_GUIDANCE: GUIDANCE}

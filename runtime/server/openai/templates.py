@@ -51,15 +51,17 @@ class Template:
     def is_video(self) -> bool:
         return VIDEO_FIELD in self.bindings
 
-    def fields_of(self, node_id: str, sent=()) -> dict[str, str]:
-        """{input name: request field} of one node (to name the request field in a node's error); where two
-        fields set one input (``guidance_scale`` and ``guidance_scale_high`` both set a sampler's cfg), the one
-        the request ``sent``."""
+    def fields_of(self, node_id: str, sent=None) -> dict[str, str]:
+        """{input name: request field} of one node (to name the request field in a node's error). ``sent``
+        ({field the values set: the name the request gave it}, ``GenerationRequest.sent``) picks the field the
+        request gave where two set one input (``guidance_scale`` and ``guidance_scale_high`` both set a
+        sampler's cfg), under the name it was given."""
+        sent = sent or {}
         fields: dict[str, str] = {}
         for request_field, targets in self.bindings.items():
             for target_node, input_name in targets:
                 if target_node == node_id and (input_name not in fields or request_field in sent):
-                    fields[input_name] = request_field
+                    fields[input_name] = sent.get(request_field, request_field)
         return fields
 
     def default_of(self, request_field: str):

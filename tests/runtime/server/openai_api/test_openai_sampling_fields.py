@@ -106,7 +106,8 @@ def test_the_minimax_template_takes_the_task_and_both_shifts():
 @pytest.mark.parametrize("message, field", [
     (f"{I2V_PAIR} is a 4-step distill LoRA: cfg must be 1, got 3.5 (its file name declares this contract; set "
      "enforce_contract off to override it explicitly)", "guidance_scale_high"),
-    (f"{I2V_PAIR} is a 4-step distill LoRA: cfg_low_noise must be 1, got 3.5 (…)", "guidance_scale_2"),
+    # next to guidance_scale_high, guidance_scale sets the low-noise expert's guidance: named as it was sent
+    (f"{I2V_PAIR} is a 4-step distill LoRA: cfg_low_noise must be 1, got 3.5 (…)", "guidance_scale"),
     (f"{I2V_PAIR} is sampled with scheduler euler by its publisher: scheduler must be euler or default, got unipc "
      "(set enforce_contract off to override it explicitly)", "sample_solver"),
     (f"{I2V_PAIR} is a 4-step distill LoRA: boundary=0.5 runs 1 of 4 steps on the high-noise expert, but the "
@@ -115,15 +116,15 @@ def test_the_minimax_template_takes_the_task_and_both_shifts():
 def test_a_contract_refusal_names_the_field_the_request_sent(message, field):
     """``guidance_scale`` and ``guidance_scale_high`` both set the sampler's cfg: the 400 names the one sent."""
     template = _template("wan22_i2v_lightx2v_4step")
-    sent = _chat(template, **{**GUIDE_I2V, "guidance_scale": 3.5, "guidance_scale_high": 3.5}).values
+    sent = _chat(template, **{**GUIDE_I2V, "guidance_scale": 3.5, "guidance_scale_high": 3.5}).sent
     entry = {"status": {"status_str": "error", "messages": [["execution_error", {
         "node_id": "7", "node_type": "LoraBindSampler", "exception_message": message,
         "exception_type": "lorabind.loaders.errors.ContractError"}]]}}
     error = failure(template, entry, sent)
     assert (error.status, error.param, error.code) == (400, field, "contract_mismatch")
     assert I2V_PAIR in error.message and "wan22_i2v_lightx2v_4step.api.json" in error.message
-    assert failure(template, entry, {"guidance_scale": 3.5}).param == (
-        "guidance_scale" if field == "guidance_scale_high" else field)
+    if field == "guidance_scale_high":  # guidance_scale alone sets cfg too, and is then the field named
+        assert failure(template, entry, {"guidance_scale": "guidance_scale"}).param == "guidance_scale"
 
 
 def test_a_validation_refusal_of_the_minimax_task_names_the_task_field():
@@ -131,5 +132,5 @@ def test_a_validation_refusal_of_the_minimax_task_names_the_task_field():
     errors = [{"type": "value_not_in_list", "message": "Value not in list", "details": "task: 'ti2v' not in [...]",
                "extra_info": {"input_name": "task"}}]
     result = SimpleNamespace(node_errors={"2": {"errors": errors, "class_type": "MiniMaxTurboSchedule"}}, error={})
-    error = validation_error(template, template.prompt, result, ["task"])
+    error = validation_error(template, template.prompt, result, {"task": "task"})
     assert error.param == "task" and "minimax_h3_turbo_4step_768p.api.json" in error.message
