@@ -3,6 +3,7 @@
 ComfyUI imports this file by path and reads ``NODE_CLASS_MAPPINGS``, ``NODE_DISPLAY_NAME_MAPPINGS`` and
 ``WEB_DIRECTORY``. The node mappings are resolved lazily (PEP 562) so that ``lorabind --help`` and
 ``import lorabind`` stay fast: the node modules pull in torch only when ComfyUI or the runtime asks for them.
+``Generator`` (the Python API, ``usecases.generator``) is resolved the same way, on a script's first use.
 """
 
 WEB_DIRECTORY = "./web"
@@ -11,6 +12,12 @@ __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
 
 
 def __getattr__(name):
+    if name == "Generator":
+        # the Python API loads torch and the engine when a script asks for it (ComfyUI never does); no host
+        # lazy: ``import lorabind`` stays torch-free
+        from .usecases.generator import Generator
+
+        return Generator
     if name in ("NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"):
         # lazy: ComfyUI (or the runtime) asks for the nodes; ``import lorabind`` alone stays torch-free
         from . import nodes

@@ -326,15 +326,23 @@ def model_shapes(model) -> dict:
     return {key: tuple(value.shape) for key, value in model.model_state_dict().items()}
 
 
+def model_dtypes(model) -> dict:
+    """{state-dict key: dtype name} of a ComfyUI ModelPatcher's model: what its patcher rounds a patched value to."""
+    return {key: str(value.dtype) for key, value in model.model_state_dict().items()}
+
+
 def add_sample_check(model, key: str, check) -> None:
-    """Run ``check(sigmas, cfg)`` before every ComfyUI sampler run of ``model`` (KSampler, KSamplerAdvanced,
-    SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the guider, before any
-    model is loaded or step is taken. Raising there fails the node with our message. One wrapper per ``key``."""
+    """Run ``check(sigmas, cfg, transformer_options)`` before every ComfyUI sampler run of ``model`` (KSampler,
+    KSamplerAdvanced, SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the
+    guider (its cfg, and the model options its model reads while sampling), before any model is loaded or step is
+    taken. Raising there fails the node with our message. One wrapper per ``key``."""
     wrappers = importlib.import_module("comfy.patcher_extension").WrappersMP
 
     def outer_sample(executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
+        guider = executor.class_obj
         # a guider without a cfg (BasicGuider) runs the positive prompt alone, which is cfg 1
-        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(executor.class_obj, "cfg", 1.0)))
+        options = (getattr(guider, "model_options", None) or {}).get("transformer_options") or {}
+        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(guider, "cfg", 1.0)), options)
         return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
 
     model.remove_wrappers_with_key(wrappers.OUTER_SAMPLE, key)

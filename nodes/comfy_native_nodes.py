@@ -43,7 +43,7 @@ def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: s
     comfy_bridge.require_comfyui(where)
     path = resolve_lora(lora_name, input_name, where)
     return prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path,
-                             strength, lenient=lenient, where=where)
+                             strength, lenient=lenient, where=where, dtypes=comfy_bridge.model_dtypes(model))
 
 
 def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None,
@@ -51,7 +51,7 @@ def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, 
     """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
     check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
     patched = model.clone()
-    computes = {key: partial(_patched_weight, deltas) for key, deltas in prepared.deltas.items()}
+    computes = {key: partial(_patched_weight, patch) for key, patch in prepared.deltas.items()}
     taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
     if taken != len(computes):  # our names come from this model's state dict: a difference is a bug to report
         raise LoraBindError(f"ComfyUI took {taken} of the {len(computes)} patches of {lora_name}")
@@ -73,8 +73,8 @@ def _one_lora_node(model, name: str, strength: float, lenient: bool, enforce: bo
     return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
 
 
-def _patched_weight(deltas, weight, strength):
-    return host_patched_value(weight, deltas, strength)
+def _patched_weight(patch, weight, strength):
+    return host_patched_value(weight, patch, strength)
 
 
 def _set_contracts(model, records: tuple) -> None:
@@ -83,8 +83,8 @@ def _set_contracts(model, records: tuple) -> None:
         comfy_bridge.add_sample_check(model, CHECK_WRAPPER_KEY, partial(_check_sampler, records))
 
 
-def _check_sampler(records, sigmas, cfg) -> None:
-    for line in check_sampling(records, sigmas, cfg):
+def _check_sampler(records, sigmas, cfg, host_options=None) -> None:
+    for line in check_sampling(records, sigmas, cfg, host_options):
         print(f"[lorabind] {line}")  # an override is recorded in ComfyUI's log, never silent
 
 

@@ -192,6 +192,7 @@ FACTORY_IMPORTERS = (f"{PACKAGE}", f"{PACKAGE}.runtime")
 # module level: the folder graph is acyclic, so a lazy import only hides an edge.
 FAST_START = {PACKAGE, f"{PACKAGE}.loaders", f"{PACKAGE}.runtime", f"{PACKAGE}.runtime.cli",
               f"{PACKAGE}.runtime.context", f"{PACKAGE}.runtime.device_options", f"{PACKAGE}.runtime.folder_paths",
+              f"{PACKAGE}.runtime.guide_flags",  # the guides' flag names, parsed by the command modules
               f"{PACKAGE}.usecases.host", f"{PACKAGE}.usecases.model_folders"}
 FAST_START_PACKAGES = (f"{PACKAGE}.runtime.commands",)  # every CLI command module: the parser imports them all
 # modules whose lazy imports keep an optional extra unimported (Ray, for a server that is not scaled out)

@@ -9,6 +9,9 @@ contract and expert checks read names), shaped for this variant, in ``loras/lora
 
 ComfyUI's Wan2.1 VAE (VAELoader) is always the full configuration (about 127M parameters, 250 MB in bf16), so
 it is written only on request (``build-tiny --comfyui``), with random weights, never shipped.
+
+With a diffusers that has MiniMax-H3 (0.42), also ComfyUI 0.30's tiny MiniMax-H3 denoiser
+(``comfyui_minimax``), whose LoRAs are the MiniMax-H3 fixture files ``build-tiny`` writes anyway.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..loaders.families.wan import key_layouts as layouts
+from ..loaders.models import compat
 from ..loaders.models.single_file.native_files import native_tensors
 from ._common import FIXTURE_LORA_FOLDER, seeded
+from .comfyui_minimax import MINIMAX_REQUIREMENT, write_comfyui_minimax
 from .lora_fixtures import _wan_native_lora, save_fixture
 from .single_files import SUBFOLDER, _save
 
@@ -51,6 +56,8 @@ def write_comfyui_files(models_root, *, with_vae: bool = True) -> list[Path]:
         written.append(save_fixture(root / "loras" / LORAS[expert], _wan_native_lora(COMFY_CONFIG, seed=lora_seed)))
     if with_vae:
         written.append(write_full_vae(root / "vae" / FULL_VAE))
+    if not compat.unmet_requirements(MINIMAX_REQUIREMENT):
+        written += write_comfyui_minimax(root)
     return written
 
 

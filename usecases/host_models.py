@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..loaders import families
-from ..loaders.binding.patching import patched_value
 from ..loaders.contracts.schedule_rules import contract_value, describe_artifact, sigma_table  # noqa: F401  (API)
 from ..loaders.contracts.sigmas import sigmas_close, slice_offset, switch_step  # noqa: F401  (API)
 from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
@@ -43,8 +42,8 @@ class HostContract:
 
 @dataclass
 class HostLora:
-    """One LoRA prepared for a host model: ``deltas`` {host key: (WeightDelta, ...)}, the accounting report, the
-    declared contract (None when none) and the text lines a node shows."""
+    """One LoRA prepared for a host model: ``deltas`` {host key: HostPatch} (its ``deltas``, its ``value``), the
+    accounting report, the declared contract (None when none) and the text lines a node shows."""
 
     deltas: dict
     report: dict
@@ -53,13 +52,17 @@ class HostLora:
 
 
 def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, strength: float, *,
-                      lenient: bool, where: str) -> HostLora:
-    """Read, map and account the LoRA for the host denoiser described by ``shapes`` ({state-dict key: shape})."""
-    denoiser = native_denoiser(shapes, model_name)
+                      lenient: bool, where: str, dtypes: Optional[dict] = None) -> HostLora:
+    """Read, map and account the LoRA for the host denoiser described by ``shapes`` ({state-dict key: shape}) and
+    ``dtypes`` ({state-dict key: dtype name}, what the host stores: patched values are rounded to them as our
+    fuse rounds, so the host's own rounding changes nothing)."""
+    denoiser = native_denoiser(shapes, model_name, dtypes)
     prepared = prepare_native(path, denoiser, name=lora_name, lenient=lenient, where=where)
     report = prepared.report()
     contract = discover_contract(path, lora_name, family=denoiser.family_object, lora=prepared.lora,
                                  strength=strength)
+    if contract is not None:
+        contract = denoiser.family_object.contracts.on_host(contract)
     text = [accounting_text(report) + f" at strength {strength:g}", *peft_scaling_text(prepared.lora),
             *contract_text(contract)]
     return HostLora(host_deltas(prepared, denoiser), report, contract, text)
@@ -97,8 +100,8 @@ def check_stacking(deltas: dict, patched_keys, lora_name: str, where: str) -> No
     patch the weight as the patches before it left it (the original is not passed), so a DoRA placed after
     another LoRA would renormalise the already-patched weight and give another result. Placed first, it is exact
     (later LoRAs only add). ``LoraBindError`` naming the file and a key, with what to do."""
-    stacked = sorted(key for key, key_deltas in deltas.items() if key in patched_keys
-                     and any(getattr(delta, "kind", "") in BASE_DEPENDENT_KINDS for delta in key_deltas))
+    stacked = sorted(key for key, patch in deltas.items() if key in patched_keys
+                     and any(getattr(delta, "kind", "") in BASE_DEPENDENT_KINDS for delta in patch.deltas))
     if stacked:
         raise LoraBindError(
             f"{where}: {lora_name} is a DoRA LoRA, and {len(stacked)} of the weights it changes ({stacked[0]}, ...) "
@@ -111,9 +114,9 @@ def host_family(shapes: dict, model_name: str) -> str:
     return native_denoiser(shapes, model_name).family
 
 
-def host_patched_value(original, deltas, strength: float):
-    """The float32 value of one host weight with the deltas added (the host's patcher rounds it)."""
-    return patched_value(original, deltas, strength)
+def host_patched_value(original, patch, strength: float):
+    """The float32 value of one host weight with a LoRA's ``HostPatch`` added (the host's patcher rounds it)."""
+    return patch.value(original, strength)
 
 
 def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str) -> None:
@@ -139,12 +142,15 @@ def expected_part(record: HostContract) -> Optional[tuple]:
     return table
 
 
-def check_sampling(records: Sequence[HostContract], sigmas: Sequence[float], cfg: Optional[float]) -> list:
+def check_sampling(records: Sequence[HostContract], sigmas: Sequence[float], cfg: Optional[float],
+                   host_options: Optional[dict] = None) -> list:
     """Check a host sampler's sigmas and cfg against every enforced contract before its first step: ContractError
-    naming the file and the field on a mismatch. Returns the lines for contracts that were not enforced."""
+    naming the file and the field on a mismatch. ``host_options``: the host model's own sampling options
+    (ComfyUI's ``transformer_options``), for what a family's model reads there. Returns the lines for contracts
+    that were not enforced."""
     skipped = []
     for record in records:
-        problem = _mismatch(record, [float(s) for s in sigmas], cfg)
+        problem = _mismatch(record, [float(s) for s in sigmas], cfg, dict(host_options or {}))
         if problem is None:
             continue
         if not record.enforced:
@@ -155,10 +161,25 @@ def check_sampling(records: Sequence[HostContract], sigmas: Sequence[float], cfg
     return skipped
 
 
-def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float]) -> Optional[str]:
+def _family_contracts(contract):
+    family = families.family_serving(contract.family) if contract.family else None
+    return None if family is None else family.contracts
+
+
+def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float], host_options: dict) -> Optional[str]:
     contract = record.contract
     if contract.cfg is not None and cfg is not None and abs(float(cfg) - float(contract.cfg)) > CFG_TOLERANCE:
         return f"cfg must be {contract.cfg:g}, the sampler uses cfg {float(cfg):g}"
+    family_contracts = _family_contracts(contract)
+    problem = _sigma_mismatch(record, sigmas)
+    if problem is not None:
+        better = family_contracts.explain_host_sigmas(contract, sigmas) if family_contracts else None
+        return better or problem
+    return family_contracts.host_sampling_problem(contract, sigmas, host_options) if family_contracts else None
+
+
+def _sigma_mismatch(record: HostContract, sigmas: list) -> Optional[str]:
+    contract = record.contract
     table = sigma_table(contract)
     if table is None:
         return None

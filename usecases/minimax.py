@@ -59,9 +59,20 @@ def check_contract(model, lora_name: str, path_of: Callable[[], str], scale: flo
         resolved = MINIMAX_H3.contracts.resolve_schedule(handle, handle.contracts, request)
         sigmas = resolved.sigmas
         words += list(resolved.notes)
-        words.append(f"task={resolved.task}; video sigmas {[round(s, 6) for s in resolved.sigmas]}; "
-                     f"audio sigmas {[round(s, 6) for s in resolved.audio_sigmas]}")
+        words.append(f"{_task_words(task, contract.tasks, resolved.task)}; video sigmas "
+                     f"{[round(s, 6) for s in resolved.sigmas]}; audio sigmas "
+                     f"{[round(s, 6) for s in resolved.audio_sigmas]}")
     return CheckedContract(handle, ScheduleHandle(contract), tuple(sigmas), MINIMAX_H3.contracts.view(contract), words)
+
+
+def _task_words(asked: str, served: tuple, resolved: str) -> str:
+    """The task the run will be conditioned as. With "auto" on an artifact serving several tasks of one partition
+    (a Turbo fl2v file: t2va and fl2va) the sampler takes it from the latent, which this node does not see: say
+    that, rather than a task the run may not use (issue 44: "task=t2va" printed for a run conditioned as fl2va)."""
+    if asked != "auto" or len(served) < 2:
+        return f"task={resolved}"
+    return (f"task from the latent: {' or '.join(served)} (the sampler conditions as fl2va when the latent is "
+            f"anchored on a first frame, as ref2va when it carries reference images, else {resolved})")
 
 
 def decode_audio(model, latent, *, where: str) -> dict:

@@ -391,10 +391,10 @@ def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str
     return groups
 
 
-def patched_value(original: torch.Tensor, deltas: Sequence[WeightDelta], strength: float) -> torch.Tensor:
-    """``original + strength · Σ deltas`` as a new float32 tensor, computed like a fuse (same kinds, same row
-    chunks) but not rounded: for a host whose own patcher rounds and writes the value (ComfyUI's ModelPatcher,
-    which hands its weight over in float32). ``original`` is the unpatched weight a DoRA delta is computed from."""
-    value = torch.empty(original.shape, dtype=torch.float32, device=original.device)
+def patched_value(original: torch.Tensor, deltas: Sequence[WeightDelta], strength: float, dtype=torch.float32):
+    """``original + strength · Σ deltas`` as a new ``dtype`` tensor computed like a fuse (same kinds, row chunks,
+    one rounding), for a host whose own patcher writes it (ComfyUI's ModelPatcher): in the host weight's dtype it is
+    our fuse's value bit for bit. ``original`` is the unpatched weight a DoRA delta is computed from."""
+    value = torch.empty(original.shape, dtype=dtype, device=original.device)
     write_patched(value, original, [_Contribution("", float(strength), tuple(deltas))])
     return value

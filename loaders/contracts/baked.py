@@ -81,7 +81,10 @@ def extracted_contract_metadata(model_index: dict, component: str | None) -> dic
 
 
 def _metadata_text(entry: dict) -> str:
-    """"steps=4, shift=5, cfg=1" (a field the contract leaves open is left out: the reader's default applies)."""
+    """"steps=4, shift=5, cfg=1" (", tasks=i2v" when it serves named tasks); a field the contract leaves open is
+    left out, and the reader keeps it open, so the extracted file is never stricter than the fused one."""
     parts = [f"steps={int(entry['steps'])}"]
     parts += [f"{name}={float(entry[name]):g}" for name in ("shift", "cfg") if entry.get(name) is not None]
+    if entry.get("tasks"):
+        parts.append("tasks=" + "|".join(str(task) for task in entry["tasks"]))
     return ", ".join(parts)

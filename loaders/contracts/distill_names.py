@@ -12,12 +12,14 @@ from ..contract_types import MAX_STEPS, NO_CONTRACT, ScheduleContract
 from ..errors import ContractError
 from .sigmas import shifted_sigmas
 
-# safetensors metadata key declaring a Wan/Qwen-Image file's contract: "steps=4, shift=5, cfg=1" (shift and cfg
-# default to the family's distill values) or "none" (the file has no contract, whatever its name says).
+# safetensors metadata key declaring a Wan/Qwen-Image file's contract: "steps=4, shift=5, cfg=1" (optionally
+# "tasks=i2v"; a field the words leave out stays open, so a file never says more than its writer did) or "none"
+# (the file has no contract, whatever its name says).
 CONTRACT_METADATA_KEY = "sampling_contract"
 
 # "4step", "4steps", "8-steps", "4_step" (not "14steps" read as 4, not "4stepsize")
 _STEPS = re.compile(r"(?<![0-9])(\d+)[-_ ]?steps?(?![a-z])", re.IGNORECASE)
+_TASK = re.compile(r"[a-z0-9]+")  # a task name of the contract words ("i2v"); several are joined by "|"
 
 # The distill releases (LightX2V, Lightning) sample with flow-matching Euler at their few steps.
 DISTILL_SCHEDULER = "euler"
@@ -34,12 +36,12 @@ def distill_contract(file_name: str, family: str, shift: float, rank: Optional[i
 
 
 def declared(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, table, family: str,
-             shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
+             rank: Optional[int]) -> Optional[ScheduleContract]:
     """The contract a Wan/Qwen-Image file declares: its metadata's ``sampling_contract``, else a matching user
     contract table entry (``contracts.table.TableEntry`` or None), else what its name says (``by_name``)."""
     if table is not None:
-        by_name = _from_table(by_name, file_name, table, family, shift, rank)
-    return with_metadata(by_name, file_name, metadata, family, shift, rank)
+        by_name = _from_table(by_name, file_name, table, family, rank)
+    return with_metadata(by_name, file_name, metadata, family, rank)
 
 
 def open_contract(file_name: str, family: str, rank: Optional[int], open_fields: tuple, note: str, *,
@@ -51,7 +53,7 @@ def open_contract(file_name: str, family: str, rank: Optional[int], open_fields:
                             scheduler=DISTILL_SCHEDULER)
 
 
-def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, family: str, shift: float,
+def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, family: str,
                 rank: Optional[int]) -> Optional[ScheduleContract]:
     source = os.path.basename(file_name)
     values = _parse_contract_text(table.contract, f"{table.where}: the contract {table.contract!r} for {source}")
@@ -62,8 +64,7 @@ def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, fami
                                 declared_by=table.where,
                                 note=f"'none' in {table.where} overrides the contract its file name suggests "
                                      f"({_summary(by_name)})")
-    declared_here = _distill(file_name, family, values["steps"], values.get("shift", shift), values.get("cfg", 1.0),
-                             rank, table.where)
+    declared_here = _from_words(file_name, family, values, rank, table.where)
     if by_name is not None and _summary(by_name) != _summary(declared_here):
         declared_here = replace(declared_here, note=f"its file name suggests {_summary(by_name)}; {table.where} "
                                                     f"wins")
@@ -71,7 +72,7 @@ def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, fami
 
 
 def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata: dict, family: str,
-                  shift: float, rank: Optional[int]) -> Optional[ScheduleContract]:
+                  rank: Optional[int]) -> Optional[ScheduleContract]:
     """The file's contract: its metadata's ``sampling_contract`` when present (it wins over the name, and a name
     that suggests another contract is reported in the contract's note), else ``by_name``."""
     raw = (metadata or {}).get(CONTRACT_METADATA_KEY)
@@ -86,18 +87,25 @@ def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata:
                                 declared_by="metadata",
                                 note=f"{CONTRACT_METADATA_KEY}=none in its metadata overrides the contract "
                                      f"{_suggested_by(by_name)} suggests ({_summary(by_name)})")
-    declared = _distill(file_name, family, values["steps"], values.get("shift", shift), values.get("cfg", 1.0),
-                        rank, "metadata")
+    declared = _from_words(file_name, family, values, rank, "metadata")
     if by_name is not None and _summary(by_name) != _summary(declared):
         declared = replace(declared, note=f"{_suggested_by(by_name)} suggests {_summary(by_name)}; the metadata wins")
     return declared
 
 
-def _distill(file_name: str, family: str, steps: int, shift: float, cfg: float, rank: Optional[int],
-             declared_by: str) -> ScheduleContract:
+def _distill(file_name: str, family: str, steps: int, shift: Optional[float], cfg: Optional[float],
+             rank: Optional[int], declared_by: str, tasks: Optional[tuple] = None) -> ScheduleContract:
+    """N steps; the sigma list is pinned only with the shift (an open shift leaves it to the request)."""
     return ScheduleContract(source=os.path.basename(file_name), kind="distill", family=family, steps=steps,
-                            sigmas=shifted_sigmas(steps, shift), shift=shift, cfg=cfg, rank=rank,
-                            declared_by=declared_by, scheduler=DISTILL_SCHEDULER)
+                            sigmas=None if shift is None else shifted_sigmas(steps, shift), shift=shift, cfg=cfg,
+                            rank=rank, declared_by=declared_by, scheduler=DISTILL_SCHEDULER, tasks=tasks)
+
+
+def _from_words(file_name: str, family: str, values: dict, rank: Optional[int], declared_by: str):
+    """The contract the words declare, and only that: a field they leave out stays open, never the family's
+    default (issue 44: an extracted file whose source left the shift open must not pin one)."""
+    return _distill(file_name, family, values["steps"], values.get("shift"), values.get("cfg"), rank, declared_by,
+                    values.get("tasks"))
 
 
 def _summary(contract: ScheduleContract) -> str:
@@ -111,7 +119,8 @@ def _suggested_by(contract: ScheduleContract) -> str:
 
 
 def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
-    """"steps=4, shift=5, cfg=1" -> {"steps": 4, "shift": 5.0, "cfg": 1.0}; "none" -> None. ContractError when
+    """"steps=4, shift=5, cfg=1, tasks=i2v" -> {"steps": 4, "shift": 5.0, "cfg": 1.0, "tasks": ("i2v",)}; "none"
+    -> None (a field left out is absent: open). ContractError when
     malformed, starting with ``where`` (the file and key, or the table line): a contract that cannot be read
     must not be silently dropped."""
     if raw.strip().lower() == NO_CONTRACT:
@@ -120,11 +129,21 @@ def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
     try:
         for part in filter(None, (p.strip() for p in raw.split(","))):
             key, equals, value = (x.strip() for x in part.partition("="))
-            if not equals or key not in ("steps", "shift", "cfg") or key in values:
+            if not equals or key not in ("steps", "shift", "cfg", "tasks") or key in values:
                 raise ValueError(f"unexpected {part!r}")
-            values[key] = int(value) if key == "steps" else float(value)
+            values[key] = _word_value(key, value)
         if not 1 <= values.get("steps", 0) <= MAX_STEPS or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
             raise ValueError(f"steps must be 1 to {MAX_STEPS} (what a sampler runs), shift > 0 and cfg >= 0")
     except ValueError as exc:
         raise ContractError(f"{where} is malformed ({exc}); write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
     return values
+
+
+def _word_value(key: str, value: str):
+    """One field of the contract words, typed: steps a whole number, tasks names joined by "|"."""
+    if key == "tasks":
+        tasks = tuple(value.lower().split("|"))
+        if not all(_TASK.fullmatch(task) for task in tasks):
+            raise ValueError(f"tasks must be names such as i2v, joined by '|', got {value!r}")
+        return tasks
+    return int(value) if key == "steps" else float(value)

@@ -81,6 +81,16 @@ class KeyLayout:
                 plan[self.to_native(key)] = (key,)
         return plan
 
+    def diffusers_parts(self, native_key: str) -> tuple[str, ...]:
+        """The diffusers keys one native key holds, in ``join`` order: a fused rule's parts, else its one name
+        (the inverse of ``native_plan``, for a model known only by its native names: a host's state dict)."""
+        for rule in self.fused:
+            match = _template_regex(rule.native).fullmatch(native_key)
+            if match:
+                groups = {k: v for k, v in match.groupdict().items() if k != "_rest"}
+                return tuple(part.format(**groups) + (match["_rest"] or "") for part in rule.parts)
+        return (self.to_diffusers(native_key),)
+
     def fused_rule(self, native_key: str) -> Optional[Fused]:
         for rule in self.fused:
             if _template_regex(rule.native).fullmatch(native_key):

@@ -1,10 +1,10 @@
 """What a kind of single file is, as data: ``ComponentKind`` (a denoiser, VAE or text/image encoder that files of
-one key layout hold), ``KnownModel`` (one published or tiny configuration of a kind) and ``RefusedKind`` (files
-recognised but not loaded).
+one key layout hold), ``KnownModel`` (one published or tiny configuration of a kind), ``RefusedKind`` (files
+recognised but not loaded) and ``HostDenoiser`` (a denoiser patched in a host, never loaded from its files).
 
 Why here, below the families: each family declares the kinds and models of its own files on its layout
-(``FamilyLayout.single_file_kinds`` / ``known_single_files`` / ``refused_single_files``), and the single-file
-layer (``models/single_file/catalog``) gathers them from the registry, so it names no family itself.
+(``FamilyLayout.single_file_kinds`` / ``known_single_files`` / ``refused_single_files`` / ``host_denoisers``),
+and the single-file layer (``models/single_file/catalog``) gathers them from the registry, so it names no family itself.
 """
 
 from __future__ import annotations
@@ -54,6 +54,18 @@ class KnownModel:
     title: str  # "Qwen-Image"; Wan denoisers are titled from the version/expert the file name gives
     size: str  # "1.3B", "14B", "5B", "20B", "7B", "xxl", "tiny"
     variant: Optional[str] = None  # "t2v", "i2v", "ti2v" for Wan denoisers
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostDenoiser:
+    """A denoiser lorabind maps LoRAs onto inside a host (ComfyUI's own MODEL, known by its state-dict names) but
+    does not load from its single files (MiniMax-H3: ``RefusedKind``): its marker keys and native key layout."""
+    markers: tuple[str, ...]
+    layout: KeyLayout
+    family: str = ""
+
+    def fits(self, shapes: dict) -> bool:
+        return all(m in shapes for m in self.markers)
 
 
 @dataclass(frozen=True)

@@ -80,33 +80,38 @@ def lora_rank(lora: LoraFile) -> Optional[int]:
 def kind_summary(targets: dict) -> dict:
     """What each adapter kind of a file does, as the kinds name themselves (``inspect``): ``{kind: {"modules",
     "tensors", "ranks", "alphas"}}`` (plus ``"on"`` for a wrapping kind such as DoRA: the kinds it decomposes).
-    A module's weight-delta tensors (factors, alpha, magnitude) count for its kind; full diffs for ``diff``.
+    A module's weight-delta tensors (factors, alpha, magnitude) count for its kind; full diffs for ``diff``; a
+    tensor shared by several modules counts once.
     ``ranks``/``alphas`` are the distinct values (an alpha of None: the module's file has none)."""
     summary: dict = {}
     weight_parts = kinds.delta_parts()
 
     def entry(name):
-        return summary.setdefault(name, {"modules": 0, "tensors": 0, "ranks": set(), "alphas": set()})
+        return summary.setdefault(name, {"modules": 0, "tensors": set(), "ranks": set(), "alphas": set()})
 
     for patch in targets.values():
         delta = patch.low_rank
         if delta is not None:
             item = entry(delta.kind)
             item["modules"] += 1
-            item["tensors"] += sum(len(keys) for part, keys in patch.source_keys.items() if part in weight_parts)
+            item["tensors"].update(key for part, keys in patch.source_keys.items() if part in weight_parts
+                                   for key in keys)
             item["ranks"].add(delta.rank)
             item["alphas"].add(delta.alpha)
             inner = getattr(delta, "inner_kind", None)
             if inner is not None:
                 item.setdefault("on", set()).add(inner)
-        diffs = sum(len(keys) for part, keys in patch.source_keys.items() if part not in weight_parts)
+        diffs = {key for part, keys in patch.source_keys.items() if part not in weight_parts for key in keys}
         if diffs:
             item = entry("diff")
             item["modules"] += 1
-            item["tensors"] += diffs
+            item["tensors"].update(diffs)
             item["ranks"].add(0)
             item["alphas"].add(None)
     for item in summary.values():
+        # the file's tensors, each once: a fused tensor split over several modules (MiniMax-H3's grouped qkv
+        # -> q, k, v) is one tensor of the file, as the "in all" count says
+        item["tensors"] = len(item["tensors"])
         item["ranks"] = sorted(item["ranks"])
         item["alphas"] = sorted(a for a in item["alphas"] if a is not None) + ([None] if None in item["alphas"] else [])
         if "on" in item:

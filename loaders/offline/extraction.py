@@ -29,6 +29,7 @@ from ..errors import LoraBindError
 from ..io.safe_output import output_metadata, safe_output
 
 OUTPUT_PREFIX = "transformer."
+AUTO_PREFIX = "auto"  # key prefix chosen from the tuned model's own keys (``output_prefix``)
 WRITTEN_BY = "lorabind extract"
 
 
@@ -79,6 +80,8 @@ class ComponentWeights:
                 sliced = handle.get_slice(key)
                 self.shapes[key] = tuple(sliced.get_shape())
                 self.dtypes[key] = sliced.get_dtype()
+
+    key_prefix = ""  # a diffusers component's keys are bare module names
 
     def keys(self):
         return self.key_file.keys()
@@ -149,7 +152,7 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
     keys = sorted(base.keys())
     _check_layers_match(keys, options)
     result = ExtractionResult()
-    prefix = options.key_prefix
+    prefix = output_prefix(options.key_prefix, tuned)
     for index, key in enumerate(keys):
         module, _, param = key.rpartition(".")
         is_linear = param == "weight" and len(base.shapes[key]) == 2
@@ -183,12 +186,23 @@ def extract_lora(base: ComponentWeights, tuned: ComponentWeights, options: Extra
     return result
 
 
+def output_prefix(key_prefix: str, tuned) -> str:
+    """The prefix written before every module name. ``auto`` (LightX2V's extractor option): the prefix the tuned
+    model's own keys carry (a single file's ``model.diffusion_model.`` or ``diffusion_model.``; none for a
+    diffusers folder or a file of bare keys), so the LoRA is keyed as the model it came from. A named prefix
+    without its separator gets one (``diffusion_model`` -> ``diffusion_model.``): glued to the module name it
+    would make keys no reader matches."""
+    if key_prefix == AUTO_PREFIX:
+        return getattr(tuned, "key_prefix", "")
+    return key_prefix if not key_prefix or key_prefix.endswith(".") else key_prefix + "."
+
+
 def _check_layers_match(keys: list, options: ExtractOptions) -> None:
     """``--layers`` globs that select no module at all are a typo, not "identical models": say so, naming
     them and a few real module names to write them against."""
     if not options.layers:
         return
-    modules = sorted({key.rpartition(".")[0] for key in keys})
+    modules = sorted({key.rpartition(".")[0] for key in keys} - {""})  # "": a top-level parameter, no module
     unmatched = [glob_ for glob_ in options.layers if not any(fnmatch.fnmatchcase(m, glob_) for m in modules)]
     if len(unmatched) == len(options.layers):
         raise ExtractionError(f"--layers {unmatched} match no module of the component (its modules are named "

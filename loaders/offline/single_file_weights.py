@@ -60,6 +60,11 @@ class SingleFileWeights:
         self._handle = None
 
     @property
+    def key_prefix(self) -> str:
+        """The prefix every key of the file carries (``model.diffusion_model.``, ``diffusion_model.``, or none)."""
+        return self.detected.prefix
+
+    @property
     def component(self) -> str:
         """The component this file is, named as its family names a lone denoiser file (``transformer``)."""
         parts = family_by_id(self.detected.family).layout.single_file_parts([self.detected], None, None)

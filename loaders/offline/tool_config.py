@@ -32,6 +32,9 @@ REFUSED = {
     "model_type": "the model family is detected from the file; remove the key",
     "parallel": "merge runs in one process; remove the key",
 }
+# keys LightX2V's configs carry that change nothing here, each accepted with what lorabind does instead (said)
+NOTED = {"lora_merge_force_fp32": "lorabind always merges in fp32 (each LoRA's product is added to the weight in "
+                                   "fp32 and the sum is cast once), whatever the key says"}
 # keys whose LightX2V values we do reproduce, and only those values
 ACCEPTED_VALUES = {"lora_key_convert": ("auto", "same"), "direction": ("forward",), "diff_only": (False,),
                    "single_file": (True, False), "source_type": ("safetensors",), "target_type": ("safetensors",),
@@ -65,6 +68,13 @@ def read_config(path: str) -> dict:
     return config
 
 
+def config_notes(path) -> list:
+    """What lorabind says about the ``NOTED`` keys of the config at ``path`` (None: no config), one line each."""
+    if not path:
+        return []
+    return [f"--config {path}: '{key}': {NOTED[key]}" for key in read_config(path) if key in NOTED]
+
+
 def translate(config: dict, path: str, known, aliases: dict) -> dict:
     """``config`` in our names, restricted to ``known`` (our names first, then LightX2V's ``aliases``; its
     accepted keys are dropped once checked): ``ConfigError`` naming the first key that is refused, unknown or has
@@ -74,6 +84,8 @@ def translate(config: dict, path: str, known, aliases: dict) -> dict:
     for key, value in config.items():
         if key in known or key in aliases:
             out[key if key in known else aliases[key]] = value
+        elif key in NOTED:
+            continue  # said by ``config_notes``
         elif key in REFUSED:
             raise ConfigError(f"--config {path}: LightX2V's '{key}' is not supported: {REFUSED[key]}")
         elif key in ACCEPTED_VALUES:

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 
+from ..guide_flags import dtype_name
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -27,11 +28,11 @@ CONFIG_KEYS = (*DEFAULTS, *PATH_KEYS, "component", "overwrite")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--base", metavar="DIR|FILE",
+    parser.add_argument("--base", "--source-model", dest="base", metavar="DIR|FILE",
                         help="the base model: a diffusers folder or a single denoiser .safetensors file")
-    parser.add_argument("--tuned", metavar="DIR|FILE",
+    parser.add_argument("--tuned", "--target-model", dest="tuned", metavar="DIR|FILE",
                         help="the tuned (e.g. merged) model: a diffusers folder or a single denoiser file")
-    parser.add_argument("--out", metavar="FILE",
+    parser.add_argument("--out", "--output", dest="out", metavar="FILE",
                         help="output .safetensors file (a new file; never inside --base or --tuned)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing --out that an earlier extract wrote; any other file is refused")
@@ -51,12 +52,15 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layers", nargs="+", default=None, metavar="GLOB",
                         help="only linears whose module name matches a glob, e.g. 'blocks.*.attn1.*' "
                              "(default: every linear)")
-    parser.add_argument("--dtype", choices=sorted(DTYPE_ARGUMENTS) + ["auto"], default=None,
+    parser.add_argument("--dtype", "--output-dtype", dest="dtype", type=dtype_name,
+                        choices=sorted(DTYPE_ARGUMENTS) + ["auto"], default=None,
                         help="dtype of the written tensors (default bf16; auto: the tuned model's per tensor)")
     parser.add_argument("--device", default=None, metavar="DEVICE",
                         help="where the SVDs run: cpu (default), cuda, cuda:N, mps or auto")
     parser.add_argument("--key-prefix", default=None, metavar="PREFIX",
-                        help="prefix of every written key (default 'transformer.'; '' for bare module names)")
+                        help="prefix of every written key (default 'transformer.'; '' for bare module names; "
+                             "auto: the tuned model's own, e.g. a single file's 'model.diffusion_model.'; a name "
+                             "without its dot gets one)")
     parser.add_argument("--diffs", action=argparse.BooleanOptionalAction, default=None,
                         help="also store changed biases, norms and other non-linear tensors whole "
                              "(default on; --no-diffs writes low-rank pairs only, like LightX2V)")

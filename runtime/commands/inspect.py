@@ -190,9 +190,7 @@ def format_report(report: dict) -> str:
     if report["metadata"]:
         lines.append("  metadata:")
         lines.extend(f"    {key}: {_shorten(value)}" for key, value in sorted(report["metadata"].items()))
-    contract = report["contract"]
-    lines.append("  contract: " + (contract.get("text") or json.dumps(contract) if contract else
-                                   "none declared (neither its file name nor its metadata declares one)"))
+    lines.append("  contract: " + _contract_words(report))
     lines.extend(f"  warning:  {line}" for line in report.get("warnings", []))
     accounting = report["accounting"]
     if accounting is not None:
@@ -210,6 +208,19 @@ def format_report(report: dict) -> str:
         if len(unmatched) > _SHOWN_UNMATCHED:
             lines.append(f"    ... and {len(unmatched) - _SHOWN_UNMATCHED} more unmatched (--json lists all)")
     return "\n".join(lines)
+
+
+def _contract_words(report: dict) -> str:
+    """The contract in words; a ``sampling_contract`` the metadata carries on a file whose keys name no family is
+    said, not hidden behind "none declared": its words are read with a family's defaults, so it is not applied."""
+    contract = report["contract"]
+    if contract:
+        return contract.get("text") or json.dumps(contract)
+    declared = report["metadata"].get("sampling_contract")
+    if declared is not None and report["family"] is None:
+        return (f"not read: its metadata declares sampling_contract={declared!r}, but its keys name no known model "
+                "family, so no model would take it (check the key prefix)")
+    return "none declared (neither its file name nor its metadata declares one)"
 
 
 def _words(value) -> str:

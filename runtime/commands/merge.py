@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from ..guide_flags import dtype_name
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -24,17 +25,20 @@ LORA_CONFIG_KEYS = ("path", "strength", "name")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", action="append", metavar="DIR|FILE",
+    parser.add_argument("--model", "--source-model", dest="model", action="append", metavar="DIR|FILE",
                         help="source diffusers model folder, or a single denoiser .safetensors file (read only); "
                              "repeat for the two Wan2.2 expert files, high-noise first")
-    parser.add_argument("--lora", action="append", metavar="[COMPONENT=]FILE[:STRENGTH]",
+    parser.add_argument("--lora", "--lora-model", dest="lora", action="append", metavar="[COMPONENT=]FILE[:STRENGTH]",
                         help="LoRA file or PEFT folder, optionally with the component it goes into and a strength "
                              "(default 1.0); repeatable, e.g. --lora transformer=HIGH.safetensors --lora "
                              "transformer_2=LOW.safetensors bakes a Wan2.2 pair in one run")
+    parser.add_argument("--alpha", type=float, default=None, metavar="STRENGTH",
+                        help="strength of every --lora that gives none (LightX2V's lora_merger --alpha; each pair "
+                             "is still scaled by its file's own alpha/rank; default 1.0)")
     parser.add_argument("--component", default=None, metavar="NAME",
                         help="component for --lora values that name none (default: the model's main denoiser, "
                              "e.g. transformer; Wan2.2 low-noise: transformer_2)")
-    parser.add_argument("--out", action="append", metavar="DIR|FILE",
+    parser.add_argument("--out", "--output", dest="out", action="append", metavar="DIR|FILE",
                         help="new model folder to write (a new path or an empty folder; never inside --model or "
                              "a LoRA); for single files one .safetensors file per --model, in the same order")
     parser.add_argument("--config", metavar="FILE",
@@ -48,17 +52,18 @@ def add_arguments(parser) -> None:
     parser.add_argument("--asset-mode", choices=("copy", "symlink", "hardlink"), default=None,
                         help="folders: how files the merge does not change reach --out (default copy; "
                              "symlink/hardlink save the space of text encoders and VAE)")
-    parser.add_argument("--dtype", choices=sorted(DTYPE_ARGUMENTS) + [FP8_DTYPE], default=None,
+    parser.add_argument("--dtype", "--output-dtype", dest="dtype", type=dtype_name,
+                        choices=sorted(DTYPE_ARGUMENTS) + [FP8_DTYPE], default=None,
                         help="dtype of the merged tensors (folders: default as stored; single files: default "
                              "bf16, or fp8_e4m3fn: fp8 scaled with a per-tensor scale_weight)")
     parser.add_argument("--lenient", action="store_true",
                         help="ignore LoRA keys that match nothing in the model (reported) instead of refusing")
 
 
-def parse_lora_argument(value: str, default_component: str) -> tuple[str, str, float]:
+def parse_lora_argument(value: str, default_component: str, default_strength: float = 1.0) -> tuple[str, str, float]:
     """``[COMPONENT=]FILE[:STRENGTH]`` -> (component, file, strength). The ``COMPONENT=`` prefix counts only when
     it names a component-like word (no path separator); the last ``:`` part is a strength only when it parses as
-    a number."""
+    a number (else ``default_strength``)."""
     component, sep, rest = value.partition("=")
     if not sep or "/" in component or "\\" in component or not component:
         component, rest = default_component, value
@@ -68,15 +73,18 @@ def parse_lora_argument(value: str, default_component: str) -> tuple[str, str, f
             return component, path, float(tail)
         except ValueError:
             pass
-    return component, rest, 1.0
+    return component, rest, default_strength
 
 
 def run(args) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
+    from ...loaders.offline.tool_config import config_notes
 
     try:
         settings = _settings(args)
+        for note in config_notes(args.config):
+            print(f"lorabind merge: {note}")
         report = _merge(settings)
     except LoraBindError as exc:
         print(f"lorabind merge: refused: {exc}", file=sys.stderr)
@@ -126,7 +134,8 @@ def _settings(args) -> dict:
     settings = {**config, **{k: v for k, v in explicit.items() if v is not None}}
     settings["model"], settings["out"] = _listed(settings.get("model")), _listed(settings.get("out"))
     component = settings.get("component")
-    settings["loras"] = ([parse_lora_argument(v, component) for v in args.lora] if args.lora
+    strength = 1.0 if args.alpha is None else args.alpha
+    settings["loras"] = ([parse_lora_argument(v, component, strength) for v in args.lora] if args.lora
                          else _config_loras(config, args.config))
     for name, flag in (("model", "--model"), ("out", "--out"), ("loras", "--lora")):
         if not settings[name]:

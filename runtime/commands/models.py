@@ -32,8 +32,9 @@ def add_arguments(parser) -> None:
                        help="build only these models (e.g. tiny-wan22-t2v)")
     build.add_argument("--comfyui", action="store_true",
                        help="also the files ComfyUI's own loaders accept (the ComfyUI-native example): two Wan2.2 "
-                       "experts ComfyUI detects, their lightx2v LoRA pair, and ComfyUI's full-size Wan2.1 VAE with "
-                       "random weights (about 250 MB)")
+                       "experts ComfyUI detects, their lightx2v LoRA pair, ComfyUI's full-size Wan2.1 VAE with "
+                       "random weights (about 250 MB) and, with diffusers 0.42, a MiniMax-H3 denoiser ComfyUI 0.30 "
+                       "detects")
     check = sub.add_parser(
         "check", help="list every model file a workflow names: found (and what it is) or missing (and where "
                       "it was looked for)")

@@ -51,6 +51,9 @@ def add_arguments(parser) -> None:
 
 def add_openai_arguments(parser) -> None:
     """The OpenAI-style endpoints (/v1/...) and LoRA the vllm-omni way (its flag names)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..guide_flags import add_serve_guide_arguments
+
     parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
                         help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
                         "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
@@ -64,11 +67,13 @@ def add_openai_arguments(parser) -> None:
     parser.add_argument("--allow-lora-dir", action="append", default=[], metavar="DIR",
                         help="another folder LoRA names and request adapter paths may come from (repeatable); "
                         "everything else outside models/loras is refused")
+    add_serve_guide_arguments(parser)
 
 
 def run(args) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
+    from ..guide_flags import apply_serve_guide_arguments
     from ..server import ServerConfig, run_server
 
     device_error = apply_device_arguments(args)
@@ -78,7 +83,7 @@ def run(args) -> int:
     if args.max_upload_size <= 0:
         print("lorabind serve: --max-upload-size must be a positive number of MB")
         return 2
-    openai_error = check_openai_arguments(args)
+    openai_error = check_openai_arguments(args) or apply_serve_guide_arguments(args)
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
@@ -136,8 +141,9 @@ def parallel_spec_of(args):
 
 
 def check_openai_arguments(args) -> str | None:
-    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``); with the peft backend the
-    ``--lora-path`` files join ``--preload-adapter``. An error text, or None."""
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``) and the ``--allow-lora-dir`` folders
+    (with the peft backend, ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text,
+    or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai.templates import parse_model_option
 
@@ -148,15 +154,15 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
-    if args.lora_backend == "peft":
-        args.preload_adapter = [*args.preload_adapter, *args.lora_path]
     return None
 
 
 def apply_adapter_cache_arguments(args) -> str | None:
-    """``--max-cached-adapters`` / ``--preload-adapter``: the adapter cache's session defaults; preloaded files are
-    read now (a bad name or file fails at start, not at the first prompt) and pinned. An error text, or None."""
-    if args.max_cached_adapters is None and not args.preload_adapter:
+    """``--max-cached-adapters`` / ``--preload-adapter`` (and, with the peft backend, ``--lora-path``): the adapter
+    cache's session defaults; preloaded files are read now (a bad name or file fails at start, not at the first
+    prompt), pinned, and said. An error text, or None."""
+    lora_paths = args.lora_path if args.lora_backend == "peft" else ()
+    if args.max_cached_adapters is None and not args.preload_adapter and not lora_paths:
         return None
     if args.max_cached_adapters is not None and args.max_cached_adapters < 1:
         return "--max-cached-adapters must be at least 1"
@@ -167,15 +173,39 @@ def apply_adapter_cache_arguments(args) -> str | None:
     from .. import folder_paths
 
     folder_paths.configure(models_root=args.models)
+    for folder in args.allow_lora_dir:  # the folders a --lora-path (as a request's lora.path) may come from
+        folder_paths.add_model_folder_path("loras", folder)
+    named, error = _lora_path_names(lora_paths)
+    if error:
+        return error
     paths = []
-    for name in args.preload_adapter:
+    for flag, name in [("--preload-adapter", n) for n in args.preload_adapter] + named:
         path = folder_paths.get_full_path("loras", name)
         if path is None:
-            return f"--preload-adapter {name}: not found under {args.models}/loras"
+            return f"{flag} {name}: not found under {args.models}/loras"
         try:
-            read_lora(path)
+            lora = read_lora(path)
         except LoraBindError as exc:
-            return f"--preload-adapter {name}: {exc}"
+            return f"{flag} {name}: {exc}"
         paths.append(path)
+        print(f"lorabind serve: preloaded adapter {name} ({lora.format}, {len(lora.targets)} modules; pinned in "
+              "the adapter cache for requests to use)")
     set_adapter_cache_defaults(max_size=args.max_cached_adapters, pinned_paths=paths)
     return None
+
+
+def _lora_path_names(lora_paths) -> tuple:
+    """``([("--lora-path", name in the LoRA folders)], None)``, or ``([], error text)``: a ``--lora-path`` is
+    confined exactly as a request's ``lora.path`` (absolute, or relative to a LoRA folder; inside the LoRA folders
+    or an ``--allow-lora-dir``, links resolved)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..server.openai.errors import OpenAIRequestError
+    from ..server.openai.loras import confined_lora_name
+
+    named = []
+    for path in lora_paths:
+        try:
+            named.append(("--lora-path", confined_lora_name(path)))
+        except OpenAIRequestError as exc:
+            return [], f"--lora-path: {exc.message}".replace("lora.path ", "")
+    return named, None

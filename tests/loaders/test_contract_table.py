@@ -42,7 +42,7 @@ def test_a_table_entry_gives_a_contract_to_an_arbitrary_name(tmp_path):
     assert discover_contract(str(path)) is None
     write_table(tmp_path, '{\n  "other.safetensors": "steps=8",\n  "my_speedup_*.safetensors": "steps=6, cfg=1"\n}\n')
     contract = discover_contract(str(path))
-    assert (contract.steps, contract.shift, contract.cfg, contract.family) == (6, 5.0, 1.0, "wan2.1")
+    assert (contract.steps, contract.shift, contract.cfg, contract.family) == (6, None, 1.0, "wan2.1")  # shift: left out, open
     assert contract.declared_by == f"{TABLE_NAME} line 3"
     assert contract.describe().endswith(f"(declared by {TABLE_NAME} line 3)")
     # the sampler enforces it, and its refusal says where the contract comes from
@@ -68,7 +68,7 @@ def test_the_files_metadata_beats_the_table(tmp_path):
     write_table(tmp_path, '{"mine.safetensors": "steps=8"}')
     contract = discover_contract(str(path))
     assert (contract.steps, contract.declared_by) == (2, "metadata")
-    assert contract.note == f"{TABLE_NAME} line 1 suggests steps=8 shift=5 cfg=1; the metadata wins"
+    assert contract.note == f"{TABLE_NAME} line 1 suggests steps=8 shift=open cfg=open; the metadata wins"
 
 
 def test_a_sha256_entry_matches_the_content_whatever_the_name(tmp_path):

@@ -38,7 +38,7 @@ def test_headless_each_native_node_says_it_needs_comfyui(call, node):
 
 
 @pytest.mark.parametrize("shipped", [SHIPPED.with_name(f"{name}{form}") for name in (
-    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning") for form in (".api.json", ".json")],
+    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning", "comfy_minimax_h3_turbo_4step_768p") for form in (".api.json", ".json")],
     ids=lambda path: path.name)
 def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipped):
     run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(shipped), "--models",

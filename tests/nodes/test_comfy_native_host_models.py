@@ -60,7 +60,7 @@ def test_enforce_contract_off_samples_anyway_and_returns_the_override_line():
 
 
 def _deltas(kind):
-    return {"diffusion_model.blocks.0.self_attn.q.weight": (SimpleNamespace(kind=kind),)}
+    return {"diffusion_model.blocks.0.self_attn.q.weight": SimpleNamespace(deltas=(SimpleNamespace(kind=kind),))}
 
 
 def test_a_dora_lora_after_another_lora_on_the_same_weights_is_refused_naming_file_and_key():
@@ -92,7 +92,7 @@ def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which
     prepared = hm.prepare_host_lora(shapes, "tiny-wan21", name, str(tiny_models_root / "loras" / name), 1.0,
                                     lenient=False, where="test")
     assert len(prepared.deltas) == 16 and prepared.report["counts"]["unmatched"] == 0
-    scales = {module_of[key]: delta.scale for key, (delta,) in prepared.deltas.items()}
+    scales = {module_of[key]: patch.deltas[0].scale for key, patch in prepared.deltas.items()}
     assert scales == pytest.approx({module: expected_peft_scale(module) for module in scales})
     assert {round(s, 4) for s in scales.values()} == {1.5, 8.0, 11.3137}
     (line,) = [text for text in prepared.text if text.startswith("PEFT scale")]

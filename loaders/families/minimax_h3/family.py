@@ -18,8 +18,8 @@ from ..interface import (
     TinyRecipe,
 )
 from ..parts import FamilyContracts, FamilyLayout, FamilySampling
-from . import contracts, pipeline, references, sampling
-from .key_layouts import REFUSED_FILES
+from . import contracts, host, pipeline, references, sampling
+from .key_layouts import HOST_DENOISERS, REFUSED_FILES
 from .keymap import KEYMAP
 from .resolve import resolve
 
@@ -35,6 +35,7 @@ class MiniMaxH3Layout(FamilyLayout):
     # the factory builds both folders at once (the pinned one is a copy with a pinned release)
     tiny_models = tuple(TinyRecipe(name, contracts.FAMILY_ID) for name in ("tiny-minimax-h3", "tiny-minimax-h3-pinned"))
     refused_single_files = REFUSED_FILES
+    host_denoisers = HOST_DENOISERS  # ComfyUI's own MiniMax-H3 MODEL (0.30.0), for LoraBindLoRA
     file_name_words = "minimax"
     # listed last: none featured
     example_templates = ("minimax_h3_turbo_8step", "minimax_h3_turbo_mp4", "minimax_h3_turbo_4step_768p",
@@ -57,6 +58,10 @@ class MiniMaxH3Contracts(FamilyContracts):
     adapter_contract = staticmethod(contracts.file_contract)
     describe = staticmethod(contracts.describe_contract)
     view = staticmethod(contracts.contract_dict)  # what the contract node shows (its text lines are separate)
+    # on ComfyUI's own MiniMax-H3 MODEL (0.30.0): the host model's defaults, the flow_shift and the audio schedule
+    on_host = staticmethod(host.on_host)
+    explain_host_sigmas = staticmethod(host.explain_host_sigmas)
+    host_sampling_problem = staticmethod(host.host_sampling_problem)
 
     def bound(self, contract, model_index: dict, scale: float, task: str):
         """The adapter's contract on this checkpoint, at ``scale``, for ``task``."""

@@ -1,12 +1,14 @@
 """MiniMax-H3's native transformer key layout, the inverse of diffusers' single-file converter
 (``convert_minimax_h3_transformer_checkpoint_to_diffusers``, 0.42). lorabind does not load MiniMax-H3 single files
-(``REFUSED_FILES`` says why and what to use instead, on its layout); the tests check the layout.
+(``REFUSED_FILES`` says why and what to use instead, on its layout), but ComfyUI 0.30's own MiniMax-H3 model has
+these names in its state dict (``comfy/ldm/minimax/model.py``: fused ``qkv_proj`` as [Q; K; V], ``mlp.fc1`` as
+[gate; value]), so the ComfyUI-native nodes map LoRAs onto it through this layout (``HOST_DENOISERS``).
 """
 
 from __future__ import annotations
 
 from ...io.key_layouts import Fused, KeyLayout
-from ...io.single_file_kinds import RefusedKind
+from ...io.single_file_kinds import HostDenoiser, RefusedKind
 
 MINIMAX_H3_TRANSFORMER = KeyLayout("minimax_h3_transformer", (
     ("transformer_blocks.{i}.attn.norm_q", "blocks.{i}.attn.q_norm"),
@@ -48,3 +50,7 @@ REFUSED_FILES = (
                 "together): put the folder under models/diffusers/ and load it with LoraBindModelLoader (\"Load "
                 "Diffusers Model (lorabind)\")"),
 )
+
+# ComfyUI's model detection knows MiniMax-H3 by these two keys (``comfy/model_detection.py``, 0.30.0)
+HOST_DENOISERS = (HostDenoiser(markers=("video_patch_proj.weight", "audio_patch_proj.weight"),
+                               layout=MINIMAX_H3_TRANSFORMER),)

@@ -37,6 +37,22 @@ class FamilyContracts(FamilyPart):
         """The ResolvedSchedule for a SamplingRequest under ``contracts``; ContractError before any weight moves."""
         raise NotImplementedError
 
+    def on_host(self, contract):
+        """The contract as it applies to this family's model held by a host (ComfyUI's own MODEL), which has no
+        ``model_index.json``: a contract completed from the host model's defaults. As declared by default."""
+        return contract
+
+    def explain_host_sigmas(self, contract, sigmas: list) -> Optional[str]:
+        """A better wording than "steps/sigmas" for a host sampler's sigmas off the contract's table (MiniMax-H3:
+        the right step count on another flow_shift), or None to keep the general one."""
+        return None
+
+    def host_sampling_problem(self, contract, sigmas: list, host_options: dict) -> Optional[str]:
+        """What else is off the contract in a host sampler run whose sigmas and cfg are right, from the host
+        model's own options (ComfyUI's ``transformer_options``), or None (MiniMax-H3: the audio schedule its
+        model derives from the video sigmas)."""
+        return None
+
     def check_stage(self, model_handle, schedule, enforce: bool) -> list:
         """Refuse a stage (``schedule.start_step``..``stage_end``) the model's artifacts do not allow (ContractError
         naming the artifact and the input), before anything touches a weight; with ``enforce`` off, the override

@@ -37,6 +37,9 @@ class FamilyLayout(FamilyPart):
     single_file_kinds: tuple = ()
     known_single_files: tuple = ()
     refused_single_files: tuple = ()
+    # denoisers whose LoRAs the ComfyUI-native nodes map onto a host's own model but that lorabind does not load
+    # from single files (``io.single_file_kinds.HostDenoiser``)
+    host_denoisers: tuple = ()
     # a regex of the words a LoRA file's name carries when it is made for this family's models ("qwen"): another
     # family's name rules leave such a file alone (a Qwen-Image Lightning file is not a Wan distill file)
     file_name_words: str = ""

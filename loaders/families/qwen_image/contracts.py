@@ -36,7 +36,7 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
     if _LIGHTNING.search(name):
         by_name = distill_contract(name, "qwen_image", LIGHTNING_SHIFT, rank) or open_contract(
             name, "qwen_image", rank, ("steps",), LIGHTNING_STEPS_OPEN_NOTE, shift=LIGHTNING_SHIFT, cfg=1.0)
-    return declared(by_name, name, metadata, table, "qwen_image", LIGHTNING_SHIFT, rank)
+    return declared(by_name, name, metadata, table, "qwen_image", rank)
 
 
 # The Lightning edit releases (reference §2.6): lightx2v/Qwen-Image-Lightning's

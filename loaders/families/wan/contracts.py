@@ -69,7 +69,7 @@ def declared_contract(file_name: str, metadata: dict, rank: Optional[int],
     text = _grammar_text(file_name)
     # A name without an explicit version is Wan2.2 when it names an expert (high/low noise), else Wan2.1.
     family = MOE_FAMILY if _WAN22.search(text) else "wan2.1"
-    return declared(_by_name(text, family, rank), text, metadata, table, family, DISTILL_SHIFT, rank)
+    return declared(_by_name(text, family, rank), text, metadata, table, family, rank)
 
 
 def _grammar_text(file_name: str) -> str:

@@ -34,6 +34,12 @@ def known_models() -> tuple:
     return tuple(model for family in all_families() for model in family.layout.known_single_files)
 
 
+def host_denoisers() -> tuple:
+    """Denoisers mapped onto a host's own model only (``HostDenoiser``), each naming its family."""
+    return tuple(dataclasses.replace(host, family=family.id) for family in all_families()
+                 for host in family.layout.host_denoisers)
+
+
 def refused_kinds() -> tuple:
     """Single files a family recognises but does not load (``RefusedKind``)."""
     return tuple(refused for family in all_families() for refused in family.layout.refused_single_files)

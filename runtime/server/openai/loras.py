@@ -14,6 +14,8 @@ import os
 
 from ....loaders import families
 from ....loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
+from ....loaders.errors import LoraBindError
+from ....loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ....loaders.lora import read_lora
 from ....loaders.models.structure import load_structure
 from ....tiny_models import ensure_builtin_models
@@ -154,11 +156,27 @@ def _model_folder(template: Template) -> str:
                      f"({template.file_name}) loads (its '{DISTILL_HOOK}' input does not lead to a model_name)")
 
 
+def _check_pair_order(template: Template, structure, names: list[str]) -> None:
+    """A swapped ``--lora-path LOW HIGH`` pair is refused at start (ValueError: the server does not start), by the
+    family's own slot check, as the pair node would refuse it at the warm-up (issue 44: the server then ran and
+    answered every request 400)."""
+    layout = families.family_for(structure).layout
+    expert = {role: component for component, role in layout.denoiser_roles(structure).items()}
+    try:
+        layout.check_slots(structure.model_index, [(expert[ROLE_HIGH_NOISE], names[0], "first --lora-path"),
+                                                   (expert[ROLE_LOW_NOISE], names[1], "second --lora-path")])
+    except LoraBindError as exc:
+        raise ValueError(f"--lora-path {names[0]} {names[1]} for {template.name}: {exc}; give the high-noise "
+                         "file first") from None
+
+
 def _chain_distill(template: Template, names: list[str], contracts: list[dict]) -> None:
     node_id, input_name = template.hooks[DISTILL_HOOK]
     prompt = template.prompt
     upstream = prompt[node_id]["inputs"][input_name]
-    if len(names) == 2 and families.has_expert_pair(_structure(_model_folder(template))):
+    structure = _structure(_model_folder(template))
+    if len(names) == 2 and families.has_expert_pair(structure):
+        _check_pair_order(template, structure, names)
         inputs = {"model": upstream, "high_noise_lora": names[0], "high_noise_strength": 1.0,
                   "low_noise_lora": names[1], "low_noise_strength": 1.0}
         upstream = [add_node(prompt, "WanMoELoRAPair", inputs, "--lora-path high/low pair"), 0]

@@ -31,7 +31,7 @@ def test_edit_lightning_names_declare_steps_shift_3_and_cfg_1(name, steps):
 
 def test_metadata_wins_over_an_edit_files_name():
     contract = contracts.declared_contract(EDIT_FILES[0][0], {"sampling_contract": "steps=6"}, None)
-    assert (contract.steps, contract.shift, contract.declared_by) == (6, 3.0, "metadata")
+    assert (contract.steps, contract.shift, contract.declared_by) == (6, None, "metadata")  # shift left out: open
 
 
 def _attach(load_tiny, tiny_models_root, model_name, lora):
