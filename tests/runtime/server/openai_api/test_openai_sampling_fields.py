@@ -134,3 +134,24 @@ def test_a_validation_refusal_of_the_minimax_task_names_the_task_field():
     result = SimpleNamespace(node_errors={"2": {"errors": errors, "class_type": "MiniMaxTurboSchedule"}}, error={})
     error = validation_error(template, template.prompt, result, {"task": "task"})
     assert error.param == "task" and "minimax_h3_turbo_4step_768p.api.json" in error.message
+
+
+@pytest.mark.parametrize("message, field, node", [
+    ("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors requires flow_shift=6, got flow_shift=12",
+     "flow_shift", "6"),
+    ("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors requires audio_flow_shift=3, got audio_flow_shift=5",
+     "audio_flow_shift", "6"),
+    # the task is the Turbo schedule node's input; the sampler refuses it
+    ("minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors is a fl2v Turbo artifact and serves tasks ['t2va', "
+     "'fl2va'], got task='ref2va'", "task", "2"),
+])
+def test_a_minimax_refusal_names_the_field_in_its_own_words(message, field, node):
+    template = _template("minimax_h3_turbo_4step_768p")
+    sent = parse_video({"prompt": "a cat", "task": "ref2va", "flow_shift": 12, "audio_flow_shift": 5},
+                       {"m": template}).sent
+    entry = {"status": {"status_str": "error", "messages": [["execution_error", {
+        "node_id": "6", "node_type": "LoraBindSampler", "exception_message": message,
+        "exception_type": "lorabind.loaders.errors.ContractError"}]]}}
+    error = failure(template, entry, sent)
+    assert (error.status, error.param, error.code) == (400, field, "contract_mismatch")
+    assert f"of node {node} in minimax_h3_turbo_4step_768p.api.json" in error.message
