@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     print_table(f"Sharded folder load ({loading['parameters'] / 1e6:.1f} M parameters in {loading['shards']} shards, "
                 "median seconds)",
                 [(load_pair.name_a, f"{load_pair.a:.3f}"), (load_pair.name_b, f"{load_pair.b:.3f}"),
-                 ("same weights either way", str(loading["same_weights"]))]
+                 ("same weights either way", str(loading["same_weights"])), ("worker rule", loading["rule"])]
                 + ([("note", "the rule picked 1 worker here: both sides ran the sequential loader, so "
                      "parallel_load_speedup is the noise of identical interleaved runs")] if loading["same_path"]
                    else []))

@@ -10,7 +10,7 @@ torch import here: ``lorabind --help`` stays fast.
 
 from __future__ import annotations
 
-import os
+from .device_options import apply_load_workers
 
 # torch's dtype names (the guides' ``--output-dtype bfloat16``) -> ours
 DTYPE_SPELLINGS = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -28,11 +28,9 @@ def add_serve_guide_arguments(parser) -> None:
                         help="vllm-omni's scale of the --lora-path files: only 1 is taken (distill files are fused "
                              "at the strength their contract is trained for; a request sets its adapter's scale "
                              "with lora.scale)")
-    parser.add_argument("--num-weight-load-threads", type=int, default=None, metavar="N",
-                        help="threads loading a sharded model's weight files (sets $LORABIND_LOAD_WORKERS; "
-                             "default: one per core, 1 on a rotating disk)")
+    # vllm-omni's --num-weight-load-threads N is an alias of --load-workers N (device_options, on run and serve)
     parser.add_argument("--disable-multithread-weight-load", action="store_true",
-                        help="load weight files one at a time (the same as --num-weight-load-threads 1)")
+                        help="load weight files one at a time (the same as --load-workers 1)")
 
 
 def apply_serve_guide_arguments(args) -> str | None:
@@ -40,16 +38,9 @@ def apply_serve_guide_arguments(args) -> str | None:
     if args.lora_scale is not None and args.lora_scale != 1.0:
         return (f"--lora-scale {args.lora_scale:g}: not supported; --lora-path distill files are fused at strength "
                 "1 (what their contract is trained for), and a request sets its adapter's scale with lora.scale")
-    threads = args.num_weight_load_threads
     if args.disable_multithread_weight_load:
-        if threads not in (None, 1):
-            return f"--disable-multithread-weight-load and --num-weight-load-threads {threads} contradict each other"
-        threads = 1
-    if threads is not None:
-        if threads < 1:
-            return "--num-weight-load-threads must be at least 1"
-        # lazy: the CLI's parser imports this module; the engine loads when it runs
-        from ..loaders.models.diffusers_folder import LOAD_WORKERS_VARIABLE
-
-        os.environ[LOAD_WORKERS_VARIABLE] = str(threads)  # read by every model load of this process
+        if args.load_workers not in (None, 1):
+            return (f"--disable-multithread-weight-load and --load-workers (--num-weight-load-threads) "
+                    f"{args.load_workers} contradict each other")
+        return apply_load_workers(1)
     return None

@@ -8,20 +8,30 @@ So to make the worker count an option of *our* load, we set those two module att
 load, under a lock (loads are serialised anyway: ``model_store`` holds its own lock while loading). Only diffusers
 models (transformers, VAEs) load in parallel; transformers' text encoders have no such pool.
 
-The worker count when none is asked for (``auto_workers``), so that parallel loading is never slower than
+The worker count when none is asked for (``worker_rule``), so that parallel loading is never slower than
 sequential: 1 when the folder is on a rotating disk (threads reading several shards at once make it seek between
-them), else one thread per CPU core this process may run on, at most ``MAX_WORKERS``. More threads than cores
-only contend: on a loaded 2-core machine 8 workers loaded at 0.35x the sequential speed (issue 33).
+them) and its weight files are not already in the page cache, else one thread per CPU core this process may run
+on, at most ``MAX_WORKERS``. More threads than cores only contend: on a loaded 2-core machine 8 workers loaded at
+0.35x the sequential speed (issue 33). Why the page cache: cloud VMs' virtio disks report themselves rotating
+whatever is behind them, so the disk flag alone made every cloud VM load sequentially (issue 44); a shard already
+in memory is read without touching the disk, so threads cannot make it seek. Whether it is, ``mincore`` says (the
+kernel's own account of the pages, without reading them); where it cannot be asked, the shards count as uncached.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import threading
+from pathlib import Path
 from typing import Optional
 
 MAX_WORKERS = 8  # diffusers' own default pool size
+CACHED_FRACTION = 0.9  # of the weight files' pages in memory: a rotating disk then seeks for the rest only
+WEIGHT_SUFFIXES = (".safetensors", ".gguf")
+_WINDOW = 1 << 30  # bytes mapped at a time to ask mincore (a 64 GiB expert folder: 64 calls, 256 KiB of answer each)
 _lock = threading.Lock()
 
 
@@ -50,11 +60,68 @@ def on_rotating_disk(path) -> Optional[bool]:
     return None
 
 
+def weight_files(path) -> list:
+    """The weight files a load of ``path`` (a model folder, or one file) reads."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(f for f in path.rglob("*") if f.name.endswith(WEIGHT_SUFFIXES) and f.is_file())
+
+
+def cached_fraction(files) -> Optional[float]:
+    """The share of the ``files``' pages the page cache holds (``mincore`` over a read-only map, window by
+    window: nothing is read); None where the system cannot say (not Linux or another Unix, an unreadable file)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                                  ctypes.c_int, ctypes.c_int, ctypes.c_long)
+        libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+        resident = total = 0
+        for file in files:
+            with open(file, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                for offset in range(0, size, _WINDOW):
+                    in_memory, pages = _resident_pages(libc, fh.fileno(), offset, min(_WINDOW, size - offset))
+                    resident, total = resident + in_memory, total + pages
+    except (OSError, AttributeError, ValueError):
+        return None
+    return resident / total if total else None
+
+
+def _resident_pages(libc, fd: int, offset: int, length: int) -> tuple:
+    """(pages in memory, pages) of one window of an open file."""
+    address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    try:
+        pages = (length + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        answer = ctypes.create_string_buffer(pages)
+        if libc.mincore(ctypes.c_void_p(address), length, answer) != 0:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return pages - answer.raw.count(0), pages  # Linux sets only the low bit: a byte per page, 0 = not in memory
+    finally:
+        libc.munmap(ctypes.c_void_p(address), length)
+
+
+def worker_rule(path) -> tuple:
+    """(shard-loading threads for ``path`` when none is asked for, why): the rule in the module docstring."""
+    per_core = max(1, min(usable_cores(), MAX_WORKERS))
+    cores = f"{per_core} worker(s): one per usable core, at most {MAX_WORKERS}"
+    rotating = on_rotating_disk(path)
+    if not rotating:
+        return per_core, f"{cores} ({'not a rotating disk' if rotating is False else 'the disk does not say'})"
+    cached = cached_fraction(weight_files(path))
+    if cached is not None and cached >= CACHED_FRACTION:
+        return per_core, f"{cores} (a rotating disk, but {cached:.0%} of the weight files are in the page cache)"
+    held = "unknown" if cached is None else f"{cached:.0%}"
+    return 1, (f"1 worker (a rotating disk, and the page cache holds {held} of the weight files: threads would "
+               "make it seek between shards)")
+
+
 def auto_workers(path) -> int:
-    """Shard-loading threads for the folder ``path`` when none is asked for (the rule in the module docstring)."""
-    if on_rotating_disk(path):
-        return 1
-    return max(1, min(usable_cores(), MAX_WORKERS))
+    """Shard-loading threads for the folder ``path`` when none is asked for (``worker_rule``)."""
+    return worker_rule(path)[0]
 
 
 def parallel_loading_available() -> bool:

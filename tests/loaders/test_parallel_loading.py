@@ -94,6 +94,7 @@ def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotat
         monkeypatch.setattr(parallel_loading, "usable_cores", lambda cores=cores: cores)
         assert diffusers_folder.default_load_workers(folder) == want
     monkeypatch.setattr(parallel_loading, "on_rotating_disk", lambda path: True)
+    monkeypatch.setattr(parallel_loading, "cached_fraction", lambda files: 0.0)  # the shards are on the disk
     assert diffusers_folder.default_load_workers(folder) == 1
     monkeypatch.setenv("LORABIND_LOAD_WORKERS", "3")
     assert diffusers_folder.default_load_workers(folder) == 3

@@ -70,12 +70,13 @@ def _resolve(future: asyncio.Future, entry: dict) -> None:
         future.set_result(entry)
 
 
-async def validated(state: ServerState, template: Template, prompt: dict):
-    """``prompt``'s validation result; OpenAIRequestError (400) naming the request field when it is refused."""
+async def validated(state: ServerState, template: Template, prompt: dict, sent=None):
+    """``prompt``'s validation result; OpenAIRequestError (400) naming the request field (as ``sent``, the
+    request's own spellings, name it) when it is refused."""
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
-        raise validation_error(template, prompt, result)
+        raise validation_error(template, prompt, result, sent)
     return result
 
 
@@ -83,7 +84,7 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
                        description: dict, client_id: Optional[str], result=None) -> tuple[str, asyncio.Future]:
     """Queue ``prompt`` (validated here unless ``result`` is its validation already); returns its prompt id and
     the future of its history entry."""
-    result = result or await validated(state, template, prompt)
+    result = result or await validated(state, template, prompt, description.get("fields"))
     prompt_id = str(uuid.uuid4())
     client_id = client_id or f"openai-{prompt_id}"  # events are produced only for prompts with a client
     extra_data = {"create_time": int(time.time() * 1000), "client_id": client_id, OPENAI_EXTRA_KEY: description}
@@ -94,13 +95,14 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
     return prompt_id, future
 
 
-def validation_error(template: Template, prompt: dict, result) -> OpenAIRequestError:
-    """The first node error, named by the request field that set the input (or the adapter it came from)."""
+def validation_error(template: Template, prompt: dict, result, sent=None) -> OpenAIRequestError:
+    """The first node error, named by the request field that set the input (or the adapter it came from);
+    ``sent``: ``GenerationRequest.sent``."""
     for node_id, node_error in (result.node_errors or {}).items():
         errors = sorted(node_error.get("errors", []), key=lambda error: not _states_own_input(error))
         for error in errors:
             input_name = (error.get("extra_info") or {}).get("input_name")
-            request_field = _field_of(template, prompt, node_id, input_name)
+            request_field = _field_of(template, prompt, node_id, input_name, sent)
             where = f"node {node_id} ({node_error.get('class_type')}) input {input_name}"
             text = f"{error.get('message')}: {error.get('details')}" if error.get("details") else error["message"]
             prefix = f"{request_field}: " if request_field else ""
@@ -121,18 +123,20 @@ def _states_own_input(error: dict) -> bool:
     return bool(input_name) and reason.startswith(f"{input_name} ")
 
 
-def _field_of(template: Template, prompt: dict, node_id: str, input_name) -> Optional[str]:
+def _field_of(template: Template, prompt: dict, node_id: str, input_name, sent) -> Optional[str]:
     if node_id not in template.prompt:
         return "lora" if prompt.get(node_id, {}).get("class_type") == ADAPTER_NODE else None
-    return template.fields_of(node_id).get(input_name)
+    return template.fields_of(node_id, sent).get(input_name)
 
 
-def describe_request(endpoint: str, template: Template, values: dict) -> dict:
-    """What ``extra_data`` records of an OpenAI-style request (the video status is built from it)."""
+def describe_request(endpoint: str, template: Template, values: dict, sent: dict) -> dict:
+    """What ``extra_data`` records of an OpenAI-style request (the video status is built from it; ``sent``:
+    ``GenerationRequest.sent``, which field an error names)."""
     width, height = values.get("width", template_value(template, "width")), values.get(
         "height", template_value(template, "height"))
     return {"endpoint": endpoint, "model": template.name, "prompt": values.get("prompt"),
-            "size": f"{width}x{height}" if width and height else None, "created_at": int(time.time())}
+            "size": f"{width}x{height}" if width and height else None, "created_at": int(time.time()),
+            "fields": sent}
 
 
 def template_value(template: Template, request_field: str):

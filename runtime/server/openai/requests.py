@@ -15,6 +15,7 @@ from typing import Optional
 from .. import identifiers
 from .errors import OpenAIRequestError
 from .loras import request_adapters
+from .sampling_fields import read_sampling_fields
 from .templates import FIELDS, Template, check_values, typed_value
 
 MAX_IMAGES_PER_REQUEST = 10  # OpenAI's own limit for ``n``
@@ -33,6 +34,7 @@ class GenerationRequest:
     client_id: Optional[str] = None  # the WebSocket client that receives the prompt's progress
     count: int = 1  # ``n``: that many prompts, seeds seed, seed+1, ...
     response_format: str = "b64_json"
+    sent: dict = field(default_factory=dict)  # field in values -> the name the request gave it (errors name it)
 
 
 def parse_chat(body: dict, models: dict[str, Template]) -> GenerationRequest:
@@ -119,11 +121,13 @@ def _request(template: Template, generation: dict, count: int = 1) -> Generation
         if name not in FIELDS:
             raise OpenAIRequestError(f"{name}: unknown request field", param=name, code="unknown_field")
     check_values(template, generation)
-    values = {name: typed_value(name, value, FIELDS[name]) for name, value in generation.items()}
+    renamed = read_sampling_fields(template, generation)
+    values = {name: typed_value(renamed.get(name, name), value, FIELDS[name]) for name, value in generation.items()}
     if count > 1 and "seed" not in template.bindings:
         raise OpenAIRequestError(f"n: model {template.name!r} maps no seed, so its {count} images would be the same",
                                  param="n")
-    return GenerationRequest(template, values, adapters, client_id, count)
+    return GenerationRequest(template, values, adapters, client_id, count,
+                             sent={name: renamed.get(name, name) for name in values})
 
 
 def _split_size(generation: dict) -> None:

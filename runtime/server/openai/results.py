@@ -65,7 +65,7 @@ def _confined(config: ServerConfig, image: dict):
     return path if path.startswith(root + os.sep) and os.path.isfile(path) else None
 
 
-def failure(template: Template, entry: dict) -> OpenAIRequestError:
+def failure(template: Template, entry: dict, sent=None) -> OpenAIRequestError:
     """Why the prompt did not finish: a contract mismatch (and other refusals of the request's own values) is a
     400 naming the file and the request field; an interrupt or a server-side failure is a 500."""
     events = {name: data for name, data in (entry.get("status") or {}).get("messages", []) if isinstance(data, dict)}
@@ -78,11 +78,31 @@ def failure(template: Template, entry: dict) -> OpenAIRequestError:
     if not str(error.get("exception_type", "")).endswith(_USER_ERRORS):
         return OpenAIRequestError(f"node {node_id} ({error.get('node_type')}) failed: {text}", status=500,
                                   code="execution_error")
-    fields = template.fields_of(node_id) if node_id in template.prompt else {}
-    named = [(input_name, field) for input_name, field in fields.items()
-             if re.search(rf"\b{re.escape(input_name)} must\b", text)]
-    if not named:
+    named = _named_field(template, node_id, sent or {}, text)
+    if named is None:
         return OpenAIRequestError(f"{text} ({template.file_name})", code="contract_mismatch")
-    input_name, request_field = named[0]
+    node_id, input_name, request_field = named
     return OpenAIRequestError(f"{request_field}: {text} (the request's {request_field} sets {input_name} of node "
                               f"{node_id} in {template.file_name})", param=request_field, code="contract_mismatch")
+
+
+def _named_field(template: Template, node_id, sent: dict, text: str):
+    """(node id, input, request field) a refusal is about: an input of the failing node it names, by the input's
+    name or the request field's (MiniMax-H3 says "requires flow_shift=6"); else a field the request sent to another
+    node (the Turbo schedule node's task, refused by the sampler: "got task='ref2va'"). None when it names none."""
+    own = template.fields_of(node_id, sent) if node_id in template.prompt else {}
+    for input_name, request_field in own.items():
+        if _names(text, input_name) or _names(text, request_field):
+            return node_id, input_name, request_field
+    for other in template.prompt:
+        for input_name, request_field in template.fields_of(other, sent).items():
+            if request_field in sent.values() and _names(text, request_field):
+                return other, input_name, request_field
+    return None
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether a refusal is about ``name``: "…: steps must be 4, got 20", "… requires shift=6, got …",
+    "…: boundary=0.5 runs 1 of 4 steps on the high-noise expert…", "…, got task='ref2va'"."""
+    name = re.escape(name)
+    return re.search(rf"\b{name} must\b|(?:: |requires |got ){name}=", text) is not None

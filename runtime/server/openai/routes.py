@@ -87,14 +87,15 @@ async def run_to_end(request: web.Request, generation: GenerationRequest, endpoi
         if index:
             values["seed"] = values.get("seed", template_value(template, "seed")) + index
         prompt = fill_in(template, values, generation.adapters)
-        prompts.append((prompt, values, await validated(state, template, prompt)))
-    queued = [await queue_prompt(state, service.watcher, template, prompt, describe_request(endpoint, template, values),
-                                 generation.client_id, result) for prompt, values, result in prompts]
+        description = describe_request(endpoint, template, values, generation.sent)
+        prompts.append((prompt, description, await validated(state, template, prompt, description.get("fields"))))
+    queued = [await queue_prompt(state, service.watcher, template, prompt, description, generation.client_id, result)
+              for prompt, description, result in prompts]
     files = []
     for _, future in queued:
         entry = await future
         if (entry.get("status") or {}).get("status_str") != "success":
-            raise failure(template, entry)
+            raise failure(template, entry, generation.sent)
         files += result_files(entry, state.config)
     if not files:
         raise OpenAIRequestError(f"the template {template.file_name} saved no image or video", status=500)

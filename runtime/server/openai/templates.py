@@ -24,6 +24,9 @@ FIELDS = {
     "prompt": str, "negative_prompt": str, "width": int, "height": int, "num_frames": int, "fps": float,
     "num_inference_steps": int, "true_cfg_scale": float, "guidance_scale": float, "guidance_scale_2": float,
     "seed": int, "image": str,
+    # the guides' sampling fields (vllm-omni's and LightX2V's names; ``sampling_fields`` reads two of them)
+    "flow_shift": float, "boundary_ratio": float, "sample_solver": str, "guidance_scale_high": float,
+    "audio_flow_shift": float, "task": str,
 }
 ADAPTER_HOOK = "lora"  # the input (an adapter socket) that per-request PEFT adapters are chained into
 DISTILL_HOOK = "distill_lora"  # the input (a model socket) that --lora-backend distill files are chained into
@@ -48,10 +51,18 @@ class Template:
     def is_video(self) -> bool:
         return VIDEO_FIELD in self.bindings
 
-    def fields_of(self, node_id: str) -> dict[str, str]:
-        """{input name: request field} of one node (to name the request field in a node's error)."""
-        return {input_name: request_field for request_field, targets in self.bindings.items()
-                for target_node, input_name in targets if target_node == node_id}
+    def fields_of(self, node_id: str, sent=None) -> dict[str, str]:
+        """{input name: request field} of one node (to name the request field in a node's error). ``sent``
+        ({field the values set: the name the request gave it}, ``GenerationRequest.sent``) picks the field the
+        request gave where two set one input (``guidance_scale`` and ``guidance_scale_high`` both set a
+        sampler's cfg), under the name it was given."""
+        sent = sent or {}
+        fields: dict[str, str] = {}
+        for request_field, targets in self.bindings.items():
+            for target_node, input_name in targets:
+                if target_node == node_id and (input_name not in fields or request_field in sent):
+                    fields[input_name] = sent.get(request_field, request_field)
+        return fields
 
     def default_of(self, request_field: str):
         """The template's own value for a request field (its first target input)."""

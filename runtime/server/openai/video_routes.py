@@ -35,7 +35,7 @@ async def create_video(request: web.Request) -> web.Response:
         generation = parse_video(await read_body(request), service.models)
         template = generation.template
         prompt = fill_in(template, generation.values, generation.adapters)
-        description = {**describe_request(VIDEO_ENDPOINT, template, generation.values),
+        description = {**describe_request(VIDEO_ENDPOINT, template, generation.values, generation.sent),
                        "seconds": _seconds(template, generation.values)}
         prompt_id, _ = await queue_prompt(state, service.watcher, template, prompt, description,
                                           generation.client_id)
@@ -87,7 +87,8 @@ def _job(request: web.Request):
         return _video_object(video_id, description, "completed", 100, completed_at=_finished_at(entry))
     model = description.get("model")  # the extra_data of a /prompt may pose as a job: any JSON may be here
     template = service.models.get(model) if isinstance(model, str) else None
-    error = failure(template, entry) if template is not None else OpenAIRequestError("the job failed")
+    error = (failure(template, entry, description.get("fields")) if template is not None
+             else OpenAIRequestError("the job failed"))
     return _video_object(video_id, description, "failed", 0, completed_at=_finished_at(entry),
                          error={"code": error.code or "failed", "message": error.message, "param": error.param})
 

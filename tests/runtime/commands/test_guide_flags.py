@@ -76,9 +76,11 @@ def load_workers_restored():
 @pytest.mark.parametrize("argv, workers", [(["--num-weight-load-threads", "3"], "3"),
                                            (["--disable-multithread-weight-load"], "1")])
 def test_serves_weight_load_flags_set_the_loading_threads(argv, workers, load_workers_restored):
+    from lorabind.runtime.device_options import apply_device_arguments
     from lorabind.runtime.guide_flags import apply_serve_guide_arguments
 
-    assert apply_serve_guide_arguments(_serve_args(*argv, "--lora-scale", "1")) is None
+    args = _serve_args(*argv, "--lora-scale", "1")
+    assert apply_device_arguments(args) is None and apply_serve_guide_arguments(args) is None
     assert os.environ["LORABIND_LOAD_WORKERS"] == workers
 
 
