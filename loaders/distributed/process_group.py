@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -83,10 +84,14 @@ def job_mesh(device_type: str):
     return _session.mesh
 
 
-def gather_objects(value) -> list:
-    """``value`` of every rank, rank order (bounded by the group's timeout); ``[value]`` outside a job."""
+def gather_vectors(vector: torch.Tensor) -> list:
+    """``vector`` (a small 1-D tensor, the same shape on every rank) of every rank, rank order, on the host, in one
+    ``all_gather`` (bounded by the group's timeout); ``[vector]`` outside a job. NCCL gathers only device tensors,
+    so there the vector travels through this rank's GPU."""
     if not dist.is_initialized():
-        return [value]
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+        return [vector]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else vector.device
+    local = vector.to(device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [value.cpu() for value in gathered]

@@ -94,7 +94,7 @@ class DiffusersFolder(ModelSource):
         workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
         # under tensor parallelism the denoisers are read split first, then the pipeline takes them as built
         prebuilt = {name: load_split_denoiser(self.folder, name, self.model_index, self.family, split, dtype,
-                                              self.name)
+                                              self.name, self.model_family)
                     for name in self.family.layout.denoiser_components(self.model_index)} if split else {}
         try:
             with shard_loading(workers):

@@ -116,9 +116,10 @@ class SplitDenoiser:
 
 
 def load_split_denoiser(folder: Path, component: str, model_index: dict, family, split: SplitLoad, dtype,
-                        label: str) -> nn.Module:
+                        label: str, family_label: str) -> nn.Module:
     """One denoiser of a diffusers folder, split while it is read (``SplitLoad``): its class from
-    ``model_index``, its config and its (possibly sharded) safetensors files from ``folder/component``."""
+    ``model_index``, its config and its (possibly sharded) safetensors files from ``folder/component``.
+    File errors name the model by ``label``, refusals of the split by ``family_label`` ("wan2.2_moe")."""
     from safetensors import safe_open
 
     library, class_name = model_index[component]
@@ -128,7 +129,7 @@ def load_split_denoiser(folder: Path, component: str, model_index: dict, family,
         config = json_limits.loads((where / "config.json").read_text(encoding="utf-8"))
     except (ImportError, AttributeError, OSError, ValueError) as exc:
         raise ModelLoadError(f"{label}/{component}: cannot build {library}.{class_name}: {exc}") from None
-    denoiser = split.start(build_on_meta(cls, config), family, label, component)
+    denoiser = split.start(build_on_meta(cls, config), family, family_label, component)
     keep_fp32 = tuple(getattr(cls, "_keep_in_fp32_modules", None) or ())
     for file in weight_files(where, f"{label}/{component}"):
         name = f"{label}/{component}/{file.name}"

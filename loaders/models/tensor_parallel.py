@@ -28,12 +28,17 @@ NEEDED_DIFFUSERS = "0.42"
 
 @dataclass(frozen=True)
 class ShardReport:
-    """One denoiser's split: how many parameters are sharded, and their bytes on this rank against unsharded."""
+    """One denoiser's split: how many parameters are sharded, and their bytes on this rank against unsharded
+    (``LoadedModel.tensor_parallel``; the sampler's report shows it, which only rank 0 writes)."""
 
     component: str
     sharded_parameters: int
     local_bytes: int
     full_bytes: int
+
+    def to_dict(self) -> dict:
+        return {"component": self.component, "split_parameters": self.sharded_parameters,
+                "bytes_per_rank": self.local_bytes, "bytes_whole": self.full_bytes}
 
 
 def apply_tensor_parallel(model, degree: int, group=None, only=None) -> list[ShardReport]:

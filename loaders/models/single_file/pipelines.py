@@ -125,7 +125,7 @@ class SingleFileSet(ModelSource):
                                  f"blocks are laid out for the whole weight; use a bfloat16 or float16 file, or "
                                  f"ulysses=/ring=/cfg= parallelism")
         return load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding,
-                              start_split=lambda module: split.start(module, self.family, self.name, component))
+                              start_split=lambda module: split.start(module, self.family, self.family.id, component))
 
     def build(self, dtype, split=None) -> BuiltModel:
         denoiser_names = self.family.layout.denoiser_components(_parts_index(self.named))

@@ -8,10 +8,11 @@ parameter's local part and the forward output equal the split-after-loading ones
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
-from tensor_parallel_cases import qwen_inputs, qwen_transformer, wan_inputs
+from tensor_parallel_cases import qwen_inputs, qwen_transformer, wan_inputs, wan_transformer
 
 from lorabind.loaders.distributed import process_group
 from lorabind.loaders.distributed.spec import parse_parallel
@@ -35,6 +36,79 @@ def _compare(split: torch.nn.Module, reference: torch.nn.Module, inputs: dict) -
             "heads": sorted({m.heads for n, m in split.named_modules() if n.endswith(("attn1", "attn2", ".attn"))})}
 
 
+class _CountedSlice:
+    """A safetensors slice that records the bytes of every tensor read through it."""
+
+    def __init__(self, inner, key: str, read: dict):
+        self.inner, self.key, self.read = inner, key, read
+
+    def __getitem__(self, index):
+        tensor = self.inner[index]
+        self.read[self.key] = self.read.get(self.key, 0) + tensor.numel() * tensor.element_size()
+        return tensor
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@contextlib.contextmanager
+def counting_reads(under: str):
+    """``{key: bytes read}`` of every tensor read through ``safetensors.safe_open`` from files whose path contains
+    ``under``: what a rank materialised of each stored tensor, whichever code read it."""
+    import safetensors
+
+    read: dict = {}
+    original = safetensors.safe_open
+
+    class Counted:
+        def __init__(self, path, *args, **kwargs):
+            self.counting = under in str(path)
+            self.handle = original(path, *args, **kwargs)
+
+        def __enter__(self):
+            self.inner = self.handle.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+        def get_slice(self, key):
+            found = self.inner.get_slice(key)
+            return _CountedSlice(found, key, read) if self.counting else found
+
+        def get_tensor(self, key):
+            tensor = self.inner.get_tensor(key)
+            if self.counting:
+                read[key] = read.get(key, 0) + tensor.numel() * tensor.element_size()
+            return tensor
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    safetensors.safe_open = Counted
+    try:
+        yield read
+    finally:
+        safetensors.safe_open = original
+
+
+def _read_shares(read: dict, module: torch.nn.Module, split_names) -> dict:
+    """Bytes read against whole bytes, for the split parameters and for the rest."""
+    sizes = {name: p.numel() * p.element_size() for name, p in module.named_parameters()}
+    return {"split": (sum(read.get(n, 0) for n in split_names), sum(sizes[n] for n in split_names)),
+            "rest": (sum(v for k, v in read.items() if k not in split_names),
+                     sum(v for k, v in sizes.items() if k not in split_names))}
+
+
+def _planned_names(module: torch.nn.Module, family: str) -> frozenset:
+    """The parameters the family's plan splits two ways (the linears; Wan's across-head norms are read whole and
+    cut after, being a few hundred bytes)."""
+    from lorabind.loaders.families import family_by_id
+    from lorabind.loaders.models.tensor_parallel import sharded_parameter_names
+
+    return sharded_parameter_names(module, family_by_id(family).sampling.tensor_parallel_plan(module), 2)
+
+
 def run_folder(models_root: str) -> dict:
     """The tiny Wan2.1 folder: loaded whole and split after, then loaded under tp=2 (split while read)."""
     from lorabind.tiny_models.wan import WAN21_NAME
@@ -44,11 +118,15 @@ def run_folder(models_root: str) -> dict:
     apply_tensor_parallel(whole, 2)
     process_group.join_job(parse_parallel("tp=2"), "cpu")
     try:
-        split = load_model(folder, name=WAN21_NAME)
+        with counting_reads(f"{WAN21_NAME}/transformer/") as read:
+            split = load_model(folder, name=WAN21_NAME)
     finally:
         process_group.leave_job()
     transformer = split.components["transformer"]
-    result = _compare(transformer, whole.components["transformer"], wan_inputs(transformer))
+    reference = whole.components["transformer"]
+    result = _compare(transformer, reference, wan_inputs(transformer))
+    split_names = _planned_names(wan_transformer("wan2.1"), "wan2.1")
+    result["read"] = _read_shares(read, reference, split_names)
     result["reports"] = [(r.component, r.sharded_parameters, r.local_bytes, r.full_bytes)
                          for r in split.tensor_parallel]
     clear_cache()
@@ -65,7 +143,7 @@ def run_sharded_qwen(folder: str) -> dict:
     split_load = SplitLoad(2, torch.device("cpu"))
     model_index = {"transformer": ["diffusers", "QwenImageTransformer2DModel"]}
     split = load_split_denoiser(Path(folder), "transformer", model_index, family_by_id("qwen_image"), split_load,
-                                None, "tiny-qwen")
+                                None, "tiny-qwen", "qwen_image")
     apply_tensor_parallel(_Loaded(reference, "qwen_image"), 2)
     result = _compare(split, reference, qwen_inputs(reference))
     report = split_load.reports["transformer"]
