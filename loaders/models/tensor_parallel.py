@@ -1,14 +1,16 @@
-"""Tensor parallelism of a loaded model's denoisers: each rank of a group holds 1/N of every planned linear.
+"""Tensor parallelism of a model's denoisers: each rank of a group holds 1/N of every planned linear.
 
 Why diffusers' machinery: its ``hooks.tensor_parallel`` turns a flat plan (``{"blocks.*.attn1.to_q": "colwise"}``)
 into torch's ``ColwiseParallel``/``RowwiseParallel`` styles on DTensors, with the all-reduce after each rowwise
 layer. Qwen-Image ships such a plan (``_tp_plan``); Wan's lives in its family package, in the same form, and
 needs an ``adapt`` step (``TensorParallelPlan``). Which plan a denoiser gets is its family's answer
-(``family.sampling.tensor_parallel_plan``), so this module names no family.
+(``family.sampling.tensor_parallel_plan``), so this module names no family. ``store.load`` reads each denoiser
+split (``split_loading``, which uses this module's checks, mesh and hooks); ``apply_tensor_parallel`` splits a
+denoiser already in memory.
 
 LoRA afterwards: the patcher recognises sharded parameters and fuses each rank's rows or columns only
-(``binding.sharded_deltas``). So shard right after loading, before anything is bound: a parameter patched before
-the split keeps a full-size original that no longer matches its shard.
+(``binding.sharded_deltas``). So a model is split before anything is bound: a parameter patched before the split
+keeps a full-size original that no longer matches its shard.
 """
 
 from __future__ import annotations
