@@ -19,7 +19,7 @@ from ..errors import LoraBindError
 from .spec import ParallelSpec
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer fails the rank: long enough for a 14B step on one GPU
-MESH_NAMES = ("cfg", "ring", "ulysses")  # outermost first: a CFG pair of sequence groups
+MESH_NAMES = ("cfg", "ring", "ulysses", "tp")  # outermost first: a CFG pair of sequence or tp groups
 
 
 class ParallelRunError(LoraBindError):
@@ -80,8 +80,15 @@ def job_mesh(device_type: str):
     """The job's DeviceMesh, dims ``MESH_NAMES``: built once, the same on every rank (a collective)."""
     if _session.mesh is None:
         spec = _session.spec
-        _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses), mesh_dim_names=MESH_NAMES)
+        _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses, spec.tp),
+                                         mesh_dim_names=MESH_NAMES)
     return _session.mesh
+
+
+def tp_mesh(device_type: str):
+    """The ranks that share this rank's tensor-parallel split: the job mesh's ``tp`` dimension (every rank, or
+    under ``cfg=2`` the half running the same guidance pass). Innermost, so a split's ranks are neighbours."""
+    return job_mesh(device_type)["tp"]
 
 
 def gather_vectors(vector: torch.Tensor) -> list:

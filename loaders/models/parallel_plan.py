@@ -17,8 +17,8 @@ What each split does to one rank's figures (the assumptions, stated once):
   peak while loading (plus one tensor being cast, the largest of a denoiser's).
 * ``ulysses=N``, ``ring=N``: every rank holds the whole model; every plan combines with them. The working memory
   is taken as proportional to the tokens a rank holds, so it divides by ``ulysses x ring``.
-* ``cfg=2``: every rank holds the whole model and runs one of a guided step's two passes; the passes are
-  separate forwards of batch 1 already, so a rank's working memory does not change.
+* ``cfg=2``: every rank holds the whole model (with ``tp=N``: its pass's split) and runs one of a guided step's
+  two passes; the passes are separate forwards of batch 1 already, so a rank's working memory does not change.
 * Host: the ranks run on one machine (``lorabind run`` starts them there) and share its ``--ram``: each rank is
   planned with ``--ram / ranks``.
 """

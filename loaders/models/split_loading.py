@@ -34,20 +34,19 @@ from .tensor_parallel import ShardReport, check_splittable, diffusers_parallel, 
 
 @dataclass
 class SplitLoad:
-    """One load under ``--parallel tp=N``: the ranks' ``group`` (None: the default group, whose size must be
-    ``degree``) and the ``device`` the shards live on. ``reports``: one ``ShardReport`` per denoiser loaded."""
+    """One load under ``--parallel tp=N``: the ``device`` the shards live on and the ranks' one-dimensional
+    ``tp`` mesh (None: one over the default group, whose size must be ``degree``, built on first use: a
+    collective). ``reports``: one ``ShardReport`` per denoiser loaded."""
 
     degree: int
     device: Any
-    group: Any = None
+    tp_mesh: Any = None
     reports: dict = field(default_factory=dict)
-    _mesh: Any = None
 
     def mesh(self):
-        """The ranks' one-dimensional ``tp`` mesh (built once per load: a collective on every rank)."""
-        if self._mesh is None:
-            self._mesh = split_mesh(self.degree, self.group, torch.device(self.device).type)
-        return self._mesh
+        if self.tp_mesh is None:
+            self.tp_mesh = split_mesh(self.degree, None, torch.device(self.device).type)
+        return self.tp_mesh
 
     def start(self, module: nn.Module, family, label: str, component: str) -> "SplitDenoiser":
         """Begin loading ``module`` (built on the meta device) split by its family's plan. Refuses, before any

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..distributed import context_parallel
-from ..distributed.process_group import session_spec
+from ..distributed.process_group import session_spec, tp_mesh
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
 from ..families.interface import DENOISER_ROLES
@@ -195,8 +195,10 @@ def _split_load(source, plan, device) -> SplitLoad | None:
         return None
     denoisers = [name for name, role in source.component_roles().items() if role in DENOISER_ROLES]
     tensor_parallel.check_plan_keeps_denoisers(plan, denoisers, source.name)
-    tensor_parallel.require_group(source.name, degree)
-    return SplitLoad(degree, device)
+    tensor_parallel.require_process_group(source.name, degree)
+    mesh = tp_mesh(device.type)  # every rank, or under cfg=2 the ranks of this rank's guidance pass
+    tensor_parallel.require_group(source.name, degree, mesh.get_group())
+    return SplitLoad(degree, device, mesh)
 
 
 def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:

@@ -64,13 +64,20 @@ def apply_tensor_parallel(model, degree: int, group=None, only=None) -> list[Sha
     return [shard_denoiser(module, plans[name], group, name) for name, module in components.items()]
 
 
-def require_group(label: str, degree: int, group=None) -> None:
-    """Refuses ``--parallel tp=N`` outside a process group of N ranks (``group``, None: the default one)."""
+def require_process_group(label: str, degree: int) -> None:
+    """Refuses ``--parallel tp=N`` in a process that has joined no ``torch.distributed`` job."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise ModelLoadError(f"{label}: --parallel tp={degree} needs a torch.distributed process group; none is "
                              f"initialized on this process")
+
+
+def require_group(label: str, degree: int, group=None) -> None:
+    """Refuses ``--parallel tp=N`` outside a process group of N ranks (``group``, None: the default one)."""
+    import torch.distributed as dist
+
+    require_process_group(label, degree)
     size = dist.get_world_size(group if group is not None else dist.group.WORLD)
     if size != degree:
         raise ModelLoadError(f"{label}: --parallel tp={degree} needs a group of {degree} ranks, this one has {size}")

@@ -62,7 +62,7 @@ def test_tp_4_divides_wan_a14b_40_heads_and_a_degree_that_does_not_is_refused_by
     (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--weights", "fp8"), ("--weights fp8", "whole weight")),
     (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--memory", "offload_blocks"),
      ("--memory offload_blocks", "only memory=full combines with tp")),
-    (("wan2.2-i2v-a14b", "--parallel", "tp=2,cfg=2"), ("cannot be combined with cfg=2",)),
+    (("wan2.2-i2v-a14b", "--parallel", "tp=2,ulysses=2"), ("cannot be combined with ulysses=2",)),
     (("wan2.2-i2v-a14b", "--parallel", "tp=2", "--tensor-parallel-size", "4"), ("contradicts tp=2",)),
 ])
 def test_tp_combinations_that_cannot_work_are_refused_by_name(capsys, arguments, words):

@@ -128,6 +128,20 @@ def test_tensor_parallel_ranks_give_the_single_process_output_with_the_lora_fuse
     assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"] and single["split"] == []
 
 
+def test_tensor_and_cfg_parallelism_together_give_the_single_process_output(root, tmp_path):
+    """tp=2,cfg=2 on four ranks: each guidance pass of the cfg 5 workflow on its own pair of ranks splitting both
+    experts; the passes are exchanged between the pairs' ranks of the same shard."""
+    workflow = "wan22_tiny_t2v.api.json"
+    single = run_captured(0, 1, command(workflow, root, tmp_path / "single"))
+    ranks = run_ranks(run_captured, command(workflow, root, tmp_path / "parallel", "--parallel", "tp=2,cfg=2"),
+                      world_size=4, out_dir=tmp_path)
+    difference = max_difference(single, ranks[0])
+    print(f"{workflow} --parallel tp=2,cfg=2: max |difference| {difference:.3g}")
+    assert difference <= TP_TOLERANCE
+    assert all(max_difference(ranks[0], ranked) == 0.0 for ranked in ranks[1:])  # every rank holds the result
+    assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"]
+
+
 def run_reporting_errors(rank: int, world_size: int, argv: list) -> dict:
     """One rank's exit code and what it wrote to stderr."""
     import io
