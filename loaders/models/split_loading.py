@@ -64,7 +64,7 @@ class SplitDenoiser:
     def __init__(self, load: SplitLoad, module: nn.Module, plan, specs: dict, component: str):
         self.load, self.module, self.plan, self.specs, self.component = load, module, plan, specs, component
         self.expected = {name: tuple(t.shape) for name, t in module.state_dict(keep_vars=True).items()}
-        self.read_bytes = 0  # bytes of the split parameters this rank read
+        self.local_bytes = 0  # bytes of the split parameters this rank holds, as loaded
         self.whole_bytes = 0  # their bytes unsplit
 
     def take(self, key: str, source, dtype, where: str) -> None:
@@ -79,15 +79,17 @@ class SplitDenoiser:
             raise ModelLoadError(f"{where}: {key} has shape {shape}, the model expects {self.expected[key]}")
         spec = self.specs.get(key)
         mesh = self.load.mesh()
-        if spec is not None and spec.dim is not None:
+        split = spec is not None and spec.dim is not None
+        if split:
             hooks, _ = diffusers_parallel(self.component)
             tensor = hooks._local_shard(source, spec.dim, spec.block_sizes, mesh)
-            self.read_bytes += tensor.numel() * tensor.element_size()
-            self.whole_bytes += math.prod(shape) * tensor.element_size()
         else:
             tensor = source if torch.is_tensor(source) else source[...]
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
+        if split:
+            self.local_bytes += tensor.numel() * tensor.element_size()
+            self.whole_bytes += math.prod(shape) * tensor.element_size()
         tensor = tensor.to(self.load.device)
         if spec is not None:  # a rowwise bias stays whole, yet as a DTensor beside its split weight
             placement = Replicate() if spec.dim is None else Shard(spec.dim)
@@ -109,7 +111,7 @@ class SplitDenoiser:
         split_with_hooks(self.module, self.plan, self.load.mesh(), torch.device(self.load.device), self.component,
                          already_split=True)
         report = ShardReport(self.component, sum(1 for s in self.specs.values() if s.dim is not None),
-                             self.read_bytes, self.whole_bytes)
+                             self.local_bytes, self.whole_bytes)
         self.load.reports[self.component] = report
         return self.module.eval().requires_grad_(False)
 

@@ -9,6 +9,7 @@ parameter's local part and the forward output equal the split-after-loading ones
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 
 import torch
@@ -51,13 +52,18 @@ class _CountedSlice:
         return getattr(self.inner, name)
 
 
+_STORED_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "F8_E4M3": 1, "U8": 1, "BOOL": 1}
+
+
 @contextlib.contextmanager
 def counting_reads(under: str):
-    """``{key: bytes read}`` of every tensor read through ``safetensors.safe_open`` from files whose path contains
-    ``under``: what a rank materialised of each stored tensor, whichever code read it."""
+    """``({key: bytes read}, {key: bytes stored})`` of every tensor read through ``safetensors.safe_open`` from
+    files whose path contains ``under``: what a rank materialised of each stored tensor, whichever code read it,
+    against the tensor's size in the file."""
     import safetensors
 
     read: dict = {}
+    stored: dict = {}
     original = safetensors.safe_open
 
     class Counted:
@@ -74,12 +80,16 @@ def counting_reads(under: str):
 
         def get_slice(self, key):
             found = self.inner.get_slice(key)
-            return _CountedSlice(found, key, read) if self.counting else found
+            if not self.counting:
+                return found
+            stored[key] = math.prod(found.get_shape()) * _STORED_BYTES[found.get_dtype()]
+            return _CountedSlice(found, key, read)
 
         def get_tensor(self, key):
             tensor = self.inner.get_tensor(key)
             if self.counting:
                 read[key] = read.get(key, 0) + tensor.numel() * tensor.element_size()
+                stored[key] = tensor.numel() * tensor.element_size()
             return tensor
 
         def __getattr__(self, name):
@@ -87,17 +97,20 @@ def counting_reads(under: str):
 
     safetensors.safe_open = Counted
     try:
-        yield read
+        yield read, stored
     finally:
         safetensors.safe_open = original
 
 
-def _read_shares(read: dict, module: torch.nn.Module, split_names) -> dict:
-    """Bytes read against whole bytes, for the split parameters and for the rest."""
-    sizes = {name: p.numel() * p.element_size() for name, p in module.named_parameters()}
-    return {"split": (sum(read.get(n, 0) for n in split_names), sum(sizes[n] for n in split_names)),
-            "rest": (sum(v for k, v in read.items() if k not in split_names),
-                     sum(v for k, v in sizes.items() if k not in split_names))}
+def _read_shares(read: dict, stored: dict, split_names) -> dict:
+    """Bytes read against bytes stored, for the split parameters and for the rest."""
+    rest = set(stored) - set(split_names)
+    return {"split": (sum(read.get(n, 0) for n in split_names), sum(stored.get(n, 0) for n in split_names)),
+            "rest": (sum(read.get(n, 0) for n in rest), sum(stored[n] for n in rest))}
+
+
+def _bfloat16(inputs: dict) -> dict:
+    return {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
 
 
 def _planned_names(module: torch.nn.Module, family: str) -> frozenset:
@@ -114,19 +127,19 @@ def run_folder(models_root: str) -> dict:
     from lorabind.tiny_models.wan import WAN21_NAME
 
     folder = str(Path(models_root) / "diffusers" / WAN21_NAME)
-    whole = load_model(folder, name=WAN21_NAME)
+    whole = load_model(folder, name=WAN21_NAME, dtype="bfloat16")  # a cast, and Wan's float32-kept modules
     apply_tensor_parallel(whole, 2)
     process_group.join_job(parse_parallel("tp=2"), "cpu")
     try:
-        with counting_reads(f"{WAN21_NAME}/transformer/") as read:
-            split = load_model(folder, name=WAN21_NAME)
+        with counting_reads(f"{WAN21_NAME}/transformer/") as (read, stored):
+            split = load_model(folder, name=WAN21_NAME, dtype="bfloat16")
     finally:
         process_group.leave_job()
     transformer = split.components["transformer"]
     reference = whole.components["transformer"]
-    result = _compare(transformer, reference, wan_inputs(transformer))
+    result = _compare(transformer, reference, _bfloat16(wan_inputs(transformer)))
     split_names = _planned_names(wan_transformer("wan2.1"), "wan2.1")
-    result["read"] = _read_shares(read, reference, split_names)
+    result["read"] = _read_shares(read, stored, split_names)
     result["reports"] = [(r.component, r.sharded_parameters, r.local_bytes, r.full_bytes)
                          for r in split.tensor_parallel]
     clear_cache()
@@ -200,9 +213,7 @@ def run_single_file(models_root: str) -> dict:
         process_group.leave_job()
     transformer = split.components["transformer"]
     reference = whole.components["transformer"]
-    inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in wan_inputs(transformer).items()}
-    result = _compare(transformer, reference, inputs)
+    result = _compare(transformer, reference, _bfloat16(wan_inputs(transformer)))
     result["reports"] = [(r.component, r.sharded_parameters, r.local_bytes, r.full_bytes)
                          for r in split.tensor_parallel]
     result["refusals"] = refusals

@@ -1,10 +1,11 @@
 """Under ``--parallel tp=2`` each rank reads only its shard of the split linears while loading (issue 42's memory
-win at load time): the tiny Wan2.1 folder through ``load_model``, a two-head Qwen-Image transformer saved in
-several safetensors shards, and the tiny Wan2.1 single file (its native key names renamed on the way).
+win at load time): the tiny Wan2.1 folder through ``load_model`` (float32 files loaded as bfloat16, Wan's
+float32-kept modules kept), a two-head Qwen-Image transformer saved in several safetensors shards, and the tiny
+Wan2.1 bf16 single file (its native key names renamed on the way).
 
 What is measured on each of two gloo ranks: the bytes each rank read of every stored tensor (counted at
 ``safetensors.safe_open``, whatever code reads: the split linears at exactly half, the rest whole), the loader's
-own ``ShardReport`` of the same, and every parameter's local part and the forward output against the same
+own ``ShardReport`` (the split parameters' bytes as held, against whole), and every parameter's local part and the forward output against the same
 denoiser loaded whole and split in memory, bit for bit: both cut the same rows and columns and cast them the same
 way, so nothing may differ. fp8 and GGUF denoisers are refused by name before a weight is read.
 """
