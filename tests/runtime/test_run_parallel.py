@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 from pathlib import Path
 
 import pytest
@@ -59,13 +60,14 @@ def capturing_savers():
 
 def run_captured(rank: int, world_size: int, argv: list) -> dict:
     """One rank (or the single process): the command's exit code and the tensors its savers were handed."""
-    with capturing_savers() as captured:
+    out = io.StringIO()
+    with capturing_savers() as captured, contextlib.redirect_stdout(out):
         code = main(argv)
     denoisers = sorted((name, getattr(module, "_parallel_config", None) is not None)
                        for model in loaded_models() for name, module in model.components.items())
     clear_cache()
     return {"code": code, "outputs": dict(captured), "split": [name for name, split in denoisers if split],
-            "denoisers": [name for name, _ in denoisers]}
+            "denoisers": [name for name, _ in denoisers], "stdout": out.getvalue()}
 
 
 def command(workflow: str, root: Path, output: Path, *extra: str) -> list:
@@ -126,6 +128,8 @@ def test_tensor_parallel_ranks_give_the_single_process_output_with_the_lora_fuse
     assert difference <= TP_TOLERANCE
     assert ranks[1]["code"] == 0 and max_difference(ranks[0], ranks[1]) == 0.0  # the all-reduce gives both the same
     assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"] and single["split"] == []
+    # the split's accounting, once, by rank 0
+    assert "tensor parallel: transformer_2 holds" in ranks[0]["stdout"] and "tensor parallel" not in ranks[1]["stdout"]
 
 
 def test_tensor_and_cfg_parallelism_together_give_the_single_process_output(root, tmp_path):
@@ -140,6 +144,7 @@ def test_tensor_and_cfg_parallelism_together_give_the_single_process_output(root
     assert difference <= TP_TOLERANCE
     assert all(max_difference(ranks[0], ranked) == 0.0 for ranked in ranks[1:])  # every rank holds the result
     assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"]
+    assert ranks[0]["stdout"].count("tensor parallel: transformer holds") == 1
 
 
 def run_reporting_errors(rank: int, world_size: int, argv: list) -> dict:
