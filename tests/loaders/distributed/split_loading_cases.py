@@ -199,9 +199,10 @@ def run_single_file(models_root: str) -> dict:
     apply_tensor_parallel(whole, 2)
     process_group.join_job(parse_parallel("tp=2"), "cpu")
     refusals = {}
+    files = _single_files(models_root, "wan2.1_t2v_tiny_bf16.safetensors")
     try:
-        split = load_single_files(_single_files(models_root, "wan2.1_t2v_tiny_bf16.safetensors"),
-                                  tokenizer_dirs=tokenizers)
+        with counting_reads("wan2.1_t2v_tiny_bf16") as (read, stored):
+            split = load_single_files(files, tokenizer_dirs=tokenizers)
         for kind, name in (("fp8", "wan2.1_t2v_tiny_fp8_scaled.safetensors"),
                            ("gguf", "wan2.2_t2v_high_noise_tiny_Q8_0.gguf")):
             try:
@@ -214,6 +215,10 @@ def run_single_file(models_root: str) -> dict:
     transformer = split.components["transformer"]
     reference = whole.components["transformer"]
     result = _compare(transformer, reference, _bfloat16(wan_inputs(transformer)))
+    detected = files.denoisers[0]
+    layout = detected.kind.layout(detected.config)
+    native = {detected.prefix + layout.to_native(name) for name in _planned_names(wan_transformer("wan2.1"), "wan2.1")}
+    result["read"] = _read_shares(read, stored, native)
     result["reports"] = [(r.component, r.sharded_parameters, r.local_bytes, r.full_bytes)
                          for r in split.tensor_parallel]
     result["refusals"] = refusals

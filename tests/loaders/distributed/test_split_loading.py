@@ -46,8 +46,9 @@ def test_each_rank_holds_half_of_the_split_parameters_once_loaded(measured, case
         assert component == "transformer" and count > 0 and 2 * local_bytes == full_bytes
 
 
-def test_each_rank_reads_half_of_the_split_linears_and_the_rest_whole(measured):
-    for ranked in (r["folder"] for r in measured):
+@pytest.mark.parametrize("case", ["folder", "single_file"])
+def test_each_rank_reads_half_of_the_split_linears_and_the_rest_whole(measured, case):
+    for ranked in (r[case] for r in measured):
         split_read, split_whole = ranked["read"]["split"]
         rest_read, rest_whole = ranked["read"]["rest"]
         assert split_whole > 0 and 2 * split_read == split_whole
