@@ -17,7 +17,8 @@ from tensor_parallel_cases import qwen_inputs, qwen_transformer, wan_inputs, wan
 
 from lorabind.loaders.distributed import process_group
 from lorabind.loaders.distributed.spec import parse_parallel
-from lorabind.loaders.models.store import clear_cache, load_model
+from lorabind.loaders.models.diffusers_folder import DiffusersFolder
+from lorabind.loaders.models.store import clear_cache, load, load_model
 from lorabind.loaders.models.tensor_parallel import apply_tensor_parallel
 
 
@@ -113,6 +114,18 @@ def _bfloat16(inputs: dict) -> dict:
     return {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
 
 
+class _WholeReadingFolder(DiffusersFolder):
+    """A source that reads its denoisers whole whatever it is asked (a plug-in's source): the store splits them
+    after loading. Its own cache identity, so the store does not hand back the model read split."""
+
+    def build(self, dtype, split=None):
+        return super().build(dtype)
+
+    def cache_identity(self) -> tuple:
+        identity, version = super().cache_identity()
+        return f"{identity}#whole-reading", version
+
+
 def _planned_names(module: torch.nn.Module, family: str) -> frozenset:
     """The parameters the family's plan splits two ways (the linears; Wan's across-head norms are read whole and
     cut after, being a few hundred bytes)."""
@@ -133,13 +146,18 @@ def run_folder(models_root: str) -> dict:
     try:
         with counting_reads(f"{WAN21_NAME}/transformer/") as (read, stored):
             split = load_model(folder, name=WAN21_NAME, dtype="bfloat16")
+        after = load(_WholeReadingFolder(folder, name=WAN21_NAME), dtype="bfloat16", attention="native")
     finally:
         process_group.leave_job()
+    result_after = _compare(after.components["transformer"], whole.components["transformer"],
+                            _bfloat16(wan_inputs(after.components["transformer"])))
     transformer = split.components["transformer"]
     reference = whole.components["transformer"]
     result = _compare(transformer, reference, _bfloat16(wan_inputs(transformer)))
     split_names = _planned_names(wan_transformer("wan2.1"), "wan2.1")
     result["read"] = _read_shares(read, stored, split_names)
+    result["split_after_reading_whole"] = {"equal": all(result_after["parameters_equal"].values()),
+                                           "reports": [r.component for r in after.tensor_parallel]}
     result["reports"] = [(r.component, r.sharded_parameters, r.local_bytes, r.full_bytes)
                          for r in split.tensor_parallel]
     clear_cache()

@@ -66,3 +66,8 @@ def test_fp8_and_gguf_denoisers_are_refused_by_name_under_tp(measured):
                                       "cannot split weights stored as fp8")
     assert refusals["gguf"].startswith("ModelLoadError: wan2.2_t2v_high_noise_tiny_Q8_0.gguf: --parallel tp "
                                        "cannot split a GGUF denoiser")
+
+
+def test_a_source_that_reads_its_denoisers_whole_has_them_split_after_loading(measured):
+    for ranked in (r["folder"] for r in measured):
+        assert ranked["split_after_reading_whole"] == {"equal": True, "reports": ["transformer"]}
