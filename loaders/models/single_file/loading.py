@@ -92,8 +92,6 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     with _reading(detected), safe_open(detected.path, framework="pt") as handle:
         file_keys = set(handle.keys())
         sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
-        if splitting is not None:
-            _refuse_fp8_split(detected, handle)
     prefix = detected.prefix
     native_keys = check_file_keys(detected, file_keys, plan, layout)
     order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
@@ -137,10 +135,18 @@ def _take_split(splitting, handle, detected: Detected, layout, native_key: str, 
         splitting.take(key, part, torch.float32 if keeps_fp32(key, keep) else compute, detected.name)
 
 
-def _refuse_fp8_split(detected: Detected, handle) -> None:
-    """Tensor parallelism cannot split an fp8 file's weights: each scale belongs to the whole weight."""
-    stored = next((k for k in sorted(handle.keys()) if k.startswith(detected.prefix)
-                   and handle.get_slice(k).get_dtype() == "F8_E4M3"), None)
+def refuse_split(detected: Detected) -> None:
+    """Tensor parallelism cannot split a GGUF denoiser's quantized blocks nor an fp8 file's weights (each scale or
+    block belongs to the whole weight): refused naming the file, from its header, before anything is loaded."""
+    from safetensors import safe_open
+
+    if detected.is_gguf:
+        raise ModelLoadError(f"{detected.name}: --parallel tp cannot split a GGUF denoiser: its quantized blocks "
+                             f"are laid out for the whole weight; use a bfloat16 or float16 file, or "
+                             f"ulysses=/ring=/cfg= parallelism")
+    with _reading(detected), safe_open(detected.path, framework="pt") as handle:
+        stored = next((k for k in sorted(handle.keys()) if k.startswith(detected.prefix)
+                       and handle.get_slice(k).get_dtype() == "F8_E4M3"), None)
     if stored is not None:
         raise ModelLoadError(f"{detected.name}: --parallel tp cannot split weights stored as fp8 ('{stored}'): "
                              f"their scales are laid out for the whole weight; use a bfloat16 or float16 file of "

@@ -27,7 +27,7 @@ from . import catalog
 from .baked_files import baked_index_entry
 from .detect import CheckpointSet, check_set, detect
 from .gguf_loading import gguf_stored_bytes, load_gguf_component
-from .loading import build_empty, fp8_parameters, fp32_modules, load_component
+from .loading import build_empty, fp8_parameters, fp32_modules, load_component, refuse_split
 
 
 class SingleFileWeightSources:
@@ -120,15 +120,13 @@ class SingleFileSet(ModelSource):
         if split is None:
             return (load_gguf_component if detected.is_gguf else load_component)(
                 detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
-        if detected.is_gguf:
-            raise ModelLoadError(f"{detected.name}: --parallel tp cannot split a GGUF denoiser: its quantized "
-                                 f"blocks are laid out for the whole weight; use a bfloat16 or float16 file, or "
-                                 f"ulysses=/ring=/cfg= parallelism")
         return load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding,
                               start_split=lambda module: split.start(module, self.family, self.family.id, component))
 
     def build(self, dtype, split=None) -> BuiltModel:
         denoiser_names = self.family.layout.denoiser_components(_parts_index(self.named))
+        for name in denoiser_names if split else ():  # before any file is loaded
+            refuse_split(self.named[name])
         components = {component: self._load(component, detected, dtype, split if component in denoiser_names
                                             else None)
                       for component, detected in self.named.items()}
