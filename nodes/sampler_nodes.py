@@ -39,6 +39,9 @@ def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
         lines.append(f"memory={placed['memory']} on {placed['device']}"
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
+    lines += [f"tensor parallel: {split['component']} holds {split['bytes_per_rank'] / 2**20:.2f} MiB of the "
+              f"{split['bytes_whole'] / 2**20:.2f} MiB of its {split['split_parameters']} split parameters on each "
+              f"rank" for split in report.get("tensor_parallel", ())]
     return lines
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from ..loaders.binding.bind import binding_state
+from ..loaders.binding.sharded_deltas import local_part
 from ..loaders.binding.strength_schedules import StrengthStepper
 from ..loaders.contracts.sigmas import check_run_sigmas, switch_step
 from ..loaders.dispatch import generation_steps as generation
@@ -194,21 +195,32 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     report = {**plan.schedule_report, "warnings": warnings,
               "bind": bind_report.to_dict(),
               "strength_schedules": strengths.report(),
-              "placement": placement.describe() if placement is not None else None}
+              "placement": placement.describe() if placement is not None else None,
+              "tensor_parallel": [r.to_dict() for r in getattr(model.model, "tensor_parallel", ())]}
     return samples, resolved, report
 
 
 def _check_ranks_bound_alike(loaded, adapters) -> None:
     """In a parallel job every rank has just bound the same patches, or the run stops naming the rank(s) that
-    did not (``distributed.fingerprints``); nothing to compare in a single process. Under tensor parallelism each
-    rank holds other rows of the weights by design, so only the patch set is compared there."""
-    spec = session_spec()
-    if not spec.is_parallel:
+    did not (``distributed.fingerprints``: made once per change of the binding, compared in one gather); nothing
+    to compare in a single process. Under tensor parallelism each rank holds other rows of the split weights by
+    design, so only what every rank holds alike is compared there."""
+    if not session_spec().is_parallel:
         return
     state = binding_state(loaded)
     patch_set = [("fuse", os.path.basename(f.path), f.component, float(f.strength)) for f in state.fuses]
     patch_set += [("adapter", os.path.basename(a.path), a.component, float(a.scale)) for a in adapters]
-    check_same_binding(patch_set, state.patcher.patched_tensors() if spec.tp == 1 else [])
+    check_same_binding(state, patch_set, lambda: _held_alike(state.patcher))
+
+
+def _held_alike(patcher) -> list:
+    """(name, tensor) of the patched tensors every rank holds whole: all of them, less tensor-parallel shards."""
+    held = []
+    for name, tensor in patcher.patched_tensors():
+        local, shard = local_part(tensor)
+        if shard is None:
+            held.append((name, local))
+    return held
 
 
 def schedule_sigmas(model, steps: int, shift: float, *, adapter=None, schedule=None, enforce: bool = True):

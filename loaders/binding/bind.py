@@ -15,7 +15,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..families import family_for, guess_family
 from ..io.weight_sources import FolderWeightSources
@@ -51,6 +51,10 @@ class BindingState:
     # (content key, component, lenient) -> (targets, accounting dict): a sampler re-binds the same files on every
     # run; mapping and accounting them again would cost more than the (empty) incremental fuse
     accounted: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)
+    # bumped by every bind or unbind that writes or restores a weight: what a fingerprint of the bound weights
+    # was made at (``distributed.fingerprints`` keeps its last one in ``rank_fingerprint``, made again on change)
+    version: int = 0
+    rank_fingerprint: Any = None
 
 
 @dataclass
@@ -194,6 +198,7 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     report.restore_sources = state.patcher.restore_sources()
     if result.written or result.restored:
         state.stats.fuse_passes += 1
+        state.version += 1
     state.stats.tensors_written += result.written
     state.stats.tensors_restored += result.restored
     return report
@@ -210,6 +215,7 @@ def unbind(model) -> None:
         _keep_under_plan(model, state.patcher)
         state.fuses = ()
         state.stats.tensors_restored += result.restored
+        state.version += 1
 
 
 def main_denoiser(model) -> str:

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
@@ -18,7 +19,7 @@ from ..errors import LoraBindError
 from .spec import ParallelSpec
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer fails the rank: long enough for a 14B step on one GPU
-MESH_NAMES = ("cfg", "ring", "ulysses")  # outermost first: a CFG pair of sequence groups
+MESH_NAMES = ("cfg", "ring", "ulysses", "tp")  # outermost first: a CFG pair of sequence or tp groups
 
 
 class ParallelRunError(LoraBindError):
@@ -79,14 +80,25 @@ def job_mesh(device_type: str):
     """The job's DeviceMesh, dims ``MESH_NAMES``: built once, the same on every rank (a collective)."""
     if _session.mesh is None:
         spec = _session.spec
-        _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses), mesh_dim_names=MESH_NAMES)
+        _session.mesh = init_device_mesh(device_type, (spec.cfg, spec.ring, spec.ulysses, spec.tp),
+                                         mesh_dim_names=MESH_NAMES)
     return _session.mesh
 
 
-def gather_objects(value) -> list:
-    """``value`` of every rank, rank order (bounded by the group's timeout); ``[value]`` outside a job."""
+def tp_mesh(device_type: str):
+    """The ranks that share this rank's tensor-parallel split: the job mesh's ``tp`` dimension (every rank, or
+    under ``cfg=2`` the half running the same guidance pass). Innermost, so a split's ranks are neighbours."""
+    return job_mesh(device_type)["tp"]
+
+
+def gather_vectors(vector: torch.Tensor) -> list:
+    """``vector`` (a small 1-D tensor, the same shape on every rank) of every rank, rank order, on the host, in one
+    ``all_gather`` (bounded by the group's timeout); ``[vector]`` outside a job. NCCL gathers only device tensors,
+    so there the vector travels through this rank's GPU."""
     if not dist.is_initialized():
-        return [value]
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+        return [vector]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else vector.device
+    local = vector.to(device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [value.cpu() for value in gathered]

@@ -27,6 +27,24 @@ from .interface import (
 from .parts import FamilyContracts, FamilySampling
 
 
+def pipeline_class(source: PipelineSource):
+    """The class that loads a diffusers folder: ``DiffusionPipeline`` (which finds the folder's own), or, when
+    the source brings modules already built (``source.components``), the folder's class itself.
+
+    Why: diffusers reads which components are optional (``_optional_components``: Wan's ``transformer``) off the
+    class ``from_pretrained`` is called on, and ``DiffusionPipeline`` lists none, so a Wan transformer passed to
+    it is taken for a plain argument and loaded from the folder again, the passed one dropped."""
+    import diffusers
+
+    if not source.components:
+        return diffusers.DiffusionPipeline
+    name = source.model_index.get("_class_name")
+    found = getattr(diffusers, name, None) if isinstance(name, str) else None
+    if found is None:
+        raise ValueError(f"{source.path}: model_index.json names no pipeline class this diffusers has ({name!r})")
+    return found
+
+
 def dtype_kwargs(dtype) -> dict:
     """diffusers >= 0.36 takes ``dtype=`` (and warns on ``torch_dtype=``); older releases only ``torch_dtype=``."""
     if dtype is None:
@@ -84,10 +102,8 @@ class DiffusersFlowSampling(FamilySampling):
             return self.assemble_single_files(source)
         if source.kind != SOURCE_DIFFUSERS:
             raise ValueError(f"{source.path}: cannot load a {source.kind!r} source for {self.family.id} models")
-        from diffusers import DiffusionPipeline
-
-        return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
-                                                 **dtype_kwargs(source.dtype))
+        return pipeline_class(source).from_pretrained(source.path, local_files_only=True, use_safetensors=True,
+                                                      **dtype_kwargs(source.dtype), **source.components)
 
     def assemble_single_files(self, source: PipelineSource):
         """The family's pipeline from modules built out of single files (``PipelineSource`` kind "single_file")."""

@@ -53,7 +53,8 @@ class PipelineSource:
     """Where a model's pipeline is loaded from.
 
     ``kind`` "diffusers": a diffusers folder (``path`` holding ``model_index.json``, already read into
-    ``model_index``); ``dtype`` None keeps the folder's own dtype.
+    ``model_index``); ``dtype`` None keeps the folder's own dtype; ``components``: modules already built (the
+    denoisers read split under tensor parallelism), which the pipeline takes instead of loading them.
     ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.models.single_file``), named as
     the equivalent diffusers folder names them (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``,
     ``image_encoder``), in ``components``, with their ``tokenizer``; ``variant`` is what detection named ("t2v",

@@ -21,6 +21,7 @@ from ..placement.load_plan import stored_dtype
 from . import compat
 from .parallel_loading import auto_workers, shard_loading
 from .sources import BuiltModel, ModelSource
+from .split_loading import load_split_denoiser
 
 LOAD_WORKERS_VARIABLE = "LORABIND_LOAD_WORKERS"
 
@@ -89,11 +90,16 @@ class DiffusersFolder(ModelSource):
                                                                                               self.model_index)
         return component_sizes(self.folder, dtype_name)
 
-    def build(self, dtype) -> BuiltModel:
+    def build(self, dtype, split=None) -> BuiltModel:
         workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
+        # under tensor parallelism the denoisers are read split first, then the pipeline takes them as built
+        prebuilt = {name: load_split_denoiser(self.folder, name, self.model_index, self.family, split, dtype,
+                                              self.name, self.model_family)
+                    for name in self.family.layout.denoiser_components(self.model_index)} if split else {}
         try:
             with shard_loading(workers):
-                source = PipelineSource(path=self.path, model_index=self.model_index, dtype=dtype)
+                source = PipelineSource(path=self.path, model_index=self.model_index, dtype=dtype,
+                                        components=prebuilt)
                 pipeline = self.family.sampling.load_pipeline(source)
         except Exception as exc:
             raise ModelLoadError(f"{self.name}: cannot load the {self.model_family} pipeline: {exc}") from exc

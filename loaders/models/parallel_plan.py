@@ -12,13 +12,13 @@ What each split does to one rank's figures (the assumptions, stated once):
   denoisers): the residual stream and every rowwise layer's all-reduced output are full-size on each rank, only
   the attention and FFN intermediates shrink, so the whole figure is the safe one. Only ``memory=full`` combines
   with tp: the split keeps each shard on its rank's device, so a plan that moves the denoisers
-  (``swap_experts``, ``offload_model``, ``offload_blocks``) is refused, as ``apply_tensor_parallel`` refuses it
-  at run time. And this build splits a model right after loading it whole onto each rank's device
-  (``store.load``), so each device must also hold the whole ``full`` plan while loading: ``fits`` needs both.
+  (``swap_experts``, ``offload_model``, ``offload_blocks``) is refused, as ``store.load`` refuses it at run
+  time. Each rank reads only its shard while loading (``split_loading``), so the per-rank figures are also the
+  peak while loading (plus one tensor being cast, the largest of a denoiser's).
 * ``ulysses=N``, ``ring=N``: every rank holds the whole model; every plan combines with them. The working memory
   is taken as proportional to the tokens a rank holds, so it divides by ``ulysses x ring``.
-* ``cfg=2``: every rank holds the whole model and runs one of a guided step's two passes; the passes are
-  separate forwards of batch 1 already, so a rank's working memory does not change.
+* ``cfg=2``: every rank holds the whole model (with ``tp=N``: its pass's split) and runs one of a guided step's
+  two passes; the passes are separate forwards of batch 1 already, so a rank's working memory does not change.
 * Host: the ranks run on one machine (``lorabind run`` starts them there) and share its ``--ram``: each rank is
   planned with ``--ram / ranks``.
 """
@@ -59,32 +59,19 @@ class DenoiserShare:
 
 
 @dataclass(frozen=True)
-class LoadingPeak:
-    """What one rank holds while it loads the whole model onto its device, before tp splits it."""
-
-    device_bytes: int
-    host_bytes: int
-    fits: bool
-
-    def to_json(self) -> dict:
-        return {"peak_device_bytes": self.device_bytes, "peak_host_bytes": self.host_bytes, "fits": self.fits}
-
-
-@dataclass(frozen=True)
 class RankPlan:
-    """One rank's plan (``plan``, over the per-rank ``sizes``) for ``spec``; under tp also the denoisers' shares
-    and the whole model's ``full`` plan each device holds while loading (``loading``)."""
+    """One rank's plan (``plan``, over the per-rank ``sizes``) for ``spec``; under tp also the denoisers'
+    shares."""
 
     spec: ParallelSpec
     plan: MemoryPlan
     sizes: list
     activation_bytes: int
     shares: tuple = ()
-    loading: LoadingPeak | None = None
 
     @property
     def fits(self) -> bool:
-        return self.plan.fits and (self.loading is None or self.loading.fits)
+        return self.plan.fits
 
 
 def plan_ranks(model, spec: ParallelSpec, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
@@ -104,8 +91,7 @@ def plan_ranks(model, spec: ParallelSpec, *, vram_gib: float, ram_gib: float | N
     device, host = int(vram_gib * GIB), None if rank_ram is None else int(rank_ram * GIB)
     plan = plan_memory(per_rank, device_free_bytes=device, host_free_bytes=host, requested="full",
                        activation_bytes=activation)
-    loading = _loading_peak(whole, device, host)
-    ranked = RankPlan(spec, _tp_reason(plan, loading, spec.tp), per_rank, activation, shares, loading)
+    ranked = RankPlan(spec, _tp_reason(plan, spec.tp), per_rank, activation, shares)
     if ranked.fits:
         return ranked
     ulysses, _ = plan_model(model, vram_gib=vram_gib, ram_gib=rank_ram, dtype=dtype, sequence_split=spec.tp)
@@ -160,27 +146,14 @@ def _split_sizes(model, whole: list, degree: int, dtype: str) -> tuple[tuple, li
     return tuple(shares), per_rank
 
 
-def _loading_peak(whole: list, device_free: int, host_free: int | None) -> LoadingPeak:
-    """Every component on the device at once (the ``full`` plan, before any step runs); the host as that plan's."""
-    full = plan_memory(whole, device_free_bytes=device_free, host_free_bytes=host_free, requested="full")
-    device = sum(size.bytes for size in whole if full.placement.get(size.name) == "device")
-    fits = device <= device_free and (host_free is None or full.peak_host_bytes <= host_free)
-    return LoadingPeak(device, full.peak_host_bytes, fits)
-
-
-def _tp_reason(plan: MemoryPlan, loading: LoadingPeak, degree: int) -> MemoryPlan:
-    """The per-rank plan with a reason that also says whether the whole model fits while it is being split."""
-    per_rank = (f"tp={degree}: memory=full per rank, peak {plan.peak_device_bytes / GIB:.1f} GiB device, "
-                f"{plan.peak_host_bytes / GIB:.1f} GiB host after the split")
-    load = (f"loading: each rank holds the whole model ({loading.device_bytes / GIB:.1f} GiB device) before "
-            f"splitting it")
-    if plan.fits and loading.fits:
-        return replace(plan, reason=f"{per_rank}; {load}")
-    failing = [what for what, p in (("after the split", plan), ("while loading", loading)) if not p.fits]
-    return replace(plan, fits=False, reason=f"{per_rank}; {load}; does not fit {' and '.join(failing)} on "
-                                            f"{plan.device_free_bytes / GIB:.1f} GiB device"
-                                            + ("" if plan.host_free_bytes is None else
-                                               f" / {plan.host_free_bytes / GIB:.1f} GiB host per rank"))
+def _tp_reason(plan: MemoryPlan, degree: int) -> MemoryPlan:
+    """The per-rank plan with a reason that says the figures hold while loading too."""
+    reason = (f"tp={degree}: memory=full per rank, peak {plan.peak_device_bytes / GIB:.1f} GiB device, "
+              f"{plan.peak_host_bytes / GIB:.1f} GiB host, while loading as after (each rank reads only its shard)")
+    if plan.fits:
+        return replace(plan, reason=reason)
+    host = "" if plan.host_free_bytes is None else f" / {plan.host_free_bytes / GIB:.1f} GiB host per rank"
+    return replace(plan, reason=f"{reason}; does not fit on {plan.device_free_bytes / GIB:.1f} GiB device{host}")
 
 
 def rank_plan_to_json(rank_plan: RankPlan) -> dict:
@@ -190,8 +163,6 @@ def rank_plan_to_json(rank_plan: RankPlan) -> dict:
                      "text": spec.describe()},
             "ranks": spec.world_size, "figures": "per rank", "activation_bytes": rank_plan.activation_bytes,
             "tensor_parallel": [share.to_json() for share in rank_plan.shares]}
-    if rank_plan.loading is not None:
-        data["loading"] = rank_plan.loading.to_json()
     return data
 
 
@@ -206,9 +177,4 @@ def format_rank_lines(rank_plan: RankPlan) -> list[str]:
         lines.append(f"  {share.component}: {share.sharded_bytes / GIB:.2f} GiB split {spec.tp} ways, "
                      f"{share.whole_bytes / GIB:.2f} GiB whole on every rank -> {share.per_rank_bytes / GIB:.2f} GiB "
                      f"per rank")
-    if rank_plan.loading is not None:
-        loading = rank_plan.loading
-        lines.append(f"while loading: {loading.device_bytes / GIB:.1f} GiB device, {loading.host_bytes / GIB:.1f} GiB "
-                     f"host per rank (each rank loads the whole model onto its device, then splits it)"
-                     f"{'' if loading.fits else '  DOES NOT FIT'}")
     return lines

@@ -65,6 +65,9 @@ class ModelSource:
         headers: no weight is read."""
         raise NotImplementedError
 
-    def build(self, dtype) -> BuiltModel:
-        """Read the weights and assemble the family's pipeline at ``dtype`` (None: as stored), on the host."""
+    def build(self, dtype, split=None) -> BuiltModel:
+        """Read the weights and assemble the family's pipeline at ``dtype`` (None: as stored), on the host.
+        ``split`` (``split_loading.SplitLoad``, under ``--parallel tp=N``): read each denoiser split, this rank's
+        rows or columns only; a source that ignores it has its denoisers split after loading, at the whole
+        model's peak."""
         raise NotImplementedError

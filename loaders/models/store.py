@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..distributed import context_parallel
-from ..distributed.process_group import session_spec
+from ..distributed.process_group import session_spec, tp_mesh
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
 from ..families.interface import DENOISER_ROLES
@@ -31,6 +31,7 @@ from ..placement import load_plan, speed
 from ..placement.devices import resolve_device, resolve_memory
 from . import tensor_parallel
 from .diffusers_folder import DiffusersFolder
+from .split_loading import SplitLoad
 
 
 @dataclass(eq=False)
@@ -46,6 +47,9 @@ class LoadedModel:
     # where each weight can be re-read from (``lookup(component, key) -> WeightSource``); None: the folder's own
     # safetensors files (loaders.io.weight_sources.FolderWeightSources). A loader that renames keys sets its own.
     weight_sources: Any = None
+    # under ``--parallel tp=N``: one ``tensor_parallel.ShardReport`` per denoiser (what this rank holds of the
+    # split parameters, against the whole model's bytes); empty when the model is whole
+    tensor_parallel: tuple = ()
 
 
 DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
@@ -156,14 +160,11 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         speed.check_attention(attention, torch_device)
         context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
-        tp_degree = session_spec().tp
-        if tp_degree > 1:  # refused before any weight is read, not after the whole load
-            denoisers = [name for name, role in source.component_roles().items() if role in DENOISER_ROLES]
-            tensor_parallel.check_plan_keeps_denoisers(plan, denoisers, source.name)
+        split = _split_load(source, plan, torch_device)
         if before_device_alloc is not None and torch_device.type != "cpu":
             before_device_alloc(plan.peak_device_bytes, torch_device)
         with quiet_library_progress():
-            built = source.build(torch_dtype)
+            built = source.build(torch_dtype, split=split)
         if hasattr(built.pipeline, "set_progress_bar_config"):
             built.pipeline.set_progress_bar_config(disable=True)  # progress goes through our per-step callback
         for module in built.denoisers.values():
@@ -177,11 +178,27 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         loaded = LoadedModel(path=source.path, name=source.name, family=built.model_family, pipeline=built.pipeline,
                              components=built.denoisers, model_index=built.model_index, placement=placed,
                              weight_sources=built.weight_sources)
-        if tp_degree > 1:  # before anything is bound: a shard's original must be the shard's own
-            tensor_parallel.apply_tensor_parallel(loaded, tp_degree)
+        if split is not None:  # a source that read its denoisers whole has them split now, before any bind
+            unsplit = [name for name in built.denoisers if name not in split.reports]
+            reports = tensor_parallel.apply_tensor_parallel(loaded, split.degree, only=unsplit) if unsplit else []
+            loaded.tensor_parallel = (*split.reports.values(), *reports)
         return loaded
 
     return load_shared(key, load_now)
+
+
+def _split_load(source, plan, device) -> SplitLoad | None:
+    """Under ``--parallel tp=N``: the ``SplitLoad`` the source reads its denoisers through, after refusing,
+    before any weight is read, a memory plan that would move them off the device; None otherwise."""
+    degree = session_spec().tp
+    if degree <= 1:
+        return None
+    denoisers = [name for name, role in source.component_roles().items() if role in DENOISER_ROLES]
+    tensor_parallel.check_plan_keeps_denoisers(plan, denoisers, source.name)
+    tensor_parallel.require_process_group(source.name, degree)
+    mesh = tp_mesh(device.type)  # every rank, or under cfg=2 the ranks of this rank's guidance pass
+    tensor_parallel.require_group(source.name, degree, mesh.get_group())
+    return SplitLoad(degree, device, mesh)
 
 
 def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:

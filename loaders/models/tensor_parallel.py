@@ -1,14 +1,16 @@
-"""Tensor parallelism of a loaded model's denoisers: each rank of a group holds 1/N of every planned linear.
+"""Tensor parallelism of a model's denoisers: each rank of a group holds 1/N of every planned linear.
 
 Why diffusers' machinery: its ``hooks.tensor_parallel`` turns a flat plan (``{"blocks.*.attn1.to_q": "colwise"}``)
 into torch's ``ColwiseParallel``/``RowwiseParallel`` styles on DTensors, with the all-reduce after each rowwise
 layer. Qwen-Image ships such a plan (``_tp_plan``); Wan's lives in its family package, in the same form, and
 needs an ``adapt`` step (``TensorParallelPlan``). Which plan a denoiser gets is its family's answer
-(``family.sampling.tensor_parallel_plan``), so this module names no family.
+(``family.sampling.tensor_parallel_plan``), so this module names no family. ``store.load`` reads each denoiser
+split (``split_loading``, which uses this module's checks, mesh and hooks); ``apply_tensor_parallel`` splits a
+denoiser already in memory.
 
 LoRA afterwards: the patcher recognises sharded parameters and fuses each rank's rows or columns only
-(``binding.sharded_deltas``). So shard right after loading, before anything is bound: a parameter patched before
-the split keeps a full-size original that no longer matches its shard.
+(``binding.sharded_deltas``). So a model is split before anything is bound: a parameter patched before the split
+keeps a full-size original that no longer matches its shard.
 """
 
 from __future__ import annotations
@@ -28,57 +30,97 @@ NEEDED_DIFFUSERS = "0.42"
 
 @dataclass(frozen=True)
 class ShardReport:
-    """One denoiser's split: how many parameters are sharded, and their bytes on this rank against unsharded."""
+    """One denoiser's split: how many parameters are sharded, and their bytes on this rank against unsharded
+    (``LoadedModel.tensor_parallel``; the sampler's report shows it, which only rank 0 writes)."""
 
     component: str
     sharded_parameters: int
     local_bytes: int
     full_bytes: int
 
+    def to_dict(self) -> dict:
+        return {"component": self.component, "split_parameters": self.sharded_parameters,
+                "bytes_per_rank": self.local_bytes, "bytes_whole": self.full_bytes}
 
-def apply_tensor_parallel(model, degree: int, group=None) -> list[ShardReport]:
-    """Split every denoiser of ``model`` (a ``loaders.models.store.LoadedModel``) over ``degree`` ranks.
 
-    Called by ``store.load`` on every rank under ``--parallel tp=N``, right after the model is built and placed
-    and before any LoRA is bound. ``group``: the ranks that share the split (a ``torch.distributed`` process group
-    whose size is ``degree``); None uses the default group. Every denoiser is checked first (plan, divisibility, state), so a refusal leaves the model
-    whole; the errors name the family and the reason. Returns one ``ShardReport`` per denoiser.
+def apply_tensor_parallel(model, degree: int, group=None, only=None) -> list[ShardReport]:
+    """Split the denoisers of ``model`` (a ``loaders.models.store.LoadedModel``) already in memory over ``degree``
+    ranks: all of them, or the components named in ``only``.
+
+    ``store.load`` reads each denoiser split instead (``split_loading``: a rank never holds the whole weights);
+    this is for a denoiser a source read whole, and must run before any LoRA is bound. ``group``: the ranks that
+    share the split (a ``torch.distributed`` process group whose size is ``degree``); None uses the default
+    group. Every denoiser is checked first (plan, divisibility, state), so a refusal leaves the model whole; the
+    errors name the family and the reason. Returns one ``ShardReport`` per denoiser split.
     """
-    import torch.distributed as dist
-
     family = family_for(model)
     label = model.family  # the model family ("wan2.2_moe"), more precise than the family id
     _check_state(model, label)
+    require_group(label, degree, group)
+    components = {name: module for name, module in model.components.items() if only is None or name in only}
+    plans = {name: family.sampling.tensor_parallel_plan(module) for name, module in components.items()}
+    for name, module in components.items():
+        check_splittable(module, plans[name], degree, f"{label} '{name}'")
+    return [shard_denoiser(module, plans[name], group, name) for name, module in components.items()]
+
+
+def require_process_group(label: str, degree: int) -> None:
+    """Refuses ``--parallel tp=N`` in a process that has joined no ``torch.distributed`` job."""
+    import torch.distributed as dist
+
     if not dist.is_available() or not dist.is_initialized():
         raise ModelLoadError(f"{label}: --parallel tp={degree} needs a torch.distributed process group; none is "
                              f"initialized on this process")
-    group = group if group is not None else dist.group.WORLD
-    size = dist.get_world_size(group)
+
+
+def require_group(label: str, degree: int, group=None) -> None:
+    """Refuses ``--parallel tp=N`` outside a process group of N ranks (``group``, None: the default one)."""
+    import torch.distributed as dist
+
+    require_process_group(label, degree)
+    size = dist.get_world_size(group if group is not None else dist.group.WORLD)
     if size != degree:
         raise ModelLoadError(f"{label}: --parallel tp={degree} needs a group of {degree} ranks, this one has {size}")
-    plans = {name: family.sampling.tensor_parallel_plan(module) for name, module in model.components.items()}
-    for name, module in model.components.items():
-        check_splittable(module, plans[name], degree, f"{label} '{name}'")
-    return [shard_denoiser(module, plans[name], group, name) for name, module in model.components.items()]
 
 
 def shard_denoiser(module: nn.Module, plan, group, component: str = "") -> ShardReport:
-    """Split one denoiser along ``plan`` over ``group`` (checked already: ``check_splittable``)."""
+    """Split one denoiser already in memory along ``plan`` over ``group`` (checked already:
+    ``check_splittable``)."""
+    import torch.distributed as dist
+
+    device = next(module.parameters()).device
+    group = group if group is not None else dist.group.WORLD
+    split_with_hooks(module, plan, split_mesh(dist.get_world_size(group), group, device.type), device, component)
+    return ShardReport(component, *_sharded_bytes(module))
+
+
+def split_mesh(degree: int, group, device_type: str):
+    """The one-dimensional ``tp`` mesh over ``group`` (None: the default group), which must have ``degree``
+    ranks. A collective: every rank of the group builds it."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    hooks, parallel = _diffusers_parallel(component)
-    device = next(module.parameters()).device
-    mesh = DeviceMesh.from_group(group, device.type, mesh_dim_names=("tp",))
+    group = group if group is not None else dist.group.WORLD
+    size = dist.get_world_size(group)
+    if size != degree:
+        raise ModelLoadError(f"--parallel tp={degree} needs a group of {degree} ranks, this one has {size}")
+    return DeviceMesh.from_group(group, device_type, mesh_dim_names=("tp",))
+
+
+def split_with_hooks(module: nn.Module, plan, mesh, device, component: str, already_split: bool = False) -> None:
+    """diffusers' colwise/rowwise styles on ``module`` over ``mesh`` (splitting its planned weights, or only
+    hooking them when ``already_split``: read split by ``split_loading``), then the plan's ``adapt``."""
+    import torch.distributed as dist
+
+    hooks, parallel = diffusers_parallel(component)
     config = parallel.TensorParallelConfig(mesh=mesh)
     recorded = parallel.ParallelConfig(tensor_parallel_config=config)
     recorded.setup(dist.get_rank(), dist.get_world_size(), device, mesh=mesh)
-    with _cpu_meshes_allowed(hooks, device.type):
-        hooks.apply_tensor_parallel(module, config, plan.linears)
+    with _cpu_meshes_allowed(hooks, mesh.device_type):
+        hooks.apply_tensor_parallel(module, config, plan.linears, weights_already_sharded=already_split)
     module._parallel_config = recorded  # what diffusers itself records: its other features refuse a split model
     if plan.adapt is not None:
         plan.adapt(module, mesh)
-    return ShardReport(component, *_sharded_bytes(module))
 
 
 def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
@@ -96,7 +138,7 @@ def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
     if plan.heads % degree:
         raise ModelLoadError(f"{label}: --parallel tp={degree} must divide the denoiser's {plan.heads} attention "
                              f"heads (each rank runs whole heads)")
-    hooks, parallel = _diffusers_parallel(label)
+    hooks, parallel = diffusers_parallel(label)
     try:
         config = parallel.TensorParallelConfig(tp_degree=degree)
         hooks._check_tp_supported(type(module).__name__, plan.linears, None, config, model=module)
@@ -108,7 +150,7 @@ def check_splittable(module: nn.Module, plan, degree: int, label: str) -> None:
 def sharded_parameter_names(module: nn.Module, plan, degree: int) -> frozenset:
     """Names of the parameters ``plan`` splits ``degree`` ways (checked already: ``check_splittable``); a rowwise
     layer's bias stays whole. Reads shapes only, so ``lorabind plan`` asks it of a denoiser on the meta device."""
-    hooks, _ = _diffusers_parallel(type(module).__name__)
+    hooks, _ = diffusers_parallel(type(module).__name__)
     specs = hooks.resolve_tp_shard_specs(module, plan.linears, degree)
     return frozenset(name for name, spec in specs.items() if spec.dim is not None)
 
@@ -134,7 +176,7 @@ def check_plan_keeps_denoisers(plan, denoisers: list, label: str) -> None:
                              f"'{plan.memory}' places {moved}; use a plan that keeps the denoisers on the device")
 
 
-def _diffusers_parallel(label: str):
+def diffusers_parallel(label: str):
     """diffusers' tensor-parallel modules, imported on first use; a refusal naming the version when absent."""
     try:
         from diffusers.hooks import tensor_parallel as hooks

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from ...loaders.distributed.spec import GUIDE_FLAGS, ParallelSpec, parse_parallel, with_guide_flag
 
-# Why tp runs alone in this build: diffusers gives a model one parallel config (a split model refuses a second one),
-# and a CFG split over sharded weights would need a tensor-parallel group per guidance branch, which we do not build.
-TP_ALONE = ("tp={tp} cannot be combined with {others} in this build: a model split by tensor parallelism takes no "
-            "sequence split (diffusers keeps one parallel config per model), and a CFG split would need a "
-            "tensor-parallel group per branch; use tp=N alone, or ulysses=/ring=/cfg= without tp")
-
+# Why tp takes no sequence split: diffusers gives a model one parallel config (``enable_parallelism`` refuses a
+# model already split), and its context-parallel plans scatter the attention over all the heads, which tp has
+# already divided among its ranks. tp with cfg=2 runs: each guidance pass on its own tp group of N ranks.
+TP_WITHOUT_SEQUENCE = ("tp={tp} cannot be combined with {others}: a model split by tensor parallelism takes no "
+                       "sequence split (diffusers keeps one parallel config per model, and its context-parallel "
+                       "plans split the attention over the heads tp already divides); use tp=N (with cfg=2 if "
+                       "you like), or ulysses=/ring= without tp")
 
 def add_parallel_arguments(parser) -> None:
     parser.add_argument("--parallel", metavar="SPEC", default=None,
@@ -38,7 +39,7 @@ def parallel_spec(args) -> ParallelSpec:
 
 def refusal(spec: ParallelSpec) -> str | None:
     """Why this build cannot run ``spec`` (None: it can)."""
-    others = [f"{name}={getattr(spec, name)}" for name in ("ulysses", "ring", "cfg") if getattr(spec, name) > 1]
+    others = [f"{name}={getattr(spec, name)}" for name in ("ulysses", "ring") if getattr(spec, name) > 1]
     if spec.tp > 1 and others:
-        return TP_ALONE.format(tp=spec.tp, others=", ".join(others))
+        return TP_WITHOUT_SEQUENCE.format(tp=spec.tp, others=", ".join(others))
     return None

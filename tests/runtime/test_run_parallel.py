@@ -11,6 +11,7 @@ ulysses=2 3.6e-7 for the Wan2.2 pair, 1.2e-7 for Qwen-Image and 1.2e-7 for MiniM
 from __future__ import annotations
 
 import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,14 @@ TOLERANCE = 1e-6
 
 def run_captured(rank: int, world_size: int, argv: list) -> dict:
     """One rank (or the single process): the command's exit code and the tensors its savers were handed."""
-    with capturing_savers() as captured:
+    out = io.StringIO()
+    with capturing_savers() as captured, contextlib.redirect_stdout(out):
         code = main(argv)
     denoisers = sorted((name, getattr(module, "_parallel_config", None) is not None)
                        for model in loaded_models() for name, module in model.components.items())
     clear_cache()
     return {"code": code, "outputs": dict(captured), "split": [name for name, split in denoisers if split],
-            "denoisers": [name for name, _ in denoisers]}
+            "denoisers": [name for name, _ in denoisers], "stdout": out.getvalue()}
 
 
 def command(workflow: str, root: Path, output: Path, *extra: str) -> list:
@@ -96,6 +98,23 @@ def test_tensor_parallel_ranks_give_the_single_process_output_with_the_lora_fuse
     assert difference <= TP_TOLERANCE
     assert ranks[1]["code"] == 0 and max_difference(ranks[0], ranks[1]) == 0.0  # the all-reduce gives both the same
     assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"] and single["split"] == []
+    # the split's accounting, once, by rank 0
+    assert "tensor parallel: transformer_2 holds" in ranks[0]["stdout"] and "tensor parallel" not in ranks[1]["stdout"]
+
+
+def test_tensor_and_cfg_parallelism_together_give_the_single_process_output(root, tmp_path):
+    """tp=2,cfg=2 on four ranks: each guidance pass of the cfg 5 workflow on its own pair of ranks splitting both
+    experts; the passes are exchanged between the pairs' ranks of the same shard."""
+    workflow = "wan22_tiny_t2v.api.json"
+    single = run_captured(0, 1, command(workflow, root, tmp_path / "single"))
+    ranks = run_ranks(run_captured, command(workflow, root, tmp_path / "parallel", "--parallel", "tp=2,cfg=2"),
+                      world_size=4, out_dir=tmp_path)
+    difference = max_difference(single, ranks[0])
+    print(f"{workflow} --parallel tp=2,cfg=2: max |difference| {difference:.3g}")
+    assert difference <= TP_TOLERANCE
+    assert all(max_difference(ranks[0], ranked) == 0.0 for ranked in ranks[1:])  # every rank holds the result
+    assert ranks[0]["split"] == ranks[0]["denoisers"] == ["transformer", "transformer_2"]
+    assert ranks[0]["stdout"].count("tensor parallel: transformer holds") == 1
 
 
 def run_reporting_errors(rank: int, world_size: int, argv: list) -> dict:

@@ -10,7 +10,14 @@ import torch
 
 from ...handles import ConditioningHandle, LatentHandle
 from ...io.image_files import image_to_pil
-from ..diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple, dtype_kwargs, text_device
+from ..diffusers_flow import (
+    DiffusersFlowSampling,
+    OneScheduleContracts,
+    check_multiple,
+    dtype_kwargs,
+    pipeline_class,
+    text_device,
+)
 from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
 from ..parts import FamilyLayout
 from . import contracts, edit, single_files
@@ -78,10 +85,9 @@ class QwenImageSampling(DiffusersFlowSampling):
         without torchvision); everything else loads as any diffusers folder."""
         if source.kind != SOURCE_DIFFUSERS or edit.pipeline_variant(source.model_index) is None:
             return super().load_pipeline(source)
-        from diffusers import DiffusionPipeline
-
-        return DiffusionPipeline.from_pretrained(source.path, local_files_only=True, use_safetensors=True,
-                                                 processor=load_processor(source.path), **dtype_kwargs(source.dtype))
+        return pipeline_class(source).from_pretrained(source.path, local_files_only=True, use_safetensors=True,
+                                                      processor=load_processor(source.path),
+                                                      **dtype_kwargs(source.dtype), **source.components)
 
     def edit_variant(self, model) -> Optional[str]:
         """How the model takes input images: ``edit.EDIT``, ``edit.EDIT_PLUS``, or None (text-to-image)."""

@@ -72,17 +72,19 @@ def _scale_key(native_key: str, keys) -> Optional[str]:
     return next((stem + s for s in fp8.SCALE_SUFFIXES if stem + s in keys), None)
 
 
-def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "nearest"):
+def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "nearest", start_split=None):
     """The module for one detected file; ``ModelLoadError`` naming the file and key on any mismatch.
-    ``fp8_rounding``: how later fuses round into its fp8 weights (``fp8.ROUNDINGS``)."""
+    ``fp8_rounding``: how later fuses round into its fp8 weights (``fp8.ROUNDINGS``). ``start_split``: under
+    tensor parallelism, ``start_split(module on meta) -> split_loading.SplitDenoiser``, through which each
+    tensor is read as this rank's part (a denoiser)."""
     import torch
     from safetensors import safe_open
 
     compute = dtype or torch.bfloat16
     model = build_empty(detected)
+    splitting = start_split(model) if start_split is not None else None
     layout = detected.kind.layout(detected.config)
-    expected = model.state_dict(keep_vars=True)
-    plan = layout.native_plan(expected)
+    plan = layout.native_plan(model.state_dict(keep_vars=True))
     keep = fp32_modules(type(model), detected, compute)
     # modules whose callers cast their input to the weight's dtype (umt5's ``wo``): an fp8 weight there is
     # dequantized on load instead of kept fp8
@@ -96,6 +98,9 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     for batch in batches(order):
         with _reading(detected), safe_open(detected.path, framework="pt") as handle:
             for native_key in batch:
+                if splitting is not None:
+                    _take_split(splitting, handle, detected, layout, native_key, plan[native_key], compute, keep)
+                    continue
                 tensor = handle.get_tensor(prefix + native_key)
                 scale_key = _scale_key(native_key, native_keys) if tensor.dtype == torch.float8_e4m3fn else None
                 scale = fp8.checked_scale(handle.get_tensor(prefix + scale_key), detected.name,
@@ -108,9 +113,44 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
                     else:
                         scale_here = scale
                     place(model, key, part, scale_here, compute, keeps_fp32(key, keep), detected, fp8_rounding)
+    if splitting is not None:
+        return splitting.finish(detected.name)
     _tie_missing(model, detected, layout, native_keys)
     check_all_loaded(model, detected)
     return model.eval().requires_grad_(False)
+
+
+def _take_split(splitting, handle, detected: Detected, layout, native_key: str, keys: tuple, compute, keep) -> None:
+    """One native tensor into a denoiser read split: a tensor that is one diffusers parameter is read as this
+    rank's rows or columns only; a fused one (none in today's denoiser layouts) is read whole and split right
+    after, so at most one whole tensor is ever held."""
+    import torch
+
+    name = detected.prefix + native_key
+    if layout.fused_rule(native_key) is None:
+        parts = {keys[0]: handle.get_slice(name)}
+    else:
+        parts = layout.split(native_key, handle.get_tensor(name), keys)
+    for key, part in parts.items():
+        splitting.take(key, part, torch.float32 if keeps_fp32(key, keep) else compute, detected.name)
+
+
+def refuse_split(detected: Detected) -> None:
+    """Tensor parallelism cannot split a GGUF denoiser's quantized blocks nor an fp8 file's weights (each scale or
+    block belongs to the whole weight): refused naming the file, from its header, before anything is loaded."""
+    from safetensors import safe_open
+
+    if detected.is_gguf:
+        raise ModelLoadError(f"{detected.name}: --parallel tp cannot split a GGUF denoiser: its quantized blocks "
+                             f"are laid out for the whole weight; use a bfloat16 or float16 file, or "
+                             f"ulysses=/ring=/cfg= parallelism")
+    with _reading(detected), safe_open(detected.path, framework="pt") as handle:
+        stored = next((k for k in sorted(handle.keys()) if k.startswith(detected.prefix)
+                       and handle.get_slice(k).get_dtype() == "F8_E4M3"), None)
+    if stored is not None:
+        raise ModelLoadError(f"{detected.name}: --parallel tp cannot split weights stored as fp8 ('{stored}'): "
+                             f"their scales are laid out for the whole weight; use a bfloat16 or float16 file of "
+                             f"this denoiser, or ulysses=/ring=/cfg= parallelism")
 
 
 def check_file_keys(detected: Detected, file_keys, plan: dict, layout) -> set:

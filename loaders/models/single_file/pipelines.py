@@ -27,7 +27,7 @@ from . import catalog
 from .baked_files import baked_index_entry
 from .detect import CheckpointSet, check_set, detect
 from .gguf_loading import gguf_stored_bytes, load_gguf_component
-from .loading import build_empty, fp8_parameters, fp32_modules, load_component
+from .loading import build_empty, fp8_parameters, fp32_modules, load_component, refuse_split
 
 
 class SingleFileWeightSources:
@@ -115,9 +115,20 @@ class SingleFileSet(ModelSource):
                                         file_backed=not detected.is_gguf))
         return sizes
 
-    def build(self, dtype) -> BuiltModel:
-        components = {component: (load_gguf_component if detected.is_gguf else load_component)(
-                          detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
+    def _load(self, component: str, detected, dtype, split):
+        """One part's module; a denoiser under tensor parallelism (``split``) read as this rank's shard."""
+        if split is None:
+            return (load_gguf_component if detected.is_gguf else load_component)(
+                detected, dtype=dtype, fp8_rounding=self.fp8_rounding)
+        return load_component(detected, dtype=dtype, fp8_rounding=self.fp8_rounding,
+                              start_split=lambda module: split.start(module, self.family, self.family.id, component))
+
+    def build(self, dtype, split=None) -> BuiltModel:
+        denoiser_names = self.family.layout.denoiser_components(_parts_index(self.named))
+        for name in denoiser_names if split else ():  # before any file is loaded
+            refuse_split(self.named[name])
+        components = {component: self._load(component, detected, dtype, split if component in denoiser_names
+                                            else None)
                       for component, detected in self.named.items()}
         encoder = self.files.text_encoder
         high = self.files.denoisers[0]
@@ -126,7 +137,7 @@ class SingleFileSet(ModelSource):
                                 variant=high.model.variant, denoiser_files=tuple(self.files.denoisers))
         pipeline = self.family.sampling.load_pipeline(source)
         model_index = {**pipeline_index(pipeline), **baked_index_entry(self.files.denoisers)}
-        denoisers = {n: components[n] for n in self.family.layout.denoiser_components(_parts_index(self.named))}
+        denoisers = {n: components[n] for n in denoiser_names}
         return BuiltModel(pipeline=pipeline, model_family=self.family.layout.detect(model_index),
                           model_index=model_index, modules=components, roles=self.component_roles(), denoisers=denoisers,
                           weight_sources=SingleFileWeightSources(dict(zip(denoisers, self.files.denoisers))))

@@ -3,6 +3,8 @@ and the binding fingerprints stop a job whose ranks bound different weights, nam
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -58,7 +60,8 @@ def _fingerprints(rank: int, world_size: int) -> list:
         if differ and rank == 1:
             weight[1, 2] = 7.0  # one value of one patched tensor
         try:
-            check_same_binding([("fuse", "a.safetensors", "transformer", 1.0)], [("blocks.0.weight", weight)])
+            check_same_binding(_BindingState(), [("fuse", "a.safetensors", "transformer", 1.0)],
+                               lambda weight=weight: [("blocks.0.weight", weight)])
             outcomes.append("same")
         except process_group.ParallelRunError as refused:
             outcomes.append(str(refused))
@@ -73,7 +76,32 @@ def test_the_same_binding_passes_and_one_changed_value_stops_the_job_naming_the_
 def test_a_fingerprint_follows_the_patch_set_and_every_bit():
     weight = torch.ones(4, dtype=torch.float32)
     base = bound_state_fingerprint([("fuse", "a", "transformer", 1.0)], [("w", weight)])
-    assert base == bound_state_fingerprint([("fuse", "a", "transformer", 1.0)], [("w", weight.clone())])
-    assert base != bound_state_fingerprint([("fuse", "a", "transformer", 0.5)], [("w", weight)])
-    assert base != bound_state_fingerprint([("fuse", "a", "transformer", 1.0)],
-                                           [("w", torch.nextafter(weight, torch.tensor(2.0)))])
+    assert torch.equal(base, bound_state_fingerprint([("fuse", "a", "transformer", 1.0)], [("w", weight.clone())]))
+    assert not torch.equal(base, bound_state_fingerprint([("fuse", "a", "transformer", 0.5)], [("w", weight)]))
+    assert not torch.equal(base, bound_state_fingerprint([("fuse", "a", "transformer", 1.0)],
+                                                         [("w", torch.nextafter(weight, torch.tensor(2.0)))]))
+
+
+@dataclasses.dataclass
+class _BindingState:
+    """The two fields of ``binding.bind.BindingState`` the check reads and keeps."""
+
+    version: int = 0
+    rank_fingerprint: object = None
+
+
+def test_the_fingerprint_is_made_once_per_change_of_the_binding():
+    state, made = _BindingState(), []
+    weight = torch.ones(4)
+
+    def tensors():
+        made.append(state.version)
+        return [("w", weight)]
+
+    patch_set = [("fuse", "a", "transformer", 1.0)]
+    for _ in range(3):  # sampler calls on an unchanged binding: the tensors are read once
+        check_same_binding(state, patch_set, tensors)
+    state.version += 1  # a bind wrote weights
+    check_same_binding(state, patch_set, tensors)
+    check_same_binding(state, [("fuse", "a", "transformer", 0.5)], tensors)  # another patch set
+    assert made == [0, 1, 1]

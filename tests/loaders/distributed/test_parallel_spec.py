@@ -59,12 +59,15 @@ def test_a_guide_flag_that_contradicts_parallel_is_refused():
         with_guide_flag(ParallelSpec(), "tp", "x", "--tensor-parallel-size")
 
 
-def test_tensor_parallelism_runs_alone_and_is_refused_in_combination_by_name():
+def test_tensor_parallelism_runs_alone_or_with_cfg_and_a_sequence_split_is_refused_by_name():
     args = build_parser().parse_args(["run", "wf.json", "--tensor-parallel-size", "2"])
     spec = parallel_spec(args)
     assert spec == ParallelSpec(tp=2) and refusal(spec) is None
-    assert refusal(parse_parallel("tp=2,cfg=2")).startswith("tp=2 cannot be combined with cfg=2 in this build")
-    assert "ulysses=2" in refusal(parse_parallel("tp=2,ulysses=2"))
+    assert refusal(parse_parallel("tp=2,cfg=2")) is None
+    refused = refusal(parse_parallel("tp=2,ulysses=2"))
+    assert refused.startswith("tp=2 cannot be combined with ulysses=2: a model split by tensor parallelism takes "
+                              "no sequence split") and "one parallel config per model" in refused
+    assert "ring=2" in refusal(parse_parallel("tp=2,ring=2"))
     assert refusal(parse_parallel("ulysses=2,cfg=2")) is None
 
 
