@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -111,8 +112,8 @@ def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            try:  # an answer, not a connection: the port is bound before the examples are built
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/system_stats", timeout=1).close()
                 break
             except OSError:
                 assert proc.poll() is None, proc.stderr.read()
