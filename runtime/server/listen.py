@@ -21,11 +21,11 @@ def bind_listeners(hosts: list[str], port: int) -> list[socket.socket]:
     bound: list[socket.socket] = []
     try:
         for host in hosts:
-            for family, _, _, _, address in _addresses(host, port):
-                listener = socket.socket(family, socket.SOCK_STREAM)
+            for kind, _, _, _, address in _addresses(host, port):
+                listener = socket.socket(kind, socket.SOCK_STREAM)
                 bound.append(listener)
                 listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # rebinding after a restart
-                if family == socket.AF_INET6:
+                if kind == socket.AF_INET6:
                     listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 listener.bind(address)
                 listener.listen(128)
