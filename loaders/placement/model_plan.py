@@ -105,8 +105,8 @@ def format_ranking(model: str, ranking) -> str:
             f" and {ranking.ram_gib:g} GiB of host memory" if ranking.ram_gib is not None else "")
     count = len(ranking.fitting) + len(ranking.others)
     lines = [f"{model} on {machine}: "
-             + (f"{len(ranking.fitting)} of {count} choices fit, fastest first (seconds a 20-step run spends moving "
-                "and converting weights, beyond the computing all choices share):" if ranking.fitting
+             + (f"{len(ranking.fitting)} of {count} choices fit, fastest first (~s: moving and converting weights "
+                "in a 20-step run):" if ranking.fitting
                 else f"none of {count} choices fits.")]
     for number, choice in enumerate(ranking.fitting[:SHOWN_CHOICES], 1):
         lines.append(f"  {number}. --weights {choice.weights} memory={choice.plan.memory}"
