@@ -76,14 +76,15 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
+        prompt_log.refused(None, result.error, result.node_errors, client_id)
         raise validation_error(template, prompt, result)
     prompt_id = str(uuid.uuid4())
     client_id = client_id or f"openai-{prompt_id}"  # events are produced only for prompts with a client
     extra_data = {"create_time": int(time.time() * 1000), "client_id": client_id, OPENAI_EXTRA_KEY: description}
     future = watcher.watch(prompt_id)
     number = state.queue.next_number()
+    prompt_log.queued(prompt_id, number, len(prompt), client_id)  # before the worker can log "started"
     state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs)))
-    prompt_log.queued(prompt_id, number, len(prompt), client_id)
     return prompt_id, future
 
 
