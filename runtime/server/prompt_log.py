@@ -32,11 +32,17 @@ def refused(prompt_id: str | None, error: dict, node_errors: dict | None = None,
     log.warning("%s", "; ".join(words))
 
 
+def refused_unread(error_type: str) -> None:
+    """A /prompt body refused before it was read as a prompt (its shape, its ids): the error type only, since
+    the message quotes what the client sent (a forged id must not write into the log)."""
+    log.warning("prompt refused before validation (%s); the client was told why", error_type)
+
+
 def _one_line(error) -> str:
     if not isinstance(error, dict):
-        return str(error)
-    text = ": ".join(str(error.get(key)) for key in ("message", "details") if error.get(key))
-    return " ".join(text.split())
+        return " ".join(str(error).split())
+    message, details = str(error.get("message") or ""), str(error.get("details") or "")
+    return " ".join((f"{message}: {details}" if details and details != message else message).split())
 
 
 def started(prompt_id: str) -> None:

@@ -59,15 +59,15 @@ async def post_prompt(request: web.Request) -> web.Response:
     try:
         return await _post_prompt(request)
     except web.HTTPBadRequest as exc:  # refused before validation (the body's shape, the id): logged as well
-        prompt_log.refused(None, _error_of(exc))
+        prompt_log.refused_unread(_error_type(exc))
         raise
 
 
-def _error_of(exc: web.HTTPException) -> dict:
+def _error_type(exc: web.HTTPException) -> str:
     try:
-        return json.loads(exc.text or "{}").get("error") or {}
-    except (ValueError, AttributeError):
-        return {"message": exc.text}
+        return str(json.loads(exc.text or "{}")["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return "bad_request"
 
 
 async def _post_prompt(request: web.Request) -> web.Response:

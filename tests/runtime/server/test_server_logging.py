@@ -164,12 +164,12 @@ def test_every_prompt_gets_one_line_in_order_refusals_included_and_queued_before
     first, (status, answer), (shapeless_status, _), last = run_async(body)
     assert status == 400 and shapeless_status == 400
     lines = [line for line in server_lines(caplog) if line.startswith("prompt ")]
-    per_prompt = [line for line in lines if " queued (" in line or " refused" in line]
+    per_prompt = [line for line in lines if " queued (" in line or " refused " in line]
     assert len(per_prompt) == 4, per_prompt
     assert per_prompt[0].startswith(f"prompt {first} queued (")
     assert per_prompt[1].startswith("prompt ") and " refused (client client-a): " in per_prompt[1]
     assert answer["error"]["message"] in per_prompt[1]
-    assert per_prompt[2].startswith("prompt (no id) refused: No prompt provided")
+    assert per_prompt[2] == "prompt refused before validation (no_prompt); the client was told why"
     assert per_prompt[3].startswith(f"prompt {last} queued (")
     for prompt_id, seen in logged_at_put:  # the queued line is written before the worker can see the prompt
         assert any(line.startswith(f"prompt {prompt_id} queued (") for line in seen), prompt_id
