@@ -109,12 +109,7 @@ def format_ranking(model: str, ranking) -> str:
                 "in a 20-step run):" if ranking.fitting
                 else f"none of {count} choices fits.")]
     for number, choice in enumerate(ranking.fitting[:SHOWN_CHOICES], 1):
-        lines.append(f"  {number}. --weights {choice.weights} memory={choice.plan.memory}"
-                     f"{' (prefetching the next expert)' if choice.plan.prefetch and choice.plan.memory == 'swap_experts' else ''}"
-                     f": {choice.plan.peak_device_bytes / GIB:.1f} GiB "
-                     f"{'of RAM' if ranking.device == 'cpu' else 'device'}"
-                     f"{'' if ranking.device == 'cpu' else f', {choice.plan.peak_host_bytes / GIB:.1f} GiB host'}"
-                     f", ~{choice.run_seconds:.1f} s")
+        lines.append(f"  {number}. {_choice_words(choice, ranking.device == 'cpu')}")
         if choice.files:
             lines.append(f"     files: {', '.join(choice.files)}")
     if len(ranking.fitting) > SHOWN_CHOICES:
@@ -127,6 +122,15 @@ def format_ranking(model: str, ranking) -> str:
     detail = ranking.detail
     lines += ["", format_plan(detail.plan, list(detail.sizes))]
     return "\n".join(lines)
+
+
+def _choice_words(choice, cpu: bool) -> str:
+    """"--weights q4_k memory=swap_experts: 11.8 GiB device, 26.3 GiB host, ~6.6 s" (RAM alone on the CPU)."""
+    plan = choice.plan
+    prefetch = " (prefetching the next expert)" if plan.prefetch and plan.memory == "swap_experts" else ""
+    memory = (f"{plan.peak_device_bytes / GIB:.1f} GiB of RAM" if cpu else
+              f"{plan.peak_device_bytes / GIB:.1f} GiB device, {plan.peak_host_bytes / GIB:.1f} GiB host")
+    return f"--weights {choice.weights} memory={plan.memory}{prefetch}: {memory}, ~{choice.run_seconds:.1f} s"
 
 
 def ranking_to_json(ranking) -> dict:
