@@ -116,6 +116,10 @@ def rank_choices(model, *, vram_gib: float | None, ram_gib: float | None, device
     choices = [Choice(w, plan, tuple(sizes), run_seconds(plan, sizes, w, device),
                       _files(names, sizes, w) or () if names else ())
                for w, sizes in stored.items() for plan in _plans(sizes, vram_gib, ram_gib, device, plans)]
+    if not choices:  # a plan this model or machine has no use for: bad input, as an unknown plan is
+        where = " on the CPU (its RAM is the device's memory)" if device == "cpu" else ""
+        raise ModelLoadError(f"memory={memory} does not apply to {model}{where}; leave --memory out to try every "
+                             "plan that does")
     fitting = sorted((c for c in choices if c.fits), key=_speed_order)
     others = sorted((c for c in choices if not c.fits), key=lambda c: _need(c.plan))
     smallest = unnarrowed = ""

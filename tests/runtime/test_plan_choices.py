@@ -124,3 +124,11 @@ def test_a_warm_plan_answers_from_the_sizes_cache_without_importing_torch(tmp_pa
     imported_torch, seconds, code = second.stderr.split()[-3:]
     assert imported_torch == "False" and code == "0", second.stderr
     assert (tmp_path / "component-sizes.json").is_file()
+
+
+@pytest.mark.parametrize("arguments", [("wan2.1-t2v-14b", "--vram", "24", "--memory", "swap_experts"),
+                                       ("wan2.1-t2v-14b", "--device", "cpu", "--ram", "24", "--memory",
+                                        "offload_blocks")])
+def test_a_plan_the_model_or_machine_has_no_use_for_is_bad_input(capsys, arguments):
+    assert cli.main(["plan", *arguments]) == 2
+    assert "does not apply to wan2.1-t2v-14b" in capsys.readouterr().err
