@@ -110,7 +110,7 @@ def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
                              "--models", str(tmp_path / "models"), "--output", str(tmp_path / "out")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a first start builds the examples before it answers
         while time.monotonic() < deadline:
             try:  # an answer, not a connection: the port is bound before the examples are built
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/system_stats", timeout=1).close()
