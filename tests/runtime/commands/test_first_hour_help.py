@@ -33,5 +33,5 @@ def test_the_fast_tier_duration_is_stated_as_measured_not_guessed():
     for page in (PACK / "CONTRIBUTING.md", PACK / "docs" / "getting-started" / "installation.md"):
         text = " ".join(page.read_text(encoding="utf-8").split())
         assert "about a minute" not in text, page
-        assert re.search(r'-m "not slow" tests`[^.]*?[Mm]easured[^.]*? \d+ tests \(\d+ skipped\) in \d+ min \d+ s on 2 '
-                         r"cores", text), page
+        assert re.search(r'-m "not slow" tests`.{0,20}[Mm]easured.{0,30}? \d+ tests \(\d+ skipped\) in \d+ min \d+ s '
+                         r"on 2 cores", text), page
