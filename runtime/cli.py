@@ -14,12 +14,12 @@ import sys
 # name (= module under runtime.commands) -> one-line help
 COMMANDS = {
     "run": "execute a workflow JSON (UI or API format) headless",
-    "models": "manage the built-in tiny models (build-tiny)",
+    "models": "build the built-in tiny models (build-tiny); check a workflow's model files (check)",
     "inspect": "describe a LoRA file or PEFT folder: format, rank, contract, key accounting",
-    "merge": "fuse LoRA file(s) into a diffusers model folder and write a new folder",
+    "merge": "fuse LoRA file(s) into a diffusers model folder or a single model file and write a new one",
     "extract": "extract a LoRA from the difference between a base and a tuned model",
     "serve": "serve the ComfyUI-compatible HTTP/WebSocket API",
-    "plan": "print the memory plan for a model on a given GPU, from its configs (no weights loaded)",
+    "plan": "what fits a GPU (or CPU) and which files to get, from a model's configs (no weights loaded)",
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ import pytest
 # No test may reach the network: the libraries read these before their first hub call.
 for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
     os.environ[_name] = "1"
+
+# `lorabind plan`'s sizes cache (loaders/placement/sizes_cache.py) goes to a folder of this session, not ~/.cache
+os.environ.setdefault("LORABIND_CACHE_DIR", tempfile.mkdtemp(prefix="lorabind-test-cache-"))
 
 HELPERS_DIR = Path(__file__).parent / "helpers"
 if str(HELPERS_DIR) not in sys.path:

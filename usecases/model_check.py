@@ -1,4 +1,4 @@
-"""``check_prompt_files``: every model file a prompt names, found or missing, with the folders searched.
+"""``check_prompt_files``: every model file a prompt names, found, broken or missing, with the folders searched.
 
 Why: a real-size workflow names files a new user has to download and place (a diffusers folder, ComfyUI's single
 files, LoRAs); a missing one used to surface as "Value not in list" without saying where it was looked for.
@@ -43,10 +43,13 @@ class FileCheck:
     name: str  # as the prompt names it, relative to its folder
     found: bool
     searched: tuple  # the folders of that kind, in search order
-    what: str = ""  # for a found file: family, variant, dtype, expert (or why it could not be read)
+    what: str = ""  # for a found file: family, variant, dtype, expert (or, when broken, why it cannot be read)
+    broken: bool = False  # present, but its header says it is empty, truncated or not a file of its kind
 
     def line(self) -> str:
         where = f"node {self.node_id} {self.input_name}: {self.kind}/{self.name}"
+        if self.broken:
+            return f"BROKEN   {where} — {self.what}"
         if self.found:
             return f"found    {where}" + (f" — {self.what}" if self.what else "")
         return f"MISSING  {where} — searched {', '.join(self.searched) or '(no ' + self.kind + ' folder configured)'}"
@@ -95,7 +98,12 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
                          "built-in tiny model, built on first use")
     if path is None:
         return FileCheck(node_id, input_name, kind, name, False, searched)
-    return FileCheck(node_id, input_name, kind, name, True, searched, _describe(kind, path, name))
+    try:
+        what = _describe(kind, path, name)
+    except (LoraBindError, OSError, ValueError, KeyError) as exc:  # a 0-byte or cut-off download, another kind
+        return FileCheck(node_id, input_name, kind, name, True, searched, f"not readable as a {kind} file: {exc}",
+                         broken=True)
+    return FileCheck(node_id, input_name, kind, name, True, searched, what)
 
 
 def _is_builtin(kind: str, name: str) -> bool:
@@ -103,14 +111,12 @@ def _is_builtin(kind: str, name: str) -> bool:
 
 
 def _describe(kind: str, path: str, name: str) -> str:
-    """What the file is, read from its header / model_index.json / name (nothing loaded)."""
-    try:
-        if kind == "diffusers":
-            return f"diffusers folder, {detect_model_family(read_model_index(path))}"
-        if kind == "loras":
-            _, family, contracts = lora_file_contracts(path, name)
-            family_id = family.id if family is not None else "unknown family"
-            return f"LoRA, {family_id}" + (f", {contracts[0].describe()}" if contracts else "")
-        return detect(path, name).describe().split(": ", 1)[-1]
-    except (LoraBindError, OSError, ValueError, KeyError) as exc:
-        return f"present but not readable as a {kind} file: {exc}"
+    """What the file is, read from its header / model_index.json / name (nothing loaded); the reader's error for
+    a file that is not one: its header checked against the file's size, bounded as ``inspect`` reads it."""
+    if kind == "diffusers":
+        return f"diffusers folder, {detect_model_family(read_model_index(path))}"
+    if kind == "loras":
+        _, family, contracts = lora_file_contracts(path, name)
+        family_id = family.id if family is not None else "unknown family"
+        return f"LoRA, {family_id}" + (f", {contracts[0].describe()}" if contracts else "")
+    return detect(path, name).describe().split(": ", 1)[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .planner import GIB, MEMORY_PLANS, MemoryPlan, default_activation_bytes, plan_memory
-from .sizes import ComponentSize, component_sizes
+from .sizes import WEIGHTS, ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
@@ -44,8 +44,8 @@ def _plan(sizes, vram_gib: float, ram_gib, memory: str, sequence_split: int = 1)
 
 
 def least_memory_hint(sizes, model, dtype: str, weights: str, sequence_split: int = 1) -> str:
-    """The nearest machine that runs it: the least device and host memory a plan needs (fp8 weights when the
-    model has a published fp8 form and bf16 weights are asked for)."""
+    """The smallest machine that runs it: the least device and host memory a plan needs (fp8 weights when the
+    model has a published fp8 form and bf16 weights are asked for); ``lorabind plan --parallel`` says it."""
     candidates = [("", sizes)]
     if model is not None and weights == "bf16":
         candidates.append((" with --weights fp8", component_sizes(model, dtype=dtype, weights="fp8")))
@@ -56,9 +56,9 @@ def least_memory_hint(sizes, model, dtype: str, weights: str, sequence_split: in
                                activation_bytes=default_activation_bytes(candidate) // sequence_split)
             if plan.fits and (best is None or _need(plan) < _need(best[1])):
                 best = (words, plan)
-    words, plan = best
-    return (f"the nearest that fits: memory={plan.memory}{words} needs {plan.peak_device_bytes / GIB:.1f} GiB of "
-            f"device memory and {plan.peak_host_bytes / GIB:.1f} GiB of host memory")
+    words, plan = best  # a machine with this much memory: more than the one asked about, so not "fits"
+    return (f"the least memory any plan needs: memory={plan.memory}{words}, {plan.peak_device_bytes / GIB:.1f} GiB "
+            f"of device memory and {plan.peak_host_bytes / GIB:.1f} GiB of host memory")
 
 
 def _need(plan: MemoryPlan) -> tuple:
@@ -85,3 +85,56 @@ def format_plan(plan: MemoryPlan, sizes: list[ComponentSize]) -> str:
         lines.append(f"  {s.name:<16} {s.role:<18} {s.bytes / GIB:7.2f} GiB  {s.parameters / 1e9:6.2f}B params  "
                      f"-> {plan.placement.get(s.name, '?')}")
     return "\n".join(lines)
+
+
+SHOWN_CHOICES = 5  # the text lists this many fitting choices; --json lists them all
+
+
+def unchecked_host_line(ram_gib) -> str:
+    """What "fits" means without ``--ram``: the device only."""
+    return "" if ram_gib is not None else "host memory: not checked (give --ram GIB to check it)"
+
+
+def format_ranking(model: str, ranking) -> str:
+    """``lorabind plan``'s text: the machine, what fits fastest first with the files to get (or the smallest
+    machine that would fit), then the first choice in detail (``format_plan``)."""
+    if ranking.device == "cpu":
+        machine = f"a CPU with {ranking.ram_gib:g} GiB of RAM"
+    else:
+        machine = f"{ranking.vram_gib:g} GiB of device memory" + (
+            f" and {ranking.ram_gib:g} GiB of host memory" if ranking.ram_gib is not None else "")
+    count = len(ranking.fitting) + len(ranking.others)
+    lines = [f"{model} on {machine}: "
+             + (f"{len(ranking.fitting)} of {count} choices fit, fastest first (~s: moving and converting weights "
+                "in a 20-step run):" if ranking.fitting
+                else f"none of {count} choices fits.")]
+    for number, choice in enumerate(ranking.fitting[:SHOWN_CHOICES], 1):
+        lines.append(f"  {number}. {_choice_words(choice, ranking.device == 'cpu')}")
+        if choice.files:
+            lines.append(f"     files: {', '.join(choice.files)}")
+    if len(ranking.fitting) > SHOWN_CHOICES:
+        lines.append(f"  ... and {len(ranking.fitting) - SHOWN_CHOICES} more (--json lists every choice)")
+    unfit = sorted({c.weights for c in ranking.others} - {c.weights for c in ranking.fitting}, key=WEIGHTS.index)
+    if ranking.fitting and unfit:
+        lines.append(f"does not fit with any plan: {', '.join(unfit)}")
+    lines += [line for line in (ranking.unnarrowed, ranking.smallest_machine,
+                                "" if ranking.device == "cpu" else unchecked_host_line(ranking.ram_gib)) if line]
+    detail = ranking.detail
+    lines += ["", format_plan(detail.plan, list(detail.sizes))]
+    return "\n".join(lines)
+
+
+def _choice_words(choice, cpu: bool) -> str:
+    """"--weights q4_k memory=swap_experts: 11.8 GiB device, 26.3 GiB host, ~6.6 s" (RAM alone on the CPU)."""
+    plan = choice.plan
+    prefetch = " (prefetching the next expert)" if plan.prefetch and plan.memory == "swap_experts" else ""
+    memory = (f"{plan.peak_device_bytes / GIB:.1f} GiB of RAM" if cpu else
+              f"{plan.peak_device_bytes / GIB:.1f} GiB device, {plan.peak_host_bytes / GIB:.1f} GiB host")
+    return f"--weights {choice.weights} memory={plan.memory}{prefetch}: {memory}, ~{choice.run_seconds:.1f} s"
+
+
+def ranking_to_json(ranking) -> dict:
+    """The first choice's plan as ``plan_to_json`` gives it (what ``--json`` always carried), with its
+    ``weights`` and the whole ranking: every choice, fitting first and fastest first."""
+    detail = ranking.detail
+    return {**plan_to_json(detail.plan, list(detail.sizes)), "weights": detail.weights, **ranking.to_json()}

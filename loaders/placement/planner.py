@@ -184,7 +184,7 @@ def _evaluate(plan: str, inputs: _Inputs, placement: dict) -> MemoryPlan:
     )
 
 
-def _shortfall(plan: MemoryPlan) -> str:
+def shortfall(plan: MemoryPlan) -> str:
     parts = []
     if plan.peak_device_bytes > plan.device_free_bytes:
         parts.append(f"{_gib(plan.peak_device_bytes)} of device memory ({_gib(plan.device_free_bytes)} free)")
@@ -193,12 +193,30 @@ def _shortfall(plan: MemoryPlan) -> str:
     return " and ".join(parts)
 
 
-def _describe(plan: MemoryPlan) -> str:
+def describe_plan(plan: MemoryPlan) -> str:
     extras = [w for w, on in (("prefetching the next expert", plan.prefetch and plan.memory == "swap_experts"),
                                ("tiled VAE decode", plan.vae_tiling)) if on]
     tail = f" ({', '.join(extras)})" if extras else ""
     return (f"memory={plan.memory}{tail}: peak {_gib(plan.peak_device_bytes)} on the device of "
             f"{_gib(plan.device_free_bytes)} free, {_gib(plan.peak_host_bytes)} on the host")
+
+
+def plan_candidates(sizes, *, device_free_bytes: int, host_free_bytes: int | None = None,
+                    activation_bytes: int | None = None, decode_size: tuple = DEFAULT_DECODE_SIZE) -> dict:
+    """{plan: MemoryPlan} of every plan that applies to the model on this machine, fitting or not, cheapest
+    first (``lorabind plan`` compares them all; ``plan_memory`` picks one). Reasons are left empty."""
+    sizes = tuple(sizes)
+    if activation_bytes is None:
+        activation_bytes = default_activation_bytes(sizes)
+    width, height = decode_size
+    inputs = _Inputs(sizes, int(device_free_bytes), host_free_bytes, int(activation_bytes),
+                     default_decode_bytes(width, height), _tiled_decode_bytes(width, height))
+    candidates = {}
+    for name in MEMORY_PLANS[1:]:
+        placement = _placements(name, inputs)
+        if placement is not None:
+            candidates[name] = _evaluate(name, inputs, placement)
+    return candidates
 
 
 def plan_memory(sizes, *, device_free_bytes: int, host_free_bytes: int | None = None, requested: str = "auto",
@@ -211,26 +229,17 @@ def plan_memory(sizes, *, device_free_bytes: int, host_free_bytes: int | None = 
     """
     if requested not in MEMORY_PLANS:
         raise ValueError(f"unknown memory plan {requested!r}; choose one of {list(MEMORY_PLANS)}")
-    sizes = tuple(sizes)
-    if activation_bytes is None:
-        activation_bytes = default_activation_bytes(sizes)
-    width, height = decode_size
-    inputs = _Inputs(sizes, int(device_free_bytes), host_free_bytes, int(activation_bytes),
-                     default_decode_bytes(width, height), _tiled_decode_bytes(width, height))
-    candidates = {}
-    for name in MEMORY_PLANS[1:]:
-        placement = _placements(name, inputs)
-        if placement is not None:
-            candidates[name] = _evaluate(name, inputs, placement)
+    candidates = plan_candidates(sizes, device_free_bytes=device_free_bytes, host_free_bytes=host_free_bytes,
+                                 activation_bytes=activation_bytes, decode_size=decode_size)
     working = [p for p in candidates.values() if p.fits]
     if requested == "auto":
         chosen = working[0] if working else candidates["offload_blocks"]
         if chosen.fits:
-            return _with_reason(chosen, f"auto chose {_describe(chosen)}")
-        return _with_reason(chosen, f"nothing fits: the smallest plan, offload_blocks, needs {_shortfall(chosen)}")
+            return _with_reason(chosen, f"auto chose {describe_plan(chosen)}")
+        return _with_reason(chosen, f"nothing fits: the smallest plan, offload_blocks, needs {shortfall(chosen)}")
     smallest = candidates["offload_blocks"]
     alternative = (f"memory={working[0].memory} would fit (peak {_gib(working[0].peak_device_bytes)})" if working
-                   else f"no plan fits (the smallest, offload_blocks, needs {_shortfall(smallest)})")
+                   else f"no plan fits (the smallest, offload_blocks, needs {shortfall(smallest)})")
     if requested not in candidates:
         fallback = candidates["offload_model"]
         return MemoryPlan(
@@ -241,8 +250,8 @@ def plan_memory(sizes, *, device_free_bytes: int, host_free_bytes: int | None = 
         )
     chosen = candidates[requested]
     if chosen.fits:
-        return _with_reason(chosen, f"requested {_describe(chosen)}")
-    return _with_reason(chosen, f"memory={requested} needs {_shortfall(chosen)}; {alternative}")
+        return _with_reason(chosen, f"requested {describe_plan(chosen)}")
+    return _with_reason(chosen, f"memory={requested} needs {shortfall(chosen)}; {alternative}")
 
 
 def _with_reason(plan: MemoryPlan, reason: str) -> MemoryPlan:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -27,6 +28,7 @@ from ..families.interface import (
 from ..io import json_limits
 from ..io.model_index import read_model_index
 from ..meta_modules import build_on_meta, component_class
+from .sizes_cache import cached_components, cached_sizes, model_key, sizes_key
 
 # The role vocabulary is the families' (``families.interface``); the planner groups components by it.
 DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
@@ -119,6 +121,12 @@ FP8_ROLES = DENOISER_ROLES + (ROLE_TEXT_ENCODER,)  # ComfyUI publishes fp8 files
 GGUF_ROLES = DENOISER_ROLES  # GGUF denoisers come with safetensors text encoders and VAEs
 
 
+def stored_as(role: str, weights: str) -> str:
+    """How a component of ``role`` is stored when a model's ``weights`` are: GGUF files quantize the denoisers
+    only, fp8 files the denoisers and the text encoder; everything else stays bf16."""
+    return weights if role in (GGUF_ROLES if weights in GGUF_WEIGHTS else FP8_ROLES) else "bf16"
+
+
 def stored_block_bytes(module, weights: str) -> dict:
     """{parameter name: bytes as stored} of the block matrices a file with ``weights`` stores below the compute
     dtype: fp8 files one byte per element; GGUF files the quantized bytes (``gguf.GGML_QUANT_SIZES``: bytes per
@@ -137,16 +145,20 @@ def stored_block_bytes(module, weights: str) -> dict:
 @functools.lru_cache(maxsize=64)
 def _measure_config(library: str, class_name: str, config_text: str, dtype_name: str, where: str,
                     weights: str = "bf16") -> dict:
-    """Sizes of one component from its config; cached because building a 14B module on the meta device takes
-    seconds of Python and a two-expert model (or a second ``plan``) asks for the same config again.
+    """Sizes of one component from its config; cached in memory and on disk (``sizes_cache``) because building a
+    14B module on the meta device takes seconds of Python and a two-expert model (or a second ``plan``) asks for
+    the same config again.
     ``weights``: "bf16", or how the file stores the repeated blocks' matrices (``stored_block_bytes``): "fp8"
     as ComfyUI's ``*_fp8_e4m3fn*.safetensors`` (norms, biases and embeddings not), a GGUF type."""
-    import torch
+    def measure() -> dict:
+        import torch
 
-    module = _meta_module(library, class_name, config_text, where)
-    keep = keep_fp32_modules(module) if library == "diffusers" else ()
-    stored = stored_block_bytes(module, weights) if weights != "bf16" else {}
-    return _measure(module, getattr(torch, dtype_name), keep, stored)
+        module = _meta_module(library, class_name, config_text, where)
+        keep = keep_fp32_modules(module) if library == "diffusers" else ()
+        stored = stored_block_bytes(module, weights) if weights != "bf16" else {}
+        return _measure(module, getattr(torch, dtype_name), keep, stored)
+
+    return cached_sizes(sizes_key(library, class_name, config_text, dtype_name, weights), measure)
 
 
 @functools.lru_cache(maxsize=8)
@@ -234,13 +246,26 @@ def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> li
     if weights not in WEIGHTS:
         raise ModelLoadError(f"weights {weights!r}: choose one of {list(WEIGHTS)}")
     dtype_name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    folder = resolve_model_source(model_source)
-    model_index = read_model_index(folder)
-    sizes = []
-    for name, role in component_roles(model_index).items():
-        library, class_name = model_index[name]
-        stored = weights if role in (GGUF_ROLES if weights in GGUF_WEIGHTS else FP8_ROLES) else "bf16"
-        measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name, str(folder / name),
-                                   stored)
-        sizes.append(ComponentSize(name=name, role=role, file_backed=stored not in GGUF_WEIGHTS, **measured))
-    return sizes
+
+    def measure() -> list[dict]:
+        folder = resolve_model_source(model_source)
+        model_index = read_model_index(folder)
+        sizes = []
+        for name, role in component_roles(model_index).items():
+            library, class_name = model_index[name]
+            stored = stored_as(role, weights)
+            measured = _measure_config(library, class_name, _read_config(folder / name), dtype_name,
+                                       str(folder / name), stored)
+            sizes.append({"name": name, "role": role, "file_backed": stored not in GGUF_WEIGHTS, **measured})
+        return sizes
+
+    quick = _shipped_folder(model_source) or Path(model_source).expanduser()
+    return [ComponentSize(**entry) for entry in cached_components(model_key(quick, dtype_name, weights), measure)]
+
+
+def _shipped_folder(model_source) -> Path | None:
+    """The folder of a shipped configuration found by its name alone, before the families are imported (they
+    import torch): the first thing ``resolve_model_source`` looks for too, so a cache hit means the same folder."""
+    name = str(model_source)
+    folder = REAL_CONFIGS_DIR / name
+    return folder if "/" not in name and os.sep not in name and (folder / "model_index.json").is_file() else None

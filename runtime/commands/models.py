@@ -1,6 +1,6 @@
 """``lorabind models build-tiny``: (re)build the built-in offline tiny models and fixture LoRAs.
-``lorabind models check WORKFLOW``: every model file the workflow names, found or missing, with the folders searched
-(exit 1 when one is missing).
+``lorabind models check WORKFLOW``: every model file the workflow names, found, broken or missing, with the folders
+searched (exit 1 when one is missing or broken).
 
 Module-level imports stay light (the CLI's ``--help`` must not load torch); the builders load inside ``run``.
 """
@@ -37,8 +37,8 @@ def add_arguments(parser) -> None:
                        "(Qwen-Image's too) with random weights (about 250 MB) and, with diffusers 0.42, a MiniMax-H3 "
                        "denoiser ComfyUI 0.30 detects")
     check = sub.add_parser(
-        "check", help="list every model file a workflow names: found (and what it is) or missing (and where "
-                      "it was looked for)")
+        "check", help="list every model file a workflow names: found (and what it is), broken (empty, truncated or "
+                      "another kind of file, read from its header) or missing (and where it was looked for)")
     check.add_argument("workflow", metavar="WORKFLOW.json", help="workflow (UI or API format)")
     check.add_argument("--models", metavar="DIR", default=None,
                        help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
@@ -83,7 +83,8 @@ def run(args) -> int:
 
 
 def check(args) -> int:
-    """Print one line per file the workflow names; 1 when any is missing, 2 for a workflow that cannot be read."""
+    """Print one line per file the workflow names; 1 when any is missing or broken (empty, truncated, another kind
+    of file: its header says so), 2 for a workflow that cannot be read."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...usecases.model_check import check_prompt_files
     from .. import folder_paths
@@ -101,5 +102,7 @@ def check(args) -> int:
     for item in checks:
         print(item.line())
     missing = [c for c in checks if not c.found]
-    print(f"{len(checks) - len(missing)} found, {len(missing)} missing under {Path(folder_paths.models_dir).resolve()}")
-    return 1 if missing else 0
+    broken = [c for c in checks if c.broken]
+    print(f"{len(checks) - len(missing) - len(broken)} found, {len(missing)} missing"
+          f"{f', {len(broken)} broken' if broken else ''} under {Path(folder_paths.models_dir).resolve()}")
+    return 1 if missing or broken else 0

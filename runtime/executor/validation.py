@@ -334,13 +334,8 @@ class InputValidator:
                           {"input_name": name, "input_config": [input_type, extra_info], "received_value": value})
         options = combo_options(input_type, extra_info)
         if options is not None and value not in options:
-            if len(options) > 20:  # ComfyUI does not echo huge lists such as scanned model files
-                list_info, config = f"(list of length {len(options)})", None
-            else:
-                list_info, config = str(options), [input_type, extra_info]
-            return _error("value_not_in_list", "Value not in list",
-                          f"{name}: '{value}' not in {list_info}{_searched_folders(name)}"
-                          f"{_closest_text(value, options)}",
+            config = None if len(options) > 20 else [input_type, extra_info]  # ComfyUI does not echo huge lists
+            return _error("value_not_in_list", "Value not in list", _not_in_list_details(name, value, options),
                           {"input_name": name, "input_config": config, "received_value": value})
         return None
 
@@ -376,10 +371,21 @@ def closest_names(wanted: Any, choices, count: int = 3) -> list:
     return [by_folded[folded] for folded in found]
 
 
-def _closest_text(value: Any, options) -> str:
-    """"; closest: 'a', 'b', 'c'" (nothing when no option is near)."""
+SHORT_LIST = 5  # a combo list this short is shown whole (a mode's choices); a longer one by its closest names
+
+
+def _not_in_list_details(name: str, value: Any, options) -> str:
+    """"mode: 'pow' not in ['add', 'mul']" for a short list; for a longer one (the scanned LoRA and model files)
+    the three closest names first, then how many there are and where they were looked for: a typo used to print
+    all 19 fixture names before the one the user meant."""
+    searched = _searched_folders(name)
+    if len(options) <= SHORT_LIST:
+        return f"{name}: '{value}' not in {options}{searched}"
     near = closest_names(value, options)
-    return "; closest: " + ", ".join(f"'{name}'" for name in near) if near else ""
+    if not near:
+        return f"{name}: '{value}' not found (none of the {len(options)} choices is close){searched}"
+    return (f"{name}: '{value}' not found; closest: {', '.join(repr(n) for n in near)} "
+            f"(of {len(options)} choices){searched}")
 
 
 def _searched_folders(input_name: str) -> str:

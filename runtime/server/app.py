@@ -27,6 +27,7 @@ from .comfy_api.template_thumbnails import render_template_thumbnails
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
 from .example_assets import prepare_example_assets
+from .listen import bind_listeners, listening_port
 from .openai import routes as openai_routes
 
 log = logging.getLogger("lorabind.server")
@@ -230,9 +231,10 @@ def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kw
     """Serve until Ctrl-C (used by ``lorabind serve``); ``app_kwargs`` go to ``create_app`` (``serve --parallel``
     brings its executor)."""
     hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
+    listeners = bind_listeners(hosts, config.port)  # first: a taken port is one line, before any banner
     for host in hosts:
         shown = f"[{host}]" if ":" in host else host
-        print(f"lorabind serve: http://{shown}:{config.port}")
+        print(f"lorabind serve: http://{shown}:{listening_port(listeners)}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
     _prepare_examples(config, render_thumbnails)
     app = create_app(config, **app_kwargs)
@@ -244,7 +246,7 @@ def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kw
           else f"  editor: not installed ({INSTALL_HINT})")
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
-    web.run_app(app, host=hosts, port=config.port, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
+    web.run_app(app, sock=listeners, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
     print("lorabind serve: stopped", file=sys.stderr, flush=True)
     # Skip the interpreter's teardown: with torch, diffusers and a model loaded it takes seconds (longer than the
     # shutdown itself) and only frees memory; history and outputs are already on disk, written atomically.

@@ -1,4 +1,4 @@
-"""One log line per prompt event on the server (queued, started, finished / failed / interrupted), so a person
+"""One log line per prompt event on the server (queued or refused, started, finished / failed / interrupted), so a person
 running ``lorabind serve`` sees what happens without a client: the failing node and error, and what the sampler
 bound (fuses, adapters, model parameters written)."""
 
@@ -13,6 +13,36 @@ def queued(prompt_id: str, number, node_count: int, client_id: str | None) -> No
     client = f", client {client_id}" if client_id else ""
     log.info("prompt %s queued (#%g, %d node%s%s)", prompt_id, number, node_count, "" if node_count == 1 else "s",
              client)
+
+
+MAX_REFUSAL_NODES = 3  # a refusal line names this many nodes' errors, then how many more there are
+
+
+def refused(prompt_id: str | None, error: dict, node_errors: dict | None = None, client_id: str | None = None) -> None:
+    """A prompt answered 400 (not queued): ComfyUI's error and each refused node's first error, on one line, so
+    the log has a line for every prompt sent, not only for those that ran."""
+    client = f" (client {client_id})" if client_id else ""
+    words = [f"prompt {prompt_id or '(no id)'} refused{client}: {_one_line(error)}"]
+    nodes = list((node_errors or {}).items())
+    for node_id, entry in nodes[:MAX_REFUSAL_NODES]:
+        first = (entry.get("errors") or [{}])[0] if isinstance(entry, dict) else {}
+        words.append(f"node {node_id} ({entry.get('class_type', '?')}): {_one_line(first)}")
+    if len(nodes) > MAX_REFUSAL_NODES:
+        words.append(f"{len(nodes) - MAX_REFUSAL_NODES} more node(s)")
+    log.warning("%s", "; ".join(words))
+
+
+def refused_unread(error_type: str) -> None:
+    """A /prompt body refused before it was read as a prompt (its shape, its ids): the error type only, since
+    the message quotes what the client sent (a forged id must not write into the log)."""
+    log.warning("prompt refused before validation (%s); the client was told why", error_type)
+
+
+def _one_line(error) -> str:
+    if not isinstance(error, dict):
+        return " ".join(str(error).split())
+    message, details = str(error.get("message") or ""), str(error.get("details") or "")
+    return " ".join((f"{message}: {details}" if details and details != message else message).split())
 
 
 def started(prompt_id: str) -> None:

@@ -129,7 +129,7 @@ def test_a_persistent_executor_refuses_a_model_deleted_between_two_prompts(tmp_p
     refused = executor.validate(prompt)
     assert not refused.ok
     error = refused.node_errors["1"]["errors"][0]
-    assert error["type"] == "value_not_in_list" and "'mine' not in" in error["details"]
+    assert error["type"] == "value_not_in_list" and "'mine' not found" in error["details"]
 
 
 class _Out:

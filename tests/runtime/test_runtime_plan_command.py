@@ -9,9 +9,9 @@ from lorabind.runtime import cli
 
 
 def test_json_output_has_the_agreed_fields(capsys):
-    code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "48", "--json"])
+    code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "48", "--weights", "bf16", "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 0
+    assert code == 0 and data["weights"] == "bf16" and data["choices"][0]["memory"] == "swap_experts"
     assert (data["memory"], data["resident"], data["fits"]) == ("swap_experts", ["vae", "transformer"], True)
     assert data["peak_device_bytes"] < 48 * 1024**3 < data["peak_device_bytes"] + 28 * 1024**3
     assert [c["name"] for c in data["components"]] == ["text_encoder", "transformer", "transformer_2", "vae"]
@@ -21,13 +21,16 @@ def test_plan_that_does_not_fit_exits_1_with_the_reason(capsys):
     code = cli.main(["plan", "qwen-image", "--vram", "24", "--memory", "full"])
     out = capsys.readouterr().out
     assert code == 1
-    assert "memory: full  (DOES NOT FIT)" in out and "memory=offload_blocks would fit" in out
+    assert "memory: full  (DOES NOT FIT)" in out and "without --memory full: fp8 fits (offload_model: " in out
 
 
 def test_host_memory_limit_is_checked(capsys):
-    code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "24", "--ram", "32", "--json"])
+    code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "24", "--ram", "32", "--weights", "bf16", "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 1 and data["fits"] is False and "of host memory (32.0 GiB free)" in data["reason"]
+    assert code == 1 and data["fits"] is False and data["host_checked"] is True
+    offload_blocks = next(c for c in data["choices"] if c["memory"] == "offload_blocks")
+    assert offload_blocks["fits"] is False and offload_blocks["peak_device_bytes"] < 24 * 1024**3
+    assert "with 64 GiB of RAM, bf16 fits (offload_blocks: " in data["reason"]
 
 
 def test_unknown_model_is_refused_naming_the_known_ones(capsys, tmp_path):
@@ -72,15 +75,18 @@ def test_fp8_weights_shrink_the_denoisers_and_the_text_encoder_not_the_vae(capsy
     assert sizes["fp8"]["vae"] == sizes["bf16"]["vae"]
 
 
-def test_a_plan_that_does_not_fit_names_the_nearest_that_does(capsys):
+def test_when_nothing_fits_the_smallest_machine_that_would_is_named(capsys):
     code = cli.main(["plan", "wan2.2-t2v-a14b", "--vram", "8", "--ram", "16", "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 1 and data["fits"] is False
-    assert "the nearest that fits: memory=offload_model with --weights fp8 needs" in data["reason"]
+    assert code == 1 and data["fits"] is False and not any(c["fits"] for c in data["choices"])
+    assert data["smallest_machine"] == ("with 27 GiB of RAM, q4_0 fits (offload_blocks: 3.9 GiB device, 26.5 GiB "
+                                        "host); or with 16 GiB of device memory, fp8 fits (swap_experts: 15.2 GiB "
+                                        "device, 13.6 GiB host)")
+    assert "nearest" not in data["reason"]
 
 
 @pytest.mark.parametrize("model, args, memory", [
-    ("wan2.2-t2v-a14b", ["--vram", "24", "--ram", "64"], "offload_blocks"),
+    ("wan2.2-t2v-a14b", ["--vram", "24", "--ram", "64", "--weights", "bf16"], "offload_blocks"),
     ("wan2.2-t2v-a14b", ["--vram", "16", "--ram", "32", "--weights", "fp8"], "swap_experts"),
     ("qwen-image", ["--vram", "16", "--ram", "32", "--weights", "fp8"], "offload_blocks"),
 ])

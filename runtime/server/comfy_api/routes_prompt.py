@@ -6,6 +6,7 @@ Payload shapes are ComfyUI's (comfyui.md §4.2) so its Python clients and fronte
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 import uuid
@@ -55,6 +56,21 @@ def _to_api_prompt(state: ServerState, workflow: dict) -> dict:
 
 
 async def post_prompt(request: web.Request) -> web.Response:
+    try:
+        return await _post_prompt(request)
+    except web.HTTPBadRequest as exc:  # refused before validation (the body's shape, the id): logged as well
+        prompt_log.refused_unread(_error_type(exc))
+        raise
+
+
+def _error_type(exc: web.HTTPException) -> str:
+    try:
+        return str(json.loads(exc.text or "{}")["error"]["type"])
+    except (ValueError, KeyError, TypeError):
+        return "bad_request"
+
+
+async def _post_prompt(request: web.Request) -> web.Response:
     state = _state(request)
     body = await read_json_body(request)
     if "prompt" not in body:
@@ -75,12 +91,14 @@ async def post_prompt(request: web.Request) -> web.Response:
     try:
         result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, targets)
         if not result.ok:
+            prompt_log.refused(prompt_id, result.error, result.node_errors, extra_data.get("client_id"))
             return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
         sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
+        # logged before it is queued: the worker may start it at once, and "started" must follow "queued"
+        prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"))
         state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
     finally:
         state.queue.release(prompt_id)  # a no-op once queued; frees the id of a refused prompt
-    prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"))
     return web.json_response({"prompt_id": prompt_id, "number": number, "node_errors": result.node_errors})
 
 

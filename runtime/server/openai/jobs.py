@@ -70,12 +70,14 @@ def _resolve(future: asyncio.Future, entry: dict) -> None:
         future.set_result(entry)
 
 
-async def validated(state: ServerState, template: Template, prompt: dict, sent=None):
+async def validated(state: ServerState, template: Template, prompt: dict, sent=None,
+                    client_id: Optional[str] = None):
     """``prompt``'s validation result; OpenAIRequestError (400) naming the request field (as ``sent``, the
-    request's own spellings, name it) when it is refused."""
+    request's own spellings, name it) when it is refused, logged as a refusal of ``client_id``'s prompt."""
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(state.validation_pool, validate_prompt, state, prompt, None)
     if not result.ok:
+        prompt_log.refused(None, result.error, result.node_errors, client_id)
         raise validation_error(template, prompt, result, sent)
     return result
 
@@ -84,14 +86,14 @@ async def queue_prompt(state: ServerState, watcher: JobWatcher, template: Templa
                        description: dict, client_id: Optional[str], result=None) -> tuple[str, asyncio.Future]:
     """Queue ``prompt`` (validated here unless ``result`` is its validation already); returns its prompt id and
     the future of its history entry."""
-    result = result or await validated(state, template, prompt, description.get("fields"))
+    result = result or await validated(state, template, prompt, description.get("fields"), client_id)
     prompt_id = str(uuid.uuid4())
     client_id = client_id or f"openai-{prompt_id}"  # events are produced only for prompts with a client
     extra_data = {"create_time": int(time.time() * 1000), "client_id": client_id, OPENAI_EXTRA_KEY: description}
     future = watcher.watch(prompt_id)
     number = state.queue.next_number()
+    prompt_log.queued(prompt_id, number, len(prompt), client_id)  # before the worker can log "started"
     state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs)))
-    prompt_log.queued(prompt_id, number, len(prompt), client_id)
     return prompt_id, future
 
 

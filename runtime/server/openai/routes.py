@@ -88,7 +88,8 @@ async def run_to_end(request: web.Request, generation: GenerationRequest, endpoi
             values["seed"] = values.get("seed", template_value(template, "seed")) + index
         prompt = fill_in(template, values, generation.adapters)
         description = describe_request(endpoint, template, values, generation.sent)
-        prompts.append((prompt, description, await validated(state, template, prompt, description.get("fields"))))
+        prompts.append((prompt, description, await validated(state, template, prompt, description.get("fields"),
+                                                                 generation.client_id)))
     queued = [await queue_prompt(state, service.watcher, template, prompt, description, generation.client_id, result)
               for prompt, description, result in prompts]
     files = []

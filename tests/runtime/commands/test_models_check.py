@@ -89,3 +89,37 @@ def test_run_of_a_missing_model_says_which_folders_were_searched_without_absolut
     assert code == 1
     assert "input 'denoiser': Value not in list" in err and "searched models/unet, models/diffusion_models" in err
     assert "searched models/loras" in err and str(tmp_path) not in err  # the same text reaches the browser
+
+
+def test_empty_truncated_and_wrong_kind_files_are_broken_not_found(tmp_path, capsys):
+    """Issue 45 item 5: a 0-byte or cut-off download counted as found ("6 found, 0 missing", exit 0)."""
+    import torch
+    from safetensors.torch import save_file
+
+    workflow = WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json"
+    names = {node["inputs"][key]: key for node in json.loads(workflow.read_text()).values()
+             for key in ("denoiser", "denoiser_low_noise", "vae", "text_encoder", "high_noise_lora", "low_noise_lora")
+             if key in node["inputs"]}
+    folders = {"denoiser": "diffusion_models", "denoiser_low_noise": "diffusion_models", "vae": "vae",
+               "text_encoder": "text_encoders", "high_noise_lora": "loras", "low_noise_lora": "loras"}
+    paths = {key: tmp_path / folders[key] / name for name, key in names.items()}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    paths["denoiser"].write_bytes(b"")  # a download that never started
+    save_file({"blocks.0.weight": torch.zeros(64, 64)}, str(paths["denoiser_low_noise"]))
+    whole = paths["denoiser_low_noise"].read_bytes()
+    paths["denoiser_low_noise"].write_bytes(whole[: len(whole) // 2])  # a download cut in the middle
+    save_file({"not_a_vae.weight": torch.zeros(2, 2)}, str(paths["vae"]))  # another kind of file
+    paths["text_encoder"].write_text("<html>404 Not Found</html>")  # a saved error page
+    paths["high_noise_lora"].write_bytes(b"")
+    save_file({"x.lora_A.weight": torch.zeros(4, 8)}, str(paths["low_noise_lora"]))
+    paths["low_noise_lora"].write_bytes(paths["low_noise_lora"].read_bytes()[:-8])
+
+    assert _check(workflow, tmp_path) == 1
+    out = capsys.readouterr().out
+    broken = [line for line in out.splitlines() if line.startswith("BROKEN")]
+    assert len(broken) == 6, out
+    assert any(" denoiser: diffusion_models/" in line and "0 bytes" in line for line in broken), broken
+    assert any(" denoiser_low_noise: " in line and "truncated" in line for line in broken), broken
+    assert "found    " not in out
+    assert "0 found, 0 missing, 6 broken" in out

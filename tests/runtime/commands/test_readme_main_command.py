@@ -60,6 +60,21 @@ def test_readme_main_command_runs_the_lightx2v_pair_and_says_so(tiny_models_root
     assert re.search(r"wrote images: .*wan22_lightx2v_4step_00001_\.webp$", out, re.MULTILINE)
 
 
+@pytest.mark.slow
+def test_the_quick_start_sample_is_exactly_what_a_first_run_prints(tmp_path, capsys, monkeypatch):
+    """Issue 45 item 9: every line, in order, and nothing else (``/…/`` stands for the local folders): a first
+    run, so the tiny model and fixtures are built under a fresh models folder as on a fresh clone."""
+    (workflow,) = readme_main_command()
+    monkeypatch.chdir(PACK)
+    store.clear_cache()
+    code = main(["run", workflow, "--models", str(tmp_path / "models"), "--output", str(tmp_path / "output")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    printed = [line.replace(f"{tmp_path}/", "/…/") for line in out.splitlines()]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", quick_start(), re.S | re.M)
+    assert printed == next(body for language, body in blocks if not language).splitlines()
+
+
 def test_a_missing_published_lora_is_a_validation_error_and_no_file_is_written(tmp_path, capsys):
     prompt = json.loads((PACK / "workflows" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
     text = json.dumps(prompt).replace("lorabind-tiny/", "")  # the real published names, not the fixtures

@@ -194,7 +194,7 @@ def test_value_not_in_long_list_does_not_echo_the_options():
 
     result = PromptExecutor({"Picker": Picker}).validate({"1": {"class_type": "Picker", "inputs": {"name": "x"}}})
     error = result.node_errors["1"]["errors"][0]
-    assert error["details"] == "name: 'x' not in (list of length 25)"
+    assert error["details"] == "name: 'x' not found (none of the 25 choices is close)"
     assert error["extra_info"]["input_config"] is None
 
 
@@ -333,10 +333,37 @@ def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_clo
     result = PromptExecutor({"Picker": Picker}).validate(
         {"1": {"class_type": "Picker", "inputs": {"lora_name": wrong}}})
     details = result.node_errors["1"]["errors"][0]["details"]
-    prefix = f"lora_name: '{wrong}' not in (list of length 25); searched models/loras; closest: "
+    prefix = f"lora_name: '{wrong}' not found; closest: "
     assert details.startswith(prefix), details
-    closest = details[len(prefix):].split(", ")
-    assert len(closest) == 3 and closest[0] == "'lorabind-tiny/wan2.2_lora_3.safetensors'"
+    closest, count = details[len(prefix):].split(" (of ")
+    assert closest.split(", ")[0] == "'lorabind-tiny/wan2.2_lora_3.safetensors'" and len(closest.split(", ")) == 3
+    assert count == "25 choices); searched models/loras"
+
+
+def test_a_lora_typo_among_a_short_folder_lists_three_names_then_the_count_not_every_file(tmp_path, monkeypatch):
+    """Issue 45 item 7: 19 fixture LoRAs printed whole before "closest"; now three names, then the count."""
+    from lorabind.runtime import folder_paths
+
+    options = ["None"] + [f"lorabind-tiny/fixture_{i:02d}.safetensors" for i in range(18)]
+
+    class Picker:
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"lora_name": (options,)}}
+
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+
+    monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
+    monkeypatch.setattr(folder_paths, "get_folder_paths", lambda kind: [str(tmp_path / kind)])
+    result = PromptExecutor({"Picker": Picker}).validate(
+        {"1": {"class_type": "Picker", "inputs": {"lora_name": "lorabind-tiny/fixture_7.safetensors"}}})
+    details = result.node_errors["1"]["errors"][0]["details"]
+    assert details.startswith("lora_name: 'lorabind-tiny/fixture_7.safetensors' not found; closest: "), details
+    assert "'lorabind-tiny/fixture_07.safetensors'" in details
+    assert details.endswith(" (of 19 choices); searched models/loras")
+    assert details.count("fixture_") == 4  # the typo and three names, not all 18
 
 
 def test_a_mistyped_node_class_gets_a_did_you_mean():

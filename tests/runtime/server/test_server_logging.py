@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -109,10 +110,10 @@ def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
                              "--models", str(tmp_path / "models"), "--output", str(tmp_path / "out")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a first start builds the examples before it answers
         while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            try:  # an answer, not a connection: the port is bound before the examples are built
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/system_stats", timeout=1).close()
                 break
             except OSError:
                 assert proc.poll() is None, proc.stderr.read()
@@ -126,3 +127,52 @@ def test_ctrl_c_stops_lorabind_serve_promptly_and_says_so(tmp_path):
             proc.kill()
     assert proc.returncode == 0, err
     assert "shutting down (no prompt running)" in err and err.rstrip().endswith("lorabind serve: stopped")
+
+
+def test_every_prompt_gets_one_line_in_order_refusals_included_and_queued_before_started(server, caplog):
+    """Issue 45 item 8: a prompt refused with a 400 left no line, and "started" could come before "queued" (the
+    worker took the prompt before the handler logged it)."""
+    from lorabind.runtime.server.composition_root import STATE_KEY
+
+    caplog.set_level(logging.INFO, logger="lorabind.server")
+    queue = server.app[STATE_KEY].queue
+    put = queue.put
+    logged_at_put = []
+
+    def recording_put(item, *args, **kwargs):
+        logged_at_put.append((item.prompt_id, list(server_lines(caplog))))
+        return put(item, *args, **kwargs)
+
+    queue.put = recording_put
+
+    async def body():
+        client = Client(server.url)
+        try:
+            await client.connect()
+            first = (await client.queue_prompt(count_and_save(steps=1)))["prompt_id"]
+            refused = await client.post("/prompt", {"prompt": {"9": {"class_type": "NoSuchNode", "inputs": {}}},
+                                                    "client_id": client.client_id})
+            shapeless = await client.post("/prompt", {"nothing": 1})
+            last = (await client.queue_prompt(count_and_save(steps=1)))["prompt_id"]
+            await client.wait_done(first)
+            await client.wait_done(last)
+            return first, refused, shapeless, last
+        finally:
+            queue.put = put
+            await client.close()
+
+    first, (status, answer), (shapeless_status, _), last = run_async(body)
+    assert status == 400 and shapeless_status == 400
+    lines = [line for line in server_lines(caplog) if line.startswith("prompt ")]
+    per_prompt = [line for line in lines if " queued (" in line or " refused " in line]
+    assert len(per_prompt) == 4, per_prompt
+    assert per_prompt[0].startswith(f"prompt {first} queued (")
+    assert per_prompt[1].startswith("prompt ") and " refused (client client-a): " in per_prompt[1]
+    assert answer["error"]["message"] in per_prompt[1]
+    assert per_prompt[2] == "prompt refused before validation (no_prompt); the client was told why"
+    assert per_prompt[3].startswith(f"prompt {last} queued (")
+    for prompt_id, seen in logged_at_put:  # the queued line is written before the worker can see the prompt
+        assert any(line.startswith(f"prompt {prompt_id} queued (") for line in seen), prompt_id
+    for prompt_id in (first, last):
+        assert lines.index(f"prompt {prompt_id} started") > next(
+            i for i, line in enumerate(lines) if line.startswith(f"prompt {prompt_id} queued ("))

@@ -69,7 +69,7 @@ def test_a_fifo_as_lora_path_is_named_for_what_it_is(models, tmp_path):
 def test_n_images_are_all_validated_before_any_is_queued(models, monkeypatch):
     validated, queued = [], []
 
-    async def validate(state, template, prompt, sent=None):
+    async def validate(state, template, prompt, sent=None, client_id=None):
         validated.append(prompt)
         if len(validated) == 2:  # the second image's seed is past the maximum
             raise OpenAIRequestError("seed: 18446744073709551616 is over the maximum", param="seed")
