@@ -19,7 +19,8 @@ from ..composition_root import ServerState
 def validate_prompt(state: ServerState, prompt: dict, targets):
     """Build any missing built-in tiny model and example input image the prompt names (as ``lorabind run``
     does, so the example workflows work on a fresh models root), then validate — the model lists in COMBO inputs
-    now include it."""
+    now include it. While ``lorabind serve`` still builds the examples' models, wait for them (not a refusal)."""
+    state.models_built.wait()
     ensure_builtin_models(prompt, state.config.models_root, state.config.input_dir, announce=prompt_log.log.info)
     result = state.validator.validate(prompt, targets)
     return _refuse_contract_mismatches(state, result) if result.ok else result
