@@ -35,12 +35,26 @@ def _refuse_contract_mismatches(state: ServerState, result):
     if not refusals:
         return result
     node_errors = {node_id: {
-        "errors": [{"type": "contract_mismatch", "message": "Value breaks a file's sampling contract",
-                    "details": message, "extra_info": {"input_name": "steps",
-                                                       "received_value": result.prompt[node_id]["inputs"]["steps"]}}],
+        "errors": [contract_error(message, result.prompt[node_id]["inputs"]["steps"])],
         "dependent_outputs": [o for o in result.outputs if node_id in upstream_closure(result.prompt, [o])],
         "class_type": result.prompt[node_id]["class_type"]} for node_id, message in refusals}
     details = "\n".join(f"node {node_id}: {message}" for node_id, message in refusals)
     error = {"type": "prompt_outputs_failed_validation", "message": "Prompt outputs failed validation",
              "details": details, "extra_info": {}}
     return ValidationResult(False, error, [], node_errors, result.prompt)
+
+
+def contract_error(message: str, steps) -> dict:
+    """A node error frontend 1.58.1 shows with its text. It renders only the types ComfyUI sends, and of those
+    only the exception types put ``details`` in the toast as well as the Issues panel (``custom_validation_failed``,
+    ComfyUI's type for a node's own check, shows its details in the panel only; an unknown type shows neither).
+    ``exception_during_inner_validation`` is ComfyUI's type for an input whose upstream node could not be
+    validated, which is what this is: a file named upstream contradicts ``steps``. Our own kind stays
+    machine-readable in ``extra_info["lorabind_refusal"]``."""
+    return {"type": "exception_during_inner_validation", "message": "Value breaks a file's sampling contract",
+            "details": message, "extra_info": {"input_name": "steps", "received_value": steps,
+                                               REFUSAL_KEY: CONTRACT_MISMATCH}}
+
+
+REFUSAL_KEY = "lorabind_refusal"
+CONTRACT_MISMATCH = "contract_mismatch"
