@@ -3,7 +3,9 @@ text, in the toast that Run raises and in the Issues panel, not as "an unrecogni
 
 ``wan22_mismatched_contract`` asks 20 steps of a 4-step pair: the contract text (file name, "steps must be 4, got
 20") must be in both. The same page then names a model that is not there: the toast names the missing value.
-Screenshots go to ``tmp_path`` and the git-ignored ``test-artifacts/``."""
+Last, the main example with its pair swapped: that is refused when the pair node runs (an ``execution_error``,
+as ComfyUI sends for any failing node), which the frontend toasts in its own generic words; the Issues panel
+shows our message. Screenshots go to ``tmp_path`` and the git-ignored ``test-artifacts/``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ TOAST = '[data-testid="error-overlay"]'
 SET_MODEL = """(name) => {
   const loader = app.graph.nodes.find(n => n.type === 'LoraBindModelLoader');
   loader.widgets.find(w => w.name === 'model_name').value = name;
+}"""
+SWAP_PAIR = """() => {
+  const pair = app.graph.nodes.find(n => n.type === 'WanMoELoRAPair');
+  const [high, low] = ['high_noise_lora', 'low_noise_lora'].map(name => pair.widgets.find(w => w.name === name));
+  [high.value, low.value] = [low.value, high.value];
 }"""
 
 
@@ -62,6 +69,13 @@ def test_run_on_a_refused_workflow_shows_the_reason_in_the_toast_and_the_issues_
             toast = _run_and_read_toast(page)
             page.screenshot(path=str(tmp_path / "refused_missing_model_toast.png"))
             assert MISSING_MODEL in toast, toast
+
+            _load(page, "wan22_lightx2v_4step")
+            page.evaluate(SWAP_PAIR)
+            _run_and_read_toast(page)
+            page.click('[data-testid="error-overlay-see-errors"]')
+            page.wait_for_selector("text=the pair is swapped", timeout=TIMEOUT_MS)
+            page.screenshot(path=str(tmp_path / "refused_swapped_pair_issues_panel.png"))
             browser.close()
     finally:
         server.stop()
