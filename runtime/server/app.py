@@ -19,11 +19,11 @@ import urllib.parse
 from aiohttp import web
 
 from .comfy_api import routes_files, routes_info, routes_jobs, routes_prompt, routes_settings, routes_userdata
+from .comfy_api.example_warm_up import warm_up_in_background
 from .comfy_api.routes_frontend import INSTALL_HINT, add_frontend_routes, frontend_static_dir
 from .comfy_api.routes_logs import add_log_routes
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
-from .example_warm_up import warm_up_in_background
 from .openai import routes as openai_routes
 
 log = logging.getLogger("lorabind.server")

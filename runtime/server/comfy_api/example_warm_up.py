@@ -20,12 +20,12 @@ import time
 
 from aiohttp import web
 
-from .. import folder_paths
-from ..core_nodes import runtime_node_classes
-from .comfy_api.template_thumbnails import render_template_thumbnails
-from .composition_root import STATE_KEY, ServerState
-from .config import ServerConfig
-from .example_assets import prepare_example_assets
+from ... import folder_paths
+from ...core_nodes import runtime_node_classes
+from ..composition_root import STATE_KEY, ServerState
+from ..config import ServerConfig
+from ..example_assets import prepare_example_assets
+from .template_thumbnails import render_template_thumbnails
 
 log = logging.getLogger("lorabind.server")
 _TASK_KEY = web.AppKey("lorabind_example_warm_up", asyncio.Task)
