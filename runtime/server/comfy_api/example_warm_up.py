@@ -20,7 +20,6 @@ import time
 
 from aiohttp import web
 
-from ... import folder_paths
 from ...core_nodes import runtime_node_classes
 from ..composition_root import STATE_KEY, ServerState
 from ..config import ServerConfig
@@ -64,6 +63,5 @@ def _prepare_examples(config: ServerConfig, render_thumbnails: bool, models_buil
     config = config.resolved()
     prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=announce)
     models_built.set()
-    folder_paths.configure(models_root=config.models_root, input_dir=config.input_dir)
     if render_thumbnails:
         render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)

@@ -73,3 +73,46 @@ def test_a_first_serve_answers_at_once_and_queues_a_prompt_whose_model_is_still_
         proc.terminate()
         out = proc.communicate(timeout=60)[0]
     assert "examples: building the built-in" in out, out
+
+
+@pytest.mark.slow  # builds a tiny model
+def test_the_warm_up_keeps_the_servers_folders_then_starts_the_worker_and_says_ready(tmp_path, caplog):
+    """The warm-up runs after ServerState rooted the folders (output, --allow-lora-dir): it must not re-root
+    them, or the worker would write the user's outputs into ./output."""
+    import asyncio
+    import shutil
+
+    from aiohttp import web
+
+    from lorabind.runtime import folder_paths
+    from lorabind.runtime.server import ServerConfig
+    from lorabind.runtime.server.app import create_app
+    from lorabind.runtime.server.comfy_api.example_warm_up import warm_up_in_background
+    from lorabind.runtime.server.composition_root import STATE_KEY
+
+    served = tmp_path / "workflows"
+    served.mkdir()
+    shutil.copy(MAIN_EXAMPLE, served)
+    config = ServerConfig(port=0, models_root=str(tmp_path / "models"), output_dir=str(tmp_path / "out"),
+                          input_dir=str(tmp_path / "in"), temp_dir=str(tmp_path / "temp"), workflows_dir=str(served))
+    app = create_app(config)
+    warm_up_in_background(app, config, render_thumbnails=False)
+    state = app[STATE_KEY]
+    caplog.set_level("INFO", logger="lorabind.server")
+
+    async def start_and_wait() -> None:
+        runner = web.AppRunner(app)
+        await runner.setup()  # on_startup: the worker is left to the warm-up
+        try:
+            for _ in range(1200):
+                if any(r.getMessage().startswith("ready") for r in caplog.records):
+                    return
+                await asyncio.sleep(0.1)
+        finally:
+            await runner.cleanup()
+
+    assert not state.models_built.is_set()
+    asyncio.run(start_and_wait())
+    assert state.models_built.is_set() and (tmp_path / "models" / "diffusers" / "tiny-wan22-t2v").is_dir()
+    assert folder_paths.get_output_directory() == str((tmp_path / "out").resolve())
+    assert any(r.getMessage().startswith("ready") for r in caplog.records)
