@@ -14,6 +14,12 @@
  *     contents with our main example before the frontend looks for missing nodes.
  * Both happen only when this server cannot run the default graph (some of its node types are not registered):
  * inside ComfyUI, where it can, the frontend behaves as ComfyUI's users expect.
+ *
+ * And the view a template opens at (issue 45): the frontend fits every template it opens to the window and
+ * ignores the view the workflow saved (extra.ds). Ours are wide, so in a 1600x1000 window they opened at 53-57 %,
+ * below the zoom (60 %) where LiteGraph stops drawing titles and widget values: blank boxes. afterConfigureGraph:
+ * once the frontend has placed the camera, one of our templates (extra.lorabind_template) opens at its extra.ds
+ * instead (80 %, its top-left corner in view), unless the user turned off Comfy.EnableWorkflowViewRestore.
  */
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
@@ -56,8 +62,29 @@ async function mainExample() {
     return reply.json();
 }
 
+const CAMERA_WAIT_FRAMES = 120;
+
+/** After the frontend's own camera for this load has run (app.pendingCamera is cleared then), apply `view`. */
+async function openAtSavedView(extra, view) {
+    const nextFrame = () => new Promise((resolve) => requestAnimationFrame(resolve));
+    await nextFrame();
+    for (let frame = 0; frame < CAMERA_WAIT_FRAMES && app.pendingCamera; frame++) await nextFrame();
+    if (app.rootGraph?.extra !== extra) return; // another workflow was opened meanwhile
+    app.canvas.ds.scale = view.scale;
+    app.canvas.ds.offset = [view.offset[0], view.offset[1]];
+    app.canvas.setDirty(true, true);
+}
+
 app.registerExtension({
     name: "lorabind.start",
+
+    async afterConfigureGraph() {
+        const extra = app.rootGraph?.extra || {};
+        const view = extra.ds;
+        if (!extra.lorabind_template || !view || !(view.scale > 0) || !Array.isArray(view.offset)) return;
+        if (app.extensionManager.setting.get("Comfy.EnableWorkflowViewRestore") === false) return;
+        openAtSavedView(extra, view); // not awaited: the camera runs after this load returns
+    },
 
     async setup() {
         if (defaultGraphCannotRun()) await applyFirstVisitSettings();

@@ -18,15 +18,12 @@ import urllib.parse
 
 from aiohttp import web
 
-from .. import folder_paths
-from ..core_nodes import runtime_node_classes
 from .comfy_api import routes_files, routes_info, routes_jobs, routes_prompt, routes_settings, routes_userdata
+from .comfy_api.example_warm_up import warm_up_in_background
 from .comfy_api.routes_frontend import INSTALL_HINT, add_frontend_routes, frontend_static_dir
 from .comfy_api.routes_logs import add_log_routes
-from .comfy_api.template_thumbnails import render_template_thumbnails
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
-from .example_assets import prepare_example_assets
 from .listen import bind_listeners, listening_port
 from .openai import routes as openai_routes
 
@@ -212,7 +209,8 @@ def create_app(config: ServerConfig, *, node_classes: dict | None = None, displa
 async def _on_startup(app: web.Application) -> None:
     state: ServerState = app[STATE_KEY]
     state.clients.bind_loop(asyncio.get_running_loop())
-    state.worker.start()
+    if state.models_built.is_set():  # else the examples' warm-up starts it when done (example_warm_up)
+        state.worker.start()
 
 
 async def _on_shutdown(app: web.Application) -> None:
@@ -236,14 +234,16 @@ def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kw
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{listening_port(listeners)}")
     print(f"  models: {config.models_root}\n  output: {config.output_dir}\n  input:  {config.input_dir}")
-    _prepare_examples(config, render_thumbnails)
     app = create_app(config, **app_kwargs)
+    warm_up_in_background(app, config, render_thumbnails)  # after it listens: the log says "ready" when done
 
     for line in openai_routes.startup_lines(app):
         print(line)
 
     print("  editor: the ComfyUI frontend at /" if frontend_static_dir() is not None
           else f"  editor: not installed ({INSTALL_HINT})")
+    print("  examples: prepared in the background; prompts queued meanwhile run after the log says \"ready\"",
+          flush=True)
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, sock=listeners, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
@@ -255,19 +255,6 @@ def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kw
 
 
 _SHUTDOWN_S = 2.0
-
-
-def _prepare_examples(config: ServerConfig, render_thumbnails: bool = True) -> None:
-    """What the templates name (models, fixture LoRAs, start images), then each template's thumbnail: before the
-    app exists, so the worker never shares the models with a thumbnail run."""
-    def announce(line: str) -> None:
-        print(f"  examples: {line}", flush=True)
-
-    config = config.resolved()
-    prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=announce)
-    folder_paths.configure(models_root=config.models_root, input_dir=config.input_dir)
-    if render_thumbnails:
-        render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)
 
 
 def _log_to_stderr() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import threading
 
 from aiohttp import web
 
@@ -60,6 +61,10 @@ class ServerState:
                                    unload_models=unload_models)
         self.clients.running_node = self.worker.running_node
         self.clients.has_prompts = self.queue.has_client
+        # clear while ``lorabind serve`` builds the examples' models after listening (example_warm_up): a
+        # prompt's validation, which builds what it names, waits for it rather than building the same files
+        self.models_built = threading.Event()
+        self.models_built.set()
 
     def status_payload(self) -> dict:
         return {"exec_info": {"queue_remaining": self.queue.remaining()}}

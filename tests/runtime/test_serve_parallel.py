@@ -244,6 +244,7 @@ def test_a_contract_refusal_comes_from_rank_0_before_any_rank_runs_the_prompt(se
             await client.close()
 
     status, reply = run_async(body)
-    assert status == 400 and reply["node_errors"]["6"]["errors"][0]["type"] == "contract_mismatch"
+    refusal = reply["node_errors"]["6"]["errors"][0]["extra_info"]["lorabind_refusal"]
+    assert status == 400 and refusal == "contract_mismatch"
     assert "Qwen-Image-Lightning-4steps-V1.0.safetensors" in reply["error"]["details"]
     assert [len(served.captured(rank)) for rank in range(2)] == before

@@ -57,11 +57,11 @@ def render_template_thumbnails(workflows_dir: str, state_dir: str, node_classes:
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     with tempfile.TemporaryDirectory(prefix="lorabind-thumbnails-") as scratch:
-        for name, (api_path, digest) in todo.items():
+        for count, (name, (api_path, digest)) in enumerate(todo.items(), 1):
             results[name] = _render_one(api_path, folder / f"{name}.jpg", node_classes, scratch)
             index[name] = {"sha256": digest, "result": results[name]}
-            if results[name] != RENDERED:
-                announce(f"no thumbnail for {name}: {results[name]}")
+            announce(f"thumbnail {count}/{len(todo)} {name}" if results[name] == RENDERED
+                     else f"no thumbnail for {name} ({count}/{len(todo)}): {results[name]}")
     index_path.write_text(json.dumps(index, indent=1, sort_keys=True), encoding="utf-8")
     return results
 

@@ -15,7 +15,7 @@ import uuid
 from typing import Optional
 
 from .. import prompt_log
-from ..comfy_api.prompt_service import validate_prompt
+from ..comfy_api.prompt_service import CONTRACT_MISMATCH, REFUSAL_KEY, validate_prompt
 from ..composition_root import ServerState
 from ..queue import QueueItem
 from .errors import OpenAIRequestError
@@ -109,7 +109,8 @@ def validation_error(template: Template, prompt: dict, result, sent=None) -> Ope
             text = f"{error.get('message')}: {error.get('details')}" if error.get("details") else error["message"]
             prefix = f"{request_field}: " if request_field else ""
             # a contract the prompt's files declare, refused at validation (before anything runs)
-            code = "contract_mismatch" if error.get("type") == "contract_mismatch" else None
+            refusal = (error.get("extra_info") or {}).get(REFUSAL_KEY)
+            code = CONTRACT_MISMATCH if refusal == CONTRACT_MISMATCH else None
             return OpenAIRequestError(f"{prefix}{text} ({where} of {template.file_name})", param=request_field,
                                       code=code)
     error = result.error or {}

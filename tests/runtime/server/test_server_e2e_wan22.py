@@ -129,7 +129,8 @@ def test_a_mismatched_step_count_is_refused_at_validation_naming_the_file_and_fi
             (error,) = reply["node_errors"]["6"]["errors"]
             assert reply["node_errors"]["6"]["class_type"] == "LoraBindSampler"
             assert reply["node_errors"]["6"]["dependent_outputs"] == ["8"]
-            assert error["extra_info"] == {"input_name": "steps", "received_value": 20}
+            assert error["extra_info"] == {"input_name": "steps", "received_value": 20,
+                                           "lorabind_refusal": "contract_mismatch"}
             assert high_noise_file in error["details"] and "steps must be 4, got 20" in error["details"]
             assert (await client.get("/queue"))[1]["queue_pending"] == []
             prompt["6"]["inputs"]["steps"] = 4  # the same prompt at the contract's steps is queued and runs

@@ -32,5 +32,6 @@ def test_a_zero_byte_lora_is_refused_at_validation_naming_the_node_and_input(reg
         state, ValidationResult(True, None, ["5"], {}, _prompt("empty.safetensors")))
     assert not result.ok
     error, = result.node_errors["5"]["errors"]
-    assert (error["type"], error["extra_info"]["input_name"]) == ("invalid_lora_file", "lora_name")
+    assert (error["extra_info"]["lorabind_refusal"], error["extra_info"]["input_name"]) == ("invalid_lora_file", "lora_name")
+    assert error["type"] == "exception_during_inner_validation"  # a type the editor shows with its text
     assert "not a safetensors file" in error["details"] and result.node_errors["5"]["dependent_outputs"] == ["5"]

@@ -59,7 +59,7 @@ def test_a_swapped_distill_pair_refuses_to_start_with_the_swap_message(tiny_mode
     def never(*args, **kwargs):
         raise AssertionError("the server started")
 
-    monkeypatch.setattr(server_app, "_prepare_examples", lambda *args, **kwargs: None)  # thumbnails: not this test's
+    monkeypatch.setattr(server_app, "warm_up_in_background", lambda *args, **kwargs: None)  # not this test's
     monkeypatch.setattr(server_app.web, "run_app", never)
     code = main(["serve", "--models", str(tiny_models_root), "--port", "0", "--output", str(tmp_path / "out"),
                  "--input", str(tmp_path / "in"), "--temp", str(tmp_path / "temp"),
