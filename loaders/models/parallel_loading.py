@@ -137,8 +137,14 @@ def parallel_loading_available() -> bool:
 @contextlib.contextmanager
 def shard_loading(workers: int):
     """Load diffusers models' shard files with ``workers`` threads inside the block (``workers`` <= 1, or a
-    diffusers without the pool: one shard after the other, diffusers' default). Yields the worker count used."""
-    if workers <= 1 or not parallel_loading_available():
+    diffusers without the pool: one shard after the other, diffusers' default). Yields the worker count used.
+
+    Inside ``torch.inference_mode`` (ComfyUI runs every node in it) the load stays on this thread: diffusers' pool
+    threads do not inherit the mode, and making a parameter there of a tensor this thread made fails ("Setting
+    requires_grad=True on inference tensor outside InferenceMode")."""
+    import torch  # lazy: the worker rule and `plan` need no torch
+
+    if workers <= 1 or not parallel_loading_available() or torch.is_inference_mode_enabled():
         yield 1
         return
     from diffusers.models import model_loading_utils, modeling_utils

@@ -98,3 +98,19 @@ def test_without_a_worker_count_the_loader_takes_one_per_core_and_one_on_a_rotat
     assert diffusers_folder.default_load_workers(folder) == 1
     monkeypatch.setenv("LORABIND_LOAD_WORKERS", "3")
     assert diffusers_folder.default_load_workers(folder) == 3
+
+
+def test_inside_inference_mode_the_shards_load_on_this_thread():
+    """ComfyUI runs every node under torch.inference_mode, which diffusers' pool threads do not inherit: a
+    parameter made there of this thread's tensors fails, so the load stays sequential inside the mode."""
+    import torch
+
+    from lorabind.loaders.models.parallel_loading import parallel_loading_available, shard_loading
+
+    if not parallel_loading_available():
+        pytest.skip("this diffusers has no shard thread pool")
+    with shard_loading(4) as outside:
+        pass
+    with torch.inference_mode(), shard_loading(4) as inside:
+        pass
+    assert (outside, inside) == (4, 1)
