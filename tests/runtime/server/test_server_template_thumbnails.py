@@ -81,7 +81,9 @@ def test_each_template_gets_a_frame_of_its_own_output_once(tiny_models_root, tmp
         assert len(picture.convert("RGB").getcolors(maxcolors=1 << 16) or range(1 << 16)) > 8, "a blank picture"
     assert pictures["wan22_lightx2v_4step"].tobytes() != pictures["qwen_image_lightning"].tobytes()
     assert not (tmp_path / "output").exists()  # the runs wrote nowhere the user looks
-    assert said[0].startswith("rendering 3 template thumbnail(s)") and len(said) == 2
+    assert said[0].startswith("rendering 3 template thumbnail(s)") and len(said) == 4  # then one line each
+    assert [line for line in said if line.startswith("no thumbnail for ")] == [
+        line for line in said if "wan22_mismatched_contract" in line]
     index = json.loads((folder / "index.json").read_text())
     assert {name: entry["result"] for name, entry in index.items()} == results
     # nothing changed: nothing rendered, nothing said; a changed template is rendered again
