@@ -77,6 +77,9 @@ METRICS = {
                                    "per forward", None),
     "ulysses_2rank_vs_1rank": ("lower", 0.5, "sequence parallelism on CPU: one tiny Wan forward split by ulysses=2 "
                                "over 2 gloo ranks x 1 thread / unsplit in 1 rank x 2 threads", None),
+    "text_encode_20_tokens_vs_diffusers": ("higher", 0.3, "text encoding, 20-token prompt, UMT5-XXL width: "
+                                           "diffusers encode_prompt (512 positions) / lorabind (real tokens)",
+                                           (">=", 10.0)),
     "help_seconds": ("lower", 0.75, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 1.0, "`import lorabind` (s)", None),
 }

@@ -33,6 +33,7 @@ from . import (  # noqa: E402
     bench_single_file,
     bench_startup,
     bench_strength_schedule,
+    bench_text_encoding,
     history,  # noqa: E402
 )
 from .measure import machine_description, print_table  # noqa: E402
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
     sequence_split = bench_parallel.run(args.quick, reps)
+    text_encoding = bench_text_encoding.run(args.quick, reps)
 
     summary = {
         "fuse_speedup_vs_diffusers": fuse["fuse"].ratio,
@@ -112,6 +114,7 @@ def main(argv=None) -> int:
         "gguf_patched_vs_gguf": gguf["gguf_patched_vs_gguf"],
         "gguf_patched_vs_bf16_fused": gguf["gguf_patched_vs_bf16_fused"],
         "ulysses_2rank_vs_1rank": sequence_split["ulysses_2rank_vs_1rank"],
+        "text_encode_20_tokens_vs_diffusers": text_encoding["text_encode_20_tokens_vs_diffusers"],
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -155,6 +158,12 @@ def main(argv=None) -> int:
     print_table(f"Sequence parallelism on CPU: one tiny Wan forward ({sequence_split['tokens']} tokens, "
                 f"{sequence_split['blocks']} blocks), ulysses=2 on 2 gloo ranks x 1 thread vs 1 rank x 2 threads "
                 "(rank 0's median ms)", [(k, f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in sequence_split.items()])
+    encode_pair = text_encoding["pair"]
+    print_table(f"Text encoding, a {bench_text_encoding.PROMPT_TOKENS}-token prompt, UMT5-XXL width "
+                f"({text_encoding['width']}, {text_encoding['layers']} of 24 layers, bf16; median ms)",
+                [(encode_pair.name_a, f"{encode_pair.a * 1000:.1f}"), (encode_pair.name_b, f"{encode_pair.b * 1000:.1f}"),
+                 ("largest difference / largest value",
+                  f"{text_encoding['max_abs_difference']:.3g} / {text_encoding['max_abs_value']:.3g}")])
 
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"

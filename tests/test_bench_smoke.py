@@ -21,6 +21,7 @@ SUMMARY_KEYS = {
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
     "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused", "ulysses_2rank_vs_1rank",
+    "text_encode_20_tokens_vs_diffusers",
 }
 
 

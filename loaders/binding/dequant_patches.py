@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from .. import forward_hooks, gguf_weights
-from ..lora.finite_bounds import largest_abs
+from ..lora.finite_bounds import largest_abs, proven_finite_for_any_weight
 from .fused_rows import Workspace, write_patched
 
 _workspaces = threading.local()  # one float32 row buffer per thread and device (``fused_rows.Workspace``)
@@ -42,7 +42,9 @@ class DequantPatch:
     forwards, and the patch follows whatever bytes the layer holds when it runs."""
 
     contributions: tuple
-    abs_max: float  # max|dequant(Q)|, what proves the patched value finite without a scan (finite_bounds)
+    # max|dequant(Q)|, what proves the patched value finite without a scan (finite_bounds); None where the
+    # deltas alone prove it, whatever the weight
+    abs_max: Optional[float]
 
 
 def is_deferred(module: torch.nn.Module, name: str) -> bool:
@@ -59,9 +61,9 @@ class GgufPatches:
 
 
 def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> None:
-    """Give ``module.<name>`` exactly ``contributions`` (empty: none). The patched value is computed once here, so
-    a value that overflows the compute dtype is refused at bind time (``NonFiniteResultError``), not mid-run.
-    A layer left without patches loses its hook: it is as it was loaded."""
+    """Give ``module.<name>`` exactly ``contributions`` (empty: none). A value that overflows the compute dtype is
+    refused here, at bind time (``NonFiniteResultError``), not mid-run (``_checked_patch``). A layer left without
+    patches loses its hook: it is as it was loaded."""
     state = forward_hooks.state_of(module, forward_hooks.GGUF_PATCHES)
     if not contributions:
         if state is not None:
@@ -69,13 +71,26 @@ def set_patches(module: torch.nn.Module, name: str, contributions: tuple) -> Non
             if not state.patches:
                 forward_hooks.detach(module, forward_hooks.GGUF_PATCHES)
         return
-    base = gguf_weights.dequantize(module._parameters[name])
-    patch = DequantPatch(tuple(contributions), largest_abs(base))
-    _patched_value(patch, base, _compute_dtype(module, base.dtype))  # raises before anything is installed
+    patch = _checked_patch(module, name, tuple(contributions))  # raises before anything is installed
     if state is None:
         state = GgufPatches()
         forward_hooks.attach(module, forward_hooks.GGUF_PATCHES, state, before=_patch_in, after=_put_back)
     state.patches[name] = patch
+
+
+def _checked_patch(module: torch.nn.Module, name: str, contributions: tuple) -> DequantPatch:
+    """The patch, once its value is known to stay finite in the compute dtype. Where the deltas alone prove it
+    (``finite_bounds``: every ordinary LoRA), nothing is dequantised at bind: the patched value would be computed
+    only to be thrown away, a float32 dequantise, a ``max|W|`` pass and a fuse's work per layer, which made a GGUF
+    bind cost about twice a bf16 one (issue 47). Else the value is computed once here, so one that overflows is
+    refused at bind time (``NonFiniteResultError``), not mid-run."""
+    compute = _compute_dtype(module, torch.float32)
+    if proven_finite_for_any_weight(compute, [(c.strength, d) for c in contributions for d in c.deltas]):
+        return DequantPatch(contributions, None)
+    base = gguf_weights.dequantize(module._parameters[name])
+    patch = DequantPatch(contributions, largest_abs(base))
+    _patched_value(patch, base, _compute_dtype(module, base.dtype))
+    return patch
 
 
 def patched_weight(module: torch.nn.Module, name: str, dtype: Optional[torch.dtype] = None) -> torch.Tensor:

@@ -33,6 +33,9 @@ class TargetPatch:
     low_rank: Optional["LowRankDelta"] = None
     param_diffs: dict = field(default_factory=dict)
     source_keys: dict = field(default_factory=dict)
+    # parameter -> the FullDiff of its ``param_diffs`` tensor, kept so that its bound (a pass over the diff, cached
+    # on the FullDiff) is computed once per read of the file, not again on every bind (issue 47)
+    _diff_deltas: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def parameter_deltas(self) -> dict:
         """{parameter name: (WeightDelta, ...)}: every change this patch makes, each as a kind's delta (the weight
@@ -41,7 +44,10 @@ class TargetPatch:
         if self.low_rank is not None:
             deltas["weight"] = (self.low_rank,)
         for param, diff in self.param_diffs.items():
-            deltas[param] = deltas.get(param, ()) + (FullDiff(diff),)
+            delta = self._diff_deltas.get(param)
+            if delta is None or delta.tensor is not diff:  # param_diffs may be rewritten (mapping, accounting)
+                delta = self._diff_deltas[param] = FullDiff(diff)
+            deltas[param] = deltas.get(param, ()) + (delta,)
         return deltas
 
     def all_source_keys(self) -> tuple:

@@ -20,6 +20,7 @@ from .prediction import WanPrediction
 from .single_files import assemble_wan_pipeline
 from .slots import HIGH_NOISE_EXPERT
 from .tensor_parallel import wan_tensor_parallel_plan
+from .text_encoding import encode_real_tokens
 from .vace_conditioning import VACE_KEY, check_vace_inputs, encode_vace_condition, is_vace, reference_count
 
 # WanPipeline.__call__ pads UMT5 output to 512 tokens (Wan's text_len); its encode_prompt's own default is 226,
@@ -130,11 +131,8 @@ class WanSampling(DiffusersFlowSampling):
 
     # text, latents, prediction
     def encode_text(self, model, text: str) -> ConditioningHandle:
-        with torch.no_grad():
-            embeds, _ = model.pipeline.encode_prompt(
-                prompt=text, do_classifier_free_guidance=False, max_sequence_length=WAN_TEXT_TOKENS,
-                device=text_device(model),
-            )
+        """UMT5 over the prompt's real tokens, zero rows up to ``WAN_TEXT_TOKENS`` (``text_encoding``)."""
+        embeds = encode_real_tokens(model.pipeline, text, WAN_TEXT_TOKENS, text_device(model))
         return ConditioningHandle(embeds=embeds.float().cpu(), family=model.family, text=text, mask=None)
 
     def latent_shape(self, model, width: int, height: int, frames: int, batch: int) -> tuple:

@@ -62,12 +62,18 @@ class LowRankDelta:
         (up_norm, _), (down_norm, _) = self._longest
         return product_bound(up_norm, down_norm, self.rank, self.scale)
 
+    @cached_property
+    def _rough(self) -> Optional[float]:
+        root = math.sqrt(self.rank)
+        return product_bound(root * largest_abs(self.up), root * largest_abs(self.down), self.rank, self.scale)
+
     def rough_abs_bound(self) -> Optional[float]:
         """A looser bound from each factor's largest element (a row or column of r elements has a norm of at most
         √r times it): one pass per factor and no float32 copy, which proves a fuse far from its dtype's limit
-        (``finite_bounds.proven_finite_for_any_weight``) without the norms of ``abs_bound``."""
-        root = math.sqrt(self.rank)
-        return product_bound(root * largest_abs(self.up), root * largest_abs(self.down), self.rank, self.scale)
+        (``finite_bounds.proven_finite_for_any_weight``) without the norms of ``abs_bound``. Computed once per
+        delta, like ``_longest``: every re-bind (a strength change, a switch back) asked it again, two passes per
+        pair, which cost as much as a strength change's gemms on the 2-core bench machine (issue 47)."""
+        return self._rough
 
     def peak_index(self) -> tuple:
         """Where the delta can be largest: the longest row of ``up`` against the longest column of ``down``."""

@@ -219,3 +219,31 @@ def test_each_kinds_bound_covers_what_the_fuse_computes(name):
     assert rough is None or bound <= rough * 1.0001  # looser (or equal), so a bound as well
     if "tight" in name:
         assert bound <= largest * 1.0001  # Cauchy-Schwarz is an equality for aligned vectors
+
+
+def test_a_re_bind_passes_over_no_factor_or_diff_again(monkeypatch):
+    """Speed (issue 47): the bounds of a LoRA's deltas are computed once per read of its file. A strength change
+    and a switch back re-plan the same ``TargetPatch`` (the bind memoises it per file), and its pair and bias diff
+    are not scanned again (each re-bind used to pass over every factor and every diff), while the values still
+    change as asked."""
+    g = torch.Generator().manual_seed(3)
+    delta = LowRankDelta(down=torch.randn(4, 48, generator=g).to(torch.bfloat16),
+                         up=torch.randn(64, 4, generator=g).to(torch.bfloat16), alpha=4.0, scale=0.5)
+    target = TargetPatch(module="proj", low_rank=delta, param_diffs={"bias": torch.randn(64, generator=g)})
+    root = _linear(torch.randn(64, 48, generator=g).to(torch.bfloat16))
+    patcher = WeightPatcher({"transformer": root})
+
+    def layer(strength):
+        return PatchLayer(key="lora", component="transformer", strength=strength, targets={"proj": target})
+
+    patcher.apply([layer(1.0)])
+    passes = _counted(monkeypatch, finite_bounds, "largest_abs", "factor passes")
+    monkeypatch.setattr(low_rank, "largest_abs", finite_bounds.largest_abs)
+    from lorabind.loaders.lora.kinds import full_diff
+    monkeypatch.setattr(full_diff, "largest_abs", finite_bounds.largest_abs)
+    bias_at = {}
+    for strength in (0.5, 1.0, 0.25):
+        patcher.apply([layer(strength)])
+        bias_at[strength] = root.proj.bias.detach().clone()
+    assert passes["factor passes"] == 0
+    assert torch.equal(bias_at[0.5] * 2, bias_at[1.0]) and torch.equal(bias_at[0.25] * 4, bias_at[1.0])

@@ -356,3 +356,42 @@ def test_a_forward_holds_one_patched_layer_at_a_time(make_experts, tiny_models_r
         del layer.forward_native
     assert dense_while_running == [1] * len(layers)
     assert all(type(layer.weight).__name__ == "GGUFParameter" for layer in layers)
+
+
+def _quantized_layer_and_target(factor: float):
+    """A Q8_0 layer computing in bf16 and a rank-4 LoRA whose factors are all ``factor`` (ΔW = 4·factor², exact)."""
+    import gguf
+
+    from lorabind.loaders.lora.canonical import LowRankDelta, TargetPatch
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    quantize_linears(layer, gguf.GGMLQuantizationType.Q8_0, compute_dtype=torch.bfloat16)
+    delta = LowRankDelta(down=torch.full((4, 64), factor), up=torch.full((48, 4), factor), alpha=None, scale=1.0)
+    return layer, TargetPatch(module="0", low_rank=delta)
+
+
+def test_a_bind_the_deltas_prove_finite_dequantises_nothing(monkeypatch):
+    """Speed (issue 47): an ordinary LoRA is proven finite from its factors, so binding it on a GGUF layer neither
+    dequantises the weight nor computes its patched value (that was the GGUF bind's extra cost); the value the
+    forward then uses is still exact."""
+    from lorabind.loaders import gguf_weights
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
+
+    layer, target = _quantized_layer_and_target(0.25)  # ΔW = 0.25: far inside bf16's range
+    dequantised = []
+    real = gguf_weights.dequantize
+    monkeypatch.setattr(gguf_weights, "dequantize", lambda tensor: dequantised.append(1) or real(tensor))
+    WeightPatcher({"m": layer}).apply([PatchLayer("k", "m", 1.0, {"0": target})])
+    assert dequantised == []
+    expected = (real(layer[0].weight) + 0.25).to(torch.bfloat16)  # summed in float32, rounded once
+    assert torch.equal(dequant_patches.patched_weight(layer[0], "weight"), expected)
+
+
+def test_a_delta_that_overflows_the_compute_dtype_is_still_refused_at_bind():
+    from lorabind.loaders.binding.fused_rows import NonFiniteResultError
+    from lorabind.loaders.binding.patching import PatchLayer, WeightPatcher
+
+    layer, target = _quantized_layer_and_target(1e19)  # 4e38 per element: past bf16 (and float32)
+    with pytest.raises(NonFiniteResultError):
+        WeightPatcher({"m": layer}).apply([PatchLayer("k", "m", 1.0, {"0": target})])
+    assert gguf_patches_of(layer[0]) in (None, {})
