@@ -165,29 +165,41 @@ def medians(records: list[dict], key: str = "first_step_s") -> dict:
     return {cell: statistics.median(values) for cell, values in grouped.items()}
 
 
+def paired_ratios(records: list[dict]) -> dict:
+    """{(path, stage): median over repetitions of ours / ComfyUI's in the same repetition}. Why paired: this VM
+    switches between states several times apart in speed; the paths of one repetition run minutes apart at most,
+    so their ratio holds where a ratio of medians mixes states."""
+    seconds = {(r["rep"], r["path"], r["stage"]): r["first_step_s"] for r in records}
+    grouped: dict = {}
+    for (rep, path, stage), value in seconds.items():
+        base = seconds.get((rep, "comfyui", stage))
+        if path != "comfyui" and base:
+            grouped.setdefault((path, stage), []).append(value / base)
+    return {cell: statistics.median(values) for cell, values in grouped.items()}
+
+
 def format_table(result: dict) -> str:
-    """The markdown table: one row per stage, each path's median seconds, ours as a ratio to ComfyUI's loader
-    (ours / ComfyUI: below 1 is faster)."""
-    cells = medians(result["records"])
+    """The markdown table: one row per stage, each path's median seconds and ours as the median of its per-
+    repetition ratios to ComfyUI's loader (ours / ComfyUI: below 1 is faster)."""
+    cells, ratios = medians(result["records"]), paired_ratios(result["records"])
     reps = max(r["rep"] for r in result["records"]) + 1
     machine = result["machine"]
     lines = [f"ComfyUI {result['comfy']} on CPU ({machine.get('cores', '?')} cores, {machine.get('cpu', 'unknown CPU')}, "
              f"torch {machine.get('torch', '?')}, load average {result['load_average']}; commit {result['commit']}), "
              f"{result['size']}: seconds from `POST /prompt` to the first sampler step, median of {reps}; ours also "
-             "as a ratio to ComfyUI's loader (below 1: faster).", "",
+             "as the median of its ratios to ComfyUI's loader in the same repetition (below 1: faster).", "",
              "| stage | " + " | ".join(PATH_LABELS[p] for p in PATHS) + " |",
              "|---" * (len(PATHS) + 1) + "|"]
     for stage in STAGES:
-        base = cells.get(("comfyui", stage))
         row = [STAGE_LABELS[stage]]
         for path in PATHS:
             seconds = cells.get((path, stage))
             if seconds is None:
                 row.append("—")
-            elif path == "comfyui" or not base:
+            elif (path, stage) not in ratios:
                 row.append(f"{seconds:.2f} s")
             else:
-                row.append(f"{seconds:.2f} s (**{seconds / base:.2f}x**)")
+                row.append(f"{seconds:.2f} s (**{ratios[path, stage]:.2f}x**)")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
