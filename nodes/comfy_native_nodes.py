@@ -165,16 +165,31 @@ class LoraBindLoRAPair:
         contract = high.contract or low.contract
         table = sigma_table(contract) if contract is not None else None
         switch = switch_step(table, boundary) if table else 0
-        model_high, high_lines = apply_lora(model_high, high, lora_high, strength_high, enforce_contract,
-                                            PART_HIGH, switch, where)
-        model_low, low_lines = apply_lora(model_low, low, lora_low, strength_low, enforce_contract,
-                                          PART_LOW, switch, where)
+        model_high, high_lines = self._expert(model_high, high, lora_high, strength_high, lenient, enforce_contract,
+                                              PART_HIGH, switch)
+        model_low, low_lines = self._expert(model_low, low, lora_low, strength_low, lenient, enforce_contract,
+                                            PART_LOW, switch)
         lines = high_lines + low_lines
         if table:
             lines.append(f"switch at step {switch} of {len(table) - 1} (boundary {boundary:g})")
         ui = {"text": lines, "lorabind_accounting": [high.report, low.report]}
         sigmas_high, sigmas_low = (table[:switch + 1], table[switch:]) if table else ((), ())
         return {"ui": ui, "result": (model_high, model_low, _sigmas(sigmas_high), _sigmas(sigmas_low), switch)}
+
+    def _expert(self, model, prepared, lora: str, strength: float, lenient: bool, enforce: bool, part: str,
+                switch: int):
+        """The patched clone of one expert, and its lines: the one this node returned last time when nothing of
+        that expert changed (the same input MODEL, file, strength and options). Why: ComfyUI re-patches a MODEL it
+        has not seen, so a new clone of the unchanged expert after one strength change cost a second full patch
+        of it (twice ComfyUI's own two LoRA nodes' time, bench_comfyui); the same object is already patched.
+        Node instances persist per node id, as the sampler's plan does."""
+        kept = getattr(self, "_kept", {})
+        key = (lora, lora_inputs_identity(lora), float(strength), bool(lenient), bool(enforce), switch)
+        if part in kept and kept[part][0] is model and kept[part][1] == key:
+            return kept[part][2]
+        applied = apply_lora(model, prepared, lora, strength, enforce, part, switch, "LoraBindLoRAPair")
+        self._kept = {**kept, part: (model, key, applied)}
+        return applied
 
 
 class LoraBindPEFTAdapter:

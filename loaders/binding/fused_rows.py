@@ -132,6 +132,14 @@ def _written_by_one_gemm(dest: torch.Tensor, original: torch.Tensor, terms: list
     return True
 
 
+def _is_own_buffer(dest: torch.Tensor, original: torch.Tensor) -> bool:
+    """Whether ``dest`` can be its own float32 work buffer: the same rows and operations, and the rounding a
+    buffer's copy-out would do is none, so it saves a copy of every element (a host's float32 weights, ComfyUI's on
+    CPU: bench_comfyui). Not where ``original`` is ``dest`` (a DoRA delta reads base rows while they are added to);
+    the caller also keeps the buffer for a scan (rows checked before written) and for fp8 storage."""
+    return dest.dtype == torch.float32 and dest.untyped_storage().data_ptr() != original.untyped_storage().data_ptr()
+
+
 def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Sequence, workspace: Optional[Workspace]
                   = None, *, storage=None, seed_key: str = "", original_abs_max: Optional[float] = None,
                   dest_holds_original: bool = False) -> None:
@@ -169,16 +177,19 @@ def write_patched(dest: torch.Tensor, original: torch.Tensor, contributions: Seq
     adders = [(delta.row_adder(device, base_rows), strength) for strength, delta in terms]
     cols = source.shape[1]
     step = max(1, CHUNK_BYTES // (4 * max(1, cols)))
-    buffer = (workspace or Workspace()).take(min(step, rows) * cols, device).view(min(step, rows), cols)
+    in_place = storage is None and not scan and _is_own_buffer(dest, original)
+    buffer = None if in_place else (workspace or Workspace()).take(min(step, rows) * cols, device).view(-1, cols)
     generator = fp8.seeded_generator(seed_key) if storage is not None else None
     for start in range(0, rows, step):
         stop = min(start + step, rows)
-        chunk = buffer[: stop - start]
+        chunk = target[start:stop] if in_place else buffer[: stop - start]
         chunk.copy_(source[start:stop])
         if scale is not None:
             chunk.mul_(scale)
         for add_rows, strength in adders:
             add_rows(chunk, start, stop, strength)
+        if in_place:
+            continue
         if storage is not None:  # the one rounding, into the fp8 storage
             if scale is not None:
                 chunk.div_(scale)

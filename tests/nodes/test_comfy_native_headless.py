@@ -45,3 +45,34 @@ def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipp
                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert "run such a workflow inside ComfyUI" in run.stderr + run.stdout
+
+
+def test_the_pair_returns_the_same_patched_expert_when_only_the_other_one_changed(monkeypatch):
+    """A new clone of an unchanged expert makes ComfyUI patch it again in full (bench_comfyui): the pair node
+    hands back last run's object for the expert whose model, file, strength and options are the same."""
+    from types import SimpleNamespace
+
+    from lorabind.nodes import comfy_native_nodes as native
+
+    applied = []
+
+    def apply(model, prepared, lora, strength, enforce, part, switch, where):
+        applied.append((part, strength))
+        return SimpleNamespace(base=model, lora=lora, strength=strength), [f"{lora} at {strength}"]
+
+    monkeypatch.setattr(native.comfy_bridge, "require_comfyui", lambda where: None)
+    monkeypatch.setattr(native.comfy_bridge, "model_shapes", lambda model: {})
+    monkeypatch.setattr(native, "host_family", lambda shapes, where: "wan")
+    monkeypatch.setattr(native, "check_expert_pair", lambda *args: None)
+    monkeypatch.setattr(native, "prepare_lora", lambda *args: SimpleNamespace(contract=None, report={}))
+    monkeypatch.setattr(native, "lora_inputs_identity", lambda name: f"identity of {name}")
+    monkeypatch.setattr(native, "apply_lora", apply)
+    node, high, low = LoraBindLoRAPair(), object(), object()
+    first = node.pair(high, low, "h.safetensors", "l.safetensors", 1.0, 1.0, 0.875)["result"]
+    changed = node.pair(high, low, "h.safetensors", "l.safetensors", 0.5, 1.0, 0.875)["result"]
+    assert changed[1] is first[1] and changed[0] is not first[0] and changed[0].strength == 0.5
+    other_model = node.pair(high, object(), "h.safetensors", "l.safetensors", 0.5, 1.0, 0.875)["result"]
+    swapped = node.pair(high, low, "h.safetensors", "l2.safetensors", 0.5, 1.0, 0.875)["result"]
+    assert other_model[0] is changed[0] and other_model[1] is not first[1]
+    assert swapped[1].lora == "l2.safetensors"
+    assert applied == [("high", 1.0), ("low", 1.0), ("high", 0.5), ("low", 1.0), ("low", 1.0)]

@@ -121,3 +121,19 @@ def test_with_onednn_switched_off_the_rows_are_used():
         value, used_rows = _written(weight, [_contribution(delta)])
     assert used_rows
     _assert_rounded_once(value, weight, 0.8, delta)
+
+
+def test_a_float32_destination_apart_from_its_original_is_written_in_place_with_the_buffered_bits(monkeypatch):
+    """A host's float32 weight (ComfyUI's on CPU) is computed in its own rows, without the work buffer: the same
+    bits as the buffered row path (which a destination holding its own original still takes)."""
+    weight = (torch.randn(ROWS, COLS, generator=torch.Generator().manual_seed(3)) * 0.02)
+    contribution = _contribution(_pair(4, dtype=torch.float32), _pair(5, dtype=torch.float32), strength=0.7)
+    taken = []
+    take = fused_rows.Workspace.take
+    monkeypatch.setattr(fused_rows.Workspace, "take", lambda self, *a: taken.append(a) or take(self, *a))
+    in_place = torch.empty_like(weight)
+    fused_rows.write_patched(in_place, weight, [contribution])
+    assert taken == []  # no work buffer
+    buffered = weight.clone()
+    fused_rows.write_patched(buffered, buffered, [contribution])
+    assert len(taken) == 1 and torch.equal(in_place, buffered) and not torch.equal(in_place, weight)
