@@ -4,7 +4,6 @@ refused in one line naming ours, and ``lora_merge_force_fp32`` in a config is ac
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 
@@ -13,7 +12,6 @@ import torch
 from safetensors import safe_open
 
 from lorabind.runtime.cli import main
-from lorabind.runtime.commands import serve
 from patching_helpers import write_component_folder
 
 WAN21 = "wan2.1_t2v_tiny_bf16.safetensors"
@@ -57,29 +55,13 @@ def test_the_extractors_flags_extract_as_ours_do(tmp_path):
     assert guide["transformer.blocks.0.attn.to_q.lora_A.weight"].dtype == torch.float16
 
 
-def _serve_args(*argv):
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
-@pytest.fixture
-def load_workers_restored():
-    before = os.environ.get("LORABIND_LOAD_WORKERS")
-    yield
-    if before is None:
-        os.environ.pop("LORABIND_LOAD_WORKERS", None)
-    else:
-        os.environ["LORABIND_LOAD_WORKERS"] = before
-
-
 @pytest.mark.parametrize("argv, workers", [(["--num-weight-load-threads", "3"], "3"),
                                            (["--disable-multithread-weight-load"], "1")])
-def test_serves_weight_load_flags_set_the_loading_threads(argv, workers, load_workers_restored):
+def test_serves_weight_load_flags_set_the_loading_threads(argv, workers, load_workers_restored, serve_args):
     from lorabind.runtime.device_options import apply_device_arguments
     from lorabind.runtime.guide_flags import apply_serve_guide_arguments
 
-    args = _serve_args(*argv, "--lora-scale", "1")
+    args = serve_args(*argv, "--lora-scale", "1")
     assert apply_device_arguments(args) is None and apply_serve_guide_arguments(args) is None
     assert os.environ["LORABIND_LOAD_WORKERS"] == workers
 

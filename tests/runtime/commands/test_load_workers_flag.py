@@ -10,15 +10,7 @@ import pytest
 from lorabind.runtime.cli import build_parser, main
 from lorabind.runtime.device_options import apply_device_arguments
 
-
-@pytest.fixture(autouse=True)
-def load_workers_restored():
-    before = os.environ.get("LORABIND_LOAD_WORKERS")
-    yield
-    if before is None:
-        os.environ.pop("LORABIND_LOAD_WORKERS", None)
-    else:
-        os.environ["LORABIND_LOAD_WORKERS"] = before
+pytestmark = pytest.mark.usefixtures("load_workers_restored")  # the flags set it process-wide
 
 
 @pytest.mark.parametrize("command", [["run", "w.json"], ["serve"]])

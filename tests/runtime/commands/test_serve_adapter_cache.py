@@ -3,11 +3,8 @@ size and never evicts a preloaded adapter; the loader's `max_cached_adapters` in
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-
-import pytest
 
 from lorabind.loaders.binding import bind as binding
 from lorabind.loaders.handles import AdapterSpec
@@ -16,19 +13,7 @@ from lorabind.runtime.commands import serve
 from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER
 
 
-@pytest.fixture
-def cache_defaults_restored():
-    yield
-    binding.set_adapter_cache_defaults(max_size=binding.DEFAULT_MAX_CACHED_ADAPTERS, pinned_paths=())
-
-
-def _serve_args(models_root, *argv):
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    return parser.parse_args(["--models", str(models_root), *argv])
-
-
-def test_cache_size_and_preloaded_adapter_from_the_command_line(tiny_models_root, tmp_path, cache_defaults_restored):
+def test_cache_size_and_preloaded_adapter_from_the_command_line(tiny_models_root, tmp_path, cache_defaults_restored, serve_args):
     loras = tiny_models_root / "loras"
     copies = []
     for name in ("a", "b"):  # three distinct adapters: the fixture folder and two copies of it
@@ -36,7 +21,7 @@ def test_cache_size_and_preloaded_adapter_from_the_command_line(tiny_models_root
         shutil.copytree(loras / PEFT_FOLDER, copy, dirs_exist_ok=True)
         copies.append(str(copy))
     preloaded = str(loras / PEFT_FOLDER)
-    args = _serve_args(tiny_models_root, "--max-cached-adapters", "2", "--preload-adapter", PEFT_FOLDER)
+    args = serve_args("--models", tiny_models_root, "--max-cached-adapters", "2", "--preload-adapter", PEFT_FOLDER)
     assert serve.apply_adapter_cache_arguments(args) is None
 
     # a model of its own (another dtype than the session's shared one), so its cache starts empty here
@@ -54,10 +39,10 @@ def test_cache_size_and_preloaded_adapter_from_the_command_line(tiny_models_root
         binding.binding_state(model).adapters.remove_all()
 
 
-def test_bad_cache_arguments_are_refused_at_start(tiny_models_root, cache_defaults_restored):
+def test_bad_cache_arguments_are_refused_at_start(tiny_models_root, cache_defaults_restored, serve_args):
     assert "at least 1" in serve.apply_adapter_cache_arguments(
-        _serve_args(tiny_models_root, "--max-cached-adapters", "0"))
-    message = serve.apply_adapter_cache_arguments(_serve_args(tiny_models_root, "--preload-adapter", "nope"))
+        serve_args("--models", tiny_models_root, "--max-cached-adapters", "0"))
+    message = serve.apply_adapter_cache_arguments(serve_args("--models", tiny_models_root, "--preload-adapter", "nope"))
     assert message.startswith("--preload-adapter nope: not found")
 
 

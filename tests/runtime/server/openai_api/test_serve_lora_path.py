@@ -5,10 +5,7 @@ server that answers every request 400 after a failed warm-up."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
-
-import pytest
 
 import lorabind
 from lorabind.loaders.binding import bind as binding
@@ -18,35 +15,23 @@ from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LO
 WAN22_TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
 
 
-@pytest.fixture
-def cache_defaults_restored():
-    yield
-    binding.set_adapter_cache_defaults(max_size=binding.DEFAULT_MAX_CACHED_ADAPTERS, pinned_paths=())
-
-
-def _serve_args(models_root, *argv):
-    parser = argparse.ArgumentParser()
-    serve.add_arguments(parser)
-    return parser.parse_args(["--models", str(models_root), *argv])
-
-
-def test_an_absolute_peft_folder_is_preloaded_and_said(tiny_models_root, cache_defaults_restored, capsys):
+def test_an_absolute_peft_folder_is_preloaded_and_said(tiny_models_root, cache_defaults_restored, capsys, serve_args):
     folder = tiny_models_root / "loras" / PEFT_FOLDER
-    args = _serve_args(tiny_models_root, "--lora-path", str(folder))
+    args = serve_args("--models", tiny_models_root, "--lora-path", str(folder))
     assert serve.check_openai_arguments(args) is None and serve.apply_adapter_cache_arguments(args) is None
     assert f"lorabind serve: preloaded adapter {PEFT_FOLDER} (" in capsys.readouterr().out
     assert binding._cache_defaults["pinned"] == (str(folder),)
 
 
 def test_an_allowed_folder_counts_and_anything_outside_is_refused_as_a_request_would_be(
-        tiny_models_root, tmp_path, cache_defaults_restored):
+        tiny_models_root, tmp_path, cache_defaults_restored, serve_args):
     import shutil
 
     mine = tmp_path / "my_adapters"
     shutil.copytree(tiny_models_root / "loras" / PEFT_FOLDER, mine / "style")
-    allowed = _serve_args(tiny_models_root, "--lora-path", str(mine / "style"), "--allow-lora-dir", str(mine))
+    allowed = serve_args("--models", tiny_models_root, "--lora-path", str(mine / "style"), "--allow-lora-dir", str(mine))
     assert serve.apply_adapter_cache_arguments(allowed) is None
-    refused = serve.apply_adapter_cache_arguments(_serve_args(tiny_models_root, "--lora-path", str(mine / "style")))
+    refused = serve.apply_adapter_cache_arguments(serve_args("--models", tiny_models_root, "--lora-path", str(mine / "style")))
     assert refused == f"--lora-path: {str(mine / 'style')!r} is outside the LoRA folders (models/loras and the " \
                       "server's --allow-lora-dir folders)"
 
