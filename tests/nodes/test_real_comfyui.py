@@ -93,8 +93,11 @@ def test_free_model_and_node_cache_drops_our_models_and_the_next_run_reloads_ide
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     # loading placed each component again: labelled work (progress_state), never `progress`, which clients count
     # as sampling steps; the steps are the sampler's 4
-    assert [(p["node"], p["value"], p["max"]) for p in second.of_type("progress")] == [
-        ("6", 1, 4), ("6", 2, 4), ("6", 3, 4), ("6", 4, 4)]
+    # as sampling steps; the steps are the sampler's 4 (ComfyUI 0.30's ProgressBar always sends the first and
+    # the last update and throttles those between by time, so there a fast step may not be sent)
+    steps = [(p["node"], p["value"], p["max"]) for p in second.of_type("progress")]
+    assert steps[0] == ("6", 1, 4) and steps[-1] == ("6", 4, 4) and set(steps) <= {("6", n, 4) for n in range(1, 5)}
+    assert [value for _, value, _ in steps] == sorted(set(value for _, value, _ in steps))
     assert any("1" in state["nodes"] for state in second.of_type("progress_state"))
 
 

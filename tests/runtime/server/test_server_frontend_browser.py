@@ -167,10 +167,11 @@ def test_edit_run_save_and_reopen_in_the_served_frontend(tiny_models_root, tmp_p
             page.keyboard.press("Escape")
             page.evaluate("() => app.extensionManager.command.execute('Workspace.ToggleSidebarTab.workflows')")
             page.click(f'text="{SAVED_NAME}"', timeout=TIMEOUT_MS)  # open it from the Workflows sidebar
-            page.wait_for_function("() => app.graph.nodes.some(n => n.type === 'WanMoELoRAPair')",
-                                   timeout=TIMEOUT_MS)
-            assert page.evaluate("app.extensionManager.workflow.activeWorkflow.path") == \
-                f"workflows/{SAVED_NAME}.json"
+            # the opened workflow becomes the active one (the start graph holds the same node types, so waiting
+            # for a node proves nothing: under load the click's workflow arrives later)
+            page.wait_for_function("path => app.extensionManager.workflow.activeWorkflow?.path === path",
+                                   arg=f"workflows/{SAVED_NAME}.json", timeout=TIMEOUT_MS)
+            assert page.evaluate("app.graph.nodes.some(n => n.type === 'WanMoELoRAPair')")
             assert _bad_toasts(page) == [] and errors == []
             browser.close()
     finally:
