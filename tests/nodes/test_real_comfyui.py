@@ -92,7 +92,6 @@ def test_free_model_and_node_cache_drops_our_models_and_the_next_run_reloads_ide
     assert len(before) == len(after) == 5
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
     # loading placed each component again: labelled work (progress_state), never `progress`, which clients count
-    # as sampling steps; the steps are the sampler's 4
     # as sampling steps; the steps are the sampler's 4 (ComfyUI 0.30's ProgressBar always sends the first and
     # the last update and throttles those between by time, so there a fast step may not be sent)
     steps = [(p["node"], p["value"], p["max"]) for p in second.of_type("progress")]
