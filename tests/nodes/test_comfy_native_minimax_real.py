@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
+from real_comfyui import harness_command, require_harness, version_tuple
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,31 +30,15 @@ TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_minimax_h3_turbo.tiny.api.json"
 SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_minimax_h3_turbo_4step_768p.api.json"
 TEST_PACK = REPO / "tests" / "data" / "comfy_test_pack"
 CLIENT = REPO / "tests" / "helpers" / "comfy_native_client.py"
-# the harness's ComfyUI snapshots; MiniMax-H3 arrived in ComfyUI between them (comfy/ldm/minimax, 0.30.0 has it)
-COMFY_VERSIONS = ("0.3.64", "0.30.0")
-FIRST_WITH_MINIMAX = (0, 30, 0)
+FIRST_WITH_MINIMAX = (0, 30, 0)  # MiniMax-H3 arrived in ComfyUI between the snapshots (comfy/ldm/minimax)
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
 NATIVE = "minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors"
 STAND_INS = {"LoraBindTestMiniMaxConditioning", "LoraBindTestLatentStats"}
 
 
-def _harness() -> Path:
-    for folder in REPO.parents:
-        script = folder / "shared" / "peers" / "real-comfyui.sh"
-        if script.is_file():
-            return script
-    pytest.skip(f"no real ComfyUI harness (shared/peers/real-comfyui.sh above {REPO})")
-
-
-@pytest.fixture(scope="module", params=COMFY_VERSIONS)
-def comfy_version(request) -> str:
-    """Each ComfyUI version the harness carries, as every real-ComfyUI module runs; MiniMax-H3 only where it
-    exists (``_snapshot`` skips the others, saying why)."""
-    return request.param
-
-
 def _snapshot(harness: Path, version: str) -> None:
-    if tuple(int(part) for part in version.split(".")) < FIRST_WITH_MINIMAX:
+    """Skip, saying why, on a version without MiniMax-H3 (every real-ComfyUI module runs on each version)."""
+    if version_tuple(version) < FIRST_WITH_MINIMAX:
         pytest.skip(f"ComfyUI {version} has no MiniMax-H3 model (no comfy/ldm/minimax, no MiniMaxH3 in its "
                     f"supported models): ComfyUI-native MiniMax-H3 needs ComfyUI 0.30.0 or later")
     if not list(harness.parent.glob(f"comfyui-{version}-*.tar.gz")):
@@ -105,7 +91,7 @@ def _fixtures() -> list:
 
 @pytest.fixture(scope="module")
 def comfy_results(tmp_path_factory, comfy_version):
-    harness = _harness()
+    harness = require_harness()
     _snapshot(harness, comfy_version)
     from lorabind.loaders.models import compat
     from lorabind.tiny_models.comfyui_files import write_comfyui_files
@@ -128,12 +114,12 @@ def comfy_results(tmp_path_factory, comfy_version):
     }
     (work / "prompts.json").write_text(json.dumps(prompts))
     results = work / "results.json"
-    command = [str(harness), "--comfy", comfy_version, "--name", "lorabind", "--models-dir", str(models),
+    command = [*harness_command(comfy_version), "--name", "lorabind", "--models-dir", str(models),
                "--extra-pack", str(TEST_PACK), "--nodes", "LoraBindLoRA,MiniMaxH3SigmaShift,EmptyMiniMaxH3LatentAV",
                "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
                          f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
                str(REPO)]
-    run = subprocess.run(["bash", *command], capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
     assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
     return json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text()
