@@ -313,10 +313,10 @@ def test_exception_in_an_upstream_node_is_filed_under_that_node():
     assert error["extra_info"]["exception_type"] == "ZeroDivisionError"
 
 
-def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_closest(tmp_path, monkeypatch):
+def _lora_name_refusal(options: list, name: str, tmp_path, monkeypatch) -> str:
+    """The details of validating a node whose ``lora_name`` list is ``options`` against ``name`` (the models
+    folder pointed at ``tmp_path``)."""
     from lorabind.runtime import folder_paths
-
-    options = ["None"] + [f"lorabind-tiny/wan2.{n}_lora_{i}.safetensors" for n in (1, 2) for i in range(12)]
 
     class Picker:
         @classmethod
@@ -329,10 +329,15 @@ def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_clo
 
     monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
     monkeypatch.setattr(folder_paths, "get_folder_paths", lambda kind: [str(tmp_path / kind)])
-    wrong = "wan2.2_lora_3.safetensors"  # the fixture's name without its folder
     result = PromptExecutor({"Picker": Picker}).validate(
-        {"1": {"class_type": "Picker", "inputs": {"lora_name": wrong}}})
-    details = result.node_errors["1"]["errors"][0]["details"]
+        {"1": {"class_type": "Picker", "inputs": {"lora_name": name}}})
+    return result.node_errors["1"]["errors"][0]["details"]
+
+
+def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_closest(tmp_path, monkeypatch):
+    options = ["None"] + [f"lorabind-tiny/wan2.{n}_lora_{i}.safetensors" for n in (1, 2) for i in range(12)]
+    wrong = "wan2.2_lora_3.safetensors"  # the fixture's name without its folder
+    details = _lora_name_refusal(options, wrong, tmp_path, monkeypatch)
     prefix = f"lora_name: '{wrong}' not found; closest: "
     assert details.startswith(prefix), details
     closest, count = details[len(prefix):].split(" (of ")
@@ -342,24 +347,8 @@ def test_a_lora_name_not_in_the_list_names_the_folder_searched_and_the_three_clo
 
 def test_a_lora_typo_among_a_short_folder_lists_three_names_then_the_count_not_every_file(tmp_path, monkeypatch):
     """Issue 45 item 7: 19 fixture LoRAs printed whole before "closest"; now three names, then the count."""
-    from lorabind.runtime import folder_paths
-
     options = ["None"] + [f"lorabind-tiny/fixture_{i:02d}.safetensors" for i in range(18)]
-
-    class Picker:
-        @classmethod
-        def INPUT_TYPES(cls):
-            return {"required": {"lora_name": (options,)}}
-
-        RETURN_TYPES = ()
-        FUNCTION = "run"
-        OUTPUT_NODE = True
-
-    monkeypatch.setattr(folder_paths, "models_dir", str(tmp_path))
-    monkeypatch.setattr(folder_paths, "get_folder_paths", lambda kind: [str(tmp_path / kind)])
-    result = PromptExecutor({"Picker": Picker}).validate(
-        {"1": {"class_type": "Picker", "inputs": {"lora_name": "lorabind-tiny/fixture_7.safetensors"}}})
-    details = result.node_errors["1"]["errors"][0]["details"]
+    details = _lora_name_refusal(options, "lorabind-tiny/fixture_7.safetensors", tmp_path, monkeypatch)
     assert details.startswith("lora_name: 'lorabind-tiny/fixture_7.safetensors' not found; closest: "), details
     assert "'lorabind-tiny/fixture_07.safetensors'" in details
     assert details.endswith(" (of 19 choices); searched models/loras")
