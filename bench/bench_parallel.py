@@ -129,9 +129,7 @@ def _rank_job(rank: int, world_size: int, case: dict, device_type: str, reps: in
     else:
         with torch.no_grad():
             split(**inputs)  # the split forward is collective: every rank runs it
-    dist.barrier()  # both ranks done with every collective before either tears its gloo group down (a rank that
-    # destroyed its group while the other's last exchange was in flight died with SIGABRT in a CI run)
-    process_group.leave_job()
+    process_group.finish_job()  # a barrier first (a rank that tore its group down early died with SIGABRT once)
     return {"unsplit_s": statistics.median(times_a[1:]) if rank == 0 else None,
             "unsplit_one_thread_s": statistics.median(times_one_thread[1:]) if times_one_thread else None,
             "split_s": statistics.median(times_b[1:]), "max_abs_diff": difference}

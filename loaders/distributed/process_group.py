@@ -72,6 +72,14 @@ def leave_job() -> None:
     _session.spec, _session.mesh, _session.owns_group = ParallelSpec(), None, False
 
 
+def finish_job() -> None:
+    """Leave after a body every rank completed: the ranks meet at a barrier first, so none tears its group down
+    while another's last exchange is still in flight (gloo then aborts that process with SIGABRT)."""
+    if _session.owns_group and dist.is_initialized():
+        dist.barrier()
+    leave_job()
+
+
 def session_spec() -> ParallelSpec:
     return _session.spec
 

@@ -16,7 +16,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ...loaders.distributed.process_group import join_job, leave_job
+from ...loaders.distributed.process_group import finish_job, join_job, leave_job
 from ...loaders.distributed.spec import ParallelSpec
 from ...loaders.placement.devices import resolve_device, session_defaults, set_session_defaults
 
@@ -33,8 +33,10 @@ def rank_of_job(spec: ParallelSpec, local_rank: int):
     rank = join_job(spec, device.type)
     try:
         yield rank, rank == 0
-    finally:
-        leave_job()
+    except BaseException:
+        leave_job()  # no barrier: the other ranks may never reach one (the launcher stops them)
+        raise
+    finish_job()
 
 
 @contextlib.contextmanager
