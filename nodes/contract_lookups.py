@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -49,10 +48,11 @@ def _declared(name: str, path: str, declaration: Callable[[str, str], dict], sec
 
 
 def _versions(path: str) -> tuple:
-    """What a cached answer depends on: the file's identity with its ctime (a rewrite that restores the size and
-    mtime moves it, and a table's ``sha256:`` entry must then be matched again) and the version of each contract
-    table that may apply to it (a table added or edited later changes the answer, as it does for ``/prompt``)."""
-    return file_identity(path), os.stat(path).st_ctime_ns, contract_table_versions(path)
+    """What a cached answer depends on: the file's identity (its ctime included: a rewrite that restores the size
+    and mtime moves it, and a table's ``sha256:`` entry must then be matched again) and the version of each
+    contract table that may apply to it (a table added or edited later changes the answer, as it does for
+    ``/prompt``)."""
+    return file_identity(path), contract_table_versions(path)
 
 
 class ContractLookups:

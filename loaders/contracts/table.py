@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..errors import ContractError
+from ..io.file_identity import LatestVersionCache, stat_identity
 from ..io.read_deadline import check_deadline
 from .baked import file_sha256
 
@@ -30,8 +31,9 @@ TABLE_NAME = "lorabind-contracts.json"
 MAX_TABLE_BYTES = 1 << 20  # a list of names, not a data set: a larger file is refused, not read
 MAX_TABLE_ENTRIES = 10_000  # each lookup may try every entry: a longer table is refused by its line
 _SHA256 = re.compile(r"^sha256:([0-9a-f]{64})$")
-_cache: dict = {}  # table path -> (file version, [TableLine])
-_hash_cache: dict = {}  # (real path, file version) -> sha256
+MAX_CACHED_PATHS = 1024  # tables and hashed LoRA files remembered at their latest version
+_cache = LatestVersionCache(MAX_CACHED_PATHS)  # table path -> [TableLine]
+_hash_cache = LatestVersionCache(MAX_CACHED_PATHS)  # real path of a LoRA file -> sha256
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,6 @@ class TableLine:
     matches_name: Optional[Callable]  # the compiled glob of a name pattern, else None
 
 
-def file_version(stat: os.stat_result) -> tuple:
-    """What changes when a file is rewritten: inode, size, mtime and ctime (a rewrite that restores the size and
-    the mtime still moves the ctime, which no user call can set back)."""
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
-
-
 def _table_paths(path: str) -> tuple:
     """Where the tables for the LoRA at ``path`` may be, nearest first, with the folder each applies from."""
     folder = os.path.dirname(os.path.abspath(str(path).rstrip("/\\")))
@@ -74,7 +70,7 @@ def table_versions(path: str) -> tuple:
     versions = []
     for _, table in _table_paths(path):
         try:
-            versions.append(file_version(os.stat(table)))
+            versions.append(stat_identity(os.stat(table)))
         except OSError:
             versions.append(None)
     return tuple(versions)
@@ -108,17 +104,17 @@ def _names_for_matching(path: str, table_folder: str) -> tuple:
 
 def _entries(table: str) -> list:
     """The table's ``TableLine``s, parsed and compiled once per file version."""
-    version = file_version(os.stat(table))
-    cached = _cache.get(table)
-    if cached is not None and cached[0] == version:
-        return cached[1]
+    version = stat_identity(os.stat(table))
+    cached = _cache.get(table, version)
+    if cached is not None:
+        return cached
     if version[2] > MAX_TABLE_BYTES:
         raise ContractError(f"{TABLE_NAME}: {version[2]} bytes is larger than the {MAX_TABLE_BYTES} bytes a "
                             f"contract table may have")
     with open(table, encoding="utf-8") as handle:
         text = handle.read()
     entries = [_compiled(key, contract, line) for key, contract, line in parse_table(text)]
-    _cache[table] = (version, entries)
+    _cache.put(table, version, entries)
     return entries
 
 
@@ -210,7 +206,9 @@ def _sha256(path: str) -> str:
     every question; the version includes the ctime, so a same-size rewrite with its mtime set back is hashed
     again)."""
     real = os.path.realpath(path)
-    key = (real, file_version(os.stat(real)))
-    if key not in _hash_cache:
-        _hash_cache[key] = file_sha256(real)
-    return _hash_cache[key]
+    version = stat_identity(os.stat(real))
+    digest = _hash_cache.get(real, version)
+    if digest is None:
+        digest = file_sha256(real)
+        _hash_cache.put(real, version, digest)
+    return digest

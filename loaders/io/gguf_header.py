@@ -26,6 +26,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..errors import ModelLoadError
+from .file_identity import stat_identity
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -293,9 +294,8 @@ def read_gguf_header(path, name: str = "") -> GGUFHeader:
 
 
 def file_version(descriptor_or_path) -> tuple:
-    """(size, mtime_ns) of an open file or a path: what changes when the file is rewritten."""
-    stat = os.stat(descriptor_or_path)
-    return stat.st_size, stat.st_mtime_ns
+    """``stat_identity`` of an open file or a path: what changes when the file is rewritten."""
+    return stat_identity(os.stat(descriptor_or_path))
 
 
 def is_gguf_path(path) -> bool:

@@ -21,6 +21,7 @@ from lorabind.loaders.dispatch.contract_discovery import (
 )
 from lorabind.loaders.errors import ContractError
 from lorabind.loaders.handles import ModelHandle
+from lorabind.loaders.io.file_identity import LatestVersionCache
 
 LIGHTX2V = "wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
 
@@ -189,6 +190,29 @@ def test_a_sha256_entry_stops_matching_when_the_bytes_change_with_the_same_size_
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert os.stat(path).st_size == stat.st_size and os.stat(path).st_mtime_ns == stat.st_mtime_ns
     assert discover_contract(str(path)) is None
+
+
+def test_the_table_and_hash_caches_keep_one_version_per_path_and_a_bounded_number_of_paths(tmp_path, monkeypatch):
+    monkeypatch.setattr(table, "_hash_cache", LatestVersionCache(max_paths=3))
+    paths = [write_lora(tmp_path, f"download_{i}.safetensors", {"copy": str(i)}) for i in range(5)]
+    digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    write_table(tmp_path, json.dumps({f"sha256:{d}": "steps=4" for d in digests}))
+    assert [discover_contract(str(p)).steps for p in paths] == [4] * 5
+    assert len(table._hash_cache) == 3  # the two asked first were dropped
+    rewritten = paths[-1]
+    rewritten.write_bytes(rewritten.read_bytes()[:-1] + bytes([rewritten.read_bytes()[-1] ^ 1]))
+    assert discover_contract(str(rewritten)) is None  # hashed again: no entry matches the new content
+    assert len(table._hash_cache) == 3  # the old version of that path replaced, not kept beside it
+
+
+def test_latest_version_cache_answers_only_the_version_it_holds():
+    cache = LatestVersionCache(max_paths=2)
+    cache.put("a", (1,), "a1")
+    assert cache.get("a", (1,)) == "a1" and cache.get("a", (2,)) is None
+    cache.put("b", (1,), "b1")
+    assert cache.get("a", (1,)) == "a1"  # asked last: "b" is now the least recently used
+    cache.put("c", (1,), "c1")
+    assert (cache.get("a", (1,)), cache.get("b", (1,)), cache.get("c", (1,))) == ("a1", None, "c1")
 
 
 def test_a_lookup_past_its_deadline_stops_hashing(tmp_path):

@@ -53,7 +53,7 @@ def test_reads_pairs_alpha_and_metadata(small_lora):
     assert lora.metadata == {"note": "kept"}
     assert (lora.name, lora.format, lora.dtype) == ("small.safetensors", "lightx2v-native", "float32")
     stat = os.stat(path)
-    assert lora.identity == ((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns),)
+    assert lora.identity == ((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns),)
 
 
 def test_truncated_file_is_refused_by_name(small_lora, tmp_path):
@@ -251,6 +251,27 @@ def test_cache_returns_the_same_object_until_the_file_changes(small_lora):
     second = read_lora(path)
     assert second is not first
     assert second.targets["blocks.0.self_attn.q"].low_rank.alpha == 2.0
+
+
+def test_a_rewrite_in_place_with_the_same_size_and_mtime_is_read_again(small_lora):
+    path, sd = small_lora
+    up_key = "diffusion_model.blocks.0.self_attn.q.lora_up.weight"
+    first = read_lora(path)
+    stat = os.stat(path)
+    header, data = _raw_header(path)
+    high_byte = len(open(path, "rb").read()) - len(data) + header[up_key]["data_offsets"][1] - 1
+    with open(path, "r+b") as handle:  # in place: the same inode, size and (set back) mtime
+        handle.seek(high_byte)
+        original = handle.read(1)[0]
+        handle.seek(high_byte)
+        handle.write(bytes([original ^ 0x80]))  # the sign of the factor's last element
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    second = read_lora(path)
+    assert second is not first
+    up = second.targets["blocks.0.self_attn.q"].low_rank.up
+    assert up.reshape(-1)[-1].item() == -sd[up_key].reshape(-1)[-1].item()
 
 
 def test_peft_folder_config_errors_name_the_folder(tmp_path):
