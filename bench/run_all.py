@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     if args.docs:
         latest = history.latest()
         history.write_table(latest)
-        print(f"{history.PERFORMANCE_PAGE} table rewritten from {latest}")
+        history.write_headline(latest)
+        print(f"{history.PERFORMANCE_PAGE} table and {history.README}'s headline figures rewritten from {latest}")
         return 0
 
     import torch

@@ -72,6 +72,23 @@ def test_the_docs_table_is_rewritten_between_its_markers_on_the_performance_page
     assert "old table" not in text and "| **1.16** | ≤ 1.3: met |" in text
 
 
+def test_the_readme_shows_the_headline_figures_of_the_same_run(tmp_path):
+    from lorabind.bench.history import _HEADLINE_END, _HEADLINE_START, HEADLINE, METRICS, README, write_headline
+
+    assert README == ROOT / "README.md"
+    assert _HEADLINE_START in README.read_text() and _HEADLINE_END in README.read_text()
+    assert set(HEADLINE) <= set(METRICS)
+    run = tmp_path / "2026-12-02-abc1234.json"
+    run.write_text(json.dumps({"commit": "abc1234", "date": "2026-12-02T00:00:00+00:00", "load_average": [0.5],
+                               "figures": {"fuse_vs_floor": 1.16, HEADLINE[0]: 4.5, HEADLINE[-1]: 9.5}}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{_HEADLINE_START}\n{_HEADLINE_END}\nrest\n")
+    write_headline(run, readme)
+    rows = [line for line in readme.read_text().splitlines() if line.startswith("| ") and "`" in line]
+    assert [row.split("`")[1] for row in rows] == [HEADLINE[0], HEADLINE[-1]]  # only headline figures, in order
+    assert "| **4.50** |" in rows[0] and readme.read_text().endswith(f"{_HEADLINE_END}\nrest\n")
+
+
 def test_a_page_without_the_markers_is_refused_not_overwritten(tmp_path):
     from lorabind.bench.history import write_table
 
