@@ -53,7 +53,9 @@ class PipelineSource:
     """Where a model's pipeline is loaded from.
 
     ``kind`` "diffusers": a diffusers folder (``path`` holding ``model_index.json``, already read into
-    ``model_index``); ``dtype`` None keeps the folder's own dtype; ``components``: modules already built (the
+    ``model_index``); ``dtype`` a torch dtype for every weighted component, or ``{component: torch dtype}`` (what
+    ``dtype=auto`` gives: each as stored; diffusers loads a component missing there in float32);
+    ``components``: modules already built (the
     denoisers read split under tensor parallelism), which the pipeline takes instead of loading them.
     ``kind`` "single_file": modules already built from ComfyUI's single files (``loaders.models.single_file``), named as
     the equivalent diffusers folder names them (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``,

@@ -17,7 +17,7 @@ from ..families.interface import PipelineSource
 from ..io.model_index import read_model_index
 from ..lora.reader import PICKLE_SUFFIXES
 from ..placement import component_sizes
-from ..placement.load_plan import stored_dtype
+from ..placement.load_plan import stored_dtype, stored_dtypes
 from . import compat
 from .parallel_loading import auto_workers, shard_loading
 from .sources import BuiltModel, ModelSource
@@ -98,7 +98,8 @@ class DiffusersFolder(ModelSource):
                     for name in self.family.layout.denoiser_components(self.model_index)} if split else {}
         try:
             with shard_loading(workers):
-                source = PipelineSource(path=self.path, model_index=self.model_index, dtype=dtype,
+                source = PipelineSource(path=self.path, model_index=self.model_index,
+                                        dtype=dtype if dtype is not None else self._stored_dtypes(),
                                         components=prebuilt)
                 pipeline = self.family.sampling.load_pipeline(source)
         except Exception as exc:
@@ -106,6 +107,12 @@ class DiffusersFolder(ModelSource):
         return BuiltModel(pipeline=pipeline, model_family=self.model_family, model_index=self.model_index,
                           modules=dict(pipeline.components), roles=self.component_roles(),
                           denoisers=self._denoisers(pipeline))
+
+    def _stored_dtypes(self) -> dict:
+        """``{component: torch dtype}`` each weighted component is stored in: what ``dtype=auto`` loads."""
+        import torch
+
+        return {name: getattr(torch, dtype) for name, dtype in stored_dtypes(self.folder, self.model_index).items()}
 
     def _denoisers(self, pipeline) -> dict:
         """{name: module} of the index's denoisers; one the installed diffusers dropped (an older release ignores

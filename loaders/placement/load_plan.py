@@ -19,20 +19,43 @@ _SAFETENSORS_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "
 
 
 def stored_dtype(folder: Path, model_index: dict) -> str:
-    """The floating dtype the denoiser's weights are stored in (what ``dtype=auto`` loads), read from one
-    safetensors header; float32 when there is nothing to read (a conservative size)."""
+    """The floating dtype the denoiser's weights are stored in (what ``dtype=auto`` loads it in); float32 when
+    there is nothing to read (a conservative size)."""
     for name in denoiser_components(model_index):
-        for file in sorted((folder / name).glob("*.safetensors")):
-            try:
-                with open(file, "rb") as f:
-                    length = int.from_bytes(f.read(8), "little")
-                    header = json.loads(f.read(min(length, 16 * 1024 * 1024)))
-            except (OSError, ValueError):
-                continue
-            for key, entry in header.items():
-                if key != "__metadata__" and entry.get("dtype") in _SAFETENSORS_DTYPES:
-                    return _SAFETENSORS_DTYPES[entry["dtype"]]
+        found = component_stored_dtype(folder / name)
+        if found:
+            return found
     return "float32"
+
+
+def stored_dtypes(folder: Path, model_index: dict) -> dict:
+    """``{component: dtype name}`` of every component of the folder with readable safetensors weights: what
+    ``dtype=auto`` loads each in. Why: diffusers' ``from_pretrained`` without a dtype loads every model in
+    float32, so a bf16 Wan folder would take twice its size in memory (and a tensor-parallel load, which reads
+    the weights as stored, would disagree with a plain one)."""
+    found = {name: component_stored_dtype(folder / name) for name, entry in model_index.items()
+             if not name.startswith("_") and isinstance(entry, list)}
+    return {name: dtype for name, dtype in found.items() if dtype}
+
+
+def component_stored_dtype(component_folder: Path):
+    """The floating dtype holding most of the bytes of one safetensors header in ``component_folder`` (a bf16
+    model may keep a few float32 norms), None when no header there can be read."""
+    for file in sorted(component_folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                length = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(min(length, 16 * 1024 * 1024)))
+        except (OSError, ValueError):
+            continue
+        by_dtype: dict = {}
+        for key, entry in header.items():
+            if key != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                offsets = entry.get("data_offsets") or (0, 0)
+                by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + offsets[1] - offsets[0]
+        if by_dtype:
+            return _SAFETENSORS_DTYPES[max(by_dtype, key=by_dtype.get)]
+    return None
 
 
 def free_memory(device) -> tuple[int, int | None]:

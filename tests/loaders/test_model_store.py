@@ -67,6 +67,18 @@ def test_dtype_is_applied_and_cached_separately(tiny_models_root):
         load_model(folder, dtype="float8")
 
 
+def test_auto_dtype_loads_each_component_as_its_files_store_it(tiny_models_root, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "wan21"
+    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", folder)
+    for file in (folder / "transformer").glob("*.safetensors"):  # a bf16 denoiser beside a float32 VAE
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(file).items()}, file)
+    model = load_model(folder, dtype="auto")
+    assert model.components["transformer"].dtype == torch.bfloat16  # diffusers alone would load it in float32
+    assert model.pipeline.vae.dtype == torch.float32
+
+
 def test_missing_folder_names_the_file(tmp_path):
     with pytest.raises(ModelLoadError, match="model_index.json"):
         load_model(tmp_path / "nothing-here")

@@ -37,7 +37,8 @@ def load_pipeline(path, model_index: dict, *, dtype=None) -> MiniMaxH3Components
     subfolder, offline.
 
     MiniMax-H3 ships as a modular pipeline (no ``DiffusionPipeline`` class to instantiate), so the family loads
-    it this way; ``dtype`` applies to the DiTs only (the VAEs stay float32 as released).
+    it this way; a single ``dtype`` applies to the DiTs only (the VAEs stay float32 as released), a
+    ``{component: dtype}`` (``dtype=auto``: each as stored) to the components it names.
     """
     folder = Path(path)
     components = {}
@@ -55,7 +56,9 @@ def load_pipeline(path, model_index: dict, *, dtype=None) -> MiniMaxH3Components
         if name.endswith("scheduler"):
             components[name] = cls.from_pretrained(str(folder / name))
             continue
-        kwargs = {"torch_dtype": dtype} if dtype is not None and name.startswith("transformer") else {}
+        component_dtype = dtype.get(name) if isinstance(dtype, dict) else (
+            dtype if name.startswith("transformer") else None)
+        kwargs = {"torch_dtype": component_dtype} if component_dtype is not None else {}
         if _is_weights_module(cls):  # safetensors only; tokenizers and processors take no such option
             kwargs["use_safetensors"] = True
         components[name] = cls.from_pretrained(str(folder / name), local_files_only=True, **kwargs)
