@@ -257,8 +257,8 @@ def _alignment(metadata: dict) -> int:
     return value
 
 
-def _scan(handle, path: str, identity: tuple) -> GGUFHeader:
-    file_size = identity[0]
+def _scan(handle, path: str, stat: os.stat_result) -> GGUFHeader:
+    file_size = stat.st_size
     cursor = _Cursor(handle, file_size)
     if cursor.take(4, "the magic") != MAGIC:
         raise _HeaderError("not a GGUF file (no GGUF magic)")
@@ -277,7 +277,7 @@ def _scan(handle, path: str, identity: tuple) -> GGUFHeader:
     tensors = [_tensor(*info, metadata, data_offset, data_size, alignment) for info in infos]
     _check_no_overlap(tensors)
     return GGUFHeader(path=path, version=version, metadata=metadata, tensors={t.name: t for t in tensors},
-                      alignment=alignment, data_offset=data_offset, identity=identity)
+                      alignment=alignment, data_offset=data_offset, identity=stat_identity(stat))
 
 
 def read_gguf_header(path, name: str = "") -> GGUFHeader:
@@ -286,7 +286,7 @@ def read_gguf_header(path, name: str = "") -> GGUFHeader:
     name = name or os.path.basename(str(path))
     try:
         with open(path, "rb") as handle:
-            return _scan(handle, str(path), file_version(handle.fileno()))
+            return _scan(handle, str(path), os.fstat(handle.fileno()))
     except _HeaderError as exc:
         raise ModelLoadError(f"{name}: {exc}") from None
     except (OSError, struct.error) as exc:
