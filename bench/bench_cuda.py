@@ -28,7 +28,6 @@ import torch
 LINEARS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k", "attn2.to_v",
            "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2")  # the lightx2v layout: every block linear
 RANK = 64
-REAL_CONFIGS = Path(__file__).resolve().parents[1] / "loaders" / "placement" / "real_configs"
 
 
 def _sync(device):
@@ -261,7 +260,11 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device; nothing measured")
         return 0
-    folder = Path(args.config) if Path(args.config).is_dir() else REAL_CONFIGS / args.config
+    from lorabind.loaders.io.shipped_configs import shipped_model_folder
+
+    folder = Path(args.config) if Path(args.config).is_dir() else shipped_model_folder(args.config)
+    if folder is None:
+        parser.error(f"--config {args.config}: neither a folder nor a shipped real configuration")
     result = run(folder / "transformer", args.device, steps=args.steps,
                  size=tuple(int(x) for x in args.size.split("x")))
     print_report(result)

@@ -171,8 +171,9 @@ def run_device(reps: int = 5) -> dict:
     if count < 2:
         print(f"bench_parallel: ulysses speed-up needs at least 2 CUDA devices, this machine has {count}; skipped")
         return {}
-    config = json.loads((Path(__file__).resolve().parents[1] / "loaders" / "placement" / "real_configs" /
-                         "wan2.2-t2v-a14b" / "transformer" / "config.json").read_text())
+    from lorabind.loaders.io.shipped_configs import shipped_model_folder
+
+    config = json.loads((shipped_model_folder("wan2.2-t2v-a14b") / "transformer" / "config.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_")}
     case = dict(config=dict(config, num_layers=GPU_BLOCKS), latent=GPU_LATENT, text_tokens=512)
     figures = {}

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, replace
 
 from ..errors import ModelLoadError
 from ..io import json_limits
+from ..io.shipped_configs import shipped_model_folder
 from .planner import GIB, MEMORY_PLANS, MemoryPlan, describe_plan, plan_candidates, shortfall
-from .sizes import DENOISER_ROLES, GGUF_WEIGHTS, REAL_CONFIGS_DIR, WEIGHTS, component_sizes, stored_as
+from .sizes import DENOISER_ROLES, GGUF_WEIGHTS, WEIGHTS, component_sizes, stored_as
 
 REFERENCE_STEPS = 20
 BUS_BYTES_PER_S = 32e9
@@ -226,10 +226,10 @@ def _described(choice: Choice) -> str:
 def published_files(model) -> dict | None:
     """{component: {"bf16"|"fp8"|"gguf": "folder/name"}} of a shipped configuration (its ``files.json``, the
     names of docs/model-files/real-models.md), or None for a diffusers folder or a configuration without one."""
-    name = str(model)
-    if "/" in name or os.sep in name:  # a folder; the shipped names are plain (checked without the families,
-        return None  # which import torch: a plan answered from the sizes cache never imports it)
-    path = REAL_CONFIGS_DIR / name / "files.json"
+    folder = shipped_model_folder(str(model))  # found by path: a plan answered from the sizes cache imports no torch
+    if folder is None:
+        return None
+    path = folder / "files.json"
     try:
         table = json_limits.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -27,6 +26,7 @@ from ..families.interface import (
 )
 from ..io import json_limits
 from ..io.model_index import read_model_index
+from ..io.shipped_configs import shipped_model_folder
 from ..meta_modules import build_on_meta, component_class
 from .sizes_cache import cached_components, cached_sizes, model_key, sizes_key
 
@@ -35,10 +35,6 @@ DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
 ALTERNATE_ROLE = ROLE_ALTERNATE
 EXPERT_ROLES = (ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
 ENCODER_ROLES = (ROLE_TEXT_ENCODER, ROLE_IMAGE_ENCODER)
-# Configurations of the real models (configs only, no weights), typed from the public releases; each
-# model_index.json names its source in "_lorabind_source". Which ones ship is the families' list
-# (``FamilyLayout.real_configs``).
-REAL_CONFIGS_DIR = Path(__file__).parent / "real_configs"
 
 
 @dataclass(frozen=True)
@@ -67,7 +63,7 @@ def resolve_model_source(model) -> Path:
     """A diffusers folder, or the folder of a shipped real configuration (``families.real_config_names``)."""
     names = real_config_names()
     if str(model) in names:
-        return REAL_CONFIGS_DIR / str(model)
+        return shipped_model_folder(str(model))
     folder = Path(model).expanduser()
     if not (folder / "model_index.json").is_file():
         raise ModelLoadError(f"{model}: neither a diffusers folder (no model_index.json) nor a known configuration "
@@ -266,6 +262,4 @@ def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> li
 def _shipped_folder(model_source) -> Path | None:
     """The folder of a shipped configuration found by its name alone, before the families are imported (they
     import torch): the first thing ``resolve_model_source`` looks for too, so a cache hit means the same folder."""
-    name = str(model_source)
-    folder = REAL_CONFIGS_DIR / name
-    return folder if "/" not in name and os.sep not in name and (folder / "model_index.json").is_file() else None
+    return shipped_model_folder(str(model_source))

@@ -50,10 +50,10 @@ def test_memory_amounts_must_be_finite_and_positive_exit_2(capsys, option, amoun
 
 
 def test_a_config_of_200000_layers_is_refused_before_it_is_built(capsys, tmp_path):
-    from lorabind.loaders.placement.sizes import REAL_CONFIGS_DIR
+    from lorabind.loaders.io.shipped_configs import shipped_model_folder
 
     model = tmp_path / "huge"
-    shutil.copytree(REAL_CONFIGS_DIR / "wan2.1-t2v-1.3b", model)
+    shutil.copytree(shipped_model_folder("wan2.1-t2v-1.3b"), model)
     config_file = model / "transformer" / "config.json"
     config = json.loads(config_file.read_text())
     config["num_layers"] = 200_000

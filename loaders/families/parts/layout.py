@@ -30,7 +30,7 @@ class FamilyLayout(FamilyPart):
     # {requirements id: {distribution: minimum version}} and {requirements id: label} (``loaders.models.compat``)
     requirements: dict = {}
     labels: dict = {}
-    real_configs: tuple = ()  # folders under ``loaders/placement/real_configs`` (``lorabind plan NAME``)
+    real_configs: tuple = ()  # folders under the family package's ``configs/models/`` (``lorabind plan NAME``)
     tiny_models: tuple = ()  # TinyRecipe of each built-in tiny model
     # single files (``io.single_file_kinds``): the kinds this family loads (ComponentKind), their known
     # configurations (KnownModel) and the files it recognises but refuses (RefusedKind)

@@ -1,7 +1,7 @@
 """Every single-file component lorabind can load, gathered from the families: each family declares the kinds of its
 files, their key layouts and tokenizers, and their known configurations on its layout
 (``FamilyLayout.single_file_kinds`` / ``known_single_files`` / ``refused_single_files``); the configs they name
-are shipped in ``configs/``.
+ship in the family's package (``io.shipped_configs``).
 
 Detection (``detect.py``) reads a file's header, recognises the component kind by a marker key, then compares a
 shape *signature* of the file (widths, layer counts, channels) with the same signature computed from each
@@ -18,9 +18,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from ...families import all_families
+from ...io.shipped_configs import shipped_single_file_config
 from ...io.single_file_kinds import ComponentKind
-
-CONFIG_DIR = Path(__file__).with_name("configs")
 
 
 def kinds() -> dict:
@@ -47,8 +46,11 @@ def refused_kinds() -> tuple:
 
 @lru_cache(maxsize=None)
 def config(name: str) -> dict:
-    """A shipped config by name, or a ``.json`` file by path (the bench's generated models)."""
-    path = Path(name) if name.endswith(".json") else CONFIG_DIR / f"{name}.json"
+    """A config a family ships, by name, or a ``.json`` file by path (the bench's generated models, a test
+    family's own)."""
+    path = Path(name) if name.endswith(".json") else shipped_single_file_config(name)
+    if path is None:
+        raise KeyError(f"no model family ships a single-file configuration named {name!r}")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

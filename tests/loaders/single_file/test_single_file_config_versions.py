@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from lorabind.loaders.models.single_file.catalog import CONFIG_DIR
+from lorabind.loaders.io.shipped_configs import shipped_single_file_config
 
 
 @pytest.mark.parametrize("name", ["qwen25_vl_tiny", "qwen25_vl_7b"])
 def test_qwen25_vl_configs_spell_rope_for_both_transformers_generations(name):
-    text = json.loads((CONFIG_DIR / f"{name}.json").read_text())["text_config"]
+    text = json.loads(shipped_single_file_config(name).read_text())["text_config"]
     v5, v4 = text["rope_parameters"], text["rope_scaling"]
     assert v4["mrope_section"] == v5["mrope_section"] and sum(v5["mrope_section"]) * 2 == (
         text["hidden_size"] // text["num_attention_heads"])
