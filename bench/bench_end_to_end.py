@@ -20,7 +20,9 @@ same use cases, without that cache, so it is not the fuller path. Our workflow a
 encode (cfg 1 does not use it) and its WebP save: both cost ours a little that diffusers (``output_type="np"``)
 does not pay.
 
-The same work on both sides: the same bf16 transformer, fp32 VAE and bf16 text encoder from one folder; diffusers
+The same work on both sides: one folder loaded in bfloat16 whole (our loader's ``dtype`` input, diffusers'
+``dtype=``; with ``dtype`` "auto" our loader would leave the bf16 transformer to diffusers' default, float32 under
+diffusers 0.42, though transformers keeps the text encoder's bf16); diffusers
 samples with flow-matching Euler on the contract's sigmas (``ContractEuler``: the folder's UniPC would be another
 solver) from the same seeded noise (both draw ``torch.randn`` from a CPU generator seeded alike), so the two
 outputs are compared too (``max_frame_difference``, ``max_latent_difference`` over the scenarios).
@@ -155,8 +157,8 @@ class DiffusersSide:
         from diffusers import WanPipeline
 
         with quiet_library_progress():  # as our loader: no "Loading pipeline components" bar
-            self.pipe = WanPipeline.from_pretrained(self.folder, scheduler=_contract_euler(SHIFT), dtype={
-                "transformer": torch.bfloat16, "text_encoder": torch.bfloat16, "default": torch.float32})
+            self.pipe = WanPipeline.from_pretrained(self.folder, scheduler=_contract_euler(SHIFT),
+                                                    dtype=torch.bfloat16)
         self.pipe.set_progress_bar_config(disable=True)
         self.pipe.load_lora_weights(lora, adapter_name="a")
         self.pipe.fuse_lora(lora_scale=1.0)
@@ -217,7 +219,7 @@ class OursSide:
         self.node_classes = runtime_node_classes()[0]
         with open(WORKFLOW) as fh:
             self.prompt = json.load(fh)
-        self._set("LoraBindModelLoader", model_name=MODEL_NAME)
+        self._set("LoraBindModelLoader", model_name=MODEL_NAME, dtype="bfloat16")
         self._set("LoraBindEmptyLatent", width=case.width, height=case.height, frames=case.frames)
         self._set("LoraBindSampler", steps=STEPS, cfg=1.0, shift=SHIFT, seed=SEED)
         self._set("LoraBindTextEncode", text=PROMPT, only_first=True)
@@ -322,8 +324,10 @@ if __name__ == "__main__":
     import sys
     import tempfile
 
+    # python -m bench.bench_end_to_end [--quick] [--reps N]
+    reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 1  # medians of N passes
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lorabind-e2e-") as tmp:
-        result = run(tmp, "--quick" in sys.argv)
+        result = run(tmp, "--quick" in sys.argv, reps)
     print(json.dumps(result, indent=2))
     print(f"case took {time.perf_counter() - started:.1f} s")
