@@ -32,7 +32,9 @@ transformer (dim 1536, 12 heads, ffn 8960, text_dim 4096, 30 layers, bf16), the 
 (``AutoencoderKLWan``'s default config, fp32) and a SMALL text encoder (UMT5 with d_model 4096 so that the
 transformer's text_dim fits, 1 layer, 4 heads, d_ff 256, the bench tokenizer's vocabulary): the point is the
 denoiser path (``bench_text_encoding`` measures the encoder at UMT5-XXL width). 64x64, 1 frame (16 latent tokens,
-512 text positions): a full run of the case takes about 3 minutes on the 2-core VM. One repetition per scenario
+512 text positions): a full run of the case took 131-159 s on the 2-core VM under a load average of 1-3.4. Every
+forward of the denoiser is timed too (``denoise_seconds``): the 4 forwards are the same work on both sides, and on
+a shared machine they swing by several times, so the time outside them shows what the two paths add. One repetition per scenario
 after a warm-up of the whole case at ``--quick`` size (imports, first calls); ``--quick`` alone runs the tiny
 sizes in seconds (the smoke test).
 
@@ -269,8 +271,31 @@ def _difference(ours: dict, theirs: dict) -> tuple[float, float]:
             (ours["latents"].float() - theirs["latents"].float()).abs().max().item())
 
 
+@contextlib.contextmanager
+def _timing_denoiser(spent: list):
+    """Add the wall time of every ``WanTransformer3DModel`` forward (both sides run that class) to ``spent[0]``:
+    the denoise work both sides share, reported beside each scenario's total."""
+    from diffusers import WanTransformer3DModel
+
+    original = WanTransformer3DModel.forward
+
+    def forward(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+
+    WanTransformer3DModel.forward = forward
+    try:
+        yield
+    finally:
+        WanTransformer3DModel.forward = original
+
+
 def _one_pass(ours: OursSide, theirs: DiffusersSide, lora_a: str, lora_b: str, times: dict, gaps: list) -> None:
-    """Every scenario once on each side, alternating which side goes first."""
+    """Every scenario once on each side, alternating which side goes first; ``times[scenario][side]`` gets
+    (total seconds, seconds in the denoiser's forwards)."""
     steps = {
         "cold": (lambda: ours.cold(lora_a), lambda: theirs.cold(lora_a)),
         "strength": (lambda: ours.run(lora_a, 0.5, SEED), lambda: theirs.strength(0.5)),
@@ -281,9 +306,11 @@ def _one_pass(ours: OursSide, theirs: DiffusersSide, lora_a: str, lora_b: str, t
         order = [("lorabind", run_ours), ("diffusers", run_theirs)]
         outputs = {}
         for side, run in order if index % 2 == 0 else order[::-1]:
-            start = time.perf_counter()
-            outputs[side] = run()
-            times[scenario][side].append(time.perf_counter() - start)
+            spent = [0.0]
+            with _timing_denoiser(spent):
+                start = time.perf_counter()
+                outputs[side] = run()
+                times[scenario][side].append((time.perf_counter() - start, spent[0]))
         gaps.append(_difference(outputs["lorabind"], outputs["diffusers"]))
 
 
@@ -310,11 +337,13 @@ def _measure(root: str, case: Case, reps: int) -> dict:
     finally:
         ours.close()
         theirs.close()
-    seconds = {scenario: {side: statistics.median(values) for side, values in sides.items()}
+    seconds = {scenario: {side: statistics.median(total for total, _ in values) for side, values in sides.items()}
+               for scenario, sides in times.items()}
+    denoise = {scenario: {side: statistics.median(spent for _, spent in values) for side, values in sides.items()}
                for scenario, sides in times.items()}
     figures = {f"e2e_{scenario}_vs_diffusers": seconds[scenario]["diffusers"] / seconds[scenario]["lorabind"]
                for scenario in SCENARIOS}
-    return {**figures, "seconds": seconds, "max_frame_difference": max(g[0] for g in gaps),
+    return {**figures, "seconds": seconds, "denoise_seconds": denoise, "max_frame_difference": max(g[0] for g in gaps),
             "max_latent_difference": max(g[1] for g in gaps),
             "label": f"{case.size.layers} blocks, dim {case.size.dim}, {case.width}x{case.height}x{case.frames}, "
                      f"{STEPS} steps, {'Wan2.1 VAE' if case.real_vae else 'tiny VAE'}"}
