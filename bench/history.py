@@ -31,6 +31,8 @@ restore_file_vs_ram 2.71 -> 4.43, a ratio between a file re-read and a RAM copy 
 have read 2.62, 2.71, 3.37, 3.57 and 4.43, so its noise is 75%.
 ``ulysses_2rank_vs_1rank`` (issue 42) has no quiet run yet: two full runs back to back under load 1.9-2.6 read 0.46
 and 0.30, so its noise is set at 50% until quiet runs say otherwise.
+The four ``e2e_*_vs_diffusers`` figures (issue 47) are one run of each scenario per side (a full pass takes minutes)
+and have no quiet run yet: their noise is set at 50% until quiet runs say otherwise.
 ``fuse_vs_floor`` changed meaning twice in issue 33 (``bench_fuse.Floor``): first the chunked loop plus a copy of each
 original, tighter than the whole-layer upcast before it; then, where oneDNN runs bfloat16 gemms, one bfloat16 gemm
 per layer plus that copy. Compared with a run from before either change it reads worse by construction.
@@ -81,6 +83,14 @@ METRICS = {
     "text_encode_20_tokens_vs_diffusers": ("higher", 0.3, "text encoding, 20-token prompt, UMT5-XXL width: "
                                            "diffusers encode_prompt (512 positions) / lorabind (real tokens)",
                                            (">=", 10.0)),
+    "e2e_cold_vs_diffusers": ("higher", 0.5, "end to end, Wan2.1-1.3B (random weights, small text encoder, 4 steps): "
+                              "cold run (load, encode, fuse, denoise, decode), diffusers WanPipeline / lorabind "
+                              "runtime", None),
+    "e2e_strength_vs_diffusers": ("higher", 0.5, "end to end: strength 1.0 → 0.5, then run: diffusers / lorabind",
+                                  None),
+    "e2e_switch_vs_diffusers": ("higher", 0.5, "end to end: switch LoRA A → B, then run: diffusers / lorabind",
+                                None),
+    "e2e_seed_only_vs_diffusers": ("higher", 0.5, "end to end: seed-only re-run: diffusers / lorabind", None),
     "help_seconds": ("lower", 0.75, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 1.0, "`import lorabind` (s)", None),
 }

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable as a p
     __package__ = "bench"
 
 from . import (  # noqa: E402
+    bench_end_to_end,
     bench_fuse,
     bench_gguf_patches,
     bench_parallel,
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
+        end_to_end = bench_end_to_end.run(tmp, args.quick)
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
     sequence_split = bench_parallel.run(args.quick, reps)
@@ -116,6 +118,8 @@ def main(argv=None) -> int:
         "gguf_patched_vs_bf16_fused": gguf["gguf_patched_vs_bf16_fused"],
         "ulysses_2rank_vs_1rank": sequence_split["ulysses_2rank_vs_1rank"],
         "text_encode_20_tokens_vs_diffusers": text_encoding["text_encode_20_tokens_vs_diffusers"],
+        **{f"e2e_{scenario}_vs_diffusers": end_to_end[f"e2e_{scenario}_vs_diffusers"]
+           for scenario in bench_end_to_end.SCENARIOS},
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -165,6 +169,14 @@ def main(argv=None) -> int:
                 [(encode_pair.name_a, f"{encode_pair.a * 1000:.1f}"), (encode_pair.name_b, f"{encode_pair.b * 1000:.1f}"),
                  ("largest difference / largest value",
                   f"{text_encoding['max_abs_difference']:.3g} / {text_encoding['max_abs_value']:.3g}")])
+    e2e_seconds, e2e_denoise = end_to_end["seconds"], end_to_end["denoise_seconds"]
+    print_table(f"End to end through the runtime vs WanPipeline ({end_to_end['label']}; seconds, one run each)",
+                [("scenario", "diffusers (of it denoising)", "lorabind (of it denoising)", "ratio")]
+                + [(scenario, *(f"{e2e_seconds[scenario][side]:.2f} ({e2e_denoise[scenario][side]:.2f})"
+                                for side in ("diffusers", "lorabind")),
+                    f"{end_to_end[f'e2e_{scenario}_vs_diffusers']:.2f}x") for scenario in bench_end_to_end.SCENARIOS]
+                + [("largest difference, frames / latents", f"{end_to_end['max_frame_difference']:.3g}",
+                    f"{end_to_end['max_latent_difference']:.3g}", "")])
 
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
@@ -187,6 +199,7 @@ def main(argv=None) -> int:
                        "restore_ms": {"ram_backups": real["restore"].a * 1000, "file": real["restore"].b * 1000},
                        **real["rss"]},
             single_file=single_file,
+            end_to_end={k: v for k, v in end_to_end.items() if not k.startswith("e2e_")},
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_path=loading["same_path"],

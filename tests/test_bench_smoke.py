@@ -21,7 +21,8 @@ SUMMARY_KEYS = {
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
     "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused", "ulysses_2rank_vs_1rank",
-    "text_encode_20_tokens_vs_diffusers",
+    "text_encode_20_tokens_vs_diffusers", "e2e_cold_vs_diffusers", "e2e_strength_vs_diffusers",
+    "e2e_switch_vs_diffusers", "e2e_seed_only_vs_diffusers",
 }
 
 
@@ -42,6 +43,9 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
     assert result["sequence_parallel"]["max_abs_diff"] == 0.0  # Ulysses moves heads between ranks, no sum reordered
+    # both sides of the end-to-end case sampled the same seeded noise on the same sigmas: equal within bf16 rounding
+    assert result["end_to_end"]["max_latent_difference"] < 0.1
+    assert result["end_to_end"]["max_frame_difference"] < 0.05
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)
