@@ -19,7 +19,7 @@ from ..lora.reader import PICKLE_SUFFIXES
 from ..placement import component_sizes
 from ..placement.load_plan import stored_dtype, stored_dtypes
 from . import compat
-from .parallel_loading import auto_workers, shard_loading
+from .parallel_loading import auto_workers, shard_loading, threads_can_load
 from .sources import BuiltModel, ModelSource
 from .split_loading import load_split_denoiser
 
@@ -91,7 +91,9 @@ class DiffusersFolder(ModelSource):
         return component_sizes(self.folder, dtype_name)
 
     def build(self, dtype, split=None) -> BuiltModel:
-        workers = default_load_workers(self.path) if self.load_workers is None else self.load_workers
+        workers = self.load_workers
+        if workers is None:
+            workers = default_load_workers(self.path) if threads_can_load() else 1
         # under tensor parallelism the denoisers are read split first, then the pipeline takes them as built
         prebuilt = {name: load_split_denoiser(self.folder, name, self.model_index, self.family, split, dtype,
                                               self.name, self.model_family)

@@ -134,6 +134,15 @@ def parallel_loading_available() -> bool:
             and hasattr(model_loading_utils, "DEFAULT_HF_PARALLEL_LOADING_WORKERS"))
 
 
+def threads_can_load() -> bool:
+    """Whether a load here may use shard threads at all (the installed diffusers has the pool, and this thread is
+    not inside ``torch.inference_mode``: see ``shard_loading``). Asked before the worker rule, whose page-cache
+    question maps every weight file, so a load that stays on one thread (every load inside ComfyUI) skips it."""
+    import torch  # lazy: the worker rule and `plan` need no torch
+
+    return parallel_loading_available() and not torch.is_inference_mode_enabled()
+
+
 @contextlib.contextmanager
 def shard_loading(workers: int):
     """Load diffusers models' shard files with ``workers`` threads inside the block (``workers`` <= 1, or a
@@ -142,9 +151,7 @@ def shard_loading(workers: int):
     Inside ``torch.inference_mode`` (ComfyUI runs every node in it) the load stays on this thread: diffusers' pool
     threads do not inherit the mode, and making a parameter there of a tensor this thread made fails ("Setting
     requires_grad=True on inference tensor outside InferenceMode")."""
-    import torch  # lazy: the worker rule and `plan` need no torch
-
-    if workers <= 1 or not parallel_loading_available() or torch.is_inference_mode_enabled():
+    if workers <= 1 or not threads_can_load():
         yield 1
         return
     from diffusers.models import model_loading_utils, modeling_utils

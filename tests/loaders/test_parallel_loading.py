@@ -114,3 +114,20 @@ def test_inside_inference_mode_the_shards_load_on_this_thread():
     with torch.inference_mode(), shard_loading(4) as inside:
         pass
     assert (outside, inside) == (4, 1)
+
+
+def test_a_load_inside_inference_mode_never_asks_the_worker_rule(tiny_models_root, monkeypatch):
+    """Inside ComfyUI (inference mode) the shards load on one thread whatever the rule says, so the rule's page-cache
+    question (a map of every weight file) is not asked there; outside it is."""
+    from lorabind.loaders.models import diffusers_folder
+
+    if not parallel_loading_available():
+        pytest.skip("this diffusers has no shard thread pool")
+    asked = []
+    monkeypatch.setattr(diffusers_folder, "auto_workers", lambda folder: asked.append(folder) or 1)
+    source = diffusers_folder.DiffusersFolder(tiny_models_root / "diffusers" / "tiny-wan21-t2v")
+    with torch.inference_mode():
+        source.build(None)
+    assert asked == []
+    source.build(None)
+    assert len(asked) == 1
