@@ -21,7 +21,8 @@ SUMMARY_KEYS = {
     "single_file_load_vs_folder", "single_file_peak_rss_ratio",
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
     "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused", "ulysses_2rank_vs_1rank",
-    "text_encode_20_tokens_vs_diffusers",
+    "text_encode_20_tokens_vs_diffusers", "rebind_cached_vs_fuse_300", "strength_change_real_size_vs_diffusers",
+    "switch_real_size_vs_diffusers",
 }
 
 
@@ -39,6 +40,8 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     # the real-size bind re-read every original from the model file: no RAM backup
     assert result["real_size"]["ram_backups"] == 0 and result["real_size"]["file_backed"] > 0
     assert result["single_file"]["checksums_equal"] is True
+    assert result["rebind_unbind_bit_exact"] is True  # the published layout's diffs restored to the bit
+    assert result["rebind_single_file"]["ram_backups"] == 0 and result["rebind_single_file"]["file_backed"] > 0
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
     assert result["sequence_parallel"]["max_abs_diff"] == 0.0  # Ulysses moves heads between ranks, no sum reordered

@@ -14,7 +14,8 @@ What proves a re-read exact (issue 26: no re-read of every byte at bind time):
   different ones: the weight was modified after loading, and keeps a RAM copy;
 * a re-read, which happens only when a weight has to be rewritten (restore, switch, strength change) and only
   for the tensors touched, is hashed again and refused unless it matches: a file changed on disk (even in place,
-  with the old mtime) is never used to "restore" different bytes.
+  with the old mtime) is never used to "restore" different bytes. The patcher's re-reads go through one buffer
+  per bind (``safetensors_reads``), not a ``safe_open`` per tensor.
 
 ``WeightSource`` is the record "this parameter came from ``key`` in ``file``, cast to ``load_dtype``". A loader
 provides them through any object with ``lookup(component, state_key) -> WeightSource | None``;
