@@ -69,7 +69,8 @@ def _fuse(path: str) -> FuseSpec:
 def largest_patched_layer(model: LoadedModel, lora_path: str) -> int:
     modules = dict(model.components["transformer"].named_modules())
     targets = map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets
-    return max(modules[path].weight.nbytes for path in targets)
+    return max(getattr(modules[path], name).nbytes for path, target in targets.items()
+               for name in target.parameter_deltas())  # blocks.N: its scale_shift_table (diff_m)
 
 
 def _fault_in(model: LoadedModel) -> None:
