@@ -25,6 +25,7 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
@@ -119,7 +120,8 @@ class WeightPatcher:
         self.last_written: set[str] = set()
         self.stats = PatchStats()
         self._workspace = Workspace()
-        self._read_buffer: Optional[ReadBuffer] = None  # file-backed originals are re-read into it, one apply long
+        # (apply's thread, the buffer its file-backed originals are re-read into): one apply long, that thread only
+        self._read_buffer: Optional[tuple[int, ReadBuffer]] = None
 
     # ------------------------------------------------------------------ queries
 
@@ -211,7 +213,7 @@ class WeightPatcher:
         for pid in changed:  # a file-backed original whose file changed is refused before anything is written
             if pid in self._file_backed:
                 self._file_backed[pid].check_identity(pid)
-        self._read_buffer = ReadBuffer()
+        self._read_buffer = (threading.get_ident(), ReadBuffer())
         try:
             for index, group in enumerate(groups):
                 if check_interrupt is not None:
@@ -286,7 +288,8 @@ class WeightPatcher:
             return original
         record = self._file_backed.get(pid)
         if record is not None:
-            return record.read(pid, self._read_buffer)  # used at once: the buffer's next read overwrites it
+            owner, buffer = self._read_buffer or (None, None)  # used at once: the buffer's next read overwrites it
+            return record.read(pid, buffer if owner == threading.get_ident() else None)
         component, module_path, name = self._locations[pid]
         source = None
         if self.weight_sources is not None and from_file:
