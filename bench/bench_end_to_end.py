@@ -38,9 +38,9 @@ a shared machine they swing by several times, so the time outside them shows wha
 after a warm-up of the whole case at ``--quick`` size (imports, first calls); ``--quick`` alone runs the tiny
 sizes in seconds (the smoke test).
 
-The LoRAs are written by ``write_loras`` (one call): ``bench.workload.write_lora``'s lightx2v layout (native
-``diffusion_model.`` names, lora_down/up, .alpha, diff_b on all 300 block linears), not yet the published layout
-with its norm and full-weight diffs; swap the writer there when one exists.
+The LoRAs are written by ``write_loras``: lightx2v's published Wan2.1 layout (``bench.workload.write_published_lora``:
+1,428 tensors at 1.3B, norm and bias diffs and ``diff_m`` included; diffusers applies the low-rank pairs and
+``diff_b`` of it and drops the norm ``.diff``s and ``diff_m``, so the two outputs differ by those too).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from lorabind.tiny_models.wan import tiny_vae, unipc_scheduler
 from lorabind.usecases.model_folders import SETTLE_NS
 
 from .bench_real_size import WAN21_1_3B
-from .workload import QUICK, WorkloadSize, build_transformer, write_lora
+from .workload import QUICK, WorkloadSize, build_transformer, write_published_lora
 
 WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows",
                         "wan21_distill.api.json")
@@ -131,8 +131,8 @@ def write_model(models_root: str, case: Case) -> str:
 def write_loras(loras_dir: str, size: WorkloadSize) -> tuple[str, str]:
     """LoRAs A and B, rank ``size.rank`` on every block linear: the one place to swap in another layout's writer."""
     os.makedirs(loras_dir, exist_ok=True)
-    return (write_lora(os.path.join(loras_dir, LORA_A), size, seed=11),
-            write_lora(os.path.join(loras_dir, LORA_B), size, seed=12))
+    return (write_published_lora(os.path.join(loras_dir, LORA_A), size, seed=11),
+            write_published_lora(os.path.join(loras_dir, LORA_B), size, seed=12))
 
 
 def _contract_euler(shift: float):

@@ -1,5 +1,7 @@
 """Real size on this CPU: the full Wan2.1-1.3B transformer (30 blocks, random bf16 weights saved to and loaded
-from a diffusers folder) with a rank-64 lightx2v-layout LoRA on every block linear.
+from a diffusers folder) with a rank-64 LoRA in the layout lightx2v publishes (``workload.write_published_lora``:
+1,428 tensors, every block linear's pair and bias diff, the norm and modulation diffs, the embedding and head pairs;
+diffusers drops the norm and modulation diffs, see ``bench_rebind``).
 
 Metrics: ``fuse_real_size_vs_diffusers`` (diffusers load+fuse time / lorabind fuse time, on their own loaded
 copies), ``bind_peak_rss_layers`` (peak extra RSS of a lorabind bind / the largest patched layer, in a fresh
@@ -26,7 +28,7 @@ from lorabind.loaders.models.store import LoadedModel
 
 from .bench_fuse import DiffusersSide, fuse_timers
 from .measure import PeakRSS, alternate, timed
-from .workload import QUICK, WorkloadSize, build_transformer, write_lora
+from .workload import QUICK, WorkloadSize, build_transformer, write_published_lora
 
 # diffusers' Wan2.1-T2V-1.3B transformer: the workload recipe at its real depth (lorabind's shipped config
 # wan2.1-t2v-1.3b has the same widths)
@@ -67,7 +69,8 @@ def _fuse(path: str) -> FuseSpec:
 def largest_patched_layer(model: LoadedModel, lora_path: str) -> int:
     modules = dict(model.components["transformer"].named_modules())
     targets = map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets
-    return max(modules[path].weight.nbytes for path in targets)
+    return max(getattr(modules[path], name).nbytes for path, target in targets.items()
+               for name in target.parameter_deltas())  # blocks.N: its scale_shift_table (diff_m)
 
 
 def _fault_in(model: LoadedModel) -> None:
@@ -84,7 +87,9 @@ def measure_rss(folder: str, lora_path: str) -> dict:
     _fault_in(model)
     largest = largest_patched_layer(model, lora_path)  # also reads and caches the LoRA: we measure the bind
     for target in map_to_model(read_lora(lora_path), "wan2.1", family_by_id("wan2.1")).targets.values():
-        target.low_rank.up.sum(), target.low_rank.down.sum()
+        for delta in (d for deltas in target.parameter_deltas().values() for d in deltas):
+            for tensor in delta.tensors():
+                tensor.sum()
     gc.collect()
     with PeakRSS() as peak:
         report = binding.bind(model, [_fuse(lora_path)], [])
@@ -103,7 +108,7 @@ def _rss_in_fresh_process(folder: str, lora_path: str) -> dict:
 def run(directory: str, quick: bool, reps: int) -> dict:
     size = QUICK if quick else WAN21_1_3B
     folder = write_model(directory, size)
-    lora = write_lora(os.path.join(directory, "real_size_rank64.safetensors"), size, seed=7)
+    lora = write_published_lora(os.path.join(directory, "real_size_rank64.safetensors"), size, seed=7)
     rss = _rss_in_fresh_process(folder, lora)
 
     ours = load_model(folder)

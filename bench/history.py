@@ -29,6 +29,8 @@ help_seconds 0.069 -> 0.117 and import_seconds 0.001 -> 0.002 (one short fresh p
 imported before and after): their noise is set from those spreads. The next quiet run (b42d078) flagged
 restore_file_vs_ram 2.71 -> 4.43, a ratio between a file re-read and a RAM copy that no change touched: quiet runs
 have read 2.62, 2.71, 3.37, 3.57 and 4.43, so its noise is 75%.
+The three real-size re-bind figures (issue 47, ``bench_rebind``) have no quiet run yet: their noise is set at the
+real-size 25% until quiet runs say otherwise.
 ``ulysses_2rank_vs_1rank`` (issue 42) has no quiet run yet: two full runs back to back under load 1.9-2.6 read 0.46
 and 0.30, so its noise is set at 50% until quiet runs say otherwise.
 The four ``e2e_*_vs_diffusers`` figures (issue 47) are one run of each scenario per side (a full pass takes minutes)
@@ -67,6 +69,12 @@ METRICS = {
     "restore_file_vs_ram": ("lower", 0.75, "real size: restore from the file / from RAM backups", None),
     "bind_peak_rss_layers": ("lower", 0.1, "real size: peak extra RSS of a bind / largest layer",
                              ("<=", 3.0)),
+    "rebind_cached_vs_fuse_300": ("lower", 0.25, "real size: cached re-bind of the published-layout LoRA / fuse of "
+                                  "the 300-linear LoRA (file read)", ("<=", 1.5)),
+    "strength_change_real_size_vs_diffusers": ("higher", 0.25, "real size, published layout: strength 1.0 → 0.5, "
+                                               "diffusers / lorabind", (">=", 3.0)),
+    "switch_real_size_vs_diffusers": ("higher", 0.25, "real size, published layout: switch A → B, diffusers / "
+                                      "lorabind", (">=", 3.0)),
     "single_file_load_vs_folder": ("lower", 1.5, "single file load / diffusers folder load", None),
     "single_file_peak_rss_ratio": ("lower", 0.1, "single file peak RSS / folder peak RSS", ("<=", 1.3)),
     "peft_switch_ms": ("lower", 0.25, "PEFT activation switch (ms)", None),

@@ -30,6 +30,7 @@ from . import (  # noqa: E402
     bench_parallel_load,
     bench_peft,
     bench_real_size,
+    bench_rebind,
     bench_rerun,
     bench_single_file,
     bench_startup,
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
         schedule = bench_strength_schedule.run(size, tmp, reps)
         rerun = bench_rerun.run(tmp, reps if args.quick else bench_rerun.FULL_RERUNS)
         real = bench_real_size.run(tmp, args.quick, 2 if args.quick else 3)
+        rebind = bench_rebind.run(tmp, args.quick, 2 if args.quick else 3)  # reuses bench_real_size's model folder
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
         end_to_end = bench_end_to_end.run(tmp, args.quick)
@@ -111,6 +113,9 @@ def main(argv=None) -> int:
         "fuse_real_size_vs_diffusers": real["fuse"].ratio,
         "bind_peak_rss_layers": real["rss"]["bind_peak_rss_layers"],
         "restore_file_vs_ram": real["restore"].b / real["restore"].a,
+        "rebind_cached_vs_fuse_300": rebind["rebind"].b / rebind["rebind"].a,
+        "strength_change_real_size_vs_diffusers": rebind["strength"].ratio,
+        "switch_real_size_vs_diffusers": rebind["switch"].ratio,
         "single_file_load_vs_folder": single_file["single_file_load_vs_folder"],
         "single_file_peak_rss_ratio": single_file["single_file_peak_rss_ratio"],
         "parallel_load_speedup": loading["pair"].ratio,
@@ -139,9 +144,15 @@ def main(argv=None) -> int:
                       f"{real['rss']['peak_extra_bytes'] / 2**20:.1f} MiB",
                       f"{real['rss']['largest_layer_bytes'] / 2**20:.1f} MiB",
                       f"{real['rss']['bind_peak_rss_layers']:.2f}"))
-    print_table(f"Real size: {real['label']}, rank-64 LoRA on every block linear "
+    print_table(f"Real size: {real['label']}, rank-64 LoRA in the published layout "
                 f"(originals re-read from the file: {real['rss']['file_backed']} tensors, "
                 f"{real['rss']['ram_backups']} RAM backups)", real_rows)
+    print_table(f"Re-bind at real size: {rebind['label']}, published layout (median seconds, A vs B)",
+                [(f"{p.name_a} vs {p.name_b}", f"{p.a:.3f}", f"{p.b:.3f}", f"{p.a / p.b:.2f}x")
+                 for p in (rebind["rebind"], rebind["strength"], rebind["switch"])]
+                + [("unbind bit-exact", str(rebind["unbind_bit_exact"]), "", "")]
+                + [(f"single file: {k}", f"{v:.3f}" if isinstance(v, float) else str(v), "", "")
+                   for k, v in bench_rebind.single_file_row(rebind).items()])
     print_table("PEFT activation switch", [(k, v) for k, v in peft.items()])
     print_table("Strength schedule: one per-step strength change vs one denoiser step (median ms)",
                 [(k, f"{v:.3f}") for k, v in schedule.items()])
@@ -198,7 +209,8 @@ def main(argv=None) -> int:
             real_size={"fuse_ms": {"diffusers": real["fuse"].a * 1000, "lorabind": real["fuse"].b * 1000},
                        "restore_ms": {"ram_backups": real["restore"].a * 1000, "file": real["restore"].b * 1000},
                        **real["rss"]},
-            single_file=single_file,
+            single_file=single_file, rebind_unbind_bit_exact=rebind["unbind_bit_exact"],
+            rebind_single_file=bench_rebind.single_file_row(rebind),
             end_to_end={k: v for k, v in end_to_end.items() if not k.startswith("e2e_")},
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],

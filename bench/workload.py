@@ -46,6 +46,14 @@ FULL = WorkloadSize(dim=1536, heads=12, ffn=8960, text_dim=4096, layers=4, rank=
 QUICK = WorkloadSize(dim=96, heads=4, ffn=192, text_dim=64, layers=2, rank=8)
 
 
+def wan_config(size: WorkloadSize) -> dict:
+    """The ``WanTransformer3DModel`` config of the bench model at ``size`` (the transformer and the published-layout
+    LoRA's shapes both come from it)."""
+    return dict(patch_size=(1, 2, 2), num_attention_heads=size.heads, attention_head_dim=size.head_dim,
+                in_channels=16, out_channels=16, text_dim=size.text_dim, freq_dim=256, ffn_dim=size.ffn,
+                num_layers=size.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads")
+
+
 def build_transformer(size: WorkloadSize, dtype=torch.bfloat16, seed: int = 0):
     from diffusers import WanTransformer3DModel
 
@@ -53,11 +61,7 @@ def build_transformer(size: WorkloadSize, dtype=torch.bfloat16, seed: int = 0):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build directly in the target dtype: no fp32 copy of the model
     try:
-        model = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=size.heads, attention_head_dim=size.head_dim,
-            in_channels=16, out_channels=16, text_dim=size.text_dim, freq_dim=256, ffn_dim=size.ffn,
-            num_layers=size.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-        )
+        model = WanTransformer3DModel(**wan_config(size))
     finally:
         torch.set_default_dtype(previous)
     return model.eval().requires_grad_(False)
@@ -86,3 +90,18 @@ def write_lora_pair(directory: str, size: WorkloadSize) -> tuple[str, str]:
     os.makedirs(directory, exist_ok=True)
     return (write_lora(os.path.join(directory, "bench_lora_a.safetensors"), size, seed=1),
             write_lora(os.path.join(directory, "bench_lora_b.safetensors"), size, seed=2))
+
+
+def write_published_lora(path: str, size: WorkloadSize, seed: int) -> str:
+    """The layout of lightx2v's published Wan2.1 distill LoRAs (reference §2.7), in bfloat16 as published, at
+    ``size``'s rank with their alpha/rank ratio (8 at rank 64): every block's 10 linears (lora_down/lora_up/.alpha
+    and ``diff_b``), the attention norms' ``.diff`` (norm_q/norm_k of both attentions), ``norm3`` diff/diff_b, the
+    modulation's ``diff_m``, and the text/time embedding, time projection and head pairs. At Wan2.1-1.3B (30
+    blocks): 1,428 tensors, 47 per block and 18 outside them. Written by ``tiny_models.lora_fixtures``' writer of
+    this layout (one source of its keys and shapes); factors of the bench's magnitude."""
+    from lorabind.tiny_models.lora_fixtures import wan_native_lora
+
+    tensors = wan_native_lora(wan_config(size), seed, rank=size.rank, alpha=size.rank / 8, dtype=torch.bfloat16,
+                              factor_std=0.01, diff_std=0.001)
+    save_file(tensors, path)
+    return path

@@ -22,7 +22,8 @@ SUMMARY_KEYS = {
     "parallel_load_speedup", "strength_step_fused_vs_step", "strength_step_adapter_vs_step",
     "gguf_patched_vs_gguf", "gguf_patched_vs_bf16_fused", "ulysses_2rank_vs_1rank",
     "text_encode_20_tokens_vs_diffusers", "e2e_cold_vs_diffusers", "e2e_strength_vs_diffusers",
-    "e2e_switch_vs_diffusers", "e2e_seed_only_vs_diffusers",
+    "e2e_switch_vs_diffusers", "e2e_seed_only_vs_diffusers", "rebind_cached_vs_fuse_300",
+    "strength_change_real_size_vs_diffusers", "switch_real_size_vs_diffusers",
 }
 
 
@@ -40,6 +41,8 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     # the real-size bind re-read every original from the model file: no RAM backup
     assert result["real_size"]["ram_backups"] == 0 and result["real_size"]["file_backed"] > 0
     assert result["single_file"]["checksums_equal"] is True
+    assert result["rebind_unbind_bit_exact"] is True  # the published layout's diffs restored to the bit
+    assert result["rebind_single_file"]["ram_backups"] == 0 and result["rebind_single_file"]["file_backed"] > 0
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
     assert result["sequence_parallel"]["max_abs_diff"] == 0.0  # Ulysses moves heads between ranks, no sum reordered

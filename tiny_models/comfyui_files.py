@@ -24,7 +24,7 @@ from ..loaders.models.single_file.native_files import native_tensors
 from ._common import FIXTURE_LORA_FOLDER, seeded
 from .comfyui_minimax import MINIMAX_REQUIREMENT, write_comfyui_minimax
 from .comfyui_qwen_image import write_comfyui_qwen_image
-from .lora_fixtures import _wan_native_lora, save_fixture
+from .lora_fixtures import save_fixture, wan_native_lora
 from .single_files import SUBFOLDER, _save
 
 COMFY_TEXT_DIM = 4096  # ComfyUI's WanModel text_dim (not read from the file)
@@ -55,7 +55,7 @@ def write_comfyui_files(models_root, *, with_vae: bool = True) -> list[Path]:
             model = diffusers.WanTransformer3DModel(**COMFY_CONFIG)
         tensors = native_tensors(model.state_dict(), layouts.WAN_TRANSFORMER, keep_fp32_modules=keep)
         written.append(_save(root / "diffusion_models" / DENOISERS[expert], tensors))
-        written.append(save_fixture(root / "loras" / LORAS[expert], _wan_native_lora(COMFY_CONFIG, seed=lora_seed)))
+        written.append(save_fixture(root / "loras" / LORAS[expert], wan_native_lora(COMFY_CONFIG, seed=lora_seed)))
     written += write_comfyui_qwen_image(root)
     if with_vae:
         written.append(write_full_vae(root / "vae" / FULL_VAE))

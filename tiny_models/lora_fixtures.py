@@ -56,14 +56,14 @@ def write_fixture_loras(models_root) -> list:
 
     wan22 = models / WAN22_NAME
     if (wan22 / "transformer" / "config.json").is_file():
-        written.append(save_fixture(lora_dir / WAN22_HIGH, _wan_native_lora(_config(wan22, "transformer"), seed=101)))
+        written.append(save_fixture(lora_dir / WAN22_HIGH, wan_native_lora(_config(wan22, "transformer"), seed=101)))
         low_component = LOW_NOISE_EXPERT if (wan22 / LOW_NOISE_EXPERT / "config.json").is_file() else "transformer"
-        written.append(save_fixture(lora_dir / WAN22_LOW, _wan_native_lora(_config(wan22, low_component), seed=102)))
+        written.append(save_fixture(lora_dir / WAN22_LOW, wan_native_lora(_config(wan22, low_component), seed=102)))
 
     wan21 = models / WAN21_NAME
     if (wan21 / "transformer" / "config.json").is_file():
         config = _config(wan21, "transformer")
-        written.append(save_fixture(lora_dir / WAN21_DISTILL, _wan_native_lora(config, seed=103)))
+        written.append(save_fixture(lora_dir / WAN21_DISTILL, wan_native_lora(config, seed=103)))
         written.extend(_save_peft_folder(lora_dir / PEFT_FOLDER, config, seed=104))
 
     # The I2V files carry the Wan2.1 CLIP image branch (k_img/v_img/norm_k_img/img_emb) even in the Wan2.2 pair,
@@ -72,12 +72,12 @@ def write_fixture_loras(models_root) -> list:
     if (wan22_i2v / LOW_NOISE_EXPERT / "config.json").is_file():
         for name, component, seed in ((WAN22_I2V_HIGH, "transformer", 106), (WAN22_I2V_LOW, LOW_NOISE_EXPERT, 107)):
             config = {**_config(wan22_i2v, component), "image_dim": _I2V_FIXTURE_IMAGE_DIM}
-            written.append(save_fixture(lora_dir / name, _wan_native_lora(config, seed=seed)))
+            written.append(save_fixture(lora_dir / name, wan_native_lora(config, seed=seed)))
 
     wan21_i2v = models / WAN21_I2V_NAME
     if (wan21_i2v / "transformer" / "config.json").is_file():
         written.append(save_fixture(lora_dir / WAN21_I2V_DISTILL,
-                                    _wan_native_lora(_config(wan21_i2v, "transformer"), seed=108)))
+                                    wan_native_lora(_config(wan21_i2v, "transformer"), seed=108)))
 
     qwen = models / QWEN_IMAGE_NAME
     if (qwen / "transformer" / "config.json").is_file():
@@ -99,11 +99,15 @@ def _config(model_dir: Path, component: str) -> dict:
 _I2V_FIXTURE_IMAGE_DIM = 16
 
 
-def _wan_native_lora(config: dict, seed: int) -> dict:
+def wan_native_lora(config: dict, seed: int, *, rank: int = FIXTURE_RANK, alpha: float = FIXTURE_ALPHA, dtype=None,
+                    factor_std: float = 0.5, diff_std: float = 0.02) -> dict:
     """lightx2v layout (reference §2.7) on a WanTransformer3DModel config: per block self/cross attention and FFN
     pairs with ``.alpha`` and ``.diff_b``, norm ``.diff``s, ``norm3`` diff/diff_b, ``diff_m`` (modulation), plus the
     global ``head.head`` / embedding pairs without alpha (as in the published files). With an ``image_dim`` in the
-    config, also the I2V image branch: ``cross_attn.{k_img,v_img}`` pairs, ``norm_k_img`` and ``img_emb.proj``."""
+    config, also the I2V image branch: ``cross_attn.{k_img,v_img}`` pairs, ``norm_k_img`` and ``img_emb.proj``.
+
+    The one writer of this layout: the tiny fixtures use the defaults (float32, rank 4); the real-size bench asks
+    for the published file's rank 64 in bfloat16 (``dtype``; None keeps float32) on the real config."""
     import torch
 
     dim = config["num_attention_heads"] * config["attention_head_dim"]
@@ -114,39 +118,46 @@ def _wan_native_lora(config: dict, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     sd: dict = {}
 
-    def pair(name, in_f, out_f, alpha=True):
-        sd[f"{name}.lora_down.weight"] = torch.randn(FIXTURE_RANK, in_f, generator=g) * 0.5
-        sd[f"{name}.lora_up.weight"] = torch.randn(out_f, FIXTURE_RANK, generator=g) * 0.5
-        if alpha:
-            sd[f"{name}.alpha"] = torch.tensor(FIXTURE_ALPHA)
-        sd[f"{name}.diff_b"] = torch.randn(out_f, generator=g) * 0.02
+    def randn(*shape, std):
+        value = torch.randn(*shape, generator=g) * std
+        return value if dtype is None else value.to(dtype)
+
+    def diff(*shape):
+        return randn(*shape, std=diff_std)
+
+    def pair(name, in_f, out_f, with_alpha=True):
+        sd[f"{name}.lora_down.weight"] = randn(rank, in_f, std=factor_std)
+        sd[f"{name}.lora_up.weight"] = randn(out_f, rank, std=factor_std)
+        if with_alpha:
+            sd[f"{name}.alpha"] = torch.tensor(alpha, dtype=dtype)
+        sd[f"{name}.diff_b"] = diff(out_f)
 
     for i in range(config["num_layers"]):
         block = f"diffusion_model.blocks.{i}"
         for attn in ("self_attn", "cross_attn"):
             for proj in ("q", "k", "v", "o"):
                 pair(f"{block}.{attn}.{proj}", dim, dim)
-            sd[f"{block}.{attn}.norm_q.diff"] = torch.randn(dim, generator=g) * 0.02
-            sd[f"{block}.{attn}.norm_k.diff"] = torch.randn(dim, generator=g) * 0.02
+            sd[f"{block}.{attn}.norm_q.diff"] = diff(dim)
+            sd[f"{block}.{attn}.norm_k.diff"] = diff(dim)
         if image_dim:
             for proj in ("k_img", "v_img"):
                 pair(f"{block}.cross_attn.{proj}", dim, dim)
-            sd[f"{block}.cross_attn.norm_k_img.diff"] = torch.randn(dim, generator=g) * 0.02
+            sd[f"{block}.cross_attn.norm_k_img.diff"] = diff(dim)
         pair(f"{block}.ffn.0", dim, ffn)
         pair(f"{block}.ffn.2", ffn, dim)
         if config.get("cross_attn_norm", True):
-            sd[f"{block}.norm3.diff"] = torch.randn(dim, generator=g) * 0.02
-            sd[f"{block}.norm3.diff_b"] = torch.randn(dim, generator=g) * 0.02
-        sd[f"{block}.diff_m"] = torch.randn(1, 6, dim, generator=g) * 0.02
-    pair("diffusion_model.head.head", dim, out, alpha=False)
-    pair("diffusion_model.text_embedding.0", text, dim, alpha=False)
-    pair("diffusion_model.text_embedding.2", dim, dim, alpha=False)
-    pair("diffusion_model.time_embedding.0", freq, dim, alpha=False)
-    pair("diffusion_model.time_embedding.2", dim, dim, alpha=False)
-    pair("diffusion_model.time_projection.1", dim, 6 * dim, alpha=False)
+            sd[f"{block}.norm3.diff"] = diff(dim)
+            sd[f"{block}.norm3.diff_b"] = diff(dim)
+        sd[f"{block}.diff_m"] = diff(1, 6, dim)
+    pair("diffusion_model.head.head", dim, out, with_alpha=False)
+    pair("diffusion_model.text_embedding.0", text, dim, with_alpha=False)
+    pair("diffusion_model.text_embedding.2", dim, dim, with_alpha=False)
+    pair("diffusion_model.time_embedding.0", freq, dim, with_alpha=False)
+    pair("diffusion_model.time_embedding.2", dim, dim, with_alpha=False)
+    pair("diffusion_model.time_projection.1", dim, 6 * dim, with_alpha=False)
     if image_dim:
-        pair("diffusion_model.img_emb.proj.1", image_dim, image_dim, alpha=False)
-        pair("diffusion_model.img_emb.proj.3", image_dim, dim, alpha=False)
+        pair("diffusion_model.img_emb.proj.1", image_dim, image_dim, with_alpha=False)
+        pair("diffusion_model.img_emb.proj.3", image_dim, dim, with_alpha=False)
     return sd
 
 

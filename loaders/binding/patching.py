@@ -25,6 +25,7 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
@@ -33,6 +34,7 @@ from torch import nn
 
 from .. import fp8, gguf_weights
 from ..errors import KeyMatchError
+from ..io.safetensors_reads import ReadBuffer
 from ..io.weight_sources import FileBackedOriginal
 from ..lora.canonical import TargetPatch
 from ..lora.kinds import WeightDelta
@@ -118,6 +120,8 @@ class WeightPatcher:
         self.last_written: set[str] = set()
         self.stats = PatchStats()
         self._workspace = Workspace()
+        # (apply's thread, the buffer its file-backed originals are re-read into): one apply long, that thread only
+        self._read_buffer: Optional[tuple[int, ReadBuffer]] = None
 
     # ------------------------------------------------------------------ queries
 
@@ -209,6 +213,7 @@ class WeightPatcher:
         for pid in changed:  # a file-backed original whose file changed is refused before anything is written
             if pid in self._file_backed:
                 self._file_backed[pid].check_identity(pid)
+        self._read_buffer = (threading.get_ident(), ReadBuffer())
         try:
             for index, group in enumerate(groups):
                 if check_interrupt is not None:
@@ -222,11 +227,10 @@ class WeightPatcher:
         except BaseException:
             self._roll_back(touched, before)
             raise
-        for pid in touched:
-            if pid in self._applied:
-                result.written += 1
-            else:
-                result.restored += 1
+        finally:
+            self._read_buffer = None
+        result.written = sum(pid in self._applied for pid in touched)
+        result.restored = len(touched) - result.written
         self.stats.tensors_written += result.written
         self.stats.tensors_restored += result.restored
         self.last_written = set(touched)
@@ -284,7 +288,8 @@ class WeightPatcher:
             return original
         record = self._file_backed.get(pid)
         if record is not None:
-            return record.read(pid)
+            owner, buffer = self._read_buffer or (None, None)  # used at once: the buffer's next read overwrites it
+            return record.read(pid, buffer if owner == threading.get_ident() else None)
         component, module_path, name = self._locations[pid]
         source = None
         if self.weight_sources is not None and from_file:
@@ -358,13 +363,8 @@ def plan_state_keys(component: str, module: nn.Module, layers: Sequence[PatchLay
     module may live on the ``meta`` device, only its structure and shapes are used. Each value is turned into
     the fused tensor with ``write_patched(new tensor, stored tensor, contributions)``.
     """
-    patcher = WeightPatcher({component: module})
-    wanted = patcher.plan(layers)
-    keys = {}
-    for pid, contributions in wanted.items():
-        _, module_path, name = patcher._locations[pid]
-        keys[f"{module_path}.{name}" if module_path else name] = contributions
-    return keys
+    wanted = WeightPatcher({component: module}).plan(layers)
+    return {pid.split(":", 1)[1]: contributions for pid, contributions in wanted.items()}  # see ``param_id``
 
 
 def _signature(contributions: tuple[_Contribution, ...]) -> tuple:

@@ -14,7 +14,8 @@ What proves a re-read exact (issue 26: no re-read of every byte at bind time):
   different ones: the weight was modified after loading, and keeps a RAM copy;
 * a re-read, which happens only when a weight has to be rewritten (restore, switch, strength change) and only
   for the tensors touched, is hashed again and refused unless it matches: a file changed on disk (even in place,
-  with the old mtime) is never used to "restore" different bytes.
+  with the old mtime) is never used to "restore" different bytes. The patcher's re-reads go through one buffer
+  per bind (``safetensors_reads``), not a ``safe_open`` per tensor.
 
 ``WeightSource`` is the record "this parameter came from ``key`` in ``file``, cast to ``load_dtype``". A loader
 provides them through any object with ``lookup(component, state_key) -> WeightSource | None``;
@@ -35,6 +36,7 @@ from typing import Optional
 import torch
 
 from ..errors import ModelLoadError
+from .safetensors_reads import ReadBuffer
 
 # file digests kept per (file identity, tensor, dtype): 16 bytes each plus the key, so a whole 14B model's
 # tensors fit many times over; the oldest are dropped past this count
@@ -111,13 +113,20 @@ class _FileDigests:
 file_digests = _FileDigests()
 
 
-def read_tensor(source: WeightSource, dtype: torch.dtype) -> torch.Tensor:
+def read_tensor(source: WeightSource, dtype: torch.dtype, buffer: Optional[ReadBuffer] = None,
+                identity: Optional["FileIdentity"] = None) -> torch.Tensor:
     """The tensor ``source`` names, read into a CPU tensor and cast to ``dtype``.
 
-    The file is opened for this one read: safetensors maps the file, and the pages a read touches count in the
-    process's memory for as long as the mapping lives, so a handle kept open across a bind would grow by every
-    tensor read through it.
+    With a ``buffer`` (and the file's ``identity``, just checked), read by plain reads into it
+    (``safetensors_reads``): the result may be a view of the buffer, valid until its next read. Otherwise the file
+    is opened for this one read: safetensors maps the file, and the pages a read touches count in the process's
+    memory for as long as the mapping lives, so a handle kept open across a bind would grow by every tensor read
+    through it.
     """
+    if buffer is not None and identity is not None:
+        value = buffer.read(source.file, identity, source.key)
+        if value is not None:
+            return value.to(dtype)
     from safetensors import safe_open
 
     with safe_open(source.file, framework="pt", device="cpu") as handle:
@@ -164,10 +173,11 @@ class FileBackedOriginal:
                                                       f"(size {self.identity.size} -> {now.size} bytes or a new "
                                                       "modification time)"))
 
-    def read(self, label: str) -> torch.Tensor:
-        """The original value, re-read and proven identical to the registered one."""
+    def read(self, label: str, buffer: Optional[ReadBuffer] = None) -> torch.Tensor:
+        """The original value, re-read and proven identical to the registered one. With a ``buffer`` it may be a
+        view of that buffer (``read_tensor``): use it before the next read through the same buffer."""
         self.check_identity(label)
-        value = read_tensor(self.source, self.dtype)
+        value = read_tensor(self.source, self.dtype, buffer, self.identity)
         if checksum(value) != self.checksum:
             raise WeightSourceError(self._gone(label, "its bytes differ from those the weight was loaded with"))
         return value

@@ -208,9 +208,9 @@ def file_reads(monkeypatch):
     reads = []
     real = weight_sources.read_tensor
 
-    def counting(source, dtype):
+    def counting(source, dtype, *buffer_and_identity):
         reads.append(source.key)
-        return real(source, dtype)
+        return real(source, dtype, *buffer_and_identity)
 
     monkeypatch.setattr(weight_sources, "read_tensor", counting)
     return reads

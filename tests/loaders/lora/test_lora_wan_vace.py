@@ -13,7 +13,7 @@ from lorabind.loaders.families.wan import keymap
 from lorabind.loaders.handles import ModelHandle
 from lorabind.loaders.lora import account, map_to_model, read_lora
 from lorabind.tiny_models import lora_fixtures as F
-from lorabind.tiny_models.lora_fixtures import _wan_native_lora
+from lorabind.tiny_models.lora_fixtures import wan_native_lora
 
 
 def _account(path, module, family="wan2.1"):
@@ -24,7 +24,7 @@ def _account(path, module, family="wan2.1"):
 def _vace_trained_lora(model) -> dict:
     """The lightx2v layout of the model's main blocks plus its VACE branch in ComfyUI's names."""
     config = dict(model.components["transformer"].config)
-    sd = _wan_native_lora(config, seed=301)
+    sd = wan_native_lora(config, seed=301)
     dim = config["num_attention_heads"] * config["attention_head_dim"]
     g = torch.Generator().manual_seed(302)
 

@@ -1,0 +1,141 @@
+"""Reading single tensors of a safetensors model file by plain reads into one reused buffer.
+
+Why not ``safe_open(...).get_tensor`` for the re-reads of file-backed originals (``weight_sources``): a strength
+change or switch re-reads every touched weight, and at Wan2.1-1.3B with a published-layout LoRA (822 tensors,
+2.8 GB) opening the file per tensor parsed its whole header 822 times (0.5 s) and copying out of the fresh
+mapping faulted in every page again (0.6 s, 1 thread; profiled in issue 47). Here the header's table is parsed
+once per file version, and each tensor is read with ``preadv`` into a buffer the caller reuses: the kernel copies
+from the page cache at memory speed and no page of a new mapping or allocation is faulted in per tensor.
+
+Only what this module can prove it reads is read here (a float or integer dtype it knows, a span inside the
+file that matches the shape); anything else answers None and the caller falls back to ``safe_open``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import threading
+from collections import OrderedDict
+from typing import Optional
+
+import torch
+
+from . import json_limits
+
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
+    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+}
+# a model's header is a few MB at most; a larger one is not parsed here (the caller reads through safe_open)
+_MAX_HEADER_BYTES = 64 * 1024 * 1024
+MAX_CACHED_TABLES = 64  # files whose tables are kept (a sharded 14B model has a dozen)
+
+
+class _Tables:
+    """Process-wide: (path, file identity) -> {key: (dtype, shape, absolute offset, nbytes)}. A rewritten file has
+    a new identity, so its old table is never used again."""
+
+    def __init__(self):
+        self._tables: "OrderedDict[tuple, Optional[dict]]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def entry(self, path: str, identity, key: str) -> Optional[tuple]:
+        cache_key = (path, identity)
+        with self._lock:
+            table = self._tables.get(cache_key, False)
+            if table is not False:
+                self._tables.move_to_end(cache_key)
+        if table is False:
+            table = _read_table(path)
+            with self._lock:
+                self._tables[cache_key] = table
+                while len(self._tables) > MAX_CACHED_TABLES:
+                    self._tables.popitem(last=False)
+        return None if table is None else table.get(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tables.clear()
+
+
+tables = _Tables()
+
+
+def _read_table(path: str) -> Optional[dict]:
+    """The file's tensor table with absolute offsets; None when the header is not one this module reads."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            (header_len,) = struct.unpack("<Q", handle.read(8))
+            if header_len > min(_MAX_HEADER_BYTES, size - 8):
+                return None
+            header = json_limits.loads(handle.read(header_len).decode("utf-8"))
+    except (OSError, ValueError, struct.error):
+        return None
+    if not isinstance(header, dict):
+        return None
+    start = 8 + header_len
+    table = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        found = _entry(entry, start, size)
+        if found is not None:
+            table[key] = found
+    return table
+
+
+def _entry(entry, start: int, size: int) -> Optional[tuple]:
+    try:
+        dtype = _DTYPES.get(entry["dtype"])
+        shape = tuple(int(d) for d in entry["shape"])
+        begin, end = (int(o) for o in entry["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dtype is None or not 0 <= begin <= end or start + end > size:
+        return None
+    if math.prod(shape) * torch.empty((), dtype=dtype).element_size() != end - begin:
+        return None
+    return dtype, shape, start + begin, end - begin
+
+
+class ReadBuffer:
+    """One host buffer that tensors are read into, grown to the largest read and reused: the tensor ``read``
+    returns is a view of it, valid until the next ``read``. Held for one bind (``WeightPatcher.apply``), so its
+    memory is one layer, for the bind's duration only."""
+
+    def __init__(self):
+        self._bytes: Optional[torch.Tensor] = None
+
+    def read(self, path: str, identity, key: str) -> Optional[torch.Tensor]:
+        """Tensor ``key`` of ``path`` (whose identity the caller has just checked), or None when this module does
+        not read it (the caller then uses ``safe_open``)."""
+        found = tables.entry(path, identity, key)
+        if found is None:
+            return None
+        dtype, shape, offset, nbytes = found
+        if self._bytes is None or self._bytes.numel() < nbytes:
+            self._bytes = torch.empty(nbytes, dtype=torch.uint8)
+        raw = self._bytes[:nbytes]
+        if nbytes and not _read_exactly(path, offset, raw):
+            return None
+        return raw.view(dtype).view(shape)
+
+
+def _read_exactly(path: str, offset: int, out: torch.Tensor) -> bool:
+    """Fill ``out`` (uint8, contiguous) with the file's bytes from ``offset``; False at a short read."""
+    view = memoryview(out.numpy())
+    done = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while done < len(view):
+            got = os.preadv(fd, [view[done:]], offset + done)
+            if got <= 0:
+                return False
+            done += got
+    finally:
+        os.close(fd)
+    return True

@@ -1,0 +1,68 @@
+"""Re-reads of file-backed originals by plain reads into one reused buffer (``io.safetensors_reads``): the same
+bits as safetensors' own reader, for every dtype a weight is stored in, and a fallback where the table is unknown."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from lorabind.loaders.io import safetensors_reads
+from lorabind.loaders.io.safetensors_reads import ReadBuffer
+from lorabind.loaders.io.weight_sources import FileIdentity, WeightSource, read_tensor
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "big.weight": torch.randn(64, 48, generator=g).to(torch.bfloat16),
+        "small.weight": torch.randn(3, 5, generator=g),
+        "half": torch.randn(7, generator=g).to(torch.float16),
+        "fp8": torch.randn(4, 4, generator=g).to(torch.float8_e4m3fn),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    safetensors_reads.tables.clear()
+    return str(path), tensors
+
+
+def _bits(tensor):
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_buffered_reads_give_the_files_bits_in_the_files_dtype_and_shape(model_file):
+    path, tensors = model_file
+    buffer, identity = ReadBuffer(), FileIdentity.of(path)
+    for key, expected in tensors.items():  # largest first and smaller after: the buffer is reused, not regrown
+        value = read_tensor(WeightSource(path, key), expected.dtype, buffer, identity)
+        assert value.dtype == expected.dtype and value.shape == expected.shape
+        assert torch.equal(_bits(value), _bits(expected))
+
+
+def test_a_buffered_read_is_cast_like_a_safe_open_read(model_file):
+    path, tensors = model_file
+    buffer, identity = ReadBuffer(), FileIdentity.of(path)
+    value = read_tensor(WeightSource(path, "big.weight"), torch.float32, buffer, identity)
+    assert value.dtype == torch.float32
+    assert torch.equal(value, read_tensor(WeightSource(path, "big.weight"), torch.float32))
+
+
+def test_a_key_or_header_the_table_does_not_know_falls_back_to_safetensors(model_file, tmp_path):
+    path, _ = model_file
+    buffer = ReadBuffer()
+    assert buffer.read(path, FileIdentity.of(path), "missing") is None
+    broken = tmp_path / "not-safetensors.bin"
+    broken.write_bytes(b"\xff" * 64)
+    assert buffer.read(str(broken), FileIdentity.of(str(broken)), "big.weight") is None
+
+
+def test_a_file_cut_short_after_its_table_was_read_answers_none(model_file):
+    path, _ = model_file
+    buffer, identity = ReadBuffer(), FileIdentity.of(path)
+    assert buffer.read(path, identity, "big.weight") is not None
+    with open(path, "r+b") as handle:
+        header_len = int.from_bytes(handle.read(8), "little")
+        handle.truncate(8 + header_len + 10)  # every tensor but the first few bytes of data is cut off
+    # the caller checks the identity before reading; here the stale table meets the short file
+    assert buffer.read(path, identity, "big.weight") is None
