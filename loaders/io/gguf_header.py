@@ -81,7 +81,7 @@ class GGUFHeader:
     tensors: dict = field(default_factory=dict)  # name -> GGUFTensor, in file order
     alignment: int = DEFAULT_ALIGNMENT
     data_offset: int = 0
-    # (size, mtime_ns) when the header was read: the tensors are mapped from these offsets only while it holds
+    # ``stat_identity`` when the header was read: the tensors are mapped from these offsets only while it holds
     identity: tuple = ()
 
     @property

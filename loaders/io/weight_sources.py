@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from ..errors import ModelLoadError
+from .file_identity import stat_identity
 from .safetensors_reads import ReadBuffer
 
 # file digests kept per (file identity, tensor, dtype): 16 bytes each plus the key, so a whole 14B model's
@@ -56,17 +57,18 @@ class WeightSource:
 
 @dataclass(frozen=True)
 class FileIdentity:
-    """What changes when a file is rewritten or replaced: inode, size, modification time."""
+    """What changes when a file is rewritten or replaced: inode, size, modification and change times (a rewrite
+    in place that keeps the size and sets the mtime back still moves the ctime, which no user call can set)."""
 
     device: int
     inode: int
     size: int
     mtime_ns: int
+    ctime_ns: int
 
     @classmethod
     def of(cls, path: str) -> "FileIdentity":
-        st = os.stat(path)
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return cls(*stat_identity(os.stat(path)))
 
 
 def checksum(tensor: torch.Tensor) -> bytes:
@@ -170,8 +172,8 @@ class FileBackedOriginal:
             raise WeightSourceError(self._gone(label, f"it cannot be read ({exc})")) from None
         if now != self.identity:
             raise WeightSourceError(self._gone(label, "it changed on disk since the weight was patched "
-                                                      f"(size {self.identity.size} -> {now.size} bytes or a new "
-                                                      "modification time)"))
+                                                      f"(size {self.identity.size} -> {now.size} bytes, or "
+                                                      "rewritten in place)"))
 
     def read(self, label: str, buffer: Optional[ReadBuffer] = None) -> torch.Tensor:
         """The original value, re-read and proven identical to the registered one. With a ``buffer`` it may be a

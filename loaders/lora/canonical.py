@@ -78,7 +78,7 @@ class LoraFile:
     metadata: dict
     targets: dict  # module name in file naming -> TargetPatch
     dtype: str = ""
-    identity: tuple = ()  # (size, mtime_ns) of the file(s), for caches
+    identity: tuple = ()  # ``io.file_identity`` of the file(s), for caches
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """File-backed originals: a weight loaded unmodified from safetensors is restored by re-reading its file,
 bit-exactly, with no RAM copy; anything else keeps a copy; a file changed on disk is never used."""
 
+import dataclasses
 import json
 import os
 
@@ -166,22 +167,47 @@ def test_replaced_file_is_refused_before_anything_is_written(tmp_path):
     _assert_bits_equal(patched, transformer)  # nothing restored half-way, nothing restored wrong
 
 
-def test_file_rewritten_in_place_with_the_old_mtime_is_caught_by_the_checksum(tmp_path):
-    folder = _saved_model(tmp_path, torch.bfloat16)
-    model = _load(folder, torch.bfloat16)
-    lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
-    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
-    weights = _weights_file(folder)
+def _flip_in_place(weights, key: str) -> None:
+    """Flip the first two bytes of ``key``'s data in place, then set the mtime back: same inode, size, mtime."""
     stat = os.stat(weights)
-    header_len = int.from_bytes(weights.read_bytes()[:8], "little")  # flip bytes inside one touched tensor
-    header = json.loads(weights.read_bytes()[8:8 + header_len])
-    begin, _ = header["blocks.0.attn1.to_q.weight"]["data_offsets"]
+    header_len = int.from_bytes(weights.read_bytes()[:8], "little")
+    begin, _ = json.loads(weights.read_bytes()[8:8 + header_len])[key]["data_offsets"]
     with open(weights, "r+b") as handle:
         handle.seek(8 + header_len + begin)
         first = handle.read(2)
         handle.seek(8 + header_len + begin)
         handle.write(bytes(b ^ 0xFF for b in first))
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same inode, size and mtime: only the bytes differ
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    after = os.stat(weights)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def test_file_rewritten_in_place_with_the_old_mtime_is_refused_before_anything_is_written(tmp_path):
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    transformer = model.components["transformer"]
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    patched = _bits(transformer)
+    _flip_in_place(_weights_file(folder), "blocks.0.attn1.to_q.weight")  # only the ctime moved
+    with pytest.raises(WeightSourceError, match="changed on disk since the weight was patched"):
+        unbind(model)
+    _assert_bits_equal(patched, transformer)
+
+
+def test_where_no_ctime_moves_the_checksum_still_refuses_a_rewrite_in_place(tmp_path, monkeypatch):
+    """A file system whose identity misses an in-place rewrite (modelled: the ctime left out) is still caught by
+    the re-read's checksum."""
+    from lorabind.loaders.io import weight_sources
+
+    real_of = weight_sources.FileIdentity.of.__func__
+    monkeypatch.setattr(weight_sources.FileIdentity, "of",
+                        classmethod(lambda cls, path: dataclasses.replace(real_of(cls, path), ctime_ns=0)))
+    folder = _saved_model(tmp_path, torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    lora = _lora(tmp_path, "a.safetensors", 1, _targets(blocks=(0,)))
+    bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
+    _flip_in_place(_weights_file(folder), "blocks.0.attn1.to_q.weight")
     with pytest.raises(WeightSourceError, match="its bytes differ from those the weight was loaded with"):
         unbind(model)
 
@@ -249,13 +275,6 @@ def test_cached_digest_still_refuses_a_file_changed_in_place(tmp_path, file_read
     bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])
     unbind(model)
     bind(model, [FuseSpec(path=lora, component="transformer", strength=1.0)], [])  # registered from the cache
-    weights = _weights_file(folder)
-    stat = os.stat(weights)
-    header_len = int.from_bytes(weights.read_bytes()[:8], "little")
-    begin, _ = json.loads(weights.read_bytes()[8:8 + header_len])["blocks.0.attn1.to_v.weight"]["data_offsets"]
-    with open(weights, "r+b") as handle:
-        handle.seek(8 + header_len + begin)
-        handle.write(b"\x00\x7f")
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    with pytest.raises(WeightSourceError, match="its bytes differ"):
+    _flip_in_place(_weights_file(folder), "blocks.0.attn1.to_v.weight")
+    with pytest.raises(WeightSourceError, match="changed on disk since the weight was patched"):
         unbind(model)
