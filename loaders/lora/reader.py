@@ -1,8 +1,9 @@
 """Read a LoRA from disk: a single ``.safetensors`` file or a PEFT folder, safetensors only.
 
 The header is validated by ``safetensors_header`` before any tensor is loaded; tensors are then read through
-``safetensors.safe_open`` (memory-mapped). Results are cached by resolved path and file identity (``io.file_identity``) so a graph that
-uses one file in several branches reads it once; the cache is bounded by bytes and evicts least-recently used.
+``safetensors.safe_open`` (memory-mapped). Results are cached by resolved path and file identity
+(``io.file_identity``) so a graph that uses one file in several branches reads it once; the cache is bounded by
+bytes and evicts least-recently used.
 A ``LoraFile`` from the cache is shared: callers (family ``prepare`` included) must build new objects, never
 mutate it.
 """
