@@ -25,6 +25,7 @@ drops full diffs (``diff``, ``diff_m``, norm diffs) and re-rounds once per stack
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Optional, Sequence
@@ -41,6 +42,7 @@ from ..lora.kinds import WeightDelta
 from . import dequant_patches
 from .fused_rows import NonFiniteResultError, Workspace, write_patched
 from .sharded_deltas import check_shardable, local_part
+from .writable_pages import prefault_for_write
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,8 @@ class WeightPatcher:
         local, shard = local_part(tensor)  # tensor parallel: this rank writes what it holds (sharded_deltas)
         contributions = shard.contributions(contributions, pid) if shard is not None else contributions
         first_touch = pid not in self._originals and pid not in self._file_backed
+        if first_touch:
+            prefault_for_write(local)  # a weight still mapped from its file: one call, not a fault per page
         original = self._original(pid, local, from_file=local is tensor)
         if not contributions:
             local.copy_(original)
@@ -380,15 +384,7 @@ def _param_or_none(module: nn.Module, name: str) -> Optional[torch.Tensor]:
 
 def _group_by_module(pids: Sequence[str], locations: Mapping[str, tuple[str, str, str]]) -> list[list[str]]:
     """Consecutive parameter ids of the same module form one "layer" (the unit between interrupt checks)."""
-    groups: list[list[str]] = []
-    last = None
-    for pid in pids:
-        owner = locations[pid][:2]
-        if owner != last:
-            groups.append([])
-            last = owner
-        groups[-1].append(pid)
-    return groups
+    return [list(group) for _, group in itertools.groupby(pids, key=lambda pid: locations[pid][:2])]
 
 
 def patched_value(original: torch.Tensor, deltas: Sequence[WeightDelta], strength: float, dtype=torch.float32):
