@@ -21,9 +21,8 @@ encode (cfg 1 does not use it) and its WebP save: both cost ours a little that d
 does not pay.
 
 The same work on both sides: one folder loaded in bfloat16 whole (our loader's ``dtype`` input, diffusers'
-``dtype=``; with ``dtype`` "auto" our loader would leave the bf16 transformer to diffusers' default, float32 under
-diffusers 0.42, though transformers keeps the text encoder's bf16); diffusers
-samples with flow-matching Euler on the contract's sigmas (``ContractEuler``: the folder's UniPC would be another
+``dtype=``: diffusers without one loads every model in float32, where our "auto" keeps each component as its
+files store it, the VAE's float32 included); diffusers samples with flow-matching Euler on the contract's sigmas (``ContractEuler``: the folder's UniPC would be another
 solver) from the same seeded noise (both draw ``torch.randn`` from a CPU generator seeded alike), so the two
 outputs are compared too (``max_frame_difference``, ``max_latent_difference`` over the scenarios).
 
