@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    "full": None,  # the shipped real configuration: loaders/models/single_file/configs/wan2.1_t2v_1.3B.json
+    "full": None,  # the shipped real configuration: loaders/families/wan/configs/single_files/wan2.1_t2v_1.3B.json
     "quick": dict(num_attention_heads=4, attention_head_dim=32, num_layers=2, ffn_dim=256, text_dim=128),
     # ~256 MB of bf16: large enough that a second copy of the checkpoint would show in the peak
     "probe": dict(num_attention_heads=8, attention_head_dim=128, num_layers=8, ffn_dim=4096, text_dim=256),
