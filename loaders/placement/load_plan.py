@@ -7,11 +7,11 @@ the answer costs no weight reads; the message says what is needed, what is free 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import ModelLoadError
 from ..families import denoiser_components
+from ..io import json_limits
 from .devices import device_memory, host_memory
 from .planner import MemoryPlan, plan_memory
 
@@ -45,17 +45,23 @@ def component_stored_dtype(component_folder: Path):
         try:
             with open(file, "rb") as f:
                 length = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(min(length, 16 * 1024 * 1024)))
+                header = json_limits.loads(f.read(min(length, 16 * 1024 * 1024)))
         except (OSError, ValueError):
             continue
         by_dtype: dict = {}
-        for key, entry in header.items():
+        for key, entry in header.items() if isinstance(header, dict) else ():
             if key != "__metadata__" and isinstance(entry, dict) and entry.get("dtype") in _SAFETENSORS_DTYPES:
-                offsets = entry.get("data_offsets") or (0, 0)
-                by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + offsets[1] - offsets[0]
+                by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + _span(entry.get("data_offsets"))
         if by_dtype:
             return _SAFETENSORS_DTYPES[max(by_dtype, key=by_dtype.get)]
     return None
+
+
+def _span(offsets) -> int:
+    """Bytes between a header entry's two data offsets; 0 for anything else (a malformed entry weighs nothing)."""
+    if isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets):
+        return max(offsets[1] - offsets[0], 0)
+    return 0
 
 
 def free_memory(device) -> tuple[int, int | None]:

@@ -146,3 +146,16 @@ def test_when_the_host_owns_lifetime_a_model_lives_as_long_as_a_handle_holds_it(
     gc.collect()
     assert fresh_store.loaded_models() == []
     assert fresh_store.load_shared(("/models/b", 1), lambda: _stand_in_model("b reloaded")).name == "b reloaded"
+
+
+@pytest.mark.parametrize("header, expected", [
+    (b"[1, 2]", {}),  # not a table
+    (b"[" * 5000, {}),  # nested past the JSON depth bound
+    (b'{"w": {"dtype": "BF16", "data_offsets": "x"}}', {"vae": "bfloat16"}),  # its dtype counts, its bytes do not
+])
+def test_a_malformed_weight_header_is_read_as_far_as_it_can_be_never_raising(tmp_path, header, expected):
+    from lorabind.loaders.placement.load_plan import stored_dtypes
+
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "diffusion_pytorch_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    assert stored_dtypes(tmp_path, {"vae": ["diffusers", "AutoencoderKLWan"]}) == expected
