@@ -65,6 +65,7 @@ from lorabind.tiny_models.wan import tiny_vae, unipc_scheduler
 from lorabind.usecases.model_folders import SETTLE_NS
 
 from .bench_real_size import WAN21_1_3B
+from .bench_text_encoding import UMT5_XXL, build_umt5
 from .workload import QUICK, WorkloadSize, build_transformer, write_published_lora
 
 WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows",
@@ -96,18 +97,9 @@ QUICK_CASE = Case(QUICK, real_vae=False, text_heads=2, text_ff=32, width=32, hei
 
 
 def _text_encoder(vocab_size: int, case: Case):
-    """UMT5 at the transformer's text width, 1 layer, bf16 (built in bf16: no fp32 copy)."""
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    config = UMT5Config(vocab_size=vocab_size, d_model=case.size.text_dim, d_kv=64, d_ff=case.text_ff,
-                        num_layers=1, num_heads=case.text_heads, relative_attention_num_buckets=32,
-                        relative_attention_max_distance=128, feed_forward_proj="gated-gelu", dropout_rate=0.0)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        return UMT5EncoderModel(config).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(previous)
+    """UMT5-XXL's kind of layer at the transformer's text width, 1 layer, narrow heads and FFN, bf16."""
+    return build_umt5(vocab_size, num_layers=1, **{**UMT5_XXL, "d_model": case.size.text_dim, "d_ff": case.text_ff,
+                                                   "num_heads": case.text_heads})
 
 
 def write_model(models_root: str, case: Case) -> str:

@@ -18,6 +18,7 @@ from lorabind.loaders.models.store import LoadedModel
 from lorabind.tiny_models.tokenizers import build_umt5_style_tokenizer
 
 from .measure import alternate_balanced, timed
+from .workload import building_in
 
 UMT5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_heads=64, relative_attention_num_buckets=32,
                 relative_attention_max_distance=128, feed_forward_proj="gated-gelu", dropout_rate=0.0)
@@ -28,17 +29,17 @@ WAN_TEXT_TOKENS = 512  # what WanPipeline.__call__ asks encode_prompt for
 WORDS = "a red car on the street and a cat dancing with the dog in the video of a monkey low quality image".split()
 
 
-def build_encoder(vocab_size: int, quick: bool):
+def build_umt5(vocab_size: int, **config):
+    """A UMT5 encoder of ``UMT5Config(**config)`` with random bf16 weights (the end-to-end bench's small one too)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
+    with building_in(torch.bfloat16):
+        return UMT5EncoderModel(UMT5Config(vocab_size=vocab_size, **config)).eval().requires_grad_(False)
+
+
+def build_encoder(vocab_size: int, quick: bool):
     torch.manual_seed(0)
-    config = UMT5Config(vocab_size=vocab_size, num_layers=LAYERS, **{**UMT5_XXL, **(QUICK_WIDTH if quick else {})})
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of the weights
-    try:
-        return UMT5EncoderModel(config).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(previous)
+    return build_umt5(vocab_size, num_layers=LAYERS, **{**UMT5_XXL, **(QUICK_WIDTH if quick else {})})
 
 
 def prompt_of(tokenizer, tokens: int) -> str:

@@ -7,6 +7,7 @@ downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -54,16 +55,23 @@ def wan_config(size: WorkloadSize) -> dict:
                 num_layers=size.layers, cross_attn_norm=True, qk_norm="rms_norm_across_heads")
 
 
+@contextlib.contextmanager
+def building_in(dtype):
+    """Modules built inside the block are built directly in ``dtype``: no float32 copy of the weights first."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def build_transformer(size: WorkloadSize, dtype=torch.bfloat16, seed: int = 0):
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # build directly in the target dtype: no fp32 copy of the model
-    try:
+    with building_in(dtype):
         model = WanTransformer3DModel(**wan_config(size))
-    finally:
-        torch.set_default_dtype(previous)
     return model.eval().requires_grad_(False)
 
 
