@@ -293,10 +293,5 @@ def read_gguf_header(path, name: str = "") -> GGUFHeader:
         raise ModelLoadError(f"{name}: cannot be read as a GGUF file ({exc})") from None
 
 
-def file_version(descriptor_or_path) -> tuple:
-    """``stat_identity`` of an open file or a path: what changes when the file is rewritten."""
-    return stat_identity(os.stat(descriptor_or_path))
-
-
 def is_gguf_path(path) -> bool:
     return str(path).lower().endswith(".gguf")

@@ -12,8 +12,11 @@ holds, never dequantised here.
 
 from __future__ import annotations
 
+import os
+
 from ..errors import ModelLoadError
-from .gguf_header import GGUFHeader, GGUFTensor, file_version
+from .file_identity import stat_identity
+from .gguf_header import GGUFHeader, GGUFTensor
 
 # numpy dtype of each unquantized type's elements (BF16 is read as its raw 16 bits, viewed as torch.bfloat16)
 _ELEMENT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<i2"}
@@ -26,7 +29,7 @@ def read_gguf_tensors(header: GGUFHeader, name: str, names=None) -> dict:
     wanted = list(header.tensors) if names is None else list(names)
     try:
         with open(header.path, "rb") as handle:
-            if header.identity and file_version(handle.fileno()) != header.identity:
+            if header.identity and stat_identity(os.fstat(handle.fileno())) != header.identity:
                 raise ModelLoadError(f"{name}: the file changed since its header was checked; load it again")
             mapped = numpy.memmap(handle, dtype=numpy.uint8, mode="r")
             out = {key: _to_torch(header.tensors[key], mapped, name) for key in wanted}
