@@ -105,6 +105,9 @@ class MiniMaxH3Sampling(FamilySampling):
         return sampling.denoise(self.forward, model, positive, negative, latent, schedule, seed,
                                 on_step=on_step, check_interrupt=check_interrupt)
 
+    def batch_rule(self, model, component: str):
+        return sampling.NOT_BATCHED
+
     def decode(self, model, latent):
         return pipeline.decode(model, latent)
 
