@@ -10,11 +10,17 @@ importing it inside ComfyUI changes nothing there.
 Each ``bind_distill`` / ``add_adapter`` returns a new ``Generator`` on a new handle (like a node's output), so one
 loaded model serves several differently bound generators; the sampler binds each one's LoRAs right before
 denoising.
+
+Calls from several threads at once go through one step engine (``loaders.batching``), the Python API's own: each
+call's encode and decode take the device in turn, and their denoising steps run one forward at a time, batched up
+to ``max_batch`` calls (``Generator(..., max_batch=N)``; 1 by default: one call's step at a time, each result
+exactly what that call gives alone). Two threads never write the shared model's weights or run its VAE at once.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -23,6 +29,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..loaders.batching.engine import StepEngine, used
 from ..loaders.io.image_files import load_image_file
 from .verbs import (
     attach_adapter,
@@ -75,7 +82,10 @@ class Generator:
     ``Generator.from_files`` takes ComfyUI's single files. ``load_options`` are the model loader's (``device``,
     ``dtype``, ``memory``, ``attention``)."""
 
-    def __init__(self, model=None, *, _handle=None, _adapter=None, _declared=(), **load_options):
+    def __init__(self, model=None, *, max_batch: Optional[int] = None, _handle=None, _adapter=None, _declared=(),
+                 **load_options):
+        if max_batch is not None:
+            _calls_engine(max_batch)
         if _handle is None:
             if model is None or not Path(model).is_dir():
                 raise FileNotFoundError(f"{WHERE}: {model!r} is not a diffusers model folder (a folder with a "
@@ -132,25 +142,43 @@ class Generator:
         (else 5 and 5, the sampler node's defaults). ``image`` (a path, a PIL image or a ComfyUI IMAGE) makes it
         image-to-video. A request the contracts refuse raises ``ContractError`` naming the file and the field,
         before any weight changes."""
-        loaded = self.handle.model
-        if image is not None:
-            latent = image_to_video_latent(loaded, _image(image), None if end_image is None else _image(end_image),
-                                           width=width, height=height, frames=num_frames)
-        else:
-            latent = empty_latent(loaded, width, height, num_frames)
-        options = SampleOptions(
-            seed=int(seed), steps=int(steps), cfg=self._declared_or("cfg", guidance_scale, DEFAULT_GUIDANCE),
-            shift=self._declared_or("shift", flow_shift, DEFAULT_FLOW_SHIFT), boundary=boundary_ratio or 0.0,
-            enforce_contract=enforce_contract, cfg_low_noise=guidance_scale_low or 0.0, scheduler=scheduler)
-        samples, _, report = sample(self.handle, encode_text(loaded, prompt), encode_text(loaded, negative_prompt),
-                                    latent, options, adapter=self.adapter)
-        return Generation(_pil_frames(decode(loaded, samples)), report)
+        engine = _calls_engine()
+        with used(engine), engine.device.held():  # encode/decode in turn; the denoise gives the turn up
+            loaded = self.handle.model
+            if image is not None:
+                latent = image_to_video_latent(loaded, _image(image), None if end_image is None else _image(end_image),
+                                               width=width, height=height, frames=num_frames)
+            else:
+                latent = empty_latent(loaded, width, height, num_frames)
+            options = SampleOptions(
+                seed=int(seed), steps=int(steps), cfg=self._declared_or("cfg", guidance_scale, DEFAULT_GUIDANCE),
+                shift=self._declared_or("shift", flow_shift, DEFAULT_FLOW_SHIFT), boundary=boundary_ratio or 0.0,
+                enforce_contract=enforce_contract, cfg_low_noise=guidance_scale_low or 0.0, scheduler=scheduler)
+            samples, _, report = sample(self.handle, encode_text(loaded, prompt), encode_text(loaded, negative_prompt),
+                                        latent, options, adapter=self.adapter)
+            return Generation(_pil_frames(decode(loaded, samples)), report)
 
     def _declared_or(self, name: str, given: Optional[float], default: float) -> float:
         """``given``, else the first value a bound file declares for ``name``, else ``default``."""
         if given is not None:
             return float(given)
         return float(next((c[name] for c in self.declared if c.get(name) is not None), default))
+
+
+_engine: Optional[StepEngine] = None
+_engine_lock = threading.Lock()
+
+
+def _calls_engine(max_batch: Optional[int] = None) -> StepEngine:
+    """The Python API's step engine (made on first use: one call's forward at a time); ``max_batch`` resizes it
+    for the calls that start afterwards."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = StepEngine(max_batch=max_batch or 1)
+        elif max_batch is not None:
+            _engine.resize(max_batch)
+        return _engine
 
 
 def _named(path) -> tuple:
