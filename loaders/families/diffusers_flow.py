@@ -17,15 +17,9 @@ from ..generation.forward_route import denoise_ended
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
 from ..handles import LatentHandle
-from .interface import (
-    ROLE_DENOISER,
-    ROLE_HIGH_NOISE,
-    ROLE_LOW_NOISE,
-    SOURCE_DIFFUSERS,
-    SOURCE_SINGLE_FILE,
-    PipelineSource,
-)
+from .interface import SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, PipelineSource
 from .parts import FamilyContracts, FamilySampling
+from .roles import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 
 
 def pipeline_class(source: PipelineSource):

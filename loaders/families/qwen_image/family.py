@@ -18,8 +18,9 @@ from ..diffusers_flow import (
     pipeline_class,
     text_device,
 )
-from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
+from ..interface import SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
 from ..parts import FamilyLayout
+from ..roles import ROLE_DENOISER, SHARED_INDEX_ROLES
 from . import contracts, edit, single_files
 from . import single_file_kinds as files
 from .edit_processor import load_processor
