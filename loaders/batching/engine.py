@@ -131,10 +131,13 @@ class StepEngine:
     def _loop(self) -> None:
         while (batch := self._next_batch()) is not None:
             self.runner.run(batch)
-            with self._changed:
-                for call in batch:
-                    call.request.computing = True
-                self._changed.notify_all()
+
+    def deliver(self, call: PendingForward, result=None, error: Optional[BaseException] = None) -> None:
+        """Hand ``call`` its output (or error): its request is between two forwards from now until it sends its
+        next one (marked before it wakes, so the next gather waits for it and never for one already waiting)."""
+        with self._changed:
+            call.request.computing = True
+        call.deliver(result, error)
 
     def _next_batch(self) -> Optional[list]:
         """Wait for forwards, and a moment more for the requests that are between two forwards; take a batch."""

@@ -44,14 +44,14 @@ class BatchRunner:
             if isinstance(error, RowLoraError):  # this model's layers cannot take rows: fuse from now on
                 self.engine.row_form_failed(batch[0].request.model, str(error))
             elif len(batch) == 1 and batch[0].signature is None:
-                batch[0].deliver(error=error)
+                self.engine.deliver(batch[0], error=error)
                 return
             for call in batch:  # alone and fused: whoever broke the batch fails on its own
                 try:
                     with self.engine.device.held():
                         self._run([call], whole=True)
                 except BaseException as own_error:  # noqa: B902
-                    call.deliver(error=own_error)
+                    self.engine.deliver(call, error=own_error)
 
     def _run(self, batch: list, whole: bool) -> None:
         """``whole``: bind the request's whole binding (a lone forward whose inputs do not stack, or a request run
@@ -67,13 +67,12 @@ class BatchRunner:
         else:
             inputs, counts = stack(lead.rule, [call.inputs for call in batch])
         rows = self._row_terms(model, batch, base_keys, counts)
-        started = time.monotonic()
         with self.row_lora.applied(model.components[component], rows, sum(counts) if rows else 0):
             output = direct_forward(model, component, inputs)
         outputs = [output] if len(batch) == 1 else split(output, counts)
         self.last_component = component
         for call, own in zip(batch, outputs):
-            self._deliver(call, own, report, len(batch), started)
+            self._deliver(call, own, report, len(batch))
 
     def _bind(self, model, base, batch: list):
         """The model bound to ``base`` (a ``Binding``); a lone request's bind reports progress to it and may be
@@ -108,11 +107,11 @@ class BatchRunner:
             start = stop
         return by_path
 
-    def _deliver(self, call, output, report, size: int, started: float) -> None:
+    def _deliver(self, call, output, report, size: int) -> None:
         request = call.request
         tensors = output if isinstance(output, (tuple, list)) else (output,)
         if not all(bool(torch.isfinite(t).all()) for t in tensors if isinstance(t, torch.Tensor)):
-            call.deliver(error=NonFiniteOutput(
+            self.engine.deliver(call, error=NonFiniteOutput(
                 f"the denoiser {call.component} returned NaN or infinite values for this request (forward "
                 f"{request.batching.forwards + 1} of its run): its inputs or its LoRAs' strengths are out of range"))
             return
@@ -121,5 +120,5 @@ class BatchRunner:
             request.first_forward_s = time.monotonic() - request.started
         request.batching.forwards += 1
         request.batching.largest_batch = max(request.batching.largest_batch, size)
-        call.deliver(result=output)
+        self.engine.deliver(call, result=output)
 
