@@ -82,15 +82,25 @@ def _row_form(model, spec) -> Optional[tuple]:
     component = model.components[spec.component or main_denoiser(model)]
     parts = []
     for path, target in prepared_targets(model, spec).items():
-        delta = target.low_rank
-        if target.param_diffs or not isinstance(delta, LowRankDelta) or delta.down.dim() != 2 \
-                or delta.up.dim() != 2:
-            return None
         weight = getattr(component.get_submodule(path), "weight", None)
-        if weight is None or weight.dim() != 2:
+        if not _plain_pair(target) or weight is None or weight.dim() != 2:
             return None
-        parts.append((path, delta))
+        parts.append((path, target.low_rank))
     return tuple(parts)
+
+
+def _plain_pair(target) -> bool:
+    """A target that is one plain low-rank pair of matrices and nothing else (no full diff of any parameter)."""
+    delta = target.low_rank
+    return (not target.param_diffs and isinstance(delta, LowRankDelta) and delta.down.dim() == 2
+            and delta.up.dim() == 2)
+
+
+def file_runs_per_row(lora) -> bool:
+    """Whether a read LoRA file (``LoraFile``) could run on a request's own rows on any model: plain low-rank
+    pairs only. What a front routes by before any model is loaded (``serve --ray``: such a file is not part of
+    the binding a replica must hold)."""
+    return bool(lora.targets) and all(_plain_pair(target) for target in lora.targets.values())
 
 
 def _version(path: str) -> tuple:

@@ -12,8 +12,8 @@ from aiohttp import web
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
 from ..executor import PromptExecutor
+from ..executor.engine_executors import EngineExecutors
 from .config import PACK_NAME, ServerConfig
-from .engine_executors import EngineExecutors
 from .history import HistoryStore
 from .queue import PromptQueue
 from .websocket import ClientRegistry
@@ -47,8 +47,8 @@ class ServerState:
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
                 node_classes, models_root=self.config.models_root, input_dir=self.config.input_dir,
                 output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing,
-                lora_dirs=self.config.lora_dirs, parallel=self.config.parallel)
-            concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
+                lora_dirs=self.config.lora_dirs, parallel=self.config.parallel, max_batch=self.config.max_batch)
+            concurrency = self.config.replicas * (PROMPTS_IN_FLIGHT_PER_REPLICA + self.config.max_batch - 1)
         if executor is None:  # prompts run here: up to max_batch at once, their steps batched by the engine
             executor = EngineExecutors(node_classes, self.config.max_batch)
             concurrency = self.config.max_batch

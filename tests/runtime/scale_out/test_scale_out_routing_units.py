@@ -88,3 +88,30 @@ def test_the_single_machine_server_never_imports_ray(tmp_path):
             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_fingerprint_counts_only_the_part_a_replica_must_hold_fused(registry, tiny_models_root, tmp_path):
+    """A user's plain low-rank LoRA runs on its prompt's own rows of a batch: two prompts over the same distill
+    pair that differ only in it reach the same replica. A file with diffs (another distill) does not."""
+    import copy
+
+    from engine_helpers import style_lora
+
+    model_dir = tiny_models_root / "diffusers" / "tiny-wan22-t2v"
+    registry.add_model_folder_path("loras", str(tmp_path))
+    for name, seed in (("ink", 5), ("neon", 6)):
+        style_lora(model_dir, "transformer", seed, tmp_path / f"{name}.safetensors")
+    classes, base = _node_classes(), _pair_prompt()
+
+    def with_fuse(lora_name: str) -> dict:
+        prompt = copy.deepcopy(base)
+        prompt["90"] = {"class_type": "FuseDistillLoRA", "inputs": {
+            "model": ["5", 0], "lora_name": lora_name, "strength": 0.7, "component": "transformer"}}
+        prompt["6"]["inputs"]["model"] = ["90", 0]
+        return prompt
+
+    shared = binding_fingerprint(base, classes)
+    assert binding_fingerprint(with_fuse("ink.safetensors"), classes) == shared
+    assert binding_fingerprint(with_fuse("neon.safetensors"), classes) == shared
+    other_distill = "lorabind-tiny/wan2.1_t2v_14b_lora_rank64_lightx2v_4step.safetensors"
+    assert binding_fingerprint(with_fuse(other_distill), classes) != shared

@@ -6,27 +6,18 @@ prompt id stops only that prompt; 200 prompts from 8 threads, mixed LoRAs and so
 from __future__ import annotations
 
 import asyncio
-import copy
-import io
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
-import lorabind
-from engine_helpers import on_threads, style_lora
+from engine_helpers import on_threads
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from server_client import Client, run_async
+from serving_helpers import STYLE_NAMES, frames_of, styled_prompt, write_styles
 
 pytestmark = pytest.mark.slow  # whole workflows through a server
-
-EXAMPLE = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
-STYLE_NAMES = {seed: tuple(f"styles/s{seed}_{c}.safetensors" for c in ("transformer", "transformer_2"))
-               for seed in (51, 61)}
-
 
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory):
@@ -35,9 +26,7 @@ def models_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("batched") / "models"
     build_tiny(root, names=["tiny-wan22-t2v"])
     lora_fixtures.write_fixture_loras(root)
-    for seed, names in STYLE_NAMES.items():
-        for offset, (name, component) in enumerate(zip(names, ("transformer", "transformer_2"))):
-            style_lora(root / "diffusers" / "tiny-wan22-t2v", component, seed + offset, root / "loras" / name)
+    write_styles(root)
     return root
 
 
@@ -47,48 +36,13 @@ def _server(root: Path, tmp: Path, max_batch: int) -> BackgroundServer:
     return BackgroundServer(config).start()
 
 
-def _prompt(seed: int, text: str, style: int | None = None, frames: int = 5) -> dict:
-    """The main example with PNG frames (core SaveImage: lossless) and, with ``style``, a style LoRA per expert
-    fused after the distill pair (what a user's own LoRA node adds)."""
-    prompt = json.loads(EXAMPLE.read_text(encoding="utf-8"))
-    prompt["6"]["inputs"]["seed"] = seed
-    prompt["2"]["inputs"]["text"] = text
-    prompt["4"]["inputs"]["frames"] = frames
-    prompt["8"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": f"b{seed}"}}
-    if style is not None:
-        upstream = ["5", 0]
-        for index, (name, component) in enumerate(zip(STYLE_NAMES[style], ("transformer", "transformer_2"))):
-            prompt[f"{90 + index}"] = {"class_type": "FuseDistillLoRA", "inputs": {
-                "model": copy.deepcopy(upstream), "lora_name": name, "strength": 0.8, "component": component}}
-            upstream = [f"{90 + index}", 0]
-        prompt["6"]["inputs"]["model"] = upstream
-    return prompt
-
-
-async def _run(client: Client, prompt: dict) -> tuple:
-    """(frames as one uint8 array, the sampler's report, the messages of the prompt)."""
-    pid = (await client.queue_prompt(prompt))["prompt_id"]
-    seen = await client.wait_done(pid, timeout=600)
-    _, history = await client.get(f"/history/{pid}")
-    entry = history[pid]
-    if entry["status"]["status_str"] != "success":
-        return None, None, seen
-    images = [image for out in entry["outputs"].values() for image in out.get("images", [])]
-    frames = []
-    for image in images:
-        _, data = await client.get("/view", params=image)
-        frames.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16))
-    report = next(out["lorabind_schedule"][0] for out in entry["outputs"].values() if "lorabind_schedule" in out)
-    return np.stack(frames), report, seen
-
-
 async def _each(url: str, prompts: list) -> list:
     """Each prompt from its own client, all at once."""
     clients = [Client(url, client_id=f"user-{i}") for i in range(len(prompts))]
     try:
         for client in clients:
             await client.connect()
-        return await asyncio.gather(*(_run(c, p) for c, p in zip(clients, prompts)))
+        return await asyncio.gather(*(frames_of(c, p) for c, p in zip(clients, prompts)))
     finally:
         for client in clients:
             await client.close()
@@ -106,7 +60,7 @@ def served_alone(models_root, tmp_path_factory):
             client = Client(server.url)
             await client.connect()
             try:
-                return [await _run(client, _prompt(*p)) for p in PROMPTS]
+                return [await frames_of(client, styled_prompt(*p)) for p in PROMPTS]
             finally:
                 await client.close()
         return run_async(one_by_one)
@@ -117,7 +71,7 @@ def served_alone(models_root, tmp_path_factory):
 def test_prompts_in_flight_are_batched_and_each_equals_its_run_alone(models_root, tmp_path, served_alone):
     server = _server(models_root, tmp_path, 4)
     try:
-        results = run_async(_each, server.url, [_prompt(*p) for p in PROMPTS])
+        results = run_async(_each, server.url, [styled_prompt(*p) for p in PROMPTS])
     finally:
         server.stop()
     for (frames, _, seen), (alone, alone_report, _) in zip(results, served_alone):
@@ -138,8 +92,8 @@ def test_an_interrupt_with_a_prompt_id_stops_only_that_prompt(models_root, tmp_p
         clients = [Client(server.url, client_id=f"user-{i}") for i in range(3)]
         for client in clients:
             await client.connect()
-        victim = (await clients[1].queue_prompt(_prompt(*PROMPTS[1])))["prompt_id"]
-        others = [asyncio.create_task(_run(clients[i], _prompt(*PROMPTS[i]))) for i in (0, 2)]
+        victim = (await clients[1].queue_prompt(styled_prompt(*PROMPTS[1])))["prompt_id"]
+        others = [asyncio.create_task(frames_of(clients[i], styled_prompt(*PROMPTS[i]))) for i in (0, 2)]
         while True:  # the victim's first step done: interrupt it, by id
             message = await clients[1].receive(timeout=120)
             if message["type"] == "progress" and message["data"].get("prompt_id") == victim:
@@ -164,7 +118,7 @@ def test_an_interrupt_with_a_prompt_id_stops_only_that_prompt(models_root, tmp_p
 def _mixed(index: int) -> tuple:
     """Prompt ``index`` of the load: every 10th asks 20 steps of the 4-step pair (refused at /prompt), every 10th
     but 5 names a LoRA that does not exist (refused by validation); the rest rotate over two style LoRAs and none."""
-    prompt = _prompt(index, f"prompt {index}", (51, 61, None)[index % 3], frames=1)
+    prompt = styled_prompt(index, f"prompt {index}", (51, 61, None)[index % 3], frames=1)
     if index % 10 == 0:
         prompt["6"]["inputs"]["steps"] = 20
         return prompt, False

@@ -1,4 +1,5 @@
-"""The server's executors when prompts share the process's step engine: one ``PromptExecutor`` per worker thread.
+"""The executors of a host whose prompts share the process's step engine (``serve``, a Ray replica): one
+``PromptExecutor`` per worker thread.
 
 Why one per thread: an executor runs one prompt at a time (its output cache and node instances are that prompt's
 working state), and ``serve --max-batch N`` keeps N prompts in flight, each on its own worker thread, each
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 
 from ...loaders.batching import engine as step_engine
-from ..executor import PromptExecutor
+from .execution import PromptExecutor
 
 
 class EngineExecutors:
