@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser) -> None:
@@ -57,7 +58,11 @@ def add_openai_arguments(parser) -> None:
     parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
                         help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
                         "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
-                        "(repeatable)")
+                        "(repeatable). A repository id (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Qwen/Qwen-Image) serves "
+                        "that model's real-size workflow (workflows/real/) when its files are under --models")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch the files a repository id's workflow needs first (`lorabind models download`'s "
+                        "code); without it a missing file stops serve with the command that gets it")
     parser.add_argument("--lora-backend", choices=("peft", "distill"), default="peft",
                         help="what --lora-path files are: distill = fused into every served model they fit for the "
                         "server's lifetime (Wan2.2: high then low); peft (default) = adapters preloaded into the "
@@ -87,6 +92,10 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    files_error = repository_files(args)
+    if files_error:
+        print(f"lorabind serve: {files_error}")
+        return 1
     spec = parallel_spec_of(args)
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
@@ -155,6 +164,27 @@ def check_openai_arguments(args) -> str | None:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
     return None
+
+
+def repository_files(args) -> str:
+    """Each ``--openai-model`` given as a repository id: its workflow's files are under ``--models`` (fetched first
+    with ``--download``), or the one line naming the command that gets them ("" when all are there)."""
+    repositories = [(name, path) for option, (name, path) in zip(args.openai_model, args.openai_models)
+                    if "=" not in option]
+    if not repositories:
+        return ""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.io import json_limits
+    from .. import folder_paths
+    from ..missing_files import fetch_or_name
+
+    folder_paths.configure(models_root=args.models)
+    for name, path in repositories:
+        prompt = json_limits.loads(Path(path).read_bytes())
+        problem = fetch_or_name(prompt, prompt, path, args.models, fetch=args.download, say=print)
+        if problem:
+            return f"--openai-model {name}: {problem}"
+    return ""
 
 
 def apply_adapter_cache_arguments(args) -> str | None:

@@ -90,7 +90,12 @@ def test_run_of_a_missing_model_says_which_folders_were_searched_without_absolut
     err = capsys.readouterr().err
     assert code == 1
     assert "input 'denoiser': Value not in list" in err and "searched models/unet, models/diffusion_models" in err
-    assert "searched models/loras" in err and str(tmp_path) not in err  # the same text reaches the browser
+    validation = err[err.index("Prompt outputs failed validation"):]  # the same text reaches the browser
+    assert "searched models/loras" in validation and str(tmp_path) not in validation
+    # the command line also names the one command that gets the files (issue 55)
+    assert (f"lorabind run: 6 model file(s) missing under {tmp_path} (" in err
+            and "get them with: lorabind models download " in err
+            and f"real/wan22_t2v_a14b_lightx2v.json --models {tmp_path} (or add --download)" in err)
 
 
 def test_empty_truncated_and_wrong_kind_files_are_broken_not_found(tmp_path, capsys):

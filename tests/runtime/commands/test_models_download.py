@@ -192,3 +192,18 @@ def test_a_model_needs_a_choice_and_an_unknown_one_is_named(hub, tmp_path, capsy
     assert _download("someone/some-model", "--weights", "fp8", "--models", str(tmp_path)) == 1
     assert "someone/some-model: not a model lorabind knows the files of" in capsys.readouterr().err
     assert hub.requests == []
+
+
+@pytest.mark.slow  # runs the workflow (on the tiny stand-ins)
+def test_run_download_fetches_the_missing_files_then_runs(hub, tmp_path, capsys):
+    workflow = WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json"
+    small = ["--set", "4.width=32", "--set", "4.height=32", "--set", "4.frames=5"]
+    try:
+        code = main(["run", str(workflow), "--models", str(tmp_path / "models"), "--output", str(tmp_path / "out"),
+                     "--download", *small])
+    finally:
+        folder_paths.configure()
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "6 downloaded, 0 already present" in out and len(hub.gets("")) == 6
+    assert list((tmp_path / "out" / "lorabind").glob("wan22_t2v_a14b_lightx2v_*.webp"))
