@@ -8,7 +8,6 @@ line; the executor only ever sees files that are there. The files and their sour
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
@@ -40,13 +39,16 @@ def fetch_or_name(prompt: dict, workflow, workflow_path, models_root, *, fetch: 
     missing = missing_files(prompt)
     if not missing:
         return ""
+    wanted = wanted_for_workflow(prompt, declared_models(workflow), folder_paths)
     if not fetch:
-        return (f"{len(missing)} model file(s) missing under {models_root} ({', '.join(sorted({c.name for c in missing}))}); "
-                f"get them with: {download_command(workflow_path, models_root)} (or add --download)")
-    wanted = [w for w in wanted_for_workflow(prompt, declared_models(workflow), folder_paths)
-              if w.destination in {f"{c.kind}/{c.name}" for c in missing}]
+        names = ", ".join(sorted({c.name for c in missing}))
+        if not any(w.url for w in wanted):
+            return f"{len(missing)} model file(s) missing under {models_root} ({names}), none with a published source"
+        return (f"{len(missing)} model file(s) missing under {models_root} ({names}); get them with: "
+                f"{download_command(workflow_path, models_root)} (or add --download)")
+    absent = [w for w in wanted if _absent(w.destination)]  # files placed by hand are not hashed here
     try:
-        download(wanted, models_root, dry_run=False, say=say, offline_by_user=hub_offline_by_user())
+        download(absent, models_root, dry_run=False, say=say, offline_by_user=hub_offline_by_user())
     except DownloadError as exc:
         return str(exc)
     still = missing_files(prompt)
@@ -54,5 +56,9 @@ def fetch_or_name(prompt: dict, workflow, workflow_path, models_root, *, fetch: 
                                  f"(no published source: {', '.join(sorted(c.name for c in still))})")
 
 
-def models_root_of(models) -> str:
-    return models or os.environ.get("LORABIND_MODELS") or "models"
+def _absent(destination: str) -> bool:
+    kind, name = destination.split("/", 1)
+    try:
+        return folder_paths.get_full_path(kind, name) is None
+    except (KeyError, ValueError):
+        return True

@@ -24,6 +24,7 @@ from ..loaders.placement.published import known_sources, model_of, published_sou
 from . import hub_files
 from .hub_files import DownloadError
 from .model_check import check_prompt_files
+from .repository_models import is_repository_id
 
 GB = 1e9
 
@@ -100,18 +101,34 @@ def wanted_for_model(name: str, files) -> list:
     return [Wanted(f, sources.get(f, "")) for f in files]
 
 
-def wanted_for_workflow(prompt: dict, declared: dict, registry) -> list:
+def wanted_for_workflow(prompt: dict, declared: dict, registry, weights=None) -> list:
     """Every file the workflow's API prompt names (``models check``'s list) with its source: the workflow's own
-    ``properties.models`` URL (``declared``: {"folder/name": url}), else the published table. Built-in tiny models
-    and names that are no file are left out."""
+    ``properties.models`` URL (``declared``: {"folder/name": url}), else the published table. A loader's repository
+    id stands for its published files (``weights``'s, else fp8 where published, else bf16). Built-in tiny models and
+    names that are no file are left out."""
     table = known_sources()
     wanted = {}
     for check in check_prompt_files(prompt, registry):
-        if check.what.startswith("built-in") or check.kind == "diffusers":
-            continue
-        destination = f"{check.kind}/{check.name}"
-        wanted[destination] = Wanted(destination, declared.get(destination) or table.get(destination, ""))
+        if check.kind == "diffusers":  # a repository id is its published single files
+            destinations = _repository_files(check, weights) if is_repository_id(check.name) else ()
+        else:
+            destinations = () if check.what.startswith("built-in") else (f"{check.kind}/{check.name}",)
+        for destination in destinations:
+            wanted[destination] = Wanted(destination, declared.get(destination) or table.get(destination, ""))
     return list(wanted.values())
+
+
+def _repository_files(check, weights) -> tuple:
+    """A loader's repository id whose files are not all there: those of ``weights`` (else fp8 where published,
+    else bf16)."""
+    if check.found:
+        return ()
+    name = model_of(check.name)
+    for storage in ([weights] if weights else ["fp8", "bf16"]):
+        files = files_of(name, storage)
+        if files:
+            return files
+    return ()
 
 
 def declared_models(workflow: dict) -> dict:

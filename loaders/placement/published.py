@@ -13,6 +13,7 @@ Why here and found by path: ``plan`` answers without importing torch (``io.shipp
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Optional
 
@@ -26,8 +27,10 @@ QUANT = "{QUANT}"
 _NOT_COMPONENTS = ("sources",)
 
 
+@functools.lru_cache(maxsize=64)
 def _table(model) -> Optional[dict]:
-    """The ``files.json`` of a shipped configuration, or None for a diffusers folder or one without it."""
+    """The ``files.json`` of a shipped configuration, or None for a diffusers folder or one without it. Read once:
+    it is package data, and a loader's choices ask for it at every validation (``usecases.repository_models``)."""
     folder = shipped_model_folder(str(model))  # found by path: a plan answered from the sizes cache imports no torch
     if folder is None:
         return None
@@ -85,3 +88,14 @@ def known_sources() -> dict:
             found.setdefault(name, url)
     return found
 
+
+
+def component_files(model) -> dict:
+    """{component: ["folder/name", ...]} of a shipped configuration: every published file of each component, in
+    the table's order (bf16, fp8, then each GGUF type), ``{QUANT}`` spelled out ({} without a table)."""
+    found = {}
+    for component, entry in (published_files(model) or {}).items():
+        names = [n for n in entry.values() if isinstance(n, str)]
+        found[component] = [n.replace(QUANT, q) for n in names for q in (GGUF_FILE_TYPES.values() if QUANT in n
+                                                                          else ("",))]
+    return found

@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     download.add_argument("--models", metavar="DIR", default=None,
                           help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
     download.add_argument("--weights", choices=WEIGHTS, default=None,
-                          help="MODEL's files in this storage (as `plan --weights`)")
+                          help="MODEL's files in this storage (as `plan --weights`); for a workflow, the storage of "
+                               "a loader's repository id (default fp8 where published)")
     download.add_argument("--memory", choices=MEMORY_CHOICES, default="auto",
                           help="with --vram: only choices of this memory plan (as `plan --memory`)")
     download.add_argument("--vram", type=gib_amount, metavar="GIB",
@@ -114,6 +115,6 @@ def _workflow_wanted(args):
     except (RunError, WorkflowFormatError) as exc:
         print(f"lorabind models download: {args.target}: {exc}", file=sys.stderr)
         return None
-    wanted = wanted_for_workflow(prompt, declared_models(workflow), folder_paths)
+    wanted = wanted_for_workflow(prompt, declared_models(workflow), folder_paths, weights=args.weights)
     print(f"{args.target}: {len(wanted)} model file(s)")
     return wanted
