@@ -1,6 +1,6 @@
-"""``serve --openai-model REPO_ID``: a repository id (``Wan-AI/Wan2.2-T2V-A14B-Diffusers``, ``Qwen/Qwen-Image``, or
-the configuration name lorabind ships for it) served through the real-size workflow of that model in
-``workflows/real/``, as vllm-omni's ``serve REPO_ID`` serves a model by its id.
+"""``serve --openai-model REPO_ID``: a repository id (``Wan-AI/Wan2.2-T2V-A14B-Diffusers``, ``Qwen/Qwen-Image``)
+served through the real-size workflow of that model in ``workflows/real/``, as vllm-omni's ``serve REPO_ID``
+serves a model by its id.
 
 Why found by its files: the workflow whose denoiser files the model publishes (``loaders.placement.published``)
 is that model's; no second table maps ids to workflows.
@@ -22,9 +22,10 @@ DENOISER_FOLDER = "diffusion_models"
 
 
 def repository_template(name: str) -> Optional[Path]:
-    """The API workflow that serves the model ``name`` names (a repository id or a configuration), or None."""
-    model = model_of(name)
-    if model is None:
+    """The API workflow that serves the model a repository id names, or None (for anything else too: a bare
+    configuration name such as ``qwen-image`` is a NAME=WORKFLOW pair missing its workflow)."""
+    model = model_of(name) if name.count("/") == 1 else None
+    if model is None or repository_of(model) != name:
         return None
     published = set(published_sources(model))
     for path in sorted(REAL_WORKFLOWS.glob("*.api.json")):
@@ -36,7 +37,7 @@ def repository_template(name: str) -> Optional[Path]:
 
 def served_repositories() -> list:
     """The repository ids a real workflow serves (for the message that names them)."""
-    return [repository_of(m) for m in shipped_model_names() if repository_of(m) and repository_template(m)]
+    return [repository_of(m) for m in shipped_model_names() if repository_of(m) and repository_template(repository_of(m))]
 
 
 def _denoiser_files(prompt: dict) -> set:
