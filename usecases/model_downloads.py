@@ -193,6 +193,8 @@ def fetch_all(plan: DownloadPlan, models_root, say) -> list:
     from tqdm.auto import tqdm
 
     with tqdm(total=plan.bytes_to_get, unit="B", unit_scale=True, desc="total", position=0, disable=None) as total:
+        if not total.disable:  # bars on a terminal: lines above them, not through them
+            say = tqdm.write
         total.update(sum(hub_files.partial_bytes(models_root, f) for f in plan.to_get))
         done = []
         for number, file in enumerate(plan.to_get, 1):
