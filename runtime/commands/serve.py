@@ -92,10 +92,6 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
-    files_error = repository_files(args)
-    if files_error:
-        print(f"lorabind serve: {files_error}")
-        return 1
     spec = parallel_spec_of(args)
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
@@ -150,9 +146,9 @@ def parallel_spec_of(args):
 
 
 def check_openai_arguments(args) -> str | None:
-    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``) and the ``--allow-lora-dir`` folders
-    (with the peft backend, ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text,
-    or None."""
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``), the files of one given as a repository
+    id (``repository_files``) and the ``--allow-lora-dir`` folders (with the peft backend,
+    ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text, or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai.templates import parse_model_option
 
@@ -163,7 +159,7 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
-    return None
+    return repository_files(args) or None
 
 
 def repository_files(args) -> str:

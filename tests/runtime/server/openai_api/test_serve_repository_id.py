@@ -46,7 +46,7 @@ def _files(root: Path) -> set:
 def test_missing_files_stop_serve_with_the_one_command_that_gets_them(repos, tmp_path, capsys, monkeypatch):
     models = tmp_path / "models"
     try:
-        assert main(["serve", "--openai-model", REPO, "--models", str(models), "--port", "0"]) == 1
+        assert main(["serve", "--openai-model", REPO, "--models", str(models), "--port", "0"]) == 2
     finally:
         folder_paths.configure()
     lines = capsys.readouterr().out.strip().splitlines()
