@@ -38,6 +38,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--input-file", metavar="NODE=PATH", action="append", default=[], dest="input_files",
                         help="an image for a LoadImage node, read where it is (outside the input folder too), "
                              "e.g. --input-file 3=~/photos/start.png (repeatable)")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch the model files the workflow names that are not under --models first (`lorabind "
+                             "models download`'s code); without it a missing file is named with the command")
     add_device_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -133,6 +136,7 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from .. import folder_paths
     from ..executor import PromptExecutor
+    from ..missing_files import fetch_or_name
 
     folder_paths.configure(models_root=args.models, output_dir=output_dir or args.output, input_dir=args.input,
                            temp_dir=output_dir)  # an unseen rank's previews go to its scratch folder too
@@ -143,12 +147,16 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
         return 1
     prompt, kind, workflow, changed, node_classes = read
     try:
-        with models_turn():
+        with models_turn():  # one rank at a time: the first builds (and, with --download, fetches) what is missing
             ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
+            missing = fetch_or_name(prompt, workflow, args.workflow, args.models or folder_paths.models_dir,
+                                    fetch=args.download, say=print)
     except Exception as exc:
         print(f"lorabind run: cannot prepare the built-in models under {folder_paths.models_dir}: {exc}",
               file=sys.stderr)
         return 1
+    if missing:  # the files the workflow names that are not there: validation says which folders were searched
+        print(f"lorabind run: {missing}", file=sys.stderr)
     executor = PromptExecutor(node_classes)
     validation = executor.validate(prompt)
     if _refused_before_running(validation, prompt, node_classes):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser) -> None:
@@ -73,7 +74,11 @@ def add_openai_arguments(parser) -> None:
     parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
                         help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
                         "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
-                        "(repeatable)")
+                        "(repeatable). A repository id (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Qwen/Qwen-Image) serves "
+                        "that model's real-size workflow (workflows/real/) when its files are under --models")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch the files a repository id's workflow needs first (`lorabind models download`'s "
+                        "code); without it a missing file stops serve with the command that gets it")
     parser.add_argument("--lora-backend", choices=("peft", "distill"), default="peft",
                         help="what --lora-path files are: distill = fused into every served model they fit for the "
                         "server's lifetime (Wan2.2: high then low); peft (default) = adapters preloaded into the "
@@ -161,9 +166,9 @@ def parallel_spec_of(args):
 
 
 def check_openai_arguments(args) -> str | None:
-    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``) and the ``--allow-lora-dir`` folders
-    (with the peft backend, ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text,
-    or None."""
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``), the files of one given as a repository
+    id (``repository_files``) and the ``--allow-lora-dir`` folders (with the peft backend,
+    ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text, or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai.templates import parse_model_option
 
@@ -174,7 +179,28 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
-    return None
+    return repository_files(args) or None
+
+
+def repository_files(args) -> str:
+    """Each ``--openai-model`` given as a repository id: its workflow's files are under ``--models`` (fetched first
+    with ``--download``), or the one line naming the command that gets them ("" when all are there)."""
+    repositories = [(name, path) for option, (name, path) in zip(args.openai_model, args.openai_models)
+                    if "=" not in option]
+    if not repositories:
+        return ""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.io import json_limits
+    from .. import folder_paths
+    from ..missing_files import fetch_or_name
+
+    folder_paths.configure(models_root=args.models)
+    for name, path in repositories:
+        prompt = json_limits.loads(Path(path).read_bytes())
+        problem = fetch_or_name(prompt, prompt, path, args.models, fetch=args.download, say=print)
+        if problem:
+            return f"--openai-model {name}: {problem}"
+    return ""
 
 
 def apply_adapter_cache_arguments(args) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ....loaders.io import json_limits
 from .errors import OpenAIRequestError
+from .repositories import repository_template, served_repositories
 
 # request field -> the Python type its value must have (vllm-omni's names; ``size`` arrives split into these)
 FIELDS = {
@@ -71,8 +72,15 @@ class Template:
 
 
 def parse_model_option(option: str) -> tuple[str, str]:
-    """``NAME=WORKFLOW.api.json`` -> (name, path); ValueError naming the expected shape."""
+    """``NAME=WORKFLOW.api.json`` -> (name, path); a repository id (``Wan-AI/Wan2.2-T2V-A14B-Diffusers``) ->
+    (the id, the real-size workflow that serves it); ValueError naming the expected shapes."""
     name, sep, path = option.partition("=")
+    if not sep and option.strip():
+        template = repository_template(option.strip())
+        if template is not None:
+            return option.strip(), str(template)
+        raise ValueError(f"--openai-model {option!r}: expected NAME=WORKFLOW.api.json, or a repository id served "
+                         f"through its real-size workflow ({', '.join(served_repositories())})")
     if not sep or not name.strip() or not path.strip():
         raise ValueError(f"--openai-model {option!r}: expected NAME=WORKFLOW.api.json")
     return name.strip(), path.strip()
