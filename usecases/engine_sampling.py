@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from ..loaders.batching.bindings import Binding
 from ..loaders.binding.bind import prepared_targets
 from ..loaders.dispatch import generation_steps as generation
+from . import host
 
 
 def denoise_in_engine(engine, model, positive, negative, latent, resolved, seed: int, strengths, *,
@@ -24,7 +25,11 @@ def denoise_in_engine(engine, model, positive, negative, latent, resolved, seed:
     binding = Binding.bound(fuses, adapters, exclusive=strengths.scheduled)
     for spec in binding.keys.values():
         prepared_targets(model.model, spec)  # read, mapped, accounted: the bind's own checks, before any batch
-    with engine.denoising(model.model, binding, check_interrupt=check_interrupt, on_bind=on_bind) as request:
+    context = host.current_context()  # the prompt and node this sampler runs for: the request's name on every rank
+    key = (context.prompt_id, context.node_id) if context is not None else None
+    interrupt = context.interrupt_event if context is not None else None
+    with engine.denoising(model.model, binding, key=key, check_interrupt=check_interrupt, on_bind=on_bind,
+                          interrupt=interrupt) as request:
         if strengths.scheduled:
             on_step = strengths.after_each_step(resolved.start_step, on_step, lambda step: request.rebind(
                 Binding.bound(*strengths.specs_at(step), exclusive=True)))

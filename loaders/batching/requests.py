@@ -42,9 +42,13 @@ class EngineRequest:
     """One sampler run in the engine; its thread calls ``forward`` (the ``ForwardRoute`` the family's forward
     takes) and blocks until the engine has run it, alone or in a batch."""
 
-    def __init__(self, engine, model, binding: Binding, *, check_interrupt: Optional[Callable] = None,
-                 on_bind: Optional[Callable] = None):
+    def __init__(self, engine, model, binding: Binding, *, key=None, check_interrupt: Optional[Callable] = None,
+                 on_bind: Optional[Callable] = None, interrupt: Optional[threading.Event] = None):
         self.engine, self.model, self.number = engine, model, next(_numbers)
+        # known across a job's ranks by its key (``plans``); ``interrupt``: the flag ``check_interrupt`` reads,
+        # which a follower's engine sets when rank 0 says the request was interrupted there
+        self.key = tuple(key) if key is not None else ("local", self.number)
+        self.interrupt, self.forwards_sent = interrupt, 0
         self.context = contextvars.copy_context()  # the prompt's context: its progress, its interrupt flag
         self.check_interrupt, self.on_bind = check_interrupt, on_bind
         self.binding, self.group = binding, None
@@ -73,6 +77,8 @@ class PendingForward:
 
     def __init__(self, request: EngineRequest, component: str, inputs: dict, rule):
         self.request, self.component, self.inputs, self.rule = request, component, inputs, rule
+        self.index = request.forwards_sent  # the request's how-many-th forward: what a plan names across ranks
+        request.forwards_sent += 1
         self.number = next(_numbers)
         self.signature = signature(rule, inputs) if isinstance(rule, BatchRule) else None
         self.passed_over = 0  # batches run while it waited: past the engine's bound it goes next
