@@ -34,6 +34,8 @@ def test_the_record_is_frozen_and_describes_itself():
     ("ulysses", "'ulysses' is not NAME=N"),
     ("pipeline=2", "'pipeline=2' is not NAME=N; the names are ulysses, ring, cfg, tp"),
     ("ulysses=two", "--parallel: ulysses='two' is not a whole number"),
+    ("ulysses=\u0662", "--parallel: ulysses='\u0662' is not a whole number (ASCII digits 0-9)"),  # Arabic-Indic 2
+    ("ulysses=1_0", "ulysses='1_0' is not a whole number"),
     ("ring=0", "--parallel: ring=0: a degree is 1 or more"),
     ("ulysses=2,ulysses=2", "ulysses is given twice"),
     ("cfg=3", "cfg=3: classifier-free guidance has 2 passes"),
