@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...loaders.distributed.context_parallel import ring_device_refusal
 from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
 from ...loaders.placement.devices import resolve_device, session_defaults
 
@@ -226,8 +227,11 @@ def checked_job_request(spec, interface: str | None, rank_timeout_flag, *, start
     or per core on the CPU (``ulysses=100000,cfg=2`` would start 200,000 processes)."""
     timeout = rank_timeout(rank_timeout_flag)
     listen_interface(interface)
+    device = resolve_device(session_defaults()["device"])
+    refused = ring_device_refusal(spec, device.type)
+    if refused:
+        raise ParallelRunError(refused)
     if starting_ranks:
-        device = resolve_device(session_defaults()["device"])
         if device.type == "cuda":
             have, unit = torch.cuda.device_count(), "GPU"
         else:

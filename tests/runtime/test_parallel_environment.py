@@ -117,7 +117,7 @@ def test_degrees_above_the_machine_are_refused_by_name(monkeypatch, tmp_path, ca
         monkeypatch.delenv(name, raising=False)
     started = time.monotonic()
     argv = ["run", str(WORKFLOW)] if command == "run" else ["serve", "--port", str(free_port())]
-    code = main([*argv, "--models", str(tmp_path / "models"), "--parallel", "ulysses=100000,cfg=2"])
+    code = main([*argv, "--models", str(tmp_path / "models"), "--device", "cpu", "--parallel", "ulysses=100000,cfg=2"])
     captured = capsys.readouterr()
     cores = environment.usable_cores()
     assert code == 2 and time.monotonic() - started < BOUND_S
