@@ -87,6 +87,9 @@ class Liveness:
             code = process.poll()
             if code is not None:
                 return self._set(f"rank {rank} of {self.world_size} stopped ({describe_exit(code)})")
+        for rank, peer in sorted(self.peers.items()):
+            if rank != 0 and rank not in self.processes and _gone(peer):
+                return self._set(f"rank {rank} of {self.world_size} stopped (its process on this host exited)")
         return None
 
     def _set(self, reason: str) -> str:
@@ -126,6 +129,26 @@ class Liveness:
                 os.kill(peer["pid"], signal.SIGKILL)
             except OSError:
                 pass
+
+
+def _gone(peer: dict) -> bool:
+    """Whether a rank's process on this host (torchrun's, or started by hand) has exited: no such process, or
+    one its parent has not reaped yet (a zombie). A rank on another host is known by its heartbeat alone."""
+    if peer.get("host") != socket.gethostname() or not isinstance(peer.get("pid"), int):
+        return False
+    try:
+        with open(f"/proc/{peer['pid']}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc here: ask the kernel whether the process exists at all
+        try:
+            os.kill(peer["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
 
 def describe_exit(code: int) -> str:

@@ -40,6 +40,8 @@ from .app import run_server
 from .history import SENSITIVE_EXTRA_DATA_KEYS
 from .parallel_validation import ParallelValidator
 
+RECORD_GRACE_S = 1.0  # after the last prompt's execute: the worker writes its history entry and tells its client
+
 
 def serve_job(config, spec, argv: list[str], *, listeners=None, interface: str | None = None,
               rank_timeout_s: float) -> int:
@@ -80,6 +82,8 @@ class RankZeroExecutor:
     def __init__(self, local, ranks: ServedRanks):
         self.local, self.ranks = local, ranks
         self.given_up: str | None = None
+        self._idle = threading.Event()  # no prompt in execute (the server may stop without cutting one off)
+        self._idle.set()
 
     def reset_cache(self) -> None:
         if self.ranks.lost() is None:
@@ -99,6 +103,13 @@ class RankZeroExecutor:
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None, on_event=None,
                 interrupt_event: threading.Event | None = None, execute_outputs: list | None = None
                 ) -> ExecutionResult:
+        self._idle.clear()
+        try:
+            return self._execute(prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs)
+        finally:
+            self._idle.set()
+
+    def _execute(self, prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs) -> ExecutionResult:
         result = ExecutionResult(success=False)
         not_ready = self._ready()
         if not_ready:
@@ -180,9 +191,14 @@ class RankZeroExecutor:
         return f"{reason} during this prompt; {then}"
 
     def _give_up(self, reason: str) -> None:
-        """Stop saying healthy: the server shuts down as on SIGTERM (the running prompt's history is written)."""
+        """Stop saying healthy: once this prompt is recorded, the server shuts down as on SIGTERM."""
         self.given_up = reason
         print(f"lorabind serve: {reason}; stopping", file=sys.stderr, flush=True)
+        threading.Thread(target=self._stop_after_this_prompt, name="lorabind-give-up", daemon=True).start()
+
+    def _stop_after_this_prompt(self) -> None:
+        self._idle.wait()  # execute has returned: the worker records the history and tells the client at once
+        time.sleep(RECORD_GRACE_S)
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -8,7 +8,9 @@
   ranks started again;
 - issue 61, item 1: rank 1 stopped (SIGSTOP) fails its prompt within ``--rank-timeout`` (3 s here) naming it, and
   the next prompt runs;
-- issue 53: SIGINT and SIGTERM end every rank with 0, no traceback and no "rank N failed".
+- issue 53: SIGINT and SIGTERM end every rank with 0, no traceback and no "rank N failed";
+- ranks started by hand (as torchrun starts them, with the user's secret): rank 1 killed mid-prompt fails the
+  prompt naming it, and rank 0, which cannot start it again, stops saying it is healthy: it says why and exits 1.
 
 Measured on this machine (2 cores, shared): the stalled rank's prompt failed 3.5-5 s after SIGSTOP; the ranks
 started again and the next prompt finished within 20 s.
@@ -237,3 +239,43 @@ def test_a_signal_ends_every_rank_with_0_and_no_traceback(tiny_models_root, tmp_
         assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     finally:
         _stop(job)
+
+
+def test_ranks_started_by_hand_name_a_lost_rank_and_stop_serving(tiny_models_root, tmp_path):
+    port, master = free_port(), free_port()
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(Path(lorabind.__file__).parent.parent), "RANK": str(rank),
+               "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master),
+               "LORABIND_JOB_SECRET": "the user's own secret for both ranks", "LORABIND_RENDEZVOUS_TIMEOUT_S": "120",
+               "OMP_NUM_THREADS": "1"}
+        with open(tmp_path / f"rank{rank}.err", "w") as err:
+            ranks.append(subprocess.Popen(
+                [sys.executable, "-m", "lorabind", "serve", "--port", str(port), "--models", str(tiny_models_root),
+                 "--output", str(tmp_path / "output"), "--state-dir", str(tmp_path / "state"),
+                 "--parallel", "ulysses=2", "--rank-timeout", str(RANK_TIMEOUT_S)],
+                env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True))
+    job = Served(ranks[0], f"http://127.0.0.1:{port}", tmp_path)
+    (tmp_path / "stderr").symlink_to(tmp_path / "rank0.err")
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(job.url + "/system_stats", timeout=2).close()
+                break
+            except OSError:
+                assert ranks[0].poll() is None, job.stderr()
+                time.sleep(0.5)
+        during, state = _wait_for_step(2, lambda: ranks[1].kill())
+        ((entry, error),) = run_async(_queue, job, [_template(**LONG)], "by-hand", {}, during).values()
+        assert state["done"] and entry["status"]["status_str"] == "error"
+        assert error["exception_message"].startswith("rank 1 of 2 stopped")
+        assert "ranks started by torchrun cannot be started again by the job, so the server stops" in \
+            error["exception_message"]
+        assert ranks[0].wait(60) == 1
+        assert "stopping" in job.stderr() and "Traceback" not in job.stderr()
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+            process.wait(30)
