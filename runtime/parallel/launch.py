@@ -32,7 +32,12 @@ ORPHAN_POLL_S = 1.0
 
 
 class LaunchStopped(Exception):
-    """SIGINT or SIGTERM reached the starting process: its ranks are stopped, quietly."""
+    """SIGINT or SIGTERM reached the starting process: its ranks are stopped, quietly. ``exit_code``: 128 plus
+    the signal's number, as a shell reports a process that signal ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
 
 
 def free_port() -> int:
@@ -72,8 +77,8 @@ def start_rank(rank: int, world_size: int, argv: list[str], store: JobStore, sec
 
 
 def launch_ranks(world_size: int, argv: list[str], command: str = "run", interface: str | None = None) -> int:
-    """Run ``argv`` as ``world_size`` ranks; 0 when all succeed, else the first failing rank's exit code (130
-    when stopped by SIGINT or SIGTERM). ``command`` names the job in what is printed."""
+    """Run ``argv`` as ``world_size`` ranks; 0 when all succeed, else the first failing rank's exit code (130 or
+    143 when stopped by SIGINT or SIGTERM). ``command`` names the job in what is printed."""
     _, address = listen_interface(interface)
     secret = new_secret()
     store = JobStore.host(secret.encode(), address, STORE_TIMEOUT_S)
@@ -82,8 +87,8 @@ def launch_ranks(world_size: int, argv: list[str], command: str = "run", interfa
         with stopped_by_signals():
             ranks.extend(start_rank(rank, world_size, argv, store, secret, address) for rank in range(world_size))
             return _wait_for(ranks, command)
-    except LaunchStopped:
-        return 130
+    except LaunchStopped as stopped:
+        return stopped.exit_code
     finally:
         stop_processes(ranks)
 
@@ -106,7 +111,7 @@ class stopped_by_signals:
 
 
 def _raise_stopped(signum, _frame):
-    raise LaunchStopped(signal.Signals(signum).name)
+    raise LaunchStopped(signum)
 
 
 def _wait_for(ranks: list, command: str) -> int:

@@ -32,6 +32,7 @@ from ..executor import PromptExecutor
 from ..executor.definitions import full_type_name
 from ..executor.execution import ExecutionResult
 from ..parallel.job_environment import job_environment
+from ..parallel.launch import LaunchStopped, stopped_by_signals
 from ..parallel.liveness import Heartbeat
 from ..parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
 from ..parallel.ranks import rank_of_job, unseen_rank
@@ -57,7 +58,11 @@ def serve_job(config, spec, argv: list[str], *, listeners=None, interface: str |
             ranks = supervising(spec, argv, interface, rank_timeout_s)
         else:
             ranks = ServedRanks(spec, job, rank_timeout_s)
-        ranks.start()
+        with stopped_by_signals():  # a Ctrl-C while the ranks meet stops them, quietly
+            ranks.start()
+    except LaunchStopped as stopped:
+        ranks.stop()
+        return stopped.exit_code
     except ParallelRunError as exc:
         print(f"lorabind serve: {f'rank {job.rank}: ' if job is not None else ''}{exc}",
               file=sys.stdout if job is None or job.rank == 0 else sys.stderr)

@@ -5,7 +5,9 @@ cores (issue 60, item 5: on main every rank took all of them)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,3 +53,26 @@ def test_the_job_listens_on_loopback_only_and_keeps_its_secret_off_command_lines
     secrets = {e["LORABIND_JOB_SECRET"] for e in environments}
     assert len(secrets) == 1 and not any(secret.encode() in line for secret in secrets for line in command_lines)
     assert {e["OMP_NUM_THREADS"] for e in environments} == {str(max(1, usable_cores() // 2))}
+
+
+def test_ctrl_c_stops_the_launcher_and_its_ranks_quietly(tiny_models_root, tmp_path):
+    """A terminal's Ctrl-C reaches the launcher's process group only (each rank runs in a session of its own): the
+    launcher stops its ranks and exits 130, without a traceback from any of them."""
+    prompt = json.loads(WORKFLOW.read_text())
+    prompt["6"]["inputs"].update(model=["1", 0], steps=1000)  # no distill LoRA: any step count; long
+    workflow = tmp_path / "long.api.json"
+    workflow.write_text(json.dumps(prompt))
+    env = {**os.environ, "PYTHONPATH": str(Path(lorabind.__file__).parent.parent)}
+    process = subprocess.Popen([sys.executable, "-m", "lorabind", "run", str(workflow), "--models",
+                                str(tiny_models_root), "--output", str(tmp_path / "out"), "--parallel", "ulysses=2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(process_tree(process.pid)) < 3 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ranks = process_tree(process.pid)[1:]
+    time.sleep(3)  # into the run
+    os.killpg(process.pid, signal.SIGINT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130 and "Traceback" not in output and "failed" not in output, output
+    assert len(ranks) == 2 and not any(os.path.exists(f"/proc/{pid}") for pid in ranks)
