@@ -10,11 +10,14 @@ job's store (a generation). The models are loaded again by the next prompt (thei
 
 from __future__ import annotations
 
+import os
 import time
+
+import torch
 
 from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, leave_job
 from ...loaders.distributed.spec import ParallelSpec
-from .job_environment import LAUNCHER, JobEnvironment, listen_interface
+from .job_environment import LAUNCHER, JobEnvironment, listen_interface, usable_cores
 from .job_store import STORE_TIMEOUT_S, JobStore
 from .launch import STOP_GRACE_S, new_secret, start_rank
 from .liveness import Liveness
@@ -26,9 +29,11 @@ LOST_GRACE_S = 2.0  # a peer's connection closes a moment before its exit can be
 
 
 def supervising(spec: ParallelSpec, argv: list[str], interface: str | None, rank_timeout_s: float) -> "ServedRanks":
-    """Rank 0 of a job this process starts itself: the store on the job's interface (loopback by default), and
-    the other ranks started from ``argv``."""
+    """Rank 0 of a job this process starts itself: its share of the cores, the store on the job's interface
+    (loopback by default), and the other ranks started from ``argv``."""
     name, address = listen_interface(interface)
+    if "OMP_NUM_THREADS" not in os.environ:  # this rank's share of the cores, as each rank it starts gets
+        torch.set_num_threads(max(1, usable_cores() // spec.world_size))
     secret = new_secret()
     store = JobStore.host(secret.encode(), address, STORE_TIMEOUT_S)
     job = JobEnvironment(0, spec.world_size, 0, address, store.port, LAUNCHER, secret.encode(), name, address)
