@@ -93,9 +93,10 @@ def _refused(address: str, port: int) -> str:
     return "ACCEPTED"
 
 
-def _queue(url: str, steps: int, extra: dict) -> str:
+def _queue(url: str, steps: int, extra: dict, seed: int = 0) -> str:
+    """The template without its distill LoRA (any step count); a seed of its own, so nothing is a cache hit."""
     prompt = json.loads(TEMPLATE.read_text())
-    prompt["6"]["inputs"].update(model=["1", 0], steps=steps)
+    prompt["6"]["inputs"].update(model=["1", 0], steps=steps, seed=seed)
     body = json.dumps({"prompt": prompt, "extra_data": extra}).encode()
     request = urllib.request.Request(url + "/prompt", body, {"Content-Type": "application/json"})
     return json.load(urllib.request.urlopen(request, timeout=60))["prompt_id"]
@@ -117,7 +118,7 @@ def _foreign_client_at_work(url: str, store_port: int) -> dict:
 
     foreign = dist.TCPStore("127.0.0.1", store_port, None, False, timedelta(seconds=10))
     started = time.perf_counter()
-    prompt_id = _queue(url, STEPS, TOKENS)
+    prompt_id = _queue(url, STEPS, TOKENS, seed=2)
     keys, values, forged = set(), [], 0
     while True:
         listed = foreign.list_keys()
@@ -136,7 +137,7 @@ def _foreign_client_at_work(url: str, store_port: int) -> dict:
     elapsed = time.perf_counter() - started
     leaked = sum(token.encode() in value for value in values for token in TOKENS.values())
     return {"keys": len(keys), "values": len(values), "leaked": leaked, "forged": forged, "elapsed": elapsed,
-            "status": history[prompt_id]["status"]["status_str"], "next": _finished(url, _queue(url, 4, {}))}
+            "status": history[prompt_id]["status"]["status_str"], "next": _finished(url, _queue(url, 4, {}, seed=3))}
 
 
 def measure_hostile_ranks(timeout: float = 900.0) -> int:
@@ -176,7 +177,7 @@ def _measure(url: str, server: subprocess.Popen, log: Path, timeout: float) -> i
                           .split("\0") if "=" in item)["MASTER_PORT"])
     http_port = int(url.rsplit(":", 1)[1])
     started = time.perf_counter()
-    _finished(url, _queue(url, STEPS, TOKENS))
+    _finished(url, _queue(url, STEPS, TOKENS, seed=1))
     alone_s = time.perf_counter() - started
     attack = _foreign_client_at_work(url, store_port)
     attacked_s = attack["elapsed"]
