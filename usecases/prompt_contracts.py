@@ -1,21 +1,24 @@
-"""``early_contract_refusals``: the step counts a prompt's files declare, checked before anything runs.
+"""``early_contract_refusals``: the sampling contracts a prompt's files declare, checked before anything runs.
 
 Why: the sampler resolves its contract only when it runs, after the model is loaded and every prompt encoded:
 minutes on a real 14B model, for a workflow whose LoRA file says "4 steps" while the sampler asks for 20. A
 contract is a property of the file (its name, its metadata, a model folder's ``model_index.json``), so it can be
 read from the prompt's literal inputs alone, without a model. This check is deliberately narrow: it refuses only
-what the sampler would refuse for certain (a literal step count >= 1 with ``enforce_contract`` on, differing from
-what an active file upstream of the sampler's model declares); everything else is still the sampler's to decide.
+what the sampler would refuse for certain (a literal steps, cfg, shift or scheduler, with ``enforce_contract`` on,
+differing from what an active file upstream of the sampler's model declares); everything else (a value that
+comes through a link, conflicts between files, a family's own checks) is still the sampler's to decide.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Callable
 
 from ..loaders.contracts.schedule_rules import contract_value, mismatch_message
 from ..loaders.dispatch.contract_discovery import lora_file_contracts, model_folder_contracts
-from ..loaders.errors import LoraBindError
+from ..loaders.errors import ContractError, LoraBindError
+from ..loaders.generation import schedulers
 from ..loaders.lora.safetensors_header import check_safetensors_prefix
 from .model_check import FILE_INPUTS
 from .models import find_model
@@ -24,23 +27,74 @@ from .vocabulary import SOCKET_ADAPTER, SOCKET_MODEL, SOCKET_SCHEDULE
 LORA_KIND = "loras"
 _CONTRACT_SOCKETS = (SOCKET_MODEL, SOCKET_ADAPTER, SOCKET_SCHEDULE)  # what carries a contract to the sampler
 _STRENGTH_WORDS = ("strength", "scale")
+_EARLY_FIELDS = ("steps", "shift", "cfg", "scheduler")
+_INPUTS_OF = {"steps": ("steps",), "shift": ("shift",), "cfg": ("cfg", "cfg_low_noise")}
 
 
-def early_contract_refusals(prompt: dict, node_classes: dict, registry) -> list[tuple[str, str]]:
-    """``[(sampler node id, message)]`` for every sampler whose literal ``steps`` contradicts a contract declared
-    by a file upstream of it; empty when nothing can be decided before running."""
+def early_contract_refusals(prompt: dict, node_classes: dict, registry) -> list[tuple[str, str, str]]:
+    """``[(sampler node id, input name, message)]`` for every sampler a contract declared by a file upstream of it refuses
+    for certain: a literal ``steps`` (>= 1), ``cfg`` (and ``cfg_low_noise`` when set), ``shift`` (non-zero, no
+    ``sigmas`` input) or ``scheduler`` (other than ``default``) that differs from what the file declares, with
+    ``enforce_contract`` on; empty when nothing can be decided before running. One refusal per sampler, the
+    first field in the sampler's own order (steps, shift, cfg, scheduler)."""
     refusals = []
     for node_id, node in prompt.items():
         inputs = node.get("inputs") or {}
-        steps = inputs.get("steps")
-        if inputs.get("enforce_contract") is not True or not _is_count(steps) or steps < 1:
+        if inputs.get("enforce_contract") is not True or not _is_count(inputs.get("steps")):
             continue
-        for contract in _declared_contracts(prompt, node_classes, registry, node_id):
-            declared = contract_value(contract, "steps")
-            if _is_count(declared) and declared != steps:
-                refusals.append((node_id, mismatch_message(contract, "steps", "steps", declared, steps)))
-                break
+        contracts = list(_declared_contracts(prompt, node_classes, registry, node_id))
+        breach = next((b for b in (_breach(inputs, contracts, field) for field in _EARLY_FIELDS) if b), None)
+        if breach is not None:
+            refusals.append((node_id, *breach))
     return refusals
+
+
+def _breach(inputs: dict, contracts: list, field: str) -> tuple[str, str] | None:
+    """(input name, the sampler's refusal) of ``field`` by the first contract whose declared value the literal
+    input differs from, worded as the sampler words it; None when the sampler would not refuse it."""
+    if field == "scheduler":
+        requested = inputs.get("scheduler")
+        if not isinstance(requested, str) or requested == schedulers.DEFAULT:
+            return None
+        try:
+            schedulers.resolve_scheduler(requested, contracts, schedulers.EULER, True)
+        except ContractError as exc:
+            return "scheduler", str(exc)
+        except ValueError:  # not a scheduler at all: validation names it
+            return None
+        return None
+    for input_name in _INPUTS_OF[field]:
+        requested = inputs.get(input_name)
+        if not _is_compared(input_name, requested, inputs):
+            continue
+        for contract in contracts:
+            declared = contract_value(contract, field)
+            if declared is not None and not _agrees(field, declared, requested):
+                return input_name, mismatch_message(contract, field, input_name, declared, requested)
+    return None
+
+
+def _is_compared(input_name: str, value, inputs: dict) -> bool:
+    """Whether the sampler compares this input's value with the contract as it stands: a number, not a link;
+    steps >= 1 (0 means the contract's) without a ``sigmas`` input (their count is the steps then) or a denoise
+    below 1 (the schedule is longer); shift non-zero (some families read 0 as "the model's") without a ``sigmas``
+    input; ``cfg_low_noise`` only when set (0: one cfg for both experts)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    sigmas_given = inputs.get("sigmas") is not None
+    if input_name == "steps":
+        denoise = inputs.get("denoise", 1.0)
+        return _is_count(value) and value >= 1 and not sigmas_given and not (
+            isinstance(denoise, (int, float)) and denoise < 1)
+    if input_name == "shift":
+        return value != 0 and not sigmas_given
+    return value != 0 if input_name == "cfg_low_noise" else True
+
+
+def _agrees(field: str, declared, requested) -> bool:
+    if field == "steps":
+        return not _is_count(declared) or declared == requested
+    return math.isclose(float(declared), float(requested), rel_tol=0.0, abs_tol=1e-6)
 
 
 def unreadable_lora_refusals(prompt: dict, registry) -> list[tuple[str, str, str]]:

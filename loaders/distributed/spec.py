@@ -78,10 +78,11 @@ def with_guide_flag(spec: ParallelSpec, name: str, value, flag: str) -> Parallel
 
 
 def _degree(value: str, what: str) -> int:
-    try:
-        degree = int(value)
-    except ValueError:
-        raise ParallelSpecError(f"{what}={value!r} is not a whole number") from None
+    """Python's ``int`` reads any script's digits (``int("٢") == 2``) and underscores (``1_0``); a degree is
+    written in ASCII digits only, so what the user sees in a process list is what runs."""
+    if not (value.isascii() and value.isdigit()):
+        raise ParallelSpecError(f"{what}={value!r} is not a whole number (ASCII digits 0-9)")
+    degree = int(value)
     if degree < 1:
         raise ParallelSpecError(f"{what}={degree}: a degree is 1 or more")
     return degree

@@ -157,8 +157,8 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
 
     def load_now() -> LoadedModel:
         source.check()
+        context_parallel.check_attention(attention, torch_device.type)  # first: the split decides what is usable
         speed.check_attention(attention, torch_device)
-        context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         split = _split_load(source, plan, torch_device)
         if before_device_alloc is not None and torch_device.type != "cpu":

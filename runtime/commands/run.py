@@ -64,8 +64,8 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
-    no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    """Samplers whose steps, cfg, shift or scheduler a file's contract contradicts, found from the prompt alone
+    (no model loaded, no text encoded: on a real 14B model the sampler would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...usecases.prompt_contracts import early_contract_refusals
     from .. import folder_paths
@@ -101,21 +101,46 @@ def _run_parallel(args, spec) -> int:
     """Inside a job (torchrun's or ours): run as this rank. Outside: check the prompt here (a refusal before any
     rank starts or loads), then start the ranks."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request, job_environment
     from ..parallel.launch import launch_ranks
-    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
 
-    job = rank_from_environment()
-    if job is None:
+    hosted = _group_made_by_host()
+    try:
+        checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                            starting_ranks="RANK" not in os.environ and not hosted)
+        job = None if hosted else job_environment(args.parallel_interface)
+    except ParallelRunError as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return 2
+    if job is None and not hosted:
         prepared = _prepare(args)
         if isinstance(prepared, int):
             return prepared
         print(f"lorabind run: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
-        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]))
-    rank, world_size, local_rank = job
+        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]),
+                            interface=args.parallel_interface)
+    return _run_as_rank(args, spec, job)
+
+
+def _group_made_by_host() -> bool:
+    """A host (a test harness) that made the process group itself runs the command on each of its ranks."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def _run_as_rank(args, spec, job) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
+
+    rank, world_size = (job.rank, job.world_size) if job is not None else ("?", spec.world_size)
     try:
-        with rank_of_job(spec, local_rank) as (rank, seen):
-            if seen:
+        with rank_of_job(spec, job) as joined:
+            rank = joined.rank
+            if joined.seen:
                 code = _run_here(args, models_turn=rank_zero_builds_first)
             else:
                 with unseen_rank() as (scratch, null):
@@ -233,7 +258,7 @@ def _refused_before_running(validation, prompt: dict, node_classes: dict) -> boo
     refusals = contract_refusals(prompt, node_classes)
     if refusals:
         print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+                        f"model was loaded: ContractError: {message}" for node_id, _, message in refusals),
               file=sys.stderr)
         return True
     return False

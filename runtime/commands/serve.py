@@ -92,6 +92,30 @@ def add_openai_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    listeners = bind_rank_zero_first(args)
+    if isinstance(listeners, int):
+        return listeners
+    return _run(args, listeners)
+
+
+def bind_rank_zero_first(args):
+    """``serve --parallel`` (outside Ray): rank 0's HTTP sockets, bound before anything heavy is imported, so a
+    taken port is one line at once rather than a failure after every rank has started; None on any other serve
+    (which binds first thing in ``run_server``), 2 when the port is taken."""
+    spec = parallel_spec_of(args)
+    if isinstance(spec, str) or not spec.is_parallel or args.ray is not None or os.environ.get("RANK", "0") != "0":
+        return None
+    # lazy: the CLI's parser imports every command module
+    from ..listen import PortUnavailable, bind_listeners
+
+    try:
+        return bind_listeners([h.strip() for h in args.listen.split(",") if h.strip()], args.port)
+    except PortUnavailable as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+
+
+def _run(args, listeners) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
     from ..guide_flags import apply_serve_guide_arguments
@@ -138,9 +162,7 @@ def run(args) -> int:
                           lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
-        from ..server.parallel_job import serve_job  # lazy: only a --parallel server starts ranks
-
-        return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
+        return serve_parallel(args, config, spec, listeners)
     if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)
         config.parallel = spec
     try:
@@ -149,6 +171,24 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def serve_parallel(args, config, spec, listeners) -> int:
+    """``serve --parallel`` outside Ray, ``listeners`` bound already (on rank 0): check the job's flags, then run
+    as its rank 0 (starting the others) or as the rank torchrun made this process."""
+    # lazy: only a --parallel server starts ranks (torch, the executor)
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request
+    from ..server.parallel_job import serve_job
+
+    try:
+        rank_timeout_s = checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                                             starting_ranks="RANK" not in os.environ)
+    except ParallelRunError as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+    return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]), listeners=listeners,
+                     interface=args.parallel_interface, rank_timeout_s=rank_timeout_s)
 
 
 def parallel_spec_of(args):

@@ -45,13 +45,16 @@ WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 TEMPLATE = WORKFLOWS / "qwen_image_lightning.api.json"
 LIGHTNING = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
 TOLERANCE = 1e-6
+JOB_SECRET = "the served job's secret for these tests"
 
 
 def _serve_rank(rank: int, world_size: int, master_port: int, captures: str, argv: list, lora_dirs: list) -> None:
     """One rank of the served job (a spawned process): the CLI's serve command, its savers' tensors written to
     ``captures/r<rank>/<n>.safetensors`` in the order they come."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1",
+                      LORABIND_JOB_SECRET=JOB_SECRET,  # started by hand, as torchrun would: the user's secret
+                      LORABIND_RENDEZVOUS_TIMEOUT_S="120")  # rank 0 starts the store as rank 1 reaches for it
     torch.set_num_threads(1)
     folder = Path(captures) / f"r{rank}"
     folder.mkdir(parents=True, exist_ok=True)
