@@ -16,10 +16,14 @@ Why a step of its own: the other sampling fields (``flow_shift``, ``boundary_rat
 
 from __future__ import annotations
 
+from ....loaders.contract_types import MIN_SHIFT
 from ....loaders.generation.schedulers import SCHEDULERS
 from .errors import OpenAIRequestError
 from .templates import Template
 
+# the shift fields, and whether 0 is a value of theirs ("the contract's", MiniMax-H3's audio shift); any other value
+# below MIN_SHIFT builds no schedule (the sampler's shift input takes 0 to 100)
+SHIFT_FIELDS = {"flow_shift": False, "audio_flow_shift": True}
 SOLVER_FIELD = "sample_solver"
 HIGH_NOISE_GUIDANCE = "guidance_scale_high"
 GUIDANCE = "guidance_scale"
@@ -45,3 +49,16 @@ def read_sampling_fields(template: Template, generation: dict) -> dict:
                                  f"{LOW_NOISE_GUIDANCE}); send {GUIDANCE} alone", param=GUIDANCE)
     generation[LOW_NOISE_GUIDANCE] = generation.pop(GUIDANCE)
     return {LOW_NOISE_GUIDANCE: GUIDANCE}
+
+
+def check_shifts(values: dict, sent: dict) -> None:
+    """Refuse (400 naming the field as sent) a shift no schedule can be built with, before the prompt is queued:
+    the sampler would refuse it only after the model has loaded."""
+    for field, zero_allowed in SHIFT_FIELDS.items():
+        value = values.get(field)
+        if value is None or (zero_allowed and value == 0) or value >= MIN_SHIFT:
+            continue
+        name = sent.get(field, field)
+        allowed = f"0 (the contract's) or at least {MIN_SHIFT:g}" if zero_allowed else f"at least {MIN_SHIFT:g}"
+        raise OpenAIRequestError(f"{name}: the flow-matching time shift must be {allowed}, got {value:g}",
+                                 param=name, code="unsupported_value")
