@@ -159,6 +159,7 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
         source.check()
         speed.check_attention(attention, torch_device)
         context_parallel.check_attention(attention)
+        context_parallel.check_heads(source.denoiser_heads(), source.name)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         split = _split_load(source, plan, torch_device)
         if before_device_alloc is not None and torch_device.type != "cpu":
