@@ -69,6 +69,36 @@ VLLM_OMNI_NOTED = {
 }
 
 
+# LightX2V's lora_merger.py / lora_extractor.py format flags -> what each names (their values: safetensors or pytorch)
+FORMAT_FLAGS = {"--source-type": "the base model", "--target-type": "the tuned model", "--lora-type": "the LoRA",
+                "--output-format": "the output"}
+FORMATS = ("safetensors", "pytorch")
+
+
+def add_format_arguments(parser, flags) -> None:
+    """LightX2V's format flags (``flags``: which of ``FORMAT_FLAGS`` the command's guide tool has). safetensors is
+    what lorabind reads and writes anyway; pytorch is refused by ``format_refusal``."""
+    for flag in flags:
+        parser.add_argument(flag, dest=_format_dest(flag), choices=FORMATS, default=None,
+                            help=f"LightX2V's format of {FORMAT_FLAGS[flag]}: safetensors (the only one lorabind "
+                                 "reads and writes; pytorch pickle files are refused)")
+
+
+def _format_dest(flag: str) -> str:
+    return "format_" + flag.lstrip("-").replace("-", "_")
+
+
+def format_refusal(args) -> str | None:
+    """Why a ``pytorch`` format flag is refused (the pickle message), or None."""
+    for flag, what in FORMAT_FLAGS.items():
+        if getattr(args, _format_dest(flag), None) != "pytorch":
+            continue
+        verb = "writes" if flag == "--output-format" else "reads"
+        return (f"{flag} pytorch: lorabind {verb} safetensors only; pickle checkpoints (.pt, .pth) are refused because "
+                f"loading them can run arbitrary code. Convert {what} to .safetensors first")
+    return None
+
+
 def dtype_name(value: str) -> str:
     """``--dtype`` / ``--output-dtype`` value in our spelling (``bfloat16`` -> ``bf16``); argparse's choices
     then check it."""
