@@ -17,7 +17,7 @@ from ..loaders.binding.peft_adapters import to_peft_groups
 from ..loaders.binding.strength_schedules import parse_strength_schedule
 from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
 from ..loaders.errors import LoraBindError
-from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
+from ..loaders.families.roles import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.handles import AdapterHandle, AdapterSpec, FuseSpec
 from ..loaders.lora import read_lora
 from ..loaders.lora.preparation import prepare_lora

@@ -10,12 +10,18 @@ importing it inside ComfyUI changes nothing there.
 Each ``bind_distill`` / ``add_adapter`` returns a new ``Generator`` on a new handle (like a node's output), so one
 loaded model serves several differently bound generators; the sampler binds each one's LoRAs right before
 denoising.
+
+Calls from several threads at once go through one step engine (``loaders.batching``), the Python API's own: each
+call's encode and decode take the device in turn, and their denoising steps run one forward at a time, batched up
+to ``max_batch`` calls (``Generator(..., max_batch=N)``; 1 by default: one call's step at a time, each result
+exactly what that call gives alone). Two threads never write the shared model's weights or run its VAE at once.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -24,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..loaders.batching.engine import StepEngine, used
 from ..loaders.contract_types import MAX_STEPS, MIN_SHIFT
 from ..loaders.families import family_for
 from ..loaders.io.image_files import load_image_file
@@ -79,8 +86,10 @@ class Generator:
     ``dtype``, ``memory``, ``attention``, ``load_workers``); ``num_weight_load_threads`` is vllm-omni's name of
     ``load_workers`` (the weight files read at once)."""
 
-    def __init__(self, model=None, *, num_weight_load_threads: Optional[int] = None, _handle=None, _adapter=None,
-                 _declared=(), **load_options):
+    def __init__(self, model=None, *, max_batch: Optional[int] = None, num_weight_load_threads: Optional[int] = None,
+                 _handle=None, _adapter=None, _declared=(), **load_options):
+        if max_batch is not None:
+            _calls_engine(max_batch)
         if num_weight_load_threads is not None:
             load_options["load_workers"] = _load_threads(num_weight_load_threads, load_options.get("load_workers"))
         if _handle is None:
@@ -145,19 +154,21 @@ class Generator:
                        flow_shift=flow_shift, boundary_ratio=boundary_ratio)
         if steps is None:
             steps = 0 if self._declares_steps() else family_for(self.handle).sampling.reference_steps
-        loaded = self.handle.model
-        if image is not None:
-            latent = image_to_video_latent(loaded, _image(image), None if end_image is None else _image(end_image),
-                                           width=width, height=height, frames=num_frames)
-        else:
-            latent = empty_latent(loaded, width, height, num_frames)
-        options = SampleOptions(
-            seed=int(seed), steps=int(steps), cfg=self._declared_or("cfg", guidance_scale, DEFAULT_GUIDANCE),
-            shift=self._declared_or("shift", flow_shift, DEFAULT_FLOW_SHIFT), boundary=boundary_ratio or 0.0,
-            enforce_contract=enforce_contract, cfg_low_noise=guidance_scale_low or 0.0, scheduler=scheduler)
-        samples, _, report = sample(self.handle, encode_text(loaded, prompt), encode_text(loaded, negative_prompt),
-                                    latent, options, adapter=self.adapter)
-        return Generation(_pil_frames(decode(loaded, samples)), report)
+        engine = _calls_engine()
+        with used(engine), engine.device.held():  # encode/decode in turn; the denoise gives the turn up
+            loaded = self.handle.model
+            if image is not None:
+                latent = image_to_video_latent(loaded, _image(image), None if end_image is None else _image(end_image),
+                                               width=width, height=height, frames=num_frames)
+            else:
+                latent = empty_latent(loaded, width, height, num_frames)
+            options = SampleOptions(
+                seed=int(seed), steps=int(steps), cfg=self._declared_or("cfg", guidance_scale, DEFAULT_GUIDANCE),
+                shift=self._declared_or("shift", flow_shift, DEFAULT_FLOW_SHIFT), boundary=boundary_ratio or 0.0,
+                enforce_contract=enforce_contract, cfg_low_noise=guidance_scale_low or 0.0, scheduler=scheduler)
+            samples, _, report = sample(self.handle, encode_text(loaded, prompt), encode_text(loaded, negative_prompt),
+                                        latent, options, adapter=self.adapter)
+            return Generation(_pil_frames(decode(loaded, samples)), report)
 
     def _declares_steps(self) -> bool:
         """Whether a bound file or the checkpoint declares a step count (what ``steps=0`` then takes)."""
@@ -200,6 +211,22 @@ def _load_threads(threads, load_workers) -> int:
         raise ValueError(f"{WHERE}: num_weight_load_threads={threads} and load_workers={load_workers} contradict "
                          "each other (they are the same setting)")
     return threads
+
+
+_engine: Optional[StepEngine] = None
+_engine_lock = threading.Lock()
+
+
+def _calls_engine(max_batch: Optional[int] = None) -> StepEngine:
+    """The Python API's step engine (made on first use: one call's forward at a time); ``max_batch`` resizes it
+    for the calls that start afterwards."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = StepEngine(max_batch=max_batch or 1)
+        elif max_batch is not None:
+            _engine.resize(max_batch)
+        return _engine
 
 
 def _named(path) -> tuple:

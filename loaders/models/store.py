@@ -24,7 +24,7 @@ from ..distributed import context_parallel
 from ..distributed.process_group import session_spec, tp_mesh
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
-from ..families.interface import DENOISER_ROLES
+from ..families.roles import DENOISER_ROLES
 from ..io.weight_sources import FolderWeightSources
 from ..placement import apply_plan as placement
 from ..placement import load_plan, speed

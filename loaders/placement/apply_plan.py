@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from .. import forward_hooks
-from ..families.interface import ROLE_VAE
+from ..families.roles import ROLE_VAE
 from .file_staging import FileStaged
 from .planner import default_decode_bytes
 from .sizes import DENOISER_ROLES, ENCODER_ROLES

@@ -45,8 +45,24 @@ def add_arguments(parser) -> None:
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
+    add_batching_arguments(parser)
     add_openai_arguments(parser)
     add_parallel_arguments(parser)
+
+
+MAX_BATCH_LIMIT = 64  # prompts in flight at once: each holds its latents, text and outputs in memory
+
+
+def add_batching_arguments(parser) -> None:
+    """The step engine's size (docs/serving/many-users.md), in our spelling and vllm-omni's."""
+    parser.add_argument("--max-batch", "--max-num-seqs", type=int, default=1, dest="max_batch", metavar="N",
+                        help="prompts in flight at once (vllm-omni's --max-num-seqs): their denoising steps run "
+                        "batched, a prompt that arrives joins at the next step, and LoRAs that differ between "
+                        f"requests run on their own rows; 1 (default) runs one prompt at a time (at most "
+                        f"{MAX_BATCH_LIMIT})")
+    parser.add_argument("--step-execution", action="store_true",
+                        help="vllm-omni's switch for step-wise execution, accepted: lorabind always runs a "
+                        "prompt's denoising step by step; --max-batch N above 1 batches the steps of N prompts")
 
 
 def add_openai_arguments(parser) -> None:
@@ -93,6 +109,10 @@ def run(args) -> int:
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
         return 2
+    if not 1 <= args.max_batch <= MAX_BATCH_LIMIT:
+        print(f"lorabind serve: --max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got "
+              f"{args.max_batch}")
+        return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
         print(f"lorabind serve: {cache_error}")
@@ -112,7 +132,7 @@ def run(args) -> int:
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
                           replicas=args.replicas, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
-                          lora_dirs=tuple(args.allow_lora_dir),
+                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
         from ..server.parallel_job import serve_job  # lazy: only a --parallel server starts ranks

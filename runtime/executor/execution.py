@@ -8,6 +8,7 @@ keeps in a history entry's ``status.messages`` are also returned in ``ExecutionR
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -51,8 +52,12 @@ class PromptValidationError(ValueError):
 
 
 class PromptExecutor:
-    def __init__(self, node_classes: dict, *, cache: bool = True):
+    """``node_turn``: a context manager every node runs inside (a served process's ``DeviceTurn``: one node or
+    batched step at a time on the device, while several prompts are in flight); None runs nodes as they come."""
+
+    def __init__(self, node_classes: dict, *, cache: bool = True, node_turn: Callable | None = None):
         self.node_classes = node_classes
+        self.node_turn = node_turn or contextlib.nullcontext
         self.output_cache = OutputCache(enabled=cache)
         self.instances = InstanceCache()
         self._run_lock = threading.Lock()
@@ -200,8 +205,6 @@ class _PromptRun:
     def _execute_node(self, node_id: str, execution_list: ExecutionList) -> bool:
         """Run (or replay from cache) one node; False when the prompt must stop (error or interrupt)."""
         node = self.prompt[node_id]
-        class_type = node["class_type"]
-        node_class = self.definitions.get_class(class_type)
         if node_id in self.available:
             entry = self.available[node_id]  # a cached output node: replay its UI like ComfyUI
             self.emit("executed", {"node": node_id, "display_node": node_id, "output": entry.ui,
@@ -212,9 +215,19 @@ class _PromptRun:
             return True
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
-        values: dict[str, list] = {}
         context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
         token = set_current_context(context)
+        try:
+            with self.executor.node_turn():
+                return self._call_node(node_id, node, execution_list)
+        finally:
+            reset_current_context(token)
+
+    def _call_node(self, node_id: str, node: dict, execution_list: ExecutionList) -> bool:
+        """Gather the inputs, run the node (or find it waits for lazy inputs), keep its outputs; False on failure."""
+        class_type = node["class_type"]
+        node_class = self.definitions.get_class(class_type)
+        values: dict[str, list] = {}
         try:
             values, missing = gather_inputs(node_id, node, self.definitions, self._outputs_of,
                                             prompt=self.prompt, extra_data=self.extra_data)
@@ -236,8 +249,6 @@ class _PromptRun:
         except Exception as exc:
             self._report_failure(node_id, exc, values)
             return False
-        finally:
-            reset_current_context(token)
 
         entry = CacheEntry(outputs, ui or None)
         self.available[node_id] = entry

@@ -15,7 +15,7 @@ import os
 from ....loaders import families
 from ....loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
 from ....loaders.errors import LoraBindError
-from ....loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
+from ....loaders.families.roles import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ....loaders.lora import read_lora
 from ....loaders.models.structure import load_structure
 from ....tiny_models import ensure_builtin_models
