@@ -65,7 +65,6 @@ VLLM_OMNI_REFUSED = {
 VLLM_OMNI_NOTED = {
     "--omni": "nothing to switch on: lorabind serve always serves diffusion workflows",
     "--enforce-eager": "lorabind runs eagerly already (torch.compile only where a model loader's compile input is on)",
-    "--step-execution": "a running prompt already stops between two steps on POST /interrupt",
 }
 
 
