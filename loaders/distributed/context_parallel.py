@@ -15,6 +15,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .process_group import job_mesh, session_spec
+from .spec import ulysses_heads_refusal
 
 MIN_DIFFUSERS_FOR_CONTEXT_PARALLEL = "0.36"  # ContextParallelConfig and ModelMixin.enable_parallelism
 # Our attention options (loaders.placement.speed) whose diffusers backend supports context parallelism, and which
@@ -49,6 +50,15 @@ def check_attention(attention: str, device_type: str = "cuda") -> None:
         mode = "ring" if spec.ring > 1 else "ulysses"
         raise ModelLoadError(f"--parallel {spec.describe()}: attention={attention} cannot run {mode} sequence "
                              f"parallelism; use one of {', '.join(usable)}")
+
+
+def check_heads(heads: dict, label: str) -> None:
+    """Refuse, before loading, a Ulysses degree the denoisers' heads ({component: heads}) cannot be shared by."""
+    spec = session_spec()
+    for component, count in heads.items():
+        refusal = ulysses_heads_refusal(spec, int(count), f"{label} '{component}'")
+        if refusal is not None:
+            raise ModelLoadError(refusal)
 
 
 def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:

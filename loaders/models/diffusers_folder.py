@@ -14,6 +14,7 @@ from typing import Optional
 from ..errors import ModelLoadError
 from ..families import detect_model_family, family_by_id
 from ..families.interface import PipelineSource
+from ..io import json_limits
 from ..io.model_index import read_model_index
 from ..lora.reader import PICKLE_SUFFIXES
 from ..placement import component_sizes
@@ -84,6 +85,17 @@ class DiffusersFolder(ModelSource):
 
     def component_roles(self) -> dict:
         return self.family.layout.component_roles(self.model_index)
+
+    def denoiser_heads(self) -> dict:
+        heads = {}
+        for name in self.family.layout.denoiser_components(self.model_index):
+            try:
+                config = json_limits.loads((self.folder / name / "config.json").read_bytes())
+            except (OSError, ValueError):
+                continue  # the loader reports an unreadable config, naming it
+            if isinstance(config, dict) and isinstance(config.get("num_attention_heads"), int):
+                heads[name] = config["num_attention_heads"]
+        return heads
 
     def component_sizes(self, dtype) -> list:
         dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(self.folder,

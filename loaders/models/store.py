@@ -158,6 +158,7 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
     def load_now() -> LoadedModel:
         source.check()
         context_parallel.check_attention(attention, torch_device.type)  # first: the split decides what is usable
+        context_parallel.check_heads(source.denoiser_heads(), source.name)
         speed.check_attention(attention, torch_device)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         split = _split_load(source, plan, torch_device)

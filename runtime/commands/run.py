@@ -64,13 +64,14 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """Samplers whose steps, cfg, shift or scheduler a file's contract contradicts, found from the prompt alone
-    (no model loaded, no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    """``[(sampler node id, input, message)]``: samplers whose steps, scheduler, shift, cfg or expert split a file's
+    contract contradicts, found from the prompt alone (no model loaded, no text encoded: on a real 14B model the
+    sampler would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...usecases.prompt_contracts import early_contract_refusals
+    from ...usecases.prompt_contracts import early_refusals_by_input
     from .. import folder_paths
 
-    return early_contract_refusals(prompt, node_classes, folder_paths)
+    return early_refusals_by_input(prompt, node_classes, folder_paths)
 
 
 def run(args) -> int:

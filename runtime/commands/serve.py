@@ -118,7 +118,7 @@ def bind_rank_zero_first(args):
 def _run(args, listeners) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
-    from ..guide_flags import apply_serve_guide_arguments
+    from ..guide_flags import apply_serve_guide_arguments, serve_guide_notes
     from ..server import ServerConfig, run_server
 
     device_error = apply_device_arguments(args)
@@ -132,6 +132,8 @@ def _run(args, listeners) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    for note in serve_guide_notes(args):
+        print(f"lorabind serve: {note}")
     spec = parallel_spec_of(args)
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
@@ -219,6 +221,9 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
+    if args.lora_backend == "distill" and not args.lora_path:
+        return ("--lora-backend distill needs --lora-path FILE... (the distill LoRA files to fuse at start); without "
+                "them it would fuse nothing")
     return repository_files(args) or None
 
 

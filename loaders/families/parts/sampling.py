@@ -20,6 +20,10 @@ class FamilySampling(FamilyPart):
     """``model`` arguments are ``loaders.models.store.LoadedModel`` objects (``model.family`` is one of this
     family's ``model_families``)."""
 
+    # the step count the family's reference pipeline runs when a caller gives none (diffusers' WanPipeline and
+    # QwenImagePipeline: 50); ``Generator.generate`` uses it when nothing bound declares a step count
+    reference_steps = 50
+
     def load_pipeline(self, source):
         """The pipeline object (``LoadedModel.pipeline``) for a ``PipelineSource``; raises on an unsupported source.
         A single-file source's pipeline reports its ``model_index`` as ``pipeline_index(pipeline)`` does."""

@@ -1,8 +1,8 @@
 """Every field a file's contract fixes is checked from the prompt alone, before any model loads (issue 60, item 3):
 not only ``steps`` but ``cfg`` (and ``cfg_low_noise``), ``shift`` and ``scheduler``, in the sampler's own words, so
 ``serve`` (one process or ``--parallel``'s rank 0) answers a breach with a 400 instead of queueing it. What the
-sampler would accept is never refused early: a value through a link, ``enforce_contract`` off, shift 0 (some
-families read it as the model's), a ``sigmas`` input, the matching values.
+sampler would accept is never refused early: a value through a link, ``enforce_contract`` off, a ``sigmas``
+input, the matching values.
 
 The template is the tiny Qwen-Image Lightning one: its 4-step distill LoRA declares steps 4, shift 3, cfg 1, and
 is sampled with euler by its publisher."""
@@ -40,6 +40,7 @@ def refusals_of(tiny_models_root):
     ({"cfg": 5.0}, "cfg", f"{LORA}: cfg must be 1, got 5 (its file name declares this contract"),
     ({"cfg_low_noise": 3.5}, "cfg_low_noise", f"{LORA}: cfg_low_noise must be 1, got 3.5"),
     ({"shift": 5.0}, "shift", f"{LORA}: shift must be 3, got 5"),
+    ({"shift": 0.0}, "shift", f"{LORA}: shift must be 3, got 0"),  # the sampler refuses 0 here too
     ({"scheduler": "unipc"}, "scheduler", "is sampled with scheduler euler by its publisher: scheduler must be "
                                           "euler or default, got unipc"),
     ({"steps": 20, "cfg": 5.0}, "steps", f"{LORA}: steps must be 4, got 20"),  # one per sampler, steps first
@@ -56,7 +57,6 @@ def test_a_breach_of_any_declared_field_is_refused_naming_the_input(refusals_of,
     {"cfg": 1.0000001, "scheduler": "default"},
     {"cfg": 5.0, "enforce_contract": False},
     {"cfg": ["9", 0]},  # through a link: its value is not known before running
-    {"shift": 0.0},
     {"shift": 5.0, "sigmas": ["9", 0]},  # the sampler takes the schedule from its sigmas input then
     {"steps": 20, "sigmas": ["9", 0]},
     {"cfg_low_noise": 0.0},
