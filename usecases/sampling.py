@@ -195,7 +195,7 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
         if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
             on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
                                                      check_interrupt=check_interrupt)
-        _check_ranks_bound_alike(model.model, adapters)
+        check_ranks_bound_alike(model.model, adapters)
         samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
                                      on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
@@ -210,10 +210,11 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     return samples, resolved, report
 
 
-def _check_ranks_bound_alike(loaded, adapters) -> None:
+def check_ranks_bound_alike(loaded, adapters) -> None:
     """In a parallel job every rank has just bound the same patches, or the run stops naming the rank(s) that
     did not (``distributed.fingerprints``: made once per change of the binding, compared in one gather); nothing
-    to compare in a single process. Under tensor parallelism each rank holds other rows of the split weights by
+    to compare in a single process. Served, the step engine calls it after each batch's bind (a parallel job's
+    hosts pass it as the engine's ``after_bind``). Under tensor parallelism each rank holds other rows of the split weights by
     design, so only what every rank holds alike is compared there."""
     if not session_spec().is_parallel:
         return

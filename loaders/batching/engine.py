@@ -43,15 +43,18 @@ class StepEngine:
 
     def __init__(self, max_batch: int = 1, pass_over_limit: int = PASS_OVER_LIMIT,
                  gather_window_s: float = GATHER_WINDOW_S, plans: Optional[PlanStream] = None, leads: bool = True,
-                 follow_timeout_s: float = FOLLOW_TIMEOUT_S):
+                 follow_timeout_s: float = FOLLOW_TIMEOUT_S, after_bind=None):
         """``plans``: a parallel job's plan stream (``plans``): rank 0's engine ``leads`` (decides and publishes
-        each forward), every other rank's follows it."""
+        each forward), every other rank's follows it. ``after_bind(model, base)``: called after each batch's bind,
+        on the engine's thread (a parallel job compares the ranks' bound weights there, a collective that every
+        rank's engine reaches at the same plan)."""
         if int(max_batch) < 1:
             raise ValueError(f"max_batch is 1 or more, got {max_batch}")
         self.max_batch, self.pass_over_limit = int(max_batch), int(pass_over_limit)
         self.gather_window_s = float(gather_window_s)
         self.plans = plans if leads else None
         self.follower = None if leads or plans is None else Follower(self, plans, follow_timeout_s)
+        self.after_bind = after_bind
         self.device = DeviceTurn()
         self._changed = threading.Condition()
         self._requests: list = []
@@ -224,6 +227,12 @@ class StepEngine:
             base = frozenset(batch[0].request.binding.keys) if whole else self.groups.base_of(
                 batch[0].request.group, [r for r in self._requests if r.group == batch[0].request.group])
             return Chosen(batch, base, whole)
+
+    def lead_with(self, plans: PlanStream) -> None:
+        """Rank 0 after its job started its ranks again: publish to the new generation's stream (no request is in
+        flight then: a lost rank failed them all)."""
+        with self._changed:
+            self.plans = plans
 
     def resize(self, max_batch: int) -> None:
         """Batch up to ``max_batch`` from the next request on (the ones in flight keep their groups)."""

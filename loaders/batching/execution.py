@@ -71,6 +71,8 @@ class BatchRunner:
                        "on_progress": lambda done, total: request.in_context(request.on_bind, done, total)}
         report = bind(model, base.fuses, base.adapters, **options)
         self._bound[id(model)] = frozenset(base.keys)
+        if self.engine.after_bind is not None:
+            self.engine.after_bind(model, base)
         return report
 
     def _row_terms(self, model, batch: list, base_keys: frozenset, counts: list) -> dict:

@@ -66,6 +66,20 @@ def add_batching_arguments(parser) -> None:
                         "prompt's denoising step by step; --max-batch N above 1 batches the steps of N prompts")
 
 
+def batching_refusal(max_batch: int, spec, ray) -> str | None:
+    """Why ``--max-batch`` cannot be this here (None: it can)."""
+    if not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        return f"--max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got {max_batch}"
+    if max_batch > 1 and spec.cfg > 1:
+        return (f"--parallel {spec.describe()} with --max-batch {max_batch}: cfg=2 exchanges each prompt's two "
+                "guidance passes between ranks outside the batched forward, so prompts in flight would meet in "
+                "that exchange out of order; batch with ulysses=, ring= or tp=, or use cfg=2 with --max-batch 1")
+    if max_batch > 1 and spec.is_parallel and ray is not None:
+        return (f"--ray with --parallel {spec.describe()} runs one prompt at a time on each replica's ranks; "
+                f"--max-batch {max_batch} is for replicas of one process, or serve --parallel without --ray")
+    return None
+
+
 def add_openai_arguments(parser) -> None:
     """The OpenAI-style endpoints (/v1/...) and LoRA the vllm-omni way (its flag names)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
@@ -138,9 +152,9 @@ def _run(args, listeners) -> int:
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
         return 2
-    if not 1 <= args.max_batch <= MAX_BATCH_LIMIT:
-        print(f"lorabind serve: --max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got "
-              f"{args.max_batch}")
+    batching_error = batching_refusal(args.max_batch, spec, args.ray)
+    if batching_error:
+        print(f"lorabind serve: {batching_error}")
         return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:

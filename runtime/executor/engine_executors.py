@@ -19,11 +19,12 @@ from .execution import PromptExecutor
 class EngineExecutors:
     """The worker's executor: ``execute`` runs on the calling worker thread's own ``PromptExecutor``."""
 
-    def __init__(self, node_classes: dict, max_batch: int):
+    def __init__(self, node_classes: dict, max_batch: int, **engine_options):
         """Makes the process's step engine for ``max_batch`` prompts in flight and installs it (``close``
-        removes it): the samplers of every prompt run here find it there."""
-        self.node_classes = node_classes
-        self.engine = step_engine.StepEngine(max_batch=max_batch)
+        removes it): the samplers of every prompt run here find it there. ``engine_options``: a parallel job's
+        (its plan stream, whether this rank leads, what to check after each bind)."""
+        self.node_classes, self.concurrency = node_classes, int(max_batch)
+        self.engine = step_engine.StepEngine(max_batch=max_batch, **engine_options)
         step_engine.install(self.engine)
         self._local = threading.local()
         self._all: list = []
@@ -38,8 +39,9 @@ class EngineExecutors:
         return executor
 
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None, on_event=None,
-                interrupt_event=None, execute_outputs: list | None = None):
-        return self._mine().execute(prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs)
+                interrupt_event=None, execute_outputs: list | None = None, sync=None):
+        return self._mine().execute(prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs,
+                                    sync)
 
     def reset_cache(self) -> None:
         """``/free``: every thread's cached outputs (the worker calls it only while no prompt runs)."""

@@ -26,6 +26,18 @@ from .validation_memo import ValidationMemo
 EventCallback = Callable[[str, dict], None]
 
 
+class RunSync:
+    """Where a prompt's run meets the other ranks of a parallel job (``runtime.parallel.prompt_channel.Lockstep``):
+    before each node starts, and when a node fails. Within a sampler the ranks meet in the step engine's plans
+    (``loaders.batching.plans``) instead. Nothing to meet in one process: these do nothing."""
+
+    def before_node(self, node_id: str) -> None:
+        """Called after the node's ``executing`` event, before its inputs are gathered (may raise to stop)."""
+
+    def node_failed(self, node_id: str, node_type: str, message: str) -> None:
+        """Called after a node's ``execution_error`` event."""
+
+
 @dataclass
 class ExecutionResult:
     """Outcome of one prompt. ``outputs`` = {node_id: ui dict} (history "outputs"); ``executed`` = node ids
@@ -77,7 +89,7 @@ class PromptExecutor:
 
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None,
                 on_event: EventCallback | None = None, interrupt_event: threading.Event | None = None,
-                execute_outputs: list | None = None) -> ExecutionResult:
+                execute_outputs: list | None = None, sync: RunSync | None = None) -> ExecutionResult:
         """Validate (casting constants), then run the valid outputs in ``execute_outputs`` (default: all).
 
         Raises PromptValidationError if no requested output validates; node failures and interrupts are
@@ -94,7 +106,7 @@ class PromptExecutor:
             raise PromptValidationError(validation)
         with self._run_lock:
             run = _PromptRun(self, definitions, validation.prompt, prompt_id, extra_data or {}, on_event,
-                             interrupt_event)
+                             interrupt_event, sync or RunSync())
             return run.run(validation.outputs)
 
 
@@ -111,12 +123,14 @@ class _PromptRun:
     """The state of executing one prompt: available outputs, scheduling, events, result."""
 
     def __init__(self, executor: PromptExecutor, definitions: NodeDefinitions, prompt: dict, prompt_id: str,
-                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event):
+                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event,
+                 sync: RunSync):
         self.executor = executor
         self.prompt = prompt
         self.prompt_id = prompt_id
         self.extra_data = extra_data
         self.on_event = on_event
+        self.sync = sync
         self.interrupt_event = interrupt_event
         self.definitions = definitions
         self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
@@ -215,6 +229,7 @@ class _PromptRun:
             return True
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
+        self.sync.before_node(node_id)
         context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
         token = set_current_context(context)
         try:
@@ -282,4 +297,5 @@ class _PromptRun:
             "current_outputs": list(self.prompt),
         }
         self.emit("execution_error", error, status_message=True)
+        self.sync.node_failed(node_id, error["node_type"], error["exception_message"])
         self.result.error = self.result.messages[-1][1]

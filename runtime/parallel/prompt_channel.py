@@ -8,11 +8,12 @@ signed with the job's secret) is a connection of its own, whose every wait is bo
 that failed is noticed at once rather than after a collective's timeout. Messages are JSON, never pickle: a
 prompt comes from an HTTP client.
 
-Lockstep: every rank stops at the same points of a prompt (before each node runs, and at each sampling step's
-progress report), says it arrived, and rank 0 answers go, stop (an interrupt) or fail (a rank reported an error,
-or the ranks reached different points). Only then does any rank go on, so no rank enters a collective its peers
-will never join: an interrupt or a failure stops every rank at the same point, and the group stays usable for
-the next prompt. A rank that fails inside a collective (not at a node's start), dies or stalls is found by rank
+Lockstep: every rank stops at the same points of a prompt (the executor's ``before_node`` hook), says it arrived,
+and rank 0 answers go, stop (an interrupt) or fail (a rank reported an error, or the ranks reached different
+points). Only then does any rank go on, so no rank enters a collective its peers will never join: an interrupt or
+a failure stops every rank at the same point, and the group stays usable for the next prompt. Inside a sampler
+the ranks move together by the step engine's plans (``plan_stream``: rank 0 decides every forward, and where a
+request stops), so an interrupt during sampling stops every rank at the same forward. A rank that fails inside a collective (not at a node's start), dies or stalls is found by rank
 0's ``liveness.Liveness``, whose verdict ends every wait here at once.
 """
 
@@ -22,9 +23,9 @@ import threading
 import time
 
 from ...loaders.errors import LoraBindError
+from ..executor.execution import RunSync
 from .job_store import JobStore
 
-SYNC_EVENTS = ("executing", "progress")  # the events every rank emits at the same points of a prompt
 POLL_S = 0.002  # while a prompt runs: a store round trip is ~0.1 ms, a step far longer
 IDLE_POLL_S = 0.05  # a rank waiting for the next prompt
 
@@ -47,12 +48,15 @@ class PromptChannel:
         self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
         self.lost = lost or (lambda: None)
         self._next = 0
+        self._sending = threading.Lock()
 
     # -- commands (rank 0 sends, the others receive in the same order) ----------------------------------------
     def send(self, command: dict) -> int:
-        number = self._next
-        self._next += 1
-        self.store.set(f"cmd{number}", command)
+        """Rank 0 (from any of its worker threads): the command's number, in the order the others receive them."""
+        with self._sending:
+            number = self._next
+            self._next += 1
+            self.store.set(f"cmd{number}", command)
         return number
 
     def receive(self) -> tuple[int, dict] | None:
@@ -80,10 +84,12 @@ class PromptChannel:
         self.store.delete(keys)
 
 
-class Lockstep:
-    """One prompt on one rank: its events pass through ``on_event``, which waits for the other ranks at each sync
-    point. ``agreed`` is the interrupt flag the rank's executor reads: it is set only at a sync point, on every
-    rank at the same one, whereas ``requested`` (rank 0's, set by ``/interrupt``) may be set at any moment."""
+class Lockstep(RunSync):
+    """One prompt on one rank: the executor's ``RunSync``, which waits for the other ranks before each node.
+    ``interrupt`` is the flag the rank's executor reads. On rank 0 it is ``requested`` itself (set by
+    ``/interrupt`` at any moment): rank 0 leads, so its sampler stops at its next forward and its engine tells
+    the others where, and at a node's start it decides "stop" for everyone. On the other ranks it is ``agreed``,
+    set only where rank 0 said so (a node's start, a forward, or after rank 0's prompt ended interrupted)."""
 
     def __init__(self, channel: PromptChannel, number: int, requested: threading.Event | None = None):
         self.channel, self.prefix = channel, f"p{number}"
@@ -92,15 +98,15 @@ class Lockstep:
         self.points = 0
         self.stopped_by_peer = False
 
-    def wrap(self, on_event):
-        def lockstep_event(name: str, data: dict) -> None:
-            if name in SYNC_EVENTS and data.get("node") is not None:
-                self.checkpoint(f"{name} of node {data['node']}")
-            elif name == "execution_error":
-                self.report_failure(data.get("node_id"), data.get("node_type"), data.get("exception_message", ""))
-            if on_event is not None:
-                on_event(name, data)
-        return lockstep_event
+    @property
+    def interrupt(self) -> threading.Event:
+        return self.requested if self.channel.rank == 0 else self.agreed
+
+    def before_node(self, node_id: str) -> None:
+        self.checkpoint(f"start of node {node_id}")
+
+    def node_failed(self, node_id: str, node_type: str, message: str) -> None:
+        self.report_failure(node_id, node_type, message)
 
     def checkpoint(self, label: str) -> None:
         key = f"{self.prefix}/at{self.points}"
@@ -124,6 +130,8 @@ class Lockstep:
             "why": f"rank {channel.rank} of {channel.world_size} failed{where}: {str(message).strip()}"})
 
     def finish(self, outcome: dict) -> None:
+        if self.channel.rank == 0 and outcome.get("interrupted"):  # a rank still at a node's start stops there
+            self.channel.write(f"{self.prefix}/stopped", {"do": "stop"})
         self.channel.write(f"{self.prefix}/done/r{self.channel.rank}", outcome)
 
     # -- rank 0 ------------------------------------------------------------------------------------------------
@@ -168,7 +176,8 @@ class Lockstep:
     def forget(self, command_number: int) -> None:
         """Rank 0, once every rank is done: drop the prompt's keys (the store lives as long as the server)."""
         world = range(self.channel.world_size)
-        keys = [f"cmd{command_number}", f"{self.prefix}/failed", *(f"{self.prefix}/done/r{r}" for r in world)]
+        keys = [f"cmd{command_number}", f"{self.prefix}/failed", f"{self.prefix}/stopped",
+                *(f"{self.prefix}/done/r{r}" for r in world)]
         for point in range(self.points):
             keys += [f"{self.prefix}/at{point}/go", *(f"{self.prefix}/at{point}/r{r}" for r in world)]
         self.channel.forget(keys)
@@ -179,9 +188,9 @@ class Lockstep:
         deadline = time.monotonic() + channel.timeout_s
         try:
             while (decision := channel.read(f"{key}/go")) is None:
-                failed = channel.read(f"{self.prefix}/failed")
-                if failed is not None:
-                    return failed
+                ended = channel.read(f"{self.prefix}/failed") or channel.read(f"{self.prefix}/stopped")
+                if ended is not None:
+                    return ended
                 if time.monotonic() > deadline:
                     return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
                                                  f"{channel.timeout_s:g} s"}

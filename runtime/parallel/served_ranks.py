@@ -21,6 +21,7 @@ from .job_environment import LAUNCHER, JobEnvironment, listen_interface, usable_
 from .job_store import STORE_TIMEOUT_S, JobStore
 from .launch import STOP_GRACE_S, new_secret, start_rank
 from .liveness import Liveness
+from .plan_stream import StorePlans
 from .prompt_channel import PromptChannel
 from .ranks import join_rank
 
@@ -42,7 +43,8 @@ def supervising(spec: ParallelSpec, argv: list[str], interface: str | None, rank
 
 class ServedRanks:
     """``argv``: the command line of the ranks this process starts (so it can start them again); None when they
-    were started by torchrun or by hand. ``channel`` is the current generation's ``PromptChannel``."""
+    were started by torchrun or by hand. ``channel`` is the current generation's ``PromptChannel``, ``plans`` its
+    step engines' plan stream."""
 
     def __init__(self, spec: ParallelSpec, job: JobEnvironment, rank_timeout_s: float, *,
                  store: JobStore | None = None, argv: list[str] | None = None):
@@ -51,6 +53,7 @@ class ServedRanks:
         self.generation = 0
         self.processes: dict = {}
         self.channel: PromptChannel | None = None
+        self.plans: StorePlans | None = None  # the step engines' plans, this generation's (``plan_stream``)
         self.liveness: Liveness | None = None
 
     @property
@@ -74,6 +77,7 @@ class ServedRanks:
                                  self.processes, joined.peers).start()
         self.channel = PromptChannel(joined.store, 0, self.spec.world_size, DEFAULT_TIMEOUT_S,
                                      lost=self.liveness.lost)
+        self.plans = StorePlans(joined.store.connection(), 0, self.spec.world_size)
 
     def lost(self) -> str | None:
         return self.liveness.lost() if self.liveness is not None else None

@@ -52,6 +52,8 @@ class ServerState:
         if executor is None:  # prompts run here: up to max_batch at once, their steps batched by the engine
             executor = EngineExecutors(node_classes, self.config.max_batch)
             concurrency = self.config.max_batch
+        else:  # a host's own executor (serve --parallel's rank 0): as many threads as it runs prompts at once
+            concurrency = getattr(executor, "concurrency", concurrency)
         validator = validator or PromptExecutor(node_classes, cache=False)
         self.validator = validator
         # Validation runs off the event loop but serially: node VALIDATE_INPUTS may hash files.

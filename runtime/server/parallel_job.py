@@ -22,26 +22,23 @@ import sys
 import threading
 import time
 
-import torch
-
-from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, leave_job
+from ...loaders.distributed.process_group import ParallelRunError
 from ...loaders.models import store as model_store
-from .. import folder_paths
 from ..core_nodes import runtime_node_classes
-from ..executor import PromptExecutor
 from ..executor.definitions import full_type_name
+from ..executor.engine_executors import EngineExecutors
 from ..executor.execution import ExecutionResult
 from ..parallel.job_environment import job_environment
 from ..parallel.launch import LaunchStopped, stopped_by_signals
-from ..parallel.liveness import Heartbeat
-from ..parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
-from ..parallel.ranks import rank_of_job, unseen_rank
-from ..parallel.served_ranks import GENERATION_VARIABLE, ServedRanks, supervising
+from ..parallel.prompt_channel import Lockstep, RankFailed
+from ..parallel.served_ranks import ServedRanks, supervising
 from .app import run_server
 from .history import SENSITIVE_EXTRA_DATA_KEYS
+from .parallel_follower import bound_alike, follow, outcome
 from .parallel_validation import ParallelValidator
 
 RECORD_GRACE_S = 1.0  # after the last prompt's execute: the worker writes its history entry and tells its client
+LOST_PROMPTS_END_S = 60.0  # a lost rank fails the other prompts in flight at once; bounded all the same
 
 
 def serve_job(config, spec, argv: list[str], *, listeners=None, interface: str | None = None,
@@ -52,7 +49,7 @@ def serve_job(config, spec, argv: list[str], *, listeners=None, interface: str |
     try:
         job = job_environment(interface)
         if job is not None and job.rank != 0:
-            return _follow(config, spec, job)
+            return follow(config, spec, job)
         if job is None:
             print(f"lorabind serve: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
             ranks = supervising(spec, argv, interface, rank_timeout_s)
@@ -69,7 +66,9 @@ def serve_job(config, spec, argv: list[str], *, listeners=None, interface: str |
         if ranks is not None:
             ranks.stop()
         return 2
-    executor = RankZeroExecutor(PromptExecutor(runtime_node_classes()[0]), ranks)
+    engine_executors = EngineExecutors(runtime_node_classes()[0], config.max_batch, plans=ranks.plans,
+                                       after_bind=bound_alike)
+    executor = RankZeroExecutor(engine_executors, ranks)
     # No template thumbnails: rendering one is a prompt, which here would have to be one of the job's prompts (a
     # plain `lorabind serve` renders them once into the state folder, where this server finds them).
     run_server(config, executor=executor, validator=ParallelValidator(runtime_node_classes()[0], spec),
@@ -86,9 +85,11 @@ class RankZeroExecutor:
 
     def __init__(self, local, ranks: ServedRanks):
         self.local, self.ranks = local, ranks
+        self.concurrency = local.concurrency  # the worker's threads: --max-batch prompts in flight on every rank
         self.given_up: str | None = None
-        self._idle = threading.Event()  # no prompt in execute (the server may stop without cutting one off)
-        self._idle.set()
+        self._flight = threading.Condition()
+        self._running = 0  # prompts in execute (the server may stop without cutting one off)
+        self._restarting = threading.Lock()
 
     def reset_cache(self) -> None:
         if self.ranks.lost() is None:
@@ -108,11 +109,14 @@ class RankZeroExecutor:
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None, on_event=None,
                 interrupt_event: threading.Event | None = None, execute_outputs: list | None = None
                 ) -> ExecutionResult:
-        self._idle.clear()
+        with self._flight:
+            self._running += 1
         try:
             return self._execute(prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs)
         finally:
-            self._idle.set()
+            with self._flight:
+                self._running -= 1
+                self._flight.notify_all()
 
     def _execute(self, prompt, prompt_id, extra_data, on_event, interrupt_event, execute_outputs) -> ExecutionResult:
         result = ExecutionResult(success=False)
@@ -128,20 +132,20 @@ class RankZeroExecutor:
         lockstep = Lockstep(self.ranks.channel, number, requested)
         raised = None
         try:
-            result = self.local.execute(prompt, prompt_id, extra_data, lockstep.wrap(self._naming_lost(on_event)),
-                                        lockstep.agreed, execute_outputs)
+            result = self.local.execute(prompt, prompt_id, extra_data, self._naming_lost(on_event),
+                                        lockstep.interrupt, execute_outputs, sync=lockstep)
         except RankFailed as exc:  # another rank failed before this one started a node: fail where it failed
             _fail(result, prompt_id, {"error": str(exc), "node_id": exc.node_id, "node_type": exc.node_type},
                   on_event)
         except Exception as exc:  # e.g. the prompt no longer validates: the others stop at their next sync point
             lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
             raised = exc
-        lockstep.finish(_outcome(result))
+        lockstep.finish(outcome(result))
         others = lockstep.outcomes()
         lockstep.forget(number)
         if self.ranks.lost() is not None:
             return self._lost_during(result, prompt_id, on_event)
-        if not all(o["success"] or o["interrupted"] for o in [_outcome(result), *others.values()]):
+        if not all(o["success"] or o["interrupted"] for o in [outcome(result), *others.values()]):
             self.reset_cache()  # a rank that failed ran fewer nodes: no rank keeps outputs the others lack
         if raised is not None:
             raise raised
@@ -151,9 +155,16 @@ class RankZeroExecutor:
         return result
 
     def _ready(self) -> str | None:
-        """None when the ranks can take a prompt, starting them again first after a loss; else why not."""
-        if self.given_up or self.ranks.lost() is None:
-            return self.given_up
+        """None when the ranks can take a prompt, starting them again first after a loss (once the prompts that
+        were in flight with it have failed); else why not."""
+        with self._restarting:
+            if self.given_up or self.ranks.lost() is None:
+                return self.given_up
+            with self._flight:
+                self._flight.wait_for(lambda: self._running == 1, timeout=LOST_PROMPTS_END_S)
+            return self._restart()
+
+    def _restart(self) -> str | None:
         self.local.reset_cache()
         model_store.clear_cache()  # the loaded models are split over the old group
         gc.collect()
@@ -162,6 +173,7 @@ class RankZeroExecutor:
         except ParallelRunError as exc:
             self._give_up(f"the job could not start its ranks again: {exc}")
             return self.given_up
+        self.local.engine.lead_with(self.ranks.plans)
         print(f"lorabind serve: the job's {self.ranks.spec.world_size} ranks started again (generation "
               f"{self.ranks.generation})", file=sys.stderr, flush=True)
         return None
@@ -202,7 +214,8 @@ class RankZeroExecutor:
         threading.Thread(target=self._stop_after_this_prompt, name="lorabind-give-up", daemon=True).start()
 
     def _stop_after_this_prompt(self) -> None:
-        self._idle.wait()  # execute has returned: the worker records the history and tells the client at once
+        with self._flight:  # every execute has returned: the worker records the history and tells the client
+            self._flight.wait_for(lambda: self._running == 0)
         time.sleep(RECORD_GRACE_S)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -211,17 +224,6 @@ def for_other_ranks(extra_data: dict | None) -> dict:
     """What the other ranks get of a prompt's ``extra_data``: all but the comfy.org tokens (the queue item's
     sensitive part), which stay on rank 0."""
     return {key: value for key, value in (extra_data or {}).items() if key not in SENSITIVE_EXTRA_DATA_KEYS}
-
-
-def _outcome(result: ExecutionResult, channel: PromptChannel | None = None) -> dict:
-    """What a rank tells rank 0 of its run: success, interrupted, and the error naming the rank and node."""
-    error = result.error or {}
-    message = str(error.get("exception_message", "")).strip()
-    if channel is not None and message:
-        where = f" at node {error.get('node_id')} ({error.get('node_type')})" if error.get("node_id") else ""
-        message = f"rank {channel.rank} of {channel.world_size} failed{where}: {message}"
-    return {"success": result.success, "interrupted": result.interrupted, "error": message or None,
-            "node_id": error.get("node_id"), "node_type": error.get("node_type")}
 
 
 def _fail(result: ExecutionResult, prompt_id: str, failure: dict, on_event) -> None:
@@ -234,60 +236,3 @@ def _fail(result: ExecutionResult, prompt_id: str, failure: dict, on_event) -> N
         on_event("execution_error", error)
     result.success, result.error = False, error
     result.messages.append(["execution_error", error])
-
-
-def _follow(config, spec, job) -> int:
-    """A rank other than 0: meet rank 0 in the generation it was started for, beat a heartbeat, run what rank 0
-    sends until it says stop (or its store closes). SIGINT and SIGTERM end it quietly with 0."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _exit_quietly)
-    generation = os.environ.get(GENERATION_VARIABLE, "1")
-    if not (generation.isascii() and generation.isdigit()):
-        raise ParallelRunError(f"{GENERATION_VARIABLE}={generation[:20]!r} is not a whole number")
-    with rank_of_job(spec, job, namespace=f"g{generation}") as joined:
-        heartbeat = Heartbeat(joined.store.connection(), joined.rank).start()
-        with unseen_rank() as (scratch, _null):
-            follow_rank_zero(config, PromptChannel(joined.store, joined.rank, joined.world_size, DEFAULT_TIMEOUT_S),
-                             scratch)
-        heartbeat.stop()
-        leave_job()  # rank 0 said stop with nothing in flight: no barrier to wait at
-    return 0
-
-
-def _exit_quietly(_signum, _frame):
-    raise SystemExit(0)
-
-
-def follow_rank_zero(config, channel: PromptChannel, scratch: str) -> int:
-    """A rank other than 0: run each prompt rank 0 sends (its files go to ``scratch``), until rank 0 stops."""
-    config = config.resolved()
-    folder_paths.configure(models_root=config.models_root, output_dir=scratch, input_dir=config.input_dir,
-                           temp_dir=scratch)
-    for folder in config.lora_dirs:
-        folder_paths.add_model_folder_path("loras", folder)
-    executor = PromptExecutor(runtime_node_classes()[0])
-    while (received := channel.receive()) is not None:
-        number, command = received
-        if command["kind"] == "free":
-            executor.reset_cache()
-            if command["unload"]:
-                model_store.clear_cache()
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        elif command["kind"] == "prompt":
-            _run_followed(executor, Lockstep(channel, number), command)
-    return 0
-
-
-def _run_followed(executor, lockstep: Lockstep, command: dict) -> None:
-    result = ExecutionResult(success=False)
-    try:
-        result = executor.execute(command["prompt"], command["prompt_id"], command["extra_data"],
-                                  lockstep.wrap(None), lockstep.agreed, command["outputs"])
-    except RankFailed:  # another rank failed; rank 0 tells the client
-        pass
-    except Exception as exc:  # e.g. the prompt does not validate here (a file only rank 0 has)
-        lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
-        result.error = {"exception_message": f"{full_type_name(type(exc))}: {exc}"}
-    lockstep.finish(_outcome(result, lockstep.channel))

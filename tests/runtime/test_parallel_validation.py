@@ -58,6 +58,8 @@ def test_a_request_adapter_under_a_sequence_split_is_not_refused(registry_at, ti
 class _Local:
     """A rank 0 executor that succeeds at once (no node runs: what is sent is the point)."""
 
+    concurrency = 1
+
     def execute(self, *args, **kwargs):
         return ExecutionResult(success=True)
 

@@ -40,11 +40,14 @@ class QueuePlans:
 
 @pytest.fixture(scope="module")
 def two_copies(tiny_models_root, tmp_path_factory):
-    """The tiny Wan2.1 model twice, as two ranks each hold it."""
-    copy = tmp_path_factory.mktemp("rank1") / "tiny-wan21-t2v"
-    shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", copy)
-    return [load_model(str(tiny_models_root / "diffusers" / "tiny-wan21-t2v"), name="rank0"),
-            load_model(str(copy), name="rank1")]
+    """The tiny Wan2.1 model twice, as two ranks each hold it: copies of their own, so the session's shared model
+    (other tests') is not the one these bind and name."""
+    models = []
+    for rank in range(2):
+        copy = tmp_path_factory.mktemp(f"rank{rank}") / "tiny-wan21-t2v"
+        shutil.copytree(tiny_models_root / "diffusers" / "tiny-wan21-t2v", copy)
+        models.append(load_model(str(copy), name=f"rank{rank}"))
+    return models
 
 
 def _rank_jobs(engine, model, flags: list, stop_after: dict) -> list:
