@@ -338,19 +338,10 @@ def model_dtypes(model) -> dict:
     return {key: str(value.dtype) for key, value in model.model_state_dict().items()}
 
 
-def add_sample_check(model, key: str, check) -> None:
-    """Run ``check(sigmas, cfg, transformer_options)`` before every ComfyUI sampler run of ``model`` (KSampler,
-    KSamplerAdvanced, SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the
-    guider (its cfg, and the model options its model reads while sampling), before any model is loaded or step is
-    taken. Raising there fails the node with our message. One wrapper per ``key``."""
-    wrappers = importlib.import_module("comfy.patcher_extension").WrappersMP
-
-    def outer_sample(executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
-        guider = executor.class_obj
-        # a guider without a cfg (BasicGuider) runs the positive prompt alone, which is cfg 1
-        options = (getattr(guider, "model_options", None) or {}).get("transformer_options") or {}
-        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(guider, "cfg", 1.0)), options)
-        return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
-
-    model.remove_wrappers_with_key(wrappers.OUTER_SAMPLE, key)
-    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, key, outer_sample)
+def model_file_name(model) -> str:
+    """The name of the file a ComfyUI MODEL was loaded from, where ComfyUI keeps it: 0.30.0's loaders record how to
+    load the model again (``cached_patcher_init``: the loader and its path). "" where it does not (0.3.64, other
+    loaders). The name only: a path must not reach a message."""
+    init = getattr(model, "cached_patcher_init", None)
+    arguments = init[1] if isinstance(init, tuple) and len(init) > 1 and isinstance(init[1], tuple) else ()
+    return os.path.basename(arguments[0]) if arguments and isinstance(arguments[0], str) else ""

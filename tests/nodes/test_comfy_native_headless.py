@@ -64,7 +64,7 @@ def test_the_pair_returns_the_same_patched_expert_when_only_the_other_one_change
     monkeypatch.setattr(native.comfy_bridge, "model_shapes", lambda model: {})
     monkeypatch.setattr(native, "host_family", lambda shapes, where: "wan")
     monkeypatch.setattr(native, "check_expert_pair", lambda *args: None)
-    monkeypatch.setattr(native, "prepare_lora", lambda *args: SimpleNamespace(contract=None, report={}))
+    monkeypatch.setattr(native, "prepare_lora", lambda *args, **kwargs: SimpleNamespace(contract=None, report={}))
     monkeypatch.setattr(native, "lora_inputs_identity", lambda name: f"identity of {name}")
     monkeypatch.setattr(native, "apply_lora", apply)
     node, high, low = LoraBindLoRAPair(), object(), object()
