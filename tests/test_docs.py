@@ -140,7 +140,7 @@ def test_the_readme_is_a_front_door_with_the_two_setup_commands_ci_runs():
     quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     setup = [line for block in FENCED.findall(quick_start) for line in block.splitlines()
              if line.startswith("python3 -m venv")]
-    assert len(setup) == 2 and "lorabind run workflows/wan22_lightx2v_4step.json" in setup[0]
+    assert len(setup) == 2 and "lorabind run example_workflows/wan22_lightx2v_4step.json" in setup[0]
     installation = (PACK / "docs" / "getting-started" / "installation.md").read_text(encoding="utf-8")
     assert all(f"\n{command}\n" in installation for command in setup)  # the page that explains them, verbatim
     ci = PACK / ".ci" / "run"

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_minimax_h3_turbo.tiny.api.json"
-SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_minimax_h3_turbo_4step_768p.api.json"
+SHIPPED_WORKFLOW = REPO / "workflows" / "api" / "comfy_minimax_h3_turbo_4step_768p.api.json"
 FIRST_WITH_MINIMAX = (0, 30, 0)  # MiniMax-H3 arrived in ComfyUI between the snapshots (comfy/ldm/minimax)
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
 NATIVE = "minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors"
@@ -213,8 +213,8 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_comfyui_0_30_
                                         "RETURN_TYPES": tuple(info["output"]),
                                         "RETURN_NAMES": tuple(info["output_name"]),
                                         "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
-    converted, kind = to_api_prompt(json.loads(SHIPPED_WORKFLOW.with_suffix("").with_suffix(".json").read_text()),
-                                    classes)
+    ui = REPO / "example_workflows" / SHIPPED_WORKFLOW.name.replace(".api.json", ".json")
+    converted, kind = to_api_prompt(json.loads(ui.read_text()), classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}
                       for node_id, node in converted.items()}
     assert kind == "ui" and without_titles == json.loads(SHIPPED_WORKFLOW.read_text())

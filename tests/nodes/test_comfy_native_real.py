@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_wan22_lightx2v_4step.tiny.api.json"
-SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
+SHIPPED_WORKFLOW = REPO / "workflows" / "api" / "comfy_wan22_lightx2v_4step.api.json"
 QWEN_TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_qwen_image_lightning.tiny.api.json"
 HIGH_LORA = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 STAND_INS = {"LoraBindTestWanConditioning", "LoraBindTestQwenImageConditioning"}
@@ -240,7 +240,7 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_
     from lorabind.runtime.workflow_format import to_api_prompt
 
     classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
-    ui = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.json").read_text())
+    ui = json.loads((REPO / "example_workflows" / f"{example}.json").read_text())
     converted, kind = to_api_prompt(ui, classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles
                       for node_id, node in converted.items()}

@@ -43,7 +43,7 @@ class FamilyLayout(FamilyPart):
     # a regex of the words a LoRA file's name carries when it is made for this family's models ("qwen"): another
     # family's name rules leave such a file alone (a Qwen-Image Lightning file is not a Wan distill file)
     file_name_words: str = ""
-    # the served example templates (``workflows/``) of this family, most important first, of which the first
+    # the served example templates (``example_workflows/``) of this family, most important first, of which the first
     # ``featured_examples`` are listed before every family's other examples (``families.example_order``)
     example_templates: tuple = ()
     featured_examples: int = 0

@@ -47,11 +47,11 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
     for name, directory in state.config.web_extensions.items():
         if Path(directory).is_dir():
             app.router.add_static(f"/extensions/{name}", directory, append_version=False)
-    workflows = Path(state.config.workflows_dir)
-    if workflows.is_dir():
+    templates = Path(state.config.templates_dir)
+    if templates.is_dir():
         # before the folder: the thumbnails are rendered into the state folder, not beside the templates
         app.router.add_get(f"/api/workflow_templates/{PACK_NAME}/{{name}}.jpg", get_template_thumbnail)
-        app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", workflows)
+        app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", templates)
 
 
 async def get_template_thumbnail(request: web.Request) -> web.StreamResponse:
@@ -190,9 +190,8 @@ async def get_global_subgraphs(request: web.Request) -> web.Response:
 
 
 async def get_workflow_templates(request: web.Request) -> web.Response:
-    """``{pack: [names]}`` of the UI-format workflows, main example first; the ``*.api.json`` twins are for
-    scripts, not the browser."""
-    workflows = Path(request.app[STATE_KEY].config.workflows_dir)
-    names = ordered_templates(p.name[:-len(".json")] for p in workflows.glob("*.json")
-                              if not p.name.endswith(".api.json")) if workflows.is_dir() else []
+    """``{pack: [names]}`` of the UI-format templates (``example_workflows/``, the folder ComfyUI lists too), main
+    example first; their ``*.api.json`` twins (``workflows/api/``) are for scripts, not the browser."""
+    templates = Path(request.app[STATE_KEY].config.templates_dir)
+    names = ordered_templates(p.name[:-len(".json")] for p in templates.glob("*.json")) if templates.is_dir() else []
     return web.json_response({PACK_NAME: names} if names else {})

@@ -1,6 +1,6 @@
 """Headless Chromium: web/lorabind.js knows the contracts while a workflow is edited, before any run.
 
-The page loads the saved ``workflows/wan22_mismatched_contract.json`` into the stub of ComfyUI's app, with the
+The page loads the saved ``example_workflows/wan22_mismatched_contract.json`` into the stub of ComfyUI's app, with the
 real server (the pack's nodes, the tiny models and fixture LoRAs) answering ``/object_info`` and
 ``/lorabind/contract``. Skips (with the reason) when ``chromium`` is not installed; CI installs it.
 """
@@ -98,7 +98,7 @@ def test_every_example_opens_without_a_warning_except_the_mismatched_one(tmp_pat
     here is a rule the page checks differently from the sampler."""
     result = _page_result(build_tiny_root, tmp_path_factory.mktemp("examples"), "drive_examples.js")
     examples = result["examples"]
-    assert len(examples) == len([p for p in (PACK_DIR / "workflows").glob("*.api.json")
+    assert len(examples) == len([p for p in (PACK_DIR / "workflows" / "api").glob("*.api.json")
                                  if not p.name.startswith("comfy_")])  # ComfyUI-native examples have no UI twin
     warnings = {name: {node: [line for line in lines if line.startswith("lorabind-warning")]
                        for node, lines in badges.items()} for name, badges in examples.items()}

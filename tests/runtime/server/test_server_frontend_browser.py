@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.skipif(routes_frontend.frontend_static_dir() is None,
                        reason='the ui extra is not installed (pip install "lorabind[ui]")'),
 ]
-WORKFLOWS = PACK_DIR / "workflows"
+TEMPLATES = PACK_DIR / "example_workflows"
 SAVED_NAME = "my edited wan22"
 TIMEOUT_MS = 120_000  # page start and a run on a loaded 2-core machine; both take seconds when it is idle
 
@@ -74,7 +74,7 @@ def _open(browser, url: str):
 
 
 def _load(page, name: str) -> None:
-    workflow = json.loads((WORKFLOWS / f"{name}.json").read_text(encoding="utf-8"))
+    workflow = json.loads((TEMPLATES / f"{name}.json").read_text(encoding="utf-8"))
     page.evaluate("([wf, name]) => app.loadGraphData(wf, true, true, name)", [workflow, name])
 
 

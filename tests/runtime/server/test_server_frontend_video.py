@@ -37,7 +37,7 @@ GRAPH = "() => app.graph.nodes.map(n => [n.id, n.type]).sort((a, b) => a[0] - b[
 
 
 def test_the_mp4_previews_in_the_queue_and_reopens_its_workflow(mm_root, tmp_path, pytestconfig):
-    workflow = json.loads((PACK_DIR / "workflows" / f"{NAME}.json").read_text(encoding="utf-8"))
+    workflow = json.loads((PACK_DIR / "example_workflows" / f"{NAME}.json").read_text(encoding="utf-8"))
     server = _start(ServerConfig(port=0, models_root=str(mm_root), output_dir=str(tmp_path / "output"),
                                  input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp")))
     artifacts = pytestconfig.rootpath / "test-artifacts"

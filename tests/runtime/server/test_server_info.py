@@ -92,7 +92,7 @@ def test_extension_files_listed_and_served(server):
 def test_workflow_templates_list_ui_workflows_only(server):
     from lorabind.runtime.server.config import PACK_DIR
 
-    expected = sorted(p.name[:-5] for p in (PACK_DIR / "workflows").glob("*.json")
+    expected = sorted(p.name[:-5] for p in (PACK_DIR / "example_workflows").glob("*.json")
                       if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # ComfyUI only
 
     async def body():

@@ -17,11 +17,12 @@ from lorabind.runtime.server.comfy_api.template_thumbnails import render_templat
 from lorabind.runtime.server.example_assets import ordered_templates
 from server_client import Client, run_async
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "example_workflows"
 
 
 def test_templates_are_listed_main_example_first_and_every_shipped_one_has_a_place(server):
-    shipped = sorted(p.name[:-5] for p in WORKFLOWS.glob("*.json")
+    shipped = sorted(p.name[:-5] for p in TEMPLATES.glob("*.json")
                      if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # run in ComfyUI only
     assert sorted(example_order()) == shipped  # a new example must be given its place
 
