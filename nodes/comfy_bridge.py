@@ -16,7 +16,7 @@ from functools import lru_cache
 from ..usecases import host
 from ..usecases.model_folders import PEFT_CONFIG, find_peft_folder, folders_holding, safe_relative_name
 from ..usecases.model_folders import lora_names as list_loras
-from ..usecases.verbs import follow_host_node_cache, release_device_memory
+from ..usecases.verbs import ensure_builtins_for_prompt, follow_host_node_cache, release_device_memory
 from ..usecases.vocabulary import LoraBindError
 
 
@@ -119,6 +119,35 @@ def add_server_routes(routes) -> bool:
     for method, path, handler in routes:
         if (method, path) not in present:
             table.route(method, path)(handler)
+    return True
+
+
+_PROMPT_HANDLER_MARK = "_lorabind_builds_what_prompts_name"
+
+
+def build_builtins_on_prompt() -> bool:
+    """Inside ComfyUI: before it validates a queued prompt, build the built-in tiny models, fixture LoRAs and
+    example input images the prompt names and that are missing, as ``lorabind run`` and ``serve`` do (an example
+    template opened in a fresh ComfyUI names ``lorabind-tiny/...`` files nothing has built yet, and ComfyUI's
+    validation would refuse them as not in the list). Through ComfyUI's on-prompt handlers, once per server; the
+    build writes only the built-in folders (``lorabind-tiny/``, ``diffusers/tiny-*``). False headless."""
+    try:
+        server = importlib.import_module("server").PromptServer.instance
+    except Exception:  # headless, or a ComfyUI whose server is not running
+        return False
+    if any(getattr(handler, _PROMPT_HANDLER_MARK, False) for handler in getattr(server, "on_prompt_handlers", ())):
+        return True  # the pack imported twice
+
+    def build_what_the_prompt_names(json_data):
+        prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+        if isinstance(prompt, dict):
+            paths = folder_paths()
+            ensure_builtins_for_prompt(prompt, paths.models_dir, paths.get_input_directory(),
+                                       announce=lambda line: print(f"[lorabind] {line}", flush=True))
+        return json_data
+
+    setattr(build_what_the_prompt_names, _PROMPT_HANDLER_MARK, True)
+    server.add_on_prompt_handler(build_what_the_prompt_names)
     return True
 
 

@@ -49,6 +49,7 @@ from .models import (
                                                  builtin_file_names,
                                                  builtin_model_names,
                                                  ensure_builtin_files,
+                                                 ensure_builtins_for_prompt,
                                                  find_model,
                                                  gguf_denoiser_names,
                                                  list_models,
@@ -63,7 +64,7 @@ from .sampling import plan_sampling, sample, schedule_sigmas, split_sigmas
 # what a node may import from here (ruff's F401 reads it: an import missing here is reported unused)
 __all__ = [
     # models (usecases.models)
-    "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "find_model", "gguf_denoiser_names",
+    "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "ensure_builtins_for_prompt", "find_model", "gguf_denoiser_names",
     "list_models", "load_checkpoint_files", "load_model", "model_index_stat", "resolve_model", "tokenizer_dirs",
     # LoRAs on our own model (usecases.adapters)
     "attach_adapter", "attach_fuse", "attach_fuses", "expert_slots",

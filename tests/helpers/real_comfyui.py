@@ -213,6 +213,20 @@ async def _follow(socket, prompt_id: str, messages: list, deadline: float) -> No
             return
 
 
+def classes_from_object_info(object_info: dict) -> dict:
+    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
+    UI -> API conversion (``runtime.workflow_format.to_api_prompt``): the definitions the frontend converts with."""
+    classes = {}
+    for name, info in object_info.items():
+        inputs = {section: {key: info["input"][section][key] for key in order}
+                  for section, order in info["input_order"].items()}
+        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
+                                        "RETURN_TYPES": tuple(info["output"]),
+                                        "RETURN_NAMES": tuple(info["output_name"]),
+                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
+    return classes
+
+
 def strings_in(value):
     """Every string inside a JSON-like value (keys too)."""
     if isinstance(value, str):

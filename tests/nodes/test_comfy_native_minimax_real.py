@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from real_comfyui import require_harness, run_native_prompts, version_tuple
+from real_comfyui import classes_from_object_info, require_harness, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
@@ -205,14 +205,7 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_comfyui_0_30_
     from comfy_native_client import OBJECT_INFO
     from lorabind.runtime.workflow_format import to_api_prompt
 
-    classes = {}
-    for name, info in comfy_results[0][OBJECT_INFO].items():  # what /object_info declares, as node classes
-        inputs = {section: {key: info["input"][section][key] for key in order}
-                  for section, order in info["input_order"].items()}
-        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
-                                        "RETURN_TYPES": tuple(info["output"]),
-                                        "RETURN_NAMES": tuple(info["output_name"]),
-                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
+    classes = classes_from_object_info(comfy_results[0][OBJECT_INFO])
     ui = REPO / "example_workflows" / SHIPPED_WORKFLOW.name.replace(".api.json", ".json")
     converted, kind = to_api_prompt(json.loads(ui.read_text()), classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}

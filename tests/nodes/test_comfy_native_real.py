@@ -31,7 +31,7 @@ from comfy_patcher_cases import (
     write_edit_2511_file,
     write_peft_scaling_folder,
 )
-from real_comfyui import run_native_prompts, version_tuple
+from real_comfyui import classes_from_object_info, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
@@ -217,20 +217,6 @@ def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_t
         assert tiny[node_id]["inputs"]["text"] == shipped[node_id]["inputs"]["text"]
 
 
-def _classes_from_object_info(object_info: dict) -> dict:
-    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
-    UI -> API conversion: the definitions the frontend converts with."""
-    classes = {}
-    for name, info in object_info.items():
-        inputs = {section: {key: info["input"][section][key] for key in order}
-                  for section, order in info["input_order"].items()}
-        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
-                                        "RETURN_TYPES": tuple(info["output"]),
-                                        "RETURN_NAMES": tuple(info["output_name"]),
-                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
-    return classes
-
-
 @pytest.mark.parametrize("example", ["comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning"])
 def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results, example):
     """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
@@ -239,7 +225,7 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_
     from comfy_native_client import OBJECT_INFO
     from lorabind.runtime.workflow_format import to_api_prompt
 
-    classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
+    classes = classes_from_object_info(comfy_results[0][OBJECT_INFO])
     ui = json.loads((REPO / "example_workflows" / f"{example}.json").read_text())
     converted, kind = to_api_prompt(ui, classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles

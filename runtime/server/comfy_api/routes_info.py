@@ -18,7 +18,6 @@ from ... import folder_paths
 from ...node_info import node_info, object_info
 from ..composition_root import STATE_KEY, ServerState
 from ..config import PACK_NAME
-from ..example_assets import ordered_templates
 from ..http_json import dumps
 from .template_thumbnails import thumbnail_folder
 
@@ -55,9 +54,12 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
 
 
 async def get_template_thumbnail(request: web.Request) -> web.StreamResponse:
+    return template_thumbnail(request.app[STATE_KEY].config.state_dir, request.match_info["name"])
+
+
+def template_thumbnail(state_dir: str, name: str) -> web.StreamResponse:
     """A template's card picture (``template_thumbnails``); 404 for one not rendered (the card's placeholder)."""
-    name = request.match_info["name"]
-    path = thumbnail_folder(request.app[STATE_KEY].config.state_dir) / f"{name}.jpg"
+    path = thumbnail_folder(state_dir) / f"{name}.jpg"
     if "/" in name or name.startswith(".") or not path.is_file():
         raise web.HTTPNotFound(text=f"no thumbnail for template {name!r}")
     return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
@@ -190,8 +192,7 @@ async def get_global_subgraphs(request: web.Request) -> web.Response:
 
 
 async def get_workflow_templates(request: web.Request) -> web.Response:
-    """``{pack: [names]}`` of the UI-format templates (``example_workflows/``, the folder ComfyUI lists too), main
-    example first; their ``*.api.json`` twins (``workflows/api/``) are for scripts, not the browser."""
-    templates = Path(request.app[STATE_KEY].config.templates_dir)
-    names = ordered_templates(p.name[:-len(".json")] for p in templates.glob("*.json")) if templates.is_dir() else []
-    return web.json_response({PACK_NAME: names} if names else {})
+    """No pack templates: the examples (``example_workflows/``) are the editor's template index
+    (``routes_frontend.get_core_templates``), where a card has a title and a description; listed here too, they
+    would show twice, by file name. Each stays at ``/api/workflow_templates/lorabind/<name>.json``."""
+    return web.json_response({})
