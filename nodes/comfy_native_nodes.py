@@ -127,6 +127,8 @@ def _sigmas(values):
 
 
 class LoraBindLoRA:
+    SEARCH_ALIASES = ["lora on comfyui model"]  # beside ComfyUI's own LoraLoaderModelOnly, not above it
+    COMFYUI_ONLY = True  # it works on ComfyUI's own MODEL: `lorabind serve`'s editor does not offer it
     DESCRIPTION = (
         "Apply a LoRA to ComfyUI's own MODEL with lorabind's engine: every layout and adapter kind, every file "
         "tensor accounted for (an unmatched key is an error unless 'lenient'), applied as ComfyUI patches on a "
@@ -155,6 +157,8 @@ class LoraBindLoRA:
 
 
 class LoraBindLoRAPair:
+    SEARCH_ALIASES = ["lora pair on comfyui models"]
+    COMFYUI_ONLY = True
     DESCRIPTION = (
         "A Wan2.2 high-noise / low-noise LoRA pair on ComfyUI's two expert MODELs. Swapped files are refused by "
         "name. Also out: the pair's contract sigmas split at the expert boundary and the switch step, for "
@@ -225,6 +229,7 @@ class LoraBindLoRAPair:
 
 
 class LoraBindPEFTAdapter:
+    COMFYUI_ONLY = True
     DESCRIPTION = (
         "Apply a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to ComfyUI's own MODEL with "
         "PEFT's scale rules: lora_alpha/r, or lora_alpha/sqrt(r) with use_rslora, and per-module rank_pattern / "
@@ -261,6 +266,7 @@ class LoraBindPEFTAdapter:
 
 
 class LoraBindContractSigmas:
+    COMFYUI_ONLY = True
     DESCRIPTION = ("The sampling contract's sigma table of the LoRAs on a MODEL (from LoraBindLoRA / "
                    "LoraBindLoRAPair), as SIGMAS for SamplerCustomAdvanced.")
     CATEGORY = CATEGORY

@@ -15,7 +15,7 @@ from aiohttp import web
 from ....loaders.placement.devices import host_memory
 from ....nodes.editor_routes import ROUTES as EDITOR_ROUTES
 from ... import folder_paths
-from ...node_info import node_info, object_info
+from ...node_info import object_info
 from ..composition_root import STATE_KEY, ServerState
 from ..config import PACK_NAME
 from ..http_json import dumps
@@ -81,9 +81,10 @@ async def get_object_info_one(request: web.Request) -> web.Response:
     name = request.match_info["node_class"]
     if name not in state.node_classes:
         return web.json_response({})
-    info = await asyncio.to_thread(node_info, name, state.node_classes[name], state.display_names.get(name),
+    # object_info's rules for one class (a ComfyUI-only node is not offered here either)
+    info = await asyncio.to_thread(object_info, {name: state.node_classes[name]}, state.display_names,
                                    state.python_module)
-    return web.json_response({name: info}, dumps=dumps)
+    return web.json_response(info, dumps=dumps)
 
 
 def _package_version(name: str) -> str:
