@@ -92,6 +92,14 @@ def run_native_prompts(version: str, work: Path, models: Path, prompts: dict, no
     return json.loads(results.read_text()), work / "output", (work / "comfyui.log").read_text()
 
 
+def build_tiny_for_comfyui(models: Path) -> Path:
+    """``lorabind models build-tiny --models MODELS --comfyui``: the tiny files ComfyUI's own loaders detect."""
+    built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
+                            str(models), "--comfyui"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return models
+
+
 def require_harness() -> Path:
     script = harness_script()
     if script is None:

@@ -12,15 +12,13 @@ single LoraBindLoRA given the other expert's file is refused when the MODEL says
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from real_comfyui import run_native_prompts, version_tuple
+from real_comfyui import build_tiny_for_comfyui, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
@@ -134,11 +132,7 @@ def _prompts(version: str) -> dict:
 
 @pytest.fixture(scope="module")
 def native_models(tmp_path_factory) -> Path:
-    models = tmp_path_factory.mktemp("guider_models")
-    built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
-                            str(models), "--comfyui"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
-    return models
+    return build_tiny_for_comfyui(tmp_path_factory.mktemp("guider_models"))
 
 
 @pytest.fixture(scope="module")

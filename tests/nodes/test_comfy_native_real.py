@@ -13,8 +13,6 @@ One ComfyUI start per version serves every prompt: ``comfy_native_client.py`` qu
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +29,7 @@ from comfy_patcher_cases import (
     write_edit_2511_file,
     write_peft_scaling_folder,
 )
-from real_comfyui import classes_from_object_info, run_native_prompts, version_tuple
+from real_comfyui import build_tiny_for_comfyui, classes_from_object_info, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
@@ -78,10 +76,7 @@ def _custom_sampler_prompt(cfg: float) -> dict:
 @pytest.fixture(scope="module")
 def native_models(tmp_path_factory) -> Path:
     """``build-tiny --comfyui``'s files (and the PEFT scaling folder), once for every ComfyUI version."""
-    models = tmp_path_factory.mktemp("comfy_native_models")
-    built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
-                            str(models), "--comfyui"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    models = build_tiny_for_comfyui(tmp_path_factory.mktemp("comfy_native_models"))
     write_peft_scaling_folder(models)
     write_edit_2511_file(models)
     return models
