@@ -3,8 +3,9 @@
 Why: a ComfyUI user's workflow is made of core nodes (UNETLoader, ModelSamplingSD3, KSamplerAdvanced, ...). These
 nodes slot into it: our reader and key accounting turn a LoRA file into deltas under the model's own parameter
 names, which are added to a clone of the model as ComfyUI patches (so ComfyUI's patcher, offload and low-VRAM paths
-apply them), and the file's contract travels with the model as a sampler wrapper that checks the sigmas and cfg
-of any ComfyUI sampler before its first step. They work only inside ComfyUI (headless there is no such MODEL).
+apply them), and the file's contract travels with the model as a sampler wrapper that checks any ComfyUI sampler
+run (sigmas, sampler, task) before its first step and its guidance at every step (``comfy_guidance``). They work
+only inside ComfyUI (headless there is no such MODEL).
 """
 
 from __future__ import annotations
