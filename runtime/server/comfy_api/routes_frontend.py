@@ -81,9 +81,10 @@ async def get_core_templates(request: web.Request) -> web.StreamResponse:
         return web.json_response({})
     if name.startswith("index") and name.endswith(".json"):
         cards = await asyncio.to_thread(template_cards, config.templates_dir)
-        return web.json_response([{"moduleName": "default", "title": "lorabind examples", "type": "video",
-                                   "templates": [{**card, "mediaType": "image", "mediaSubtype": "jpg"}
-                                                 for card in cards]}] if cards else [])
+        # category: the dialog's navigation lists a category group ("lorabind") with this entry ("Examples")
+        return web.json_response([{"moduleName": "default", "category": "lorabind", "title": "Examples",
+                                   "type": "video", "templates": [{**card, "mediaType": "image", "mediaSubtype": "jpg"}
+                                                                  for card in cards]}] if cards else [])
     served = await asyncio.to_thread(served_template_names, config.templates_dir)
     if name.endswith(THUMBNAIL_SUFFIX) and name[: -len(THUMBNAIL_SUFFIX)] in served:
         return template_thumbnail(config.state_dir, name[: -len(THUMBNAIL_SUFFIX)])
