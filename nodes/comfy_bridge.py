@@ -133,7 +133,8 @@ def build_builtins_on_prompt() -> bool:
     build writes only the built-in folders (``lorabind-tiny/``, ``diffusers/tiny-*``). False headless."""
     try:
         server = importlib.import_module("server").PromptServer.instance
-    except Exception:  # headless, or a ComfyUI whose server is not running
+        add_handler = server.add_on_prompt_handler
+    except Exception:  # headless, or a ComfyUI whose server is not running (or has no on-prompt handlers)
         return False
     if any(getattr(handler, _PROMPT_HANDLER_MARK, False) for handler in getattr(server, "on_prompt_handlers", ())):
         return True  # the pack imported twice
@@ -147,7 +148,7 @@ def build_builtins_on_prompt() -> bool:
         return json_data
 
     setattr(build_what_the_prompt_names, _PROMPT_HANDLER_MARK, True)
-    server.add_on_prompt_handler(build_what_the_prompt_names)
+    add_handler(build_what_the_prompt_names)
     return True
 
 
