@@ -27,7 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE = ROOT / "workflows" / "qwen_image_lightning.api.json"
+TEMPLATE = ROOT / "workflows" / "api" / "qwen_image_lightning.api.json"
 TOKENS = {"auth_token_comfy_org": "bench-comfy-org-token", "api_key_comfy_org": "bench-comfy-org-key"}
 STEPS = 40  # a prompt long enough for the foreign client to look while it runs
 

@@ -32,7 +32,7 @@ from .hostile_ranks import measure_hostile_ranks
 from .hostile_requests import measure_hostile, proc_status_mib, write_hostile_models
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOW = ROOT / "workflows" / "wan22_tiny_t2v.api.json"
+WORKFLOW = ROOT / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 def _free_port() -> int:

@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make `lorabind` importable fro
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOW = ROOT / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = ROOT / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 STRENGTHS = (1.0, 0.5, 0.25, 0.75, 0.125)
 
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from ..usecases import host
 from ..usecases.model_folders import PEFT_CONFIG, find_peft_folder, folders_holding, safe_relative_name
 from ..usecases.model_folders import lora_names as list_loras
-from ..usecases.verbs import follow_host_node_cache, release_device_memory
+from ..usecases.verbs import ensure_builtins_for_prompt, follow_host_node_cache, release_device_memory
 from ..usecases.vocabulary import LoraBindError
 
 
@@ -119,6 +119,36 @@ def add_server_routes(routes) -> bool:
     for method, path, handler in routes:
         if (method, path) not in present:
             table.route(method, path)(handler)
+    return True
+
+
+_PROMPT_HANDLER_MARK = "_lorabind_builds_what_prompts_name"
+
+
+def build_builtins_on_prompt() -> bool:
+    """Inside ComfyUI: before it validates a queued prompt, build the built-in tiny models, fixture LoRAs and
+    example input images the prompt names and that are missing, as ``lorabind run`` and ``serve`` do (an example
+    template opened in a fresh ComfyUI names ``lorabind-tiny/...`` files nothing has built yet, and ComfyUI's
+    validation would refuse them as not in the list). Through ComfyUI's on-prompt handlers, once per server; the
+    build writes only the built-in folders (``lorabind-tiny/``, ``diffusers/tiny-*``). False headless."""
+    try:
+        server = importlib.import_module("server").PromptServer.instance
+        add_handler = server.add_on_prompt_handler
+    except Exception:  # headless, or a ComfyUI whose server is not running (or has no on-prompt handlers)
+        return False
+    if any(getattr(handler, _PROMPT_HANDLER_MARK, False) for handler in getattr(server, "on_prompt_handlers", ())):
+        return True  # the pack imported twice
+
+    def build_what_the_prompt_names(json_data):
+        prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+        if isinstance(prompt, dict):
+            paths = folder_paths()
+            ensure_builtins_for_prompt(prompt, paths.models_dir, paths.get_input_directory(),
+                                       announce=lambda line: print(f"[lorabind] {line}", flush=True))
+        return json_data
+
+    setattr(build_what_the_prompt_names, _PROMPT_HANDLER_MARK, True)
+    add_handler(build_what_the_prompt_names)
     return True
 
 
@@ -338,19 +368,10 @@ def model_dtypes(model) -> dict:
     return {key: str(value.dtype) for key, value in model.model_state_dict().items()}
 
 
-def add_sample_check(model, key: str, check) -> None:
-    """Run ``check(sigmas, cfg, transformer_options)`` before every ComfyUI sampler run of ``model`` (KSampler,
-    KSamplerAdvanced, SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the
-    guider (its cfg, and the model options its model reads while sampling), before any model is loaded or step is
-    taken. Raising there fails the node with our message. One wrapper per ``key``."""
-    wrappers = importlib.import_module("comfy.patcher_extension").WrappersMP
-
-    def outer_sample(executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
-        guider = executor.class_obj
-        # a guider without a cfg (BasicGuider) runs the positive prompt alone, which is cfg 1
-        options = (getattr(guider, "model_options", None) or {}).get("transformer_options") or {}
-        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(guider, "cfg", 1.0)), options)
-        return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
-
-    model.remove_wrappers_with_key(wrappers.OUTER_SAMPLE, key)
-    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, key, outer_sample)
+def model_file_name(model) -> str:
+    """The name of the file a ComfyUI MODEL was loaded from, where ComfyUI keeps it: 0.30.0's loaders record how to
+    load the model again (``cached_patcher_init``: the loader and its path). "" where it does not (0.3.64, other
+    loaders). The name only: a path must not reach a message."""
+    init = getattr(model, "cached_patcher_init", None)
+    arguments = init[1] if isinstance(init, tuple) and len(init) > 1 and isinstance(init[1], tuple) else ()
+    return os.path.basename(arguments[0]) if arguments and isinstance(arguments[0], str) else ""

@@ -132,7 +132,8 @@ class LoraBindSampler:
                 "steps": ("INT", {"default": 4, "min": 0, "max": MAX_STEPS,
                                   "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points); 0 = the "
                                              "step count the connected contract declares (refused without one)."}),
-                "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                # 4 steps at cfg 1 (and shift 5): a distill contract's pair (issue 57: cfg 5 with 4 steps was none)
+                "cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
                                   "tooltip": "Classifier-free guidance; 1.0 skips the negative pass (distilled)."}),
                 "shift": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1,
                                     "tooltip": "Flow-matching time shift of the sigma schedule."}),

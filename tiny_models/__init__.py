@@ -139,8 +139,9 @@ def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
         if isinstance(node, dict):
             named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
     root = diffusers_dir(models_root)
-    models = [name for name in BUILTIN_NAMES if name in named and needs_build(root / name)]
     loras = _missing_fixtures(named, models_root)
+    sources = {lora_fixtures.FIXTURE_SOURCES[name] for name in loras if name in lora_fixtures.FIXTURE_SOURCES}
+    models = [name for name in BUILTIN_NAMES if (name in named or name in sources) and needs_build(root / name)]
     if announce is not None and (models or loras):
         what = [f"tiny model{'s' if len(models) > 1 else ''} {', '.join(models)}"] if models else []
         what += [f"{len(loras)} fixture LoRA{'s' if len(loras) > 1 else ''}"] if loras else []

@@ -57,6 +57,13 @@ def ensure_builtin_files(names, models_root) -> list[str]:
     return factory.single_files.ensure_tiny_single_files(names, models_root) if factory is not None else []
 
 
+def ensure_builtins_for_prompt(prompt: dict, models_root, input_dir, announce) -> list[str]:
+    """Build the built-in tiny models, fixture LoRAs and example input images an API ``prompt`` names and that are
+    missing (the host's factory's ``ensure_builtin_models``: what ``lorabind run`` does first); the names built."""
+    factory = host.builtin_models()
+    return factory.ensure_builtin_models(prompt, models_root, input_dir, announce=announce) if factory else []
+
+
 def diffusers_roots(registry) -> list[Path]:
     return [Path(p) for p in registry.get_folder_paths(MODEL_FOLDER_KIND)]
 

@@ -116,6 +116,11 @@ def _read_uncached(resolved: str, display_name: str, identity: tuple) -> LoraFil
     for key in header.tensors:
         parsed_key = parse_key(key)
         (parsed if parsed_key is not None else unknown).append(parsed_key or key)
+    if unknown and not parsed:
+        raise LoraFileError(
+            f"{display_name}: this is a model, not a LoRA: none of its {len(unknown)} tensors is a LoRA tensor "
+            f"({', '.join(unknown[:3])}{' ...' if len(unknown) > 3 else ''}). Pick a LoRA file here, and load this "
+            f"file with a model loader (UNETLoader, LoraBindCheckpointLoader)")
     if unknown:
         known = ", ".join(suffix for suffix, _ in suffix_roles())
         raise LoraFileError(

@@ -29,7 +29,8 @@ class ServerConfig:
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     # Frontend extension folders served at /extensions/<name>/ and listed by GET /extensions.
     web_extensions: dict[str, str] = field(default_factory=lambda: {PACK_NAME: str(PACK_DIR / "web")})
-    workflows_dir: str = str(PACK_DIR / "workflows")
+    workflows_dir: str = str(PACK_DIR / "workflows" / "api")  # the API twins: what the templates name, rendered
+    templates_dir: str = str(PACK_DIR / "workflows")  # the UI templates the editor lists (ComfyUI too)
     # Scale-out (``serve --ray``): None = run prompts here; "local" starts a Ray cluster in this process,
     # "auto" or "HOST:PORT" joins a running one.
     ray_address: Optional[str] = None

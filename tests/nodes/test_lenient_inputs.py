@@ -53,8 +53,8 @@ def test_the_refusal_names_the_options_that_exist(model):
         FuseDistillLoRA().fuse(model, "high_noise_with_unknown.safetensors", 1.0, "transformer")
     message = str(caught.value)
     assert "6 key(s) match nothing in the transformer (wan2.2_moe)" in message
-    assert message.endswith("skip these keys explicitly: the fuse and adapter nodes' 'lenient' input, "
-                            "'lorabind merge --lenient', 'lorabind inspect --lenient'")
+    # the input of the node that refused it, not another node's (issue 57)
+    assert message.endswith("skip these keys explicitly: FuseDistillLoRA's 'lenient' input")
     assert "leniently" not in message
 
 

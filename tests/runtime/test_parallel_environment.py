@@ -22,7 +22,7 @@ from lorabind.runtime.cli import main
 from lorabind.runtime.parallel import job_environment as environment
 from lorabind.runtime.parallel.launch import free_port, rank_environment
 
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "qwen_image_lightning.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "qwen_image_lightning.api.json"
 SECRET = "a job secret of enough characters"
 BOUND_S = 10.0  # the bound for every bad environment
 JOB_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

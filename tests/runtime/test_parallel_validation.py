@@ -27,7 +27,7 @@ from lorabind.runtime.server.openai.templates import fill_in, load_template
 from lorabind.runtime.server.parallel_job import RankZeroExecutor
 from lorabind.runtime.server.parallel_validation import ParallelValidator
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 ADAPTER = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
 

@@ -24,7 +24,7 @@ from saver_capture import capturing_savers
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 TOLERANCE = 1e-6
 
 

@@ -21,7 +21,7 @@ from lorabind.runtime.parallel.job_environment import usable_cores
 
 pytestmark = pytest.mark.slow
 
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "qwen_image_lightning.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "qwen_image_lightning.api.json"
 
 
 def test_the_job_listens_on_loopback_only_and_keeps_its_secret_off_command_lines(tiny_models_root, tmp_path):

@@ -39,7 +39,7 @@ from server_client import Client, run_async
 openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 TEMPLATE = WORKFLOWS / "qwen_image_lightning.api.json"
 LIGHTNING = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
 TOLERANCE = 1e-6

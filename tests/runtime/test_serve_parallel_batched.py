@@ -28,7 +28,7 @@ from server_client import Client, run_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "qwen_image_lightning.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "qwen_image_lightning.api.json"
 TOLERANCE = 1e-5
 SEEDS = (11, 12)
 

@@ -38,7 +38,7 @@ from server_client import Client, run_async
 
 pytestmark = pytest.mark.slow
 
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "qwen_image_lightning.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "qwen_image_lightning.api.json"
 RANK_TIMEOUT_S = 3
 TOKENS = {"auth_token_comfy_org": "comfy-org-token-52-1", "api_key_comfy_org": "comfy-org-key-52-1"}
 WAIT_S = 240.0

@@ -54,10 +54,12 @@ class FamilyContracts(FamilyPart):
         the right step count on another flow_shift), or None to keep the general one."""
         return None
 
-    def host_sampling_problem(self, contract, sigmas: list, host_options: dict) -> Optional[str]:
+    def host_sampling_problem(self, contract, sigmas: list, host_options: dict,
+                              condition_keys: frozenset = frozenset()) -> Optional[str]:
         """What else is off the contract in a host sampler run whose sigmas and cfg are right, from the host
-        model's own options (ComfyUI's ``transformer_options``), or None (MiniMax-H3: the audio schedule its
-        model derives from the video sigmas)."""
+        model's own options (ComfyUI's ``transformer_options``) and the keys of its positive conditioning, or None
+        (MiniMax-H3: the task the conditioning is for, and the audio schedule its model derives from the video
+        sigmas)."""
         return None
 
     def check_stage(self, model_handle, schedule, enforce: bool) -> list:

@@ -18,7 +18,7 @@ import lorabind
 from lorabind.runtime import folder_paths
 from lorabind.runtime.commands.run import contract_refusals, load_node_classes
 
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "qwen_image_lightning.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "qwen_image_lightning.api.json"
 LORA = "Qwen-Image-Lightning-4steps-V1.0.safetensors is a 4-step distill LoRA"
 
 

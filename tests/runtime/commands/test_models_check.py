@@ -75,7 +75,7 @@ def test_models_check_says_what_a_found_file_is(tiny_models_root, capsys):
     from lorabind.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 
     ensure_tiny_single_files([n for names in tiny_file_names().values() for n in names], tiny_models_root)
-    assert _check(WORKFLOWS / "wan22_single_files_fp8.json", tiny_models_root) == 0
+    assert _check(WORKFLOWS.parent / "workflows" / "wan22_single_files_fp8.json", tiny_models_root) == 0
     out = capsys.readouterr().out
     assert ("found    node 1 denoiser: diffusion_models/lorabind-tiny/wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors"
             " — Wan2.2 T2V tiny high-noise expert (fp8_scaled)") in out

@@ -49,6 +49,7 @@ def test_the_readme_commands_run_verbatim_in_a_clone(tiny_models_root, tmp_path,
     clone = tmp_path / "clone"
     clone.mkdir()
     (clone / "workflows").symlink_to(PACK / "workflows")
+    (clone / "workflows").symlink_to(PACK / "workflows")
     (clone / "models").symlink_to(tiny_models_root)  # what the Quick start's first run built
     monkeypatch.chdir(clone)
     monkeypatch.delenv("LORABIND_MODELS", raising=False)

@@ -18,7 +18,7 @@ from lorabind.runtime.cli import main
 from published_tiny import published_hub_files
 
 REPO = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 def _main(*argv) -> int:

@@ -11,7 +11,8 @@ import lorabind
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def no_model_load(monkeypatch):
 
 def _run(models_root, tmp_path, *extra):
     try:
-        return main(["run", str(WORKFLOWS / "wan22_mismatched_contract.json"), "--models", str(models_root),
+        return main(["run", str(TEMPLATES / "wan22_mismatched_contract.json"), "--models", str(models_root),
                      "--output", str(tmp_path / "out"), *extra])
     finally:
         folder_paths.configure()
@@ -52,7 +53,7 @@ def test_a_prompt_the_sampler_would_accept_is_not_refused_early(tiny_models_root
     from lorabind.runtime.workflow_format import to_api_prompt
 
     node_classes, names = load_node_classes()
-    prompt, _ = to_api_prompt(json_limits.loads((WORKFLOWS / "wan22_mismatched_contract.json").read_text()),
+    prompt, _ = to_api_prompt(json_limits.loads((TEMPLATES / "wan22_mismatched_contract.json").read_text()),
                               node_classes, names)
     node_id, _, rest = override.partition(".")
     name, _, value = rest.partition("=")

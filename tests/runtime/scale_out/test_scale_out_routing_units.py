@@ -18,7 +18,7 @@ PACK_DIR = Path(lorabind.__file__).parent
 
 
 def _pair_prompt() -> dict:
-    return json.loads((PACK_DIR / "workflows" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
+    return json.loads((PACK_DIR / "workflows" / "api" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
 
 
 def _node_classes() -> dict:

@@ -70,9 +70,10 @@ def test_frontend_index_and_assets_are_served_beside_the_api(server):
             assert (await client.get("/extensions/lorabind/lorabind.js"))[0] == 200
             assert (await client.get("/assets/../../pyproject.toml"))[0] == 404
             assert (await client.get("/no-such-file.js"))[0] == 404
-            # ComfyUI's own templates are not ours to serve: an empty index, not a 404
-            assert (await client.get("/templates/index.json"))[1] == []
-            assert (await client.get("/templates/index.fr.json"))[1] == []
+            # ComfyUI's own templates are not ours to serve: the index is our examples (for every locale), no logos
+            (examples,) = (await client.get("/templates/index.json"))[1]
+            assert examples["category"] == "lorabind" and examples["templates"][0]["name"] == "wan22_lightx2v_4step"
+            assert (await client.get("/templates/index.fr.json"))[1] == [examples]
             assert (await client.get("/templates/index_logo.json"))[1] == {}
             assert (await client.get("/templates/other.json"))[0] == 404
         finally:

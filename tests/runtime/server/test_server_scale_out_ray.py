@@ -25,7 +25,7 @@ from server_client import Client, run_async  # noqa: E402
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 
 
 @pytest.fixture(scope="module")

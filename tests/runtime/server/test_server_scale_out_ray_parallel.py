@@ -29,7 +29,7 @@ from server_client import Client, run_async  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a Ray cluster, a replica of two ranks
 
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 # tests/runtime/test_run_parallel.py bounds tp=2's decoded frames at 1e-4 (the all-reduce reorders float32 sums);
 # written as 8-bit PNGs, a value that close can round to the neighbouring level and no further.
 LEVELS = 1

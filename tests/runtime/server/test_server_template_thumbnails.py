@@ -17,27 +17,31 @@ from lorabind.runtime.server.comfy_api.template_thumbnails import render_templat
 from lorabind.runtime.server.example_assets import ordered_templates
 from server_client import Client, run_async
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 
 
 def test_templates_are_listed_main_example_first_and_every_shipped_one_has_a_place(server):
-    shipped = sorted(p.name[:-5] for p in WORKFLOWS.glob("*.json")
+    shipped = sorted(p.name[:-5] for p in TEMPLATES.glob("*.json")
                      if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # run in ComfyUI only
     assert sorted(example_order()) == shipped  # a new example must be given its place
 
     async def body():
         client = Client(server.url)
         try:
-            status, templates = await client.get("/api/workflow_templates")
-            assert status == 200 and templates == {"lorabind": list(example_order())}
-            assert templates["lorabind"][0] == "wan22_lightx2v_4step"
+            status, index = await client.get("/templates/index.json")
+            assert status == 200 and [card["name"] for card in index[0]["templates"]] == list(example_order())
+            assert index[0]["templates"][0]["name"] == "wan22_lightx2v_4step"
             status, _ = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg")
             assert status == 404  # not rendered for this server: the card shows its placeholder
             folder = thumbnail_folder(server.config.state_dir)
             folder.mkdir(parents=True)
             (folder / "wan22_lightx2v_4step.jpg").write_bytes(b"\xff\xd8jpeg")
-            status, picture = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg")
-            assert status == 200 and picture == b"\xff\xd8jpeg"
+            # where frontend 1.58 asks for an index card's picture, and where it asked for a pack template's
+            for url in ("/templates/wan22_lightx2v_4step-1.jpg",
+                        "/api/workflow_templates/lorabind/wan22_lightx2v_4step.jpg"):
+                status, picture = await client.get(url)
+                assert status == 200 and picture == b"\xff\xd8jpeg"
             status, workflow = await client.get("/api/workflow_templates/lorabind/wan22_lightx2v_4step.json")
             assert status == 200 and "nodes" in workflow
             assert (await client.get("/api/workflow_templates/lorabind/..%2Fsecret.jpg"))[0] == 404

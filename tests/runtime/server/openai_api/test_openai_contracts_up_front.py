@@ -19,7 +19,7 @@ from lorabind.runtime.server.openai.requests import parse_chat
 from lorabind.runtime.server.openai.templates import fill_in, load_template
 from lorabind.usecases.prompt_contracts import early_contract_refusals
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 I2V_PAIR = "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
 QWEN = "Qwen-Image-Lightning-4steps-V1.0.safetensors"

@@ -14,7 +14,7 @@ from lorabind.runtime.server.openai.errors import OpenAIRequestError
 from lorabind.runtime.server.openai.requests import parse_chat, parse_video
 from lorabind.runtime.server.openai.templates import FIELDS, load_template
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 TEMPLATES = ("wan22_lightx2v_4step", "qwen_image_lightning", "minimax_h3_turbo_4step_768p")
 HUGE = 10 ** 399  # 400 digits

@@ -19,7 +19,7 @@ from lorabind.runtime.server.openai.requests import parse_chat, parse_video
 from lorabind.runtime.server.openai.results import failure
 from lorabind.runtime.server.openai.templates import fill_in, load_template
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 I2V_PAIR = "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
 # the guide's I2V recipe: --flow-shift 12 --sample-solver euler --guidance-scale 1.0 --guidance-scale-high 1.0

@@ -42,7 +42,7 @@ class Listening(Exception):
 
 def test_the_guides_distill_command_on_the_lightning_template_is_refused_naming_the_node(
         tiny_models_root, tmp_path, monkeypatch, capsys):
-    code = _serve(tiny_models_root, tmp_path, monkeypatch, WORKFLOWS / "qwen_image_lightning.api.json",
+    code = _serve(tiny_models_root, tmp_path, monkeypatch, WORKFLOWS / "api" / "qwen_image_lightning.api.json",
                   QWEN_LIGHTNING)
     out = capsys.readouterr().out
     assert code == 2

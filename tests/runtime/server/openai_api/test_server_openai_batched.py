@@ -22,7 +22,7 @@ from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _
 openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
 pytestmark = pytest.mark.slow
 
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _
 openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 
 
 @pytest.fixture(scope="module")

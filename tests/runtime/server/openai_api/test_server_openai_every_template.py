@@ -25,13 +25,17 @@ PACKAGE = Path(lorabind.__file__).parent
 DOC = PACKAGE / "docs" / "serving" / "openai.md"
 
 
+def template_file(name: str) -> Path:
+    """``base/qwen_image`` is ``workflows/base/qwen_image.api.json``, the others ``workflows/api/<name>.api.json``."""
+    return PACKAGE / "workflows" / (f"{name}.api.json" if name.startswith("base/") else f"api/{name}.api.json")
+
+
 def listed_templates() -> list[str]:
-    """The templates the doc's "Templates." bullet names (``base/qwen_image`` is ``workflows/base/...``)."""
+    """The templates the doc's "Templates." bullet names."""
     text = DOC.read_text(encoding="utf-8")
     bullet = text[text.index("- **Templates.**"):]
     bullet = bullet[:bullet.index("\n- **")]
-    return [name for name in re.findall(r"`([a-z0-9_/]+)`", bullet)
-            if (PACKAGE / "workflows" / f"{name}.api.json").is_file()]
+    return [name for name in re.findall(r"`([a-z0-9_/]+)`", bullet) if template_file(name).is_file()]
 
 
 def test_the_doc_lists_the_shipped_templates():
@@ -49,8 +53,7 @@ def server(tiny_models_root, tmp_path_factory):
     write_tiny_single_files(tiny_models_root)  # the GGUF template's files
     root = tmp_path_factory.mktemp("openai_every_template")
     shutil.copytree(example_input_dir(), root / "input")  # lorabind-tiny/start.png
-    models = tuple((name.replace("/", "-"), str(PACKAGE / "workflows" / f"{name}.api.json"))
-                   for name in listed_templates())
+    models = tuple((name.replace("/", "-"), str(template_file(name))) for name in listed_templates())
     config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(root / "output"),
                           input_dir=str(root / "input"), temp_dir=str(root / "temp"), state_dir=str(root / "state"),
                           openai_models=models)
