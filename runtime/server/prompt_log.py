@@ -9,10 +9,12 @@ import logging
 log = logging.getLogger("lorabind.server")
 
 
-def queued(prompt_id: str, number, node_count: int, client_id: str | None) -> None:
+def queued(prompt_id: str, number, node_count: int, client_id: str | None, behind: str | None = None) -> None:
+    """``behind``: the server's background work the prompt waits for (``PromptQueue.background``)."""
     client = f", client {client_id}" if client_id else ""
-    log.info("prompt %s queued (#%g, %d node%s%s)", prompt_id, number, node_count, "" if node_count == 1 else "s",
-             client)
+    waits = f"; it runs when the {behind} in progress is done (a few seconds)" if behind else ""
+    log.info("prompt %s queued (#%g, %d node%s%s)%s", prompt_id, number, node_count, "" if node_count == 1 else "s",
+             client, waits)
 
 
 MAX_REFUSAL_NODES = 3  # a refusal line names this many nodes' errors, then how many more there are
