@@ -105,11 +105,20 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
     if acc.unmatched:
         acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
                        f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family, guess_family)}"
-                       f"Check that the LoRA is for this model, or skip these keys explicitly: the fuse and "
-                       f"adapter nodes' 'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'")
+                       f"{_way_out(acc)}")
         if not lenient:
             raise KeyMatchError(acc.refusal)
     return acc
+
+
+def _way_out(acc: KeyAccounting) -> str:
+    """Skipping the unmatched keys is a way out only when some keys apply: a file none of whose keys match would
+    be skipped whole, silently (issue 54: a Qwen-Image LoRA in the Wan pair, all 72 keys dropped)."""
+    if not acc.applied:
+        return ("Check that the LoRA is for this model: none of its keys applies to it, so skipping the unmatched "
+                "ones ('lenient') would apply nothing")
+    return ("Check that the LoRA is for this model, or skip these keys explicitly: the fuse and adapter nodes' "
+            "'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'")
 
 
 def _family_hint(lora, model_family: str, guess_family: Optional[Callable]) -> str:

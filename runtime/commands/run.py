@@ -61,13 +61,17 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
-    no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    """``[(node id, "ContractError: ...")]``: samplers whose step count a file's contract contradicts, and LoRAs of
+    another model family than their model, found from the prompt alone (no model loaded, no text encoded: on a
+    real 14B model the sampler or the fuse would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...usecases.prompt_contracts import early_contract_refusals
+    from ...usecases.prompt_contracts import early_contract_refusals, wrong_family_refusals
     from .. import folder_paths
 
-    return early_contract_refusals(prompt, node_classes, folder_paths)
+    return ([(node_id, f"ContractError: {message}")
+             for node_id, message in early_contract_refusals(prompt, node_classes, folder_paths)]
+            + [(node_id, f"KeyMatchError: {name}: {message}")
+               for node_id, name, message in wrong_family_refusals(prompt, node_classes, folder_paths)])
 
 
 def run(args) -> int:
@@ -225,7 +229,7 @@ def _refused_before_running(validation, prompt: dict, node_classes: dict) -> boo
     refusals = contract_refusals(prompt, node_classes)
     if refusals:
         print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+                        f"model was loaded: {message}" for node_id, message in refusals),
               file=sys.stderr)
         return True
     return False
