@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import ModelLoadError
+from . import quiet_parallel
 from .process_group import job_mesh, session_spec
 
 MIN_DIFFUSERS_FOR_CONTEXT_PARALLEL = "0.36"  # ContextParallelConfig and ModelMixin.enable_parallelism
@@ -42,6 +43,7 @@ def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:
     if spec.sequence == 1:
         return
     config_class = _context_parallel_config_class()
+    quiet_parallel.install()  # diffusers' "experimental feature" and timestep notices, on every rank
     mesh = job_mesh(torch.device(device).type)
     for name, module in denoisers.items():
         if getattr(module, "_cp_plan", None) is None or not hasattr(module, "enable_parallelism"):
