@@ -35,10 +35,6 @@ class Storage:
     sizes: tuple
     files: tuple = ()
 
-    @property
-    def key(self) -> tuple:
-        return self.weights, self.text_encoder
-
     def order(self) -> tuple:
         """Closer to the original first."""
         return WEIGHTS.index(self.weights), TEXT_ENCODER_WEIGHTS.index(self.text_encoder)

@@ -15,10 +15,9 @@ import time
 from urllib.parse import urlsplit
 
 import test_server_frontend_browser
-from test_server_frontend_browser import APP_READY, CHROMIUM, TIMEOUT_MS, _jobs, _load, sync_playwright
+from test_server_frontend_browser import APP_READY, CHROMIUM, TIMEOUT_MS, _jobs, _load, _start, sync_playwright
 
 from lorabind.runtime.server import ServerConfig
-from lorabind.runtime.server.in_process_server import BackgroundServer
 
 pytestmark = test_server_frontend_browser.pytestmark  # the browser tests' marks: slow, skipped without chromium
 
@@ -44,9 +43,8 @@ def _recorded(context) -> list:
 
 
 def test_open_run_a_refused_run_and_the_issues_panel_request_nothing_outside(tiny_models_root, tmp_path):
-    config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
-                          input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"))
-    server = BackgroundServer(config).start()
+    server = _start(ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
+                                 input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp")))
     try:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

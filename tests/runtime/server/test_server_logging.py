@@ -181,23 +181,14 @@ def test_every_prompt_gets_one_line_in_order_refusals_included_and_queued_before
 def test_a_contract_refusal_says_its_sentence_once(tiny_models_root, caplog):
     """Issue 54: the refusal line said the contract sentence twice (the error's details, then the node's)."""
     import json
-    from types import SimpleNamespace
 
     import lorabind
-    from lorabind.runtime import folder_paths
-    from lorabind.runtime.core_nodes import runtime_node_classes
-    from lorabind.runtime.executor.validation import ValidationResult
     from lorabind.runtime.server import prompt_log
-    from lorabind.runtime.server.comfy_api import prompt_service
+    from prompt_refusals import refused_early
 
     prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "wan22_mismatched_contract.api.json")
                         .read_text())
-    folder_paths.configure(models_root=str(tiny_models_root))
-    try:
-        state = SimpleNamespace(node_classes=runtime_node_classes()[0])
-        result = prompt_service._refuse_contract_mismatches(state, ValidationResult(True, None, ["8"], {}, prompt))
-    finally:
-        folder_paths.configure()
+    result = refused_early(prompt, tiny_models_root)
     caplog.set_level(logging.INFO, logger="lorabind.server")
     prompt_log.refused("p1", result.error, result.node_errors, "c1")
     [line] = server_lines(caplog)

@@ -45,17 +45,12 @@ def test_another_familys_lora_is_refused_at_validation_before_any_model_loads(ti
 
     import lorabind
     import lorabind.usecases.models as models
-    from lorabind.runtime import folder_paths
+    from prompt_refusals import refused_early
 
     monkeypatch.setattr(models, "load_folder", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json").read_text())
     prompt["5"]["inputs"]["high_noise_lora"] = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
-    folder_paths.configure(models_root=str(tiny_models_root))
-    try:
-        state = SimpleNamespace(node_classes=runtime_node_classes()[0])
-        result = prompt_service._refuse_contract_mismatches(state, ValidationResult(True, None, ["8"], {}, prompt))
-    finally:
-        folder_paths.configure()
+    result = refused_early(prompt, tiny_models_root)
     assert not result.ok
     error, = result.node_errors["5"]["errors"]
     assert error["extra_info"] == {"input_name": "high_noise_lora", "lorabind_refusal": "lora_for_another_family",
