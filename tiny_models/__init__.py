@@ -41,6 +41,11 @@ BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
     name: BUILDERS[name] for name in RECIPES if BUILDERS[name] not in _SHARED_BUILDERS}
 
 
+def fixture_lora_names() -> tuple:
+    """Every fixture LoRA's name (``lorabind-tiny/<published name>``): each carries a distill LoRA's published name."""
+    return tuple(lora_fixtures.FIXTURE_NAMES) + tuple(minimax_h3.FIXTURE_NAMES)
+
+
 def unavailable_builtins() -> dict[str, str]:
     """{name: why} for built-ins whose family needs newer libraries than the installed ones."""
     unmet = {name: compat.unmet_requirements(family) for name, family in BUILTIN_FAMILIES.items()}

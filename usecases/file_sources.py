@@ -41,8 +41,7 @@ def source_of(kind: str, name: str) -> str:
 def _published_loras() -> frozenset:
     """The distill LoRAs' published names: the built-in fixture LoRAs carry them (``lorabind-tiny/<name>``)."""
     factory = host.builtin_models()
-    names = [name for module in ("lora_fixtures", "minimax_h3")
-             for name in getattr(getattr(factory, module, None), "FIXTURE_NAMES", ())]
+    names = factory.fixture_lora_names() if factory is not None else ()
     return frozenset(name.rsplit("/", 1)[-1] for name in names)
 
 
