@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import ModelLoadError
+from . import quiet_parallel
 from .process_group import job_mesh, session_spec
 from .spec import ulysses_heads_refusal
 
@@ -67,6 +68,7 @@ def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:
     if spec.sequence == 1:
         return
     config_class = _context_parallel_config_class()
+    quiet_parallel.install()  # diffusers' "experimental feature" and timestep notices, on every rank
     mesh = job_mesh(torch.device(device).type)
     for name, module in denoisers.items():
         if getattr(module, "_cp_plan", None) is None or not hasattr(module, "enable_parallelism"):

@@ -106,18 +106,22 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
     if acc.unmatched:
         family_hint = _family_hint(lora, mapped.family, guess_family)
         acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
-                       f"{_first(acc.unmatched)}. {family_hint}{_what_to_do(bool(family_hint), caller)}")
+                       f"{_first(acc.unmatched)}. {family_hint}{_what_to_do(acc, bool(family_hint), caller)}")
         if not lenient:
             raise KeyMatchError(acc.refusal)
     return acc
 
 
-def _what_to_do(another_family: bool, caller: str) -> str:
+def _what_to_do(acc: KeyAccounting, another_family: bool, caller: str) -> str:
     """The way out of a refusal, in the caller's words (``caller``: the node or command that asked). Skipping the
-    keys (``lenient``) is offered only for a file of this model's family: another family's file would lose every
-    key, and a node that applies nothing must not be suggested."""
+    keys (``lenient``) is offered only where some keys apply to this model: another family's file, or one none of
+    whose keys match, would be skipped whole (issue 54: a Qwen-Image LoRA in the Wan pair, all 72 keys dropped),
+    and a node that applies nothing must not be suggested."""
     if another_family:
         return "Pick a LoRA made for this model"
+    if not acc.applied:
+        return ("Check that the LoRA is for this model: none of its keys applies to it, so skipping the unmatched "
+                "ones ('lenient') would apply nothing")
     if caller.startswith("lorabind "):
         skip = f"'{caller} --lenient'"
     elif caller:

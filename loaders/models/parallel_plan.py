@@ -20,7 +20,9 @@ What each split does to one rank's figures (the assumptions, stated once):
 * ``cfg=2``: every rank holds the whole model (with ``tp=N``: its pass's split) and runs one of a guided step's
   two passes; the passes are separate forwards of batch 1 already, so a rank's working memory does not change.
 * Host: the ranks run on one machine (``lorabind run`` starts them there) and share its ``--ram``: each rank is
-  planned with ``--ram / ranks``.
+  planned with the usable ``--ram`` (less the OS's headroom, ``placement.headroom``) divided by the ranks.
+  ``ulysses``/``ring``/``cfg`` alone are planned by ``placement.choices`` (every storage, as plain ``plan``);
+  this module plans ``tp`` and ``--files``.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def format_rank_lines(rank_plan: RankPlan) -> list[str]:
     """The lines ``plan --parallel`` prints above the per-rank plan."""
     spec = rank_plan.spec
     host_share = rank_plan.plan.host_free_bytes
-    shared = "" if host_share is None else f", each with {host_share / GIB:.1f} GiB of the machine's --ram"
+    shared = "" if host_share is None else f", each with {host_share / GIB:.1f} GiB of the machine's --ram usable"
     lines = [f"parallel: {spec.describe()} ({spec.world_size} ranks on one machine; the figures below are per rank"
              f"{shared})", f"working memory per rank: {rank_plan.activation_bytes / GIB:.1f} GiB"]
     for share in rank_plan.shares:

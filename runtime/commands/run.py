@@ -64,14 +64,17 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """``[(sampler node id, input, message)]``: samplers whose steps, scheduler, shift, cfg or expert split a file's
-    contract contradicts, found from the prompt alone (no model loaded, no text encoded: on a real 14B model the
-    sampler would say so only minutes later)."""
+    """``[(node id, input, "Error: ...")]``: samplers whose steps, scheduler, shift, cfg or expert split a file's
+    contract contradicts, and LoRAs of another model family than their model, found from the prompt alone (no
+    model loaded, no text encoded: on a real 14B model the sampler or the fuse would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...usecases.prompt_contracts import early_refusals_by_input
+    from ...usecases.prompt_contracts import early_refusals_by_input, wrong_family_refusals
     from .. import folder_paths
 
-    return early_refusals_by_input(prompt, node_classes, folder_paths)
+    return ([(node_id, name, f"ContractError: {message}")
+             for node_id, name, message in early_refusals_by_input(prompt, node_classes, folder_paths)]
+            + [(node_id, name, f"KeyMatchError: {name}: {message}")
+               for node_id, name, message in wrong_family_refusals(prompt, node_classes, folder_paths)])
 
 
 def run(args) -> int:
@@ -259,7 +262,7 @@ def _refused_before_running(validation, prompt: dict, node_classes: dict) -> boo
     refusals = contract_refusals(prompt, node_classes)
     if refusals:
         print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, _, message in refusals),
+                        f"model was loaded: {message}" for node_id, _, message in refusals),
               file=sys.stderr)
         return True
     return False

@@ -120,7 +120,7 @@ class PromptWorker:
 
     def _apply_free_requests(self) -> None:
         with self._lock:
-            if self._runs:  # another worker thread is running a prompt: free after it
+            if self._runs or self.queue.background:  # a prompt or the thumbnails use the models: free after
                 return
             unload, free = self._unload_models, self._free_memory
             self._unload_models = self._free_memory = False

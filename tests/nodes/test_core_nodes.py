@@ -95,6 +95,34 @@ def test_build_tiny_command_prints_what_it_wrote(tmp_path, capsys):
     assert "tiny-nope" in capsys.readouterr().err
 
 
+def test_build_tiny_keeps_what_is_current_and_force_rebuilds_it(tmp_path, capsys):
+    """Issue 54: build-tiny rewrote everything even when it was current (deterministic builds: the same bytes)."""
+    folder = tmp_path / "diffusers" / "tiny-wan21-t2v"
+    arguments = ["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-wan21-t2v"]
+    assert cli_main(arguments) == 0 and f"wrote {folder}" in capsys.readouterr().out
+    weights = sorted(folder.rglob("*.safetensors"))
+    stamps = {path: path.stat().st_mtime_ns for path in weights}
+    assert cli_main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" not in printed and "0 item(s) written" in printed and "--force rebuilds it" in printed
+    assert weights and {path: path.stat().st_mtime_ns for path in weights} == stamps  # not touched
+    assert cli_main([*arguments, "--force"]) == 0 and f"wrote {folder}" in capsys.readouterr().out
+    assert any(path.stat().st_mtime_ns != stamps[path] for path in weights)
+
+
+@pytest.mark.slow  # builds every tiny model once
+def test_a_second_build_tiny_writes_nothing_and_a_missing_fixture_is_written_again(tmp_path, capsys):
+    from lorabind.tiny_models import build_tiny
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
+
+    first = build_tiny(tmp_path / "models", input_dir=tmp_path / "input")
+    assert first and build_tiny(tmp_path / "models", input_dir=tmp_path / "input") == []
+    (tmp_path / "models" / "loras" / WAN22_HIGH).unlink()
+    again = build_tiny(tmp_path / "models", input_dir=tmp_path / "input")
+    assert tmp_path / "models" / "loras" / WAN22_HIGH in again and not any(p.name == "model_index.json" or
+                                                                           p.parent.name == "diffusers" for p in again)
+
+
 def test_an_oversized_latent_is_refused_at_validation_with_its_size():
     from lorabind.nodes import NODE_CLASS_MAPPINGS
     from lorabind.runtime.executor import PromptExecutor

@@ -58,6 +58,23 @@ def test_the_refusal_names_the_options_that_exist(model):
     assert "leniently" not in message
 
 
+def test_a_file_none_of_whose_keys_applies_is_not_told_to_go_lenient(model, models_root, tiny_models_root):
+    """Issue 54: a Qwen-Image LoRA on the Wan2.2 model matches none of its keys; 'lenient' would drop all of them
+    and apply nothing, so the refusal does not offer it."""
+    import shutil
+
+    from lorabind.nodes.adapter_nodes import FuseDistillLoRA
+
+    shutil.copy(tiny_models_root / "loras" / F.QWEN_LIGHTNING, models_root / "loras" / F.QWEN_LIGHTNING)
+    with pytest.raises(KeyMatchError) as caught:
+        FuseDistillLoRA().fuse(model, F.QWEN_LIGHTNING, 1.0, "transformer")
+    message = str(caught.value)
+    assert "key(s) match nothing in the transformer (wan2.2_moe)" in message and "qwen_image LoRA" in message
+    assert message.endswith("none of its keys applies to it, so skipping the unmatched ones ('lenient') would "
+                            "apply nothing")
+    assert "'lenient' input" not in message and "--lenient" not in message
+
+
 def test_a_lenient_fuse_skips_only_the_unmatched_keys_and_binds(model):
     from lorabind.nodes.adapter_nodes import FuseDistillLoRA, WanMoELoRAPair
 

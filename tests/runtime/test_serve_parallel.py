@@ -32,12 +32,13 @@ from gloo_ranks import RANK_TIMEOUT_S
 from lorabind.loaders.models.store import clear_cache
 from lorabind.runtime.cli import main
 from lorabind.runtime.parallel.launch import free_port
+from optional_extras import deferred, requires
 from saver_capture import capturing_savers
 from served_jobs import ServedJob, served_job
 from server_client import Client, run_async
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 TEMPLATE = WORKFLOWS / "qwen_image_lightning.api.json"

@@ -27,6 +27,12 @@ log = logging.getLogger("lorabind.server")
 FRONTEND_DISTRIBUTION = "comfyui-frontend-package"
 FRONTEND_VERSION = "1.58.1"  # the version pyproject's `ui` extra pins and whose calls the routes answer
 INSTALL_HINT = 'pip install "lorabind[ui]"'
+# The editor's page may load and ask nothing but this server (issue 54): frontend 1.58.1 asks the Comfy registry
+# (https://api.comfy.org/nodes?node_id=...) which pack each node of the workflow comes from when the Issues panel
+# opens, and no setting of that release turns the lookup off. The policy keeps what the page itself needs (its
+# inline styles and scripts, data: and blob: URLs, the WebSocket to this server, which 'self' covers) and makes
+# the browser refuse every other host before a request is sent.
+CONTENT_SECURITY_POLICY = "default-src 'self' 'unsafe-inline' 'unsafe-eval' data: blob:"
 
 
 def frontend_static_dir() -> Path | None:
@@ -58,7 +64,8 @@ def add_frontend_routes(app: web.Application) -> Path | None:
 
     async def get_index(request: web.Request) -> web.FileResponse:
         # no-cache: after an upgrade of the extra the browser must fetch the new index (its asset names change)
-        return web.FileResponse(index, headers={"Cache-Control": "no-cache"})
+        return web.FileResponse(index, headers={"Cache-Control": "no-cache",
+                                                "Content-Security-Policy": CONTENT_SECURITY_POLICY})
 
     app.router.add_get("/", get_index)
     app.router.add_static("/", static, append_version=False)

@@ -82,6 +82,24 @@ def test_frontend_index_and_assets_are_served_beside_the_api(server):
     run_async(body)
 
 
+@needs_frontend
+def test_the_editor_page_lets_the_browser_ask_only_this_server(server):
+    """Issue 54: the Issues panel asked https://api.comfy.org/nodes for each node's pack; the page's policy
+    (every fetch, XHR and WebSocket to this server only) makes the browser refuse it before it is sent
+    (``test_server_browser_offline.py`` records it in Chromium)."""
+    async def body():
+        client = Client(server.url)
+        try:
+            async with client.session.get(f"{server.url}/") as resp:
+                policy = resp.headers.get("Content-Security-Policy", "")
+        finally:
+            await client.close()
+        assert policy.startswith("default-src 'self' ") and "http" not in policy and "*" not in policy
+        assert "connect-src" not in policy  # fetch, XHR and WebSocket fall back to default-src: 'self'
+
+    run_async(body)
+
+
 def test_jobs_list_the_queue_and_history_as_the_frontend_reads_them(server):
     async def body():
         client = Client(server.url)

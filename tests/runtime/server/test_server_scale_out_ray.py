@@ -15,15 +15,13 @@ from pathlib import Path
 import pytest
 
 import lorabind
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
+from server_client import Client, run_async
 
-pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-
-from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
-from server_client import Client, run_async  # noqa: E402
-
-pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
+openai = deferred("openai")
+pytestmark = [requires("ray"), requires("openai"), pytest.mark.slow]  # runs whole workflows / servers end to end
 
 WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 

@@ -18,16 +18,14 @@ import pytest
 from PIL import Image
 
 import lorabind
+from lorabind.loaders.distributed.spec import ParallelSpec
+from lorabind.runtime.cli import main
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import requires
+from server_client import Client, run_async
 
-pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
-
-from lorabind.loaders.distributed.spec import ParallelSpec  # noqa: E402
-from lorabind.runtime.cli import main  # noqa: E402
-from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
-from server_client import Client, run_async  # noqa: E402
-
-pytestmark = pytest.mark.slow  # a Ray cluster, a replica of two ranks
+pytestmark = [requires("ray"), pytest.mark.slow]  # a Ray cluster, a replica of two ranks
 
 WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 # tests/runtime/test_run_parallel.py bounds tp=2's decoded frames at 1e-4 (the all-reduce reorders float32 sums);

@@ -20,10 +20,11 @@ from PIL import Image
 import lorabind
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
 from server_client import Client, run_async
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 LIGHTNING = "Qwen-Image-Lightning-4steps-V1.0.safetensors"
