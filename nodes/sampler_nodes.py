@@ -39,10 +39,24 @@ def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
         lines.append(f"memory={placed['memory']} on {placed['device']}"
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
+    if report.get("batching"):  # served with --max-batch above 1
+        lines.append(_batching_line(report["batching"]))
     lines += [f"tensor parallel: {split['component']} holds {split['bytes_per_rank'] / 2**20:.2f} MiB of the "
               f"{split['bytes_whole'] / 2**20:.2f} MiB of its {split['split_parameters']} split parameters on each "
               f"rank" for split in report.get("tensor_parallel", ())]
     return lines
+
+
+def _batching_line(batching: dict) -> str:
+    """How the run shared the step engine's forwards with other prompts."""
+    parts = [f"batched: {batching['forwards']} forwards, in batches of up to {batching['largest_batch']}"]
+    if batching["row_applied"]:
+        parts.append(f"on its own rows: {', '.join(batching['row_applied'])}")
+    if batching["fused_for_batch"]:
+        parts.append(f"fused for its whole batch: {', '.join(batching['fused_for_batch'])}")
+    if batching["alone"]:
+        parts.append(f"alone: {batching['alone']}")
+    return "; ".join(parts)
 
 
 def _schedule_lines(report: dict, enforced: bool) -> tuple[str, list[str]]:

@@ -74,6 +74,10 @@ class StepEngine:
         request = EngineRequest(self, model, binding, key=self._numbered(key), check_interrupt=check_interrupt,
                                 on_bind=on_bind, interrupt=interrupt)
         request.group = self.groups.key_of(request)
+        if self.max_batch > 1:  # said in its report: these make it share batches only with the same binding
+            fixed = self.groups.row_forms.fixed_keys(model, binding)
+            request.batching.fused_for_batch = tuple(spec.name or spec.path for key, spec in binding.keys.items()
+                                                     if key in fixed)
         with self._changed:
             if self._closed:
                 raise RuntimeError("the step engine has been closed")

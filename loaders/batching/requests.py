@@ -25,17 +25,20 @@ _numbers = itertools.count()
 
 @dataclass
 class Batching:
-    """How a request was served: forwards run, the largest batch it was in, what ran on its own rows, and why
-    it never shared a forward (None when it could)."""
+    """How a request was served: forwards run, the largest batch it was in, what ran on its own rows, what had to
+    be fused for its whole batch (no per-row form: full diffs, LoKr, DoRA; it shares batches only with requests
+    fusing the same), and why it never shared a forward (None when it could)."""
 
     forwards: int = 0
     largest_batch: int = 0
     row_applied: set = field(default_factory=set)
+    fused_for_batch: tuple = ()
     alone: Optional[str] = None
 
     def to_dict(self, max_batch: int) -> dict:
         return {"max_batch": max_batch, "forwards": self.forwards, "largest_batch": self.largest_batch,
-                "row_applied": sorted(self.row_applied), "alone": self.alone}
+                "row_applied": sorted(self.row_applied), "fused_for_batch": list(self.fused_for_batch),
+                "alone": self.alone}
 
 
 class EngineRequest:
