@@ -81,6 +81,10 @@ class PromptExecutor:
     def validate(self, prompt: dict, partial_execution_targets=None) -> ValidationResult:
         return self._validations.validate(self.node_classes, prompt, partial_execution_targets)
 
+    def cached_uis(self) -> list[dict]:
+        """The UI dicts the cached outputs would replay (a Ray replica keeps the files they name)."""
+        return self.output_cache.uis()
+
     def reset_cache(self) -> None:
         """Drop cached outputs and node instances (the server's /free)."""
         with self._run_lock:

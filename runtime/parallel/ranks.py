@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ...loaders.distributed.process_group import ParallelRunError, finish_job, join_job, leave_job
 from ...loaders.distributed.spec import ParallelSpec
 from ...loaders.placement.devices import resolve_device, session_defaults, set_session_defaults
+from ...usecases.sampling import check_ranks_bound_alike
 from .job_environment import (
     LAUNCHER,
     MEET_TIMEOUT_S,
@@ -126,3 +127,9 @@ def rank_zero_builds_first():
     finally:
         if dist.get_rank() == 0:
             dist.barrier()
+
+
+def bound_alike(model, base) -> None:
+    """The step engine's ``after_bind`` on a rank: every rank has just bound the same patches (a collective every
+    rank's engine reaches at the same plan)."""
+    check_ranks_bound_alike(model, base.adapters)

@@ -13,6 +13,7 @@ name in the front's folder; deleted, the answer would name whatever the front no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -39,6 +40,10 @@ def _inside(folder: str, subfolder: str, filename: str) -> str:
     return path
 
 
+_carried: set = set()  # real paths of the files carried to the front and still in this replica's folders
+_carried_lock = threading.Lock()
+
+
 def take_files(ui: dict, folders: dict) -> list[dict]:
     """On the replica: read every file named in a UI payload (kept for a replay: ``keep_only``); ``folders``
     maps type -> folder."""
@@ -49,14 +54,17 @@ def take_files(ui: dict, folders: dict) -> list[dict]:
             continue
         with open(path, "rb") as handle:
             data = handle.read()
+        with _carried_lock:
+            _carried.add(os.path.realpath(path))
         files.append({"type": entry["type"], "subfolder": entry.get("subfolder", ""),
                       "filename": entry["filename"], "data": data})
     return files
 
 
 def keep_only(uis: list, folders: dict) -> None:
-    """On the replica, after a prompt: remove every file of its private folders that none of ``uis`` (its output
-    cache's) names, so the folders hold what a cached answer may carry again and nothing more."""
+    """On the replica, after a prompt: remove every file already carried to the front that none of ``uis`` (its
+    output cache's) names, so the folders hold what a cached answer may carry again and nothing more. Only carried
+    files: a replica of ``--max-batch`` above 1 runs other prompts meanwhile, whose files are still being written."""
     named = set()
     for ui in uis:
         for entry in _file_entries(ui):
@@ -64,12 +72,12 @@ def keep_only(uis: list, folders: dict) -> None:
                 named.add(_inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"]))
             except ValueError:  # a name that leaves its folder was never carried either
                 continue
-    for folder in folders.values():
-        for directory, _, names in os.walk(folder):
-            for name in names:
-                path = os.path.realpath(os.path.join(directory, name))
-                if path not in named:
-                    os.unlink(path)
+    with _carried_lock:
+        gone = [path for path in _carried if path not in named]
+        _carried.difference_update(gone)
+    for path in gone:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _free_name(folder: str, filename: str) -> str:

@@ -15,7 +15,6 @@ import torch
 
 from ...loaders.distributed.process_group import DEFAULT_TIMEOUT_S, ParallelRunError, leave_job
 from ...loaders.models import store as model_store
-from ...usecases.sampling import check_ranks_bound_alike
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
 from ..executor.definitions import full_type_name
@@ -24,7 +23,7 @@ from ..executor.execution import ExecutionResult
 from ..parallel.liveness import Heartbeat
 from ..parallel.plan_stream import StorePlans
 from ..parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
-from ..parallel.ranks import rank_of_job, unseen_rank
+from ..parallel.ranks import bound_alike, rank_of_job, unseen_rank
 from ..parallel.served_ranks import GENERATION_VARIABLE
 
 
@@ -88,7 +87,7 @@ def _run_followed(executor, lockstep: Lockstep, command: dict) -> None:
     result = ExecutionResult(success=False)
     try:
         result = executor.execute(command["prompt"], command["prompt_id"], command["extra_data"], None,
-                                  lockstep.interrupt, command["outputs"], sync=lockstep)
+                                  lockstep.interrupt, command["outputs"], sync=lockstep, slot=command["slot"])
     except RankFailed:  # another rank failed; rank 0 tells the client
         pass
     except Exception as exc:  # e.g. the prompt does not validate here (a file only rank 0 has)
@@ -106,8 +105,3 @@ def outcome(result: ExecutionResult, channel: PromptChannel | None = None) -> di
         message = f"rank {channel.rank} of {channel.world_size} failed{where}: {message}"
     return {"success": result.success, "interrupted": result.interrupted, "error": message or None,
             "node_id": error.get("node_id"), "node_type": error.get("node_type")}
-
-
-def bound_alike(model, base) -> None:
-    """The step engine's ``after_bind`` in a parallel job: every rank has just bound the same patches."""
-    check_ranks_bound_alike(model, base.adapters)

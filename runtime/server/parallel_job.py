@@ -31,10 +31,11 @@ from ..executor.execution import ExecutionResult
 from ..parallel.job_environment import job_environment
 from ..parallel.launch import LaunchStopped, stopped_by_signals
 from ..parallel.prompt_channel import Lockstep, RankFailed
+from ..parallel.ranks import bound_alike
 from ..parallel.served_ranks import ServedRanks, supervising
 from .app import run_server
 from .history import SENSITIVE_EXTRA_DATA_KEYS
-from .parallel_follower import bound_alike, follow, outcome
+from .parallel_follower import follow, outcome
 from .parallel_validation import ParallelValidator
 
 RECORD_GRACE_S = 1.0  # after the last prompt's execute: the worker writes its history entry and tells its client
@@ -126,14 +127,15 @@ class RankZeroExecutor:
             return result
         requested = interrupt_event if interrupt_event is not None else threading.Event()
         requested.clear()  # as the executor does: an interrupt sent before the prompt starts is not for it
+        slot = self.local.slot()  # the other ranks run it on the same slot: the same cached outputs
         number = self.ranks.channel.send({"kind": "prompt", "prompt": prompt, "prompt_id": prompt_id,
                                           "extra_data": for_other_ranks(extra_data),
-                                          "outputs": execute_outputs})
+                                          "outputs": execute_outputs, "slot": slot})
         lockstep = Lockstep(self.ranks.channel, number, requested)
         raised = None
         try:
             result = self.local.execute(prompt, prompt_id, extra_data, self._naming_lost(on_event),
-                                        lockstep.interrupt, execute_outputs, sync=lockstep)
+                                        lockstep.interrupt, execute_outputs, sync=lockstep, slot=slot)
         except RankFailed as exc:  # another rank failed before this one started a node: fail where it failed
             _fail(result, prompt_id, {"error": str(exc), "node_id": exc.node_id, "node_type": exc.node_type},
                   on_event)

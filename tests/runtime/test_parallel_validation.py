@@ -60,6 +60,9 @@ class _Local:
 
     concurrency = 1
 
+    def slot(self):
+        return 0
+
     def execute(self, *args, **kwargs):
         return ExecutionResult(success=True)
 

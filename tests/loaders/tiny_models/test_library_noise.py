@@ -62,7 +62,7 @@ def test_a_parallel_run_prints_none_of_them(tmp_path):
 
     import lorabind
 
-    workflow = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+    workflow = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
     package_parent = str(Path(lorabind.__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "lorabind", "run", str(workflow), "--parallel", "ulysses=2",

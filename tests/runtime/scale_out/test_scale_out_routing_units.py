@@ -78,6 +78,8 @@ def test_a_cached_answer_carries_its_own_bytes_again_under_a_fresh_name(tmp_path
     (tmp_path / "replica").mkdir()
     (tmp_path / "replica" / "a_00001_.png").write_bytes(b"prompt A's image")
     (tmp_path / "replica" / "stale_00001_.png").write_bytes(b"an evicted entry's image")
+    take_files({"images": [{"filename": "stale_00001_.png", "subfolder": "", "type": "output"}]}, replica)  # its run
+    (tmp_path / "replica" / "b_00001_.png.part").write_bytes(b"a prompt running beside it, still writing")
     ui = {"images": [{"filename": "a_00001_.png", "subfolder": "", "type": "output"}]}
     first = place_files(take_files(ui, replica), front)  # the first run
     keep_only([ui], replica)  # after it: the cache still holds prompt A's entry, not the stale one
@@ -88,7 +90,7 @@ def test_a_cached_answer_carries_its_own_bytes_again_under_a_fresh_name(tmp_path
     assert first == {("output", "", "a_00001_.png"): "a_00001_.png"} and name != "a_00001_.png"
     assert (tmp_path / "front" / name).read_bytes() == b"prompt A's image"
     keep_only([], replica)  # the cache dropped the entry: so does the replica
-    assert list((tmp_path / "replica").iterdir()) == []
+    assert [p.name for p in (tmp_path / "replica").iterdir()] == ["b_00001_.png.part"]  # never carried: not ours
 
 
 def test_a_carried_file_cannot_leave_the_front_folder(tmp_path):

@@ -186,7 +186,7 @@ def test_a_contract_refusal_says_its_sentence_once(tiny_models_root, caplog):
     from lorabind.runtime.server import prompt_log
     from prompt_refusals import refused_early
 
-    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "wan22_mismatched_contract.api.json")
+    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_mismatched_contract.api.json")
                         .read_text())
     result = refused_early(prompt, tiny_models_root)
     caplog.set_level(logging.INFO, logger="lorabind.server")

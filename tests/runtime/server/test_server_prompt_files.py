@@ -48,7 +48,7 @@ def test_another_familys_lora_is_refused_at_validation_before_any_model_loads(ti
     from prompt_refusals import refused_early
 
     monkeypatch.setattr(models, "load_folder", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
-    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json").read_text())
+    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json").read_text())
     prompt["5"]["inputs"]["high_noise_lora"] = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
     result = refused_early(prompt, tiny_models_root)
     assert not result.ok

@@ -188,11 +188,24 @@ def test_a_rank_killed_mid_prompt_fails_it_naming_the_rank_and_the_group_restart
     run_async(body)
 
 
-def test_an_interrupt_reaches_every_rank_and_the_replica_serves_on(ray_server):
+def _rank_actors() -> set:
+    """The names of the replica's live rank actors (``<replica>#g<generation>#rank<r>``)."""
+    import ray
+
+    return {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True) if "#rank" in actor["name"]}
+
+
+def test_an_interrupt_reaches_every_rank_and_the_group_serves_on(ray_server):
+    """The one rank protocol: rank 0 stops at its next forward and every other rank where it did, so the ranks end
+    the prompt alike and the group is kept (before, each rank got the interrupt on its own and the group was torn
+    down and started again)."""
     async def body():
         client = Client(ray_server.url, client_id="interrupter")
         try:
             await client.connect()
+            warm = (await client.queue_prompt(_prompt(seed=6)))["prompt_id"]
+            assert "execution_success" in [m["type"] for m in await client.wait_done(warm, timeout=600)]
+            before = _rank_actors()
             prompt_id = (await client.queue_prompt(_prompt(steps=400, seed=7)))["prompt_id"]
             await _wait_for(client, prompt_id, "progress")
             status, _ = await client.post("/interrupt", {"prompt_id": prompt_id})
@@ -203,6 +216,7 @@ def test_an_interrupt_reaches_every_rank_and_the_replica_serves_on(ray_server):
             assert max(m["data"]["value"] for m in seen if m["type"] == "progress") < 400
             next_id = (await client.queue_prompt(_prompt(seed=8)))["prompt_id"]
             assert "execution_success" in [m["type"] for m in await client.wait_done(next_id, timeout=600)]
+            assert _rank_actors() == before and len(before) == 2  # the same group: not torn down
         finally:
             await client.close()
 

@@ -37,7 +37,7 @@ def test_the_pages_refusal_is_what_the_server_answers(tiny_models_root, tmp_path
     config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
                           input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"),
                           state_dir=str(tmp_path / "state"),
-                          openai_models=(("qwen-image", str(PACK / "workflows" / "qwen_image_lightning.api.json")),))
+                          openai_models=(("qwen-image", str(PACK / "workflows" / "api" / "qwen_image_lightning.api.json")),))
     server = BackgroundServer(config).start(timeout=300)
     try:
         request = urllib.request.Request(server.url + "/v1/chat/completions", json.dumps(body).encode(),
