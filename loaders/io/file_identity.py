@@ -28,11 +28,43 @@ def file_identity(path: str) -> tuple:
     own = stat_identity(os.stat(path))
     if not os.path.isdir(path):
         return own
-    with os.scandir(path) as entries:
-        names = sorted(entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES + 1))
+    names = _entry_names(path)
     if len(names) > MAX_FOLDER_ENTRIES:
         return own
-    return own, tuple((name, stat_identity(os.stat(os.path.join(path, name)))) for name in names)
+    return own, tuple((name, _entry_identity(os.path.join(path, name))) for name in names)
+
+
+def model_folder_identity(path: str) -> tuple:
+    """``file_identity`` of a model folder and of each folder in it (a diffusers folder's components, skipping
+    hidden ones): what changes when any file of the model is replaced, rewritten, added or removed. What the model
+    store keys a loaded folder by, and the loader node's ``IS_CHANGED``: a rewritten VAE file reloads the model."""
+    own = file_identity(path)
+    if not os.path.isdir(path):
+        return own
+    subfolders = [name for name in _entry_names(path)[:MAX_FOLDER_ENTRIES]
+                  if not name.startswith(".") and os.path.isdir(os.path.join(path, name))]
+    return own, tuple((name, _folder_identity(os.path.join(path, name))) for name in subfolders)
+
+
+def _entry_names(path: str) -> list:
+    with os.scandir(path) as entries:
+        return sorted(entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES + 1))
+
+
+def _entry_identity(path: str):
+    """An entry's ``stat_identity``; None for one that cannot be stated (a dangling link), which is not an error
+    of the folder's."""
+    try:
+        return stat_identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def _folder_identity(path: str):
+    try:
+        return file_identity(path)
+    except OSError:
+        return None
 
 
 class LatestVersionCache:

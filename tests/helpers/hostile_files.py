@@ -20,3 +20,17 @@ def write_many_tensors(path, count: int = MAX_HEADER_TENSORS + 1) -> None:
                         for i in range(count))
     header = b"{" + entries + b"}"
     path.write_bytes(struct.pack("<Q", len(header)) + header)
+
+
+def write_special_file(path, kind: str) -> None:
+    """At ``path``: a FIFO (``fifo``), a link to ``/dev/zero`` (``dev-zero``) or a 10 GB sparse file (``huge``)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", path)
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate(10 << 30)  # no disk
