@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..usecases.verbs import find_model, list_models, load_model, model_index_stat, resolve_model
+from ..usecases.verbs import find_model, list_models, load_model, model_version, resolve_model
 from ..usecases.vocabulary import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
 from . import comfy_bridge
 from .comfy_bridge import WorkProgress, folder_paths
@@ -93,15 +93,14 @@ class LoraBindModelLoader:
 
     @classmethod
     def IS_CHANGED(cls, model_name, dtype, **_options):
-        """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself). The
-        value is embedded with the prompt in outputs, so it names the folder by its relative name, never by path."""
+        """Re-run when any file of the folder changes (``model_version``: rebuilt, replaced, rewritten in place;
+        missing folder: the name itself). The value is embedded with the prompt in outputs, so it names the folder
+        by its relative name, never by path."""
         try:
-            stat = model_index_stat(folder_paths(), model_name)
+            version = model_version(folder_paths(), model_name)
         except ValueError:
-            stat = None
-        if stat is None:
-            return f"{model_name}:missing:{dtype}"
-        return f"{model_name}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
+            version = None
+        return f"{model_name}:{version or 'missing'}:{dtype}"
 
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
              max_cached_adapters=0):

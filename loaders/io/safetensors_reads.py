@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from . import json_limits
+from .regular_files import open_regular
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -32,6 +33,7 @@ _DTYPES = {
 # a model's header is a few MB at most; a larger one is not parsed here (the caller reads through safe_open)
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_CACHED_TABLES = 64  # files whose tables are kept (a sharded 14B model has a dozen)
+ALIGNMENT = 64  # bytes: what the CPU kernels' rounding depends on (``aligned_bytes``)
 
 
 class _Tables:
@@ -67,7 +69,7 @@ tables = _Tables()
 def _read_table(path: str) -> Optional[dict]:
     """The file's tensor table with absolute offsets; None when the header is not one this module reads."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             (header_len,) = struct.unpack("<Q", handle.read(8))
             if header_len > min(_MAX_HEADER_BYTES, size - 8):
@@ -125,11 +127,37 @@ class ReadBuffer:
         return raw.view(dtype).view(shape)
 
 
+def read_owned(path: str, identity, key: str) -> Optional[torch.Tensor]:
+    """Tensor ``key`` of ``path`` (whose identity the caller has just checked) in memory of its own, never a mapping
+    of the file (a file truncated later cannot fault it, one rewritten cannot change it), at the address modulo
+    ``ALIGNMENT`` that a mapping of the file would give it; None when this module does not read it."""
+    found = tables.entry(path, identity, key)
+    if found is None:
+        return None
+    dtype, shape, offset, nbytes = found
+    raw = aligned_bytes(nbytes, offset % ALIGNMENT)
+    if nbytes and not _read_exactly(path, offset, raw):
+        return None
+    try:
+        return raw.view(dtype).view(shape)
+    except RuntimeError:  # an offset that is no multiple of the element size: no mapping could view it either
+        return None
+
+
+def aligned_bytes(nbytes: int, remainder: int) -> torch.Tensor:
+    """``nbytes`` fresh bytes whose address is ``remainder`` modulo ``ALIGNMENT``. Why: the CPU kernels round
+    differently for the same values at another alignment, so a weight re-read from its file must sit where the
+    loader's mapping of the file put it for a model to compute what it computed before (``placement.staging``)."""
+    flat = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8)
+    shift = (remainder - flat.data_ptr()) % ALIGNMENT
+    return flat[shift:shift + nbytes]
+
+
 def _read_exactly(path: str, offset: int, out: torch.Tensor) -> bool:
     """Fill ``out`` (uint8, contiguous) with the file's bytes from ``offset``; False at a short read."""
     view = memoryview(out.numpy())
     done = 0
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         while done < len(view):
             got = os.preadv(fd, [view[done:]], offset + done)
