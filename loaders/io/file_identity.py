@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import threading
 from collections import OrderedDict
 
@@ -35,15 +36,33 @@ def file_identity(path: str) -> tuple:
 
 
 def model_folder_identity(path: str) -> tuple:
-    """``file_identity`` of a model folder and of each folder in it (a diffusers folder's components, skipping
-    hidden ones): what changes when any file of the model is replaced, rewritten, added or removed. What the model
-    store keys a loaded folder by, and the loader node's ``IS_CHANGED``: a rewritten VAE file reloads the model."""
-    own = file_identity(path)
-    if not os.path.isdir(path):
-        return own
-    subfolders = [name for name in _entry_names(path)[:MAX_FOLDER_ENTRIES]
-                  if not name.startswith(".") and os.path.isdir(os.path.join(path, name))]
-    return own, tuple((name, _folder_identity(os.path.join(path, name))) for name in subfolders)
+    """The identity of a model folder, of every entry in it and of every entry of each folder in it (a diffusers
+    folder's components; hidden folders skipped): what changes when any file of the model is replaced, rewritten,
+    added or removed. What the model store keys a loaded folder by, and the loader node's ``IS_CHANGED`` (asked for
+    every prompt: one ``stat`` per entry and one listing per folder, nothing stated twice)."""
+    found = os.stat(path)
+    if not stat.S_ISDIR(found.st_mode):
+        return stat_identity(found)
+    return stat_identity(found), _listing(path, depth=1)
+
+
+def _listing(path: str, depth: int) -> tuple | None:
+    """``(name, identity, listing of it when a folder and depth is left)`` per entry; None past
+    ``MAX_FOLDER_ENTRIES`` (the folder is then keyed by its own stat only)."""
+    names = _entry_names(path)
+    if len(names) > MAX_FOLDER_ENTRIES:
+        return None
+    entries = []
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            found = os.stat(full)
+        except OSError:  # a dangling link: not an error of the folder's
+            entries.append((name, None, ()))
+            continue
+        inner = _listing(full, depth - 1) if depth and stat.S_ISDIR(found.st_mode) and name[:1] != "." else ()
+        entries.append((name, stat_identity(found), inner))
+    return tuple(entries)
 
 
 def _entry_names(path: str) -> list:
@@ -56,13 +75,6 @@ def _entry_identity(path: str):
     of the folder's."""
     try:
         return stat_identity(os.stat(path))
-    except OSError:
-        return None
-
-
-def _folder_identity(path: str):
-    try:
-        return file_identity(path)
     except OSError:
         return None
 

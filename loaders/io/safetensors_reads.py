@@ -45,6 +45,11 @@ class _Tables:
         self._lock = threading.Lock()
 
     def entry(self, path: str, identity, key: str) -> Optional[tuple]:
+        table = self.table(path, identity)
+        return None if table is None else table.get(key)
+
+    def table(self, path: str, identity) -> Optional[dict]:
+        """The file's whole table, parsed once per file version; None when this module does not read it."""
         cache_key = (path, identity)
         with self._lock:
             table = self._tables.get(cache_key, False)
@@ -56,7 +61,7 @@ class _Tables:
                 self._tables[cache_key] = table
                 while len(self._tables) > MAX_CACHED_TABLES:
                     self._tables.popitem(last=False)
-        return None if table is None else table.get(key)
+        return table
 
     def clear(self) -> None:
         with self._lock:
@@ -141,6 +146,26 @@ def read_owned(path: str, identity, key: str) -> Optional[torch.Tensor]:
     try:
         return raw.view(dtype).view(shape)
     except RuntimeError:  # an offset that is no multiple of the element size: no mapping could view it either
+        return None
+
+
+def read_all_owned(path: str, identity, keys) -> Optional[dict]:
+    """``{key: tensor}`` of ``keys``, read in one pass into one buffer of the process's own (``read_owned``'s
+    alignment: each tensor where a mapping of the file would put it); None when this module does not read one of
+    them. One read for a LoRA's 1,428 tensors, not one per tensor."""
+    table = tables.table(path, identity)
+    if table is None or any(key not in table for key in keys):
+        return None
+    found = [table[key] for key in keys]
+    start = min((entry[2] for entry in found), default=0)
+    end = max((entry[2] + entry[3] for entry in found), default=0)
+    raw = aligned_bytes(end - start, start % ALIGNMENT)
+    if end > start and not _read_exactly(path, start, raw):
+        return None
+    try:
+        return {key: raw[offset - start:offset - start + nbytes].view(dtype).view(shape)
+                for key, (dtype, shape, offset, nbytes) in zip(keys, found)}
+    except RuntimeError:  # an offset that is no multiple of its element size
         return None
 
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from ..errors import LoraFileError
 from ..io import json_limits
 from ..io.file_identity import file_identity, stat_identity
-from ..io.safetensors_reads import read_owned
+from ..io.safetensors_reads import read_all_owned
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
 from .layouts import describe_format, parse_key, suffix_roles
@@ -162,16 +162,15 @@ def _load_tensors(weights_path: str, display_name: str, keys: list) -> dict:
     """Every tensor in memory of its own, never a view of a mapping of the file: a read LoRA is cached and its
     factors are fused again later (a strength change, a staged expert brought back), and a mapping would fault
     (SIGBUS) once the file is truncated and change once it is rewritten in place. Plain reads
-    (``safetensors_reads.read_owned``); what that module does not read is copied out of ``safe_open``'s map."""
+    (``safetensors_reads.read_all_owned``: one read into one buffer); what that module does not read is copied out of
+    ``safe_open``'s map."""
     from safetensors import SafetensorError, safe_open
 
     try:
-        identity = stat_identity(os.stat(weights_path))
-        tensors = {key: read_owned(weights_path, identity, key) for key in keys}
-        missing = [key for key, tensor in tensors.items() if tensor is None]
-        if missing:
+        tensors = read_all_owned(weights_path, stat_identity(os.stat(weights_path)), keys)
+        if tensors is None:
             with safe_open(weights_path, framework="pt", device="cpu") as handle:
-                tensors.update({key: handle.get_tensor(key).clone() for key in missing})
+                tensors = {key: handle.get_tensor(key).clone() for key in keys}
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise LoraFileError(f"{display_name}: safetensors could not load the tensors ({exc})") from exc
     _refuse_non_finite(tensors, display_name)
