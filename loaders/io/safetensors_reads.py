@@ -13,6 +13,7 @@ file that matches the shape); anything else answers None and the caller falls ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import struct
@@ -23,6 +24,7 @@ from typing import Optional
 import torch
 
 from . import json_limits
+from .file_identity import stat_identity
 from .regular_files import open_regular
 
 _DTYPES = {
@@ -33,6 +35,7 @@ _DTYPES = {
 # a model's header is a few MB at most; a larger one is not parsed here (the caller reads through safe_open)
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_CACHED_TABLES = 64  # files whose tables are kept (a sharded 14B model has a dozen)
+_CHANGED = object()  # ``_read_table``: the file is not the version asked about
 ALIGNMENT = 64  # bytes: what the CPU kernels' rounding depends on (``aligned_bytes``)
 
 
@@ -56,7 +59,9 @@ class _Tables:
             if table is not False:
                 self._tables.move_to_end(cache_key)
         if table is False:
-            table = _read_table(path)
+            table = _read_table(path, identity)
+            if table is _CHANGED:  # not the version asked about: nothing read, nothing remembered
+                return None
             with self._lock:
                 self._tables[cache_key] = table
                 while len(self._tables) > MAX_CACHED_TABLES:
@@ -71,11 +76,16 @@ class _Tables:
 tables = _Tables()
 
 
-def _read_table(path: str) -> Optional[dict]:
-    """The file's tensor table with absolute offsets; None when the header is not one this module reads."""
+def _read_table(path: str, identity):
+    """The file's tensor table with absolute offsets; None when the header is not one this module reads;
+    ``_CHANGED`` when the file opened is no longer the version ``identity`` names (replaced or rewritten since the
+    caller checked it: its table must not be remembered under the old version)."""
     try:
         with open_regular(path) as handle:
-            size = os.fstat(handle.fileno()).st_size
+            found = os.fstat(handle.fileno())
+            if stat_identity(found) != tuple(_fields(identity)):
+                return _CHANGED
+            size = found.st_size
             (header_len,) = struct.unpack("<Q", handle.read(8))
             if header_len > min(_MAX_HEADER_BYTES, size - 8):
                 return None
@@ -93,6 +103,12 @@ def _read_table(path: str) -> Optional[dict]:
         if found is not None:
             table[key] = found
     return table
+
+
+def _fields(identity) -> tuple:
+    """A file identity as ``stat_identity``'s tuple, whether given as that tuple or as a dataclass of the same
+    fields in the same order (``weight_sources.FileIdentity``)."""
+    return identity if isinstance(identity, tuple) else dataclasses.astuple(identity)
 
 
 def _entry(entry, start: int, size: int) -> Optional[tuple]:

@@ -256,7 +256,9 @@ def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> li
         return sizes
 
     quick = _shipped_folder(model_source) or Path(model_source).expanduser()
-    return [ComponentSize(**entry) for entry in cached_components(model_key(quick, dtype_name, weights), measure)]
+    key = model_key(quick, dtype_name, weights)
+    return [ComponentSize(**entry) for entry in cached_components(key, measure,
+                                                                  lambda: model_key(quick, dtype_name, weights))]
 
 
 def _shipped_folder(model_source) -> Path | None:

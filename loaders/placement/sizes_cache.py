@@ -109,15 +109,18 @@ def model_key(folder: Path, dtype_name: str, weights: str) -> tuple[str, frozens
     return hashlib.sha256(text.encode("utf-8")).hexdigest(), frozenset(index)
 
 
-def cached_components(key: tuple[str, frozenset] | None, measure: Callable[[], list]) -> list[dict]:
+def cached_components(key: tuple[str, frozenset] | None, measure: Callable[[], list],
+                      current_key: Callable[[], tuple | None] = lambda: None) -> list[dict]:
     """A whole model's component sizes ({name, role, file_backed, sizes...} each) stored under ``key`` (from
     ``model_key``), or ``measure()``'s, stored: a hit needs no model family and no torch (``lorabind plan``
-    answers in well under 2 s). A hit must name distinct components of the model's index."""
+    answers in well under 2 s). A hit must name distinct components of the model's index. ``measure`` reads the
+    configs again, so what it measured is stored only when ``current_key()`` still gives ``key``: a config
+    changed in between must not have its sizes kept under the old text's key."""
     hit = _lookup(key[0]) if key else None
     if _valid_components(hit, key[1] if key else frozenset()):
         return hit
     components = measure()
-    if key:
+    if key and current_key() == key:
         _store(key[0], components)
     return components
 

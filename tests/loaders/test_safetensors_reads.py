@@ -90,3 +90,15 @@ def test_owned_reads_give_the_files_bits_where_a_mapping_would_put_them_in_memor
                     assert value.data_ptr() % 64 == mapped.data_ptr() % 64
                     assert not file_mapped_ranges().holds(value.data_ptr())
     assert safetensors_reads.read_all_owned(path, identity, ["big.weight", "absent"]) is None
+
+
+def test_a_table_is_never_remembered_under_a_version_the_file_no_longer_has(model_file):
+    """Issue 54's audit: a file that changes between the caller's check and the read must not have its new table
+    cached under the old version (a later read "of the old version" would use it)."""
+    path, tensors = model_file
+    old = FileIdentity.of(path)
+    save_file({key: t.clone() for key, t in tensors.items() if key != "small.weight"}, path)  # a new version
+    assert safetensors_reads.read_owned(path, old, "big.weight") is None
+    assert safetensors_reads.tables.table(path, old) is None
+    new = FileIdentity.of(path)
+    assert torch.equal(_bits(safetensors_reads.read_owned(path, new, "big.weight")), _bits(tensors["big.weight"]))

@@ -130,3 +130,16 @@ def test_a_cache_file_that_is_not_ours_is_ignored_at_once(tmp_path, kind):
     run = run_case(_READ_CACHE, timeout=60, env={"LORABIND_CACHE_DIR": str(tmp_path)})
     assert run.outcome == "returned: 0"
     assert run.seconds < 5 and run.peak_above_mib < 300, run
+
+
+def test_sizes_measured_while_a_config_changed_are_not_kept_under_the_old_configs_key(cache_dir):
+    """Issue 54's audit: the key is computed from the configs as read first, and ``measure`` reads them again."""
+    from lorabind.loaders.placement import sizes_cache
+
+    key = ("k" * 64, frozenset({"vae"}))
+    measured = [dict(name="vae", role="vae", file_backed=True, bytes=1, largest_layer_bytes=1,
+                     largest_block_bytes=1, blocks_bytes=1, parameters=1)]
+    assert sizes_cache.cached_components(key, lambda: measured, lambda: ("j" * 64, frozenset({"vae"}))) == measured
+    assert sizes_cache._lookup(key[0]) is None  # changed in between: not stored
+    assert sizes_cache.cached_components(key, lambda: measured, lambda: key) == measured
+    assert sizes_cache._lookup(key[0]) == measured
