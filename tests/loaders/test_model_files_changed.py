@@ -22,6 +22,7 @@ import torch
 
 from bounded_child import run_case
 from engine_probes import load_count
+from hostile_files import rewrite_in_place
 from lorabind.loaders.models.store import load_model
 
 VAE_FILE = Path("vae") / "diffusion_pytorch_model.safetensors"
@@ -32,18 +33,6 @@ def _copy(tiny_models_root, tmp_path, name="tiny-wan21-t2v") -> Path:
     folder = tmp_path / name
     shutil.copytree(tiny_models_root / "diffusers" / name, folder)
     return folder
-
-
-def _rewrite_in_place(weights: Path) -> None:
-    """Flip every byte of the tensor data in place, then set the mtime back: same inode, size and mtime (what a
-    tool writing into the file does; only the ctime says so)."""
-    before = os.stat(weights)
-    data = bytearray(weights.read_bytes())
-    start = 8 + int.from_bytes(data[:8], "little")
-    data[start:] = bytes(b ^ 0x5A for b in data[start:])
-    with open(weights, "r+b") as handle:
-        handle.write(data)
-    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def _mapped_files(folder: Path) -> list:
@@ -84,7 +73,7 @@ def test_a_weight_rewritten_in_place_leaves_the_loaded_model_alone_and_loads_afr
     first = load_model(folder, name="wan21")
     vae = first.pipeline.vae
     before = {name: p.detach().clone() for name, p in vae.named_parameters()}
-    _rewrite_in_place(folder / VAE_FILE)
+    rewrite_in_place(folder / VAE_FILE)
     assert all(torch.equal(before[name], p) for name, p in vae.named_parameters())
     second = load_model(folder, name="wan21")
     assert second is not first and load_count(folder) == 2

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
+from hostile_files import rewrite_in_place
 from server_client import Client, run_async
 
 pytestmark = pytest.mark.slow  # a real server process and five prompts of the tiny Wan2.2 model
@@ -75,17 +76,6 @@ async def _run(client: Client, seed: int) -> tuple[str, str, bytes]:
     return end["type"], message, data
 
 
-def _rewrite_in_place(weights: Path) -> None:
-    """Every data byte flipped, in place, the mtime set back: same inode, size and mtime."""
-    before = os.stat(weights)
-    data = bytearray(weights.read_bytes())
-    start = 8 + int.from_bytes(data[:8], "little")
-    data[start:] = bytes(b ^ 0x5A for b in data[start:])
-    with open(weights, "r+b") as handle:
-        handle.write(data)
-    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
-
-
 def test_a_model_file_changed_under_serve_is_reloaded_or_refused_by_name_and_serving_goes_on(tmp_path):
     from lorabind.tiny_models import build_tiny
 
@@ -103,7 +93,7 @@ def test_a_model_file_changed_under_serve_is_reloaded_or_refused_by_name_and_ser
                 first = await _run(client, seed=7)
                 os.utime(folder / "model_index.json")  # issue 54.1
                 touched = await _run(client, seed=8)
-                _rewrite_in_place(folder / VAE)  # issue 61.2
+                rewrite_in_place(folder / VAE)  # issue 61.2
                 rewritten = await _run(client, seed=8)
                 os.truncate(folder / VAE, len(original) // 2)  # issue 52.3
                 truncated = await _run(client, seed=7)
