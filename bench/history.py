@@ -35,6 +35,8 @@ real-size 25% until quiet runs say otherwise.
 and 0.30, so its noise is set at 50% until quiet runs say otherwise.
 The four ``e2e_*_vs_diffusers`` figures (issue 47) are one run of each scenario per side (a full pass takes minutes)
 and have no quiet run yet: their noise is set at 50% until quiet runs say otherwise.
+The four ``serving_*`` figures (issue 53, ``bench_serving``) are one load run per server setting and have no quiet
+run yet: their noise is set at 50% until quiet runs say otherwise.
 ``fuse_vs_floor`` changed meaning twice in issue 33 (``bench_fuse.Floor``): first the chunked loop plus a copy of each
 original, tighter than the whole-layer upcast before it; then, where oneDNN runs bfloat16 gemms, one bfloat16 gemm
 per layer plus that copy. Compared with a run from before either change it reads worse by construction.
@@ -99,6 +101,14 @@ METRICS = {
     "e2e_switch_vs_diffusers": ("higher", 0.5, "end to end: switch LoRA A → B, then run: diffusers / lorabind",
                                 None),
     "e2e_seed_only_vs_diffusers": ("higher", 0.5, "end to end: seed-only re-run: diffusers / lorabind", None),
+    "serving_batched_vs_serial": ("higher", 0.5, "serving, 4 clients at once, one binding, Wan2.1-1.3B width: "
+                                  "throughput with --max-batch 4 / --max-batch 1", (">=", 1.5)),
+    "serving_mixed_lora_vs_serial": ("higher", 0.5, "serving, 4 clients at once, four LoRAs over the prompts: "
+                                     "throughput --max-batch 4 (own rows) / --max-batch 1 (re-binds)", (">=", 1.3)),
+    "serving_first_step_s": ("lower", 0.5, "serving: seconds to the first step of a prompt that arrives mid-run "
+                             "(--max-batch 4, one binding)", None),
+    "serving_step_s": ("lower", 0.5, "serving: seconds between two steps of a prompt there (the step time beside "
+                       "it)", None),
     "help_seconds": ("lower", 0.75, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 1.0, "`import lorabind` (s)", None),
 }

@@ -32,6 +32,7 @@ from . import (  # noqa: E402
     bench_real_size,
     bench_rebind,
     bench_rerun,
+    bench_serving,
     bench_single_file,
     bench_startup,
     bench_strength_schedule,
@@ -92,6 +93,7 @@ def main(argv=None) -> int:
         single_file = bench_single_file.run(size_name, tmp, 1 if args.quick else 3)
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
         end_to_end = bench_end_to_end.run(tmp, args.quick)
+        serving = bench_serving.run(tmp, args.quick)
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
     sequence_split = bench_parallel.run(args.quick, reps)
@@ -125,6 +127,7 @@ def main(argv=None) -> int:
         "text_encode_20_tokens_vs_diffusers": text_encoding["text_encode_20_tokens_vs_diffusers"],
         **{f"e2e_{scenario}_vs_diffusers": end_to_end[f"e2e_{scenario}_vs_diffusers"]
            for scenario in bench_end_to_end.SCENARIOS},
+        **{name: serving[name] for name in bench_serving.FIGURES},
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -188,6 +191,7 @@ def main(argv=None) -> int:
                     f"{end_to_end[f'e2e_{scenario}_vs_diffusers']:.2f}x") for scenario in bench_end_to_end.SCENARIOS]
                 + [("largest difference, frames / latents", f"{end_to_end['max_frame_difference']:.3g}",
                     f"{end_to_end['max_latent_difference']:.3g}", "")])
+    bench_serving.print_report(serving, print_table)
 
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
@@ -212,6 +216,7 @@ def main(argv=None) -> int:
             single_file=single_file, rebind_unbind_bit_exact=rebind["unbind_bit_exact"],
             rebind_single_file=bench_rebind.single_file_row(rebind),
             end_to_end={k: v for k, v in end_to_end.items() if not k.startswith("e2e_")},
+            serving=serving["settings"],
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_path=loading["same_path"],

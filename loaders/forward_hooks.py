@@ -1,9 +1,10 @@
 """Every forward hook lorabind puts on a module, in diffusers' hook registry: one place to add, find and remove them.
 
-Three things run code around a module's forward: fp8 compute (``fp8``: the dequantized weight in place of the
+Four things run code around a module's forward: fp8 compute (``fp8``: the dequantized weight in place of the
 stored fp8 bytes for the call), GGUF patches (``binding.dequant_patches``: the patched weight in place of the GGUF
-bytes) and placement (``placement.apply_plan``: bring a staged component up, move its inputs, start the decode
-phase). Each is one ``LorabindHook`` named ``lorabind.<kind>`` in the module's ``HookRegistry`` (diffusers'
+bytes), placement (``placement.apply_plan``: bring a staged component up, move its inputs, start the decode
+phase) and the step engine's per-row LoRA (``batching.row_lora``: a request's own low-rank product added to its
+rows of a batched forward's output). Each is one ``LorabindHook`` named ``lorabind.<kind>`` in the module's ``HookRegistry`` (diffusers'
 ``ModelHook`` system, the ``_diffusers_hook`` attribute), and the hook object carries its kind's state, so no
 module carries an attribute of ours.
 
@@ -32,7 +33,8 @@ Limits:
   VAE decoders); group offload is attached after fp8 compute (above it) and never on a GGUF layer (GGUF is
   denoisers only, and denoisers offload by blocks); context parallelism (``--parallel ulysses/ring``:
   diffusers' split/gather hooks, the root one on a denoiser placement may also hook) is attached after
-  placement (above it) and never removed.
+  placement (above it) and never removed. The one exception to "one hook of ours per module" is the per-row
+  LoRA: it is attached for one batched forward, above everything, and detached right after it (``transient``).
 * like every diffusers hook it replaces ``module.forward``, so it must not be removed from under an accelerate
   hook (lorabind attaches none: placement moves tensors with accelerate's ``send_to_device`` only).
 * ``torch.compile`` traces through the chain, but not through a weight swap (it builds an ``nn.Parameter``;
@@ -50,25 +52,29 @@ FP8_COMPUTE = PREFIX + "fp8_compute"
 GGUF_PATCHES = PREFIX + "gguf_patches"
 PLACEMENT_STAGE = PREFIX + "placement_stage"
 PLACEMENT_DECODE = PREFIX + "placement_decode"
+ROW_LORA = PREFIX + "row_lora"
 
 _REGISTRY_ATTRIBUTE = "_diffusers_hook"  # where diffusers' HookRegistry keeps a module's hooks
 
 Before = Callable[[Any, Any, tuple, dict], tuple]  # (module, state, args, kwargs) -> (args, kwargs)
 After = Callable[[Any, Any], None]  # (module, state), also when the forward raised
+Output = Callable[[Any, Any, tuple, Any], Any]  # (module, state, args, output) -> the output the caller gets
 
 
 def attach(module, name: str, state: Any = None, before: Optional[Before] = None,
-           after: Optional[After] = None) -> Any:
-    """Run ``before`` and ``after`` around every forward of ``module`` as the hook ``name`` (``lorabind.<kind>``);
-    ``state`` is what the kind keeps for this module (``state_of`` finds it). Returns the hook. A second hook of
-    ours on one module is refused (``ValueError``): the chain could not remove the lower one safely."""
+           after: Optional[After] = None, output: Optional[Output] = None, transient: bool = False) -> Any:
+    """Run ``before`` and ``after`` around every forward of ``module`` as the hook ``name`` (``lorabind.<kind>``),
+    and ``output`` on what a forward returned; ``state`` is what the kind keeps for this module (``state_of``
+    finds it). Returns the hook. A second hook of ours on one module is refused (``ValueError``): the chain could
+    not remove the lower one safely. A ``transient`` hook may sit above one of ours: it is the topmost and is
+    detached before anything else is attached (the step engine's per-row LoRA, around one forward)."""
     from diffusers.hooks.hooks import HookRegistry
 
     registry = HookRegistry.check_if_exists_or_initialize(module)
     ours = [other for other in registry.hooks if other.startswith(PREFIX)]
-    if ours:  # see "Limits" in the module docstring
+    if ours and not transient:  # see "Limits" in the module docstring
         raise ValueError(f"{type(module).__name__} already has the hook {ours[0]}; one lorabind hook per module")
-    hook = _hook_class()(state, before, after)
+    hook = _hook_class()(state, before, after, output)
     registry.register_hook(hook, name)
     return hook
 
@@ -109,15 +115,16 @@ def _hook_class():
         """``before``, the module's forward, then ``after`` in ``finally`` (also when ``before`` or the forward
         raised: it undoes whatever ``before`` did), each given the kind's ``state``."""
 
-        def __init__(self, state, before, after):
+        def __init__(self, state, before, after, output):
             super().__init__()
-            self.state, self.before, self.after = state, before, after
+            self.state, self.before, self.after, self.output = state, before, after, output
 
         def new_forward(self, module, *args, **kwargs):
             try:
                 if self.before is not None:
                     args, kwargs = self.before(module, self.state, args, kwargs)
-                return self.fn_ref.original_forward(*args, **kwargs)
+                result = self.fn_ref.original_forward(*args, **kwargs)
+                return result if self.output is None else self.output(module, self.state, args, result)
             finally:
                 if self.after is not None:
                     self.after(module, self.state)

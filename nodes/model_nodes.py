@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..usecases.verbs import find_model, list_models, load_model, model_version, resolve_model
+from ..usecases.verbs import (
+    find_model,
+    list_models,
+    load_model,
+    load_repository_model,
+    model_version,
+    repository_files_stat,
+    resolve_model,
+)
 from ..usecases.vocabulary import ATTENTION_NAMES, DTYPE_NAMES, MEMORY_NAMES, SOCKET_MODEL, device_choices
 from . import comfy_bridge
 from .comfy_bridge import WorkProgress, folder_paths
@@ -73,7 +81,9 @@ class LoraBindModelLoader:
             "required": {
                 "model_name": (list_model_folders(), {
                     "tooltip": "A folder under models/diffusers containing model_index.json "
-                               "(tiny-* are the built-in offline test models).",
+                               "(tiny-* are the built-in offline test models), or a repository id "
+                               "(Wan-AI/Wan2.2-T2V-A14B-Diffusers) whose published single files `lorabind models "
+                               "download` put in the model folders.",
                 }),
                 "dtype": (list(DTYPE_NAMES), {
                     "default": "auto",
@@ -100,10 +110,20 @@ class LoraBindModelLoader:
             version = model_version(folder_paths(), model_name)
         except ValueError:
             version = None
-        return f"{model_name}:{version or 'missing'}:{dtype}"
+        if version is None:
+            files = repository_files_stat(folder_paths(), model_name)
+            return f"{model_name}:{files or 'missing'}:{dtype}"
+        return f"{model_name}:{version}:{dtype}"
 
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
              max_cached_adapters=0):
+        if find_model_folder(model_name) is None:  # a repository id: its published single files
+            handle = load_repository_model(
+                folder_paths(), model_name, dtype="bfloat16" if dtype == "auto" else dtype,
+                device=device if device != "auto" else comfy_bridge.default_device(), memory=memory,
+                attention=attention, compile=compile, before_device_alloc=comfy_bridge.free_device_memory)
+            if handle is not None:
+                return (handle,)
         folder = resolve_model_folder(model_name)
         # placing components is work, not sampling steps: ComfyUI clients count every `progress` message as a step
         placing = WorkProgress("placing model components")

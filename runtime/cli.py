@@ -14,13 +14,17 @@ import sys
 # name (= module under runtime.commands) -> one-line help
 COMMANDS = {
     "run": "execute a workflow JSON (UI or API format) headless",
-    "models": "build the built-in tiny models (build-tiny); check a workflow's model files (check)",
+    "models": "build the built-in tiny models (build-tiny); check a workflow's model files (check); download a "
+              "model's or a workflow's files (download)",
     "inspect": "describe a LoRA file or PEFT folder: format, rank, contract, key accounting",
     "merge": "fuse LoRA file(s) into a diffusers model folder or a single model file and write a new one",
     "extract": "extract a LoRA from the difference between a base and a tuned model",
     "serve": "serve the ComfyUI-compatible HTTP/WebSocket API",
     "plan": "what fits a GPU (or CPU) and which files to get, from a model's configs (no weights loaded)",
 }
+HUB_OFFLINE_SWITCHES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# whether the user's environment switched the hub off, as it was before `main` first set its own switch
+_USERS_HUB_OFFLINE: list = []
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     # Every command: never reach a model hub, whatever a library or the environment says. Set before the
-    # command imports huggingface_hub, which reads it once at import.
+    # command imports huggingface_hub, which reads it once at import. `models download` (and `run`/`serve
+    # --download`) lifts it for itself only, unless the user had set it (hub_offline_by_user).
+    if not _USERS_HUB_OFFLINE:
+        _USERS_HUB_OFFLINE.append(any(os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+                                      for name in HUB_OFFLINE_SWITCHES))
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
         return int(args._command_module.run(args) or 0)
@@ -55,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_went_away()
+
+
+def hub_offline_by_user() -> bool:
+    """Whether the user's own environment set ``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE`` (not the runtime)."""
+    return bool(_USERS_HUB_OFFLINE and _USERS_HUB_OFFLINE[0])
 
 
 def _reader_went_away() -> int:

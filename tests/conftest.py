@@ -97,6 +97,19 @@ def mm_models(mm_root):
 
 
 @pytest.fixture(autouse=True)
+def _no_step_engine_left():
+    """A server built in a test installs the process's step engine; none outlives its test (a later test's
+    sampler would route its forwards through it)."""
+    yield
+    from lorabind.loaders.batching import engine
+
+    left = engine.installed()
+    if left is not None:
+        left.close()
+        engine.install(None)
+
+
+@pytest.fixture(autouse=True)
 def _restore_registry():
     """Put the runtime's global folder registry back after every test, whoever configured it."""
     from lorabind.runtime import folder_paths

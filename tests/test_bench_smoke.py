@@ -24,6 +24,7 @@ SUMMARY_KEYS = {
     "text_encode_20_tokens_vs_diffusers", "e2e_cold_vs_diffusers", "e2e_strength_vs_diffusers",
     "e2e_switch_vs_diffusers", "e2e_seed_only_vs_diffusers", "rebind_cached_vs_fuse_300",
     "strength_change_real_size_vs_diffusers", "switch_real_size_vs_diffusers",
+    "serving_batched_vs_serial", "serving_mixed_lora_vs_serial", "serving_first_step_s", "serving_step_s",
 }
 
 
@@ -50,5 +51,7 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert result["end_to_end"]["max_latent_difference"] < 0.1
     assert result["end_to_end"]["max_frame_difference"] < 0.05
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
+    assert set(result["serving"]) == {"serial_one", "batched_one", "serial_four", "batched_four"}
+    assert all(setting["prompts"] == 4 for setting in result["serving"].values())
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)

@@ -17,7 +17,7 @@ from ..loaders.contracts.schedule_rules import contract_value, describe_artifact
 from ..loaders.contracts.sigmas import sigmas_close, slice_offset, switch_step  # noqa: F401  (API)
 from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
 from ..loaders.errors import ContractError, LoraBindError
-from ..loaders.families.interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
+from ..loaders.families.roles import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.models.native_targets import host_deltas, native_denoiser, prepare_native
 from .adapters import accounting_text, contract_text
 

@@ -19,6 +19,8 @@ from ..loaders.families import detect_model_family
 from ..loaders.io.model_index import read_model_index
 from ..loaders.models.single_file.detect import detect
 from .models import builtin_file_names, builtin_model_names
+from .repository_models import describe as describe_repository_files
+from .repository_models import is_repository_id, repository_files
 
 # input name -> the model folder kind its file lives in (ComfyUI's folder names)
 FILE_INPUTS = {
@@ -52,7 +54,8 @@ class FileCheck:
             return f"BROKEN   {where} — {self.what}"
         if self.found:
             return f"found    {where}" + (f" — {self.what}" if self.what else "")
-        return f"MISSING  {where} — searched {', '.join(self.searched) or '(no ' + self.kind + ' folder configured)'}"
+        why = f"{self.what}; " if self.what else ""
+        return f"MISSING  {where} — {why}searched {', '.join(self.searched) or '(no ' + self.kind + ' folder configured)'}"
 
 
 def check_prompt_files(prompt: dict, registry) -> list[FileCheck]:
@@ -96,6 +99,11 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
     if path is None and _is_builtin(kind, name):
         return FileCheck(node_id, input_name, kind, name, True, searched,
                          "built-in tiny model, built on first use")
+    if path is None and kind == "diffusers" and is_repository_id(name):  # a repository id: its single files
+        files = repository_files(registry, name)
+        return FileCheck(node_id, input_name, kind, name, files is not None, searched,
+                         describe_repository_files(files) if files else
+                         "a repository id: its published single files are not in the model folders")
     if path is None:
         return FileCheck(node_id, input_name, kind, name, False, searched)
     try:

@@ -23,6 +23,7 @@ from ..loaders.models.single_file.pipelines import detect_set, load_single_files
 from ..loaders.models.store import load_model as load_folder
 from . import host
 from .model_folders import MODEL_INDEX, files_named, model_folder_names, safe_relative_name
+from .repository_models import present_repositories, repository_files
 
 MODEL_FOLDER_KIND = "diffusers"
 TOKENIZER_KIND = "tokenizers"  # models/tokenizers/ and ``lorabind run --tokenizer DIR``
@@ -64,10 +65,12 @@ def diffusers_roots(registry) -> list[Path]:
 
 def list_models(registry) -> list[str]:
     """Every folder with a ``model_index.json`` under the ``diffusers`` roots (relative, ``/``-separated), plus
-    the built-in tiny models, which the loader builds on first use (so a fresh install works offline). The roots
+    the built-in tiny models, which the loader builds on first use (so a fresh install works offline), plus the
+    repository ids whose published single files are there (``usecases.repository_models``). The roots
     stay strings (as here and in ``find_model``): this runs for every prompt's validation, where making Path
     objects of them cost more than the remembered listing."""
-    return sorted(set(builtin_model_names()) | set(model_folder_names(registry.get_folder_paths(MODEL_FOLDER_KIND))))
+    folders = model_folder_names(registry.get_folder_paths(MODEL_FOLDER_KIND))
+    return sorted(set(builtin_model_names()) | set(folders) | set(present_repositories(registry)))
 
 
 def find_model(registry, model_name: str) -> Optional[Path]:
@@ -147,6 +150,29 @@ def load_model(folder: Path, *, name: str, max_cached_adapters: int = 0, **optio
     if max_cached_adapters:
         set_adapter_cache_size(model, max_cached_adapters)
     return ModelHandle(model, contracts=checkpoint_contracts(model))
+
+
+def load_repository_model(registry, model_name: str, **options) -> Optional[ModelHandle]:
+    """The handle of a repository id's published single files under the models folders
+    (``repository_models.repository_files``), None when ``model_name`` is not one or they are not all there;
+    ``options`` are ``load_single_files``'s."""
+    files = repository_files(registry, model_name)
+    if files is None:
+        return None
+    named = {kind: [(str(path), name) for name, path in entries] for kind, entries in files.items()}
+    handle, _ = load_checkpoint_files(named["diffusion_models"], named["vae"][0], named["text_encoders"][0],
+                                      tokenizer_dirs=tokenizer_dirs(registry), **options)
+    return handle
+
+
+def repository_files_stat(registry, model_name: str) -> Optional[tuple]:
+    """(size, mtime_ns) of each of a repository id's files found (None when it is not one or they are not all
+    there): what the loader's IS_CHANGED compares."""
+    files = repository_files(registry, model_name)
+    if files is None:
+        return None
+    return tuple((os.stat(path).st_size, os.stat(path).st_mtime_ns) for entries in files.values()
+                 for _, path in entries)
 
 
 def load_checkpoint_files(denoisers: list, vae: tuple, text_encoder: tuple, image_encoder=None, **options):

@@ -12,6 +12,7 @@ import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from ..loaders.batching.engine import installed as installed_engine
 from ..loaders.binding.bind import binding_state
 from ..loaders.binding.sharded_deltas import local_part
 from ..loaders.binding.strength_schedules import StrengthStepper
@@ -23,6 +24,7 @@ from ..loaders.distributed.fingerprints import check_same_binding
 from ..loaders.distributed.process_group import session_spec
 from ..loaders.families import family_for, has_expert_pair
 from ..loaders.generation import schedulers
+from .engine_sampling import denoise_in_engine
 
 # end_step's "to the end of the schedule" (KSamplerAdvanced's end_at_step default)
 END_OF_SCHEDULE = 10000
@@ -182,14 +184,20 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     resolved = plan.resolved
     adapters = model.adapters + (adapter.adapters if adapter is not None else ())
     strengths = StrengthStepper(model.fuses, adapters, resolved.steps)  # a schedule that does not fit: refused
-    bind_report = strengths.bind_step(model.model, resolved.start_step, check_interrupt=check_interrupt,
-                                      on_progress=on_bind)
-    if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
-        on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
-                                                 check_interrupt=check_interrupt)
-    _check_ranks_bound_alike(model.model, adapters)
-    samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
-                                 on_step=on_step, check_interrupt=check_interrupt)
+    engine, batching = installed_engine(), None
+    if engine is not None:  # served: the engine binds and batches this run's forwards with other requests'
+        samples, bind_report, batching = denoise_in_engine(
+            engine, model, positive, negative, latent, resolved, options.seed, strengths, on_step=on_step,
+            on_bind=on_bind, check_interrupt=check_interrupt)
+    else:
+        bind_report = strengths.bind_step(model.model, resolved.start_step, check_interrupt=check_interrupt,
+                                          on_progress=on_bind)
+        if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
+            on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
+                                                     check_interrupt=check_interrupt)
+        check_ranks_bound_alike(model.model, adapters)
+        samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
+                                     on_step=on_step, check_interrupt=check_interrupt)
     placement = model.model.placement
     warnings = [*family_for(model).sampling.run_warnings(model.model), *filter(None, [unsplit_note(resolved.cfg)])]
     report = {**plan.schedule_report, "warnings": warnings,
@@ -197,13 +205,16 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
               "strength_schedules": strengths.report(),
               "placement": placement.describe() if placement is not None else None,
               "tensor_parallel": [r.to_dict() for r in getattr(model.model, "tensor_parallel", ())]}
+    if batching is not None and batching["max_batch"] > 1:
+        report["batching"] = batching
     return samples, resolved, report
 
 
-def _check_ranks_bound_alike(loaded, adapters) -> None:
+def check_ranks_bound_alike(loaded, adapters) -> None:
     """In a parallel job every rank has just bound the same patches, or the run stops naming the rank(s) that
     did not (``distributed.fingerprints``: made once per change of the binding, compared in one gather); nothing
-    to compare in a single process. Under tensor parallelism each rank holds other rows of the split weights by
+    to compare in a single process. Served, the step engine calls it after each batch's bind (a parallel job's
+    hosts pass it as the engine's ``after_bind``). Under tensor parallelism each rank holds other rows of the split weights by
     design, so only what every rank holds alike is compared there."""
     if not session_spec().is_parallel:
         return

@@ -52,7 +52,9 @@ from .models import (
                                                  list_models,
                                                  load_checkpoint_files,
                                                  load_model,
+                                                 load_repository_model,
                                                  model_version,
+                                                 repository_files_stat,
                                                  resolve_model,
                                                  tokenizer_dirs,
 )
@@ -62,7 +64,8 @@ from .sampling import plan_sampling, sample, schedule_sigmas, split_sigmas
 __all__ = [
     # models (usecases.models)
     "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "find_model", "gguf_denoiser_names",
-    "list_models", "load_checkpoint_files", "load_model", "model_version", "resolve_model", "tokenizer_dirs",
+    "list_models", "load_checkpoint_files", "load_model", "load_repository_model", "model_version",
+    "repository_files_stat", "resolve_model", "tokenizer_dirs",
     # LoRAs on our own model (usecases.adapters)
     "attach_adapter", "attach_fuse", "attach_fuses", "expert_slots",
     # LoRAs and contracts on a host's own model (usecases.host_models)

@@ -204,6 +204,17 @@ def _bind_locked(model, state: BindingState, fuses, adapters, lenient, check_int
     return report
 
 
+def prepared_targets(model, spec) -> dict:
+    """What ``spec`` (a FuseSpec or an AdapterSpec) does to ``model``: {module path: TargetPatch}, read, mapped and
+    accounted exactly as ``bind`` will (and memoised for it), without writing a weight. Raises the same
+    ``LoraBindError`` naming the file or key that ``bind`` would: the step engine checks each request's files
+    here, on the request's own thread, so a bad file fails that request alone and before it joins a batch."""
+    state = binding_state(model)
+    spec = _on_component(model, spec)
+    with state.lock:
+        return _accounted_targets(model, state, spec, spec.lenient, _content_key(spec.path))[0]
+
+
 def unbind(model) -> None:
     """Restore every base weight bit-exactly and deactivate every adapter (they stay cached)."""
     state = model.binding_state

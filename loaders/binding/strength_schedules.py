@@ -164,10 +164,16 @@ class StrengthStepper:
     def rebinding_after_step(self, model, start_step: int, on_step: Optional[Callable], **bind_options):
         """An ``on_step(done, total)`` for the denoise loop that, after each step but the last, binds the next
         step's strengths, then reports progress as ``on_step`` did."""
+        return self.after_each_step(start_step, on_step, lambda step: self.bind_step(model, step, **bind_options))
+
+    def after_each_step(self, start_step: int, on_step: Optional[Callable], next_step: Callable[[int], None]):
+        """An ``on_step(done, total)`` that hands ``next_step`` the run's next step number after each step but the
+        last (where the next strengths take over: a bind here, the step engine's request elsewhere), then
+        reports progress as ``on_step`` did."""
 
         def after_step(done: int, total: int) -> None:
             if done < total:
-                self.bind_step(model, start_step + done, **bind_options)
+                next_step(start_step + done)
             if on_step is not None:
                 on_step(done, total)
 

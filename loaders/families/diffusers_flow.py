@@ -8,23 +8,20 @@ resolves a request on the one schedule, with a family's own check of the result 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from ..contract_types import ResolvedSchedule
 from ..contracts.schedule_rules import resolve_single_schedule
 from ..contracts.sigmas import TABLE_TOLERANCE
+from ..errors import ContractError
+from ..generation.forward_route import denoise_ended
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
-from ..handles import LatentHandle
-from .interface import (
-    ROLE_DENOISER,
-    ROLE_HIGH_NOISE,
-    ROLE_LOW_NOISE,
-    SOURCE_DIFFUSERS,
-    SOURCE_SINGLE_FILE,
-    PipelineSource,
-)
+from ..handles import LatentHandle, ModelHandle
+from .interface import SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, PipelineSource
 from .parts import FamilyContracts, FamilySampling
+from .roles import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 
 
 def pipeline_class(source: PipelineSource):
@@ -93,6 +90,19 @@ class OneScheduleContracts(FamilyContracts):
     def check_resolved(self, model_handle, resolved: ResolvedSchedule, request, overrides: list) -> None:
         """A family's own check of a resolved schedule (may raise ContractError or append to ``overrides``)."""
 
+    def refusal_before_loading(self, model_name: str, model_index: dict, contracts: tuple, request):
+        """The one-schedule resolution reads only the model's name, family and ``model_index.json`` (the Wan2.2
+        expert split: its boundary_ratio), so it runs on a stand-in of the model before anything loads."""
+        model = SimpleNamespace(name=model_name, family=self.family.layout.detect(model_index),
+                                model_index=model_index)
+        try:
+            self.resolve_schedule(ModelHandle(model=model), contracts, request)
+        except ContractError as exc:
+            return str(exc)
+        except ValueError:  # a value no schedule takes: the sampler's own check names it when it runs
+            return None
+        return None
+
 
 class DiffusersFlowSampling(FamilySampling):
     """Shared sampling for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
@@ -157,19 +167,15 @@ class DiffusersFlowSampling(FamilySampling):
         predict = self.prediction(model, positive, negative, latent)
         start = noised_start(latent.samples.float(), seed, sigmas[0]) if schedule.add_noise else latent.samples.float()
         x = self.to_model_space(start, latent)
-        placement = _placement_of(model)
 
-        def velocity(i, x, sigma):
-            if placement is not None:  # the memory plan brings this expert to the device (a swap at the boundary)
-                placement.activate(experts[i])
+        def velocity(i, x, sigma):  # the forward brings the expert to the device (a swap at the boundary)
             cfg = guidance_for(schedule.cfg, self._is_low_noise(model, experts[i]))
             return guided(predict, experts[i], x, sigma, cfg, self.renormalize)
 
         scheduler_config = getattr(getattr(model.pipeline, "scheduler", None), "config", None)
         x = step_over(x, sigmas, velocity, schedule.scheduler, config=scheduler_config, on_step=on_step,
                       check_interrupt=check_interrupt)
-        if placement is not None:
-            placement.end_denoise()
+        denoise_ended(model)
         x = self.from_model_space(x, latent)
         extra = {key: value for key, value in latent.extra.items() if key != NOISE_SIGMA}
         if sigmas[-1] > 0.0:

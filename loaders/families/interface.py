@@ -9,7 +9,7 @@ shared engine never test a family name. Adding a family means adding one package
 
 What is known before loading is the family's too (``family.layout``), so no module outside ``families/`` names a
 component or keys a table by family id. This module also holds the vocabulary the parts and the engine share:
-component roles, ``PipelineSource`` and ``TinyRecipe``.
+``PipelineSource`` and ``TinyRecipe`` (the component roles are ``roles``, which the parts speak too).
 """
 
 from __future__ import annotations
@@ -17,24 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-# Component roles (``FamilyLayout.denoiser_roles`` / ``components``), the vocabulary ``loaders.placement`` plans with.
-ROLE_DENOISER = "denoiser"  # a model's only denoiser, or one chosen by the task (MiniMax-H3 partitions)
-ROLE_HIGH_NOISE = "high_noise_expert"  # Wan2.2 MoE: runs while sigma >= boundary (``transformer``)
-ROLE_LOW_NOISE = "low_noise_expert"  # Wan2.2 MoE: runs below the boundary (``transformer_2``)
-ROLE_TEXT_ENCODER = "text_encoder"
-ROLE_IMAGE_ENCODER = "image_encoder"
-ROLE_VAE = "vae"  # video and audio VAEs alike
-# A denoiser that only other tasks use (MiniMax-H3's ``transformer_ref`` serves Ref2VA only): a run loads it
-# instead of the main one, never next to it, so a plan sizes the run by the main one.
-ROLE_ALTERNATE = "alternate_denoiser"
-DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
-
+from .parts import FamilyContracts, FamilyLayout, FamilySampling, KeyMap
+from .roles import ROLE_LOW_NOISE
 
 SOURCE_DIFFUSERS = "diffusers"
 SOURCE_SINGLE_FILE = "single_file"
-
-# The components most diffusers pipelines name the same way (each family's ``index_roles`` starts from these).
-SHARED_INDEX_ROLES = {"text_encoder": ROLE_TEXT_ENCODER, "image_encoder": ROLE_IMAGE_ENCODER, "vae": ROLE_VAE}
 
 
 @dataclass(frozen=True)
@@ -87,10 +74,10 @@ class ModelFamily:
 
     id: str  # key-map family id ("wan", "qwen_image", "minimax_h3"), shown by ``inspect``
     model_families: tuple  # the LoadedModel.family values served ("wan2.1", "wan2.2_moe")
-    layout: Any  # parts.FamilyLayout
-    keymap: Any  # parts.KeyMap
-    contracts: Any  # parts.FamilyContracts
-    sampling: Any  # parts.FamilySampling
+    layout: FamilyLayout
+    keymap: KeyMap
+    contracts: FamilyContracts
+    sampling: FamilySampling
     has_audio: bool = False  # the model generates a soundtrack on its own schedule (``audio_flow_shift``)
     # Stages (sigmas input, start/end step, denoise, add_noise) and the scheduler choice: a family whose denoise
     # runs one sigma list runs any slice of it; False refuses those inputs by name.

@@ -48,3 +48,9 @@ def shipped_single_file_config(name: str) -> Optional[Path]:
         if path.is_file():
             return path
     return None
+
+
+def shipped_model_names() -> list:
+    """Every real model configuration the families ship (``configs/models/<name>/``), sorted."""
+    return sorted(folder.name for package in _family_packages()
+                  for folder in (package / "configs" / "models").glob("*") if (folder / "model_index.json").is_file())

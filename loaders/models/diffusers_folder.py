@@ -14,6 +14,7 @@ from typing import Optional
 from ..errors import ModelLoadError
 from ..families import detect_model_family, family_by_id
 from ..families.interface import PipelineSource
+from ..io import json_limits
 from ..io.file_identity import model_folder_identity
 from ..io.model_index import read_model_index
 from ..io.regular_files import check_model_folder
@@ -94,6 +95,17 @@ class DiffusersFolder(ModelSource):
 
     def component_roles(self) -> dict:
         return self.family.layout.component_roles(self.model_index)
+
+    def denoiser_heads(self) -> dict:
+        heads = {}
+        for name in self.family.layout.denoiser_components(self.model_index):
+            try:
+                config = json_limits.load_file(self.folder / name / "config.json")
+            except (OSError, ValueError):
+                continue  # the loader reports an unreadable config, naming it
+            if isinstance(config, dict) and isinstance(config.get("num_attention_heads"), int):
+                heads[name] = config["num_attention_heads"]
+        return heads
 
     def component_sizes(self, dtype) -> list:
         dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(self.folder,

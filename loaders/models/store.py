@@ -25,7 +25,7 @@ from ..distributed import context_parallel
 from ..distributed.process_group import session_spec, tp_mesh
 from ..errors import ModelLoadError
 from ..families import denoiser_components, detect_model_family
-from ..families.interface import DENOISER_ROLES
+from ..families.roles import DENOISER_ROLES
 from ..io.weight_sources import FolderWeightSources
 from ..placement import apply_plan as placement
 from ..placement import load_plan, speed
@@ -160,8 +160,9 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
 
     def load_now() -> LoadedModel:
         source.check()
+        context_parallel.check_attention(attention, torch_device.type)  # first: the split decides what is usable
+        context_parallel.check_heads(source.denoiser_heads(), source.name)
         speed.check_attention(attention, torch_device)
-        context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         split = _split_load(source, plan, torch_device)
         if before_device_alloc is not None and torch_device.type != "cpu":

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from .. import forward_hooks
-from ..families.interface import ROLE_VAE
+from ..families.roles import ROLE_VAE
 from .file_pages import copy_out_of_files, file_mapped_ranges
 from .file_staging import FileStaged
 from .planner import default_decode_bytes

@@ -25,14 +25,12 @@ that bf16 and fp8 keep; the text says which storage each choice uses.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 
 from ..errors import ModelLoadError
-from ..io import json_limits
-from ..io.shipped_configs import shipped_model_folder
 from .planner import GIB, MEMORY_PLANS, MemoryPlan, describe_plan, plan_candidates, shortfall
+from .published import GGUF_FILE_TYPES, QUANT, published_files
 from .sizes import DENOISER_ROLES, GGUF_WEIGHTS, WEIGHTS, component_sizes, stored_as
 
 REFERENCE_STEPS = 20
@@ -41,8 +39,6 @@ DISK_BYTES_PER_S = 2e9
 UPCAST_BYTES_PER_S = 500e9
 DEQUANT_BYTES_PER_S = 150e9
 DEQUANT_K_BYTES_PER_S = 100e9
-# the published GGUF file of each type (city96 and QuantStack name a mostly-q4_k file "...-Q4_K_M.gguf")
-GGUF_FILE_TYPES = {"q8_0": "Q8_0", "q6_k": "Q6_K", "q5_k": "Q5_K_M", "q5_0": "Q5_0", "q4_k": "Q4_K_M", "q4_0": "Q4_0"}
 CPU_PLANS = ("full", "swap_experts", "offload_model")  # streaming blocks to the memory they live in saves nothing
 MAX_SEARCH_GIB = 1024  # the smallest machine is searched up to this much device or host memory
 
@@ -223,20 +219,11 @@ def _described(choice: Choice) -> str:
             f"{choice.plan.peak_host_bytes / GIB:.1f} GiB host)")
 
 
-def published_files(model) -> dict | None:
-    """{component: {"bf16"|"fp8"|"gguf": "folder/name"}} of a shipped configuration (its ``files.json``, the
-    names of docs/model-files/real-models.md), or None for a diffusers folder or a configuration without one."""
-    folder = shipped_model_folder(str(model))  # found by path: a plan answered from the sizes cache imports no torch
-    if folder is None:
-        return None
-    path = folder / "files.json"
-    try:
-        table = json_limits.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
-    return {name: entry for name, entry in table.items() if isinstance(entry, dict)}
+def files_of(model, weights: str, dtype: str = "bfloat16") -> tuple | None:
+    """The published files of a shipped configuration stored as ``weights`` (``--weights`` without a machine to
+    rank for), or None when one of them is not published."""
+    names = published_files(model)
+    return _files(names, component_sizes(model, dtype=dtype, weights=weights), weights) if names else None
 
 
 def _files(names: dict, sizes, weights: str) -> tuple | None:
@@ -248,5 +235,5 @@ def _files(names: dict, sizes, weights: str) -> tuple | None:
         name = names.get(size.name, {}).get(key)
         if name is None:
             return None
-        files.append(name.replace("{QUANT}", GGUF_FILE_TYPES.get(weights, "")))
+        files.append(name.replace(QUANT, GGUF_FILE_TYPES.get(weights, "")))
     return tuple(files)

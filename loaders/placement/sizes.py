@@ -16,7 +16,7 @@ from typing import Optional
 
 from ..errors import ModelLoadError
 from ..families import component_roles, real_config_names
-from ..families.interface import (
+from ..families.roles import (
     ROLE_ALTERNATE,
     ROLE_DENOISER,
     ROLE_HIGH_NOISE,

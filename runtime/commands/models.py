@@ -1,6 +1,7 @@
 """``lorabind models build-tiny``: (re)build the built-in offline tiny models and fixture LoRAs.
 ``lorabind models check WORKFLOW``: every model file the workflow names, found, broken or missing, with the folders
 searched (exit 1 when one is missing or broken).
+``lorabind models download MODEL|WORKFLOW.json``: get those files (``model_download``).
 
 Module-level imports stay light (the CLI's ``--help`` must not load torch); the builders load inside ``run``.
 """
@@ -16,6 +17,9 @@ DEFAULT_INPUT_DIR = "./input"  # the default of `lorabind run --input` and `lora
 
 
 def add_arguments(parser) -> None:
+    # lazy: the CLI's parser imports every command module; the download action's flags live with it
+    from . import model_download
+
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
     build = sub.add_parser(
         "build-tiny",
@@ -42,15 +46,21 @@ def add_arguments(parser) -> None:
     check.add_argument("workflow", metavar="WORKFLOW.json", help="workflow (UI or API format)")
     check.add_argument("--models", metavar="DIR", default=None,
                        help=f"models root (default: $LORABIND_MODELS or {DEFAULT_MODELS_ROOT})")
+    model_download.add_parser(sub)
 
 
 def run(args) -> int:
     command = getattr(args, "models_command", None)
     if command == "check":
         return check(args)
+    if command == "download":
+        # lazy: the CLI's parser imports every command module; the engine loads when it runs
+        from . import model_download
+
+        return model_download.run(args)
     if command != "build-tiny":
-        print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...] | models check WORKFLOW.json",
-              file=sys.stderr)
+        print("usage: lorabind models build-tiny [--models DIR] [--only NAME ...] | models check WORKFLOW.json | "
+              "models download MODEL|WORKFLOW.json", file=sys.stderr)
         return 2
     models_root = Path(args.models or os.environ.get("LORABIND_MODELS") or DEFAULT_MODELS_ROOT)
     # lazy: the CLI's parser imports every command module; the engine loads when it runs

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 EXIT_DOES_NOT_FIT = 1
@@ -34,7 +35,8 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("model", metavar="MODEL", nargs="?",
                         help="a diffusers model folder, or a shipped configuration: wan2.1-t2v-1.3b, wan2.1-t2v-14b, "
-                             "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3")
+                             "wan2.2-t2v-a14b, wan2.2-i2v-a14b, wan2.2-ti2v-5b, qwen-image, minimax-h3 (or the "
+                             "repository id it is typed from: Wan-AI/Wan2.2-T2V-A14B-Diffusers, Qwen/Qwen-Image ...)")
     parser.add_argument("--vram", type=gib_amount, metavar="GIB", help="free device memory in GiB")
     parser.add_argument("--ram", type=gib_amount, metavar="GIB",
                         help="free host memory in GiB (unchecked when absent; with --device cpu, all there is)")
@@ -73,12 +75,15 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.placement.choices import rank_choices
     from ...loaders.placement.model_plan import format_ranking, ranking_to_json
+    from ...loaders.placement.published import model_of
     from ..parallel.options import parallel_spec, refusal
 
     usage = _usage_error(args)
     if usage:
         print(f"lorabind plan: {usage}", file=sys.stderr)
         return 2
+    if args.model and not os.path.exists(args.model):  # a repository id names the configuration typed from it
+        args.model = model_of(args.model) or args.model
     try:
         spec = parallel_spec(args)
         if refusal(spec):
@@ -90,7 +95,9 @@ def run(args) -> int:
     except LoraBindError as exc:
         print(f"lorabind plan: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(ranking_to_json(ranking), indent=2) if args.json else format_ranking(args.model, ranking))
+    # the model named in the answer: `lorabind models download --plan-json` gets its files
+    print(json.dumps({"model": args.model, **ranking_to_json(ranking)}, indent=2) if args.json
+          else format_ranking(args.model, ranking))
     return 0 if ranking.fitting else EXIT_DOES_NOT_FIT
 
 

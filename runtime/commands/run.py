@@ -38,6 +38,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--input-file", metavar="NODE=PATH", action="append", default=[], dest="input_files",
                         help="an image for a LoadImage node, read where it is (outside the input folder too), "
                              "e.g. --input-file 3=~/photos/start.png (repeatable)")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch the model files the workflow names that are not under --models first (`lorabind "
+                             "models download`'s code); without it a missing file is named with the command")
     add_device_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -61,13 +64,14 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
-    no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    """``[(sampler node id, input, message)]``: samplers whose steps, scheduler, shift, cfg or expert split a file's
+    contract contradicts, found from the prompt alone (no model loaded, no text encoded: on a real 14B model the
+    sampler would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...usecases.prompt_contracts import early_contract_refusals
+    from ...usecases.prompt_contracts import early_refusals_by_input
     from .. import folder_paths
 
-    return early_contract_refusals(prompt, node_classes, folder_paths)
+    return early_refusals_by_input(prompt, node_classes, folder_paths)
 
 
 def run(args) -> int:
@@ -98,21 +102,46 @@ def _run_parallel(args, spec) -> int:
     """Inside a job (torchrun's or ours): run as this rank. Outside: check the prompt here (a refusal before any
     rank starts or loads), then start the ranks."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request, job_environment
     from ..parallel.launch import launch_ranks
-    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
 
-    job = rank_from_environment()
-    if job is None:
+    hosted = _group_made_by_host()
+    try:
+        checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                            starting_ranks="RANK" not in os.environ and not hosted)
+        job = None if hosted else job_environment(args.parallel_interface)
+    except ParallelRunError as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return 2
+    if job is None and not hosted:
         prepared = _prepare(args)
         if isinstance(prepared, int):
             return prepared
         print(f"lorabind run: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
-        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]))
-    rank, world_size, local_rank = job
+        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]),
+                            interface=args.parallel_interface)
+    return _run_as_rank(args, spec, job)
+
+
+def _group_made_by_host() -> bool:
+    """A host (a test harness) that made the process group itself runs the command on each of its ranks."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def _run_as_rank(args, spec, job) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
+
+    rank, world_size = (job.rank, job.world_size) if job is not None else ("?", spec.world_size)
     try:
-        with rank_of_job(spec, local_rank) as (rank, seen):
-            if seen:
+        with rank_of_job(spec, job) as joined:
+            rank = joined.rank
+            if joined.seen:
                 code = _run_here(args, models_turn=rank_zero_builds_first)
             else:
                 with unseen_rank() as (scratch, null):
@@ -133,6 +162,7 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from .. import folder_paths
     from ..executor import PromptExecutor
+    from ..missing_files import fetch_or_name
 
     folder_paths.configure(models_root=args.models, output_dir=output_dir or args.output, input_dir=args.input,
                            temp_dir=output_dir)  # an unseen rank's previews go to its scratch folder too
@@ -143,12 +173,16 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
         return 1
     prompt, kind, workflow, changed, node_classes = read
     try:
-        with models_turn():
+        with models_turn():  # one rank at a time: the first builds (and, with --download, fetches) what is missing
             ensure_models(prompt, folder_paths.models_dir, folder_paths.get_input_directory())
+            missing = fetch_or_name(prompt, workflow, args.workflow, args.models or folder_paths.models_dir,
+                                    fetch=args.download, say=print)
     except Exception as exc:
         print(f"lorabind run: cannot prepare the built-in models under {folder_paths.models_dir}: {exc}",
               file=sys.stderr)
         return 1
+    if missing:  # the files the workflow names that are not there: validation says which folders were searched
+        print(f"lorabind run: {missing}", file=sys.stderr)
     executor = PromptExecutor(node_classes)
     validation = executor.validate(prompt)
     if _refused_before_running(validation, prompt, node_classes):
@@ -225,7 +259,7 @@ def _refused_before_running(validation, prompt: dict, node_classes: dict) -> boo
     refusals = contract_refusals(prompt, node_classes)
     if refusals:
         print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+                        f"model was loaded: ContractError: {message}" for node_id, _, message in refusals),
               file=sys.stderr)
         return True
     return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
 def add_arguments(parser) -> None:
@@ -45,8 +46,38 @@ def add_arguments(parser) -> None:
                         "HOST:PORT joins a running cluster (ray start --head); the bare flag starts one here")
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
+    add_batching_arguments(parser)
     add_openai_arguments(parser)
     add_parallel_arguments(parser)
+
+
+MAX_BATCH_LIMIT = 64  # prompts in flight at once: each holds its latents, text and outputs in memory
+
+
+def add_batching_arguments(parser) -> None:
+    """The step engine's size (docs/serving/many-users.md), in our spelling and vllm-omni's."""
+    parser.add_argument("--max-batch", "--max-num-seqs", type=int, default=1, dest="max_batch", metavar="N",
+                        help="prompts in flight at once (vllm-omni's --max-num-seqs): their denoising steps run "
+                        "batched, a prompt that arrives joins at the next step, and LoRAs that differ between "
+                        f"requests run on their own rows; 1 (default) runs one prompt at a time (at most "
+                        f"{MAX_BATCH_LIMIT})")
+    parser.add_argument("--step-execution", action="store_true",
+                        help="vllm-omni's switch for step-wise execution, accepted: lorabind always runs a "
+                        "prompt's denoising step by step; --max-batch N above 1 batches the steps of N prompts")
+
+
+def batching_refusal(max_batch: int, spec, ray) -> str | None:
+    """Why ``--max-batch`` cannot be this here (None: it can)."""
+    if not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        return f"--max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got {max_batch}"
+    if max_batch > 1 and spec.cfg > 1:
+        return (f"--parallel {spec.describe()} with --max-batch {max_batch}: cfg=2 exchanges each prompt's two "
+                "guidance passes between ranks outside the batched forward, so prompts in flight would meet in "
+                "that exchange out of order; batch with ulysses=, ring= or tp=, or use cfg=2 with --max-batch 1")
+    if max_batch > 1 and spec.is_parallel and ray is not None:
+        return (f"--ray with --parallel {spec.describe()} runs one prompt at a time on each replica's ranks; "
+                f"--max-batch {max_batch} is for replicas of one process, or serve --parallel without --ray")
+    return None
 
 
 def add_openai_arguments(parser) -> None:
@@ -57,7 +88,11 @@ def add_openai_arguments(parser) -> None:
     parser.add_argument("--openai-model", action="append", default=[], metavar="NAME=WORKFLOW.api.json",
                         help="serve the API workflow as model NAME on /v1/chat/completions, /v1/images/generations "
                         "and /v1/videos; its nodes' _meta.openai say which inputs the request fields set "
-                        "(repeatable)")
+                        "(repeatable). A repository id (Wan-AI/Wan2.2-T2V-A14B-Diffusers, Qwen/Qwen-Image) serves "
+                        "that model's real-size workflow (workflows/real/) when its files are under --models")
+    parser.add_argument("--download", action="store_true",
+                        help="fetch the files a repository id's workflow needs first (`lorabind models download`'s "
+                        "code); without it a missing file stops serve with the command that gets it")
     parser.add_argument("--lora-backend", choices=("peft", "distill"), default="peft",
                         help="what --lora-path files are: distill = fused into every served model they fit for the "
                         "server's lifetime (Wan2.2: high then low); peft (default) = adapters preloaded into the "
@@ -71,9 +106,33 @@ def add_openai_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    listeners = bind_rank_zero_first(args)
+    if isinstance(listeners, int):
+        return listeners
+    return _run(args, listeners)
+
+
+def bind_rank_zero_first(args):
+    """``serve --parallel`` (outside Ray): rank 0's HTTP sockets, bound before anything heavy is imported, so a
+    taken port is one line at once rather than a failure after every rank has started; None on any other serve
+    (which binds first thing in ``run_server``), 2 when the port is taken."""
+    spec = parallel_spec_of(args)
+    if isinstance(spec, str) or not spec.is_parallel or args.ray is not None or os.environ.get("RANK", "0") != "0":
+        return None
+    # lazy: the CLI's parser imports every command module
+    from ..listen import PortUnavailable, bind_listeners
+
+    try:
+        return bind_listeners([h.strip() for h in args.listen.split(",") if h.strip()], args.port)
+    except PortUnavailable as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+
+
+def _run(args, listeners) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
-    from ..guide_flags import apply_serve_guide_arguments
+    from ..guide_flags import apply_serve_guide_arguments, serve_guide_notes
     from ..server import ServerConfig, run_server
 
     device_error = apply_device_arguments(args)
@@ -87,9 +146,15 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    for note in serve_guide_notes(args):
+        print(f"lorabind serve: {note}")
     spec = parallel_spec_of(args)
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
+        return 2
+    batching_error = batching_refusal(args.max_batch, spec, args.ray)
+    if batching_error:
+        print(f"lorabind serve: {batching_error}")
         return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
@@ -110,12 +175,10 @@ def run(args) -> int:
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
                           replicas=args.replicas, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
-                          lora_dirs=tuple(args.allow_lora_dir),
+                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
-        from ..server.parallel_job import serve_job  # lazy: only a --parallel server starts ranks
-
-        return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
+        return serve_parallel(args, config, spec, listeners)
     if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)
         config.parallel = spec
     try:
@@ -124,6 +187,24 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def serve_parallel(args, config, spec, listeners) -> int:
+    """``serve --parallel`` outside Ray, ``listeners`` bound already (on rank 0): check the job's flags, then run
+    as its rank 0 (starting the others) or as the rank torchrun made this process."""
+    # lazy: only a --parallel server starts ranks (torch, the executor)
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request
+    from ..server.parallel_job import serve_job
+
+    try:
+        rank_timeout_s = checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                                             starting_ranks="RANK" not in os.environ)
+    except ParallelRunError as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+    return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]), listeners=listeners,
+                     interface=args.parallel_interface, rank_timeout_s=rank_timeout_s)
 
 
 def parallel_spec_of(args):
@@ -141,9 +222,9 @@ def parallel_spec_of(args):
 
 
 def check_openai_arguments(args) -> str | None:
-    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``) and the ``--allow-lora-dir`` folders
-    (with the peft backend, ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text,
-    or None."""
+    """``--openai-model NAME=FILE`` pairs (kept in ``args.openai_models``), the files of one given as a repository
+    id (``repository_files``) and the ``--allow-lora-dir`` folders (with the peft backend,
+    ``apply_adapter_cache_arguments`` preloads the ``--lora-path`` files). An error text, or None."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..server.openai.templates import parse_model_option
 
@@ -154,7 +235,31 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
-    return None
+    if args.lora_backend == "distill" and not args.lora_path:
+        return ("--lora-backend distill needs --lora-path FILE... (the distill LoRA files to fuse at start); without "
+                "them it would fuse nothing")
+    return repository_files(args) or None
+
+
+def repository_files(args) -> str:
+    """Each ``--openai-model`` given as a repository id: its workflow's files are under ``--models`` (fetched first
+    with ``--download``), or the one line naming the command that gets them ("" when all are there)."""
+    repositories = [(name, path) for option, (name, path) in zip(args.openai_model, args.openai_models)
+                    if "=" not in option]
+    if not repositories:
+        return ""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.io import json_limits
+    from .. import folder_paths
+    from ..missing_files import fetch_or_name
+
+    folder_paths.configure(models_root=args.models)
+    for name, path in repositories:
+        prompt = json_limits.loads(Path(path).read_bytes())
+        problem = fetch_or_name(prompt, prompt, path, args.models, fetch=args.download, say=print)
+        if problem:
+            return f"--openai-model {name}: {problem}"
+    return ""
 
 
 def apply_adapter_cache_arguments(args) -> str | None:

@@ -8,6 +8,7 @@ keeps in a history entry's ``status.messages`` are also returned in ``ExecutionR
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import traceback
@@ -23,6 +24,18 @@ from .validation import ValidationResult
 from .validation_memo import ValidationMemo
 
 EventCallback = Callable[[str, dict], None]
+
+
+class RunSync:
+    """Where a prompt's run meets the other ranks of a parallel job (``runtime.parallel.prompt_channel.Lockstep``):
+    before each node starts, and when a node fails. Within a sampler the ranks meet in the step engine's plans
+    (``loaders.batching.plans``) instead. Nothing to meet in one process: these do nothing."""
+
+    def before_node(self, node_id: str) -> None:
+        """Called after the node's ``executing`` event, before its inputs are gathered (may raise to stop)."""
+
+    def node_failed(self, node_id: str, node_type: str, message: str) -> None:
+        """Called after a node's ``execution_error`` event."""
 
 
 @dataclass
@@ -51,8 +64,12 @@ class PromptValidationError(ValueError):
 
 
 class PromptExecutor:
-    def __init__(self, node_classes: dict, *, cache: bool = True):
+    """``node_turn``: a context manager every node runs inside (a served process's ``DeviceTurn``: one node or
+    batched step at a time on the device, while several prompts are in flight); None runs nodes as they come."""
+
+    def __init__(self, node_classes: dict, *, cache: bool = True, node_turn: Callable | None = None):
         self.node_classes = node_classes
+        self.node_turn = node_turn or contextlib.nullcontext
         self.output_cache = OutputCache(enabled=cache)
         self.instances = InstanceCache()
         self._run_lock = threading.Lock()
@@ -72,7 +89,7 @@ class PromptExecutor:
 
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None,
                 on_event: EventCallback | None = None, interrupt_event: threading.Event | None = None,
-                execute_outputs: list | None = None) -> ExecutionResult:
+                execute_outputs: list | None = None, sync: RunSync | None = None) -> ExecutionResult:
         """Validate (casting constants), then run the valid outputs in ``execute_outputs`` (default: all).
 
         Raises PromptValidationError if no requested output validates; node failures and interrupts are
@@ -89,7 +106,7 @@ class PromptExecutor:
             raise PromptValidationError(validation)
         with self._run_lock:
             run = _PromptRun(self, definitions, validation.prompt, prompt_id, extra_data or {}, on_event,
-                             interrupt_event)
+                             interrupt_event, sync or RunSync())
             return run.run(validation.outputs)
 
 
@@ -106,12 +123,14 @@ class _PromptRun:
     """The state of executing one prompt: available outputs, scheduling, events, result."""
 
     def __init__(self, executor: PromptExecutor, definitions: NodeDefinitions, prompt: dict, prompt_id: str,
-                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event):
+                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event,
+                 sync: RunSync):
         self.executor = executor
         self.prompt = prompt
         self.prompt_id = prompt_id
         self.extra_data = extra_data
         self.on_event = on_event
+        self.sync = sync
         self.interrupt_event = interrupt_event
         self.definitions = definitions
         self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
@@ -200,8 +219,6 @@ class _PromptRun:
     def _execute_node(self, node_id: str, execution_list: ExecutionList) -> bool:
         """Run (or replay from cache) one node; False when the prompt must stop (error or interrupt)."""
         node = self.prompt[node_id]
-        class_type = node["class_type"]
-        node_class = self.definitions.get_class(class_type)
         if node_id in self.available:
             entry = self.available[node_id]  # a cached output node: replay its UI like ComfyUI
             self.emit("executed", {"node": node_id, "display_node": node_id, "output": entry.ui,
@@ -212,9 +229,20 @@ class _PromptRun:
             return True
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
-        values: dict[str, list] = {}
+        self.sync.before_node(node_id)
         context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
         token = set_current_context(context)
+        try:
+            with self.executor.node_turn():
+                return self._call_node(node_id, node, execution_list)
+        finally:
+            reset_current_context(token)
+
+    def _call_node(self, node_id: str, node: dict, execution_list: ExecutionList) -> bool:
+        """Gather the inputs, run the node (or find it waits for lazy inputs), keep its outputs; False on failure."""
+        class_type = node["class_type"]
+        node_class = self.definitions.get_class(class_type)
+        values: dict[str, list] = {}
         try:
             values, missing = gather_inputs(node_id, node, self.definitions, self._outputs_of,
                                             prompt=self.prompt, extra_data=self.extra_data)
@@ -236,8 +264,6 @@ class _PromptRun:
         except Exception as exc:
             self._report_failure(node_id, exc, values)
             return False
-        finally:
-            reset_current_context(token)
 
         entry = CacheEntry(outputs, ui or None)
         self.available[node_id] = entry
@@ -271,4 +297,5 @@ class _PromptRun:
             "current_outputs": list(self.prompt),
         }
         self.emit("execution_error", error, status_message=True)
+        self.sync.node_failed(node_id, error["node_type"], error["exception_message"])
         self.result.error = self.result.messages[-1][1]

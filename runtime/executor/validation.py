@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...usecases.model_check import FILE_INPUTS, searched_text
+from ...usecases.repository_models import repository_hint
 from .. import folder_paths
 from ..socket_types import combo_options, types_compatible
 from .call_over_lists import gather_inputs, map_over_lists
@@ -378,7 +379,7 @@ def _not_in_list_details(name: str, value: Any, options) -> str:
     """"mode: 'pow' not in ['add', 'mul']" for a short list; for a longer one (the scanned LoRA and model files)
     the three closest names first, then how many there are and where they were looked for: a typo used to print
     all 19 fixture names before the one the user meant."""
-    searched = _searched_folders(name)
+    searched = _searched_folders(name, value)
     if len(options) <= SHORT_LIST:
         return f"{name}: '{value}' not in {options}{searched}"
     near = closest_names(value, options)
@@ -388,11 +389,11 @@ def _not_in_list_details(name: str, value: Any, options) -> str:
             f"(of {len(options)} choices){searched}")
 
 
-def _searched_folders(input_name: str) -> str:
+def _searched_folders(input_name: str, value) -> str:
     """"; searched models/diffusion_models, models/unet" for an input that names a model file (issue 26: a missing
     model said "Value not in list" without saying where it was looked for). Relative to the models root: the
-    browser sees this message."""
+    browser sees this message. A loader's repository id also names the command that gets its files (issue 55)."""
     kind = FILE_INPUTS.get(input_name)
     if kind is None:
         return ""
-    return f"; {searched_text(folder_paths, kind, models_root=folder_paths.models_dir)}"
+    return f"; {searched_text(folder_paths, kind, models_root=folder_paths.models_dir)}{repository_hint(kind, value)}"

@@ -46,12 +46,14 @@ def _group_options(replicas: int, world_size: int) -> tuple[dict, dict]:
 
 
 def start_replicas(address: str | None, replicas: int, node_classes: dict, *, models_root: str, input_dir: str,
-                   output_dir: str, temp_dir: str, routing: str = "affinity", lora_dirs: tuple = (), parallel=None):
+                   output_dir: str, temp_dir: str, routing: str = "affinity", lora_dirs: tuple = (), parallel=None,
+                   max_batch: int = 1):
     """Deploy ``replicas`` executors and return the front's ``RayExecutor``.
 
     ``address``: None starts a local cluster in this process; "auto" or "HOST:PORT" joins a running one
     (``ray start --head``). Every node needs lorabind installed and the same models root. ``parallel``: a
-    ``ParallelSpec`` making each replica a group of ranks (``rank_group.py``).
+    ``ParallelSpec`` making each replica a group of ranks (``rank_group.py``); ``max_batch``: the prompts each
+    replica runs at once, their steps batched.
     """
     import ray
     from ray import serve
@@ -69,7 +71,7 @@ def start_replicas(address: str | None, replicas: int, node_classes: dict, *, mo
     log.info("deploying %d lorabind replica(s) with %s", replicas, options)
     app = LorabindReplica.options(num_replicas=replicas, **options).bind(
         node_classes, models_root, input_dir, NAMESPACE, session_defaults()["memory"], tuple(lora_dirs),
-        parallel, bundle)
+        parallel, bundle, max_batch)
     # Our own log lines say where each prompt went; Ray's per-call access log would repeat them per replica.
     handle = serve.run(app, name=APP_NAME, route_prefix=None,
                        logging_config={"enable_access_log": False, "log_level": "WARNING"})

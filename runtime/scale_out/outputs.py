@@ -4,6 +4,11 @@ Why carried, not shared: a replica may run on another machine, so its output fol
 ``executed`` event takes the bytes of the files its UI payload names; the front writes them into its own folder
 under a free ``<prefix>_<counter>_`` name (two replicas both count from 00001) and rewrites the payload, so
 ``/view`` and ``/history`` work as on one machine.
+
+Why the replica keeps a file after carrying it: the same prompt again is answered from the replica's output
+cache, whose ``executed`` event names the file the first run wrote. Carried again, its bytes land under a fresh
+name in the front's folder; deleted, the answer would name whatever the front now holds under the old name
+(another prompt's file). So a replica keeps exactly the files its output cache can still replay (``keep_only``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def _inside(folder: str, subfolder: str, filename: str) -> str:
 
 
 def take_files(ui: dict, folders: dict) -> list[dict]:
-    """On the replica: read (and remove) every file named in a UI payload; ``folders`` maps type -> folder."""
+    """On the replica: read every file named in a UI payload (kept for a replay: ``keep_only``); ``folders``
+    maps type -> folder."""
     files = []
     for entry in _file_entries(ui):
         path = _inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"])
@@ -43,10 +49,27 @@ def take_files(ui: dict, folders: dict) -> list[dict]:
             continue
         with open(path, "rb") as handle:
             data = handle.read()
-        os.unlink(path)
         files.append({"type": entry["type"], "subfolder": entry.get("subfolder", ""),
                       "filename": entry["filename"], "data": data})
     return files
+
+
+def keep_only(uis: list, folders: dict) -> None:
+    """On the replica, after a prompt: remove every file of its private folders that none of ``uis`` (its output
+    cache's) names, so the folders hold what a cached answer may carry again and nothing more."""
+    named = set()
+    for ui in uis:
+        for entry in _file_entries(ui):
+            try:
+                named.add(_inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"]))
+            except ValueError:  # a name that leaves its folder was never carried either
+                continue
+    for folder in folders.values():
+        for directory, _, names in os.walk(folder):
+            for name in names:
+                path = os.path.realpath(os.path.join(directory, name))
+                if path not in named:
+                    os.unlink(path)
 
 
 def _free_name(folder: str, filename: str) -> str:

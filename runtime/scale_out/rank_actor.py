@@ -22,10 +22,12 @@ from ...loaders.distributed.spec import ParallelSpec
 from ...loaders.models import store as model_store
 from ...loaders.placement.devices import set_session_defaults
 from ..executor import PromptExecutor
+from ..parallel.job_environment import interface_holding, job_environment
 from ..parallel.launch import free_port
 from ..parallel.ranks import rank_of_job
 from .prompt_run import private_folders, run_prompt
 
+JOIN_RENDEZVOUS_S = 60.0  # rank 0's actor starts the store as the others reach for it: all join at once
 
 # Two calls at once: a prompt runs in one, ``interrupt`` arrives in the other.
 @ray.remote(max_concurrency=2)
@@ -43,14 +45,21 @@ class RankActor:
         """Rank 0's address and a free port on its node: where the group's store listens."""
         return ray.util.get_node_ip_address(), free_port()
 
-    def join(self, address: str, port: int) -> int:
-        """Join the group (every rank at once: this returns when all have joined, or fails at the timeout)."""
+    def join(self, address: str, port: int, secret: str) -> int:
+        """Join the group (every rank at once: this returns when all have joined, or fails at the timeout).
+        Rank 0 hosts the group's store on ``address`` (its node's), every rank signs with the group's ``secret``."""
         # torchrun's variables, as our own launcher sets them; Ray shows each rank only its bundle's GPU, so the
-        # local rank is 0 on every one
+        # local rank is 0 on every one. The ranks may sit on other nodes: each listens on its node's interface.
+        own = ray.util.get_node_ip_address()
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.spec.world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        rank, _ = self._job.enter_context(rank_of_job(self.spec, 0))
-        return rank
+                          WORLD_SIZE=str(self.spec.world_size), LOCAL_RANK="0",
+                          LOCAL_WORLD_SIZE=str(self.spec.world_size), LORABIND_JOB_SECRET=secret,
+                          LORABIND_RENDEZVOUS_TIMEOUT_S=str(JOIN_RENDEZVOUS_S))
+        interface = interface_holding(own)
+        if interface is not None:
+            os.environ["LORABIND_PARALLEL_INTERFACE"] = interface
+        joined = self._job.enter_context(rank_of_job(self.spec, job_environment()))
+        return joined.rank
 
     def run(self, prompt: dict, prompt_id: str, extra_data: dict, outputs: list):
         """Stream ``[name, data]`` events (rank 0 only), then one ``["lorabind_result", payload]``."""

@@ -17,6 +17,7 @@ import ray
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..parallel.launch import new_secret
 from ..parallel.options import refusal
 from .rank_actor import RankActor
 
@@ -99,8 +100,9 @@ class RankGroup:
             rank, self.spec, *self.actor_args) for rank in range(self.spec.world_size)]
         try:
             address, port = await asyncio.wait_for(self.actors[0].rendezvous.remote(), JOIN_TIMEOUT_S)
-            await asyncio.wait_for(asyncio.gather(*(actor.join.remote(address, port) for actor in self.actors)),
-                                   JOIN_TIMEOUT_S)
+            secret = new_secret()  # the group's own, handed to its actors through Ray (never a command line)
+            await asyncio.wait_for(asyncio.gather(*(actor.join.remote(address, port, secret)
+                                                    for actor in self.actors)), JOIN_TIMEOUT_S)
         except Exception as exc:
             self.stop()
             raise RankGroupError(f"the replica's {self.spec.world_size} ranks (--parallel {self.spec.describe()}) "

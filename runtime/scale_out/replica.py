@@ -1,5 +1,6 @@
-"""The Ray Serve deployment: one lorabind executor per replica (one GPU each when the cluster has GPUs), or with
-``--parallel`` one group of N rank actors per replica (``rank_group.py``; N GPUs, one placement group).
+"""The Ray Serve deployment: one lorabind executor per replica (one GPU each when the cluster has GPUs), running up
+to ``--max-batch`` prompts at once through the replica's step engine, or with ``--parallel`` one group of N rank
+actors per replica (``rank_group.py``; N GPUs, one placement group).
 
 A replica keeps its models and their bound LoRAs between prompts, exactly like the single-machine worker.
 ``run`` streams ``lorabind_routed`` (the prompt reached this replica), ``lorabind_started`` (its turn came:
@@ -15,7 +16,7 @@ import threading
 from ray import serve
 
 from ...loaders.placement.devices import set_session_defaults
-from ..executor import PromptExecutor
+from ..executor.engine_executors import EngineExecutors
 from .interrupts import interrupt_board
 from .prompt_run import private_folders, run_prompt
 from .rank_group import RankGroup
@@ -31,7 +32,7 @@ INTERRUPT_POLL_S = 0.25
 @serve.deployment(max_ongoing_requests=16)
 class LorabindReplica:
     def __init__(self, node_classes: dict, models_root: str, input_dir: str, namespace: str, memory: str | None,
-                 lora_dirs: tuple = (), parallel=None, rank_bundle: dict | None = None):
+                 lora_dirs: tuple = (), parallel=None, rank_bundle: dict | None = None, max_batch: int = 1):
         # The front's --memory holds here too; the device stays "auto": the GPU Ray gave this replica.
         set_session_defaults(memory=memory)
         # The replica's Ray actor name (SERVE_REPLICA::lorabind#LorabindReplica#<tag>): what `ray kill` takes.
@@ -42,9 +43,9 @@ class LorabindReplica:
                                ) if parallel is not None and parallel.is_parallel else None
         if self.group is None:
             self.folders = private_folders(models_root, input_dir, lora_dirs, "lorabind-replica-")
-            self.executor = PromptExecutor(node_classes)
+            self.executor = EngineExecutors(node_classes, max_batch)  # the front's --max-batch, per replica
         self.board = interrupt_board(namespace)
-        self.turns = BindingFirstTurns()
+        self.turns = BindingFirstTurns(max_batch if self.group is None else 1)
 
     @serve.multiplexed(max_num_models_per_replica=BINDINGS_PER_REPLICA)
     async def _binding(self, fingerprint: str) -> str:

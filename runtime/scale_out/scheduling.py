@@ -20,11 +20,12 @@ class _Waiter:
 
 
 class BindingFirstTurns:
-    """One prompt at a time per replica (its models are shared), picked binding-first."""
+    """Up to ``capacity`` prompts at a time per replica (its ``--max-batch``: their steps share the replica's step
+    engine; 1: one at a time, its models are shared), picked binding-first."""
 
-    def __init__(self):
+    def __init__(self, capacity: int = 1):
         self._waiting: list[_Waiter] = []
-        self._busy = False
+        self._capacity, self._running = max(1, int(capacity)), 0
         self._bound: str | None = None
         self._changed = asyncio.Condition()
 
@@ -40,7 +41,7 @@ class BindingFirstTurns:
         async with self._changed:
             self._waiting.append(waiter)
             try:
-                await self._changed.wait_for(lambda: not self._busy and self._next() is waiter)
+                await self._changed.wait_for(lambda: self._running < self._capacity and self._next() is waiter)
             except BaseException:
                 self._waiting.remove(waiter)
                 self._changed.notify_all()
@@ -48,10 +49,10 @@ class BindingFirstTurns:
             for earlier in self._waiting[:self._waiting.index(waiter)]:
                 earlier.passed_over += 1
             self._waiting.remove(waiter)
-            self._busy = True
+            self._running += 1
 
     async def release(self, fingerprint: str) -> None:
         """The prompt finished; the replica now holds ``fingerprint``'s binding."""
         async with self._changed:
-            self._busy, self._bound = False, fingerprint
+            self._running, self._bound = self._running - 1, fingerprint
             self._changed.notify_all()

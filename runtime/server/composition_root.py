@@ -12,6 +12,7 @@ from aiohttp import web
 from .. import folder_paths
 from ..core_nodes import runtime_node_classes
 from ..executor import PromptExecutor
+from ..executor.engine_executors import EngineExecutors
 from .config import PACK_NAME, ServerConfig
 from .history import HistoryStore
 from .queue import PromptQueue
@@ -46,11 +47,14 @@ class ServerState:
                 None if self.config.ray_address == "local" else self.config.ray_address, self.config.replicas,
                 node_classes, models_root=self.config.models_root, input_dir=self.config.input_dir,
                 output_dir=self.config.output_dir, temp_dir=self.config.temp_dir, routing=self.config.routing,
-                lora_dirs=self.config.lora_dirs, parallel=self.config.parallel)
-            concurrency = self.config.replicas * PROMPTS_IN_FLIGHT_PER_REPLICA
-        if executor is None or validator is None:
-            executor = executor or PromptExecutor(node_classes)
-            validator = validator or PromptExecutor(node_classes, cache=False)
+                lora_dirs=self.config.lora_dirs, parallel=self.config.parallel, max_batch=self.config.max_batch)
+            concurrency = self.config.replicas * (PROMPTS_IN_FLIGHT_PER_REPLICA + self.config.max_batch - 1)
+        if executor is None:  # prompts run here: up to max_batch at once, their steps batched by the engine
+            executor = EngineExecutors(node_classes, self.config.max_batch)
+            concurrency = self.config.max_batch
+        else:  # a host's own executor (serve --parallel's rank 0): as many threads as it runs prompts at once
+            concurrency = getattr(executor, "concurrency", concurrency)
+        validator = validator or PromptExecutor(node_classes, cache=False)
         self.validator = validator
         # Validation runs off the event loop but serially: node VALIDATE_INPUTS may hash files.
         self.validation_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lorabind-validate")
@@ -80,6 +84,8 @@ class ServerState:
 
     def shutdown(self) -> None:
         self.worker.stop()
+        if isinstance(self.worker.executor, EngineExecutors):
+            self.worker.executor.close()
         self.validation_pool.shutdown(wait=False, cancel_futures=True)
         if self.scaled_out:
             from ..scale_out.cluster import stop_replicas  # lazy: only a scaled-out server has imported Ray

@@ -44,6 +44,9 @@ class ServerConfig:
     distill_loras: tuple = ()
     # ``--allow-lora-dir``: folders besides <models>/loras that LoRA names and request adapter paths may come from.
     lora_dirs: tuple = ()
+    # ``--max-batch N`` (vllm-omni's ``--max-num-seqs``): prompts in flight at once, their denoising steps batched
+    # by the step engine (``loaders.batching``); 1 runs one prompt at a time, exactly as alone.
+    max_batch: int = 1
 
     @property
     def max_upload_bytes(self) -> int:

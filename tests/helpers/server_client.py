@@ -73,6 +73,19 @@ class Client:
         assert status == 200, body
         return body
 
+    async def run_and_view(self, prompt: dict, timeout: float = 300.0) -> list[tuple[str, bytes]]:
+        """Queue ``prompt`` (connected), wait for its end; (file name, bytes via /view) of each image it names."""
+        prompt_id = (await self.queue_prompt(prompt))["prompt_id"]
+        await self.wait_done(prompt_id, timeout=timeout)
+        _, history = await self.get(f"/history/{prompt_id}")
+        files = []
+        for image in (i for o in history[prompt_id]["outputs"].values() for i in o.get("images", [])):
+            status, data = await self.get("/view", params={k: image[k] for k in ("filename", "subfolder", "type")})
+            assert status == 200, data
+            files.append((image["filename"], data))
+        assert files, history[prompt_id]
+        return files
+
     async def wait_done(self, prompt_id: str, timeout: float = 60.0) -> list[dict]:
         """Messages for ``prompt_id`` up to and including the final ``executing {node: null}``."""
         seen = []

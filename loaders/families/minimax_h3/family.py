@@ -6,18 +6,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..interface import (
-    ROLE_ALTERNATE,
-    ROLE_DENOISER,
-    ROLE_VAE,
-    SHARED_INDEX_ROLES,
-    SOURCE_DIFFUSERS,
-    SOURCE_SINGLE_FILE,
-    ModelFamily,
-    PipelineSource,
-    TinyRecipe,
-)
+from ..interface import SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, ModelFamily, PipelineSource, TinyRecipe
 from ..parts import FamilyContracts, FamilyLayout, FamilySampling
+from ..roles import ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES
 from . import contracts, host, pipeline, references, sampling
 from .key_layouts import HOST_DENOISERS, REFUSED_FILES
 from .keymap import KEYMAP
@@ -104,6 +95,9 @@ class MiniMaxH3Sampling(FamilySampling):
                 check_interrupt=None):
         return sampling.denoise(self.forward, model, positive, negative, latent, schedule, seed,
                                 on_step=on_step, check_interrupt=check_interrupt)
+
+    def batch_rule(self, model, component: str):
+        return sampling.NOT_BATCHED
 
     def decode(self, model, latent):
         return pipeline.decode(model, latent)

@@ -15,11 +15,21 @@ from typing import Callable, Optional
 
 from ...distributed.cfg_parallel import guidance_passes
 from ...errors import LoraBindError
+from ...generation.batch_rules import NoBatching
 from ...handles import LatentHandle
 from .contracts import DEFAULT_TASK, FAMILY_ID, PARTITION_BY_TASK
 from .pipeline import part
 from .prediction import layout, pack_video, unpack_video, velocity
 from .references import noised_rows
+
+# Why MiniMax-H3 requests do not share a forward: its packed sequence gives the whole call one table of distinct
+# timesteps (``timestep`` + ``timestep_indices`` over the sequence's rows) and one layout (token tags, rotary
+# positions, the rows of each modality), so two requests at different sigmas or with other prompt lengths cannot
+# be stacked without rebuilding what diffusers' layout builder makes; the step engine runs each of its forwards
+# alone, between the other requests' batches.
+NOT_BATCHED = NoBatching("MiniMax-H3 runs one request per forward: its packed text/audio/video sequence carries one "
+                         "timestep table and one layout for the whole call, so requests at other sigmas or prompt "
+                         "lengths cannot share it")
 
 
 def check_inputs(model, positive, negative, latent: LatentHandle, schedule) -> None:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from ...errors import KeyMatchError
 from ...io.model_index import is_set
-from ..interface import DENOISER_ROLES, ROLE_ALTERNATE, ROLE_DENOISER
+from ..roles import DENOISER_ROLES, ROLE_ALTERNATE, ROLE_DENOISER
 from .bound import FamilyPart
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ...errors import ModelLoadError
+from ...generation.batch_rules import NoBatching
+from ...generation.forward_route import route_forward
 from .bound import FamilyPart
 from .tensor_parallel import TensorParallelPlan
 
@@ -18,14 +20,24 @@ class FamilySampling(FamilyPart):
     """``model`` arguments are ``loaders.models.store.LoadedModel`` objects (``model.family`` is one of this
     family's ``model_families``)."""
 
+    # the step count the family's reference pipeline runs when a caller gives none (diffusers' WanPipeline and
+    # QwenImagePipeline: 50); ``Generator.generate`` uses it when nothing bound declares a step count
+    reference_steps = 50
+
     def load_pipeline(self, source):
         """The pipeline object (``LoadedModel.pipeline``) for a ``PipelineSource``; raises on an unsupported source.
         A single-file source's pipeline reports its ``model_index`` as ``pipeline_index(pipeline)`` does."""
         raise NotImplementedError
 
     def forward(self, model, component: str, **inputs):
-        """THE denoiser forward: every model prediction of the family calls its denoisers through here."""
-        return model.components[component](**inputs)
+        """THE denoiser forward: every model prediction of the family calls its denoisers through here (straight
+        into the module, or through the step engine that batches it with other requests')."""
+        return route_forward(model, component, inputs)
+
+    def batch_rule(self, model, component: str):
+        """How ``component``'s forward inputs stack along the batch (``generation.batch_rules.BatchRule``), or
+        ``NoBatching`` saying why its forwards cannot share a batch: the step engine then runs each alone."""
+        return NoBatching(f"{self.family.id} declares no batch rule for its denoiser forwards")
 
     def encode_text(self, model, text: str):
         """One prompt through the model's own text encoder -> ConditioningHandle (CPU, float32, batch 1)."""

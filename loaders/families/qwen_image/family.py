@@ -18,13 +18,14 @@ from ..diffusers_flow import (
     pipeline_class,
     text_device,
 )
-from ..interface import ROLE_DENOISER, SHARED_INDEX_ROLES, SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
+from ..interface import SOURCE_DIFFUSERS, ModelFamily, TinyRecipe
 from ..parts import FamilyLayout
+from ..roles import ROLE_DENOISER, SHARED_INDEX_ROLES
 from . import contracts, edit, single_files
 from . import single_file_kinds as files
 from .edit_processor import load_processor
 from .keymap import KEYMAP
-from .prediction import QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
+from .prediction import BATCH_RULE, QwenPrediction, pack_qwen_latents, renormalize, unpack_qwen_latents
 
 FAMILY_ID = "qwen_image"
 EDIT_2511_REQUIREMENTS = "qwen_image_edit_2511"  # its ``requirements`` entry (the tiny Edit-Plus has 2511's config)
@@ -152,6 +153,9 @@ class QwenImageSampling(DiffusersFlowSampling):
 
     def prediction(self, model, positive, negative, latent) -> QwenPrediction:
         return QwenPrediction(self, model, positive, negative, tuple(latent.samples.shape[-2:]))
+
+    def batch_rule(self, model, component: str):
+        return BATCH_RULE
 
     def to_model_space(self, x, latent):
         return pack_qwen_latents(x)

@@ -11,11 +11,21 @@ from typing import Optional
 
 import torch
 
+from ...generation.batch_rules import BatchRule
 from ...generation.sampling import batched, device_and_dtype
 from ...handles import ConditioningHandle
 
 DENOISER = "transformer"
 EDIT_KEY = "qwen_image_edit"  # ConditioningHandle.extra key of the input images (``edit.EditReference``)
+
+# What ``QwenPrediction`` gives the transformer, for the step engine: packed latents (with an edit's image tokens
+# after them), the timestep, the text and its mask are per sample, as are ``img_shapes`` and (older diffusers)
+# ``txt_seq_lens``. Prompts differ in length and the joint attention takes the text mask, so shorter text is
+# padded with masked rows; its rotary positions follow the image's, so padding at the end moves no real token.
+BATCH_RULE = BatchRule(rows=frozenset({"hidden_states", "timestep", "encoder_hidden_states",
+                                       "encoder_hidden_states_mask"}),
+                       lists=frozenset({"img_shapes", "txt_seq_lens"}), shared=frozenset({"return_dict"}),
+                       padded={"encoder_hidden_states": "encoder_hidden_states_mask"})
 
 
 def pack_qwen_latents(latents: torch.Tensor) -> torch.Tensor:

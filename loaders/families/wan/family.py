@@ -16,7 +16,7 @@ from . import contracts, stages
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .keymap import KEYMAP
 from .layout import WanLayout
-from .prediction import WanPrediction
+from .prediction import BATCH_RULE, WanPrediction
 from .single_files import assemble_wan_pipeline
 from .slots import HIGH_NOISE_EXPERT
 from .tensor_parallel import wan_tensor_parallel_plan
@@ -187,6 +187,9 @@ class WanSampling(DiffusersFlowSampling):
 
     def prediction(self, model, positive, negative, latent) -> WanPrediction:
         return WanPrediction(self, model, positive, negative, latent)
+
+    def batch_rule(self, model, component: str):
+        return BATCH_RULE
 
     def from_model_space(self, x, latent):
         """TI2V: the encoded start image is the first latent frame of the result, exactly."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Optional
 
 from ...io.model_index import is_set
-from ..interface import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES, TinyRecipe
+from ..interface import TinyRecipe
 from ..parts import FamilyLayout
+from ..roles import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE, SHARED_INDEX_ROLES
 from . import contracts, slots
 from . import single_file_kinds as files
 from .single_files import check_expert_files

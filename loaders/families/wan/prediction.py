@@ -11,10 +11,19 @@ from typing import Optional
 
 import torch
 
+from ...generation.batch_rules import BatchRule
 from ...generation.sampling import batched, device_and_dtype
 from ...handles import ConditioningHandle, LatentHandle
 from .image_conditioning import LATENT_KEY
 from .vace_conditioning import VACE_KEY
+
+# What the forwards below give a Wan transformer, for the step engine: the latent (with an I2V image's
+# channels), the timestep (one per sample, or per token for TI2V), the text (always WAN_TEXT_TOKENS rows: UMT5's
+# real tokens then zero rows, as WanPipeline pads them, so prompts stack without a mask), CLIP image states
+# (Wan2.1 I2V) and the VACE control are per sample; VACE's per-block scale is one for the call.
+BATCH_RULE = BatchRule(rows=frozenset({"hidden_states", "timestep", "encoder_hidden_states",
+                                       "encoder_hidden_states_image", "control_hidden_states"}),
+                       shared=frozenset({"return_dict", "control_hidden_states_scale"}))
 
 
 class WanPrediction:

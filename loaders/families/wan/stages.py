@@ -14,7 +14,7 @@ import os
 from typing import Optional
 
 from ...contracts.schedule_rules import refuse_or_record
-from ..interface import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
+from ..roles import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 
 _EXPERT_WORDS = {ROLE_HIGH_NOISE: "high-noise", ROLE_LOW_NOISE: "low-noise"}
 

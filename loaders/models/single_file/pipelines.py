@@ -102,6 +102,11 @@ class SingleFileSet(ModelSource):
     def component_roles(self) -> dict:
         return self.family.layout.component_roles(_parts_index(self.named))
 
+    def denoiser_heads(self) -> dict:
+        return {name: detected.config["num_attention_heads"] for name, detected in self.named.items()
+                if any(detected is d for d in self.files.denoisers)
+                and isinstance(detected.config.get("num_attention_heads"), int)}
+
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no
         weight is read; weights kept fp8 are sized at one byte, GGUF weights kept quantized at their bytes)."""

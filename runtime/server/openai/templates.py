@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ....loaders.io import json_limits
 from .errors import OpenAIRequestError
+from .repositories import repository_template, served_repositories
 
 # request field -> the Python type its value must have (vllm-omni's names; ``size`` arrives split into these)
 FIELDS = {
@@ -71,8 +72,15 @@ class Template:
 
 
 def parse_model_option(option: str) -> tuple[str, str]:
-    """``NAME=WORKFLOW.api.json`` -> (name, path); ValueError naming the expected shape."""
+    """``NAME=WORKFLOW.api.json`` -> (name, path); a repository id (``Wan-AI/Wan2.2-T2V-A14B-Diffusers``) ->
+    (the id, the real-size workflow that serves it); ValueError naming the expected shapes."""
     name, sep, path = option.partition("=")
+    if not sep and option.strip():
+        template = repository_template(option.strip())
+        if template is not None:
+            return option.strip(), str(template)
+        raise ValueError(f"--openai-model {option!r}: expected NAME=WORKFLOW.api.json, or a repository id served "
+                         f"through its real-size workflow ({', '.join(served_repositories())})")
     if not sep or not name.strip() or not path.strip():
         raise ValueError(f"--openai-model {option!r}: expected NAME=WORKFLOW.api.json")
     return name.strip(), path.strip()
@@ -160,18 +168,28 @@ def add_node(prompt: dict, class_type: str, inputs: dict, title: str) -> str:
 def typed_value(name: str, value, kind: type):
     """The value as the field's type (400 naming the field otherwise); multipart forms send every value as text,
     which is converted."""
+    sent = value
     if isinstance(value, str) and kind is not str:
         try:
             value = kind(value.strip())
         except ValueError:
             pass
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer of hundreds of digits: no float holds it
+            value = math.inf
     if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, kind) or (kind is float and not math.isfinite(value)):
-        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}", param=name)
+        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {_shown(sent)}", param=name)
     return value
+
+
+def _shown(value) -> str:
+    """A refused value in a message: its repr, or its start and length when long (a 400-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def check_values(template: Template, values: dict) -> None:

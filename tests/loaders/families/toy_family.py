@@ -22,15 +22,9 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
 from lorabind.loaders.families.diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple
-from lorabind.loaders.families.interface import (
-    ROLE_DENOISER,
-    ROLE_TEXT_ENCODER,
-    ROLE_VAE,
-    SOURCE_DIFFUSERS,
-    ModelFamily,
-    PipelineSource,
-)
+from lorabind.loaders.families.interface import SOURCE_DIFFUSERS, ModelFamily, PipelineSource
 from lorabind.loaders.families.parts import FamilyLayout, KeyMap
+from lorabind.loaders.families.roles import ROLE_DENOISER, ROLE_TEXT_ENCODER, ROLE_VAE
 from lorabind.loaders.generation.sampling import device_and_dtype
 from lorabind.loaders.handles import ConditioningHandle, LatentHandle
 from lorabind.loaders.io.key_layouts import KeyLayout

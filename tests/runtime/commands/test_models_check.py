@@ -13,7 +13,7 @@ from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
-REAL = sorted((WORKFLOWS / "real").glob("*.json"))
+REAL = sorted((WORKFLOWS / "real").glob("*.api.json"))  # each with its UI form beside it (test_real_workflow_sources)
 
 
 def _check(workflow: Path, models_root: Path) -> int:
@@ -23,9 +23,10 @@ def _check(workflow: Path, models_root: Path) -> int:
         folder_paths.configure()
 
 
-def test_there_are_the_three_real_workflows():
-    assert [p.name for p in REAL] == ["qwen_image_lightning.json", "wan22_i2v_a14b_lightx2v.json",
-                                      "wan22_t2v_a14b_lightx2v.json"]
+def test_there_are_the_three_real_workflows_in_both_forms():
+    assert [p.name for p in REAL] == ["qwen_image_lightning.api.json", "wan22_i2v_a14b_lightx2v.api.json",
+                                      "wan22_t2v_a14b_lightx2v.api.json"]
+    assert all(p.with_name(p.name.replace(".api.json", ".json")).is_file() for p in REAL)
 
 
 @pytest.mark.parametrize("workflow", REAL, ids=lambda p: p.stem)
@@ -62,7 +63,8 @@ def test_models_check_on_an_empty_models_folder_names_every_file_with_its_folder
     assert "0 found, 6 missing" in out
 
 
-@pytest.mark.parametrize("workflow", REAL, ids=lambda p: p.stem)
+@pytest.mark.parametrize("workflow", REAL + [p.with_name(p.name.replace(".api.json", ".json")) for p in REAL],
+                         ids=lambda p: p.name)
 def test_every_real_workflow_reports_each_missing_file(workflow, tmp_path, capsys):
     assert _check(workflow, tmp_path) == 1
     out = capsys.readouterr().out
@@ -88,7 +90,12 @@ def test_run_of_a_missing_model_says_which_folders_were_searched_without_absolut
     err = capsys.readouterr().err
     assert code == 1
     assert "input 'denoiser': Value not in list" in err and "searched models/unet, models/diffusion_models" in err
-    assert "searched models/loras" in err and str(tmp_path) not in err  # the same text reaches the browser
+    validation = err[err.index("Prompt outputs failed validation"):]  # the same text reaches the browser
+    assert "searched models/loras" in validation and str(tmp_path) not in validation
+    # the command line also names the one command that gets the files (issue 55)
+    assert (f"lorabind run: 6 model file(s) missing under {tmp_path} (" in err
+            and "get them with: lorabind models download " in err
+            and f"real/wan22_t2v_a14b_lightx2v.json --models {tmp_path} (or add --download)" in err)
 
 
 def test_empty_truncated_and_wrong_kind_files_are_broken_not_found(tmp_path, capsys):
@@ -96,7 +103,7 @@ def test_empty_truncated_and_wrong_kind_files_are_broken_not_found(tmp_path, cap
     import torch
     from safetensors.torch import save_file
 
-    workflow = WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json"
+    workflow = WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.api.json"
     names = {node["inputs"][key]: key for node in json.loads(workflow.read_text()).values()
              for key in ("denoiser", "denoiser_low_noise", "vae", "text_encoder", "high_noise_lora", "low_noise_lora")
              if key in node["inputs"]}

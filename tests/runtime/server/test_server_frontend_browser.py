@@ -19,26 +19,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from lorabind.runtime.server import ServerConfig
-from lorabind.runtime.server.comfy_api import routes_frontend
 from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from served_frontend import APP_READY, CHROMIUM, FRONTEND_MARKS, sync_playwright
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # the test extra brings it
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="chromium is not on PATH (apt-get install chromium)"),
-    pytest.mark.skipif(sync_playwright is None, reason='playwright is not installed (pip install "lorabind[test]")'),
-    pytest.mark.skipif(routes_frontend.frontend_static_dir() is None,
-                       reason='the ui extra is not installed (pip install "lorabind[ui]")'),
-]
+pytestmark = FRONTEND_MARKS
 WORKFLOWS = PACK_DIR / "workflows"
 SAVED_NAME = "my edited wan22"
 TIMEOUT_MS = 120_000  # page start and a run on a loaded 2-core machine; both take seconds when it is idle
@@ -56,7 +42,6 @@ new MutationObserver(() => {
   }
 }).observe(document, {childList: true, subtree: true});
 """
-APP_READY = "!!(window.app && window.app.graph && window.LiteGraph && LiteGraph.registered_node_types.LoraBindSampler)"
 
 
 def _start(config: ServerConfig) -> BackgroundServer:

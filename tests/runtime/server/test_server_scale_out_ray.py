@@ -106,6 +106,26 @@ def test_prompts_end_to_end_and_fused_once_per_replica(ray_server):
     run_async(body)
 
 
+def test_the_same_prompt_twice_returns_its_own_bytes_both_times(ray_server):
+    """Issue 60, item 1: the second answer comes from the replica's output cache. On main it named the first
+    run's file, which the replica had deleted after carrying it, so the front answered with whatever it held under
+    that name: here the file of the prompt queued between the two (same binding, so the same replica)."""
+    async def body():
+        client = Client(ray_server.url, client_id="same-twice")
+        try:
+            await client.connect()
+            other = await client.run_and_view(_prompt(1.0, seed=301))
+            first = await client.run_and_view(_prompt(1.0, seed=302))
+            second = await client.run_and_view(_prompt(1.0, seed=302))
+            assert [data for _, data in first] != [data for _, data in other]  # two seeds: a wrong answer shows
+            assert [data for _, data in second] == [data for _, data in first]  # its own bytes
+            assert not {name for name, _ in second} & {name for name, _ in first}  # under names of its own
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
 def test_the_chat_endpoint_runs_on_the_replicas_routed_by_binding(ray_server):
     """Two served templates bind different LoRA sets: their chat requests queue like any prompt, so each set
     lands on one replica (the affinity routing), and the answers carry the videos the replicas made."""

@@ -143,6 +143,25 @@ def test_one_replica_of_two_ranks_answers_with_the_single_process_output(ray_ser
     run_async(body)
 
 
+def test_the_same_prompt_twice_returns_its_own_bytes_both_times(ray_server):
+    """Issue 60, item 1 under --parallel: rank 0's cached answer carries its own bytes again (on main it named a
+    file the replica had deleted, which in the front's folder belonged to another prompt)."""
+    async def body():
+        client = Client(ray_server.url, client_id="same-twice")
+        try:
+            await client.connect()
+            other = await client.run_and_view(_prompt(seed=301))
+            first = await client.run_and_view(_prompt(seed=302))
+            second = await client.run_and_view(_prompt(seed=302))
+            assert [data for _, data in first] != [data for _, data in other]
+            assert [data for _, data in second] == [data for _, data in first]
+            assert not {name for name, _ in second} & {name for name, _ in first}
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
 def test_a_rank_killed_mid_prompt_fails_it_naming_the_rank_and_the_group_restarts(ray_server, single_frames):
     import ray
 

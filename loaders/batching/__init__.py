@@ -1,0 +1,1 @@
+"""The step engine: several served requests' denoising steps run as one batched forward (``engine``)."""
