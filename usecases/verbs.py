@@ -56,7 +56,7 @@ from .models import (
                                                  load_checkpoint_files,
                                                  load_model,
                                                  load_repository_model,
-                                                 model_index_stat,
+                                                 model_version,
                                                  repository_files_stat,
                                                  resolve_model,
                                                  tokenizer_dirs,
@@ -68,7 +68,7 @@ __all__ = [
     # models (usecases.models)
     "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "ensure_builtins_for_prompt", "find_model",
     "gguf_denoiser_names", "list_models", "load_checkpoint_files", "load_model", "load_repository_model",
-    "model_index_stat", "repository_files_stat", "resolve_model", "tokenizer_dirs",
+    "model_version", "repository_files_stat", "resolve_model", "tokenizer_dirs",
     # LoRAs on our own model (usecases.adapters)
     "attach_adapter", "attach_fuse", "attach_fuses", "expert_slots",
     # LoRAs and contracts on a host's own model (usecases.host_models)

@@ -43,8 +43,7 @@ def component_class_of(folder: str):
     if not is_shard_folder(folder):
         return None
     try:
-        with open(os.path.join(folder, "config.json"), "rb") as handle:
-            config = json_limits.loads(handle.read())
+        config = json_limits.load_file(os.path.join(folder, "config.json"))
         return component_class("diffusers", str(config["_class_name"]))
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError):
         return None

@@ -21,6 +21,7 @@ from ...errors import ModelLoadError
 from ...families import family_by_id
 from ...io import json_limits
 from ...io.gguf_header import QUANTIZED_TYPES, is_gguf_path, read_gguf_header
+from ...io.regular_files import open_regular
 from ...io.single_file_kinds import ComponentKind, KnownModel
 from ...lora.safetensors_header import check_header_budget
 from . import catalog
@@ -95,8 +96,8 @@ def read_shapes(path: str, name: str, *, want_metadata: bool = False):
         raise ModelLoadError(f"{name}: only .safetensors single files and .gguf denoisers are read (pickle formats "
                              "are refused); convert the file first")
     try:
-        file_size = os.path.getsize(path)
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
+            file_size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             (length,) = struct.unpack("<Q", prefix) if len(prefix) == 8 else (0,)
             if not 0 < length <= file_size - 8:
