@@ -16,7 +16,7 @@ from functools import lru_cache
 from ..usecases import host
 from ..usecases.model_folders import PEFT_CONFIG, find_peft_folder, folders_holding, safe_relative_name
 from ..usecases.model_folders import lora_names as list_loras
-from ..usecases.verbs import follow_host_node_cache, release_device_memory
+from ..usecases.verbs import follow_host_node_cache, preview_map, release_device_memory, step_previewer
 from ..usecases.vocabulary import LoraBindError
 
 
@@ -142,17 +142,49 @@ class ProgressBar:
         mods = _comfy_modules()
         self._comfy_bar = mods[1].ProgressBar(self.total) if mods is not None else None
 
-    def update_absolute(self, value: int, extra: dict | None = None, total: int | None = None) -> None:
-        """Set the progress to ``value`` (of ``total``, which may change: e.g. fuse layers, then steps)."""
+    def update_absolute(self, value: int, extra: dict | None = None, total: int | None = None,
+                        preview=None) -> None:
+        """Set the progress to ``value`` (of ``total``, which may change: e.g. fuse layers, then steps), with the
+        step's live preview when there is one (``step_preview``'s)."""
         self.value = int(value)
         if total is not None:
             self.total = int(total)
         if self._comfy_bar is not None:
-            self._comfy_bar.update_absolute(self.value, self.total)
+            self._comfy_bar.update_absolute(self.value, self.total, preview)
             return
         ctx = host.current_context()
         if ctx is not None:
             ctx.report_progress(self.value, self.total, extra)
+            if preview is not None:
+                ctx.report_preview(self.value, self.total, preview)
+
+
+def step_preview(model, latent):
+    """A sampler run's live preview, ``preview(done, total, denoised)`` -> what ``ProgressBar.update_absolute``
+    sends (None: skipped this step), or None when no preview method is set: the sampler then computes nothing.
+
+    Inside ComfyUI it is ComfyUI's own previewer (``latent_preview``), so the user's ``--preview-method`` (and
+    0.30's per-prompt setting) applies: on ComfyUI's class for the latent space our family names, whose TAESD-type
+    decoder it finds in ``models/vae_approx``, else on a format carrying our map (a ComfyUI without that class, or
+    a tiny model's latent). Headless it is the runtime's settings for this prompt (``usecases.previews``)."""
+    mods = _comfy_modules()
+    if mods is None:
+        options = getattr(host.current_context(), "previews", None)
+        return None if options is None else step_previewer(model, latent, options.method, options.max_size,
+                                                           options.interval_ms / 1000.0)
+    rgb = preview_map(model, latent)
+    formats = importlib.import_module("comfy.latent_formats")
+    comfy_class = getattr(formats, rgb.comfy_format, None) if rgb.comfy_format else None
+    latent_format = comfy_class() if comfy_class is not None else formats.LatentFormat()
+    if comfy_class is None:
+        latent_format.latent_channels = rgb.channels
+        latent_format.latent_rgb_factors = [list(row) for row in rgb.factors]
+        latent_format.latent_rgb_factors_bias = list(rgb.bias)
+    device = mods[2].get_torch_device()
+    previewer = importlib.import_module("latent_preview").get_previewer(device, latent_format)
+    if previewer is None:
+        return None
+    return lambda done, total, denoised: previewer.decode_latent_to_preview_image("JPEG", denoised.to(device))
 
 
 def default_device():
