@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 from comfyui_stubs import install_comfyui_modules
 from lorabind.loaders.generation.latent_preview import LatentRGB, latent_to_rgb
@@ -23,6 +23,7 @@ from lorabind.runtime.preview_options import PreviewOptions
 from lorabind.usecases import previews as headless_previews
 
 STEPS = 3
+PREVIEW_SIZE = 64
 
 
 def _sample(inputs, name: str):
@@ -46,15 +47,17 @@ def _headless(inputs, name: str, previews):
 
 @pytest.mark.parametrize("name", ["tiny-wan22-t2v", "tiny-qwen-image"])
 def test_headless_each_step_is_previewed_after_its_progress(tiny_sampler_inputs, name):
-    result, events = _headless(tiny_sampler_inputs, name, PreviewOptions("auto", interval_ms=0))
+    result, events = _headless(tiny_sampler_inputs, name, PreviewOptions("auto", PREVIEW_SIZE, interval_ms=0))
     assert [event[:3] for event in events] == [(kind, step, STEPS) for step in (1, 2, 3)
                                                for kind in ("progress", "preview")]
     latent = tiny_sampler_inputs[name][3]
     frames = [np.asarray(Image.open(io.BytesIO(event[3]))) for event in events if event[0] == "preview"]
-    assert all(frame.shape == (*latent.samples.shape[-2:], 3) for frame in frames)  # the latent's own size
-    # the last step ends at sigma 0: its preview is the result's first frame through the family's map
+    assert all(frame.shape == (PREVIEW_SIZE, PREVIEW_SIZE, 3) for frame in frames)  # a square latent, fitted
+    # the last step ends at sigma 0: its preview is the result's first frame through the family's map, fitted
     final = latent_to_rgb(result["result"][0].samples, headless_previews.preview_map(tiny_sampler_inputs[name][0],
-                                                                                    latent)).numpy()
+                                                                                    latent))
+    final = np.asarray(ImageOps.contain(Image.fromarray(final), (PREVIEW_SIZE, PREVIEW_SIZE),
+                                        Image.Resampling.BILINEAR))
     assert np.abs(frames[-1].astype(int) - final.astype(int)).mean() < 6  # JPEG at quality 95 (measured: 3)
 
 
@@ -71,10 +74,11 @@ def test_previews_are_at_most_one_per_interval_and_the_last_step_always_goes_out
     assert sent == [True, False, True, False, True]
 
 
-def test_a_preview_is_fitted_into_the_preview_size():
+def test_a_preview_is_fitted_into_the_preview_size_either_way_as_comfyui_fits_them():
     previewer = headless_previews.StepPreviewer(LatentRGB(factors=((1.0, 0.0, 0.0),)), 16, 0.0)
     image = Image.open(io.BytesIO(previewer(1, 1, torch.zeros(1, 1, 40, 80))))
     assert image.format == "JPEG" and image.size == (16, 8)
+    assert Image.open(io.BytesIO(previewer(1, 1, torch.zeros(1, 1, 2, 4)))).size == (16, 8)
 
 
 def test_headless_taesd_previews_with_latent2rgb_and_says_so_once(tiny_sampler_inputs, monkeypatch, caplog):

@@ -23,7 +23,7 @@ def test_run_writes_one_preview_per_step_of_the_main_example(tiny_models_root, t
     names = sorted(path.name for path in (tmp_path / "previews").iterdir())
     assert names == [f"node6_step{step}of4.jpg" for step in (1, 2, 3, 4)]
     frames = [np.asarray(Image.open(tmp_path / "previews" / name)) for name in names]
-    assert all(frame.shape == (4, 4, 3) for frame in frames)  # 32x32 pixels: a 4x4 latent
+    assert all(frame.shape == (512, 512, 3) for frame in frames)  # a 4x4 latent fitted into 512 (ComfyUI's size)
     assert np.abs(frames[0].astype(int) - frames[-1].astype(int)).mean() > 5  # the picture moves as it denoises
 
 

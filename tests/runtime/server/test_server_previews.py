@@ -106,7 +106,7 @@ def test_each_step_of_the_main_example_reaches_its_client_as_a_preview_frame(ser
             _, seen, frames = await _run(legacy, _main_example(301))
             steps = [m["data"]["value"] for m in seen if m["type"] == "progress"]
             assert steps == [1, 2, 3, 4] and [parse_frame(f)[:2] for f in frames] == [(1, 1)] * 4
-            assert [Image.open(io.BytesIO(parse_frame(f)[2])).size for f in frames] == [(4, 4)] * 4
+            assert [Image.open(io.BytesIO(parse_frame(f)[2])).size for f in frames] == [(512, 512)] * 4
             pid, _, frames = await _run(modern, _main_example(302))
             assert [parse_frame(f)[1]["node_id"] for f in frames] == ["6"] * 4
             assert {parse_frame(f)[1]["prompt_id"] for f in frames} == {pid}
@@ -170,7 +170,7 @@ def test_a_running_video_job_reports_its_step_and_on_request_its_preview(served,
         preview = get(f"/v1/videos/{video_id}?preview=true")["preview"]
         assert (preview["step"], preview["media_type"]) == (2, "image/jpeg")
         picture = np.asarray(Image.open(io.BytesIO(base64.b64decode(preview["b64_json"]))))
-        assert picture.shape == (4, 4, 3)
+        assert picture.shape == (512, 512, 3)
     finally:
         go_on.set()
     deadline = time.monotonic() + 300
