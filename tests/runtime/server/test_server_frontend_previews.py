@@ -14,10 +14,9 @@ import urllib.request
 import numpy as np
 from PIL import Image
 
-from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.config import PACK_DIR
 from lorabind.runtime.server.in_process_server import BackgroundServer
-from served_frontend import APP_READY, CHROMIUM, FRONTEND_MARKS, sync_playwright
+from served_frontend import FRONTEND_MARKS, served_editor
 
 pytestmark = FRONTEND_MARKS
 TIMEOUT_MS = 120_000  # page start and a run on a loaded 2-core machine; both take seconds when it is idle
@@ -38,40 +37,29 @@ SAMPLER_NODE = """(id) => {
 
 
 def test_the_sampler_node_shows_its_live_preview_in_the_served_editor(tiny_models_root, tmp_path, pytestconfig):
-    config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
-                          input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"))
-    server = BackgroundServer(config).start()
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 1300})
-            page.add_init_script("window.__previews = [];")
-            page.goto(server.url + "/")
-            page.wait_for_function(APP_READY, timeout=TIMEOUT_MS)
-            page.evaluate(RECORD_PREVIEWS)
-            workflow = json.loads((PACK_DIR / "workflows" / "wan22_lightx2v_4step.json").read_text(encoding="utf-8"))
-            page.evaluate("([wf, name]) => app.loadGraphData(wf, true, true, name)", [workflow, "main example"])
-            page.click('[data-testid="queue-button"]')
-            deadline = time.monotonic() + TIMEOUT_MS / 1000
-            while not (jobs := _finished_jobs(server)) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert [job["status"] for job in jobs] == ["completed"], jobs
-            previews = page.evaluate("window.__previews")
-            # the first and the last step at least (the others when 100 ms had passed), all on the sampler
-            assert 2 <= len(previews) <= 4
-            assert {tuple(preview) for preview in previews} == {(str(SAMPLER), jobs[0]["id"], "image/jpeg")}
-            page.wait_for_function(f"({SAMPLER_NODE})({SAMPLER}).kept", timeout=TIMEOUT_MS)
-            node = page.evaluate(f"({SAMPLER_NODE})({SAMPLER})")
-            assert node["width"] == 512  # the 4x4 latent's picture, fitted into the preview size as ComfyUI does
-            shot = tmp_path / "frontend-sampler-preview.png"
-            x, y, width, height = node["box"]
-            page.screenshot(path=str(shot), clip={"x": x, "y": y, "width": width, "height": height})
-            artifacts = pytestconfig.rootpath / "test-artifacts"
-            artifacts.mkdir(exist_ok=True)
-            shutil.copy(shot, artifacts / shot.name)
-            browser.close()
-    finally:
-        server.stop()
+    viewport = {"width": 1400, "height": 1300}
+    with served_editor(tiny_models_root, tmp_path, viewport, TIMEOUT_MS, "window.__previews = [];") as (server, page):
+        page.evaluate(RECORD_PREVIEWS)
+        workflow = json.loads((PACK_DIR / "workflows" / "wan22_lightx2v_4step.json").read_text(encoding="utf-8"))
+        page.evaluate("([wf, name]) => app.loadGraphData(wf, true, true, name)", [workflow, "main example"])
+        page.click('[data-testid="queue-button"]')
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while not (jobs := _finished_jobs(server)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert [job["status"] for job in jobs] == ["completed"], jobs
+        previews = page.evaluate("window.__previews")
+        # the first and the last step at least (the others when 100 ms had passed), all on the sampler
+        assert 2 <= len(previews) <= 4
+        assert {tuple(preview) for preview in previews} == {(str(SAMPLER), jobs[0]["id"], "image/jpeg")}
+        page.wait_for_function(f"({SAMPLER_NODE})({SAMPLER}).kept", timeout=TIMEOUT_MS)
+        node = page.evaluate(f"({SAMPLER_NODE})({SAMPLER})")
+        assert node["width"] == 512  # the 4x4 latent's picture, fitted into the preview size as ComfyUI does
+        shot = tmp_path / "frontend-sampler-preview.png"
+        x, y, width, height = node["box"]
+        page.screenshot(path=str(shot), clip={"x": x, "y": y, "width": width, "height": height})
+        artifacts = pytestconfig.rootpath / "test-artifacts"
+        artifacts.mkdir(exist_ok=True)
+        shutil.copy(shot, artifacts / shot.name)
     pixels = np.asarray(Image.open(shot).convert("RGB"))
     picture = pixels[int(pixels.shape[0] * 0.7):]  # the node's bottom part, under its widgets: the preview
     # measured: 15,362 colours there with the preview, 450 (the widgets' text) without one
