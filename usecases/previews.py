@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from PIL import Image, ImageOps
 
 from ..loaders.dispatch import generation_steps as generation
-from ..loaders.generation.latent_preview import LatentRGB, latent_to_rgb
+from ..loaders.generation.latent_preview import latent_to_rgb
+from ..loaders.generation.latent_rgb import LatentRGB
 
 log = logging.getLogger("lorabind.previews")
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..families import family_for, made_for
-from ..generation.latent_preview import LatentRGB
-from ..generation.sampling import LatentCallback
+from ..generation.latent_rgb import LatentRGB
 from ..handles import ConditioningHandle, LatentHandle
 
 
@@ -75,7 +74,7 @@ def check_inputs(model, positive: ConditioningHandle, negative: Optional[Conditi
 
 def denoise(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
             schedule, seed: int, *, on_step: Optional[Callable[[int, int], None]] = None,
-            on_latent: Optional[LatentCallback] = None,
+            on_latent: Optional[Callable] = None,
             check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
     """Sample from ``latent`` (start point; zeros for text-to-X) over the resolved ``schedule`` exactly.
 

@@ -14,7 +14,7 @@ from ..contract_types import ResolvedSchedule
 from ..contracts.schedule_rules import resolve_single_schedule
 from ..contracts.sigmas import TABLE_TOLERANCE
 from ..generation.forward_route import denoise_ended
-from ..generation.latent_preview import LatentRGB
+from ..generation.latent_rgb import LatentRGB
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
 from ..handles import LatentHandle

@@ -12,7 +12,8 @@ from lorabind.loaders.contract_types import ResolvedSchedule
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.dispatch import generation_steps as generation
 from lorabind.loaders.families import family_by_id
-from lorabind.loaders.generation.latent_preview import LatentRGB, latent_to_rgb, spread_over_rgb
+from lorabind.loaders.generation.latent_preview import latent_to_rgb
+from lorabind.loaders.generation.latent_rgb import LatentRGB, spread_over_rgb
 from lorabind.loaders.generation.sampling import euler
 from lorabind.loaders.generation.schedulers import step_over
 

@@ -15,7 +15,8 @@ import torch
 from PIL import Image, ImageOps
 
 from comfyui_stubs import install_comfyui_modules
-from lorabind.loaders.generation.latent_preview import LatentRGB, latent_to_rgb
+from lorabind.loaders.generation.latent_preview import latent_to_rgb
+from lorabind.loaders.generation.latent_rgb import LatentRGB
 from lorabind.nodes import comfy_bridge
 from lorabind.nodes.sampler_nodes import LoraBindSampler
 from lorabind.runtime.context import ExecutionContext, reset_current_context, set_current_context

@@ -7,7 +7,7 @@ there our map is handed to its previewer instead). The soundtrack has no picture
 
 from __future__ import annotations
 
-from ...generation.latent_preview import LatentRGB
+from ...generation.latent_rgb import LatentRGB
 
 MINIMAX_H3_VIDEO_RGB = LatentRGB(
     factors=(

@@ -16,7 +16,6 @@ from typing import Callable, Optional
 from ...distributed.cfg_parallel import guidance_passes
 from ...errors import LoraBindError
 from ...generation.batch_rules import NoBatching
-from ...generation.sampling import LatentCallback
 from ...handles import LatentHandle
 from .contracts import DEFAULT_TASK, FAMILY_ID, PARTITION_BY_TASK
 from .pipeline import part
@@ -74,7 +73,7 @@ def _check_task(model, task: str, latent: LatentHandle) -> None:
 
 
 def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, schedule, seed: int, *,
-            on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[LatentCallback] = None,
+            on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[Callable] = None,
             check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
     """Euler over the EXPLICIT ``schedule.sigmas`` (video) and ``schedule.audio_sigmas`` (audio), one forward per
     step (two with cfg != 1 and a negative prompt); T2VA/FL2VA on ``transformer``, Ref2VA on ``transformer_ref``

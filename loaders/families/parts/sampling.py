@@ -12,8 +12,7 @@ from typing import Callable, Optional
 from ...errors import ModelLoadError
 from ...generation.batch_rules import NoBatching
 from ...generation.forward_route import route_forward
-from ...generation.latent_preview import LatentRGB, spread_over_rgb
-from ...generation.sampling import LatentCallback
+from ...generation.latent_rgb import LatentRGB, spread_over_rgb
 from .bound import FamilyPart
 from .tensor_parallel import TensorParallelPlan
 
@@ -91,7 +90,7 @@ class FamilySampling(FamilyPart):
         return []
 
     def denoise(self, model, positive, negative, latent, schedule, seed: int, *,
-                on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[LatentCallback] = None,
+                on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[Callable] = None,
                 check_interrupt: Optional[Callable[[], None]] = None):
         """Sample ``latent`` over the resolved ``schedule`` exactly -> a new LatentHandle. ``on_latent(done, total,
         denoised)``, when given, sees each step's clean-latent estimate in the shape of ``latent.samples``."""

@@ -8,7 +8,7 @@ channels, the A14B and 1.3B models) is shared with Qwen-Image, in ``families/dif
 
 from __future__ import annotations
 
-from ...generation.latent_preview import LatentRGB
+from ...generation.latent_rgb import LatentRGB
 
 WAN22_VAE_RGB = LatentRGB(
     factors=(
