@@ -47,6 +47,8 @@ def test_the_sampler_node_shows_its_live_preview_in_the_served_editor(tiny_model
         while not (jobs := _finished_jobs(server)) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert [job["status"] for job in jobs] == ["completed"], jobs
+        # /api/jobs may say "completed" before the page has read the last frames off its WebSocket
+        page.wait_for_function("window.__previews.length >= 2", timeout=TIMEOUT_MS)
         previews = page.evaluate("window.__previews")
         # the first and the last step at least (the others when 100 ms had passed), all on the sampler
         assert 2 <= len(previews) <= 4
