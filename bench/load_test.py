@@ -99,6 +99,8 @@ class ClientRun:
             pending = set(self.prompt_ids)
             while pending:
                 msg = await ws.receive()
+                if msg.type == aiohttp.WSMsgType.BINARY:  # a live preview of a step
+                    continue
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     raise RuntimeError(f"client {self.index}: websocket closed with {pending and len(pending)} "
                                        "prompts unfinished")

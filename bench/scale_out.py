@@ -53,7 +53,10 @@ async def _run_stream(url: str, prompts: list[dict]) -> dict:
                     pending.add((await resp.json())["prompt_id"])
             queued = set(pending)
             while pending:
-                message = json.loads(await ws.receive_str(timeout=600))
+                frame = await ws.receive(timeout=600)
+                if frame.type == aiohttp.WSMsgType.BINARY:  # a live preview
+                    continue
+                message = json.loads(frame.data)
                 data = message.get("data", {})
                 if message["type"] == "executing" and data.get("node") is None:
                     pending.discard(data.get("prompt_id"))

@@ -27,7 +27,7 @@ from ..usecases.verbs import (
     switch_step,
 )
 from ..usecases.vocabulary import PART_ANY, PART_HIGH, PART_LOW, HostContract, LoraBindError, LoraFileError
-from . import comfy_bridge, comfy_guidance
+from . import comfy_bridge, comfy_guidance, comfy_patches
 from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora
 
 CATEGORY = "lorabind/ComfyUI models"
@@ -49,26 +49,26 @@ def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: s
     model is known to be one expert of a pair."""
     comfy_bridge.require_comfyui(where)
     path = resolve_lora(lora_name, input_name, where)
-    return prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path, strength,
-                             lenient=lenient, where=where, dtypes=comfy_bridge.model_dtypes(model), expert=expert)
+    return prepare_host_lora(comfy_patches.model_shapes(model), f"{where} model", lora_name, path, strength,
+                             lenient=lenient, where=where, dtypes=comfy_patches.model_dtypes(model), expert=expert)
 
 
 def _which_expert(model, where: str):
     """``host_expert`` of a ComfyUI MODEL: the part a pair node gave it, else what its file's name says."""
-    family = host_family(comfy_bridge.model_shapes(model), f"{where} model")
+    family = host_family(comfy_patches.model_shapes(model), f"{where} model")
     part = model.get_attachment(EXPERT_ATTACHMENT) or ""
-    return family, host_expert(family, model_part=part, model_file=comfy_bridge.model_file_name(model))
+    return family, host_expert(family, model_part=part, model_file=comfy_patches.model_file_name(model))
 
 
 def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None,
                where: str = "LoraBindLoRA"):
     """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
-    check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
+    check_stacking(prepared.deltas, comfy_patches.patched_keys(model), lora_name, where)
     patched = model.clone()
     if part in (PART_HIGH, PART_LOW):  # which expert it is, for a LoRA node after this one
         patched.set_attachments(EXPERT_ATTACHMENT, part)
     computes = {key: partial(_patched_weight, patch) for key, patch in prepared.deltas.items()}
-    taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
+    taken = comfy_patches.add_weight_patches(patched, computes, strength, lora_name)
     if taken != len(computes):  # our names come from this model's state dict: a difference is a bug to report
         raise LoraBindError(f"ComfyUI took {taken} of the {len(computes)} patches of {lora_name}")
     records = tuple(patched.get_attachment(CONTRACTS_ATTACHMENT) or ())
@@ -195,7 +195,7 @@ class LoraBindLoRAPair:
              lenient=False, enforce_contract=True):
         where = "LoraBindLoRAPair"
         comfy_bridge.require_comfyui(where)
-        family = host_family(comfy_bridge.model_shapes(model_high), f"{where} model_high")
+        family = host_family(comfy_patches.model_shapes(model_high), f"{where} model_high")
         check_expert_pair(family, lora_high, lora_low, where)  # by name, before any file is read
         high = prepare_lora(model_high, lora_high, strength_high, lenient, where, "lora_high", expert=True)
         low = prepare_lora(model_low, lora_low, strength_low, lenient, where, "lora_low", expert=True)

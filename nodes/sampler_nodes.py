@@ -17,7 +17,7 @@ from ..usecases.vocabulary import (
     SOCKET_SIGMAS,
     SampleOptions,
 )
-from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
+from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted, step_preview
 
 
 def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
@@ -183,11 +183,15 @@ class LoraBindSampler:
                                 start_step=start_step, end_step=end_step, denoise=denoise,
                                 add_noise=add_noise)
         bars: list = []  # the step bar starts with the first step, after binding
+        preview, previews = step_preview(model, latent), []  # None: no preview method, nothing computed
+
+        def keep_preview(done: int, total: int, denoised) -> None:
+            previews[:] = [preview(done, total, denoised)]
 
         def report_step(done: int, total: int) -> None:
             if not bars:
                 bars.append(ProgressBar(total))
-            bars[0].update_absolute(done, total=total)
+            bars[0].update_absolute(done, total=total, preview=previews.pop() if previews else None)
 
         # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
         # clients read every step-progress message as a sampling step.
@@ -196,7 +200,8 @@ class LoraBindSampler:
                                           schedule=schedule, reuse=getattr(self, "_plan", None))
         samples, resolved, report = sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
-            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
+            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan,
+            on_latent=keep_preview if preview is not None else None)
         text = _report_lines(report, self._lines_of(plan, report, enforce_contract))
         return {"ui": {"lorabind_schedule": [report], "text": text},
                 "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}

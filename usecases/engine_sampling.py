@@ -18,8 +18,8 @@ from . import host
 
 
 def denoise_in_engine(engine, model, positive, negative, latent, resolved, seed: int, strengths, *,
-                      on_step: Optional[Callable] = None, on_bind: Optional[Callable] = None,
-                      check_interrupt: Optional[Callable] = None) -> tuple:
+                      on_step: Optional[Callable] = None, on_latent: Optional[Callable] = None,
+                      on_bind: Optional[Callable] = None, check_interrupt: Optional[Callable] = None) -> tuple:
     """(samples, bind report, batching dict) of one sampler run whose forwards go through ``engine``."""
     fuses, adapters = strengths.specs_at(resolved.start_step)
     binding = Binding.bound(fuses, adapters, exclusive=strengths.scheduled)
@@ -34,5 +34,5 @@ def denoise_in_engine(engine, model, positive, negative, latent, resolved, seed:
             on_step = strengths.after_each_step(resolved.start_step, on_step, lambda step: request.rebind(
                 Binding.bound(*strengths.specs_at(step), exclusive=True)))
         samples = generation.denoise(model.model, positive, negative, latent, resolved, seed, on_step=on_step,
-                                     check_interrupt=check_interrupt)
+                                     on_latent=on_latent, check_interrupt=check_interrupt)
     return samples, request.bind_report, request.batching.to_dict(engine.max_batch)

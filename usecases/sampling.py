@@ -177,9 +177,11 @@ def plan_sampling(model, positive, negative, latent, options: SampleOptions, *, 
 
 def sample(model, positive, negative, latent, options: SampleOptions, *, adapter=None, schedule=None,
            on_step: Optional[Callable[[int, int], None]] = None, on_bind: Optional[Callable] = None,
-           check_interrupt: Optional[Callable[[], None]] = None, plan: Optional[SamplingPlan] = None) -> tuple:
+           check_interrupt: Optional[Callable[[], None]] = None, plan: Optional[SamplingPlan] = None,
+           on_latent: Optional[Callable] = None) -> tuple:
     """(denoised latent, resolved schedule, report dict) for one sampler run of a model handle; ``plan``: one the
-    caller made or kept from its last run, reused when it still applies (``plan_sampling``)."""
+    caller made or kept from its last run, reused when it still applies (``plan_sampling``); ``on_latent``: each
+    step's clean-latent estimate, for a live preview (``generation_steps.denoise``)."""
     plan = plan_sampling(model, positive, negative, latent, options, adapter=adapter, schedule=schedule, reuse=plan)
     resolved = plan.resolved
     adapters = model.adapters + (adapter.adapters if adapter is not None else ())
@@ -188,7 +190,7 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     if engine is not None:  # served: the engine binds and batches this run's forwards with other requests'
         samples, bind_report, batching = denoise_in_engine(
             engine, model, positive, negative, latent, resolved, options.seed, strengths, on_step=on_step,
-            on_bind=on_bind, check_interrupt=check_interrupt)
+            on_latent=on_latent, on_bind=on_bind, check_interrupt=check_interrupt)
     else:
         bind_report = strengths.bind_step(model.model, resolved.start_step, check_interrupt=check_interrupt,
                                           on_progress=on_bind)
@@ -197,7 +199,7 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
                                                      check_interrupt=check_interrupt)
         check_ranks_bound_alike(model.model, adapters)
         samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
-                                     on_step=on_step, check_interrupt=check_interrupt)
+                                     on_step=on_step, on_latent=on_latent, check_interrupt=check_interrupt)
     placement = model.model.placement
     warnings = [*family_for(model).sampling.run_warnings(model.model), *filter(None, [unsplit_note(resolved.cfg)])]
     report = {**plan.schedule_report, "warnings": warnings,

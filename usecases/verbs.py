@@ -61,6 +61,7 @@ from .models import (
                                                  resolve_model,
                                                  tokenizer_dirs,
 )
+from .previews import preview_map, step_previewer
 from .sampling import plan_sampling, sample, schedule_sigmas, split_sigmas
 
 # what a node may import from here (ruff's F401 reads it: an import missing here is reported unused)
@@ -78,6 +79,8 @@ __all__ = [
     "check_sampling", "check_step",
     # sampling (usecases.sampling)
     "plan_sampling", "sample", "schedule_sigmas", "split_sigmas",
+    # live previews of the sampler's steps (usecases.previews)
+    "preview_map", "step_previewer",
     # MiniMax-H3 (usecases.minimax)
     "check_contract", "decode_audio", "with_first_frame", "with_reference_images",
     # engine steps a node runs as they are

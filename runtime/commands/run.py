@@ -41,6 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--download", action="store_true",
                         help="fetch the model files the workflow names that are not under --models first (`lorabind "
                              "models download`'s code); without it a missing file is named with the command")
+    parser.add_argument("--preview", metavar="DIR",
+                        help="write the sampler's live preview of every step into DIR (JPEG, latent2rgb, the first "
+                        "frame): node<ID>_step<K>of<N>.jpg")
     add_device_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -95,6 +98,9 @@ def run(args) -> int:
     refused = refusal(spec)
     if refused:
         print(f"lorabind run: --parallel {spec.describe()}: {refused}", file=sys.stderr)
+        return 2
+    if getattr(args, "preview", None) and os.path.exists(args.preview) and not os.path.isdir(args.preview):
+        print(f"lorabind run: --preview {args.preview}: not a folder", file=sys.stderr)
         return 2
     if not spec.is_parallel:
         return _run_here(args)
@@ -206,8 +212,11 @@ def _run_here(args, output_dir: str | None = None, progress_stream=None, models_
     prompt, kind, workflow, changed, node_classes, executor, validation = prepared
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
     display = ProgressDisplay(prompt, len(upstream_closure(prompt, validation.outputs)), stream=progress_stream)
+    on_event = display.on_event
+    if getattr(args, "preview", None) and output_dir is None:  # an unseen rank of a job writes none
+        extra_data, on_event = _with_previews(args.preview, extra_data, on_event)
     try:
-        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
+        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=on_event,
                                   execute_outputs=validation.outputs)
     finally:
         display.close()
@@ -220,6 +229,22 @@ def _run_here(args, output_dir: str | None = None, progress_stream=None, models_
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
     return 0
+
+
+def _with_previews(folder: str, extra_data: dict, on_event) -> tuple:
+    """``--preview DIR``: every step previewed (latent2rgb) and each preview written into ``folder``."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..preview_options import EXTRA_DATA_KEY, PreviewOptions
+    from ..progress_display import PreviewFolder
+
+    previews = PreviewFolder(folder)
+    settings = PreviewOptions("latent2rgb", interval_ms=0).for_prompt({})
+
+    def both(name: str, data: dict) -> None:
+        on_event(name, data)
+        previews.on_event(name, data)
+
+    return {**extra_data, EXTRA_DATA_KEY: settings}, both
 
 
 def _read_prompt(args):

@@ -15,6 +15,7 @@ def add_arguments(parser) -> None:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
     from ..parallel.options import add_parallel_arguments
+    from ..preview_options import add_preview_arguments
 
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
                         help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
@@ -47,6 +48,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
     add_batching_arguments(parser)
+    add_preview_arguments(parser, default_method="auto")
     add_openai_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -133,9 +135,11 @@ def _run(args, listeners) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
     from ..guide_flags import apply_serve_guide_arguments, serve_guide_notes
+    from ..preview_options import preview_options
     from ..server import ServerConfig, run_server
 
-    device_error = apply_device_arguments(args)
+    previews = preview_options(args)
+    device_error = apply_device_arguments(args) or (previews if isinstance(previews, str) else None)
     if device_error:
         print(f"lorabind serve: {device_error}")
         return 2
@@ -175,7 +179,7 @@ def _run(args, listeners) -> int:
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
                           replicas=args.replicas, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
-                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch,
+                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch, previews=previews,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
         return serve_parallel(args, config, spec, listeners)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..context import ExecutionContext, InterruptedByUser, reset_current_context, set_current_context
+from ..preview_options import PREVIEW_EVENT, PreviewOptions
 from .caching import CacheEntry, InstanceCache, OutputCache, node_signatures
 from .call_over_lists import format_value, gather_inputs, map_over_lists, shape_returns
 from .definitions import NodeDefinitions, full_type_name
@@ -140,6 +141,7 @@ class _PromptRun:
         self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
         self.keys: dict[str, Any] = {}  # node id -> cache key (None: never cached)
         self.result = ExecutionResult(success=False)
+        self.previews = PreviewOptions.of_prompt(extra_data)  # what the host asked for this prompt's samplers
 
     # -- events -------------------------------------------------------------------------------------------
     def emit(self, name: str, data: dict, *, status_message: bool = False) -> None:
@@ -153,6 +155,12 @@ class _PromptRun:
         """Progress of the running node; like ComfyUI's progress hook it is also an interrupt point."""
         self.emit("progress", {"value": value, "max": total, "prompt_id": self.prompt_id, "node": node_id})
         self.check_interrupted()
+
+    def _on_preview(self, node_id: str, value: int, total: int, image: bytes) -> None:
+        """A live preview of the running sampler's step (after its ``progress``, as ComfyUI sends them): the host
+        sends it on as binary WebSocket frames (``server.websocket``) or writes it (``run --preview``)."""
+        self.emit(PREVIEW_EVENT, {"prompt_id": self.prompt_id, "node": node_id, "value": value, "max": total,
+                                  "image": image, "image_type": "image/jpeg"})
 
     def _on_work(self, node_id: str, label: str, value: int, total: int) -> None:
         """Work inside a node that is not a sampling step (fusing LoRA layers): ComfyUI's ``progress_state``
@@ -234,7 +242,8 @@ class _PromptRun:
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
         self.sync.before_node(node_id)
-        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
+        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work,
+                                   previews=self.previews, on_preview=self._on_preview)
         token = set_current_context(context)
         try:
             with self.executor.node_turn():

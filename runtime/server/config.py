@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..preview_options import PreviewOptions
+
 PACK_DIR = Path(__file__).resolve().parents[2]
 PACK_NAME = "lorabind"  # the folder name ComfyUI would use in /extensions/<name>/ and /workflow_templates
 DEFAULT_MAX_UPLOAD_MB = 100.0  # ComfyUI's default
@@ -48,6 +50,9 @@ class ServerConfig:
     # ``--max-batch N`` (vllm-omni's ``--max-num-seqs``): prompts in flight at once, their denoising steps batched
     # by the step engine (``loaders.batching``); 1 runs one prompt at a time, exactly as alone.
     max_batch: int = 1
+    # Live previews of the samplers' steps (``--preview-method``, ``--preview-size``, ``--preview-interval``); a
+    # prompt's ``preview_method`` (the frontend's setting) overrides the method, as in ComfyUI 0.30.
+    previews: PreviewOptions = field(default_factory=lambda: PreviewOptions(method="auto"))
 
     @property
     def max_upload_bytes(self) -> int:

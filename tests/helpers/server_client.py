@@ -35,6 +35,7 @@ class Client:
         self.session = aiohttp.ClientSession()
         self.ws = None
         self.messages: list[dict] = []
+        self.binary: list[bytes] = []  # binary frames (live previews), in the order they came
 
     async def connect(self, token: str | None = None) -> dict:
         """Open the WebSocket; ``token`` (the first connection's ``client_token``) takes over a registered id."""
@@ -43,10 +44,19 @@ class Client:
         return await self.receive()
 
     async def receive(self, timeout: float = 30.0) -> dict:
-        msg = await self.ws.receive_str(timeout=timeout)
-        message = json.loads(msg)
-        self.messages.append(message)
-        return message
+        """The next text message; binary frames on the way (live previews) are kept in ``binary``, as ComfyUI's
+        clients set them aside."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await self.ws.receive(timeout=max(deadline - time.monotonic(), 0.01))
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                self.binary.append(msg.data)
+                continue
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise TypeError(f"WebSocket message {msg.type.name} is not text ({msg.data!r})")
+            message = json.loads(msg.data)
+            self.messages.append(message)
+            return message
 
     async def post(self, path: str, body, **kwargs):
         data = body if isinstance(body, (bytes, str, aiohttp.FormData)) else json.dumps(body)

@@ -25,7 +25,7 @@ def fake_comfyui(monkeypatch, tmp_path):
         def __init__(self, total):
             calls.append(("ProgressBar", total))
 
-        def update_absolute(self, value, total=None):
+        def update_absolute(self, value, total=None, preview=None):  # ComfyUI's signature
             calls.append(("update_absolute", value, total))
 
     folder_paths = types.SimpleNamespace(

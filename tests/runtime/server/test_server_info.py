@@ -58,7 +58,7 @@ def test_system_info_routes(server):
             assert [(f["name"], f["pathIndex"], f["size"]) for f in files] == [("mine.safetensors", 0, 5)]
             assert (await client.get("/api/experiment/models/not-a-kind"))[0] == 404
             _, features = await client.get("/api/features")
-            assert features == {"supports_preview_metadata": False, "max_upload_size": 100 * 1024 * 1024}
+            assert features == {"supports_preview_metadata": True, "max_upload_size": 100 * 1024 * 1024}
         finally:
             await client.close()
 
@@ -158,7 +158,7 @@ def test_websocket_feature_flags_and_reconnect_status(server):
             await client.ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
             reply = await client.receive()
             assert reply == {"type": "feature_flags",
-                             "data": {"supports_preview_metadata": False, "max_upload_size": 100 * 1024 * 1024}}
+                             "data": {"supports_preview_metadata": True, "max_upload_size": 100 * 1024 * 1024}}
             pid = (await client.queue_prompt(count_and_save(steps=300, delay=0.01)))["prompt_id"]
             while (await client.receive())["type"] != "progress":
                 pass

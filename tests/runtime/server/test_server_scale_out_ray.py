@@ -73,8 +73,10 @@ def test_prompts_end_to_end_and_fused_once_per_replica(ray_server):
             await client.connect()
             # Two LoRA sets alternating over 8 prompts, each run to completion before the next.
             for i in range(8):
+                previews = len(client.binary)
                 prompt_id = (await client.queue_prompt(_prompt(1.0 if i % 2 == 0 else 0.5, seed=i)))["prompt_id"]
                 seen = await client.wait_done(prompt_id, timeout=300)
+                assert len(client.binary) - previews >= 2  # the replica's live previews: the first and last step
                 kinds = [m["type"] for m in seen]
                 assert kinds[0] == "execution_start" and kinds[-2:] == ["execution_success", "executing"], kinds
                 executed = [m["data"] for m in seen if m["type"] == "executed" and "images" in m["data"]["output"]]
