@@ -62,7 +62,7 @@ def test_the_pair_returns_the_same_patched_expert_when_only_the_other_one_change
         return SimpleNamespace(base=model, lora=lora, strength=strength), [f"{lora} at {strength}"]
 
     monkeypatch.setattr(native.comfy_bridge, "require_comfyui", lambda where: None)
-    monkeypatch.setattr(native.comfy_bridge, "model_shapes", lambda model: {})
+    monkeypatch.setattr(native.comfy_patches, "model_shapes", lambda model: {})
     monkeypatch.setattr(native, "host_family", lambda shapes, where: "wan")
     monkeypatch.setattr(native, "check_expert_pair", lambda *args: None)
     monkeypatch.setattr(native, "prepare_lora", lambda *args, **kwargs: SimpleNamespace(contract=None, report={}))
