@@ -25,7 +25,7 @@ from real_comfyui import RealComfyUI, version_tuple
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 
 
 @pytest.fixture(scope="module")

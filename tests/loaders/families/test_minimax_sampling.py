@@ -199,7 +199,7 @@ class NoiseImage:
 @pytest.mark.slow
 def test_ref2v_turbo_workflow_runs_on_transformer_ref(mm_registry, mm_models):
     """The ref2v Turbo file with reference images runs on transformer_ref; without them it is refused by name."""
-    workflows = Path(lorabind.__file__).parent / "workflows"
+    workflows = Path(lorabind.__file__).parent / "workflows" / "api"
     prompt = json.loads((workflows / "minimax_h3_turbo_4step_768p.api.json").read_text())
     prompt["2"]["inputs"]["lora_name"] = "lorabind-tiny/minimax_h3_ref2v_turbo_4step_v0.1_bf16.safetensors"
     prompt["6"]["inputs"]["shift"] = 12.0

@@ -161,7 +161,7 @@ def test_two_hundred_prompts_from_eight_threads_lose_none(models_root, tmp_path)
     finally:
         server.stop()
     assert len(outcomes) == 200 and outcomes.count(200) == 160 and outcomes.count(400) == 40
-    assert queue == {"queue_running": [], "queue_pending": []}
+    assert queue == {"queue_running": [], "queue_pending": [], "lorabind_background": None}
 
 
 async def _queue(url: str) -> dict:

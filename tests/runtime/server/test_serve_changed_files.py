@@ -28,7 +28,7 @@ from server_client import Client, run_async
 
 pytestmark = pytest.mark.slow  # a real server process and five prompts of the tiny Wan2.2 model
 
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 PACKAGE_PARENT = str(Path(lorabind.__file__).resolve().parents[1])
 VAE = Path("vae") / "diffusion_pytorch_model.safetensors"
 RELOADED = "lorabind: tiny-wan22-t2v changed on disk since it was loaded; loading it afresh"

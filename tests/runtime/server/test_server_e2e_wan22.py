@@ -91,23 +91,24 @@ def test_example_workflow_and_lora_pair_over_http(wan_server):
     run_async(body)
 
 
-def test_contract_violation_is_an_execution_error_naming_the_file(wan_server):
-    """A cfg the pair's contract refuses is decided by the sampler when it runs (the early check reads steps)."""
+def test_a_cfg_the_pairs_contract_refuses_is_a_400_naming_the_file_and_cfg(wan_server):
+    """A cfg the pair's contract refuses is refused when the prompt is posted, like a wrong step count: node_errors
+    on the sampler name the file and ``cfg``, and nothing is queued."""
     from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
 
     async def body():
         client = Client(wan_server.url)
         try:
-            await client.connect()
             prompt = _with_pair(steps=4)
             sampler = next(k for k, n in prompt.items() if n["class_type"] == "LoraBindSampler")
             prompt[sampler]["inputs"]["cfg"] = 3.5
-            pid = (await client.queue_prompt(prompt))["prompt_id"]
-            seen = await client.wait_done(pid, timeout=300)
-            errors = [m["data"] for m in seen if m["type"] == "execution_error"]
-            assert len(errors) == 1 and errors[0]["node_type"] == "LoraBindSampler"
-            assert Path(WAN22_HIGH).name in errors[0]["exception_message"]
-            assert "cfg" in errors[0]["exception_message"] and "3.5" in errors[0]["exception_message"]
+            status, reply = await client.post("/prompt", {"prompt": prompt})
+            assert status == 400 and reply["error"]["type"] == "prompt_outputs_failed_validation", reply
+            (error,) = reply["node_errors"][sampler]["errors"]
+            assert error["extra_info"] == {"input_name": "cfg", "received_value": 3.5,
+                                           "lorabind_refusal": "contract_mismatch"}
+            assert Path(WAN22_HIGH).name in error["details"] and "cfg must be 1, got 3.5" in error["details"]
+            assert (await client.get("/queue"))[1]["queue_pending"] == []
         finally:
             await client.close()
 
@@ -232,8 +233,10 @@ def test_pack_nodes_report_the_custom_nodes_module_like_comfyui(wan_server):
         client = Client(wan_server.url)
         try:
             _, info = await client.get("/object_info")
-            assert sorted(info) == sorted([*NODE_CLASS_MAPPINGS, *CORE_NODE_CLASS_MAPPINGS])
-            assert {info[name]["python_module"] for name in NODE_CLASS_MAPPINGS} == {"custom_nodes.lorabind"}
+            headless = [name for name, cls in NODE_CLASS_MAPPINGS.items() if not getattr(cls, "COMFYUI_ONLY", False)]
+            assert len(headless) < len(NODE_CLASS_MAPPINGS)  # the ComfyUI-native nodes are not offered here
+            assert sorted(info) == sorted([*headless, *CORE_NODE_CLASS_MAPPINGS])
+            assert {info[name]["python_module"] for name in headless} == {"custom_nodes.lorabind"}
             # ComfyUI's own LoadImage/SaveImage/PreviewImage, which the runtime adds, report ComfyUI's module
             assert {info[name]["python_module"] for name in CORE_NODE_CLASS_MAPPINGS} == {"nodes"}
             _, one = await client.get("/object_info/LoraBindSampler")

@@ -10,14 +10,13 @@ import asyncio
 import numpy as np
 import pytest
 
-pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import requires
+from server_client import Client, run_async
+from serving_helpers import frames_of, styled_prompt, write_styles
 
-from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
-from server_client import Client, run_async  # noqa: E402
-from serving_helpers import frames_of, styled_prompt, write_styles  # noqa: E402
-
-pytestmark = pytest.mark.slow
+pytestmark = [requires("ray"), pytest.mark.slow]
 
 PROMPTS = [(1, "a cat dancing", 51), (2, "a red fox", None), (3, "a lighthouse", 61)]
 

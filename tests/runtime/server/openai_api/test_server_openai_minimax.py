@@ -27,7 +27,7 @@ def client(tiny_models_root, tmp_path_factory):
     root = tmp_path_factory.mktemp("openai_minimax")
     config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(root / "output"),
                           input_dir=str(root / "input"), temp_dir=str(root / "temp"), state_dir=str(root / "state"),
-                          openai_models=(("h3", str(Path(lorabind.__file__).parent / "workflows" / TEMPLATE)),))
+                          openai_models=(("h3", str(Path(lorabind.__file__).parent / "workflows" / "api" / TEMPLATE)),))
     srv = BackgroundServer(config).start(timeout=600)
     yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=600)
     srv.stop()
