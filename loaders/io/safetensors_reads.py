@@ -34,6 +34,15 @@ _MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_CACHED_TABLES = 64  # files whose tables are kept (a sharded 14B model has a dozen)
 
 
+def stored_bytes(stored) -> int:
+    """Bytes of a tensor as a safetensors file stores it, from its slice's header fields (``get_dtype``,
+    ``get_shape``), without reading it; 0 for a dtype this module does not know."""
+    dtype = _DTYPES.get(stored.get_dtype())
+    if dtype is None:
+        return 0
+    return math.prod(int(d) for d in stored.get_shape()) * torch.empty((), dtype=dtype).element_size()
+
+
 class _Tables:
     """Process-wide: (path, file identity) -> {key: (dtype, shape, absolute offset, nbytes)}. A rewritten file has
     a new identity, so its old table is never used again."""
