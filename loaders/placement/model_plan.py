@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .planner import GIB, MEMORY_PLANS, MemoryPlan, default_activation_bytes, plan_memory
+from .planner import DEFAULT_DECODE_SIZE, GIB, MEMORY_PLANS, MemoryPlan, default_activation_bytes, plan_memory
 from .sizes import WEIGHTS, ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
-               dtype: str = "bfloat16", weights: str = "bf16",
-               sizes: list | None = None, sequence_split: int = 1) -> tuple[MemoryPlan, list[ComponentSize]]:
+               dtype: str = "bfloat16", weights: str = "bf16", sizes: list | None = None, sequence_split: int = 1,
+               decode_size: tuple = DEFAULT_DECODE_SIZE) -> tuple[MemoryPlan, list[ComponentSize]]:
     """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16",
     "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or for components the caller measured (``sizes``: single
     files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
     only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
     smallest plan needs. ``sequence_split``: ranks sharing each step's tokens (``--parallel ulysses/ring``), which
-    divide the denoising working memory."""
+    divide the denoising working memory; ``decode_size``: the frames' (width, height) the VAE decodes."""
     measured = sizes is not None
     if not measured:
         sizes = component_sizes(model, dtype=dtype, weights=weights)
-    plan = _plan(sizes, vram_gib, ram_gib, memory, sequence_split)
+    plan = _plan(sizes, vram_gib, ram_gib, memory, sequence_split, decode_size)
     if plan.fits:
         return plan, sizes
     hint = None
     if not measured and weights == "bf16":
         fp8_plan = _plan(component_sizes(model, dtype=dtype, weights="fp8"), vram_gib, ram_gib, memory,
-                         sequence_split)
+                         sequence_split, decode_size)
         if fp8_plan.fits:
             hint = (f"with fp8 weights (--weights fp8: ComfyUI's *_fp8_e4m3fn* single files) it fits: "
                     f"memory={fp8_plan.memory}, peak {fp8_plan.peak_device_bytes / GIB:.1f} GiB on the device, "
@@ -37,10 +37,11 @@ def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: 
     return replace(plan, reason=f"{plan.reason}; {hint}"), sizes
 
 
-def _plan(sizes, vram_gib: float, ram_gib, memory: str, sequence_split: int = 1) -> MemoryPlan:
+def _plan(sizes, vram_gib: float, ram_gib, memory: str, sequence_split: int = 1,
+          decode_size: tuple = DEFAULT_DECODE_SIZE) -> MemoryPlan:
     host = None if ram_gib is None else int(ram_gib * GIB)
     return plan_memory(sizes, device_free_bytes=int(vram_gib * GIB), host_free_bytes=host, requested=memory,
-                       activation_bytes=default_activation_bytes(sizes) // sequence_split)
+                       activation_bytes=default_activation_bytes(sizes) // sequence_split, decode_size=decode_size)
 
 
 def least_memory_hint(sizes, model, dtype: str, weights: str, sequence_split: int = 1) -> str:
@@ -75,11 +76,13 @@ def plan_to_json(plan: MemoryPlan, sizes: list[ComponentSize]) -> dict:
     return data
 
 
-def format_plan(plan: MemoryPlan, sizes: list[ComponentSize]) -> str:
-    """A few readable lines: the decision, then where each component lives and how large it is."""
+def format_plan(plan: MemoryPlan, sizes: list[ComponentSize], cpu: bool = False) -> str:
+    """A few readable lines: the decision, then where each component lives and how large it is. ``cpu``: the
+    device is the host (its peak is the RAM's)."""
+    peaks = (f"peak RAM: {plan.peak_device_bytes / GIB:.1f} GiB" if cpu else
+             f"peak device: {plan.peak_device_bytes / GIB:.1f} GiB, peak host: {plan.peak_host_bytes / GIB:.1f} GiB")
     lines = [f"memory: {plan.memory}  ({'fits' if plan.fits else 'DOES NOT FIT'})", f"reason: {plan.reason}",
-             f"peak device: {plan.peak_device_bytes / GIB:.1f} GiB, peak host: {plan.peak_host_bytes / GIB:.1f} GiB"
-             f"{', tiled VAE decode' if plan.vae_tiling else ''}{', prefetch' if plan.prefetch else ''}",
+             f"{peaks}{', tiled VAE decode' if plan.vae_tiling else ''}{', prefetch' if plan.prefetch else ''}",
              "components:"]
     for s in sizes:
         lines.append(f"  {s.name:<16} {s.role:<18} {s.bytes / GIB:7.2f} GiB  {s.parameters / 1e9:6.2f}B params  "
