@@ -13,7 +13,7 @@ Metrics: ``e2e_cold_vs_diffusers``, ``e2e_strength_vs_diffusers``, ``e2e_switch_
 them stated).
 
 Our side is the headless runtime (``runtime.executor.PromptExecutor`` on the node pack, a workflow shaped like
-``workflows/wan21_distill.api.json`` naming the models root): that is what ``lorabind run`` and ``lorabind
+``workflows/api/wan21_distill.api.json`` naming the models root): that is what ``lorabind run`` and ``lorabind
 serve`` execute, including the node cache that keeps the loaded model and the encoded prompts between prompts,
 so scenarios 2-4 are what a ``serve`` user's next request costs. The Python ``Generator`` asks the engine the
 same use cases, without that cache, so it is not the fuller path. Our workflow also runs its negative-prompt
@@ -68,7 +68,7 @@ from .bench_real_size import WAN21_1_3B
 from .bench_text_encoding import UMT5_XXL, build_umt5
 from .workload import QUICK, WorkloadSize, build_transformer, write_published_lora
 
-WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows",
+WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows", "api",
                         "wan21_distill.api.json")
 MODEL_NAME = "wan21-t2v-1.3b-random"
 # "4step" in the names: the Wan file-name contract (4 steps, shift 5, cfg 1, Euler) holds on both LoRAs

@@ -30,7 +30,7 @@ from lorabind.usecases.model_folders import SETTLE_NS
 # runtime_overhead moved by about ±0.005 between quiet runs of one commit (1.047-1.055), as much as a session's cuts.
 FULL_RERUNS = 40
 
-WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows",
+WORKFLOW = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "workflows", "api",
                         "wan22_tiny_t2v.api.json")
 
 

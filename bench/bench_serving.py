@@ -22,6 +22,7 @@ weights, 64x64, 1 frame, 4 steps); ``--quick``: its tiny sizes and fewer prompts
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -85,8 +86,6 @@ def _setting(root: str, case, max_batch: int, loras: str, count: int) -> dict:
 
 
 def _prompt(case, index: int, loras: str) -> dict:
-    import json
-
     with open(WORKFLOW) as fh:
         prompt = json.load(fh)
     lora = LORA_A if loras == "one" else STYLES[index % len(STYLES)]
@@ -141,7 +140,12 @@ async def _one(url: str, client_id: str, prompt: dict, others: int) -> dict:
                 raise RuntimeError(f"serving bench: /prompt answered {response.status}: {body}")
         steps = []
         while True:
-            message = await ws.receive_json(timeout=1800)
+            frame = await ws.receive(timeout=1800)
+            if frame.type == aiohttp.WSMsgType.BINARY:  # a live preview (serve's default): not counted here
+                continue
+            if frame.type != aiohttp.WSMsgType.TEXT:
+                raise RuntimeError(f"serving bench: the WebSocket closed mid-prompt ({frame.type.name})")
+            message = json.loads(frame.data)
             data = message.get("data", {})
             if data.get("prompt_id") != body["prompt_id"]:
                 continue

@@ -39,6 +39,9 @@ The four ``e2e_*_vs_diffusers`` figures (issue 47) are one run of each scenario 
 and have no quiet run yet: their noise is set at 50% until quiet runs say otherwise.
 The four ``serving_*`` figures (issue 53, ``bench_serving``) are one load run per server setting and have no quiet
 run yet: their noise is set at 50% until quiet runs say otherwise.
+The two preview figures (issue 56, ``bench_previews``) have no quiet run yet: ``previews_step_vs_plain`` is a ratio of
+two medians of the same step, its noise set at 10%; ``preview_share_of_step`` divides a few milliseconds by a step,
+its noise set at 50%, until quiet runs say otherwise.
 ``fuse_vs_floor`` changed meaning twice in issue 33 (``bench_fuse.Floor``): first the chunked loop plus a copy of each
 original, tighter than the whole-layer upcast before it; then, where oneDNN runs bfloat16 gemms, one bfloat16 gemm
 per layer plus that copy. Compared with a run from before either change it reads worse by construction.
@@ -114,6 +117,10 @@ METRICS = {
                              "(--max-batch 4, one binding)", None),
     "serving_step_s": ("lower", 0.5, "serving: seconds between two steps of a prompt there (the step time beside "
                        "it)", None),
+    "previews_step_vs_plain": ("lower", 0.1, "live previews, Wan2.1-1.3B width: seconds per step with every step "
+                               "previewed (latent2rgb, 512 px JPEG) / without", ("<=", 1.02)),
+    "preview_share_of_step": ("lower", 0.5, "live previews: one preview's work (map, fit, encode) / one step",
+                              ("<=", 0.02)),
     "help_seconds": ("lower", 0.75, "`lorabind --help` (s)", ("<", 1.0)),
     "import_seconds": ("lower", 1.0, "`import lorabind` (s)", None),
 }

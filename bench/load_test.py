@@ -4,7 +4,9 @@ execution messages. Prints throughput and the server's peak RSS.
 
 Run: ``python -m bench.load_test`` (8 clients x 25 prompts) or ``python -m bench.load_test --quick``.
 ``--hostile`` measures issue 31's attacks instead: how long ``GET /queue`` takes while two 90 MB bodies of small
-objects are posted, and what contract lookups of a LoRA with a 90 MB header (800K empty tensors) cost.
+objects are posted, and what contract lookups of a LoRA with a 90 MB header (800K empty tensors) cost; then
+issue 52's attacks on a ``serve --parallel ulysses=2`` job's rank channel (``bench/hostile_ranks.py``) and its
+weight file truncated under the server (``hostile_files52``: the server must live and refuse the prompt by name).
 The server is a real ``lorabind serve`` subprocess on a free 127.0.0.1 port with a temporary models/output
 root; it is stopped at the end, and the whole run is bounded by ``--timeout``.
 """
@@ -27,10 +29,12 @@ from pathlib import Path
 
 import aiohttp
 
+from .hostile_files52 import measure_issue52, write_issue52_models
+from .hostile_ranks import measure_hostile_ranks
 from .hostile_requests import measure_hostile, proc_status_mib, write_hostile_models
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOW = ROOT / "workflows" / "wan22_tiny_t2v.api.json"
+WORKFLOW = ROOT / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 def _free_port() -> int:
@@ -95,6 +99,8 @@ class ClientRun:
             pending = set(self.prompt_ids)
             while pending:
                 msg = await ws.receive()
+                if msg.type == aiohttp.WSMsgType.BINARY:  # a live preview of a step
+                    continue
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     raise RuntimeError(f"client {self.index}: websocket closed with {pending and len(pending)} "
                                        "prompts unfinished")
@@ -179,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 clients x 3 prompts")
     parser.add_argument("--hostile", action="store_true",
                         help="instead: GET /queue while two 90 MB bodies are posted, and contract lookups of a LoRA "
-                             "with a 90 MB header (bench/hostile_requests.py)")
+                             "with a 90 MB header (bench/hostile_requests.py); a weight file truncated under the "
+                             "server (bench/hostile_files52.py); then a foreign client against a serve --parallel "
+                             "job's rank channel (bench/hostile_ranks.py)")
     parser.add_argument("--models", default=None, help="models root (default: a temporary one, built on demand)")
     parser.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     args = parser.parse_args(argv)
@@ -190,8 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         models = args.models or os.path.join(tmp, "models")
         if args.hostile:
             write_hostile_models(models)
+            write_issue52_models(models)
             with _serving(tmp, models) as (url, pid):
-                return asyncio.run(asyncio.wait_for(measure_hostile(url, pid), timeout=args.timeout))
+                code = asyncio.run(asyncio.wait_for(measure_hostile(url, pid), timeout=args.timeout))
+                truncated_ok = asyncio.run(asyncio.wait_for(measure_issue52(url, pid, models), timeout=args.timeout))
+            return max(code, 0 if truncated_ok else 1, measure_hostile_ranks(args.timeout))
         with _serving(tmp, models) as (url, pid):
             elapsed, problems, ran = asyncio.run(
                 asyncio.wait_for(_load(url, args.clients, args.prompts), timeout=args.timeout))

@@ -29,6 +29,7 @@ from . import (  # noqa: E402
     bench_parallel,
     bench_parallel_load,
     bench_peft,
+    bench_previews,
     bench_real_size,
     bench_rebind,
     bench_rerun,
@@ -94,6 +95,7 @@ def main(argv=None) -> int:
         loading = bench_parallel_load.run(tmp, args.quick, reps, workers=args.load_workers)
         end_to_end = bench_end_to_end.run(tmp, args.quick)
         serving = bench_serving.run(tmp, args.quick)
+        previews = bench_previews.run(tmp, args.quick, reps)  # on bench_serving's model folder
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
     sequence_split = bench_parallel.run(args.quick, reps)
@@ -130,6 +132,7 @@ def main(argv=None) -> int:
         **{f"e2e_{scenario}_vs_diffusers": end_to_end[f"e2e_{scenario}_vs_diffusers"]
            for scenario in bench_end_to_end.SCENARIOS},
         **{name: serving[name] for name in bench_serving.FIGURES},
+        **{name: previews[name] for name in bench_previews.FIGURES},
     }
     rows = [("metric", "A", "B", "ratio")]
     for key in ("fuse", "floor", "switch", "strength"):
@@ -195,6 +198,7 @@ def main(argv=None) -> int:
                 + [("largest difference, frames / latents", f"{end_to_end['max_frame_difference']:.3g}",
                     f"{end_to_end['max_latent_difference']:.3g}", "")])
     bench_serving.print_report(serving, print_table)
+    bench_previews.print_report(previews, print_table)
 
     print("\nsummary")
     notes = {"parallel_load_speedup": "(1 worker chosen: same loader on both sides, noise around 1)"
@@ -220,6 +224,7 @@ def main(argv=None) -> int:
             rebind_single_file=bench_rebind.single_file_row(rebind),
             end_to_end={k: v for k, v in end_to_end.items() if not k.startswith("e2e_")},
             serving=serving["settings"],
+            previews={k: v for k, v in previews.items() if k not in bench_previews.FIGURES},
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_path=loading["same_path"],

@@ -24,7 +24,7 @@ if __package__ in (None, ""):  # run as a script: make `lorabind` importable fro
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOW = ROOT / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = ROOT / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 STRENGTHS = (1.0, 0.5, 0.25, 0.75, 0.125)
 
 
@@ -53,7 +53,10 @@ async def _run_stream(url: str, prompts: list[dict]) -> dict:
                     pending.add((await resp.json())["prompt_id"])
             queued = set(pending)
             while pending:
-                message = json.loads(await ws.receive_str(timeout=600))
+                frame = await ws.receive(timeout=600)
+                if frame.type == aiohttp.WSMsgType.BINARY:  # a live preview
+                    continue
+                message = json.loads(frame.data)
                 data = message.get("data", {})
                 if message["type"] == "executing" and data.get("node") is None:
                     pending.discard(data.get("prompt_id"))

@@ -18,6 +18,11 @@ OWN_DECLARATIONS = ("file name", "metadata", "checkpoint")
 # The most steps a sampler runs (its steps input's maximum). A contract that declares more could never run, and
 # reading its words would build a sigma table of that size, so it is refused where the words are parsed.
 MAX_STEPS = 1000
+# The smallest flow-matching time shift a schedule is built with. The shift s(u) = k·u / (1 + (k - 1)·u) divides
+# by 1 + (k - 1)·u, which reaches 0 at u = 1 for k = 0 and rounds to 0 for any k below float64's epsilon
+# (1e-300 - 1 == -1.0): "division by zero" deep in a resolver. Published shifts are 1 to 17; a thousandth is far
+# below them and far above that rounding.
+MIN_SHIFT = 1e-3
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ for _name in _NODE_MODULES:
     NODE_DISPLAY_NAME_MAPPINGS.update(getattr(_module, "NODE_DISPLAY_NAME_MAPPINGS", {}))
 
 # Inside ComfyUI its server answers the editor's routes too (headless, ``lorabind serve`` registers them itself),
-# and its unload / free-cache controls reach our models from the first prompt on.
+# its unload / free-cache controls reach our models from the first prompt on, and a queued prompt finds the
+# built-in files it names (the example templates') built, as headless.
 comfy_bridge.add_server_routes(editor_routes.ROUTES)
 comfy_bridge.follow_comfyui_memory_management()
+comfy_bridge.build_builtins_on_prompt()

@@ -82,6 +82,7 @@ def _ui(attached) -> dict:
 
 
 class LoadPEFTAdapter:
+    SEARCH_ALIASES = ["peft adapter", "dynamic lora"]  # see SEARCH_ALIASES on FuseDistillLoRA
     DESCRIPTION = (
         "Load a PEFT adapter folder or a single LoRA file as a dynamic (unfused) adapter. Base weights are never "
         "changed: the sampler activates the adapter at 'scale' for its run only, so switching adapters or scales "
@@ -130,6 +131,8 @@ class LoadPEFTAdapter:
 
 
 class FuseDistillLoRA:
+    # More words the node search finds it by (ComfyUI's SEARCH_ALIASES; the display names rank it: see below)
+    SEARCH_ALIASES = ["distill lora", "lightning lora", "lightx2v"]
     DESCRIPTION = (
         "Fuse one LoRA (typically a step-distill LoRA such as lightx2v 4-step or Qwen-Image Lightning) into the "
         "model at 'strength'. The node only validates every key against the model and records the fuse; the "
@@ -177,6 +180,7 @@ class FuseDistillLoRA:
 
 
 class WanMoELoRAPair:
+    SEARCH_ALIASES = ["wan2.2 lora pair", "moe lora pair", "lightx2v pair"]  # see FuseDistillLoRA's
     DESCRIPTION = (
         "Attach a Wan2.2 high-noise / low-noise LoRA pair (e.g. lightx2v 4-step) to a Wan2.2 MoE model: the "
         "high-noise LoRA fuses into the high-noise expert, the low-noise one into the low-noise expert. Refuses a single-expert "
@@ -238,7 +242,11 @@ NODE_CLASS_MAPPINGS = {
     "WanMoELoRAPair": WanMoELoRAPair,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "LoadPEFTAdapter": "Load PEFT Adapter (lorabind)",
-    "FuseDistillLoRA": "Fuse Distill LoRA (lorabind)",
-    "WanMoELoRAPair": "Wan2.2 MoE LoRA Pair (lorabind)",
+    # Names of their own (no core node has them, so no pack suffix), short and starting with "LoRA": frontend 1.58
+    # ranks a search match by its name or display name (its aliases only widen the match), a prefix before a
+    # word and a shorter text first, and every LoraBind* class name starts with "lora" (issue 54: Save Audio,
+    # LoraBindSaveAudio, ranked above the pair). Inside ComfyUI its popular core LoRA loaders still come first.
+    "LoadPEFTAdapter": "LoRA Adapter",
+    "FuseDistillLoRA": "LoRA Fuse",
+    "WanMoELoRAPair": "LoRA Pair",
 }

@@ -16,7 +16,13 @@ from functools import lru_cache
 from ..usecases import host
 from ..usecases.model_folders import PEFT_CONFIG, find_peft_folder, folders_holding, safe_relative_name
 from ..usecases.model_folders import lora_names as list_loras
-from ..usecases.verbs import follow_host_node_cache, release_device_memory
+from ..usecases.verbs import (
+    ensure_builtins_for_prompt,
+    follow_host_node_cache,
+    preview_map,
+    release_device_memory,
+    step_previewer,
+)
 from ..usecases.vocabulary import LoraBindError
 
 
@@ -122,6 +128,36 @@ def add_server_routes(routes) -> bool:
     return True
 
 
+_PROMPT_HANDLER_MARK = "_lorabind_builds_what_prompts_name"
+
+
+def build_builtins_on_prompt() -> bool:
+    """Inside ComfyUI: before it validates a queued prompt, build the built-in tiny models, fixture LoRAs and
+    example input images the prompt names and that are missing, as ``lorabind run`` and ``serve`` do (an example
+    template opened in a fresh ComfyUI names ``lorabind-tiny/...`` files nothing has built yet, and ComfyUI's
+    validation would refuse them as not in the list). Through ComfyUI's on-prompt handlers, once per server; the
+    build writes only the built-in folders (``lorabind-tiny/``, ``diffusers/tiny-*``). False headless."""
+    try:
+        server = importlib.import_module("server").PromptServer.instance
+        add_handler = server.add_on_prompt_handler
+    except Exception:  # headless, or a ComfyUI whose server is not running (or has no on-prompt handlers)
+        return False
+    if any(getattr(handler, _PROMPT_HANDLER_MARK, False) for handler in getattr(server, "on_prompt_handlers", ())):
+        return True  # the pack imported twice
+
+    def build_what_the_prompt_names(json_data):
+        prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+        if isinstance(prompt, dict):
+            paths = folder_paths()
+            ensure_builtins_for_prompt(prompt, paths.models_dir, paths.get_input_directory(),
+                                       announce=lambda line: print(f"[lorabind] {line}", flush=True))
+        return json_data
+
+    setattr(build_what_the_prompt_names, _PROMPT_HANDLER_MARK, True)
+    add_handler(build_what_the_prompt_names)
+    return True
+
+
 def check_interrupted() -> None:
     """Raise if the user interrupted the running prompt (ComfyUI's or the runtime's interrupt)."""
     mods = _comfy_modules()
@@ -142,17 +178,49 @@ class ProgressBar:
         mods = _comfy_modules()
         self._comfy_bar = mods[1].ProgressBar(self.total) if mods is not None else None
 
-    def update_absolute(self, value: int, extra: dict | None = None, total: int | None = None) -> None:
-        """Set the progress to ``value`` (of ``total``, which may change: e.g. fuse layers, then steps)."""
+    def update_absolute(self, value: int, extra: dict | None = None, total: int | None = None,
+                        preview=None) -> None:
+        """Set the progress to ``value`` (of ``total``, which may change: e.g. fuse layers, then steps), with the
+        step's live preview when there is one (``step_preview``'s)."""
         self.value = int(value)
         if total is not None:
             self.total = int(total)
         if self._comfy_bar is not None:
-            self._comfy_bar.update_absolute(self.value, self.total)
+            self._comfy_bar.update_absolute(self.value, self.total, preview)
             return
         ctx = host.current_context()
         if ctx is not None:
             ctx.report_progress(self.value, self.total, extra)
+            if preview is not None:
+                ctx.report_preview(self.value, self.total, preview)
+
+
+def step_preview(model, latent):
+    """A sampler run's live preview, ``preview(done, total, denoised)`` -> what ``ProgressBar.update_absolute``
+    sends (None: skipped this step), or None when no preview method is set: the sampler then computes nothing.
+
+    Inside ComfyUI it is ComfyUI's own previewer (``latent_preview``), so the user's ``--preview-method`` (and
+    0.30's per-prompt setting) applies: on ComfyUI's class for the latent space our family names, whose TAESD-type
+    decoder it finds in ``models/vae_approx``, else on a format carrying our map (a ComfyUI without that class, or
+    a tiny model's latent). Headless it is the runtime's settings for this prompt (``usecases.previews``)."""
+    mods = _comfy_modules()
+    if mods is None:
+        options = getattr(host.current_context(), "previews", None)
+        return None if options is None else step_previewer(model, latent, options.method, options.max_size,
+                                                           options.interval_ms / 1000.0)
+    rgb = preview_map(model, latent)
+    formats = importlib.import_module("comfy.latent_formats")
+    comfy_class = getattr(formats, rgb.comfy_format, None) if rgb.comfy_format else None
+    latent_format = comfy_class() if comfy_class is not None else formats.LatentFormat()
+    if comfy_class is None:
+        latent_format.latent_channels = rgb.channels
+        latent_format.latent_rgb_factors = [list(row) for row in rgb.factors]
+        latent_format.latent_rgb_factors_bias = list(rgb.bias)
+    device = mods[2].get_torch_device()
+    previewer = importlib.import_module("latent_preview").get_previewer(device, latent_format)
+    if previewer is None:
+        return None
+    return lambda done, total, denoised: previewer.decode_latent_to_preview_image("JPEG", denoised.to(device))
 
 
 def default_device():
@@ -257,100 +325,3 @@ def require_comfyui(node: str) -> None:
         raise LoraBindError(f"{node} works on ComfyUI's own MODEL and needs ComfyUI: it runs only inside ComfyUI. "
                             "In lorabind run/serve use LoraBindModelLoader with FuseDistillLoRA / WanMoELoRAPair "
                             "and LoraBindSampler instead")
-
-
-@lru_cache(maxsize=1)
-def _weight_patch_class():
-    """A ComfyUI weight adapter whose value is computed by ``compute(weight, strength)``: ComfyUI's patcher calls it
-    per weight when it loads, offloads or low-VRAM-streams the model, so our deltas follow its memory paths and
-    nothing is computed before that. Loading, ComfyUI hands it the float32 weight and rounds the result; streaming
-    (its low-VRAM patches, and every patched weight under 0.30.0's dynamic VRAM) it hands the weight in the compute
-    dtype and uses the result as is, so the value goes back in the dtype it came in.
-
-    The constructor is ComfyUI's adapters' own, ``(loaded_keys, weights)``, with ``(compute, label)`` as the
-    weights: 0.30.0's dynamic-VRAM prefetch re-makes each adapter as ``type(patch)(patch.loaded_keys, staged
-    weights)`` (``comfy.lora.prefetch_prepared_value``), which keeps non-tensor items as they are."""
-    base = importlib.import_module("comfy.weight_adapter.base").WeightAdapterBase
-
-    class LoraBindWeightPatch(base):
-        name = "lorabind"
-
-        def __init__(self, loaded_keys, weights):
-            self.loaded_keys, self.weights = loaded_keys, weights
-            self.compute, self.label = weights
-
-        def calculate_weight(self, weight, key, strength, strength_model, offset, function,
-                             intermediate_dtype=None, original_weight=None):
-            return self.compute(weight, float(strength)).to(weight.dtype)
-
-    return LoraBindWeightPatch
-
-
-def add_weight_patches(model, computes: dict, strength: float, label: str) -> int:
-    """Add ``{state-dict key: compute}`` to ``model`` (a ComfyUI ModelPatcher, already cloned) at ``strength``;
-    returns how many keys were taken (every one, or the caller reports the difference).
-
-    Why two routes: ComfyUI's patcher writes weight patches only into modules that hold all their parameters
-    themselves (``ModelPatcher._load_list`` skips "random weights in non leaf modules"), so a patch on, say, a
-    Wan block's own ``modulation`` (a LoRA's ``diff_m``) is accepted and then never applied. Those parameters get
-    their patched value now, as object patches (ComfyUI swaps them in when it patches the model and back after);
-    every other key stays a weight patch, computed when ComfyUI's patcher loads the weight."""
-    patch_class = _weight_patch_class()
-    weight_keys = [key for key in computes if _patcher_writes(model, key)]
-    taken = len(model.add_patches({key: patch_class(set(), (computes[key], label)) for key in weight_keys},
-                                  float(strength)))
-    for key in computes.keys() - set(weight_keys):
-        model.add_object_patch(key, _patched_parameter(model, key, computes[key], strength))
-        taken += 1
-    return taken
-
-
-def _patcher_writes(model, key: str) -> bool:
-    """Whether ComfyUI's weight patcher reaches ``key``: its module owns every parameter under it."""
-    owner_path = key.rpartition(".")[0]
-    owner = model.get_model_object(owner_path) if owner_path else model.model
-    own = {name for name, _ in owner.named_parameters(recurse=False)}
-    return all(name in own for name, _ in owner.named_parameters())
-
-
-def _patched_parameter(model, key: str, compute, strength: float):
-    """The parameter's patched value, from its value in this clone (an earlier LoRA node's object patch, else the
-    model's own weight), in its own dtype and device."""
-    import torch
-
-    current = model.get_model_object(key)
-    value = compute(current.detach().float(), float(strength)).to(device=current.device, dtype=current.dtype)
-    return torch.nn.Parameter(value, requires_grad=False)
-
-
-def patched_keys(model) -> set:
-    """The state-dict keys a ComfyUI ModelPatcher already changes (weight patches and object patches)."""
-    return set(model.patches) | set(model.object_patches)
-
-
-def model_shapes(model) -> dict:
-    """{state-dict key: shape} of a ComfyUI ModelPatcher's model, the names its patches are keyed by."""
-    return {key: tuple(value.shape) for key, value in model.model_state_dict().items()}
-
-
-def model_dtypes(model) -> dict:
-    """{state-dict key: dtype name} of a ComfyUI ModelPatcher's model: what its patcher rounds a patched value to."""
-    return {key: str(value.dtype) for key, value in model.model_state_dict().items()}
-
-
-def add_sample_check(model, key: str, check) -> None:
-    """Run ``check(sigmas, cfg, transformer_options)`` before every ComfyUI sampler run of ``model`` (KSampler,
-    KSamplerAdvanced, SamplerCustomAdvanced): the outer-sample wrapper sees the sigmas actually sampled and the
-    guider (its cfg, and the model options its model reads while sampling), before any model is loaded or step is
-    taken. Raising there fails the node with our message. One wrapper per ``key``."""
-    wrappers = importlib.import_module("comfy.patcher_extension").WrappersMP
-
-    def outer_sample(executor, noise, latent_image, sampler, sigmas, *args, **kwargs):
-        guider = executor.class_obj
-        # a guider without a cfg (BasicGuider) runs the positive prompt alone, which is cfg 1
-        options = (getattr(guider, "model_options", None) or {}).get("transformer_options") or {}
-        check([float(s) for s in sigmas.flatten().tolist()], float(getattr(guider, "cfg", 1.0)), options)
-        return executor(noise, latent_image, sampler, sigmas, *args, **kwargs)
-
-    model.remove_wrappers_with_key(wrappers.OUTER_SAMPLE, key)
-    model.add_wrapper_with_key(wrappers.OUTER_SAMPLE, key, outer_sample)

@@ -3,8 +3,9 @@
 Why: a ComfyUI user's workflow is made of core nodes (UNETLoader, ModelSamplingSD3, KSamplerAdvanced, ...). These
 nodes slot into it: our reader and key accounting turn a LoRA file into deltas under the model's own parameter
 names, which are added to a clone of the model as ComfyUI patches (so ComfyUI's patcher, offload and low-VRAM paths
-apply them), and the file's contract travels with the model as a sampler wrapper that checks the sigmas and cfg
-of any ComfyUI sampler before its first step. They work only inside ComfyUI (headless there is no such MODEL).
+apply them), and the file's contract travels with the model as a sampler wrapper that checks any ComfyUI sampler
+run (sigmas, sampler, task) before its first step and its guidance at every step (``comfy_guidance``). They work
+only inside ComfyUI (headless there is no such MODEL).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from functools import partial
 
 from ..usecases.verbs import (
     check_expert_pair,
+    check_lora_expert,
     check_sampling,
     check_stacking,
+    check_step,
+    host_expert,
     host_family,
     host_patched_value,
     prepare_host_lora,
@@ -23,12 +27,13 @@ from ..usecases.verbs import (
     switch_step,
 )
 from ..usecases.vocabulary import PART_ANY, PART_HIGH, PART_LOW, HostContract, LoraBindError, LoraFileError
-from . import comfy_bridge
+from . import comfy_bridge, comfy_guidance, comfy_patches
 from .adapter_nodes import lora_choices, lora_inputs_identity, resolve_lora
 
 CATEGORY = "lorabind/ComfyUI models"
 CONTRACTS_ATTACHMENT = "lorabind_contracts"  # the contracts a MODEL carries (ModelPatcher attachments)
 CHECK_WRAPPER_KEY = "lorabind_contract_check"
+EXPERT_ATTACHMENT = "lorabind_expert"  # PART_HIGH / PART_LOW on an expert MODEL a pair node returned
 
 _STRENGTH = ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01,
                        "tooltip": "LoRA strength (1.0 = as trained; 0 = off, and its contract too)."})
@@ -38,21 +43,32 @@ _ENFORCE = ("BOOLEAN", {"default": True, "tooltip": "Check the sampler's sigmas 
                         "contract before the first step. Off: sampled anyway, and the override is recorded."})
 
 
-def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: str, input_name: str = "lora_name"):
-    """Our read + key accounting of ``lora_name`` against ComfyUI's ``model``: nothing patched yet."""
+def prepare_lora(model, lora_name: str, strength: float, lenient: bool, where: str, input_name: str = "lora_name",
+                 expert: bool = False):
+    """Our read + key accounting of ``lora_name`` against ComfyUI's ``model``: nothing patched yet. ``expert``: the
+    model is known to be one expert of a pair."""
     comfy_bridge.require_comfyui(where)
     path = resolve_lora(lora_name, input_name, where)
-    return prepare_host_lora(comfy_bridge.model_shapes(model), f"{where} model", lora_name, path,
-                             strength, lenient=lenient, where=where, dtypes=comfy_bridge.model_dtypes(model))
+    return prepare_host_lora(comfy_patches.model_shapes(model), f"{where} model", lora_name, path, strength,
+                             lenient=lenient, where=where, dtypes=comfy_patches.model_dtypes(model), expert=expert)
+
+
+def _which_expert(model, where: str):
+    """``host_expert`` of a ComfyUI MODEL: the part a pair node gave it, else what its file's name says."""
+    family = host_family(comfy_patches.model_shapes(model), f"{where} model")
+    part = model.get_attachment(EXPERT_ATTACHMENT) or ""
+    return family, host_expert(family, model_part=part, model_file=comfy_patches.model_file_name(model))
 
 
 def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, part: str = "", switch=None,
                where: str = "LoraBindLoRA"):
     """(a clone of ``model`` with the LoRA's deltas as ComfyUI patches and its contract attached, UI lines)."""
-    check_stacking(prepared.deltas, comfy_bridge.patched_keys(model), lora_name, where)
+    check_stacking(prepared.deltas, comfy_patches.patched_keys(model), lora_name, where)
     patched = model.clone()
+    if part in (PART_HIGH, PART_LOW):  # which expert it is, for a LoRA node after this one
+        patched.set_attachments(EXPERT_ATTACHMENT, part)
     computes = {key: partial(_patched_weight, patch) for key, patch in prepared.deltas.items()}
-    taken = comfy_bridge.add_weight_patches(patched, computes, strength, lora_name)
+    taken = comfy_patches.add_weight_patches(patched, computes, strength, lora_name)
     if taken != len(computes):  # our names come from this model's state dict: a difference is a bug to report
         raise LoraBindError(f"ComfyUI took {taken} of the {len(computes)} patches of {lora_name}")
     records = tuple(patched.get_attachment(CONTRACTS_ATTACHMENT) or ())
@@ -67,8 +83,13 @@ def apply_lora(model, prepared, lora_name: str, strength: float, enforce: bool, 
 
 
 def _one_lora_node(model, name: str, strength: float, lenient: bool, enforce: bool, where: str, input_name: str):
-    """What a single-LoRA node returns: the patched clone, and the accounting as its ``ui`` text."""
-    prepared = prepare_lora(model, name, strength, lenient, where, input_name)
+    """What a single-LoRA node returns: the patched clone, and the accounting as its ``ui`` text. A LoRA whose name
+    says the other expert than the MODEL is refused first, as the pair node refuses a swapped pair."""
+    comfy_bridge.require_comfyui(where)
+    family, expert = _which_expert(model, where)
+    if expert is not None:
+        check_lora_expert(family, name, where, input_name, expert)
+    prepared = prepare_lora(model, name, strength, lenient, where, input_name, expert=expert is not None)
     patched, lines = apply_lora(model, prepared, name, strength, enforce, where=where)
     return {"ui": {"text": lines, "lorabind_accounting": [prepared.report]}, "result": (patched,)}
 
@@ -80,12 +101,24 @@ def _patched_weight(patch, weight, strength):
 def _set_contracts(model, records: tuple) -> None:
     model.set_attachments(CONTRACTS_ATTACHMENT, records)
     if records:
-        comfy_bridge.add_sample_check(model, CHECK_WRAPPER_KEY, partial(_check_sampler, records))
+        logged = set()  # each override once per model, not once per step
+        comfy_guidance.add_sample_check(model, CHECK_WRAPPER_KEY, partial(_check_run, records, logged),
+                                        partial(_check_step, records, logged))
 
 
-def _check_sampler(records, sigmas, cfg, host_options=None) -> None:
-    for line in check_sampling(records, sigmas, cfg, host_options):
-        print(f"[lorabind] {line}")  # an override is recorded in ComfyUI's log, never silent
+def _check_run(records, logged: set, run) -> None:
+    _log_overrides(check_sampling(records, run), logged)
+
+
+def _check_step(records, logged: set, guidance, sigma=None) -> None:
+    _log_overrides(check_step(records, guidance, sigma), logged)
+
+
+def _log_overrides(lines, logged: set) -> None:
+    for line in lines:
+        if line not in logged:
+            logged.add(line)
+            print(f"[lorabind] {line}")  # an override is recorded in ComfyUI's log, never silent
 
 
 def _sigmas(values):
@@ -95,6 +128,8 @@ def _sigmas(values):
 
 
 class LoraBindLoRA:
+    SEARCH_ALIASES = ["lora on comfyui model"]  # beside ComfyUI's own LoraLoaderModelOnly, not above it
+    COMFYUI_ONLY = True  # it works on ComfyUI's own MODEL: `lorabind serve`'s editor does not offer it
     DESCRIPTION = (
         "Apply a LoRA to ComfyUI's own MODEL with lorabind's engine: every layout and adapter kind, every file "
         "tensor accounted for (an unmatched key is an error unless 'lenient'), applied as ComfyUI patches on a "
@@ -123,6 +158,8 @@ class LoraBindLoRA:
 
 
 class LoraBindLoRAPair:
+    SEARCH_ALIASES = ["lora pair on comfyui models"]
+    COMFYUI_ONLY = True
     DESCRIPTION = (
         "A Wan2.2 high-noise / low-noise LoRA pair on ComfyUI's two expert MODELs. Swapped files are refused by "
         "name. Also out: the pair's contract sigmas split at the expert boundary and the switch step, for "
@@ -158,10 +195,10 @@ class LoraBindLoRAPair:
              lenient=False, enforce_contract=True):
         where = "LoraBindLoRAPair"
         comfy_bridge.require_comfyui(where)
-        family = host_family(comfy_bridge.model_shapes(model_high), f"{where} model_high")
+        family = host_family(comfy_patches.model_shapes(model_high), f"{where} model_high")
         check_expert_pair(family, lora_high, lora_low, where)  # by name, before any file is read
-        high = prepare_lora(model_high, lora_high, strength_high, lenient, where, "lora_high")
-        low = prepare_lora(model_low, lora_low, strength_low, lenient, where, "lora_low")
+        high = prepare_lora(model_high, lora_high, strength_high, lenient, where, "lora_high", expert=True)
+        low = prepare_lora(model_low, lora_low, strength_low, lenient, where, "lora_low", expert=True)
         contract = high.contract or low.contract
         table = sigma_table(contract) if contract is not None else None
         switch = switch_step(table, boundary) if table else 0
@@ -193,6 +230,7 @@ class LoraBindLoRAPair:
 
 
 class LoraBindPEFTAdapter:
+    COMFYUI_ONLY = True
     DESCRIPTION = (
         "Apply a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to ComfyUI's own MODEL with "
         "PEFT's scale rules: lora_alpha/r, or lora_alpha/sqrt(r) with use_rslora, and per-module rank_pattern / "
@@ -229,6 +267,7 @@ class LoraBindPEFTAdapter:
 
 
 class LoraBindContractSigmas:
+    COMFYUI_ONLY = True
     DESCRIPTION = ("The sampling contract's sigma table of the LoRAs on a MODEL (from LoraBindLoRA / "
                    "LoraBindLoRAPair), as SIGMAS for SamplerCustomAdvanced.")
     CATEGORY = CATEGORY

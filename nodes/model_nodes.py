@@ -10,7 +10,7 @@ from ..usecases.verbs import (
     list_models,
     load_model,
     load_repository_model,
-    model_index_stat,
+    model_version,
     repository_files_stat,
     resolve_model,
 )
@@ -103,16 +103,17 @@ class LoraBindModelLoader:
 
     @classmethod
     def IS_CHANGED(cls, model_name, dtype, **_options):
-        """Re-run when the folder is rebuilt: the model_index.json mtime (missing folder: the name itself). The
-        value is embedded with the prompt in outputs, so it names the folder by its relative name, never by path."""
+        """Re-run when any file of the folder changes (``model_version``: rebuilt, replaced, rewritten in place;
+        missing folder: the name itself). The value is embedded with the prompt in outputs, so it names the folder
+        by its relative name, never by path."""
         try:
-            stat = model_index_stat(folder_paths(), model_name)
+            version = model_version(folder_paths(), model_name)
         except ValueError:
-            stat = None
-        if stat is None:
+            version = None
+        if version is None:
             files = repository_files_stat(folder_paths(), model_name)
             return f"{model_name}:{files or 'missing'}:{dtype}"
-        return f"{model_name}:{stat.st_size}:{stat.st_mtime_ns}:{dtype}"
+        return f"{model_name}:{version}:{dtype}"
 
     def load(self, model_name, dtype="auto", device="auto", memory="auto", attention="native", compile=False,
              max_cached_adapters=0):

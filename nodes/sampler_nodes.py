@@ -17,7 +17,7 @@ from ..usecases.vocabulary import (
     SOCKET_SIGMAS,
     SampleOptions,
 )
-from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted
+from .comfy_bridge import ProgressBar, WorkProgress, check_interrupted, step_preview
 
 
 def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
@@ -39,10 +39,24 @@ def _report_lines(report: dict, schedule_lines: tuple) -> list[str]:
         lines.append(f"memory={placed['memory']} on {placed['device']}"
                      f"{' (tiled VAE decode)' if placed['vae_tiling'] else ''}; {where}; "
                      f"{placed['swaps']} expert swaps, {placed['upload_seconds']:g} s uploading")
+    if report.get("batching"):  # served with --max-batch above 1
+        lines.append(_batching_line(report["batching"]))
     lines += [f"tensor parallel: {split['component']} holds {split['bytes_per_rank'] / 2**20:.2f} MiB of the "
               f"{split['bytes_whole'] / 2**20:.2f} MiB of its {split['split_parameters']} split parameters on each "
               f"rank" for split in report.get("tensor_parallel", ())]
     return lines
+
+
+def _batching_line(batching: dict) -> str:
+    """How the run shared the step engine's forwards with other prompts."""
+    parts = [f"batched: {batching['forwards']} forwards, in batches of up to {batching['largest_batch']}"]
+    if batching["row_applied"]:
+        parts.append(f"on its own rows: {', '.join(batching['row_applied'])}")
+    if batching["fused_for_batch"]:
+        parts.append(f"fused for its whole batch: {', '.join(batching['fused_for_batch'])}")
+    if batching["alone"]:
+        parts.append(f"alone: {batching['alone']}")
+    return "; ".join(parts)
 
 
 def _schedule_lines(report: dict, enforced: bool) -> tuple[str, list[str]]:
@@ -132,7 +146,8 @@ class LoraBindSampler:
                 "steps": ("INT", {"default": 4, "min": 0, "max": MAX_STEPS,
                                   "tooltip": "Denoiser evaluations (a schedule has steps + 1 sigma points); 0 = the "
                                              "step count the connected contract declares (refused without one)."}),
-                "cfg": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                # 4 steps at cfg 1 (and shift 5): a distill contract's pair (issue 57: cfg 5 with 4 steps was none)
+                "cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
                                   "tooltip": "Classifier-free guidance; 1.0 skips the negative pass (distilled)."}),
                 "shift": ("FLOAT", {"default": 5.0, "min": 0.0, "max": 100.0, "step": 0.1,
                                     "tooltip": "Flow-matching time shift of the sigma schedule."}),
@@ -168,11 +183,15 @@ class LoraBindSampler:
                                 start_step=start_step, end_step=end_step, denoise=denoise,
                                 add_noise=add_noise)
         bars: list = []  # the step bar starts with the first step, after binding
+        preview, previews = step_preview(model, latent), []  # None: no preview method, nothing computed
+
+        def keep_preview(done: int, total: int, denoised) -> None:
+            previews[:] = [preview(done, total, denoised)]
 
         def report_step(done: int, total: int) -> None:
             if not bars:
                 bars.append(ProgressBar(total))
-            bars[0].update_absolute(done, total=total)
+            bars[0].update_absolute(done, total=total, preview=previews.pop() if previews else None)
 
         # Binding (fusing / restoring LoRA layers: minutes on a 14B expert) is reported as work, not as steps:
         # clients read every step-progress message as a sampling step.
@@ -181,7 +200,8 @@ class LoraBindSampler:
                                           schedule=schedule, reuse=getattr(self, "_plan", None))
         samples, resolved, report = sample(
             model, positive, negative, latent, options, adapter=adapter, schedule=schedule, on_step=report_step,
-            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan)
+            on_bind=WorkProgress(_bind_label(model)).update, check_interrupt=check_interrupted, plan=plan,
+            on_latent=keep_preview if preview is not None else None)
         text = _report_lines(report, self._lines_of(plan, report, enforce_contract))
         return {"ui": {"lorabind_schedule": [report], "text": text},
                 "result": (samples, self._sigmas_output(resolved.stage_sigmas()))}

@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from .preview_options import PreviewOptions
+
 
 class InterruptedByUser(Exception):
     """Raised inside a node (or between nodes) when the user asked to stop the running prompt."""
@@ -23,6 +25,9 @@ class InterruptedByUser(Exception):
 
 ProgressCallback = Callable[[str, int, int, Optional[dict]], None]
 """(node_id, value, max, extra) — called for every progress update of the running node (sampling steps)."""
+
+PreviewCallback = Callable[[str, int, int, bytes], None]
+"""(node_id, value, max, JPEG bytes) — a live preview of the running sampler's step ``value`` of ``max``."""
 
 WorkCallback = Callable[[str, str, int, int], None]
 """(node_id, label, value, max) — progress of other work inside a node (fusing LoRA layers). Kept apart from
@@ -36,10 +41,16 @@ class ExecutionContext:
     interrupt_event: threading.Event = field(default_factory=threading.Event)
     on_progress: Optional[ProgressCallback] = None
     on_work: Optional[WorkCallback] = None
+    previews: Optional[PreviewOptions] = None  # None: the prompt asked for no previews, nothing is computed
+    on_preview: Optional[PreviewCallback] = None
 
     def report_progress(self, value: int, total: int, extra: Optional[dict] = None) -> None:
         if self.on_progress is not None:
             self.on_progress(self.node_id, int(value), int(total), extra)
+
+    def report_preview(self, value: int, total: int, image: bytes) -> None:
+        if self.on_preview is not None:
+            self.on_preview(self.node_id, int(value), int(total), image)
 
     def report_work(self, label: str, value: int, total: int) -> None:
         if self.on_work is not None:

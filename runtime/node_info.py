@@ -49,15 +49,21 @@ def node_info(class_type: str, cls, display_name: str | None = None, python_modu
         info["experimental"] = True
     if hasattr(cls, "API_NODE"):
         info["api_node"] = cls.API_NODE
+    if getattr(cls, "SEARCH_ALIASES", None):
+        info["search_aliases"] = list(cls.SEARCH_ALIASES)
     return info
 
 
 def object_info(node_classes: dict, display_names: dict | None = None, python_module: str | None = None) -> dict:
     """``{class_type: node_info}`` for every class; a class whose INPUT_TYPES raises is logged and skipped
-    (ComfyUI does the same so one broken node cannot take the whole endpoint down)."""
+    (ComfyUI does the same so one broken node cannot take the whole endpoint down). The ComfyUI-native nodes
+    (``COMFYUI_ONLY``) are not offered: they take ComfyUI's own MODEL, which nothing headless gives; they stay
+    registered, so a prompt naming one is refused by name ("needs ComfyUI")."""
     display_names = display_names or {}
     result = {}
     for class_type, cls in node_classes.items():
+        if getattr(cls, "COMFYUI_ONLY", False):  # needs ComfyUI's own MODEL: nothing here can feed it
+            continue
         try:
             result[class_type] = node_info(class_type, cls, display_names.get(class_type), python_module)
         except Exception:

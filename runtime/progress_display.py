@@ -8,8 +8,13 @@ stream is not a terminal, each node start is one line and progress is one line a
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
+
+from ..loaders.io.atomic_files import write_atomically
+from .preview_options import PREVIEW_EVENT
 
 LINE_INTERVAL_S = 5.0
 
@@ -123,3 +128,20 @@ class _Lines:
 
     def close(self) -> None:
         pass
+
+
+class PreviewFolder:
+    """``run --preview DIR``: each live preview event's JPEG as ``DIR/node<ID>_step<K>of<N>.jpg`` (a rerun writes
+    the same names again), each written whole or not at all."""
+
+    def __init__(self, folder: str):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.written: list = []
+
+    def on_event(self, name: str, data: dict) -> None:
+        if name != PREVIEW_EVENT:
+            return
+        path = os.path.join(self.folder, f"node{data['node']}_step{data['value']}of{data['max']}.jpg")
+        write_atomically(path, lambda temp: Path(temp).write_bytes(data["image"]))
+        self.written.append(path)

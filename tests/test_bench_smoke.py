@@ -26,6 +26,7 @@ SUMMARY_KEYS = {
     "strength_change_real_size_vs_diffusers", "switch_real_size_vs_diffusers",
     "serving_batched_vs_serial", "serving_mixed_lora_vs_serial", "serving_first_step_s", "serving_step_s",
     "tp2_rank_peak_vs_one_process",
+    "previews_step_vs_plain", "preview_share_of_step",
 }
 
 
@@ -57,5 +58,6 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert {"cpu", "cores", "torch"} <= set(result["machine"]) and result["date"]
     assert set(result["serving"]) == {"serial_one", "batched_one", "serial_four", "batched_four"}
     assert all(setting["prompts"] == 4 for setting in result["serving"].values())
+    assert result["previews"]["previews_per_run"] == 4  # every step of the previewed runs was previewed
     summary_lines = [line for line in proc.stdout.splitlines() if line.split(":")[0] in SUMMARY_KEYS]
     assert len(summary_lines) == len(SUMMARY_KEYS)

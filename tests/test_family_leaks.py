@@ -286,8 +286,8 @@ def test_no_family_package_names_another_family():
 # the example templates' order
 
 def example_names(package_dir: Path = PACKAGE_DIR) -> frozenset:
-    """The served example templates: ``workflows/NAME.api.json``."""
-    return frozenset(path.name.removesuffix(".api.json") for path in (package_dir / "workflows").glob("*.api.json"))
+    """The served example templates: ``workflows/NAME.json``."""
+    return frozenset(path.name.removesuffix(".json") for path in (package_dir / "workflows").glob("*.json"))
 
 
 def example_name_leaks(package_dir: Path = PACKAGE_DIR) -> list:
@@ -302,7 +302,7 @@ def example_name_leaks(package_dir: Path = PACKAGE_DIR) -> list:
 
 def test_the_example_check_sees_an_example_named(tmp_path):
     write_tree(tmp_path, {
-        "workflows/alpha_demo.api.json": "{}", "workflows/alpha_demo.json": "{}",
+        "workflows/api/alpha_demo.api.json": "{}", "workflows/alpha_demo.json": "{}",
         "runtime/server/order.py": 'ORDER = ("alpha_demo", "other")\n',
         "loaders/families/alpha/examples.py": 'ORDER = ("alpha_demo",)\n'})
     assert example_name_leaks(tmp_path) == ["runtime/server/order.py:1: example template 'alpha_demo'"]

@@ -26,7 +26,7 @@ def _readme_example() -> str:
     return example
 
 
-def test_the_readme_example_runs_as_written(tiny_models_root, tmp_path, monkeypatch):
+def test_the_readme_example_runs_as_written(tiny_models_root, tmp_path, monkeypatch, capsys):
     from wan_i2v_helpers import example_input_dir
 
     (tmp_path / "models").symlink_to(tiny_models_root, target_is_directory=True)
@@ -40,6 +40,10 @@ def test_the_readme_example_runs_as_written(tiny_models_root, tmp_path, monkeypa
     assert [c["source"] for c in video.schedule["contracts"]] == [Path(F.WAN22_I2V_HIGH).name,
                                                                     Path(F.WAN22_I2V_LOW).name]
     assert (tmp_path / "output" / "i2v_lightx2v.webp").stat().st_size > 0
+    # issue 54: it said nothing when it worked; it prints what the README says it prints
+    printed = capsys.readouterr().out.strip()
+    said = re.search(r"It prints `(.*?)`", README.read_text(encoding="utf-8")).group(1)
+    assert printed == said == "wrote output/i2v_lightx2v.webp: 5 frames, 4 steps, shift 12.0"
 
 
 @pytest.fixture(scope="module")

@@ -73,3 +73,15 @@ def test_the_license_is_declared_and_the_license_file_is_that_license(entry):
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert re.match(r"\s*Apache License\s+Version 2\.0, January 2004", text)
     assert "END OF TERMS AND CONDITIONS" in text
+
+
+def test_the_readme_says_how_to_install_from_comfyui_manager_and_comfy_cli_by_the_registry_node_id():
+    """Issue 54: the README named only the git clone; ComfyUI users install from the Manager or comfy-cli, by the
+    registry's node id (the project name)."""
+    node_id = registry_view(ROOT / "pyproject.toml")["name"]
+    for page in (ROOT / "README.md", ROOT / "docs" / "comfyui" / "installing.md"):
+        text = " ".join(page.read_text(encoding="utf-8").split())
+        assert f"`comfy node install {node_id}`" in text and "ComfyUI-Manager" in text, page
+        assert f"search for `{node_id}`" in text and f"node id `{node_id}`" in text, page
+        # the clone command stays as it was
+        assert "cd ComfyUI/custom_nodes && git clone <this repository> lorabind && pip install -r " in text

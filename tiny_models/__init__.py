@@ -41,6 +41,11 @@ BUILTIN_MODELS: dict[str, Callable[[Path], Path]] = {
     name: BUILDERS[name] for name in RECIPES if BUILDERS[name] not in _SHARED_BUILDERS}
 
 
+def fixture_lora_names() -> tuple:
+    """Every fixture LoRA's name (``lorabind-tiny/<published name>``): each carries a distill LoRA's published name."""
+    return tuple(lora_fixtures.FIXTURE_NAMES) + tuple(minimax_h3.FIXTURE_NAMES)
+
+
 def unavailable_builtins() -> dict[str, str]:
     """{name: why} for built-ins whose family needs newer libraries than the installed ones."""
     unmet = {name: compat.unmet_requirements(family) for name, family in BUILTIN_FAMILIES.items()}
@@ -58,8 +63,9 @@ def build_builtin(name: str, models_root) -> Path:
     return diffusers_dir(models_root) / name
 
 
-def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
-    """Run each named recipe's builder once (a shared builder writes all its folders); the folders written."""
+def _build_recipes(names: Iterable[str], models_root: Path, force: bool = False) -> list[Path]:
+    """Run each named recipe's builder once (a shared builder writes all its folders) unless every folder it
+    writes is current (``needs_build``) and ``force`` is off; the folders written."""
     written: list[Path] = []
     done = set()
     for name in dict.fromkeys(names):
@@ -67,40 +73,55 @@ def _build_recipes(names: Iterable[str], models_root: Path) -> list[Path]:
         if builder in done:
             continue
         done.add(builder)
+        folders = [other for other, b in BUILDERS.items() if b is builder]
+        if not force and not any(needs_build(diffusers_dir(models_root) / folder) for folder in folders):
+            continue
         compat.require(RECIPES[name].requirements_id, f"the built-in {name}")
         result = builder(models_root)
         written += [Path(p) for p in result] if isinstance(result, (list, tuple)) else [Path(result)]
     return written
 
 
-def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None) -> list[Path]:
-    """(Re)build built-in models and return every path written.
+def build_tiny(models_root, names: Optional[Iterable[str]] = None, input_dir=None, force: bool = False) -> list[Path]:
+    """Build the built-in models that are missing or stale and return every path written; ``force`` rebuilds
+    what is current too. Why skip: everything is deterministic, so a current folder would be rewritten with the
+    same bytes, and ``lorabind models build-tiny`` on a set-up machine took a minute to change nothing.
 
     ``names=None`` builds every model the installed libraries support (``unavailable_builtins`` names what is
     skipped and why): the models above, the MiniMax-H3 models, the fixture LoRAs (files with the real
     published names under ``loras/lorabind-tiny/``, synthetic weights sized for the tiny models), the tiny
     single files in ComfyUI's folders (``single_files``) and, with ``input_dir``, the example start/end images
-    under ``<input_dir>/lorabind-tiny/``.
+    under ``<input_dir>/lorabind-tiny/``. The LoRAs and single files are written again when a model they are
+    made from was rebuilt or one of them is missing.
     With ``names``, only those models (unknown names raise ``KeyError`` listing the known ones; a model whose
     family needs newer libraries raises ``ModelLoadError`` naming the versions).
     """
     models_root = Path(models_root)
     if names is None:
         skipped = unavailable_builtins()
-        written = _build_recipes([name for name in BUILTIN_NAMES if name not in skipped], models_root)
+        written = _build_recipes([name for name in BUILTIN_NAMES if name not in skipped], models_root, force)
+        rebuilt = force or bool(written)
         # written even when the MiniMax-H3 models cannot be built here (they need only torch): the examples
         # then pass validation and the model loader refuses them naming the diffusers version needed, instead
         # of ComfyUI answering "Value not in list" for the LoRA
-        written += [Path(p) for p in minimax_h3.write_minimax_fixture_loras(models_root)]
-        written += [Path(p) for p in lora_fixtures.write_fixture_loras(models_root)]
-        written += single_files.write_tiny_single_files(models_root)
+        for names_of, write in ((minimax_h3.FIXTURE_NAMES, minimax_h3.write_minimax_fixture_loras),
+                                (lora_fixtures.FIXTURE_NAMES, lora_fixtures.write_fixture_loras)):
+            if rebuilt or _any_missing(models_root / "loras", names_of):
+                written += [Path(p) for p in write(models_root)]
+        singles = single_files.tiny_file_names()
+        if rebuilt or any(_any_missing(models_root / kind, names_of) for kind, names_of in singles.items()):
+            written += single_files.write_tiny_single_files(models_root)
         if input_dir is not None:
             written += write_input_images(input_dir)
         return written
     unknown = sorted(set(names) - set(BUILTIN_NAMES))
     if unknown:
         raise KeyError(f"unknown built-in model(s) {unknown}; known: {sorted(BUILTIN_NAMES)}")
-    return _build_recipes(names, models_root)
+    return _build_recipes(names, models_root, force)
+
+
+def _any_missing(folder: Path, names) -> bool:
+    return any(not (folder / name).exists() for name in names)
 
 
 def _strings_in(value) -> Iterable[str]:
@@ -139,8 +160,9 @@ def ensure_builtin_models(prompt: dict, models_root, input_dir=None,
         if isinstance(node, dict):
             named.update(s.strip().replace("\\", "/").rstrip("/") for s in _strings_in(node.get("inputs", {})))
     root = diffusers_dir(models_root)
-    models = [name for name in BUILTIN_NAMES if name in named and needs_build(root / name)]
     loras = _missing_fixtures(named, models_root)
+    sources = {lora_fixtures.FIXTURE_SOURCES[name] for name in loras if name in lora_fixtures.FIXTURE_SOURCES}
+    models = [name for name in BUILTIN_NAMES if (name in named or name in sources) and needs_build(root / name)]
     if announce is not None and (models or loras):
         what = [f"tiny model{'s' if len(models) > 1 else ''} {', '.join(models)}"] if models else []
         what += [f"{len(loras)} fixture LoRA{'s' if len(loras) > 1 else ''}"] if loras else []

@@ -53,7 +53,8 @@ def _control_clip() -> bytes:
 
 
 def write_input_images(input_dir) -> list:
-    """Write ``lorabind-tiny/start.png``, ``end.png`` and ``control.png`` under ``input_dir``; return the paths."""
+    """Write ``lorabind-tiny/start.png``, ``end.png`` and ``control.png`` under ``input_dir`` where they are
+    missing or differ; return the paths written (a file already holding the same bytes is left alone)."""
     written = []
     for name, data in ((START_IMAGE, _picture(_START_CENTRE)), (END_IMAGE, _picture(_END_CENTRE)),
                        (CONTROL_VIDEO, _control_clip())):
@@ -61,7 +62,7 @@ def write_input_images(input_dir) -> list:
         path.parent.mkdir(parents=True, exist_ok=True)
         if not (path.is_file() and path.read_bytes() == data):
             write_atomically(str(path), lambda temp_path, data=data: Path(temp_path).write_bytes(data))
-        written.append(path)
+            written.append(path)
     return written
 
 

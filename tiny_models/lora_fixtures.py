@@ -36,6 +36,11 @@ PEFT_FOLDER = f"{FIXTURE_LORA_FOLDER}/tiny-wan21-style-peft"  # a user-trained P
 FIXTURE_NAMES = (WAN22_HIGH, WAN22_LOW, WAN21_DISTILL, QWEN_LIGHTNING, PEFT_FOLDER, WAN22_I2V_HIGH, WAN22_I2V_LOW,
                  WAN21_I2V_DISTILL, QWEN_EDIT_LIGHTNING)
 
+# The tiny model each fixture takes its shapes from: a prompt naming the fixture alone (the VACE example names the
+# Wan2.1 T2V LoRA, not tiny-wan21-t2v) gets that model built first, or no fixture could be written.
+FIXTURE_SOURCES = {WAN22_HIGH: WAN22_NAME, WAN22_LOW: WAN22_NAME, WAN21_DISTILL: WAN21_NAME, PEFT_FOLDER: WAN21_NAME,
+                   WAN22_I2V_HIGH: WAN22_I2V_NAME, WAN22_I2V_LOW: WAN22_I2V_NAME, WAN21_I2V_DISTILL: WAN21_I2V_NAME,
+                   QWEN_LIGHTNING: QWEN_IMAGE_NAME, QWEN_EDIT_LIGHTNING: EDIT_PLUS_NAME}
 FIXTURE_RANK = 4
 FIXTURE_ALPHA = 0.5  # 0.5 / 4 = 0.125 = the published 8 / 64
 PEFT_RANK = 4

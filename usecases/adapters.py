@@ -70,6 +70,7 @@ def prepare_fuse(model_handle, name: str, path: str, strength: float, component:
     """One validated fuse: (FuseSpec, accounting report, declared contract or None, UI text lines). The family
     refuses a file made for another model kind or slot first (``check_artifact``), before any key is read."""
     schedule = parse_strength_schedule(strength_schedule, where)
+    _check_not_fused_yet(model_handle, name, path, strength, component, where)
     family = families.family_for(model_handle.model)
     family.contracts.check_artifact(model_handle.model, os.path.basename(name), component)
     prepared = prepare_lora(path, model_handle.model, component, family, guess_family=families.guess_family,
@@ -80,6 +81,27 @@ def prepare_fuse(model_handle, name: str, path: str, strength: float, component:
                     strength_schedule=schedule)
     return spec, report, contract, [accounting_text(report) + f" at strength {strength:g}", *schedule_text(schedule),
                                     *contract_text(contract)]
+
+
+def _check_not_fused_yet(model_handle, name: str, path: str, strength: float, component: str, where: str) -> None:
+    """Refuse a file the handle already fuses into the same component: the two fuses would add up (strength a +
+    b) on the same weights, which no one means (the guide's distill command fused Lightning twice, silently).
+    The same file into the other expert of a pair is a different binding and allowed."""
+    for fused in model_handle.fuses:
+        if fused.component == component and _same_file(fused.path, path):
+            raise LoraBindError(
+                f"{where}: {name} is fused into {component} of {model_handle.model.name} already (as "
+                f"{fused.name or os.path.basename(fused.path)} at strength {fused.strength:g}); a second fuse of the "
+                f"same file would add to it (strength {fused.strength:g} + {float(strength):g}). Remove one of them, "
+                "or give the one fuse the strength you want")
+
+
+def _same_file(first: str, second: str) -> bool:
+    """One file under two names (links resolved, hard links included); False when either cannot be read."""
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return os.path.realpath(first) == os.path.realpath(second)
 
 
 def attach_fuse(model_handle, name: str, path: str, strength: float, component: Optional[str] = None, *,

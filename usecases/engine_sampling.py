@@ -14,20 +14,25 @@ from typing import Callable, Optional
 from ..loaders.batching.bindings import Binding
 from ..loaders.binding.bind import prepared_targets
 from ..loaders.dispatch import generation_steps as generation
+from . import host
 
 
 def denoise_in_engine(engine, model, positive, negative, latent, resolved, seed: int, strengths, *,
-                      on_step: Optional[Callable] = None, on_bind: Optional[Callable] = None,
-                      check_interrupt: Optional[Callable] = None) -> tuple:
+                      on_step: Optional[Callable] = None, on_latent: Optional[Callable] = None,
+                      on_bind: Optional[Callable] = None, check_interrupt: Optional[Callable] = None) -> tuple:
     """(samples, bind report, batching dict) of one sampler run whose forwards go through ``engine``."""
     fuses, adapters = strengths.specs_at(resolved.start_step)
     binding = Binding.bound(fuses, adapters, exclusive=strengths.scheduled)
     for spec in binding.keys.values():
         prepared_targets(model.model, spec)  # read, mapped, accounted: the bind's own checks, before any batch
-    with engine.denoising(model.model, binding, check_interrupt=check_interrupt, on_bind=on_bind) as request:
+    context = host.current_context()  # the prompt and node this sampler runs for: the request's name on every rank
+    key = (context.prompt_id, context.node_id) if context is not None else None
+    interrupt = context.interrupt_event if context is not None else None
+    with engine.denoising(model.model, binding, key=key, check_interrupt=check_interrupt, on_bind=on_bind,
+                          interrupt=interrupt) as request:
         if strengths.scheduled:
             on_step = strengths.after_each_step(resolved.start_step, on_step, lambda step: request.rebind(
                 Binding.bound(*strengths.specs_at(step), exclusive=True)))
         samples = generation.denoise(model.model, positive, negative, latent, resolved, seed, on_step=on_step,
-                                     check_interrupt=check_interrupt)
+                                     on_latent=on_latent, check_interrupt=check_interrupt)
     return samples, request.bind_report, request.batching.to_dict(engine.max_batch)

@@ -19,6 +19,7 @@ exactly what that call gives alone). Two threads never write the shared model's 
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ import torch
 from PIL import Image
 
 from ..loaders.batching.engine import StepEngine, used
+from ..loaders.contract_types import MAX_STEPS, MIN_SHIFT
+from ..loaders.families import family_for
 from ..loaders.io.image_files import load_image_file
 from .verbs import (
     attach_adapter,
@@ -80,12 +83,15 @@ class Generation:
 class Generator:
     """A loaded model, the LoRAs bound to it, and ``generate``. ``model``: a diffusers model folder;
     ``Generator.from_files`` takes ComfyUI's single files. ``load_options`` are the model loader's (``device``,
-    ``dtype``, ``memory``, ``attention``)."""
+    ``dtype``, ``memory``, ``attention``, ``load_workers``); ``num_weight_load_threads`` is vllm-omni's name of
+    ``load_workers`` (the weight files read at once)."""
 
-    def __init__(self, model=None, *, max_batch: Optional[int] = None, _handle=None, _adapter=None, _declared=(),
-                 **load_options):
+    def __init__(self, model=None, *, max_batch: Optional[int] = None, num_weight_load_threads: Optional[int] = None,
+                 _handle=None, _adapter=None, _declared=(), **load_options):
         if max_batch is not None:
             _calls_engine(max_batch)
+        if num_weight_load_threads is not None:
+            load_options["load_workers"] = _load_threads(num_weight_load_threads, load_options.get("load_workers"))
         if _handle is None:
             if model is None or not Path(model).is_dir():
                 raise FileNotFoundError(f"{WHERE}: {model!r} is not a diffusers model folder (a folder with a "
@@ -133,15 +139,21 @@ class Generator:
     def _with(self, handle, adapter, contracts) -> "Generator":
         return Generator(_handle=handle, _adapter=adapter, _declared=(*self.declared, *filter(None, contracts)))
 
-    def generate(self, prompt: str, *, steps: int = 0, guidance_scale: Optional[float] = None,
+    def generate(self, prompt: str, *, steps: Optional[int] = None, guidance_scale: Optional[float] = None,
                  flow_shift: Optional[float] = None, boundary_ratio: Optional[float] = None,
                  guidance_scale_low: Optional[float] = None, negative_prompt: str = "", height: int = 480,
                  width: int = 832, num_frames: int = 1, image=None, end_image=None, seed: int = 0,
                  scheduler: str = "euler", enforce_contract: bool = True) -> Generation:
-        """Sample and decode. ``steps`` 0, ``guidance_scale`` / ``flow_shift`` None: what the bound files declare
-        (else 5 and 5, the sampler node's defaults). ``image`` (a path, a PIL image or a ComfyUI IMAGE) makes it
-        image-to-video. A request the contracts refuse raises ``ContractError`` naming the file and the field,
-        before any weight changes."""
+        """Sample and decode. ``steps`` None: what the bound files declare, else the family's reference step count
+        (50); 0: what they declare (refused when nothing does). ``guidance_scale`` / ``flow_shift`` None: what they
+        declare, else 5 and 5 (the sampler node's defaults). ``image`` (a path, a PIL image or a ComfyUI IMAGE)
+        makes it image-to-video. A request the contracts refuse raises ``ContractError`` naming the file and the
+        field, before any weight changes; a value no sampler takes (NaN, a negative shift, 10**6 steps) raises
+        ``ValueError`` naming the argument."""
+        _check_numbers(steps=steps, guidance_scale=guidance_scale, guidance_scale_low=guidance_scale_low,
+                       flow_shift=flow_shift, boundary_ratio=boundary_ratio)
+        if steps is None:
+            steps = 0 if self._declares_steps() else family_for(self.handle).sampling.reference_steps
         engine = _calls_engine()
         with used(engine), engine.device.held():  # encode/decode in turn; the denoise gives the turn up
             loaded = self.handle.model
@@ -158,11 +170,47 @@ class Generator:
                                         latent, options, adapter=self.adapter)
             return Generation(_pil_frames(decode(loaded, samples)), report)
 
+    def _declares_steps(self) -> bool:
+        """Whether a bound file or the checkpoint declares a step count (what ``steps=0`` then takes)."""
+        return any(c.get("steps") is not None for c in self.declared) or any(
+            c.steps is not None or c.sigmas is not None for c in self.handle.contracts)
+
     def _declared_or(self, name: str, given: Optional[float], default: float) -> float:
         """``given``, else the first value a bound file declares for ``name``, else ``default``."""
         if given is not None:
             return float(given)
         return float(next((c[name] for c in self.declared if c.get(name) is not None), default))
+
+
+# generate's numeric arguments -> (smallest, largest) value a sampler takes (None: unbounded); the steps bound is
+# the sampler node's (MAX_STEPS: a 10**6-step request would only build a million-point schedule first)
+_BOUNDS = {"steps": (0, MAX_STEPS), "guidance_scale": (0.0, None), "guidance_scale_low": (0.0, None),
+           "flow_shift": (MIN_SHIFT, None), "boundary_ratio": (0.0, 1.0)}
+
+
+def _check_numbers(**values) -> None:
+    """Refuse, naming the argument, a value the sampler cannot take: not a number (NaN, infinite, a bool, a
+    fractional step count) or outside ``_BOUNDS``. None is "not given"."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        low, high = _BOUNDS[name]
+        whole = name != "steps" or (isinstance(value, int) and not isinstance(value, bool))
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not (whole and number and value >= low and (high is None or value <= high)):
+            span = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+            kind = "a whole number" if name == "steps" else "a finite number"
+            raise ValueError(f"{WHERE}.generate: {name} must be {kind} {span}, got {value!r}")
+
+
+def _load_threads(threads, load_workers) -> int:
+    """vllm-omni's ``num_weight_load_threads`` as our ``load_workers``; the two must agree when both are given."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{WHERE}: num_weight_load_threads must be a whole number of at least 1, got {threads!r}")
+    if load_workers is not None and load_workers != threads:
+        raise ValueError(f"{WHERE}: num_weight_load_threads={threads} and load_workers={load_workers} contradict "
+                         "each other (they are the same setting)")
+    return threads
 
 
 _engine: Optional[StepEngine] = None

@@ -1,27 +1,26 @@
 """LoRAs and contracts on a host's own model (ComfyUI's ``MODEL``), for the ComfyUI-native nodes.
 
 Why a use-case module: which denoiser a file's keys fit, the key accounting, the declared contract, the expert
-slot check and "is this sampling run what the contract says" are the same rules our own model path applies; a
-host model differs only in that the host's patcher writes the weights and the host's sampler runs the steps. So
-the nodes hand over what the host model exposes (state-dict names and shapes, the sigmas and cfg a sampler is
-about to use) and get back deltas under the host's names, contract records and refusals in our words.
+slot check are the same rules our own model path applies; a host model differs only in that the host's patcher
+writes the weights. So the nodes hand over what the host model exposes (state-dict names and shapes, what says
+which expert it is) and get back deltas under the host's names, contract records and refusals in our words. The
+sampler run's check is ``host_sampling``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..loaders import families
-from ..loaders.contracts.schedule_rules import contract_value, describe_artifact, sigma_table  # noqa: F401  (API)
-from ..loaders.contracts.sigmas import sigmas_close, slice_offset, switch_step  # noqa: F401  (API)
+from ..loaders.contracts.schedule_rules import sigma_table  # noqa: F401  (API)
+from ..loaders.contracts.sigmas import switch_step  # noqa: F401  (API)
 from ..loaders.dispatch.contract_discovery import contract_to_dict, discover_contract
-from ..loaders.errors import ContractError, LoraBindError
+from ..loaders.errors import ComponentUnnamedError, KeyMatchError, LoraBindError
 from ..loaders.families.roles import ROLE_HIGH_NOISE, ROLE_LOW_NOISE
 from ..loaders.models.native_targets import host_deltas, native_denoiser, prepare_native
 from .adapters import accounting_text, contract_text
 
-CFG_TOLERANCE = 1e-6
 PART_ALL, PART_HIGH, PART_LOW, PART_ANY = "all", "high", "low", "any contiguous part"
 
 
@@ -52,11 +51,12 @@ class HostLora:
 
 
 def prepare_host_lora(shapes: dict, model_name: str, lora_name: str, path: str, strength: float, *,
-                      lenient: bool, where: str, dtypes: Optional[dict] = None) -> HostLora:
+                      lenient: bool, where: str, dtypes: Optional[dict] = None, expert: bool = False) -> HostLora:
     """Read, map and account the LoRA for the host denoiser described by ``shapes`` ({state-dict key: shape}) and
     ``dtypes`` ({state-dict key: dtype name}, what the host stores: patched values are rounded to them as our
-    fuse rounds, so the host's own rounding changes nothing)."""
-    denoiser = native_denoiser(shapes, model_name, dtypes)
+    fuse rounds, so the host's own rounding changes nothing). ``expert``: the host model is known to be one expert
+    of a two-expert model (``host_expert``, a pair node), which its messages then say."""
+    denoiser = native_denoiser(shapes, model_name, dtypes, expert=expert)
     prepared = prepare_native(path, denoiser, name=lora_name, lenient=lenient, where=where)
     report = prepared.report()
     contract = discover_contract(path, lora_name, family=denoiser.family_object, lora=prepared.lora,
@@ -119,95 +119,55 @@ def host_patched_value(original, patch, strength: float):
     return patch.value(original, strength)
 
 
+def _expert_index(family_id: str) -> tuple:
+    """(the family, an index with every component set, {role: component}) for the expert checks."""
+    family = families.family_by_id(family_id)
+    index = {component: ["library", "Class"] for component in family.layout.index_roles}
+    return family, index, {role: component for component, role in family.layout.component_roles(index).items()}
+
+
+def host_expert(family_id: str, *, model_part: str = "", model_file: str = "") -> Optional[tuple]:
+    """``(PART_HIGH or PART_LOW, how we know)`` of a host MODEL that says which expert it is: the part an earlier
+    pair node gave it (``model_part``) or the name of the file it was loaded from (``model_file``, e.g.
+    ``wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors``); None when nothing says, or the family has no experts."""
+    family, index, roles = _expert_index(family_id)
+    if ROLE_HIGH_NOISE not in roles:
+        return None
+    if model_part in (PART_HIGH, PART_LOW):
+        return model_part, f"an earlier LoraBindLoRAPair made it the {model_part}-noise expert"
+    if not model_file:
+        return None
+    try:
+        component = family.layout.component_for_file(index, model_file, strict=True)
+    except ComponentUnnamedError:  # the file's name does not say which expert
+        return None
+    part = PART_HIGH if component == roles[ROLE_HIGH_NOISE] else PART_LOW
+    return part, f"its file {model_file} says so"
+
+
+def check_lora_expert(family_id: str, lora_name: str, where: str, input_name: str, expert: tuple) -> None:
+    """Refuse a LoRA whose name says the other expert than the host MODEL it goes on (``expert``, from
+    ``host_expert``), before the file is read: the pair node refuses a swapped pair by name, and a single node
+    given the other expert's file is the same mistake."""
+    family, index, roles = _expert_index(family_id)
+    part, evidence = expert
+    component = roles[ROLE_HIGH_NOISE if part == PART_HIGH else ROLE_LOW_NOISE]
+    slots = {roles[ROLE_HIGH_NOISE]: "the high-noise expert MODEL", roles[ROLE_LOW_NOISE]: "the low-noise expert MODEL"}
+    try:
+        family.layout.check_slots(index, [(component, lora_name, f"{where} {input_name}")], slot_names=slots)
+    except KeyMatchError as wrong:
+        raise KeyMatchError(f"{wrong} ({where} model is the {part}-noise expert: {evidence})") from None
+
+
 def check_expert_pair(family_id: str, high_name: str, low_name: str, where: str,
                       model_inputs: tuple = ("model_high", "model_low")) -> None:
     """Refuse a swapped pair by name, as our own pair node does (the family's slot check on a two-expert model),
     in the node's words: each expert is called by the node's model input (``model_inputs``, high then low) and
     each file by its LoRA input, never by the component names our own model path uses."""
-    family = families.family_by_id(family_id)
-    index = {component: ["library", "Class"] for component in family.layout.index_roles}
-    roles = {role: component for component, role in family.layout.component_roles(index).items()}
+    family, index, roles = _expert_index(family_id)
     if ROLE_HIGH_NOISE not in roles:
         return
     high_input, low_input = model_inputs
     family.layout.check_slots(index, [(roles[ROLE_HIGH_NOISE], high_name, f"{where} lora_high"),
                                       (roles[ROLE_LOW_NOISE], low_name, f"{where} lora_low")],
                               slot_names={roles[ROLE_HIGH_NOISE]: high_input, roles[ROLE_LOW_NOISE]: low_input})
-
-
-def expected_part(record: HostContract) -> Optional[tuple]:
-    """The sigmas a model carrying ``record`` must sample, None for "any contiguous part of the table"."""
-    table = sigma_table(record.contract)
-    if table is None or record.part == PART_ANY:
-        return None
-    if record.part == PART_HIGH:
-        return table[: record.switch_step + 1]
-    if record.part == PART_LOW:
-        return table[record.switch_step:]
-    return table
-
-
-def check_sampling(records: Sequence[HostContract], sigmas: Sequence[float], cfg: Optional[float],
-                   host_options: Optional[dict] = None) -> list:
-    """Check a host sampler's sigmas and cfg against every enforced contract before its first step: ContractError
-    naming the file and the field on a mismatch. ``host_options``: the host model's own sampling options
-    (ComfyUI's ``transformer_options``), for what a family's model reads there. Returns the lines for contracts
-    that were not enforced."""
-    skipped = []
-    for record in records:
-        problem = _mismatch(record, [float(s) for s in sigmas], cfg, dict(host_options or {}))
-        if problem is None:
-            continue
-        if not record.enforced:
-            skipped.append(f"{record.contract.source}: {problem} (not enforced: enforce_contract off)")
-            continue
-        raise ContractError(f"{describe_artifact(record.contract)}: {problem}. Set the sampler to the contract, or "
-                            f"turn enforce_contract off on the LoRA node to override it")
-    return skipped
-
-
-def _family_contracts(contract):
-    family = families.family_serving(contract.family) if contract.family else None
-    return None if family is None else family.contracts
-
-
-def _mismatch(record: HostContract, sigmas: list, cfg: Optional[float], host_options: dict) -> Optional[str]:
-    contract = record.contract
-    if contract.cfg is not None and cfg is not None and abs(float(cfg) - float(contract.cfg)) > CFG_TOLERANCE:
-        return f"cfg must be {contract.cfg:g}, the sampler uses cfg {float(cfg):g}"
-    family_contracts = _family_contracts(contract)
-    problem = _sigma_mismatch(record, sigmas)
-    if problem is not None:
-        better = family_contracts.explain_host_sigmas(contract, sigmas) if family_contracts else None
-        return better or problem
-    return family_contracts.host_sampling_problem(contract, sigmas, host_options) if family_contracts else None
-
-
-def _sigma_mismatch(record: HostContract, sigmas: list) -> Optional[str]:
-    contract = record.contract
-    table = sigma_table(contract)
-    if table is None:
-        return None
-    wanted = expected_part(record)
-    shown = _show(sigmas)
-    if wanted is not None:
-        if not sigmas_close(sigmas, wanted):
-            steps = contract_value(contract, "steps")
-            return (f"steps/sigmas: the {record.part}-noise part of its {steps}-step table is {_show(wanted)}, this "
-                    f"sampler runs {shown} ({len(sigmas) - 1} step(s) of another schedule)") if record.part != PART_ALL else (
-                f"steps/sigmas: it needs {steps} steps on {_show(wanted)}, the sampler runs {len(sigmas) - 1} "
-                f"steps on {shown}")
-        return None
-    if slice_offset(table, sigmas) is None:
-        return (f"steps/sigmas: the sampler runs {len(sigmas) - 1} steps on {shown}, which is no part of its "
-                f"{contract_value(contract, 'steps')}-step table {_show(table)}")
-    return None
-
-
-def _show(sigmas: Sequence[float]) -> str:
-    """A host sampler's sigmas in a message: all of a short list, the ends of a long one (ComfyUI allows 10,000
-    steps; a message must not carry them all)."""
-    if len(sigmas) <= 8:
-        return "[" + ", ".join(f"{s:.4f}" for s in sigmas) + "]"
-    ends = ", ".join(f"{s:.4f}" for s in sigmas[:4]) + ", ..., " + ", ".join(f"{s:.4f}" for s in sigmas[-2:])
-    return f"[{ends}] ({len(sigmas)} points)"

@@ -18,6 +18,7 @@ from ..loaders.errors import LoraBindError
 from ..loaders.families import detect_model_family
 from ..loaders.io.model_index import read_model_index
 from ..loaders.models.single_file.detect import detect
+from .file_sources import source_of
 from .models import builtin_file_names, builtin_model_names
 from .repository_models import describe as describe_repository_files
 from .repository_models import is_repository_id, repository_files
@@ -47,6 +48,7 @@ class FileCheck:
     searched: tuple  # the folders of that kind, in search order
     what: str = ""  # for a found file: family, variant, dtype, expert (or, when broken, why it cannot be read)
     broken: bool = False  # present, but its header says it is empty, truncated or not a file of its kind
+    elsewhere: tuple = ()  # for a missing file: the other folder kinds holding a file of that name
 
     def line(self) -> str:
         where = f"node {self.node_id} {self.input_name}: {self.kind}/{self.name}"
@@ -55,7 +57,9 @@ class FileCheck:
         if self.found:
             return f"found    {where}" + (f" — {self.what}" if self.what else "")
         why = f"{self.what}; " if self.what else ""
-        return f"MISSING  {where} — {why}searched {', '.join(self.searched) or '(no ' + self.kind + ' folder configured)'}"
+        searched = ", ".join(self.searched) or f"(no {self.kind} folder configured)"
+        elsewhere = "".join(f"found in {kind}/, move it to {self.kind}/; " for kind in self.elsewhere)
+        return f"MISSING  {where} — {why}{elsewhere}searched {searched}; source: {source_of(self.kind, self.name)}"
 
 
 def check_prompt_files(prompt: dict, registry) -> list[FileCheck]:
@@ -105,13 +109,27 @@ def _check(registry, node_id: str, input_name: str, kind: str, name: str) -> Fil
                          describe_repository_files(files) if files else
                          "a repository id: its published single files are not in the model folders")
     if path is None:
-        return FileCheck(node_id, input_name, kind, name, False, searched)
+        return FileCheck(node_id, input_name, kind, name, False, searched, elsewhere=_elsewhere(registry, kind, name))
     try:
         what = _describe(kind, path, name)
     except (LoraBindError, OSError, ValueError, KeyError) as exc:  # a 0-byte or cut-off download, another kind
         return FileCheck(node_id, input_name, kind, name, True, searched, f"not readable as a {kind} file: {exc}",
                          broken=True)
     return FileCheck(node_id, input_name, kind, name, True, searched, what)
+
+
+def _elsewhere(registry, kind: str, name: str) -> tuple:
+    """The other folder kinds (``checkpoints``, ``loras``...) holding a file of this name: a file put in the wrong
+    folder is the commonest "missing" file."""
+    kinds = getattr(registry, "folder_names_and_paths", None) or {}
+    found = []
+    for other in kinds:
+        try:
+            if other != kind and registry.get_full_path(other, name) is not None:
+                found.append(other)
+        except (ValueError, KeyError):
+            continue
+    return tuple(found)
 
 
 def _is_builtin(kind: str, name: str) -> bool:

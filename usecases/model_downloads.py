@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..loaders.io import json_limits
-from ..loaders.placement.choices import files_of, rank_choices
+from ..loaders.placement.choices import Machine, files_of, rank_choices
 from ..loaders.placement.published import known_sources, model_of, published_sources
+from ..loaders.placement.storages import decode_size
 from . import hub_files
 from .hub_files import DownloadError
 from .model_check import check_prompt_files
@@ -58,7 +59,9 @@ def model_files(model: str, *, weights=None, memory="auto", vram=None, ram=None,
                             "as wan2.2-t2v-a14b, its repository id such as Wan-AI/Wan2.2-T2V-A14B-Diffusers, or a "
                             "workflow .json)")
     if vram is not None or (device == "cpu" and ram is not None):
-        ranking = rank_choices(name, vram_gib=vram, ram_gib=ram, device=device, weights=weights, memory=memory)
+        decode, source = decode_size(name, None, None)  # as plan answers: the model's own size, its headroom kept
+        machine = Machine(device=device, vram_gib=vram, ram_gib=ram, decode=decode, decode_source=source)
+        ranking = rank_choices(name, machine, weights=weights, memory=memory)
         if not ranking.fitting:
             raise DownloadError(f"{name}: {ranking.detail.plan.reason}")
         best = ranking.fitting[0]

@@ -9,6 +9,7 @@ registry (ComfyUI's ``folder_paths`` or the runtime's), so nothing here knows wh
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 from stat import S_ISREG
@@ -17,6 +18,7 @@ from typing import Optional
 from ..loaders.binding.bind import set_adapter_cache_size
 from ..loaders.families import checkpoint_contracts
 from ..loaders.handles import ModelHandle
+from ..loaders.io.file_identity import model_folder_identity
 from ..loaders.models.single_file.pipelines import detect_set, load_single_files
 from ..loaders.models.store import load_model as load_folder
 from . import host
@@ -57,6 +59,13 @@ def ensure_builtin_files(names, models_root) -> list[str]:
     return factory.single_files.ensure_tiny_single_files(names, models_root) if factory is not None else []
 
 
+def ensure_builtins_for_prompt(prompt: dict, models_root, input_dir, announce) -> list[str]:
+    """Build the built-in tiny models, fixture LoRAs and example input images an API ``prompt`` names and that are
+    missing (the host's factory's ``ensure_builtin_models``: what ``lorabind run`` does first); the names built."""
+    factory = host.builtin_models()
+    return factory.ensure_builtin_models(prompt, models_root, input_dir, announce=announce) if factory else []
+
+
 def diffusers_roots(registry) -> list[Path]:
     return [Path(p) for p in registry.get_folder_paths(MODEL_FOLDER_KIND)]
 
@@ -77,12 +86,20 @@ def find_model(registry, model_name: str) -> Optional[Path]:
     return Path(found[0]) if found is not None else None
 
 
-def model_index_stat(registry, model_name: str) -> Optional[os.stat_result]:
-    """The ``os.stat`` of the ``model_index.json`` of the folder ``find_model`` finds (None when absent), in one
-    system call per root: the loader's IS_CHANGED asks it for every prompt, right after the sampler has flushed the
-    CPU caches, where each call is slow."""
+def model_version(registry, model_name: str) -> Optional[str]:
+    """A short digest of every file of the folder ``find_model`` finds and of its component folders
+    (``file_identity.model_folder_identity``: what the model store keys the loaded model by), None when absent.
+    The loader's IS_CHANGED asks it for every prompt, so a rebuilt folder, a replaced VAE or a weight rewritten in
+    place with its size reloads the model on the next prompt (issues 54 and 61). A few dozen ``stat`` calls for a
+    real folder; a digest, because the value is embedded in outputs and must not carry paths."""
     found = _model_index(registry, model_name)
-    return found[1] if found is not None else None
+    if found is None:
+        return None
+    try:
+        identity = model_folder_identity(found[0])
+    except OSError:
+        return None
+    return hashlib.sha256(repr(identity).encode()).hexdigest()[:16]
 
 
 def _model_index(registry, model_name: str) -> Optional[tuple]:

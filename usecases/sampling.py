@@ -177,9 +177,11 @@ def plan_sampling(model, positive, negative, latent, options: SampleOptions, *, 
 
 def sample(model, positive, negative, latent, options: SampleOptions, *, adapter=None, schedule=None,
            on_step: Optional[Callable[[int, int], None]] = None, on_bind: Optional[Callable] = None,
-           check_interrupt: Optional[Callable[[], None]] = None, plan: Optional[SamplingPlan] = None) -> tuple:
+           check_interrupt: Optional[Callable[[], None]] = None, plan: Optional[SamplingPlan] = None,
+           on_latent: Optional[Callable] = None) -> tuple:
     """(denoised latent, resolved schedule, report dict) for one sampler run of a model handle; ``plan``: one the
-    caller made or kept from its last run, reused when it still applies (``plan_sampling``)."""
+    caller made or kept from its last run, reused when it still applies (``plan_sampling``); ``on_latent``: each
+    step's clean-latent estimate, for a live preview (``generation_steps.denoise``)."""
     plan = plan_sampling(model, positive, negative, latent, options, adapter=adapter, schedule=schedule, reuse=plan)
     resolved = plan.resolved
     adapters = model.adapters + (adapter.adapters if adapter is not None else ())
@@ -188,16 +190,16 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     if engine is not None:  # served: the engine binds and batches this run's forwards with other requests'
         samples, bind_report, batching = denoise_in_engine(
             engine, model, positive, negative, latent, resolved, options.seed, strengths, on_step=on_step,
-            on_bind=on_bind, check_interrupt=check_interrupt)
+            on_latent=on_latent, on_bind=on_bind, check_interrupt=check_interrupt)
     else:
         bind_report = strengths.bind_step(model.model, resolved.start_step, check_interrupt=check_interrupt,
                                           on_progress=on_bind)
         if strengths.scheduled:  # between steps: the next step's strengths, through the same incremental bind
             on_step = strengths.rebinding_after_step(model.model, resolved.start_step, on_step,
                                                      check_interrupt=check_interrupt)
-        _check_ranks_bound_alike(model.model, adapters)
+        check_ranks_bound_alike(model.model, adapters)
         samples = generation.denoise(model.model, positive, negative, latent, resolved, options.seed,
-                                     on_step=on_step, check_interrupt=check_interrupt)
+                                     on_step=on_step, on_latent=on_latent, check_interrupt=check_interrupt)
     placement = model.model.placement
     warnings = [*family_for(model).sampling.run_warnings(model.model), *filter(None, [unsplit_note(resolved.cfg)])]
     report = {**plan.schedule_report, "warnings": warnings,
@@ -210,10 +212,11 @@ def sample(model, positive, negative, latent, options: SampleOptions, *, adapter
     return samples, resolved, report
 
 
-def _check_ranks_bound_alike(loaded, adapters) -> None:
+def check_ranks_bound_alike(loaded, adapters) -> None:
     """In a parallel job every rank has just bound the same patches, or the run stops naming the rank(s) that
     did not (``distributed.fingerprints``: made once per change of the binding, compared in one gather); nothing
-    to compare in a single process. Under tensor parallelism each rank holds other rows of the split weights by
+    to compare in a single process. Served, the step engine calls it after each batch's bind (a parallel job's
+    hosts pass it as the engine's ``after_bind``). Under tensor parallelism each rank holds other rows of the split weights by
     design, so only what every rank holds alike is compared there."""
     if not session_spec().is_parallel:
         return

@@ -34,45 +34,53 @@ from ..loaders.models.store import follow_host_node_cache, release_device_memory
 from .adapters import attach_adapter, attach_fuse, attach_fuses, expert_slots
 from .host_models import (
                                                  check_expert_pair,
-                                                 check_sampling,
+                                                 check_lora_expert,
                                                  check_stacking,
+                                                 host_expert,
                                                  host_family,
                                                  host_patched_value,
                                                  prepare_host_lora,
                                                  sigma_table,
                                                  switch_step,
 )
+from .host_sampling import check_sampling, check_step
 from .minimax import check_contract, decode_audio, with_first_frame, with_reference_images
 from .models import (
                                                  builtin_file_names,
                                                  builtin_model_names,
                                                  ensure_builtin_files,
+                                                 ensure_builtins_for_prompt,
                                                  find_model,
                                                  gguf_denoiser_names,
                                                  list_models,
                                                  load_checkpoint_files,
                                                  load_model,
                                                  load_repository_model,
-                                                 model_index_stat,
+                                                 model_version,
                                                  repository_files_stat,
                                                  resolve_model,
                                                  tokenizer_dirs,
 )
+from .previews import preview_map, step_previewer
 from .sampling import plan_sampling, sample, schedule_sigmas, split_sigmas
 
 # what a node may import from here (ruff's F401 reads it: an import missing here is reported unused)
 __all__ = [
     # models (usecases.models)
-    "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "find_model", "gguf_denoiser_names",
-    "list_models", "load_checkpoint_files", "load_model", "load_repository_model", "model_index_stat",
-    "repository_files_stat", "resolve_model", "tokenizer_dirs",
+    "builtin_file_names", "builtin_model_names", "ensure_builtin_files", "ensure_builtins_for_prompt", "find_model",
+    "gguf_denoiser_names", "list_models", "load_checkpoint_files", "load_model", "load_repository_model",
+    "model_version", "repository_files_stat", "resolve_model", "tokenizer_dirs",
     # LoRAs on our own model (usecases.adapters)
     "attach_adapter", "attach_fuse", "attach_fuses", "expert_slots",
     # LoRAs and contracts on a host's own model (usecases.host_models)
-    "check_expert_pair", "check_sampling", "check_stacking", "host_family", "host_patched_value",
+    "check_expert_pair", "check_lora_expert", "check_stacking", "host_expert", "host_family", "host_patched_value",
     "prepare_host_lora", "sigma_table", "switch_step",
+    # a host sampler run against those contracts (usecases.host_sampling)
+    "check_sampling", "check_step",
     # sampling (usecases.sampling)
     "plan_sampling", "sample", "schedule_sigmas", "split_sigmas",
+    # live previews of the sampler's steps (usecases.previews)
+    "preview_map", "step_previewer",
     # MiniMax-H3 (usecases.minimax)
     "check_contract", "decode_audio", "with_first_frame", "with_reference_images",
     # engine steps a node runs as they are

@@ -23,6 +23,7 @@ from ..loaders.models.store import DTYPE_NAMES
 from ..loaders.placement.devices import MEMORY_NAMES, device_choices
 from ..loaders.placement.speed import ATTENTION_NAMES
 from .host_models import PART_ANY, PART_HIGH, PART_LOW, HostContract
+from .host_sampling import HostGuidance, HostRun
 from .minimax import MAX_REFERENCE_IMAGES, TASKS
 from .sampling import END_OF_SCHEDULE, SCHEDULER_CHOICES, SampleOptions
 
@@ -44,6 +45,6 @@ __all__ = [
     "ATTENTION_NAMES", "DTYPE_NAMES", "MEMORY_NAMES", "ROUNDINGS", "SCHEDULER_CHOICES", "TASKS", "VIDEO_FORMATS",
     "VIDEO_PRESETS", "device_choices", "lora_components",
     "END_OF_SCHEDULE", "MAX_REFERENCE_IMAGES", "MAX_STEPS", "PART_ANY", "PART_HIGH", "PART_LOW",
-    "AdapterHandle", "HostContract", "SampleOptions",
+    "AdapterHandle", "HostContract", "HostGuidance", "HostRun", "SampleOptions",
     "ComponentUnnamedError", "DeadlinePassed", "LoraBindError", "LoraFileError",
 ]

@@ -1,6 +1,6 @@
 """Running one batch on the engine's thread: bind the base, stack, one forward with each request's own LoRAs on
-its rows, split, check, deliver. A batch that fails is run again one request at a time, each under its whole
-binding, so a request whose inputs break the forward fails alone and the others get their rows.
+its rows, split, check, deliver. What breaks a batch is raised to the engine, which runs its requests again one
+at a time (``StepEngine._failed``), so a request whose inputs break the forward fails alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ..binding.bind import bind, main_denoiser
 from ..errors import LoraBindError
 from ..generation.forward_route import direct_forward
 from .bindings import amount
-from .row_lora import RowLora, RowLoraError, RowTerms
+from .row_lora import RowLora, RowTerms
 from .stacking import rows_of, split, stack
 
 
@@ -36,37 +36,23 @@ class BatchRunner:
         base = self.engine.groups.base_of(group, self.engine.members(group) or [request])
         return self._bound.get(id(request.model)) != base
 
-    def run(self, batch: list) -> None:
-        try:
-            with self.engine.device.held():
-                self._run(batch, whole=False)
-        except BaseException as error:  # noqa: B902 (delivered to the requests, never raised on this thread)
-            if isinstance(error, RowLoraError):  # this model's layers cannot take rows: fuse from now on
-                self.engine.row_form_failed(batch[0].request.model, str(error))
-            elif len(batch) == 1 and batch[0].signature is None:
-                self.engine.deliver(batch[0], error=error)
-                return
-            for call in batch:  # alone and fused: whoever broke the batch fails on its own
-                try:
-                    with self.engine.device.held():
-                        self._run([call], whole=True)
-                except BaseException as own_error:  # noqa: B902
-                    self.engine.deliver(call, error=own_error)
+    def run(self, chosen) -> None:
+        """Run one ``plans.Chosen`` batch under the device turn; raises what broke it (the engine decides what
+        then: each request again on its own, or, on a follower, rank 0's next plan)."""
+        with self.engine.device.held():
+            self._run(chosen.calls, chosen.base, chosen.whole)
 
-    def _run(self, batch: list, whole: bool) -> None:
-        """``whole``: bind the request's whole binding (a lone forward whose inputs do not stack, or a request run
-        on its own after its batch failed), so nothing is applied per row."""
+    def _run(self, batch: list, base_keys: frozenset, whole: bool) -> None:
+        """``whole``: the request's whole binding is bound (a lone forward whose inputs do not stack, or a request
+        run on its own after its batch failed), so nothing is applied per row."""
         first, lead = batch[0].request, batch[0]
         model, component = first.model, lead.component
-        whole = whole or lead.signature is None
-        base_keys = frozenset(first.binding.keys) if whole else self.engine.groups.base_of(
-            first.group, self.engine.members(first.group) or [call.request for call in batch])
         report = self._bind(model, first.binding.only(base_keys), batch)
         if len(batch) == 1:
             inputs, counts = lead.inputs, [0 if whole else rows_of(lead.rule, lead.inputs)]
         else:
             inputs, counts = stack(lead.rule, [call.inputs for call in batch])
-        rows = self._row_terms(model, batch, base_keys, counts)
+        rows = {} if whole else self._row_terms(model, batch, base_keys, counts)
         with self.row_lora.applied(model.components[component], rows, sum(counts) if rows else 0):
             output = direct_forward(model, component, inputs)
         outputs = [output] if len(batch) == 1 else split(output, counts)
@@ -85,6 +71,8 @@ class BatchRunner:
                        "on_progress": lambda done, total: request.in_context(request.on_bind, done, total)}
         report = bind(model, base.fuses, base.adapters, **options)
         self._bound[id(model)] = frozenset(base.keys)
+        if self.engine.after_bind is not None:
+            self.engine.after_bind(model, base)
         return report
 
     def _row_terms(self, model, batch: list, base_keys: frozenset, counts: list) -> dict:

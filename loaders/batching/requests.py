@@ -25,26 +25,33 @@ _numbers = itertools.count()
 
 @dataclass
 class Batching:
-    """How a request was served: forwards run, the largest batch it was in, what ran on its own rows, and why
-    it never shared a forward (None when it could)."""
+    """How a request was served: forwards run, the largest batch it was in, what ran on its own rows, what had to
+    be fused for its whole batch (no per-row form: full diffs, LoKr, DoRA; it shares batches only with requests
+    fusing the same), and why it never shared a forward (None when it could)."""
 
     forwards: int = 0
     largest_batch: int = 0
     row_applied: set = field(default_factory=set)
+    fused_for_batch: tuple = ()
     alone: Optional[str] = None
 
     def to_dict(self, max_batch: int) -> dict:
         return {"max_batch": max_batch, "forwards": self.forwards, "largest_batch": self.largest_batch,
-                "row_applied": sorted(self.row_applied), "alone": self.alone}
+                "row_applied": sorted(self.row_applied), "fused_for_batch": list(self.fused_for_batch),
+                "alone": self.alone}
 
 
 class EngineRequest:
     """One sampler run in the engine; its thread calls ``forward`` (the ``ForwardRoute`` the family's forward
     takes) and blocks until the engine has run it, alone or in a batch."""
 
-    def __init__(self, engine, model, binding: Binding, *, check_interrupt: Optional[Callable] = None,
-                 on_bind: Optional[Callable] = None):
+    def __init__(self, engine, model, binding: Binding, *, key=None, check_interrupt: Optional[Callable] = None,
+                 on_bind: Optional[Callable] = None, interrupt: Optional[threading.Event] = None):
         self.engine, self.model, self.number = engine, model, next(_numbers)
+        # known across a job's ranks by its key (``plans``); ``interrupt``: the flag ``check_interrupt`` reads,
+        # which a follower's engine sets when rank 0 says the request was interrupted there
+        self.key = tuple(key) if key is not None else ("local", self.number)
+        self.interrupt, self.forwards_sent = interrupt, 0
         self.context = contextvars.copy_context()  # the prompt's context: its progress, its interrupt flag
         self.check_interrupt, self.on_bind = check_interrupt, on_bind
         self.binding, self.group = binding, None
@@ -73,6 +80,8 @@ class PendingForward:
 
     def __init__(self, request: EngineRequest, component: str, inputs: dict, rule):
         self.request, self.component, self.inputs, self.rule = request, component, inputs, rule
+        self.index = request.forwards_sent  # the request's how-many-th forward: what a plan names across ranks
+        request.forwards_sent += 1
         self.number = next(_numbers)
         self.signature = signature(rule, inputs) if isinstance(rule, BatchRule) else None
         self.passed_over = 0  # batches run while it waited: past the engine's bound it goes next

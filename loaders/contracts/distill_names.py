@@ -9,7 +9,7 @@ import re
 from dataclasses import replace
 from typing import Optional
 
-from ..contract_types import MAX_STEPS, NO_CONTRACT, ScheduleContract
+from ..contract_types import MAX_STEPS, MIN_SHIFT, NO_CONTRACT, ScheduleContract
 from ..errors import ContractError
 from .sigmas import shifted_sigmas
 
@@ -57,7 +57,8 @@ def open_contract(file_name: str, family: str, rank: Optional[int], open_fields:
 def _from_table(by_name: Optional[ScheduleContract], file_name: str, table, family: str,
                 rank: Optional[int]) -> Optional[ScheduleContract]:
     source = os.path.basename(file_name)
-    values = _parse_contract_text(table.contract, f"{table.where}: the contract {table.contract!r} for {source}")
+    values = _parse_contract_text(table.contract, f"{table.where}: the contract {quoted_words(table.contract)} for "
+                                                   f"{source}")
     if values is None:
         if by_name is None:
             return None
@@ -80,7 +81,7 @@ def with_metadata(by_name: Optional[ScheduleContract], file_name: str, metadata:
     if raw is None:
         return by_name
     values = _parse_contract_text(str(raw), f"{os.path.basename(file_name)}: safetensors metadata "
-                                            f"{CONTRACT_METADATA_KEY}={str(raw)!r}")
+                                            f"{CONTRACT_METADATA_KEY}={quoted_words(str(raw))}")
     if values is None:
         if by_name is None:
             return None
@@ -131,13 +132,34 @@ def _parse_contract_text(raw: str, where: str) -> Optional[dict]:
         for part in filter(None, (p.strip() for p in raw.split(","))):
             key, equals, value = (x.strip() for x in part.partition("="))
             if not equals or key not in ("steps", "shift", "cfg", "tasks") or key in values:
-                raise ValueError(f"unexpected {part!r}")
+                raise ValueError(f"unexpected {quoted_words(part)}")
             values[key] = _word_value(key, value)
-        if not 1 <= values.get("steps", 0) <= MAX_STEPS or values.get("shift", 1.0) <= 0 or values.get("cfg", 1.0) < 0:
-            raise ValueError(f"steps must be 1 to {MAX_STEPS} (what a sampler runs), shift > 0 and cfg >= 0")
+        if not (1 <= values.get("steps", 0) <= MAX_STEPS and values.get("shift", 1.0) >= MIN_SHIFT
+                and values.get("cfg", 1.0) >= 0):
+            raise ValueError(f"steps must be 1 to {MAX_STEPS} (what a sampler runs), shift at least {MIN_SHIFT:g} "
+                             "and cfg >= 0")
     except ValueError as exc:
-        raise ContractError(f"{where} is malformed ({exc}); write e.g. 'steps=4, shift=5, cfg=1' or 'none'") from None
+        raise ContractError(f"{where} is malformed ({_clipped(str(exc))}); write e.g. 'steps=4, shift=5, cfg=1' or "
+                            "'none'") from None
     return values
+
+
+# What a refusal quotes of the contract words: a file's metadata or a table can hold megabytes of them, and the
+# message reaches logs and HTTP answers whole.
+_QUOTED_CHARACTERS = 80
+
+
+def quoted_words(text: str) -> str:
+    """``text`` as repr, or its start and its length when longer than ``_QUOTED_CHARACTERS``."""
+    if len(text) <= _QUOTED_CHARACTERS:
+        return repr(text)
+    return f"{text[:_QUOTED_CHARACTERS]!r}... ({len(text)} characters)"
+
+
+def _clipped(text: str) -> str:
+    """A library's error text (``float()`` quotes its whole input) cut to a few quoted lengths."""
+    limit = 4 * _QUOTED_CHARACTERS
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _word_value(key: str, value: str):
@@ -145,9 +167,9 @@ def _word_value(key: str, value: str):
     if key == "tasks":
         tasks = tuple(value.lower().split("|"))
         if not all(_TASK.fullmatch(task) for task in tasks):
-            raise ValueError(f"tasks must be names such as i2v, joined by '|', got {value!r}")
+            raise ValueError(f"tasks must be names such as i2v, joined by '|', got {quoted_words(value)}")
         return tasks
     number = int(value) if key == "steps" else float(value)
     if not math.isfinite(number):  # nan and inf would reach the JSON answers and every comparison
-        raise ValueError(f"'{key}={value}' is not a finite number")
+        raise ValueError(f"{quoted_words(f'{key}={value}')} is not a finite number")
     return number

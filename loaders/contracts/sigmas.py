@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..contract_types import MAX_STEPS
+from ..contract_types import MAX_STEPS, MIN_SHIFT
 
 
 def shift_sigma(u: float, shift: float) -> float:
@@ -19,15 +19,30 @@ def shift_sigma(u: float, shift: float) -> float:
     return shift * u / (1.0 + (shift - 1.0) * u)
 
 
+def check_shift(shift, field: str = "shift") -> float:
+    """``shift`` as a float when a schedule can be built with it: finite and at least ``MIN_SHIFT`` (ValueError
+    naming ``field`` otherwise, never a division by zero further down)."""
+    try:
+        value = float(shift)
+    except OverflowError:  # an integer with hundreds of digits
+        value = math.inf
+    if not (math.isfinite(value) and value >= MIN_SHIFT):
+        raise ValueError(f"{field} must be a finite number of at least {MIN_SHIFT:g} (the flow-matching time "
+                         f"shift), got {value:g}")
+    return value
+
+
 def shifted_sigmas(steps: int, shift: float) -> tuple[float, ...]:
     """``steps + 1`` points: the uniform grid ``u_i = 1 − i/steps`` shifted by ``shift``, ending in 0.0."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    shift = check_shift(shift)
     return tuple(shift_sigma(1.0 - i / steps, shift) for i in range(steps)) + (0.0,)
 
 
 def shift_schedule(points: Sequence[float], shift: float) -> tuple[float, ...]:
     """Shift every point of an explicit base schedule (e.g. a checkpoint-pinned one) by ``shift``."""
+    shift = check_shift(shift)
     return tuple(shift_sigma(float(p), shift) for p in points)
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from ..errors import ContractError
 from ..io.file_identity import LatestVersionCache, stat_identity
 from ..io.read_deadline import check_deadline
+from ..io.regular_files import open_regular
 from .baked import file_sha256
 
 TABLE_NAME = "lorabind-contracts.json"
@@ -104,15 +105,20 @@ def _names_for_matching(path: str, table_folder: str) -> tuple:
 
 def _entries(table: str) -> list:
     """The table's ``TableLine``s, parsed and compiled once per file version."""
-    version = stat_identity(os.stat(table))
-    cached = _cache.get(table, version)
-    if cached is not None:
-        return cached
-    if version[2] > MAX_TABLE_BYTES:
-        raise ContractError(f"{TABLE_NAME}: {version[2]} bytes is larger than the {MAX_TABLE_BYTES} bytes a "
-                            f"contract table may have")
-    with open(table, encoding="utf-8") as handle:
-        text = handle.read()
+    with open_regular(table) as handle:
+        # the version of the file opened, so that what is cached under it is what was read (a table replaced
+        # between a stat and the open would otherwise be remembered under the old version)
+        version = stat_identity(os.fstat(handle.fileno()))
+        cached = _cache.get(table, version)
+        if cached is not None:
+            return cached
+        raw = handle.read(MAX_TABLE_BYTES + 1)
+    if len(raw) > MAX_TABLE_BYTES:
+        raise ContractError(f"{TABLE_NAME}: larger than the {MAX_TABLE_BYTES} bytes a contract table may have")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{TABLE_NAME}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     entries = [_compiled(key, contract, line) for key, contract, line in parse_table(text)]
     _cache.put(table, version, entries)
     return entries

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..families import family_for, made_for
+from ..generation.latent_rgb import LatentRGB
 from ..handles import ConditioningHandle, LatentHandle
 
 
@@ -73,14 +74,21 @@ def check_inputs(model, positive: ConditioningHandle, negative: Optional[Conditi
 
 def denoise(model, positive: ConditioningHandle, negative: Optional[ConditioningHandle], latent: LatentHandle,
             schedule, seed: int, *, on_step: Optional[Callable[[int, int], None]] = None,
+            on_latent: Optional[Callable] = None,
             check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
     """Sample from ``latent`` (start point; zeros for text-to-X) over the resolved ``schedule`` exactly.
 
-    ``on_step(done, total)`` is called after each step; ``check_interrupt()`` before each step (it raises to
-    stop). Returns a new ``LatentHandle``; the input is not modified."""
+    ``on_step(done, total)`` is called after each step, ``on_latent(done, total, denoised)`` just before it with
+    the step's clean-latent estimate (a live preview's picture; not computed without it); ``check_interrupt()``
+    before each step (it raises to stop). Returns a new ``LatentHandle``; the input is not modified."""
     check_inputs(model, positive, negative, latent, schedule)
     return family_for(model).sampling.denoise(model, positive, negative, latent, schedule, seed, on_step=on_step,
-                                     check_interrupt=check_interrupt)
+                                              on_latent=on_latent, check_interrupt=check_interrupt)
+
+
+def latent_rgb(model, latent: LatentHandle) -> LatentRGB:
+    """The linear latent->RGB map a live preview of ``latent`` uses: its family's for that many channels."""
+    return family_for(model).sampling.latent_rgb(int(latent.samples.shape[1]))
 
 
 def decode(model, latent: LatentHandle):

@@ -14,7 +14,9 @@ from contextlib import contextmanager
 import torch
 
 from ..errors import ModelLoadError
+from . import quiet_parallel
 from .process_group import job_mesh, session_spec
+from .spec import ulysses_heads_refusal
 
 MIN_DIFFUSERS_FOR_CONTEXT_PARALLEL = "0.36"  # ContextParallelConfig and ModelMixin.enable_parallelism
 # Our attention options (loaders.placement.speed) whose diffusers backend supports context parallelism, and which
@@ -24,16 +26,40 @@ ULYSSES_ATTENTION = ("native", "flash", "cudnn", "sage")
 RING_ATTENTION = ("flash", "cudnn", "sage")
 
 
-def check_attention(attention: str) -> None:
-    """Refuse, before loading, an attention backend the session's sequence split cannot run on."""
+def ring_device_refusal(spec, device_type: str) -> str | None:
+    """Why ``spec`` cannot run on ``device_type`` (None: it can): Ring needs a backend that returns its partial
+    attention's log-sum-exp, and all of those run on CUDA only. Said as the way out (Ulysses), so the two checks
+    (the backend's device, the split's backend) do not send a CPU user from one to the other and back."""
+    if spec.ring == 1 or device_type == "cuda":
+        return None
+    return (f"--parallel {spec.describe()}: ring= runs on CUDA devices only (its attention backends "
+            f"{', '.join(RING_ATTENTION)} need CUDA), and this job runs on {device_type}; there, split the sequence "
+            f"with ulysses={spec.ring} instead (native attention)")
+
+
+def check_attention(attention: str, device_type: str = "cuda") -> None:
+    """Refuse, before loading, an attention backend the session's sequence split cannot run on, or a split the
+    device cannot run at all."""
     spec = session_spec()
     if spec.sequence == 1:
         return
+    refused = ring_device_refusal(spec, device_type)
+    if refused:
+        raise ModelLoadError(refused)
     usable = RING_ATTENTION if spec.ring > 1 else ULYSSES_ATTENTION
     if attention not in usable:
         mode = "ring" if spec.ring > 1 else "ulysses"
         raise ModelLoadError(f"--parallel {spec.describe()}: attention={attention} cannot run {mode} sequence "
                              f"parallelism; use one of {', '.join(usable)}")
+
+
+def check_heads(heads: dict, label: str) -> None:
+    """Refuse, before loading, a Ulysses degree the denoisers' heads ({component: heads}) cannot be shared by."""
+    spec = session_spec()
+    for component, count in heads.items():
+        refusal = ulysses_heads_refusal(spec, int(count), f"{label} '{component}'")
+        if refusal is not None:
+            raise ModelLoadError(refusal)
 
 
 def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:
@@ -42,6 +68,7 @@ def apply_sequence_parallel(denoisers: dict, device: torch.device) -> None:
     if spec.sequence == 1:
         return
     config_class = _context_parallel_config_class()
+    quiet_parallel.install()  # diffusers' "experimental feature" and timestep notices, on every rank
     mesh = job_mesh(torch.device(device).type)
     for name, module in denoisers.items():
         if getattr(module, "_cp_plan", None) is None or not hasattr(module, "enable_parallelism"):

@@ -20,6 +20,7 @@ from .spec import ParallelSpec
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective that waits longer fails the rank: long enough for a 14B step on one GPU
 MESH_NAMES = ("cfg", "ring", "ulysses", "tp")  # outermost first: a CFG pair of sequence or tp groups
+MAX_DIGITS = 9  # a rank or world size of ten digits is no job this runtime starts
 
 
 class ParallelRunError(LoraBindError):
@@ -37,11 +38,35 @@ _session = _Session()
 
 
 def rank_from_environment() -> tuple[int, int, int] | None:
-    """(rank, world size, local rank) set by torchrun or by our own launcher; None outside a job."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    """(rank, world size, local rank) set by torchrun or by our own launcher; None outside a job.
+
+    Checked before any rendezvous, so a mistaken environment is one line at once, not a wait that never ends:
+    each value in ASCII digits (Python's ``int`` also reads ``"٢"``), the rank below the world size, the local
+    rank below the ranks per host (``ParallelRunError`` naming the variable)."""
+    if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
         return None
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    return rank, world, int(os.environ.get("LOCAL_RANK", rank))
+    for name in ("RANK", "WORLD_SIZE"):
+        if name not in os.environ:
+            other = "WORLD_SIZE" if name == "RANK" else "RANK"
+            raise ParallelRunError(f"{other} is set but {name} is not: a rank of a job needs both (torchrun sets "
+                                   "them; unset both to run as one process)")
+    rank, world = _count_variable("RANK"), _count_variable("WORLD_SIZE")
+    if world < 1 or rank >= world:
+        raise ParallelRunError(f"RANK={rank} with WORLD_SIZE={world}: the ranks of a job are numbered 0 to "
+                               f"WORLD_SIZE-1, so RANK must be below WORLD_SIZE")
+    local = _count_variable("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
+    local_world = _count_variable("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else world
+    if not local < local_world <= world:
+        raise ParallelRunError(f"LOCAL_RANK={local} with LOCAL_WORLD_SIZE={local_world} and WORLD_SIZE={world}: "
+                               "the local rank must be below the ranks on this host, which cannot exceed the world")
+    return rank, world, local
+
+
+def _count_variable(name: str) -> int:
+    value = os.environ[name]
+    if not (value.isascii() and value.isdigit()) or len(value) > MAX_DIGITS:
+        raise ParallelRunError(f"{name}={value[:20]!r} is not a whole number (ASCII digits 0-9)")
+    return int(value)
 
 
 def backend_for(device_type: str) -> str:
@@ -49,12 +74,16 @@ def backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
-def join_job(spec: ParallelSpec, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+def join_job(spec: ParallelSpec, device_type: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+             rendezvous: tuple | None = None) -> int:
     """Join (or reuse) the default process group of this job for ``spec``; returns this process's rank.
+    ``rendezvous`` is (store, rank, world size) when the caller brings the store the group meets through (the
+    runtime's authenticated one); without it torch reads MASTER_ADDR/MASTER_PORT (``env://``).
     The world size must be the spec's product of degrees: a torchrun with another ``--nproc-per-node`` is refused
     here, on every rank, before anything is loaded."""
     if not dist.is_initialized():
-        dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=timeout_s))
+        meeting = {} if rendezvous is None else dict(zip(("store", "rank", "world_size"), rendezvous))
+        dist.init_process_group(backend_for(device_type), timeout=timedelta(seconds=timeout_s), **meeting)
         _session.owns_group = True
     world = dist.get_world_size()
     if world != spec.world_size:

@@ -77,11 +77,27 @@ def with_guide_flag(spec: ParallelSpec, name: str, value, flag: str) -> Parallel
     return _checked(replace(spec, **{name: degree}), flag)
 
 
+def ulysses_heads_refusal(spec: ParallelSpec, heads: int, what: str) -> str | None:
+    """Why ``spec``'s Ulysses degree cannot share ``what``'s ``heads`` attention heads (None: it can), from the
+    denoiser's config, before anything loads. Ulysses gives each rank whole heads: with ring as well the degree
+    must divide them; alone, diffusers' uneven mode pads the last rank's heads, which works while the padding is
+    smaller than a rank's share (its own assertion, raised only at the first attention otherwise)."""
+    degree = spec.ulysses
+    padding, share = -heads % degree, -(-heads // degree)
+    if degree == 1 or padding == 0 or (spec.ring == 1 and padding < share):
+        return None
+    divisors = [d for d in range(2, heads + 1) if heads % d == 0]
+    fits = f"use a degree that divides {heads} ({', '.join(map(str, divisors))})" if divisors else "leave ulysses at 1"
+    return (f"--parallel {spec.describe()}: ulysses={degree} cannot share the {heads} attention heads of {what} "
+            f"(each rank runs whole heads); {fits}, or split it with ring= instead")
+
+
 def _degree(value: str, what: str) -> int:
-    try:
-        degree = int(value)
-    except ValueError:
-        raise ParallelSpecError(f"{what}={value!r} is not a whole number") from None
+    """Python's ``int`` reads any script's digits (``int("٢") == 2``) and underscores (``1_0``); a degree is
+    written in ASCII digits only, so what the user sees in a process list is what runs."""
+    if not (value.isascii() and value.isdigit()):
+        raise ParallelSpecError(f"{what}={value!r} is not a whole number (ASCII digits 0-9)")
+    degree = int(value)
     if degree < 1:
         raise ParallelSpecError(f"{what}={degree}: a degree is 1 or more")
     return degree

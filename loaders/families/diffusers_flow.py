@@ -8,15 +8,18 @@ resolves a request on the one schedule, with a family's own check of the result 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from ..contract_types import ResolvedSchedule
 from ..contracts.schedule_rules import resolve_single_schedule
 from ..contracts.sigmas import TABLE_TOLERANCE
+from ..errors import ContractError
 from ..generation.forward_route import denoise_ended
+from ..generation.latent_rgb import LatentRGB
 from ..generation.sampling import device_and_dtype, guidance_for, guided, noised_start, split_at_boundary
 from ..generation.schedulers import step_over
-from ..handles import LatentHandle
+from ..handles import LatentHandle, ModelHandle
 from .interface import SOURCE_DIFFUSERS, SOURCE_SINGLE_FILE, PipelineSource
 from .parts import FamilyContracts, FamilySampling
 from .roles import ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE
@@ -88,9 +91,39 @@ class OneScheduleContracts(FamilyContracts):
     def check_resolved(self, model_handle, resolved: ResolvedSchedule, request, overrides: list) -> None:
         """A family's own check of a resolved schedule (may raise ContractError or append to ``overrides``)."""
 
+    def refusal_before_loading(self, model_name: str, model_index: dict, contracts: tuple, request):
+        """The one-schedule resolution reads only the model's name, family and ``model_index.json`` (the Wan2.2
+        expert split: its boundary_ratio), so it runs on a stand-in of the model before anything loads."""
+        model = SimpleNamespace(name=model_name, family=self.family.layout.detect(model_index),
+                                model_index=model_index)
+        try:
+            self.resolve_schedule(ModelHandle(model=model), contracts, request)
+        except ContractError as exc:
+            return str(exc)
+        except ValueError:  # a value no schedule takes: the sampler's own check names it when it runs
+            return None
+        return None
+
+
+# The latent->RGB map of the Wan2.1 VAE's normalised latent space (16 channels), which Wan (A14B, 1.3B) and
+# Qwen-Image (the same VAE architecture and latent statistics) share: the linear fit ComfyUI publishes for that
+# space as ``comfy.latent_formats.Wan21`` (ComfyUI previews Qwen-Image with it too), a fact of the VAE.
+WAN21_VAE_RGB = LatentRGB(
+    factors=(
+        (-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747), (0.0372, 0.2344, 0.142),
+        (0.0313, 0.0189, -0.0328), (0.0296, -0.0956, -0.0665), (-0.3477, -0.4059, -0.2925), (0.0166, 0.1902, 0.1975),
+        (-0.0412, 0.0267, -0.1364), (-0.1293, 0.074, 0.1636), (0.068, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
+        (-0.1251, 0.0927, 0.1699), (0.006, -0.0633, 0.0005), (0.3477, 0.2275, 0.295), (0.1984, 0.0913, 0.1861),
+    ),
+    bias=(-0.1835, -0.0868, -0.336),
+    comfy_format="Wan21",
+)
+
 
 class DiffusersFlowSampling(FamilySampling):
     """Shared sampling for families loaded as a ``DiffusionPipeline`` and sampled on one schedule."""
+
+    latent_rgb_maps = (WAN21_VAE_RGB,)
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
@@ -140,7 +173,7 @@ class DiffusersFlowSampling(FamilySampling):
 
     # ---------------------------------------------------------------------------------------------------------
 
-    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None,
+    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None, on_latent=None,
                 check_interrupt=None) -> LatentHandle:
         """Sample the stage ``schedule.stage_sigmas()`` exactly with ``schedule.scheduler``: the start is
         ``σ_0·noise + (1 − σ_0)·latent`` (zeros for text-to-X), or the latent itself when add_noise is off (it
@@ -157,9 +190,12 @@ class DiffusersFlowSampling(FamilySampling):
             cfg = guidance_for(schedule.cfg, self._is_low_noise(model, experts[i]))
             return guided(predict, experts[i], x, sigma, cfg, self.renormalize)
 
+        def in_latent_space(done, total, estimate):  # a preview sees the latent as the sampler outputs it
+            on_latent(done, total, self.from_model_space(estimate, latent))
+
         scheduler_config = getattr(getattr(model.pipeline, "scheduler", None), "config", None)
         x = step_over(x, sigmas, velocity, schedule.scheduler, config=scheduler_config, on_step=on_step,
-                      check_interrupt=check_interrupt)
+                      on_latent=in_latent_space if on_latent is not None else None, check_interrupt=check_interrupt)
         denoise_ended(model)
         x = self.from_model_space(x, latent)
         extra = {key: value for key, value in latent.extra.items() if key != NOISE_SIGMA}

@@ -58,19 +58,32 @@ def guided(predict: Callable, expert: str, x: torch.Tensor, sigma: float, cfg: f
     return renormalize(result, cond) if renormalize is not None else result
 
 
+LatentCallback = Callable[[int, int, torch.Tensor], None]
+"""``on_latent(done, total, denoised)``: after a step, before ``on_step``, the clean latent that step predicts
+(what a live preview shows, as ComfyUI's samplers hand their callback ``x0``)."""
+
+
+def denoised(x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> torch.Tensor:
+    """The flow-matching estimate of the clean latent from ``x`` at ``sigma``: ``x − σ·v`` (Euler to σ = 0)."""
+    return x - sigma * velocity
+
+
 def euler(x: torch.Tensor, sigmas: Sequence[float], velocity: Callable[[int, torch.Tensor, float], torch.Tensor], *,
-          on_step: Optional[Callable[[int, int], None]] = None,
+          on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[LatentCallback] = None,
           check_interrupt: Optional[Callable[[], None]] = None) -> torch.Tensor:
     """Flow-matching Euler over the explicit ``sigmas``: ``x += (σ_{i+1} − σ_i)·velocity(i, x, σ_i)``.
 
-    ``on_step(done, total)`` is called after each step; ``check_interrupt()`` before each (it raises to stop)."""
+    ``on_step(done, total)`` is called after each step (``on_latent`` first, when given: nothing is computed for
+    it otherwise); ``check_interrupt()`` before each (it raises to stop)."""
     total = len(sigmas) - 1
     with torch.no_grad():
         for i in range(total):
             if check_interrupt is not None:
                 check_interrupt()
-            v = velocity(i, x, sigmas[i])
-            x = x + (sigmas[i + 1] - sigmas[i]) * v.to(x.device)
+            v = velocity(i, x, sigmas[i]).to(x.device)
+            if on_latent is not None:
+                on_latent(i + 1, total, denoised(x, sigmas[i], v))
+            x = x + (sigmas[i + 1] - sigmas[i]) * v
             if on_step is not None:
                 on_step(i + 1, total)
     return x

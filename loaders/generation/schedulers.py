@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from ..errors import ContractError
-from .sampling import euler
+from .sampling import LatentCallback, denoised, euler
 
 DEFAULT = "default"  # the contract's pinned scheduler, else the family's reference one
 EULER = "euler"
@@ -70,10 +70,11 @@ def make_scheduler(name: str, config: Optional[dict] = None):
 
 
 def step_over(x: torch.Tensor, sigmas: Sequence[float], velocity: Callable, name: str, *, config=None,
-              on_step=None, check_interrupt=None) -> torch.Tensor:
-    """Run ``velocity(i, x, sigma)`` over ``sigmas`` with the step rule ``name`` (see the module docstring)."""
+              on_step=None, on_latent: Optional[LatentCallback] = None, check_interrupt=None) -> torch.Tensor:
+    """Run ``velocity(i, x, sigma)`` over ``sigmas`` with the step rule ``name`` (see the module docstring);
+    ``on_step`` / ``on_latent`` as ``sampling.euler`` calls them."""
     if name == EULER:
-        return euler(x, sigmas, velocity, on_step=on_step, check_interrupt=check_interrupt)
+        return euler(x, sigmas, velocity, on_step=on_step, on_latent=on_latent, check_interrupt=check_interrupt)
     scheduler = make_scheduler(name, config)
     points = over_explicit_sigmas(scheduler, sigmas)
     total = len(points) - 1
@@ -82,8 +83,10 @@ def step_over(x: torch.Tensor, sigmas: Sequence[float], velocity: Callable, name
             if check_interrupt is not None:
                 check_interrupt()
             timestep = scheduler.timesteps[i]
-            v = velocity(i, x, float(timestep) / 1000.0)
-            x = scheduler.step(v.to(x.device), timestep, x, return_dict=False)[0]
+            v = velocity(i, x, float(timestep) / 1000.0).to(x.device)
+            if on_latent is not None:
+                on_latent(i + 1, total, denoised(x, points[i], v))
+            x = scheduler.step(v, timestep, x, return_dict=False)[0]
             if on_step is not None:
                 on_step(i + 1, total)
     return x

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import threading
 from collections import OrderedDict
 
@@ -28,11 +29,54 @@ def file_identity(path: str) -> tuple:
     own = stat_identity(os.stat(path))
     if not os.path.isdir(path):
         return own
-    with os.scandir(path) as entries:
-        names = sorted(entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES + 1))
+    names = _entry_names(path)
     if len(names) > MAX_FOLDER_ENTRIES:
         return own
-    return own, tuple((name, stat_identity(os.stat(os.path.join(path, name)))) for name in names)
+    return own, tuple((name, _entry_identity(os.path.join(path, name))) for name in names)
+
+
+def model_folder_identity(path: str) -> tuple:
+    """The identity of a model folder, of every entry in it and of every entry of each folder in it (a diffusers
+    folder's components; hidden folders skipped): what changes when any file of the model is replaced, rewritten,
+    added or removed. What the model store keys a loaded folder by, and the loader node's ``IS_CHANGED`` (asked for
+    every prompt: one ``stat`` per entry and one listing per folder, nothing stated twice)."""
+    found = os.stat(path)
+    if not stat.S_ISDIR(found.st_mode):
+        return stat_identity(found)
+    return stat_identity(found), _listing(path, depth=1)
+
+
+def _listing(path: str, depth: int) -> tuple | None:
+    """``(name, identity, listing of it when a folder and depth is left)`` per entry; None past
+    ``MAX_FOLDER_ENTRIES`` (the folder is then keyed by its own stat only)."""
+    names = _entry_names(path)
+    if len(names) > MAX_FOLDER_ENTRIES:
+        return None
+    entries = []
+    for name in names:
+        full = os.path.join(path, name)
+        try:
+            found = os.stat(full)
+        except OSError:  # a dangling link: not an error of the folder's
+            entries.append((name, None, ()))
+            continue
+        inner = _listing(full, depth - 1) if depth and stat.S_ISDIR(found.st_mode) and name[:1] != "." else ()
+        entries.append((name, stat_identity(found), inner))
+    return tuple(entries)
+
+
+def _entry_names(path: str) -> list:
+    with os.scandir(path) as entries:
+        return sorted(entry.name for entry in itertools.islice(entries, MAX_FOLDER_ENTRIES + 1))
+
+
+def _entry_identity(path: str):
+    """An entry's ``stat_identity``; None for one that cannot be stated (a dangling link), which is not an error
+    of the folder's."""
+    try:
+        return stat_identity(os.stat(path))
+    except OSError:
+        return None
 
 
 class LatestVersionCache:

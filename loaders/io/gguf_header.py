@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ModelLoadError
 from .file_identity import stat_identity
+from .regular_files import open_regular
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -285,7 +286,7 @@ def read_gguf_header(path, name: str = "") -> GGUFHeader:
     gave it) and the key or tensor for anything truncated, inconsistent, unknown or over budget."""
     name = name or os.path.basename(str(path))
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             return _scan(handle, str(path), os.fstat(handle.fileno()))
     except _HeaderError as exc:
         raise ModelLoadError(f"{name}: {exc}") from None

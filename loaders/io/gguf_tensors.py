@@ -17,6 +17,7 @@ import os
 from ..errors import ModelLoadError
 from .file_identity import stat_identity
 from .gguf_header import GGUFHeader, GGUFTensor
+from .regular_files import open_regular
 
 # numpy dtype of each unquantized type's elements (BF16 is read as its raw 16 bits, viewed as torch.bfloat16)
 _ELEMENT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<i2"}
@@ -28,7 +29,7 @@ def read_gguf_tensors(header: GGUFHeader, name: str, names=None) -> dict:
 
     wanted = list(header.tensors) if names is None else list(names)
     try:
-        with open(header.path, "rb") as handle:
+        with open_regular(header.path) as handle:
             if header.identity and stat_identity(os.fstat(handle.fileno())) != header.identity:
                 raise ModelLoadError(f"{name}: the file changed since its header was checked; load it again")
             mapped = numpy.memmap(handle, dtype=numpy.uint8, mode="r")

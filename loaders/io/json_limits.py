@@ -6,13 +6,23 @@ traceback. And a document nested a few hundred levels deep parses, then breaks w
 later (copying, validation, ``json.dumps``). No workflow, safetensors header, adapter config or history entry
 comes near ``MAX_JSON_DEPTH``; deeper documents are refused with an error that *is* a ``JSONDecodeError``, so
 the existing handlers word it like any other malformed JSON.
+
+A JSON *file* is read through ``load_file``, the one place that opens it: regular files only, within a byte
+budget (``regular_files``), so a FIFO, a link to ``/dev/zero`` or a padded multi-gigabyte "config" is refused at
+once instead of hanging or filling memory.
 """
 
 from __future__ import annotations
 
 import json
 
+from .regular_files import read_bounded
+
 MAX_JSON_DEPTH = 100
+# The most bytes a JSON file we read may hold: far above every config, index and tokenizer file of the shipped
+# models (the largest, a weight index of a sharded 14B model, is about 100 KB), and small enough to parse in well
+# under a second.
+MAX_JSON_FILE_BYTES = 16 << 20
 # An upper bound on the values of a JSON text a request may carry. A 1,000-node UI workflow sent together with its
 # API prompt is about 100k values; parsing 22M small values took 9 s and walking them 30 s more.
 MAX_JSON_VALUES = 500_000
@@ -61,7 +71,20 @@ def loads(text, *, max_depth: int = MAX_JSON_DEPTH, **kwargs):
 
 
 def load(handle, **kwargs):
+    """``loads`` of an open file's whole text: for a file the user names on the command line (a workflow, a
+    ``--config``), which may be a pipe (``<(...)``); a model's own files go through ``load_file``."""
     return loads(handle.read(), **kwargs)
+
+
+def load_file(path, *, max_bytes: int = MAX_JSON_FILE_BYTES, **kwargs):
+    """The JSON value of the file at ``path``: a regular file of at most ``max_bytes`` bytes, UTF-8 text (else
+    ``OSError`` from ``regular_files``, or ``JSONDecodeError``), parsed by ``loads``."""
+    data = read_bounded(path, max_bytes)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", "", 0) from None
+    return loads(text, **kwargs)
 
 
 def _depth_exceeds(value, limit: int) -> bool:

@@ -19,11 +19,20 @@ def is_set(entry) -> bool:
     return isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] is not None and entry[1] is not None
 
 
+# a model_index.json is a few hundred bytes; a megabyte is no index
+MAX_INDEX_BYTES = 1 << 20
+
+
 def read_model_index(path) -> dict:
+    """The folder's ``model_index.json`` as a dict (a regular file of at most ``MAX_INDEX_BYTES``: a FIFO or a
+    link to ``/dev/zero`` is refused at once), else ``ModelLoadError`` naming the file."""
     index_file = Path(path) / "model_index.json"
     try:
-        return json_limits.loads(index_file.read_text(encoding="utf-8"))
+        index = json_limits.load_file(index_file, max_bytes=MAX_INDEX_BYTES)
     except FileNotFoundError:
         raise ModelLoadError(f"{index_file}: not found (a diffusers model folder needs model_index.json)") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{index_file}: cannot be read: {exc}") from exc
+    if not isinstance(index, dict):
+        raise ModelLoadError(f"{index_file}: not a JSON object")
+    return index

@@ -31,6 +31,7 @@ import tempfile
 
 from ..errors import LoraBindError
 from .atomic_files import FILE_MODE
+from .regular_files import open_regular
 
 MARKER_FILE = ".lorabind-output"
 MARKER_KEY = "lorabind_output"
@@ -111,7 +112,7 @@ def is_ours(path: str) -> bool:
 
 def _legacy_folder(path: str) -> bool:
     try:
-        with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
+        with open_regular(os.path.join(path, "model_index.json")) as handle:
             index = json.loads(handle.read(_MAX_MARKER_HEADER))
     except (OSError, ValueError, RecursionError):
         return False
@@ -121,7 +122,7 @@ def _legacy_folder(path: str) -> bool:
 def _safetensors_metadata(path: str) -> dict:
     """A file's safetensors ``__metadata__``, or {} for anything that is not a readable safetensors file."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             if length > _MAX_MARKER_HEADER:
                 return {}

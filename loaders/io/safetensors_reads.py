@@ -13,6 +13,7 @@ file that matches the shape); anything else answers None and the caller falls ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import struct
@@ -23,6 +24,8 @@ from typing import Optional
 import torch
 
 from . import json_limits
+from .file_identity import stat_identity
+from .regular_files import open_regular
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -32,6 +35,8 @@ _DTYPES = {
 # a model's header is a few MB at most; a larger one is not parsed here (the caller reads through safe_open)
 _MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_CACHED_TABLES = 64  # files whose tables are kept (a sharded 14B model has a dozen)
+_CHANGED = object()  # ``_read_table``: the file is not the version asked about
+ALIGNMENT = 64  # bytes: what the CPU kernels' rounding depends on (``aligned_bytes``)
 
 
 def stored_bytes(stored) -> int:
@@ -52,18 +57,25 @@ class _Tables:
         self._lock = threading.Lock()
 
     def entry(self, path: str, identity, key: str) -> Optional[tuple]:
+        table = self.table(path, identity)
+        return None if table is None else table.get(key)
+
+    def table(self, path: str, identity) -> Optional[dict]:
+        """The file's whole table, parsed once per file version; None when this module does not read it."""
         cache_key = (path, identity)
         with self._lock:
             table = self._tables.get(cache_key, False)
             if table is not False:
                 self._tables.move_to_end(cache_key)
         if table is False:
-            table = _read_table(path)
+            table = _read_table(path, identity)
+            if table is _CHANGED:  # not the version asked about: nothing read, nothing remembered
+                return None
             with self._lock:
                 self._tables[cache_key] = table
                 while len(self._tables) > MAX_CACHED_TABLES:
                     self._tables.popitem(last=False)
-        return None if table is None else table.get(key)
+        return table
 
     def clear(self) -> None:
         with self._lock:
@@ -73,11 +85,16 @@ class _Tables:
 tables = _Tables()
 
 
-def _read_table(path: str) -> Optional[dict]:
-    """The file's tensor table with absolute offsets; None when the header is not one this module reads."""
+def _read_table(path: str, identity):
+    """The file's tensor table with absolute offsets; None when the header is not one this module reads;
+    ``_CHANGED`` when the file opened is no longer the version ``identity`` names (replaced or rewritten since the
+    caller checked it: its table must not be remembered under the old version)."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with open_regular(path) as handle:
+            found = os.fstat(handle.fileno())
+            if stat_identity(found) != tuple(_fields(identity)):
+                return _CHANGED
+            size = found.st_size
             (header_len,) = struct.unpack("<Q", handle.read(8))
             if header_len > min(_MAX_HEADER_BYTES, size - 8):
                 return None
@@ -95,6 +112,12 @@ def _read_table(path: str) -> Optional[dict]:
         if found is not None:
             table[key] = found
     return table
+
+
+def _fields(identity) -> tuple:
+    """A file identity as ``stat_identity``'s tuple, whether given as that tuple or as a dataclass of the same
+    fields in the same order (``weight_sources.FileIdentity``)."""
+    return identity if isinstance(identity, tuple) else dataclasses.astuple(identity)
 
 
 def _entry(entry, start: int, size: int) -> Optional[tuple]:
@@ -155,11 +178,57 @@ class ReadBuffer:
         return raw.view(dtype).view(shape)
 
 
+def read_owned(path: str, identity, key: str) -> Optional[torch.Tensor]:
+    """Tensor ``key`` of ``path`` (whose identity the caller has just checked) in memory of its own, never a mapping
+    of the file (a file truncated later cannot fault it, one rewritten cannot change it), at the address modulo
+    ``ALIGNMENT`` that a mapping of the file would give it; None when this module does not read it."""
+    found = tables.entry(path, identity, key)
+    if found is None:
+        return None
+    dtype, shape, offset, nbytes = found
+    raw = aligned_bytes(nbytes, offset % ALIGNMENT)
+    if nbytes and not _read_exactly(path, offset, raw):
+        return None
+    try:
+        return raw.view(dtype).view(shape)
+    except RuntimeError:  # an offset that is no multiple of the element size: no mapping could view it either
+        return None
+
+
+def read_all_owned(path: str, identity, keys) -> Optional[dict]:
+    """``{key: tensor}`` of ``keys``, read in one pass into one buffer of the process's own (``read_owned``'s
+    alignment: each tensor where a mapping of the file would put it); None when this module does not read one of
+    them. One read for a LoRA's 1,428 tensors, not one per tensor."""
+    table = tables.table(path, identity)
+    if table is None or any(key not in table for key in keys):
+        return None
+    found = [table[key] for key in keys]
+    start = min((entry[2] for entry in found), default=0)
+    end = max((entry[2] + entry[3] for entry in found), default=0)
+    raw = aligned_bytes(end - start, start % ALIGNMENT)
+    if end > start and not _read_exactly(path, start, raw):
+        return None
+    try:
+        return {key: raw[offset - start:offset - start + nbytes].view(dtype).view(shape)
+                for key, (dtype, shape, offset, nbytes) in zip(keys, found)}
+    except RuntimeError:  # an offset that is no multiple of its element size
+        return None
+
+
+def aligned_bytes(nbytes: int, remainder: int) -> torch.Tensor:
+    """``nbytes`` fresh bytes whose address is ``remainder`` modulo ``ALIGNMENT``. Why: the CPU kernels round
+    differently for the same values at another alignment, so a weight re-read from its file must sit where the
+    loader's mapping of the file put it for a model to compute what it computed before (``placement.staging``)."""
+    flat = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8)
+    shift = (remainder - flat.data_ptr()) % ALIGNMENT
+    return flat[shift:shift + nbytes]
+
+
 def _read_exactly(path: str, offset: int, out: torch.Tensor) -> bool:
     """Fill ``out`` (uint8, contiguous) with the file's bytes from ``offset``; False at a short read."""
     view = memoryview(out.numpy())
     done = 0
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     try:
         while done < len(view):
             got = os.preadv(fd, [view[done:]], offset + done)

@@ -25,7 +25,6 @@ loader that renames keys or converts formats registers its own mapping the same 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -36,8 +35,9 @@ from typing import Optional
 import torch
 
 from ..errors import ModelLoadError
+from . import json_limits
 from .file_identity import stat_identity
-from .safetensors_reads import ReadBuffer
+from .safetensors_reads import ALIGNMENT, ReadBuffer, aligned_bytes, read_owned
 
 # file digests kept per (file identity, tensor, dtype): 16 bytes each plus the key, so a whole 14B model's
 # tensors fit many times over; the oldest are dropped past this count
@@ -119,7 +119,7 @@ class _FileDigests:
             if digest is not None:
                 self._digests.move_to_end(key)
                 return digest
-        value = read_tensor(source, dtype)
+        value = read_tensor(source, dtype, None, identity)
         digest = (tuple(value.shape), checksum(value))
         del value
         with self._lock:
@@ -138,26 +138,37 @@ file_digests = _FileDigests()
 
 def read_tensor(source: WeightSource, dtype: torch.dtype, buffer: Optional[ReadBuffer] = None,
                 identity: Optional["FileIdentity"] = None) -> torch.Tensor:
-    """The tensor ``source`` names, read into a CPU tensor and cast to ``dtype``.
+    """The tensor ``source`` names, read into a CPU tensor and cast to ``dtype``; never a mapping of the file (a
+    staged weight re-read here is kept as the parameter: a mapping would fault when the file is truncated and
+    change when it is rewritten, ``placement.file_pages``).
 
     With a ``buffer`` (and the file's ``identity``, just checked), read by plain reads into it
-    (``safetensors_reads``): the result may be a view of the buffer, valid until its next read. Otherwise the file
-    is opened for this one read: safetensors maps the file, and the pages a read touches count in the process's
-    memory for as long as the mapping lives, so a handle kept open across a bind would grow by every tensor read
-    through it.
+    (``safetensors_reads``): the result may be a view of the buffer, valid until its next read. Otherwise into
+    memory of its own, at the alignment a mapping of the file would give it (``safetensors_reads.read_owned``; a
+    tensor-parallel shard, ``source.part``, as its rows or its columns); a header that module does not read goes
+    through ``safe_open``, copied out of its mapping at once.
     """
-    if buffer is not None and identity is not None:
+    if identity is None:
+        identity = FileIdentity.of(source.file)
+    if buffer is not None:
         value = buffer.read(source.file, identity, source.key, source.part)
-        if value is not None:
-            return value.to(dtype)
+    elif source.part is None:
+        value = read_owned(source.file, identity, source.key)
+    else:  # a shard: its rows, or its columns cut from the whole, in a buffer of this read's own
+        value = ReadBuffer().read(source.file, identity, source.key, source.part)
+    if value is not None:
+        return value.to(dtype)
     from safetensors import safe_open
 
     with safe_open(source.file, framework="pt", device="cpu") as handle:
         if source.part is None:
-            value = handle.get_tensor(source.key)
-        else:  # a view of the file's mapping, columns strided: ``checksum`` hashes it where it lies
+            mapped = handle.get_tensor(source.key)
+        else:  # a view of the file's mapping, columns strided
             stored = handle.get_slice(source.key)
-            value = stored[part_index(source.part, stored.get_shape())]
+            mapped = stored[part_index(source.part, stored.get_shape())]
+        value = aligned_bytes(mapped.numel() * mapped.element_size(), mapped.data_ptr() % ALIGNMENT)
+        value = value.view(mapped.dtype).view(mapped.shape).copy_(mapped)
+        del mapped
     return value.to(dtype)
 
 
@@ -218,8 +229,15 @@ class FileBackedOriginal:
         return value.contiguous()
 
     def _gone(self, label: str, why: str) -> str:
-        return (f"cannot restore {label} exactly from {self.source.file} (tensor {self.source.describe()}): {why}. "
-                "lorabind keeps no RAM copy of weights it can re-read from their file; reload the model.")
+        return (f"cannot restore {label} exactly from {shown_name(self.source.file)} (tensor "
+                f"{self.source.describe()}): {why}. lorabind keeps no RAM copy of weights it can re-read from their "
+                "file; reload the model.")
+
+
+def shown_name(path: str) -> str:
+    """A weight file as a message names it: its folder and name ("vae/diffusion_pytorch_model.safetensors"), never
+    the absolute path (messages reach the browser and ``/history``)."""
+    return "/".join(Path(path).parts[-2:])
 
 
 class FolderWeightSources:
@@ -245,13 +263,13 @@ class FolderWeightSources:
         files = sorted(folder.glob("*.safetensors"))
         try:
             if len(indexes) == 1:
-                weight_map = json.loads(indexes[0].read_text(encoding="utf-8"))["weight_map"]
+                weight_map = json_limits.load_file(indexes[0])["weight_map"]
                 return {key: str((folder / name).resolve()) for key, name in weight_map.items()}
             if len(files) == 1:
                 from safetensors import safe_open
 
                 with safe_open(str(files[0]), framework="pt", device="cpu") as handle:
                     return {key: str(files[0].resolve()) for key in handle.keys()}
-        except (OSError, ValueError, KeyError, json.JSONDecodeError):
+        except (OSError, ValueError, KeyError, TypeError):
             return {}
         return {}  # several candidate files (variants such as *.fp16.safetensors): not knowable which was loaded

@@ -52,10 +52,11 @@ class KeyAccounting:
 
 
 def account(mapped: MappedLora, component_module, *, lenient: bool = False, component: str = "denoiser",
-            guess_family: Optional[Callable] = None) -> KeyAccounting:
+            guess_family: Optional[Callable] = None, caller: str = "") -> KeyAccounting:
     """Check every target of ``mapped`` against ``component_module`` (the denoiser's module tree). Unmatched keys
     raise ``KeyMatchError`` unless ``lenient``; either way ``refusal`` holds that message, naming the family the
-    file looks like when ``guess_family`` (``families.guess_family``, passed in: lora/ never imports it) says."""
+    file looks like when ``guess_family`` (``families.guess_family``, passed in: lora/ never imports it) says, and
+    the way out in ``caller``'s words (a node or command name; "" names every one)."""
     lora = mapped.source
     keymap = mapped.keymap
     file_names = _file_names_by_key(mapped)
@@ -103,13 +104,31 @@ def account(mapped: MappedLora, component_module, *, lenient: bool = False, comp
 
     _summarise(acc)
     if acc.unmatched:
+        family_hint = _family_hint(lora, mapped.family, guess_family)
         acc.refusal = (f"{lora.name}: {len(acc.unmatched)} key(s) match nothing in the {where}: "
-                       f"{_first(acc.unmatched)}. {_family_hint(lora, mapped.family, guess_family)}"
-                       f"Check that the LoRA is for this model, or skip these keys explicitly: the fuse and "
-                       f"adapter nodes' 'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'")
+                       f"{_first(acc.unmatched)}. {family_hint}{_what_to_do(acc, bool(family_hint), caller)}")
         if not lenient:
             raise KeyMatchError(acc.refusal)
     return acc
+
+
+def _what_to_do(acc: KeyAccounting, another_family: bool, caller: str) -> str:
+    """The way out of a refusal, in the caller's words (``caller``: the node or command that asked). Skipping the
+    keys (``lenient``) is offered only where some keys apply to this model: another family's file, or one none of
+    whose keys match, would be skipped whole (issue 54: a Qwen-Image LoRA in the Wan pair, all 72 keys dropped),
+    and a node that applies nothing must not be suggested."""
+    if another_family:
+        return "Pick a LoRA made for this model"
+    if not acc.applied:
+        return ("Check that the LoRA is for this model: none of its keys applies to it, so skipping the unmatched "
+                "ones ('lenient') would apply nothing")
+    if caller.startswith("lorabind "):
+        skip = f"'{caller} --lenient'"
+    elif caller:
+        skip = f"{caller}'s 'lenient' input"
+    else:
+        skip = "the fuse and adapter nodes' 'lenient' input, 'lorabind merge --lenient', 'lorabind inspect --lenient'"
+    return f"Check that the LoRA is for this model, or skip these keys explicitly: {skip}"
 
 
 def _family_hint(lora, model_family: str, guess_family: Optional[Callable]) -> str:

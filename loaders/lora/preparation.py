@@ -56,7 +56,7 @@ def prepare_lora(path: str, model, component: str, family, *, guess_family: Opti
 
     Raises ``LoraFileError`` (unreadable file), ``KeyMatchError`` (no such component, keys that fit nothing
     unless ``lenient``, shapes that do not fit) with messages naming the file; ``where`` (a node name, a command)
-    prefixes the missing-component message. Nothing is patched.
+    prefixes the missing-component message and is the one whose ``lenient`` a refusal offers. Nothing is patched.
     """
     label = name or os.path.basename(str(path).rstrip("/\\"))
     module = model.components.get(component)
@@ -67,7 +67,7 @@ def prepare_lora(path: str, model, component: str, family, *, guess_family: Opti
             f"does not have (components: {', '.join(sorted(model.components)) or 'none'})")
     lora = read_lora(path)
     accounting = account(map_to_model(lora, model.family, family), module, lenient=lenient, component=component,
-                         guess_family=guess_family)
+                         guess_family=guess_family, caller=where)
     return PreparedLora(name=label, path=str(path), component=component, lora=lora, accounting=accounting)
 
 

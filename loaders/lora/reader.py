@@ -1,7 +1,7 @@
 """Read a LoRA from disk: a single ``.safetensors`` file or a PEFT folder, safetensors only.
 
-The header is validated by ``safetensors_header`` before any tensor is loaded; tensors are then read through
-``safetensors.safe_open`` (memory-mapped). Results are cached by resolved path and file identity
+The header is validated by ``safetensors_header`` before any tensor is loaded; tensors are then read into memory
+of their own (``_load_tensors``: never a mapping of the file, which a truncation would fault). Results are cached by resolved path and file identity
 (``io.file_identity``) so a graph that uses one file in several branches reads it once; the cache is bounded by
 bytes and evicts least-recently used.
 A ``LoraFile`` from the cache is shared: callers (family ``prepare`` included) must build new objects, never
@@ -18,7 +18,8 @@ from collections import OrderedDict
 
 from ..errors import LoraFileError
 from ..io import json_limits
-from ..io.file_identity import file_identity
+from ..io.file_identity import file_identity, stat_identity
+from ..io.safetensors_reads import read_all_owned
 from .assembly import PeftScaling, assemble_targets
 from .canonical import LoraFile
 from .layouts import describe_format, parse_key, suffix_roles
@@ -116,6 +117,11 @@ def _read_uncached(resolved: str, display_name: str, identity: tuple) -> LoraFil
     for key in header.tensors:
         parsed_key = parse_key(key)
         (parsed if parsed_key is not None else unknown).append(parsed_key or key)
+    if unknown and not parsed:
+        raise LoraFileError(
+            f"{display_name}: this is a model, not a LoRA: none of its {len(unknown)} tensors is a LoRA tensor "
+            f"({', '.join(unknown[:3])}{' ...' if len(unknown) > 3 else ''}). Pick a LoRA file here, and load this "
+            f"file with a model loader (UNETLoader, LoraBindCheckpointLoader)")
     if unknown:
         known = ", ".join(suffix for suffix, _ in suffix_roles())
         raise LoraFileError(
@@ -134,9 +140,8 @@ def _read_uncached(resolved: str, display_name: str, identity: tuple) -> LoraFil
 
 def _read_json(path: str, display_name: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json_limits.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json_limits.load_file(path)
+    except (OSError, json.JSONDecodeError) as exc:
         raise LoraFileError(f"{display_name}: cannot read {os.path.basename(path)} ({exc})") from exc
     if not isinstance(data, dict):
         raise LoraFileError(f"{display_name}: {os.path.basename(path)} is not a JSON object")
@@ -159,11 +164,18 @@ def _embedded_config(metadata: dict, display_name: str):
 
 
 def _load_tensors(weights_path: str, display_name: str, keys: list) -> dict:
+    """Every tensor in memory of its own, never a view of a mapping of the file: a read LoRA is cached and its
+    factors are fused again later (a strength change, a staged expert brought back), and a mapping would fault
+    (SIGBUS) once the file is truncated and change once it is rewritten in place. Plain reads
+    (``safetensors_reads.read_all_owned``: one read into one buffer); what that module does not read is copied out of
+    ``safe_open``'s map."""
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(weights_path, framework="pt", device="cpu") as handle:
-            tensors = {key: handle.get_tensor(key) for key in keys}
+        tensors = read_all_owned(weights_path, stat_identity(os.stat(weights_path)), keys)
+        if tensors is None:
+            with safe_open(weights_path, framework="pt", device="cpu") as handle:
+                tensors = {key: handle.get_tensor(key).clone() for key in keys}
     except (SafetensorError, OSError, RuntimeError) as exc:
         raise LoraFileError(f"{display_name}: safetensors could not load the tensors ({exc})") from exc
     _refuse_non_finite(tensors, display_name)

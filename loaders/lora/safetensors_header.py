@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..errors import LoraFileError
 from ..io import json_limits
+from ..io.regular_files import open_regular
 
 # bytes per element of every dtype the format defines
 _ITEMSIZE = {
@@ -58,8 +59,8 @@ def read_header(path: str, display_name: str, *, allow_integer_scalars: bool = T
     some exporters store it as an int); every other non-float tensor is refused.
     """
     try:
-        file_size = os.path.getsize(path)
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
+            file_size = os.fstat(handle.fileno()).st_size
             header_len = _header_length(handle, file_size, display_name)
             raw_header = handle.read(min(header_len, _MAX_HEADER_BYTES + 1))
     except OSError as exc:
@@ -99,7 +100,7 @@ def check_safetensors_prefix(path: str, display_name: str) -> None:
     """LoraFileError when ``path`` cannot be a safetensors file by its first 8 bytes alone (a 0-byte file, a
     header longer than the file): what a prompt's validation can refuse without reading the header."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             _header_length(handle, os.fstat(handle.fileno()).st_size, display_name)
     except OSError as exc:
         raise LoraFileError(f"{display_name}: cannot read the file ({exc.strerror or exc})") from exc

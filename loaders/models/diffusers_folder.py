@@ -14,7 +14,10 @@ from typing import Optional
 from ..errors import ModelLoadError
 from ..families import detect_model_family, family_by_id
 from ..families.interface import PipelineSource
+from ..io import json_limits
+from ..io.file_identity import model_folder_identity
 from ..io.model_index import read_model_index
+from ..io.regular_files import check_model_folder
 from ..lora.reader import PICKLE_SUFFIXES
 from ..placement import component_sizes
 from ..placement.load_plan import stored_dtype, stored_dtypes
@@ -76,14 +79,33 @@ class DiffusersFolder(ModelSource):
         self.family = family_by_id(self.model_family)
 
     def cache_identity(self) -> tuple:
-        return str(self.folder), (self.folder / "model_index.json").stat().st_mtime_ns
+        """The folder, and the identity of every file in it and in its component folders: a file replaced or
+        rewritten (even in place, with its size) is a new version, loaded afresh."""
+        return str(self.folder), model_folder_identity(str(self.folder))
 
     def check(self) -> None:
+        """Also, before diffusers and transformers open anything: no FIFO, device or socket in the folder or its
+        components, no config or tokenizer file too large to read whole (they read those with plain ``open``)."""
         require_libraries(self.model_index, self.model_family, f"{self.name} ({self.model_family})", self.folder)
+        try:
+            check_model_folder(self.folder, [name for name in self.model_index if not name.startswith("_")])
+        except OSError as exc:
+            raise ModelLoadError(f"{self.name}: {exc}") from None
         refuse_pickle_weights(self.folder, self.model_index)
 
     def component_roles(self) -> dict:
         return self.family.layout.component_roles(self.model_index)
+
+    def denoiser_heads(self) -> dict:
+        heads = {}
+        for name in self.family.layout.denoiser_components(self.model_index):
+            try:
+                config = json_limits.load_file(self.folder / name / "config.json")
+            except (OSError, ValueError):
+                continue  # the loader reports an unreadable config, naming it
+            if isinstance(config, dict) and isinstance(config.get("num_attention_heads"), int):
+                heads[name] = config["num_attention_heads"]
+        return heads
 
     def component_sizes(self, dtype) -> list:
         dtype_name = str(dtype).replace("torch.", "") if dtype is not None else stored_dtype(self.folder,

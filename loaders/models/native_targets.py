@@ -99,10 +99,12 @@ def _host_kind(own: dict, name: str):
                         f"({known})")
 
 
-def native_denoiser(shapes: Mapping[str, tuple], name: str, dtypes: Optional[Mapping[str, str]] = None
-                    ) -> NativeDenoiser:
+def native_denoiser(shapes: Mapping[str, tuple], name: str, dtypes: Optional[Mapping[str, str]] = None, *,
+                    expert: bool = False) -> NativeDenoiser:
     """Recognise a host's denoiser from ``{state-dict key: shape}`` (and ``{key: dtype name}``, the dtypes the host
-    stores them in); ``KeyMatchError`` naming ``name`` when no family we map has these names."""
+    stores them in); ``KeyMatchError`` naming ``name`` when no family we map has these names. ``expert``: the host
+    says it is one expert of a two-expert model (a Wan2.2 A14B expert has a Wan2.1 14B's shapes), so it carries
+    that model's family id, which every message names."""
     own = {strip_prefix(key): (key, tuple(shape)) for key, shape in shapes.items() if strip_prefix(key) != key}
     if not own:
         own = {key: (key, tuple(shape)) for key, shape in shapes.items()}
@@ -116,7 +118,8 @@ def native_denoiser(shapes: Mapping[str, tuple], name: str, dtypes: Optional[Map
             param_shapes[diffusers] = (rows, *shape[1:]) if len(held) > 1 else shape
         parts[host_key] = (native, held)
     family = family_registry.family_by_id(family_id)
-    return NativeDenoiser(name=name, family=family.model_families[0],
+    model_family = (expert and family.layout.expert_model_family) or family.model_families[0]
+    return NativeDenoiser(name=name, family=model_family,
                           components={HOST_COMPONENT: tree_on_meta(param_shapes)}, host_keys=host_keys,
                           parts=parts, layout=layout, dtypes=dict(dtypes or {}))
 

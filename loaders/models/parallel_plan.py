@@ -20,9 +20,11 @@ What each split does to one rank's figures (the assumptions, stated once):
 * ``cfg=2``: every rank holds the whole model (with ``tp=N``: its pass's split) and runs one of a guided step's
   two passes; the passes are separate forwards of batch 1 already, so a rank's working memory does not change.
 * Host: the ranks run on one machine (``lorabind run`` starts them there) and share its ``--ram``: each rank is
-  planned with ``--ram / ranks``. On a machine without a GPU (``device="cpu"``) the RAM is each rank's device:
-  its share of ``--ram`` is what the rank's figure (weights and working memory) must fit, as ``plan --device cpu``
-  plans one process.
+  planned with the usable ``--ram`` (less the OS's headroom, ``placement.headroom``) divided by the ranks. On a
+  machine without a GPU (``device="cpu"``) the RAM is each rank's device: its share of the usable ``--ram`` is
+  what the rank's figure (weights and working memory) must fit, as ``plan --device cpu`` plans one process.
+  ``ulysses``/``ring``/``cfg`` alone are planned by ``placement.choices`` (every storage, as plain ``plan``);
+  this module plans ``tp`` and ``--files``.
 * What a tp rank holds beside its shards, whole (``tensor_parallel`` in ``--json``, per denoiser): the parameters
   the plan does not split (Wan: the patch, text and time embeddings, the norms, each block's modulation table, the
   rowwise layers' biases: 0.06 GiB at Wan2.1-1.3B, 0.5 GiB in an A14B expert), and every other component (the
@@ -224,7 +226,7 @@ def format_rank_lines(rank_plan: RankPlan) -> list[str]:
     """The lines ``plan --parallel`` prints above the per-rank plan."""
     spec = rank_plan.spec
     host_share = rank_plan.plan.device_free_bytes if rank_plan.on_cpu else rank_plan.plan.host_free_bytes
-    shared = "" if host_share is None else f", each with {host_share / GIB:.1f} GiB of the machine's --ram"
+    shared = "" if host_share is None else f", each with {host_share / GIB:.1f} GiB of the machine's --ram usable"
     lines = [f"parallel: {spec.describe()} ({spec.world_size} ranks on one machine; the figures below are per rank"
              f"{shared})", f"working memory per rank: {rank_plan.activation_bytes / GIB:.1f} GiB"]
     for share in rank_plan.shares:

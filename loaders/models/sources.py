@@ -60,6 +60,11 @@ class ModelSource:
         """{component: ROLE_*} of the components with weights, known before loading (the CPU plan's list)."""
         raise NotImplementedError
 
+    def denoiser_heads(self) -> dict:
+        """{denoiser component: attention heads} from the configs, before loading (what a sequence split is
+        checked against); {} when the source cannot tell."""
+        return {}
+
     def component_sizes(self, dtype) -> list:
         """``memory.ComponentSize`` of each weighted component at ``dtype`` (None: as stored), from configs and
         headers: no weight is read."""

@@ -191,8 +191,7 @@ def weight_files(component_dir: Path, label: str) -> list:
 
     index = component_dir / SAFE_WEIGHTS_INDEX_NAME
     if index.is_file():
-        with open(index, encoding="utf-8") as handle:
-            weight_map = json_limits.load(handle).get("weight_map", {})
+        weight_map = json_limits.load_file(index).get("weight_map", {})
         files = sorted({component_dir / Path(name).name for name in weight_map.values()})
     else:
         files = [component_dir / SAFETENSORS_WEIGHTS_NAME]

@@ -13,6 +13,7 @@ different pipeline from the same folder placed for another.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import warnings
 import weakref
@@ -61,6 +62,8 @@ _kept: dict[tuple, LoadedModel] = {}  # the store's own strong references, unles
 _host_owns_lifetime = False
 _load_counts: dict[str, int] = {}
 _lock = threading.Lock()
+# a warning, so that it shows where no handler is set up (``serve`` configures only its own logger)
+log = logging.getLogger("lorabind.models")
 
 
 def detect_family(model_index: dict) -> str:
@@ -157,8 +160,9 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
 
     def load_now() -> LoadedModel:
         source.check()
+        context_parallel.check_attention(attention, torch_device.type)  # first: the split decides what is usable
+        context_parallel.check_heads(source.denoiser_heads(), source.name)
         speed.check_attention(attention, torch_device)
-        context_parallel.check_attention(attention)
         plan = load_plan.choose_plan(source, device=torch_device, memory=memory_name, dtype=torch_dtype)
         split = _split_load(source, plan, torch_device)
         if before_device_alloc is not None and torch_device.type != "cpu":
@@ -184,7 +188,7 @@ def load(source, *, dtype=None, device=None, memory=None, attention: str = "nati
             loaded.tensor_parallel = (*split.reports.values(), *reports)
         return loaded
 
-    return load_shared(key, load_now)
+    return load_shared(key, load_now, label=source.name)
 
 
 def _split_load(source, plan, device) -> SplitLoad | None:
@@ -201,26 +205,42 @@ def _split_load(source, plan, device) -> SplitLoad | None:
     return SplitLoad(degree, device, mesh)
 
 
-def load_shared(key: tuple, load: Callable[[], LoadedModel]) -> LoadedModel:
+def load_shared(key: tuple, load: Callable[[], LoadedModel], label: str = "") -> LoadedModel:
     """The one shared model for ``key``, loaded by ``load()`` on a miss (under the cache lock, so two callers never
-    load it twice). A key is ``(source, version, *options)``: the source's resolved path(s), their mtime(s), then
-    dtype, device, plan and speed options. A new version of the same source with the same options (a rebuilt
-    folder, a replaced file) replaces the stale entry instead of keeping both models alive. Used by the folder
-    loader and by ``loaders.models.single_file``, so clearing or unloading the cache covers both."""
+    load it twice). A key is ``(source, version, *options)``: the source's resolved path(s), the identity of
+    their files (``ModelSource.cache_identity``), then dtype, device, plan and speed options. A new version of the
+    same source with the same options (a rebuilt folder, a replaced or rewritten file) drops the stale entry first,
+    with one line in the log naming the model (``label``), and loads afresh: both are never alive at once, and a
+    new version that fails to load leaves nothing stale behind. The version is computed before ``load()`` reads
+    anything, so a file changed during the load makes the next call load again rather than keep a mixed model.
+    Used by the folder loader and by ``loaders.models.single_file``, so clearing or unloading the cache covers
+    both."""
     with _lock:
         cached = _cache.get(key)
         if cached is not None:
             if cached.placement is not None:
                 cached.placement.ensure_placed()
             return cached
+        _drop_older_versions(key, label)
         model = load()
-        for stale in [k for k in _cache if k[0] == key[0] and k[2:] == key[2:]]:
-            _kept.pop(stale, None)
-            _release(_cache.pop(stale))
         _cache[key] = model
         if not _host_owns_lifetime:
             _kept[key] = model
         return model
+
+
+def _drop_older_versions(key: tuple, label: str) -> None:
+    """Forget the models of ``key``'s source at another version with the same options. Why ``pop(k, None)``: the
+    cache holds its models weakly, so dropping the store's own reference (``_kept``) may collect one and remove
+    its entry before it is popped (issue 54: that raised a ``KeyError`` naming the folder's absolute path)."""
+    stale = [k for k in list(_cache.keys()) if k[0] == key[0] and k[2:] == key[2:]]
+    for old in stale:
+        model = _cache.pop(old, None)
+        _kept.pop(old, None)
+        if model is not None:
+            _release(model)
+    if stale:
+        log.warning("lorabind: %s changed on disk since it was loaded; loading it afresh", label or "a model")
 
 
 def follow_host_node_cache() -> None:

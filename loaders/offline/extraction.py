@@ -58,9 +58,11 @@ class ExtractionError(LoraBindError):
 class ComponentWeights:
     """Lazy, read-only view of a diffusers component folder's safetensors weights (one tensor at a time)."""
 
-    def __init__(self, model_dir: str, component: str):
+    def __init__(self, model_dir: str, component: str, files: Optional[list] = None):
+        """``model_dir``'s ``component`` folder, or ``files`` (one merged file, a standalone folder's shards) read
+        by the same names; ``model_dir/component`` is then what messages call them."""
         self.source = os.path.join(model_dir, component)  # named in messages
-        files = sorted(glob.glob(os.path.join(self.source, "*.safetensors")))
+        files = files or sorted(glob.glob(os.path.join(self.source, "*.safetensors")))
         if not files:
             others = os.listdir(self.source) if os.path.isdir(self.source) else []
             hint = " (only pickle weights found: convert them to safetensors)" if any(

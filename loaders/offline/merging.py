@@ -223,8 +223,7 @@ def _update_shard_index(component_folder: str, total_bytes: int) -> None:
     """A sharded component's ``*.safetensors.index.json`` states the total size; a new dtype changes it."""
     for index_path in glob.glob(os.path.join(component_folder, "*.safetensors.index.json")):
         try:
-            with open(index_path, encoding="utf-8") as handle:
-                index = json_limits.load(handle)
+            index = json_limits.load_file(index_path)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"{index_path}: cannot be read ({exc})") from None
         if not isinstance(index, dict):

@@ -38,6 +38,7 @@ from ..models.single_file.baked_files import WRITTEN_BY
 from ..models.single_file.detect import Detected, check_denoisers, detect
 from ..models.single_file.loading import build_empty
 from ..models.single_file.native_files import keeps_fp32
+from ..models.single_file.shard_folders import open_weights
 from ..models.single_file.writer import StreamingWriter, dtype_code
 from .merging import MetaModel, baked_record, placed_requests, prepare_layers
 
@@ -115,18 +116,16 @@ def _named_denoisers(model_files: list, out_files: list) -> dict:
 
 def _write_file(detected: Detected, module, plan: dict, path: str, out_dtype, record: dict) -> int:
     """Stream ``detected``'s tensors, fused by ``plan``, into ``path`` at ``out_dtype``; returns the count."""
-    from safetensors import safe_open
-
     layout = detected.kind.layout(detected.config)
     native_plan = layout.native_plan(module.state_dict(keep_vars=True))
     keep = tuple(getattr(type(module), "_keep_in_fp32_modules", None) or ())
-    with safe_open(detected.path, framework="pt") as handle:
+    with open_weights(detected.path) as handle:
         metadata = dict(handle.metadata() or {})
         source = {key: (handle.get_slice(key).get_dtype(), handle.get_slice(key).get_shape()) for key in handle.keys()}
     specs = _output_specs(detected, source, native_plan, keep, out_dtype)
     metadata.update({BAKED_KEY: json.dumps(record), **output_metadata(WRITTEN_BY)})
     entries = {name: (code, shape) for name, (code, shape, _) in specs.items()}
-    with StreamingWriter(path, entries, metadata) as writer, safe_open(detected.path, framework="pt") as handle:
+    with StreamingWriter(path, entries, metadata) as writer, open_weights(detected.path) as handle:
         for name, (code, _, native) in specs.items():
             if native is None:  # a scale written together with its weight, or the fp8 marker
                 continue

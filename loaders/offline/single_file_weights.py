@@ -16,6 +16,7 @@ from .. import fp8
 from ..families import family_by_id
 from ..models.single_file.detect import detect, read_shapes
 from ..models.single_file.loading import build_empty, ignored_key
+from ..models.single_file.shard_folders import open_weights
 from .extraction import ExtractionError
 
 
@@ -82,9 +83,7 @@ class SingleFileWeights:
 
 
         if self._handle is None:
-            from safetensors import safe_open
-
-            self._handle = safe_open(self.source, framework="pt")
+            self._handle = open_weights(self.source)
         prefix, native = self.detected.prefix, self.native_of[key]
         value = self._handle.get_tensor(prefix + native)
         if value.dtype == torch.float8_e4m3fn:

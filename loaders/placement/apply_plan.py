@@ -47,6 +47,7 @@ from torch import nn
 
 from .. import forward_hooks
 from ..families.roles import ROLE_VAE
+from .file_pages import copy_out_of_files, file_mapped_ranges
 from .file_staging import FileStaged
 from .planner import default_decode_bytes
 from .sizes import DENOISER_ROLES, ENCODER_ROLES
@@ -94,15 +95,19 @@ class ModelPlacement:
     def apply(self, on_progress: Optional[Callable[[int, int], None]] = None) -> None:
         """Put every component where the plan says (reporting ``on_progress(done, total)`` per component)."""
         names = list(self.modules)
+        mapped = file_mapped_ranges()  # weights still pages of their file are copied where they stay on the host
         for index, name in enumerate(names):
             module = self.modules[name]
             place = self.placement[name]
+            if place in ("device", "blocks") and self.device.type != "cuda":  # on CUDA they leave the host
+                copy_out_of_files(module, mapped)
             if place == "device":
                 module.to(self.device)
             elif place == "blocks":
                 self._enable_group_offload(name, module)
             elif place in ("swap", "on_demand"):
                 self.staged[name] = self._stager(name, module)
+                self.staged[name].copy_out_of_files(mapped)
                 self._install_hooks(name, module)
             if on_progress is not None:
                 on_progress(index + 1, len(names))

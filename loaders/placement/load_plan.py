@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import ModelLoadError
 from ..families import denoiser_components
 from ..io import json_limits
+from ..io.regular_files import open_regular
 from .devices import device_memory, host_memory
 from .planner import MemoryPlan, plan_memory
 
@@ -43,7 +44,7 @@ def component_stored_dtype(component_folder: Path):
     model may keep a few float32 norms), None when no header there can be read."""
     for file in sorted(component_folder.glob("*.safetensors")):
         try:
-            with open(file, "rb") as f:
+            with open_regular(file) as f:
                 length = int.from_bytes(f.read(8), "little")
                 header = json_limits.loads(f.read(min(length, 16 * 1024 * 1024)))
         except (OSError, ValueError):

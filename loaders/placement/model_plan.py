@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .choices import unfit_reasons
 from .planner import DEFAULT_DECODE_SIZE, GIB, MEMORY_PLANS, MemoryPlan, default_activation_bytes, plan_memory
-from .sizes import WEIGHTS, ComponentSize, component_sizes
+from .sizes import ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
                dtype: str = "bfloat16", weights: str = "bf16", sizes: list | None = None, sequence_split: int = 1,
                decode_size: tuple = DEFAULT_DECODE_SIZE) -> tuple[MemoryPlan, list[ComponentSize]]:
     """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16",
-    "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or for components the caller measured (``sizes``: single
-    files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
+    "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or
+    for components the caller measured (``sizes``: single files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
     only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
     smallest plan needs. ``sequence_split``: ranks sharing each step's tokens (``--parallel ulysses/ring``), which
-    divide the denoising working memory; ``decode_size``: the frames' (width, height) the VAE decodes."""
+    divide the denoising working memory; ``decode_size``: (width, height[, frames]) the decode is planned at."""
     measured = sizes is not None
     if not measured:
         sizes = component_sizes(model, dtype=dtype, weights=weights)
@@ -99,45 +100,71 @@ def unchecked_host_line(ram_gib) -> str:
 
 
 def format_ranking(model: str, ranking) -> str:
-    """``lorabind plan``'s text: the machine, what fits fastest first with the files to get (or the smallest
-    machine that would fit), then the first choice in detail (``format_plan``)."""
-    if ranking.device == "cpu":
-        machine = f"a CPU with {ranking.ram_gib:g} GiB of RAM"
-    else:
-        machine = f"{ranking.vram_gib:g} GiB of device memory" + (
-            f" and {ranking.ram_gib:g} GiB of host memory" if ranking.ram_gib is not None else "")
+    """``lorabind plan``'s text: the machine and the headroom kept free, what fits fastest first with the files
+    to get (or the smallest machine that would fit), why the storages that fit nowhere do not, then the first
+    choice in detail (``format_plan``)."""
+    machine = ranking.machine
+    cpu = ranking.device == "cpu"
     count = len(ranking.fitting) + len(ranking.others)
-    lines = [f"{model} on {machine}: "
+    lines = [f"{model} on {_machine_words(machine)}: "
              + (f"{len(ranking.fitting)} of {count} choices fit, fastest first (~s: moving and converting weights "
                 "in a 20-step run):" if ranking.fitting
-                else f"none of {count} choices fits.")]
+                else f"none of {count} choices fits."),
+             machine.headroom.describe(ranking.device, ranking.ram_gib is not None)
+             + f"; usable: {_usable_words(machine)}",
+             "decode planned at {}x{}, {} frame{} ({})".format(*machine.decode, "" if machine.decode[2] == 1 else "s",
+                                                               machine.decode_source)]
     for number, choice in enumerate(ranking.fitting[:SHOWN_CHOICES], 1):
-        lines.append(f"  {number}. {_choice_words(choice, ranking.device == 'cpu')}")
+        lines.append(f"  {number}. {_choice_words(choice, cpu, machine.ranks)}")
         if choice.files:
             lines.append(f"     files: {', '.join(choice.files)}")
     if len(ranking.fitting) > SHOWN_CHOICES:
         lines.append(f"  ... and {len(ranking.fitting) - SHOWN_CHOICES} more (--json lists every choice)")
-    unfit = sorted({c.weights for c in ranking.others} - {c.weights for c in ranking.fitting}, key=WEIGHTS.index)
-    if ranking.fitting and unfit:
-        lines.append(f"does not fit with any plan: {', '.join(unfit)}")
+    reasons = unfit_reasons(ranking)
+    if reasons:
+        lines += ["does not fit with any plan:", *reasons]
     lines += [line for line in (ranking.unnarrowed, ranking.smallest_machine,
-                                "" if ranking.device == "cpu" else unchecked_host_line(ranking.ram_gib)) if line]
+                                "" if cpu else unchecked_host_line(ranking.ram_gib)) if line]
     detail = ranking.detail
     lines += ["", format_plan(detail.plan, list(detail.sizes))]
     return "\n".join(lines)
 
 
-def _choice_words(choice, cpu: bool) -> str:
-    """"--weights q4_k memory=swap_experts: 11.8 GiB device, 26.3 GiB host, ~6.6 s" (RAM alone on the CPU)."""
+def _machine_words(machine) -> str:
+    if machine.device == "cpu":
+        return f"a CPU with {machine.ram_gib:g} GiB of RAM"
+    per_rank = " per rank" if machine.ranks > 1 else ""
+    host = "" if machine.ram_gib is None else f" and {machine.ram_gib:g} GiB of host memory" + (
+        f" shared by {machine.ranks} ranks" if machine.ranks > 1 else "")
+    return f"{machine.vram_gib:g} GiB of device memory{per_rank}{host}"
+
+
+def _usable_words(machine) -> str:
+    if machine.device == "cpu":
+        return f"{machine.device_free / GIB:.1f} GiB of RAM"
+    device = f"{machine.device_free / GIB:.1f} GiB device"
+    if machine.host_free is None:
+        return device
+    ranks = f" per rank ({machine.ranks} ranks)" if machine.ranks > 1 else ""
+    return f"{device}, {machine.host_free / GIB:.1f} GiB host{ranks}"
+
+
+def _choice_words(choice, cpu: bool, ranks: int = 1) -> str:
+    """"--weights q4_k --text-encoder fp8 memory=swap_experts: 9.1 GiB device, 22.0 GiB host, ~6.6 s" (RAM alone
+    on the CPU; per rank and for all ranks when several share the host)."""
     plan = choice.plan
     prefetch = " (prefetching the next expert)" if plan.prefetch and plan.memory == "swap_experts" else ""
+    host = plan.peak_host_bytes / GIB
     memory = (f"{plan.peak_device_bytes / GIB:.1f} GiB of RAM" if cpu else
-              f"{plan.peak_device_bytes / GIB:.1f} GiB device, {plan.peak_host_bytes / GIB:.1f} GiB host")
-    return f"--weights {choice.weights} memory={plan.memory}{prefetch}: {memory}, ~{choice.run_seconds:.1f} s"
+              f"{plan.peak_device_bytes / GIB:.1f} GiB device, {host:.1f} GiB host"
+              + (f" per rank ({ranks * host:.1f} GiB for {ranks} ranks)" if ranks > 1 else ""))
+    encoder = f" --text-encoder {choice.text_encoder}" if choice.text_encoder != "bf16" else ""
+    return f"--weights {choice.weights}{encoder} memory={plan.memory}{prefetch}: {memory}, ~{choice.run_seconds:.1f} s"
 
 
 def ranking_to_json(ranking) -> dict:
     """The first choice's plan as ``plan_to_json`` gives it (what ``--json`` always carried), with its
     ``weights`` and the whole ranking: every choice, fitting first and fastest first."""
     detail = ranking.detail
-    return {**plan_to_json(detail.plan, list(detail.sizes)), "weights": detail.weights, **ranking.to_json()}
+    return {**plan_to_json(detail.plan, list(detail.sizes)), "weights": detail.weights,
+            "text_encoder": detail.text_encoder, **ranking.to_json()}

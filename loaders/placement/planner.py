@@ -13,8 +13,9 @@ The cost model (all sizes in bytes at the dtype the model runs in):
 * Denoising working memory (``activation_bytes``) defaults to ``max(1 GiB, 10 % of the largest denoiser)``:
   the activations grow with the model's width, which grows with its size. Override it for very long videos.
   Encoding reserves ``ENCODE_ACTIVATION_BYTES``.
-* Decoding reserves ``default_decode_bytes(width, height)`` (see there); when that does not fit next to what
-  stays resident, the plan decodes in tiles (``vae_tiling``), which needs about two tiles' worth.
+* Decoding reserves ``default_decode_bytes(width, height, frames)`` (see there) at the size asked for (``lorabind
+  plan``: the model's native size, or ``--width/--height``); when that does not fit next to what stays resident,
+  the plan decodes in tiles (``vae_tiling``), which needs about two tiles' worth.
 * Host peak: ``swap`` and ``on_demand`` components are kept in the safetensors files they came from while they
   are not in use (``file_resident``; ``file_staging``): the inactive Wan2.2 expert is not held in host RAM, the
   text encoder is released after encoding and re-read for a new prompt (GGUF denoisers are not re-read from their
@@ -40,7 +41,7 @@ PLACEMENTS = ("device", "host", "swap", "blocks", "on_demand")
 _FILE_RESIDENT = ("swap", "on_demand")  # staged from the weights' files, no host copy kept
 GIB = 1024**3
 ENCODE_ACTIVATION_BYTES = 1 * GIB  # a 512-token prompt through a 7B encoder needs a few hundred MB
-DEFAULT_DECODE_SIZE = (1280, 720)  # width, height: the 720p video the 14B models are made for
+DEFAULT_DECODE_SIZE = (1280, 720)  # width, height when nothing says better: the 14B models' 720p video
 # Wan-style VAEs decode causally, one latent frame (4 video frames) at a time, so the decode peak depends on the
 # frame size, not on the number of frames. At full resolution the decoder carries ~96 channels; about a dozen
 # such tensors (activations, the causal cache, upsampling temporaries) are alive at once in bf16.
@@ -50,9 +51,14 @@ _DECODE_LIVE_TENSORS = 12
 _TILE_SIDE = 256  # diffusers' Wan VAE tile size in pixels (tile_sample_min_height/width)
 
 
-def default_decode_bytes(width: int, height: int) -> int:
-    """Device memory a VAE decode needs for frames of ``width`` x ``height`` pixels (see the module docstring)."""
-    return width * height * _DECODE_FRAMES_PER_CHUNK * _DECODE_CHANNELS * 2 * _DECODE_LIVE_TENSORS
+def default_decode_bytes(width: int, height: int, frames: int = _DECODE_FRAMES_PER_CHUNK) -> int:
+    """Device memory a VAE decode needs for frames of ``width`` x ``height`` pixels (see the module docstring);
+    ``frames``: the frames made (an image model makes one), of which at most a chunk is decoded at once."""
+    return width * height * _chunk(frames) * _DECODE_CHANNELS * 2 * _DECODE_LIVE_TENSORS
+
+
+def _chunk(frames: int) -> int:
+    return max(1, min(frames, _DECODE_FRAMES_PER_CHUNK))
 
 
 def default_activation_bytes(sizes) -> int:
@@ -61,11 +67,11 @@ def default_activation_bytes(sizes) -> int:
     return max(GIB, max((s.bytes for s in sizes if s.role in DENOISER_ROLES), default=0) // 10)
 
 
-def _tiled_decode_bytes(width: int, height: int) -> int:
+def _tiled_decode_bytes(width: int, height: int, frames: int = _DECODE_FRAMES_PER_CHUNK) -> int:
     """Tiled decode: one tile in flight plus the overlapping neighbour being blended, and the decoded chunk
     (fp32 RGB) being assembled."""
-    tile = default_decode_bytes(min(width, _TILE_SIDE), min(height, _TILE_SIDE))
-    return 2 * tile + width * height * _DECODE_FRAMES_PER_CHUNK * 3 * 4
+    tile = default_decode_bytes(min(width, _TILE_SIDE), min(height, _TILE_SIDE), frames)
+    return 2 * tile + width * height * _chunk(frames) * 3 * 4
 
 
 @dataclass(frozen=True)
@@ -184,21 +190,23 @@ def _evaluate(plan: str, inputs: _Inputs, placement: dict) -> MemoryPlan:
     )
 
 
-def shortfall(plan: MemoryPlan) -> str:
+def shortfall(plan: MemoryPlan, free: str = "free") -> str:
+    """"15.2 GiB of device memory (11.1 GiB free)"; ``free``: what the limit is called (``lorabind plan``: the
+    usable memory, the stated memory less the headroom it keeps)."""
     parts = []
     if plan.peak_device_bytes > plan.device_free_bytes:
-        parts.append(f"{_gib(plan.peak_device_bytes)} of device memory ({_gib(plan.device_free_bytes)} free)")
+        parts.append(f"{_gib(plan.peak_device_bytes)} of device memory ({_gib(plan.device_free_bytes)} {free})")
     if plan.host_free_bytes is not None and plan.peak_host_bytes > plan.host_free_bytes:
-        parts.append(f"{_gib(plan.peak_host_bytes)} of host memory ({_gib(plan.host_free_bytes)} free)")
+        parts.append(f"{_gib(plan.peak_host_bytes)} of host memory ({_gib(plan.host_free_bytes)} {free})")
     return " and ".join(parts)
 
 
-def describe_plan(plan: MemoryPlan) -> str:
+def describe_plan(plan: MemoryPlan, free: str = "free") -> str:
     extras = [w for w, on in (("prefetching the next expert", plan.prefetch and plan.memory == "swap_experts"),
                                ("tiled VAE decode", plan.vae_tiling)) if on]
     tail = f" ({', '.join(extras)})" if extras else ""
     return (f"memory={plan.memory}{tail}: peak {_gib(plan.peak_device_bytes)} on the device of "
-            f"{_gib(plan.device_free_bytes)} free, {_gib(plan.peak_host_bytes)} on the host")
+            f"{_gib(plan.device_free_bytes)} {free}, {_gib(plan.peak_host_bytes)} on the host")
 
 
 def plan_candidates(sizes, *, device_free_bytes: int, host_free_bytes: int | None = None,
@@ -208,9 +216,10 @@ def plan_candidates(sizes, *, device_free_bytes: int, host_free_bytes: int | Non
     sizes = tuple(sizes)
     if activation_bytes is None:
         activation_bytes = default_activation_bytes(sizes)
-    width, height = decode_size
+    width, height, *frames = decode_size  # (width, height) or (width, height, frames)
+    frames = frames[0] if frames else _DECODE_FRAMES_PER_CHUNK
     inputs = _Inputs(sizes, int(device_free_bytes), host_free_bytes, int(activation_bytes),
-                     default_decode_bytes(width, height), _tiled_decode_bytes(width, height))
+                     default_decode_bytes(width, height, frames), _tiled_decode_bytes(width, height, frames))
     candidates = {}
     for name in MEMORY_PLANS[1:]:
         placement = _placements(name, inputs)

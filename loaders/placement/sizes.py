@@ -28,7 +28,7 @@ from ..io import json_limits
 from ..io.model_index import read_model_index
 from ..io.shipped_configs import shipped_model_folder
 from ..meta_modules import build_on_meta, component_class
-from .sizes_cache import cached_components, cached_sizes, model_key, sizes_key
+from .sizes_cache import cached_components, cached_sizes, model_key, read_config_text, sizes_key
 
 # The role vocabulary is the families' (``families.interface``); the planner groups components by it.
 DENOISER_ROLES = (ROLE_DENOISER, ROLE_HIGH_NOISE, ROLE_LOW_NOISE)
@@ -74,9 +74,9 @@ def resolve_model_source(model) -> Path:
 def _read_config(folder: Path) -> str:
     config_file = folder / "config.json"
     try:
-        text = config_file.read_text(encoding="utf-8")
+        text = read_config_text(config_file)
         config = json_limits.loads(text)
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{config_file}: cannot be read: {exc}") from exc
     check_config_sizes(config, str(config_file))
     return text
@@ -256,7 +256,9 @@ def component_sizes(model_source, dtype="bfloat16", weights: str = "bf16") -> li
         return sizes
 
     quick = _shipped_folder(model_source) or Path(model_source).expanduser()
-    return [ComponentSize(**entry) for entry in cached_components(model_key(quick, dtype_name, weights), measure)]
+    key = model_key(quick, dtype_name, weights)
+    return [ComponentSize(**entry) for entry in cached_components(key, measure,
+                                                                  lambda: model_key(quick, dtype_name, weights))]
 
 
 def _shipped_folder(model_source) -> Path | None:

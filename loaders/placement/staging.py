@@ -78,6 +78,15 @@ class Staged:
             return same_alignment_copy(host)
         return host.to(self.device, non_blocking=host.is_pinned())
 
+    def copy_out_of_files(self, mapped) -> None:
+        """Replace each host copy that is still pages of a file (``mapped``: ``file_pages.FileMappings``) by an
+        anonymous copy at the same alignment: the host copy is kept for the model's life (``file_pages``)."""
+        for tensor, host in list(self.host.items()):
+            if host.device.type == "cpu" and host.numel() and mapped.holds(host.data_ptr()):
+                self.host[tensor] = same_alignment_copy(host)
+                if not self.on_device:
+                    tensor.data = self.host[tensor]
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.host.values())

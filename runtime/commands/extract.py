@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from ..guide_flags import dtype_name
+from ..guide_flags import add_format_arguments, dtype_name, format_refusal
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -39,6 +39,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--component", default=None, metavar="NAME",
                         help="folders: the denoiser component to compare (default: the model's main denoiser, "
                              "e.g. transformer; a single file is the component it holds)")
+    add_format_arguments(parser, ("--source-type", "--target-type", "--output-format"))
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file with any of the settings above (base, tuned, out, layers, rank, "
                              "alpha, dtype, diffs, key_prefix, device, ...) or LightX2V's extractor keys "
@@ -96,6 +97,10 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
 
     out = args.out
+    refused = format_refusal(args)
+    if refused:
+        print(f"lorabind extract: refused: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
     try:
         settings = _settings(args)
         out = str(settings.pop("out"))
@@ -167,14 +172,18 @@ def _readers(base: str, tuned: str, component: str | None) -> tuple:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
     from ...loaders.io.model_index import read_model_index
+    from ...loaders.models.single_file.shard_folders import is_shard_folder
     from ...loaders.models.store import denoiser_names
+    from ...loaders.offline.component_folders import diffusers_named_weights
     from ...loaders.offline.extraction import ComponentWeights
     from ...loaders.offline.single_file_weights import SingleFileWeights
 
     for flag, path in (("--base", base), ("--tuned", tuned)):
         if not os.path.exists(path):
             raise LoraBindError(f"{flag} {path}: no such model folder or file")
-    files = {path: SingleFileWeights(path) for path in (base, tuned) if os.path.isfile(path)}
+    # a file or a folder of shards without model_index.json (LightX2V's high_noise_model/, a lone transformer/)
+    files = {path: diffusers_named_weights(path) or SingleFileWeights(path) for path in (base, tuned)
+             if os.path.isfile(path) or is_shard_folder(path)}
     if len(files) == 2 and component:
         raise LoraBindError(f"--component {component} chooses a folder's component; a single file is the one "
                             "component it holds")
@@ -191,7 +200,10 @@ def _baked_contract(tuned: str, component: str) -> dict:
     from ...loaders.contracts.baked import INDEX_KEY, extracted_contract_metadata
     from ...loaders.io.model_index import read_model_index
     from ...loaders.models.single_file.baked_files import baked_file_record
+    from ...loaders.models.single_file.shard_folders import is_shard_folder
 
     if os.path.isfile(tuned):  # a merged file is one component: everything baked into it counts
         return extracted_contract_metadata({INDEX_KEY: baked_file_record(tuned)}, None)
+    if is_shard_folder(tuned):  # a release's own shards: merge writes files, so nothing is baked in
+        return {}
     return extracted_contract_metadata(read_model_index(tuned), component)

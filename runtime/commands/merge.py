@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from ..guide_flags import dtype_name
+from ..guide_flags import add_format_arguments, dtype_name, format_refusal
 from . import DTYPE_ARGUMENTS
 
 EXIT_REFUSED = 1
@@ -41,6 +41,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", "--output", dest="out", action="append", metavar="DIR|FILE",
                         help="new model folder to write (a new path or an empty folder; never inside --model or "
                              "a LoRA); for single files one .safetensors file per --model, in the same order")
+    add_format_arguments(parser, ("--source-type", "--lora-type", "--output-format"))
     parser.add_argument("--config", metavar="FILE",
                         help="JSON or YAML file with any of the settings above (model, lora, strength, out, "
                              "component, dtype, ...) or LightX2V's converter keys (source, output, lora_path, "
@@ -81,6 +82,10 @@ def run(args) -> int:
     from ...loaders.errors import LoraBindError
     from ...loaders.offline.tool_config import config_notes
 
+    refused = format_refusal(args)
+    if refused:
+        print(f"lorabind merge: refused: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
     try:
         settings = _settings(args)
         for note in config_notes(args.config):
@@ -98,27 +103,40 @@ def run(args) -> int:
 
 
 def _merge(settings: dict) -> dict:
-    """The folder merge or the single-file merge, by what ``--model`` names."""
-    import torch
-
+    """The folder merge, the single-file merge or a lone component folder's, by what ``--model`` names."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.errors import LoraBindError
+    from ...loaders.models.single_file.shard_folders import is_shard_folder
+    from ...loaders.offline.component_folders import component_class_of, merge_component_folder
     from ...loaders.offline.merging import merge_into_folder
     from ...loaders.offline.single_file_merge import DEFAULT_DTYPE, merge_into_files
 
     models, outs, dtype = settings["model"], settings["out"], settings.get("dtype")
     options = dict(lenient=bool(settings.get("lenient")), overwrite=bool(settings.get("overwrite")))
-    if all(os.path.isfile(m) for m in models):
+    if len(models) == len(outs) == 1 and component_class_of(models[0]) is not None:  # a lone transformer/
+        return merge_component_folder(models[0], settings["loras"], outs[0], component=settings.get("component"),
+                                      dtype=_torch_dtype(dtype), **options)
+    # files, or folders of shards without model_index.json (LightX2V's high_noise_model/): single-file merges
+    if all(os.path.isfile(m) or is_shard_folder(m) for m in models):
         return merge_into_files(models, settings["loras"], outs, component=settings.get("component"),
                                 dtype=dtype or DEFAULT_DTYPE, **options)
     if len(models) != 1 or len(outs) != 1:
         raise LoraBindError(f"--model {models}: give one model folder and one --out, or single .safetensors files "
                             "(one --out each)")
+    return merge_into_folder(models[0], settings["loras"], outs[0], component=settings.get("component"),
+                             asset_mode=settings.get("asset_mode") or "copy", dtype=_torch_dtype(dtype), **options)
+
+
+def _torch_dtype(dtype):
+    """``--dtype`` (our spelling) as the torch dtype of a folder merge, None for "as stored"."""
+    import torch
+
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.errors import LoraBindError
+
     if dtype == FP8_DTYPE:
         raise LoraBindError("--dtype fp8_e4m3fn writes single files; a folder merge takes fp32, bf16 or fp16")
-    return merge_into_folder(models[0], settings["loras"], outs[0], component=settings.get("component"),
-                             asset_mode=settings.get("asset_mode") or "copy",
-                             dtype=getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None, **options)
+    return getattr(torch, DTYPE_ARGUMENTS[dtype]) if dtype else None
 
 
 def _settings(args) -> dict:

@@ -1,4 +1,5 @@
-"""``lorabind models build-tiny``: (re)build the built-in offline tiny models and fixture LoRAs.
+"""``lorabind models build-tiny``: build the built-in offline tiny models and fixture LoRAs that are missing or
+stale (``--force``: all of them).
 ``lorabind models check WORKFLOW``: every model file the workflow names, found, broken or missing, with the folders
 searched (exit 1 when one is missing or broken).
 ``lorabind models download MODEL|WORKFLOW.json``: get those files (``model_download``).
@@ -34,6 +35,9 @@ def add_arguments(parser) -> None:
                        help=f"input folder for the example images (default {DEFAULT_INPUT_DIR})")
     build.add_argument("--only", metavar="NAME", nargs="+", default=None,
                        help="build only these models (e.g. tiny-wan22-t2v)")
+    build.add_argument("--force", action="store_true",
+                       help="rebuild what is current too (by default a model built by the installed library "
+                            "versions, and the files made from it, are kept)")
     build.add_argument("--comfyui", action="store_true",
                        help="also the files ComfyUI's own loaders accept (the ComfyUI-native examples): two Wan2.2 "
                        "experts ComfyUI detects and their lightx2v LoRA pair, a one-block Qwen-Image at the real width "
@@ -74,7 +78,8 @@ def run(args) -> int:
                   f"known: {', '.join(BUILTIN_NAMES)}", file=sys.stderr)
             return 2
     try:
-        written = build_tiny(models_root, args.only, input_dir=None if args.only else args.input)
+        written = build_tiny(models_root, args.only, input_dir=None if args.only else args.input,
+                             force=args.force)
     except LoraBindError as exc:  # a library too old, or a folder in the way that no build wrote
         print(f"lorabind models build-tiny: {exc}", file=sys.stderr)
         return 1
@@ -88,7 +93,8 @@ def run(args) -> int:
             print(f"skipped {name}: {why}")
     for path in written:
         print(f"wrote {path}")
-    print(f"{len(written)} item(s) under {models_root.resolve()}")
+    kept = "" if args.force else "; what was current is kept (--force rebuilds it)"
+    print(f"{len(written)} item(s) written under {models_root.resolve()}{kept}")
     return 0
 
 

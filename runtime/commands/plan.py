@@ -1,15 +1,20 @@
-"""`lorabind plan MODEL --vram GIB [--ram GIB] [--weights W] [--memory PLAN] [--json]`, `lorabind plan MODEL --device cpu
---ram GIB`, or `lorabind plan --files FILE... --vram GIB ...`: what fits a machine, without loading weights.
+"""`lorabind plan MODEL --vram GIB [--ram GIB] [--weights W] [--text-encoder E] [--memory PLAN] [--json]`,
+`lorabind plan MODEL --device cpu --ram GIB`, or `lorabind plan --files FILE... --vram GIB ...`: what fits a
+machine, without loading weights.
 
 For MODEL (a shipped configuration name, wan2.2-t2v-a14b ..., or a diffusers folder) every storage of the weights
-(bf16, fp8 as ComfyUI's fp8 single files, each GGUF type for the denoisers) is planned under every memory plan;
-what fits is listed fastest first with the files to get (``loaders.placement.choices``), then the fastest in
-detail. ``--weights``/``--memory`` narrow the candidates to the file or plan you have. When nothing fits, the
-smallest machine that would is named, checked by planning it. ``--device cpu --ram GIB`` plans a machine
-without a GPU (everything in RAM). ``--files`` plans the single files named (a denoiser or an expert pair, the
-VAE, the text encoder) from their headers. ``--parallel`` (or the serving guide's flags, as ``lorabind run``
-reads them) plans one rank of a job that splits the model: ``--vram`` is each rank's device, ``--ram`` the
-machine's host memory the ranks share (``loaders.models.parallel_plan``).
+(bf16, fp8 as ComfyUI's fp8 single files, each GGUF type for the denoisers), paired with the bf16 or the fp8 text
+encoder, is planned under every memory plan; what fits is listed fastest first with the files to get
+(``loaders.placement.choices``), then the fastest in detail. ``--weights``/``--text-encoder``/``--memory`` narrow
+the candidates to the files or plan you have. When nothing fits, the smallest machine that would is named,
+checked by planning it. ``--vram``/``--ram`` are the machine's memory; the answer keeps and states headroom for
+the CUDA context, the desktop and the OS as ComfyUI does (``loaders.placement.headroom``; ``--reserve-vram``
+as ComfyUI's flag). The decode is planned at the model's native size (``--width/--height`` to change it).
+``--device cpu --ram GIB`` plans a machine without a GPU (everything in RAM). ``--files`` plans the single files
+named (a denoiser or an expert pair, the VAE, the text encoder) from their headers. ``--parallel`` (or the
+serving guide's flags, as ``lorabind run`` reads them) plans one rank of a job that splits the model: ``--vram``
+is each rank's device, ``--ram`` the machine's host memory the ranks share; ``ulysses``/``ring``/``cfg`` search
+every storage as plain ``plan`` does, ``tp`` plans bf16 weights (``loaders.models.parallel_plan``).
 Exits 1 when nothing fits, so scripts can check before starting a long job, and 2 for bad input (a memory
 amount that is not a finite positive number of GiB, a model folder that cannot be read or is too large to be
 real), so a script never mistakes one for the other.
@@ -27,6 +32,8 @@ EXIT_DOES_NOT_FIT = 1
 MAX_GIB = float(1 << 20)  # a mebi-GiB (1 PiB): far above any machine, far below where byte counts overflow
 MEMORY_CHOICES = ("auto", "full", "swap_experts", "offload_model", "offload_blocks")  # loaders.placement.MEMORY_PLANS
 WEIGHTS = ("bf16", "fp8", "q8_0", "q6_k", "q5_k", "q5_0", "q4_k", "q4_0")  # loaders.placement.sizes.WEIGHTS
+TEXT_ENCODER_WEIGHTS = ("bf16", "fp8")  # loaders.placement.storages.TEXT_ENCODER_WEIGHTS
+MAX_SIDE = 16384  # --width/--height: far above any model's frames
 
 
 def add_arguments(parser) -> None:
@@ -51,6 +58,17 @@ def add_arguments(parser) -> None:
                              "or a GGUF quantization of the denoisers (q8_0, q6_k, q5_k, q5_0, q4_k, q4_0: the "
                              "published *-Q4_K_M.gguf files are mostly q4_k) beside bf16 text encoders (default: try "
                              "every one)")
+    parser.add_argument("--text-encoder", choices=TEXT_ENCODER_WEIGHTS, default=None, dest="text_encoder",
+                        help="only this storage of the text encoder: bf16, or fp8 as ComfyUI's *_fp8_e4m3fn_scaled "
+                             "files (default: try both)")
+    parser.add_argument("--reserve-vram", type=reserve_amount, metavar="GIB", default=None, dest="reserve_vram",
+                        help="device memory to keep for the desktop and other programs, as ComfyUI's flag "
+                             "(default: ComfyUI's, 0.4 GiB on Linux, 0.6 GiB on Windows); the CUDA context's "
+                             "0.5 GiB is kept besides")
+    parser.add_argument("--width", type=side_amount, metavar="PIXELS", default=None,
+                        help="plan the decode at this width (default: the model's native size)")
+    parser.add_argument("--height", type=side_amount, metavar="PIXELS", default=None,
+                        help="plan the decode at this height (default: the model's native size)")
     parser.add_argument("--files", metavar="FILE", nargs="+", default=(),
                         help="plan these single files instead of MODEL (denoiser(s), VAE, text encoder), read from "
                              "their headers")
@@ -68,6 +86,18 @@ def gib_amount(text: str) -> float:
     if not (math.isfinite(value) and 0 < value <= MAX_GIB):
         raise argparse.ArgumentTypeError(f"{text!r} GiB: give a finite positive amount of at most {MAX_GIB:g} GiB")
     return value
+
+
+def reserve_amount(text: str) -> float:
+    """``--reserve-vram``: GiB, zero allowed (keep nothing besides the CUDA context)."""
+    return 0.0 if text.strip() in ("0", "0.0") else gib_amount(text)
+
+
+def side_amount(text: str) -> int:
+    """A frame side in pixels: a whole number from 16 to ``MAX_SIDE``."""
+    if not text.isdigit() or not 16 <= int(text) <= MAX_SIDE:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of pixels from 16 to {MAX_SIDE}")
+    return int(text)
 
 
 def run(args) -> int:
@@ -88,17 +118,53 @@ def run(args) -> int:
         spec = parallel_spec(args)
         if refusal(spec):
             raise LoraBindError(f"--parallel {spec.describe()}: {refusal(spec)}")
-        if spec.is_parallel or args.files:
+        if spec.tp > 1 or args.files:
             return _run_one(args, spec)
-        ranking = rank_choices(args.model, vram_gib=args.vram, ram_gib=args.ram, device=args.device,
-                               dtype=args.dtype, weights=args.weights, memory=args.memory)
+        ranking = rank_choices(args.model, machine(args, spec), dtype=args.dtype, weights=args.weights,
+                               text_encoder=args.text_encoder, memory=args.memory)
     except LoraBindError as exc:
         print(f"lorabind plan: {exc}", file=sys.stderr)
         return 2
-    # the model named in the answer: `lorabind models download --plan-json` gets its files
-    print(json.dumps({"model": args.model, **ranking_to_json(ranking)}, indent=2) if args.json
-          else format_ranking(args.model, ranking))
+    if args.json:  # the model named in the answer: `lorabind models download --plan-json` gets its files
+        data = {"model": args.model, **ranking_to_json(ranking)}
+        if spec.is_parallel:
+            data["parallel"] = _parallel_json(spec, ranking)
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join([*_parallel_lines(spec, ranking), format_ranking(args.model, ranking)]))
     return 0 if ranking.fitting else EXIT_DOES_NOT_FIT
+
+
+def machine(args, spec=None):
+    """The machine the flags state: memory, headroom, the ranks sharing the host and the decode size."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.placement.choices import Machine
+    from ...loaders.placement.storages import decode_size
+
+    decode, source = decode_size(args.model, args.width, args.height) if args.model else ((1280, 720, 81), "")
+    ranks, sequence = (spec.world_size, spec.sequence) if spec is not None and spec.is_parallel else (1, 1)
+    return Machine(device=args.device, vram_gib=args.vram, ram_gib=args.ram, reserve_vram_gib=args.reserve_vram,
+                   ranks=ranks, sequence_split=sequence, decode=decode, decode_source=source)
+
+
+def _parallel_lines(spec, ranking) -> list:
+    """``ulysses``/``ring``/``cfg``: the split and what it does to each rank, above the ranking."""
+    if not spec.is_parallel:
+        return []
+    return [f"parallel: {spec.describe()} ({spec.world_size} ranks on one machine, each holding the whole model; "
+            f"device figures are per rank, host figures per rank and checked for all {spec.world_size} together)",
+            f"working memory per rank: divided by {spec.sequence} (the ranks sharing each step's tokens)"]
+
+
+def _parallel_json(spec, ranking) -> dict:
+    """The ``parallel`` part of ``plan --json`` for a sequence or CFG split (``rank_plan_to_json``'s fields)."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.placement.planner import default_activation_bytes
+
+    return {"spec": {"ulysses": spec.ulysses, "ring": spec.ring, "cfg": spec.cfg, "tp": spec.tp,
+                     "text": spec.describe()},
+            "ranks": spec.world_size, "figures": "per rank", "host_checked_for_all_ranks": ranking.ram_gib is not None,
+            "activation_bytes": default_activation_bytes(ranking.detail.sizes) // spec.sequence, "tensor_parallel": []}
 
 
 def _usage_error(args) -> str:
@@ -115,33 +181,41 @@ def _usage_error(args) -> str:
 
 
 def _run_one(args, spec) -> int:
-    """``--files`` (the storage the files have) or ``--parallel``: one plan, as before the ranking."""
+    """``--files`` (the storage the files have) or ``--parallel tp=N``: one plan on the usable memory."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.models.single_file.pipelines import files_sizes
+    from ...loaders.placement.headroom import GIB
     from ...loaders.placement.model_plan import format_plan, plan_model, plan_to_json, unchecked_host_line
 
     measured = files_sizes(tuple(args.files), args.dtype) if args.files else None
+    stated = machine(args, spec)
+    vram = stated.device_free / GIB
+    ram = None if args.ram is None else stated.headroom.usable(args.ram, stated.headroom.host_bytes) / GIB
+    headroom = stated.headroom.describe(args.device, args.ram is not None)
     if spec.is_parallel:
-        return _run_parallel(args, spec, measured)
-    plan, sizes = plan_model(args.model, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
-                             dtype=args.dtype, weights=args.weights or "bf16", sizes=measured)
-    print(json.dumps(plan_to_json(plan, sizes), indent=2) if args.json
-          else "\n".join(filter(None, [format_plan(plan, sizes), unchecked_host_line(args.ram)])))
+        return _run_parallel(args, spec, measured, vram, ram, headroom)
+    plan, sizes = plan_model(args.model, vram_gib=vram, ram_gib=ram, memory=args.memory,
+                             dtype=args.dtype, weights=args.weights or "bf16", sizes=measured,
+                             decode_size=stated.decode)
+    print(json.dumps({**plan_to_json(plan, sizes), "headroom": stated.headroom.to_json()}, indent=2) if args.json
+          else "\n".join(filter(None, [headroom, format_plan(plan, sizes), unchecked_host_line(args.ram)])))
     return 0 if plan.fits else EXIT_DOES_NOT_FIT
 
 
-def _run_parallel(args, spec, measured) -> int:
-    """One rank's plan for a job split as ``spec``: the spec and its division first, then the per-rank plan."""
+def _run_parallel(args, spec, measured, vram: float, ram, headroom: str) -> int:
+    """One rank's plan for a job split by ``tp`` (or for ``--files``): the spec and its division first, then the
+    per-rank plan."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.models.parallel_plan import format_rank_lines, plan_ranks, rank_plan_to_json
     from ...loaders.placement.model_plan import format_plan, plan_to_json
 
-    ranks = plan_ranks(args.model, spec, vram_gib=args.vram, ram_gib=args.ram, memory=args.memory,
+    ranks = plan_ranks(args.model, spec, vram_gib=vram, ram_gib=ram, memory=args.memory,
                        dtype=args.dtype, weights=args.weights or "bf16", sizes=measured, device=args.device)
     if args.json:
         data = plan_to_json(ranks.plan, ranks.sizes)
         data["parallel"] = rank_plan_to_json(ranks)
         print(json.dumps(data, indent=2))
     else:
-        print("\n".join([*format_rank_lines(ranks), format_plan(ranks.plan, ranks.sizes, cpu=args.device == "cpu")]))
+        print("\n".join([*format_rank_lines(ranks), headroom,
+                          format_plan(ranks.plan, ranks.sizes, cpu=args.device == "cpu")]))
     return 0 if ranks.fits else EXIT_DOES_NOT_FIT

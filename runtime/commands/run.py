@@ -14,6 +14,7 @@ import sys
 import uuid
 
 from ...loaders.io import json_limits
+from .run_messages import describe_outputs, format_execution_error, format_node_errors, format_validation_failure
 
 
 class RunError(Exception):
@@ -41,6 +42,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--download", action="store_true",
                         help="fetch the model files the workflow names that are not under --models first (`lorabind "
                              "models download`'s code); without it a missing file is named with the command")
+    parser.add_argument("--preview", metavar="DIR",
+                        help="write the sampler's live preview of every step into DIR (JPEG, latent2rgb, the first "
+                        "frame): node<ID>_step<K>of<N>.jpg")
     add_device_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -64,13 +68,17 @@ def ensure_models(prompt: dict, models_root: str, input_dir: str) -> None:
 
 
 def contract_refusals(prompt: dict, node_classes: dict) -> list:
-    """Samplers whose step count a file's contract contradicts, found from the prompt alone (no model loaded,
-    no text encoded: on a real 14B model the sampler would say so only minutes later)."""
+    """``[(node id, input, "Error: ...")]``: samplers whose steps, scheduler, shift, cfg or expert split a file's
+    contract contradicts, and LoRAs of another model family than their model, found from the prompt alone (no
+    model loaded, no text encoded: on a real 14B model the sampler or the fuse would say so only minutes later)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...usecases.prompt_contracts import early_contract_refusals
+    from ...usecases.prompt_contracts import early_refusals_by_input, wrong_family_refusals
     from .. import folder_paths
 
-    return early_contract_refusals(prompt, node_classes, folder_paths)
+    return ([(node_id, name, f"ContractError: {message}")
+             for node_id, name, message in early_refusals_by_input(prompt, node_classes, folder_paths)]
+            + [(node_id, name, f"KeyMatchError: {name}: {message}")
+               for node_id, name, message in wrong_family_refusals(prompt, node_classes, folder_paths)])
 
 
 def run(args) -> int:
@@ -92,6 +100,9 @@ def run(args) -> int:
     if refused:
         print(f"lorabind run: --parallel {spec.describe()}: {refused}", file=sys.stderr)
         return 2
+    if getattr(args, "preview", None) and os.path.exists(args.preview) and not os.path.isdir(args.preview):
+        print(f"lorabind run: --preview {args.preview}: not a folder", file=sys.stderr)
+        return 2
     if not spec.is_parallel:
         return _run_here(args)
     return _run_parallel(args, spec)
@@ -101,21 +112,46 @@ def _run_parallel(args, spec) -> int:
     """Inside a job (torchrun's or ours): run as this rank. Outside: check the prompt here (a refusal before any
     rank starts or loads), then start the ranks."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ...loaders.distributed.process_group import ParallelRunError, rank_from_environment
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request, job_environment
     from ..parallel.launch import launch_ranks
-    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
 
-    job = rank_from_environment()
-    if job is None:
+    hosted = _group_made_by_host()
+    try:
+        checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                            starting_ranks="RANK" not in os.environ and not hosted)
+        job = None if hosted else job_environment(args.parallel_interface)
+    except ParallelRunError as exc:
+        print(f"lorabind run: {exc}", file=sys.stderr)
+        return 2
+    if job is None and not hosted:
         prepared = _prepare(args)
         if isinstance(prepared, int):
             return prepared
         print(f"lorabind run: --parallel {spec.describe()}: starting {spec.world_size} ranks", flush=True)
-        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]))
-    rank, world_size, local_rank = job
+        return launch_ranks(spec.world_size, list(getattr(args, "argv", None) or sys.argv[1:]),
+                            interface=args.parallel_interface)
+    return _run_as_rank(args, spec, job)
+
+
+def _group_made_by_host() -> bool:
+    """A host (a test harness) that made the process group itself runs the command on each of its ranks."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
+def _run_as_rank(args, spec, job) -> int:
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
+
+    rank, world_size = (job.rank, job.world_size) if job is not None else ("?", spec.world_size)
     try:
-        with rank_of_job(spec, local_rank) as (rank, seen):
-            if seen:
+        with rank_of_job(spec, job) as joined:
+            rank = joined.rank
+            if joined.seen:
                 code = _run_here(args, models_turn=rank_zero_builds_first)
             else:
                 with unseen_rank() as (scratch, null):
@@ -177,8 +213,11 @@ def _run_here(args, output_dir: str | None = None, progress_stream=None, models_
     prompt, kind, workflow, changed, node_classes, executor, validation = prepared
     extra_data = {"extra_pnginfo": {"workflow": workflow}} if kind == "ui" else {}
     display = ProgressDisplay(prompt, len(upstream_closure(prompt, validation.outputs)), stream=progress_stream)
+    on_event = display.on_event
+    if getattr(args, "preview", None) and output_dir is None:  # an unseen rank of a job writes none
+        extra_data, on_event = _with_previews(args.preview, extra_data, on_event)
     try:
-        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=display.on_event,
+        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=on_event,
                                   execute_outputs=validation.outputs)
     finally:
         display.close()
@@ -191,6 +230,22 @@ def _run_here(args, output_dir: str | None = None, progress_stream=None, models_
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
     return 0
+
+
+def _with_previews(folder: str, extra_data: dict, on_event) -> tuple:
+    """``--preview DIR``: every step previewed (latent2rgb) and each preview written into ``folder``."""
+    # lazy: the CLI's parser imports every command module; the engine loads when it runs
+    from ..preview_options import EXTRA_DATA_KEY, PreviewOptions
+    from ..progress_display import PreviewFolder
+
+    previews = PreviewFolder(folder)
+    settings = PreviewOptions("latent2rgb", interval_ms=0).for_prompt({})
+
+    def both(name: str, data: dict) -> None:
+        on_event(name, data)
+        previews.on_event(name, data)
+
+    return {**extra_data, EXTRA_DATA_KEY: settings}, both
 
 
 def _read_prompt(args):
@@ -233,7 +288,7 @@ def _refused_before_running(validation, prompt: dict, node_classes: dict) -> boo
     refusals = contract_refusals(prompt, node_classes)
     if refusals:
         print("\n".join(f"lorabind run: node {node_id} ({prompt[node_id].get('class_type')}) refused before any "
-                        f"model was loaded: ContractError: {message}" for node_id, message in refusals),
+                        f"model was loaded: {message}" for node_id, _, message in refusals),
               file=sys.stderr)
         return True
     return False
@@ -268,99 +323,3 @@ def _load_json(path: str):
         raise RunError(f"cannot read workflow file '{path}': {exc}") from None
     except json.JSONDecodeError as exc:
         raise RunError(f"workflow file '{path}' is not valid JSON: {exc}") from None
-
-
-def format_node_errors(node_errors: dict) -> str:
-    """One block per node (id and class), one line per error, each naming the input field it is about."""
-    lines = []
-    for node_id, entry in node_errors.items():
-        lines.append(f"  node {node_id} ({entry.get('class_type')}):")
-        for error in entry.get("errors", []):
-            lines.append(f"    - {describe_error(error)}")
-    return "\n".join(lines)
-
-
-def describe_error(error: dict) -> str:
-    """``input 'steps': Value -3 smaller than min of 1`` from a ComfyUI validation error.
-
-    ComfyUI's ``details`` often just repeat the input name (``"steps"``) or start with it (``"steps, abc, ..."``);
-    the name moves to the front and the repetition is dropped."""
-    message, details = str(error.get("message", "")), str(error.get("details") or "")
-    input_name = (error.get("extra_info") or {}).get("input_name")
-    if not input_name:
-        return f"{message}: {details}" if details else message
-    for separator in (": ", ", ", " - "):
-        if details.startswith(f"{input_name}{separator}"):
-            details = details[len(input_name) + len(separator):]
-            break
-    if details == input_name:
-        details = ""
-    return f"input '{input_name}': {message}" + (f": {details}" if details else "")
-
-
-def format_validation_failure(error: dict, node_errors: dict) -> str:
-    header = f"lorabind run: {error.get('message')}"
-    if node_errors:
-        return header + "\n" + format_node_errors(node_errors)
-    details = error.get("details")
-    return f"{header}: {details}" if details else header
-
-
-def format_execution_error(error: dict | None, prompt: dict | None = None, changed: dict | None = None) -> str:
-    """``node 6 "Sampler" (LoraBindSampler) failed: Type: message`` — the title is what the user sees in the
-    ComfyUI canvas, so it is shown when the workflow has one. For a node whose inputs ``--set`` changed
-    (``changed``: {node_id: {"steps": 8, ...}}) the title may name the old values ("Sampler (4 steps)"), so the
-    changed inputs are shown instead."""
-    # lazy: the CLI's parser imports every command module; the engine loads when it runs
-    from ..workflow_overrides import describe_changes
-
-    if not error:
-        return "lorabind run: execution failed"
-    message = str(error.get("exception_message", "")).strip()
-    node_id = error.get("node_id")
-    title = ((prompt or {}).get(node_id, {}).get("_meta") or {}).get("title")
-    overridden = describe_changes(changed, node_id)
-    if overridden:
-        shown_title = f" (with --set {', '.join(overridden)})"
-    else:
-        shown_title = f' "{title}"' if title else ""
-    return (f"lorabind run: node {node_id}{shown_title} ({error.get('node_type')}) failed: "
-            f"{_short_type(error.get('exception_type'))}: {message}")
-
-
-def _short_type(type_name) -> str:
-    """``ContractError`` for ``lorabind.loaders.errors.ContractError``: the module path means nothing to a user."""
-    return str(type_name or "").rsplit(".", 1)[-1]
-
-
-VIDEO_SUFFIXES = (".mp4", ".webm")  # not runtime.server.media_types: importing it loads the server package (torch)
-
-
-def _file_kind(ui_key: str, filename: str) -> str:
-    """What a written file is, in the CLI's words: ComfyUI reports saved videos under ``images`` (the frontend
-    tells them by suffix), which would read "wrote images: clip.mp4"."""
-    return "video" if str(filename).lower().endswith(VIDEO_SUFFIXES) else ui_key
-
-
-def describe_outputs(outputs: dict, prompt: dict, directory_of) -> list[str]:
-    """Lines naming every file in the UI dicts (images, gifs, audio, ...) and any text previews. Each contract
-    is shown once: a LoRA node's "contract: X" is left out when the sampler shows "contract enforced: X", and a
-    text line an earlier node already showed is not repeated."""
-    enforced = {entry.split(": ", 1)[1] for ui in outputs.values() for entry in ui.get("text") or []
-                if isinstance(entry, str) and entry.startswith("contract enforced: ")}
-    lines, shown_texts = [], set()
-    for node_id, ui in outputs.items():
-        label = f"node {node_id} ({prompt.get(node_id, {}).get('class_type')})"
-        for key, entries in ui.items():
-            for entry in entries if isinstance(entries, list) else []:
-                if isinstance(entry, dict) and "filename" in entry:
-                    root = directory_of(entry.get("type", "output")) or ""
-                    path = os.path.join(root, entry.get("subfolder") or "", entry["filename"])
-                    lines.append(f"{label} wrote {_file_kind(key, entry['filename'])}: {path}")
-                elif key == "text" and entry not in shown_texts and not (
-                        isinstance(entry, str) and entry.startswith("contract: ") and entry[10:] in enforced):
-                    shown_texts.add(entry)
-                    lines.append(f"{label} text: {entry}")
-    if not lines:
-        lines.append("done (no files written)")
-    return lines

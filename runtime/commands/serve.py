@@ -15,6 +15,7 @@ def add_arguments(parser) -> None:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import add_device_arguments
     from ..parallel.options import add_parallel_arguments
+    from ..preview_options import add_preview_arguments
 
     parser.add_argument("--listen", nargs="?", const="0.0.0.0,::", default="127.0.0.1", metavar="IP",
                         help="address(es) to listen on, comma separated (default 127.0.0.1; bare flag: all)")
@@ -47,6 +48,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--replicas", type=int, default=2, metavar="N",
                         help="with --ray: number of replicas, one GPU each when the cluster has GPUs (default 2)")
     add_batching_arguments(parser)
+    add_preview_arguments(parser, default_method="auto")
     add_openai_arguments(parser)
     add_parallel_arguments(parser)
 
@@ -64,6 +66,20 @@ def add_batching_arguments(parser) -> None:
     parser.add_argument("--step-execution", action="store_true",
                         help="vllm-omni's switch for step-wise execution, accepted: lorabind always runs a "
                         "prompt's denoising step by step; --max-batch N above 1 batches the steps of N prompts")
+
+
+def batching_refusal(max_batch: int, spec, ray) -> str | None:
+    """Why ``--max-batch`` cannot be this here (None: it can)."""
+    if not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        return f"--max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got {max_batch}"
+    if max_batch > 1 and spec.cfg > 1:
+        return (f"--parallel {spec.describe()} with --max-batch {max_batch}: cfg=2 exchanges each prompt's two "
+                "guidance passes between ranks outside the batched forward, so prompts in flight would meet in "
+                "that exchange out of order; batch with ulysses=, ring= or tp=, or use cfg=2 with --max-batch 1")
+    if max_batch > 1 and spec.is_parallel and ray is not None:
+        return (f"--ray with --parallel {spec.describe()} runs one prompt at a time on each replica's ranks; "
+                f"--max-batch {max_batch} is for replicas of one process, or serve --parallel without --ray")
+    return None
 
 
 def add_openai_arguments(parser) -> None:
@@ -92,12 +108,38 @@ def add_openai_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    listeners = bind_rank_zero_first(args)
+    if isinstance(listeners, int):
+        return listeners
+    return _run(args, listeners)
+
+
+def bind_rank_zero_first(args):
+    """``serve --parallel`` (outside Ray): rank 0's HTTP sockets, bound before anything heavy is imported, so a
+    taken port is one line at once rather than a failure after every rank has started; None on any other serve
+    (which binds first thing in ``run_server``), 2 when the port is taken."""
+    spec = parallel_spec_of(args)
+    if isinstance(spec, str) or not spec.is_parallel or args.ray is not None or os.environ.get("RANK", "0") != "0":
+        return None
+    # lazy: the CLI's parser imports every command module
+    from ..listen import PortUnavailable, bind_listeners
+
+    try:
+        return bind_listeners([h.strip() for h in args.listen.split(",") if h.strip()], args.port)
+    except PortUnavailable as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+
+
+def _run(args, listeners) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ..device_options import apply_device_arguments
-    from ..guide_flags import apply_serve_guide_arguments
+    from ..guide_flags import apply_serve_guide_arguments, serve_guide_notes
+    from ..preview_options import preview_options
     from ..server import ServerConfig, run_server
 
-    device_error = apply_device_arguments(args)
+    previews = preview_options(args)
+    device_error = apply_device_arguments(args) or (previews if isinstance(previews, str) else None)
     if device_error:
         print(f"lorabind serve: {device_error}")
         return 2
@@ -108,13 +150,15 @@ def run(args) -> int:
     if openai_error:
         print(f"lorabind serve: {openai_error}")
         return 2
+    for note in serve_guide_notes(args):
+        print(f"lorabind serve: {note}")
     spec = parallel_spec_of(args)
     if isinstance(spec, str):
         print(f"lorabind serve: {spec}")
         return 2
-    if not 1 <= args.max_batch <= MAX_BATCH_LIMIT:
-        print(f"lorabind serve: --max-batch (--max-num-seqs) must be from 1 to {MAX_BATCH_LIMIT}, got "
-              f"{args.max_batch}")
+    batching_error = batching_refusal(args.max_batch, spec, args.ray)
+    if batching_error:
+        print(f"lorabind serve: {batching_error}")
         return 2
     cache_error = apply_adapter_cache_arguments(args)
     if cache_error:
@@ -135,12 +179,10 @@ def run(args) -> int:
                           max_upload_mb=args.max_upload_size, state_dir=args.state_dir, ray_address=args.ray,
                           replicas=args.replicas, openai_models=tuple(args.openai_models),
                           distill_loras=tuple(args.lora_path) if args.lora_backend == "distill" else (),
-                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch,
+                          lora_dirs=tuple(args.allow_lora_dir), max_batch=args.max_batch, previews=previews,
                           allowed_hosts=tuple(h.strip().lower() for h in args.allowed_hosts.split(",") if h.strip()))
     if spec.is_parallel and args.ray is None:
-        from ..server.parallel_job import serve_job  # lazy: only a --parallel server starts ranks
-
-        return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]))
+        return serve_parallel(args, config, spec, listeners)
     if spec.is_parallel:  # each Ray replica a group of that many ranks (runtime/scale_out/rank_group.py)
         config.parallel = spec
     try:
@@ -149,6 +191,24 @@ def run(args) -> int:
         print(f"lorabind serve: {exc}")
         return 2
     return 0
+
+
+def serve_parallel(args, config, spec, listeners) -> int:
+    """``serve --parallel`` outside Ray, ``listeners`` bound already (on rank 0): check the job's flags, then run
+    as its rank 0 (starting the others) or as the rank torchrun made this process."""
+    # lazy: only a --parallel server starts ranks (torch, the executor)
+    from ...loaders.distributed.process_group import ParallelRunError
+    from ..parallel.job_environment import checked_job_request
+    from ..server.parallel_job import serve_job
+
+    try:
+        rank_timeout_s = checked_job_request(spec, args.parallel_interface, args.rank_timeout,
+                                             starting_ranks="RANK" not in os.environ)
+    except ParallelRunError as exc:
+        print(f"lorabind serve: {exc}")
+        return 2
+    return serve_job(config, spec, list(getattr(args, "argv", None) or sys.argv[1:]), listeners=listeners,
+                     interface=args.parallel_interface, rank_timeout_s=rank_timeout_s)
 
 
 def parallel_spec_of(args):
@@ -179,6 +239,9 @@ def check_openai_arguments(args) -> str | None:
     for folder in args.allow_lora_dir:
         if not os.path.isdir(folder):
             return f"--allow-lora-dir {folder}: not a folder"
+    if args.lora_backend == "distill" and not args.lora_path:
+        return ("--lora-backend distill needs --lora-path FILE... (the distill LoRA files to fuse at start); without "
+                "them it would fuse nothing")
     return repository_files(args) or None
 
 

@@ -177,6 +177,10 @@ class OutputCache:
         if key is not None and self.enabled:
             self._entries[key] = entry
 
+    def uis(self) -> list[dict]:
+        """The UI dicts the cached entries would replay (a Ray replica keeps the files they name)."""
+        return [entry.ui for entry in self._entries.values() if entry.ui]
+
     def clear(self) -> None:
         self._entries.clear()
         self.interned.clear()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..context import ExecutionContext, InterruptedByUser, reset_current_context, set_current_context
+from ..preview_options import PREVIEW_EVENT, PreviewOptions
 from .caching import CacheEntry, InstanceCache, OutputCache, node_signatures
 from .call_over_lists import format_value, gather_inputs, map_over_lists, shape_returns
 from .definitions import NodeDefinitions, full_type_name
@@ -24,6 +25,18 @@ from .validation import ValidationResult
 from .validation_memo import ValidationMemo
 
 EventCallback = Callable[[str, dict], None]
+
+
+class RunSync:
+    """Where a prompt's run meets the other ranks of a parallel job (``runtime.parallel.prompt_channel.Lockstep``):
+    before each node starts, and when a node fails. Within a sampler the ranks meet in the step engine's plans
+    (``loaders.batching.plans``) instead. Nothing to meet in one process: these do nothing."""
+
+    def before_node(self, node_id: str) -> None:
+        """Called after the node's ``executing`` event, before its inputs are gathered (may raise to stop)."""
+
+    def node_failed(self, node_id: str, node_type: str, message: str) -> None:
+        """Called after a node's ``execution_error`` event."""
 
 
 @dataclass
@@ -69,6 +82,10 @@ class PromptExecutor:
     def validate(self, prompt: dict, partial_execution_targets=None) -> ValidationResult:
         return self._validations.validate(self.node_classes, prompt, partial_execution_targets)
 
+    def cached_uis(self) -> list[dict]:
+        """The UI dicts the cached outputs would replay (a Ray replica keeps the files they name)."""
+        return self.output_cache.uis()
+
     def reset_cache(self) -> None:
         """Drop cached outputs and node instances (the server's /free)."""
         with self._run_lock:
@@ -77,7 +94,7 @@ class PromptExecutor:
 
     def execute(self, prompt: dict, prompt_id: str, extra_data: dict | None = None,
                 on_event: EventCallback | None = None, interrupt_event: threading.Event | None = None,
-                execute_outputs: list | None = None) -> ExecutionResult:
+                execute_outputs: list | None = None, sync: RunSync | None = None) -> ExecutionResult:
         """Validate (casting constants), then run the valid outputs in ``execute_outputs`` (default: all).
 
         Raises PromptValidationError if no requested output validates; node failures and interrupts are
@@ -94,7 +111,7 @@ class PromptExecutor:
             raise PromptValidationError(validation)
         with self._run_lock:
             run = _PromptRun(self, definitions, validation.prompt, prompt_id, extra_data or {}, on_event,
-                             interrupt_event)
+                             interrupt_event, sync or RunSync())
             return run.run(validation.outputs)
 
 
@@ -111,17 +128,20 @@ class _PromptRun:
     """The state of executing one prompt: available outputs, scheduling, events, result."""
 
     def __init__(self, executor: PromptExecutor, definitions: NodeDefinitions, prompt: dict, prompt_id: str,
-                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event):
+                 extra_data: dict, on_event: EventCallback | None, interrupt_event: threading.Event,
+                 sync: RunSync):
         self.executor = executor
         self.prompt = prompt
         self.prompt_id = prompt_id
         self.extra_data = extra_data
         self.on_event = on_event
+        self.sync = sync
         self.interrupt_event = interrupt_event
         self.definitions = definitions
         self.available: dict[str, CacheEntry] = {}  # outputs usable in this run: cache hits + nodes run
         self.keys: dict[str, Any] = {}  # node id -> cache key (None: never cached)
         self.result = ExecutionResult(success=False)
+        self.previews = PreviewOptions.of_prompt(extra_data)  # what the host asked for this prompt's samplers
 
     # -- events -------------------------------------------------------------------------------------------
     def emit(self, name: str, data: dict, *, status_message: bool = False) -> None:
@@ -135,6 +155,12 @@ class _PromptRun:
         """Progress of the running node; like ComfyUI's progress hook it is also an interrupt point."""
         self.emit("progress", {"value": value, "max": total, "prompt_id": self.prompt_id, "node": node_id})
         self.check_interrupted()
+
+    def _on_preview(self, node_id: str, value: int, total: int, image: bytes) -> None:
+        """A live preview of the running sampler's step (after its ``progress``, as ComfyUI sends them): the host
+        sends it on as binary WebSocket frames (``server.websocket``) or writes it (``run --preview``)."""
+        self.emit(PREVIEW_EVENT, {"prompt_id": self.prompt_id, "node": node_id, "value": value, "max": total,
+                                  "image": image, "image_type": "image/jpeg"})
 
     def _on_work(self, node_id: str, label: str, value: int, total: int) -> None:
         """Work inside a node that is not a sampling step (fusing LoRA layers): ComfyUI's ``progress_state``
@@ -215,7 +241,9 @@ class _PromptRun:
             return True
 
         self.emit("executing", {"node": node_id, "display_node": node_id, "prompt_id": self.prompt_id})
-        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work)
+        self.sync.before_node(node_id)
+        context = ExecutionContext(self.prompt_id, node_id, self.interrupt_event, self._on_progress, self._on_work,
+                                   previews=self.previews, on_preview=self._on_preview)
         token = set_current_context(context)
         try:
             with self.executor.node_turn():
@@ -282,4 +310,5 @@ class _PromptRun:
             "current_outputs": list(self.prompt),
         }
         self.emit("execution_error", error, status_message=True)
+        self.sync.node_failed(node_id, error["node_type"], error["exception_message"])
         self.result.error = self.result.messages[-1][1]

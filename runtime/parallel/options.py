@@ -24,6 +24,14 @@ def add_parallel_arguments(parser) -> None:
     for name, flag in GUIDE_FLAGS.items():
         parser.add_argument(flag, metavar="N", default=None, dest=f"guide_{name}",
                             help=f"the serving guide's spelling of --parallel {name}=N")
+    parser.add_argument("--parallel-interface", metavar="NAME", default=None,
+                        help="the network interface every socket of a --parallel job listens on (the job's store, "
+                        "gloo/NCCL); default: loopback only. A job across hosts names one, e.g. eth0 "
+                        "($LORABIND_PARALLEL_INTERFACE)")
+    parser.add_argument("--rank-timeout", metavar="SECONDS", default=None,
+                        help="how long a rank of a --parallel job may show no sign of life before it is declared "
+                        "stalled, its prompt fails naming it and the job starts its ranks again (default 60; "
+                        "$LORABIND_RANK_TIMEOUT_S)")
 
 
 def parallel_spec(args) -> ParallelSpec:

@@ -3,31 +3,29 @@ ranks, and every rank runs the prompt in lockstep with the others.
 
 Why a key-value store and not collectives on the job's group: the group carries the model's own collectives
 (all-to-all, all-reduce) inside each step; a control message sent on it while a rank waits in a step's collective
-would pair with the wrong call. The store (torch.distributed's ``TCPStore``, hosted by rank 0) is a connection
-of its own, whose every wait is bounded and polled here, so a rank that failed is noticed at once rather than
-after a collective's timeout. Messages are JSON, never pickle: a prompt comes from an HTTP client.
+would pair with the wrong call. The store (``JobStore``: torch.distributed's ``TCPStore`` on loopback, every value
+signed with the job's secret) is a connection of its own, whose every wait is bounded and polled here, so a rank
+that failed is noticed at once rather than after a collective's timeout. Messages are JSON, never pickle: a
+prompt comes from an HTTP client.
 
-Lockstep: every rank stops at the same points of a prompt (before each node runs, and at each sampling step's
-progress report), says it arrived, and rank 0 answers go, stop (an interrupt) or fail (a rank reported an error,
-or the ranks reached different points). Only then does any rank go on, so no rank enters a collective its peers
-will never join: an interrupt or a failure stops every rank at the same point, and the group stays usable for
-the next prompt. A rank that fails inside a collective (not at a node's start) is bounded by the group's timeout.
+Lockstep: every rank stops at the same points of a prompt (the executor's ``before_node`` hook), says it arrived,
+and rank 0 answers go, stop (an interrupt) or fail (a rank reported an error, or the ranks reached different
+points). Only then does any rank go on, so no rank enters a collective its peers will never join: an interrupt or
+a failure stops every rank at the same point, and the group stays usable for the next prompt. Inside a sampler
+the ranks move together by the step engine's plans (``plan_stream``: rank 0 decides every forward, and where a
+request stops), so an interrupt during sampling stops every rank at the same forward. A rank that fails inside a collective (not at a node's start), dies or stalls is found by rank
+0's ``liveness.Liveness``, whose verdict ends every wait here at once.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
-from datetime import timedelta
-
-import torch
-import torch.distributed as dist
 
 from ...loaders.errors import LoraBindError
+from ..executor.execution import RunSync
+from .job_store import JobStore
 
-SYNC_EVENTS = ("executing", "progress")  # the events every rank emits at the same points of a prompt
 POLL_S = 0.002  # while a prompt runs: a store round trip is ~0.1 ms, a step far longer
 IDLE_POLL_S = 0.05  # a rank waiting for the next prompt
 
@@ -42,65 +40,56 @@ class RankFailed(LoraBindError):
 
 
 class PromptChannel:
-    """The store every rank of the job reaches, and the numbering of the commands rank 0 sends."""
+    """The job's store (``JobStore``: signed values under the job's prefix) as every rank sees it, and the
+    numbering of the commands rank 0 sends. ``lost()`` says why a peer is gone (rank 0's ``Liveness``): every
+    wait ends at once then, naming the rank, instead of at the timeout."""
 
-    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+    def __init__(self, store: JobStore, rank: int, world_size: int, timeout_s: float, lost=None):
         self.store, self.rank, self.world_size, self.timeout_s = store, rank, world_size, timeout_s
+        self.lost = lost or (lambda: None)
         self._next = 0
-
-    @classmethod
-    def open(cls, timeout_s: float) -> "PromptChannel":
-        """A collective of the job's group (every rank calls it once): rank 0 starts the store on a free port and
-        tells the others the port."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        store = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=timeout_s)) if rank == 0 else None
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        port = torch.tensor([store.port if store is not None else 0], dtype=torch.int64, device=device)
-        dist.broadcast(port, src=0)
-        if store is None:
-            store = dist.TCPStore(host, int(port.item()), world, is_master=False,
-                                  timeout=timedelta(seconds=timeout_s))
-        return cls(store, rank, world, timeout_s)
+        self._sending = threading.Lock()
 
     # -- commands (rank 0 sends, the others receive in the same order) ----------------------------------------
     def send(self, command: dict) -> int:
-        number = self._next
-        self._next += 1
-        self.store.set(f"cmd{number}", json.dumps(command))
+        """Rank 0 (from any of its worker threads): the command's number, in the order the others receive them."""
+        with self._sending:
+            number = self._next
+            self._next += 1
+            self.store.set(f"cmd{number}", command)
         return number
 
     def receive(self) -> tuple[int, dict] | None:
-        """The next command, waiting as long as the server idles; None once rank 0 has gone (its store with it)."""
+        """The next command, waiting as long as the server idles; None once rank 0 has gone (its store with it)
+        or said stop."""
         number = self._next
         try:
-            while not self.store.check([f"cmd{number}"]):
+            while (command := self.store.peek(f"cmd{number}")) is None:
                 time.sleep(IDLE_POLL_S)
-            command = json.loads(self.store.get(f"cmd{number}"))
         except RuntimeError:  # the store's host (rank 0) stopped: the job is over (torch's DistError is one)
             return None
         self._next += 1
-        return number, command
+        return None if command.get("kind") == "stop" else (number, command)
 
     def read(self, key: str):
-        return json.loads(self.store.get(key))
+        return self.store.peek(key)
 
     def write(self, key: str, value) -> None:
-        self.store.set(key, json.dumps(value))
+        self.store.set(key, value)
 
     def has(self, key: str) -> bool:
-        return self.store.check([key])
+        return self.store.peek(key) is not None
 
     def forget(self, keys: list[str]) -> None:
-        for key in keys:
-            self.store.delete_key(key)
+        self.store.delete(keys)
 
 
-class Lockstep:
-    """One prompt on one rank: its events pass through ``on_event``, which waits for the other ranks at each sync
-    point. ``agreed`` is the interrupt flag the rank's executor reads: it is set only at a sync point, on every
-    rank at the same one, whereas ``requested`` (rank 0's, set by ``/interrupt``) may be set at any moment."""
+class Lockstep(RunSync):
+    """One prompt on one rank: the executor's ``RunSync``, which waits for the other ranks before each node.
+    ``interrupt`` is the flag the rank's executor reads. On rank 0 it is ``requested`` itself (set by
+    ``/interrupt`` at any moment): rank 0 leads, so its sampler stops at its next forward and its engine tells
+    the others where, and at a node's start it decides "stop" for everyone. On the other ranks it is ``agreed``,
+    set only where rank 0 said so (a node's start, a forward, or after rank 0's prompt ended interrupted)."""
 
     def __init__(self, channel: PromptChannel, number: int, requested: threading.Event | None = None):
         self.channel, self.prefix = channel, f"p{number}"
@@ -109,15 +98,15 @@ class Lockstep:
         self.points = 0
         self.stopped_by_peer = False
 
-    def wrap(self, on_event):
-        def lockstep_event(name: str, data: dict) -> None:
-            if name in SYNC_EVENTS and data.get("node") is not None:
-                self.checkpoint(f"{name} of node {data['node']}")
-            elif name == "execution_error":
-                self.report_failure(data.get("node_id"), data.get("node_type"), data.get("exception_message", ""))
-            if on_event is not None:
-                on_event(name, data)
-        return lockstep_event
+    @property
+    def interrupt(self) -> threading.Event:
+        return self.requested if self.channel.rank == 0 else self.agreed
+
+    def before_node(self, node_id: str) -> None:
+        self.checkpoint(f"start of node {node_id}")
+
+    def node_failed(self, node_id: str, node_type: str, message: str) -> None:
+        self.report_failure(node_id, node_type, message)
 
     def checkpoint(self, label: str) -> None:
         key = f"{self.prefix}/at{self.points}"
@@ -141,6 +130,8 @@ class Lockstep:
             "why": f"rank {channel.rank} of {channel.world_size} failed{where}: {str(message).strip()}"})
 
     def finish(self, outcome: dict) -> None:
+        if self.channel.rank == 0 and outcome.get("interrupted"):  # a rank still at a node's start stops there
+            self.channel.write(f"{self.prefix}/stopped", {"do": "stop"})
         self.channel.write(f"{self.prefix}/done/r{self.channel.rank}", outcome)
 
     # -- rank 0 ------------------------------------------------------------------------------------------------
@@ -148,12 +139,11 @@ class Lockstep:
         channel, others = self.channel, range(1, self.channel.world_size)
         deadline = time.monotonic() + channel.timeout_s
         while True:
-            if channel.has(f"{self.prefix}/failed"):
-                decision = channel.read(f"{self.prefix}/failed")
+            decision = channel.read(f"{self.prefix}/failed") or _lost_decision(channel)
+            if decision is not None:
                 break
-            arrived = [r for r in others if channel.has(f"{key}/r{r}")]
-            if len(arrived) == len(others):
-                labels = {r: channel.read(f"{key}/r{r}") for r in others}
+            labels = {r: channel.read(f"{key}/r{r}") for r in others}
+            if all(other is not None for other in labels.values()):
                 apart = {r: other for r, other in labels.items() if other != label}
                 if apart:
                     shown = ", ".join(f"rank {r} at the {other}" for r, other in apart.items())
@@ -162,7 +152,7 @@ class Lockstep:
                     decision = {"do": "stop" if self.requested.is_set() else "go"}
                 break
             if time.monotonic() > deadline:
-                late = ", ".join(str(r) for r in others if r not in arrived)
+                late = ", ".join(str(r) for r, other in labels.items() if other is None)
                 decision = {"do": "fail", "why": f"rank(s) {late} of {channel.world_size} did not reach the "
                                                  f"{label} within {channel.timeout_s:g} s"}
                 break
@@ -171,22 +161,23 @@ class Lockstep:
         return decision
 
     def outcomes(self) -> dict[int, dict]:
-        """Every other rank's outcome of this prompt (``finish``), waiting for them within the timeout."""
+        """Every other rank's outcome of this prompt (``finish``), waiting for them within the timeout, or until
+        a rank is found lost."""
         channel, outcomes = self.channel, {}
         deadline = time.monotonic() + channel.timeout_s
         for rank in range(1, channel.world_size):
             key = f"{self.prefix}/done/r{rank}"
-            while not channel.has(key) and time.monotonic() < deadline:
+            while (outcome := channel.read(key)) is None and time.monotonic() < deadline and not channel.lost():
                 time.sleep(POLL_S)
-            outcomes[rank] = channel.read(key) if channel.has(key) else {
-                "success": False, "interrupted": False,
-                "error": f"rank {rank} of {channel.world_size} did not finish within {channel.timeout_s:g} s"}
+            why = channel.lost() or f"rank {rank} of {channel.world_size} did not finish within {channel.timeout_s:g} s"
+            outcomes[rank] = outcome or {"success": False, "interrupted": False, "error": why}
         return outcomes
 
     def forget(self, command_number: int) -> None:
         """Rank 0, once every rank is done: drop the prompt's keys (the store lives as long as the server)."""
         world = range(self.channel.world_size)
-        keys = [f"cmd{command_number}", f"{self.prefix}/failed", *(f"{self.prefix}/done/r{r}" for r in world)]
+        keys = [f"cmd{command_number}", f"{self.prefix}/failed", f"{self.prefix}/stopped",
+                *(f"{self.prefix}/done/r{r}" for r in world)]
         for point in range(self.points):
             keys += [f"{self.prefix}/at{point}/go", *(f"{self.prefix}/at{point}/r{r}" for r in world)]
         self.channel.forget(keys)
@@ -195,11 +186,20 @@ class Lockstep:
     def _await_decision(self, key: str, label: str) -> dict:
         channel = self.channel
         deadline = time.monotonic() + channel.timeout_s
-        while not channel.has(f"{key}/go"):
-            if channel.has(f"{self.prefix}/failed"):
-                return channel.read(f"{self.prefix}/failed")
-            if time.monotonic() > deadline:
-                return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
-                                             f"{channel.timeout_s:g} s"}
-            time.sleep(POLL_S)
-        return channel.read(f"{key}/go")
+        try:
+            while (decision := channel.read(f"{key}/go")) is None:
+                ended = channel.read(f"{self.prefix}/failed") or channel.read(f"{self.prefix}/stopped")
+                if ended is not None:
+                    return ended
+                if time.monotonic() > deadline:
+                    return {"do": "fail", "why": f"rank 0 did not decide past the {label} within "
+                                                 f"{channel.timeout_s:g} s"}
+                time.sleep(POLL_S)
+        except RuntimeError:  # the store closed: rank 0 has gone
+            return {"do": "fail", "why": "rank 0 stopped (the job's store closed)"}
+        return decision
+
+
+def _lost_decision(channel: PromptChannel) -> dict | None:
+    reason = channel.lost()
+    return None if reason is None else {"do": "fail", "why": reason}

@@ -4,10 +4,16 @@ Why carried, not shared: a replica may run on another machine, so its output fol
 ``executed`` event takes the bytes of the files its UI payload names; the front writes them into its own folder
 under a free ``<prefix>_<counter>_`` name (two replicas both count from 00001) and rewrites the payload, so
 ``/view`` and ``/history`` work as on one machine.
+
+Why the replica keeps a file after carrying it: the same prompt again is answered from the replica's output
+cache, whose ``executed`` event names the file the first run wrote. Carried again, its bytes land under a fresh
+name in the front's folder; deleted, the answer would name whatever the front now holds under the old name
+(another prompt's file). So a replica keeps exactly the files its output cache can still replay (``keep_only``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -34,8 +40,13 @@ def _inside(folder: str, subfolder: str, filename: str) -> str:
     return path
 
 
+_carried: set = set()  # real paths of the files carried to the front and still in this replica's folders
+_carried_lock = threading.Lock()
+
+
 def take_files(ui: dict, folders: dict) -> list[dict]:
-    """On the replica: read (and remove) every file named in a UI payload; ``folders`` maps type -> folder."""
+    """On the replica: read every file named in a UI payload (kept for a replay: ``keep_only``); ``folders``
+    maps type -> folder."""
     files = []
     for entry in _file_entries(ui):
         path = _inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"])
@@ -43,10 +54,30 @@ def take_files(ui: dict, folders: dict) -> list[dict]:
             continue
         with open(path, "rb") as handle:
             data = handle.read()
-        os.unlink(path)
+        with _carried_lock:
+            _carried.add(os.path.realpath(path))
         files.append({"type": entry["type"], "subfolder": entry.get("subfolder", ""),
                       "filename": entry["filename"], "data": data})
     return files
+
+
+def keep_only(uis: list, folders: dict) -> None:
+    """On the replica, after a prompt: remove every file already carried to the front that none of ``uis`` (its
+    output cache's) names, so the folders hold what a cached answer may carry again and nothing more. Only carried
+    files: a replica of ``--max-batch`` above 1 runs other prompts meanwhile, whose files are still being written."""
+    named = set()
+    for ui in uis:
+        for entry in _file_entries(ui):
+            try:
+                named.add(_inside(folders[entry["type"]], entry.get("subfolder", ""), entry["filename"]))
+            except ValueError:  # a name that leaves its folder was never carried either
+                continue
+    with _carried_lock:
+        gone = [path for path in _carried if path not in named]
+        _carried.difference_update(gone)
+    for path in gone:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _free_name(folder: str, filename: str) -> str:

@@ -13,7 +13,7 @@ import threading
 
 from ...loaders.models import store as model_store
 from .. import folder_paths
-from .outputs import take_files
+from .outputs import keep_only, take_files
 
 
 def fuse_passes() -> int:
@@ -23,9 +23,9 @@ def fuse_passes() -> int:
 
 
 def run_prompt(executor, prompt: dict, prompt_id: str, extra_data: dict, outputs: list, folders: dict,
-               on_event, interrupt: threading.Event) -> dict:
-    """Execute ``prompt``; each event goes to ``on_event(name, data)`` with an ``executed`` event's files taken
-    from ``folders`` (and removed there). Returns the payload the front turns into an ``ExecutionResult``, or
+               on_event, interrupt: threading.Event, sync=None) -> dict:
+    """Execute ``prompt``; each event goes to ``on_event(name, data)`` with the bytes of the files an ``executed``
+    event names in ``folders`` (kept there while the output cache may replay them). Returns the payload the front turns into an ``ExecutionResult``, or
     ``{"failure": text}`` for an exception outside any node, with ``fuses`` either way."""
     def carrying_files(name: str, data: dict) -> None:
         if name == "executed":  # carry the files this node wrote (the front has its own output folder)
@@ -35,12 +35,13 @@ def run_prompt(executor, prompt: dict, prompt_id: str, extra_data: dict, outputs
     before = fuse_passes()
     try:
         result = executor.execute(prompt, prompt_id, extra_data=extra_data, on_event=carrying_files,
-                                  interrupt_event=interrupt, execute_outputs=outputs)
+                                  interrupt_event=interrupt, execute_outputs=outputs, sync=sync)
         payload = {"success": result.success, "outputs": result.outputs, "messages": result.messages,
                    "meta": result.meta, "error": result.error, "interrupted": result.interrupted,
                    "executed": result.executed, "cached": result.cached}
     except Exception as exc:  # e.g. a file removed since the front validated: reported, not raised
         payload = {"failure": f"{type(exc).__name__}: {exc}"}
+    keep_only(executor.cached_uis(), folders)
     payload["fuses"] = fuse_passes() - before
     return payload
 

@@ -17,7 +17,9 @@ import ray
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..parallel.launch import new_secret
 from ..parallel.options import refusal
+from ..parallel.prompt_channel import RankFailed
 from .rank_actor import RankActor
 
 log = logging.getLogger("lorabind.server")
@@ -46,11 +48,16 @@ def _failure_of(result: dict) -> str | None:
 
 
 def _same_outcome(results: list[dict]) -> bool:
-    """Every rank ended the prompt at the same place: all succeeded, all interrupted, or all failed at one node."""
+    """Every rank ended the prompt alike: all succeeded, all interrupted, or all failed, the others stopped by the
+    one that failed (the one rank protocol stops them at their next node, before any collective it would miss)."""
     def outcome(result: dict):
-        return ("failure" in result, result.get("success"), result.get("interrupted"),
-                (result.get("error") or {}).get("node_id"))
-    return len({outcome(result) for result in results}) == 1 and "failure" not in results[0]
+        return bool(result.get("success")), bool(result.get("interrupted"))
+    broken = any("failure" in result and not _stopped_by_peer(result) for result in results)  # outside any node
+    return len({outcome(result) for result in results}) == 1 and not broken
+
+
+def _stopped_by_peer(result: dict) -> bool:
+    return str(result.get("failure", "")).startswith(RankFailed.__name__)
 
 
 def settle(results: dict[int, dict], world: int, waited_s: float) -> tuple[dict, bool]:
@@ -88,10 +95,11 @@ class RankGroup:
         self.name, self.namespace = name, namespace
         self.generation = 0
         self.actors: list = []
+        self.prompts = 0  # the prompt's number in this group: its lockstep keys, the same on every rank
 
     async def start(self) -> None:
         group = get_current_placement_group()  # the replica's own: one bundle per rank (``cluster.py``)
-        self.generation += 1
+        self.generation, self.prompts = self.generation + 1, 0
         options = {"num_cpus": self.bundle.get("CPU", 0), "num_gpus": self.bundle.get("GPU", 0),
                    "namespace": self.namespace}
         self.actors = [RankActor.options(**options, **_in_bundle(group, rank),
@@ -99,8 +107,9 @@ class RankGroup:
             rank, self.spec, *self.actor_args) for rank in range(self.spec.world_size)]
         try:
             address, port = await asyncio.wait_for(self.actors[0].rendezvous.remote(), JOIN_TIMEOUT_S)
-            await asyncio.wait_for(asyncio.gather(*(actor.join.remote(address, port) for actor in self.actors)),
-                                   JOIN_TIMEOUT_S)
+            secret = new_secret()  # the group's own, handed to its actors through Ray (never a command line)
+            await asyncio.wait_for(asyncio.gather(*(actor.join.remote(address, port, secret)
+                                                    for actor in self.actors)), JOIN_TIMEOUT_S)
         except Exception as exc:
             self.stop()
             raise RankGroupError(f"the replica's {self.spec.world_size} ranks (--parallel {self.spec.describe()}) "
@@ -109,8 +118,9 @@ class RankGroup:
         log.info("replica group of %d ranks joined at %s:%d", len(self.actors), address, port)
 
     def interrupt(self) -> None:
-        for actor in self.actors:
-            actor.interrupt.remote()
+        """Rank 0 only: it leads, and the one rank protocol stops every other rank where it stopped."""
+        if self.actors:
+            self.actors[0].interrupt.remote()
 
     def stop(self) -> None:
         """Kill the rank actors (a rank blocked in a collective is ended, not waited for)."""
@@ -127,8 +137,9 @@ class RankGroup:
                 yield ["lorabind_result", {"failure": str(exc), "fuses": 0}]
                 return
         answers: asyncio.Queue = asyncio.Queue()
+        self.prompts += 1
         pumps = [asyncio.ensure_future(_pump(rank, actor.run.options(num_returns="streaming").remote(
-            prompt, prompt_id, extra_data, outputs), answers)) for rank, actor in enumerate(self.actors)]
+            prompt, prompt_id, extra_data, outputs, self.prompts), answers)) for rank, actor in enumerate(self.actors)]
         results: dict[int, dict] = {}
         closing: list = []
         waited, loop = 0.0, asyncio.get_running_loop()

@@ -18,13 +18,13 @@ import urllib.parse
 
 from aiohttp import web
 
+from ..listen import bind_listeners, listening_port
 from .comfy_api import routes_files, routes_info, routes_jobs, routes_prompt, routes_settings, routes_userdata
 from .comfy_api.example_warm_up import warm_up_in_background
 from .comfy_api.routes_frontend import INSTALL_HINT, add_frontend_routes, frontend_static_dir
 from .comfy_api.routes_logs import add_log_routes
 from .composition_root import STATE_KEY, ServerState
 from .config import ServerConfig
-from .listen import bind_listeners, listening_port
 from .openai import routes as openai_routes
 
 log = logging.getLogger("lorabind.server")
@@ -225,11 +225,14 @@ async def _on_shutdown(app: web.Application) -> None:
     await asyncio.to_thread(state.shutdown)
 
 
-def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kwargs) -> None:
+def run_server(config: ServerConfig, *, render_thumbnails: bool = True, listeners: list | None = None,
+               on_stopped=None, **app_kwargs) -> None:
     """Serve until Ctrl-C (used by ``lorabind serve``); ``app_kwargs`` go to ``create_app`` (``serve --parallel``
-    brings its executor)."""
+    brings its executor, the sockets it bound before starting its ranks, and ``on_stopped``: what stops the ranks
+    once the server has, returning the exit code)."""
     hosts = [h.strip() for h in config.listen.split(",") if h.strip()]
-    listeners = bind_listeners(hosts, config.port)  # first: a taken port is one line, before any banner
+    if listeners is None:
+        listeners = bind_listeners(hosts, config.port)  # first: a taken port is one line, before any banner
     for host in hosts:
         shown = f"[{host}]" if ":" in host else host
         print(f"lorabind serve: http://{shown}:{listening_port(listeners)}")
@@ -247,11 +250,12 @@ def run_server(config: ServerConfig, *, render_thumbnails: bool = True, **app_kw
     _log_to_stderr()
     # shutdown_timeout: on Ctrl-C wait at most this long for open HTTP requests (aiohttp's default is 60 s)
     web.run_app(app, sock=listeners, print=None, access_log=None, shutdown_timeout=_SHUTDOWN_S)
+    code = on_stopped() if on_stopped is not None else 0
     print("lorabind serve: stopped", file=sys.stderr, flush=True)
     # Skip the interpreter's teardown: with torch, diffusers and a model loaded it takes seconds (longer than the
     # shutdown itself) and only frees memory; history and outputs are already on disk, written atomically.
     sys.stdout.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 _SHUTDOWN_S = 2.0

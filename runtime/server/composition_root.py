@@ -52,6 +52,8 @@ class ServerState:
         if executor is None:  # prompts run here: up to max_batch at once, their steps batched by the engine
             executor = EngineExecutors(node_classes, self.config.max_batch)
             concurrency = self.config.max_batch
+        else:  # a host's own executor (serve --parallel's rank 0): as many threads as it runs prompts at once
+            concurrency = getattr(executor, "concurrency", concurrency)
         validator = validator or PromptExecutor(node_classes, cache=False)
         self.validator = validator
         # Validation runs off the event loop but serially: node VALIDATE_INPUTS may hash files.
@@ -60,7 +62,7 @@ class ServerState:
         self.queue = PromptQueue(on_change=self.clients.broadcast_status)
         self.history = HistoryStore(os.path.join(self.config.state_dir, "history"))
         self.worker = PromptWorker(self.queue, self.history, self.clients, executor, concurrency=concurrency,
-                                   unload_models=unload_models)
+                                   unload_models=unload_models, previews=self.config.previews)
         self.clients.running_node = self.worker.running_node
         self.clients.has_prompts = self.queue.has_client
         # clear while ``lorabind serve`` builds the examples' models after listening (example_warm_up): a
@@ -72,8 +74,8 @@ class ServerState:
         return {"exec_info": {"queue_remaining": self.queue.remaining()}}
 
     def feature_flags(self) -> dict:
-        # We never send binary preview frames, so we do not claim preview-metadata support.
-        return {"supports_preview_metadata": False, "max_upload_size": self.config.max_upload_bytes}
+        # live previews go out as binary frames, with their node and prompt to a client that announces the same flag
+        return {"supports_preview_metadata": True, "max_upload_size": self.config.max_upload_bytes}
 
     def routing_state(self) -> dict:
         """Where prompts went (``GET /lorabind/routing``); one machine has nothing to route."""

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..preview_options import PreviewOptions
+
 PACK_DIR = Path(__file__).resolve().parents[2]
 PACK_NAME = "lorabind"  # the folder name ComfyUI would use in /extensions/<name>/ and /workflow_templates
 DEFAULT_MAX_UPLOAD_MB = 100.0  # ComfyUI's default
@@ -29,7 +31,8 @@ class ServerConfig:
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB
     # Frontend extension folders served at /extensions/<name>/ and listed by GET /extensions.
     web_extensions: dict[str, str] = field(default_factory=lambda: {PACK_NAME: str(PACK_DIR / "web")})
-    workflows_dir: str = str(PACK_DIR / "workflows")
+    workflows_dir: str = str(PACK_DIR / "workflows" / "api")  # the API twins: what the templates name, rendered
+    templates_dir: str = str(PACK_DIR / "workflows")  # the UI templates the editor lists (ComfyUI too)
     # Scale-out (``serve --ray``): None = run prompts here; "local" starts a Ray cluster in this process,
     # "auto" or "HOST:PORT" joins a running one.
     ray_address: Optional[str] = None
@@ -47,6 +50,9 @@ class ServerConfig:
     # ``--max-batch N`` (vllm-omni's ``--max-num-seqs``): prompts in flight at once, their denoising steps batched
     # by the step engine (``loaders.batching``); 1 runs one prompt at a time, exactly as alone.
     max_batch: int = 1
+    # Live previews of the samplers' steps (``--preview-method``, ``--preview-size``, ``--preview-interval``); a
+    # prompt's ``preview_method`` (the frontend's setting) overrides the method, as in ComfyUI 0.30.
+    previews: PreviewOptions = field(default_factory=lambda: PreviewOptions(method="auto"))
 
     @property
     def max_upload_bytes(self) -> int:

@@ -1,4 +1,5 @@
-"""The example templates' models, fixture LoRAs and input images, built when ``lorabind serve`` starts.
+"""The example templates' cards (title, description) and their models, fixture LoRAs and input images, built when
+``lorabind serve`` starts.
 
 Why at start and not on the first prompt (as before issue 30): the editor lists and opens the templates before
 anything is queued, and a template that names a file which does not exist yet opens with red nodes and
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ...loaders.families import example_order
+from ...loaders.io import json_limits
 from ...tiny_models import ensure_builtin_models
 
 # comfy_*: the ComfyUI-native examples (ComfyUI's core loaders and samplers with our LoRA nodes) run only inside
@@ -29,6 +31,36 @@ def ordered_templates(names: Iterable[str]) -> list[str]:
     rank = {name: index for index, name in enumerate(example_order())}
     served = [name for name in names if not name.startswith(COMFYUI_ONLY_PREFIX)]
     return sorted(served, key=lambda name: (rank.get(name, len(rank)), name))
+
+
+NOTE_TYPES = ("Note", "MarkdownNote")
+
+
+def template_card(workflow: dict, name: str) -> dict:
+    """The card of one UI template: its name, title and one-line description, read from its first note (the
+    note's title, and the first line of its text). The note is where ComfyUI shows them too: ComfyUI's frontend
+    (1.27 with 0.3.64, 1.47 with 0.30.0, 1.58) lists a pack's templates by file name only, title and description
+    both, so the template itself carries them, in the first thing a user reads on opening it. Without a note,
+    the name."""
+    nodes = workflow.get("nodes") if isinstance(workflow, dict) else None
+    note = next((n for n in nodes or () if isinstance(n, dict) and n.get("type") in NOTE_TYPES), None)
+    values = (note or {}).get("widgets_values") or [""]
+    text = values[0] if isinstance(values[0], str) else ""
+    title = (note or {}).get("title")
+    return {"name": name, "title": title if isinstance(title, str) and title else name,
+            "description": text.split("\n", 1)[0].strip()}
+
+
+def served_template_names(templates_dir: str) -> list[str]:
+    """The templates of ``templates_dir`` (``workflows/``) the editor lists, in order."""
+    folder = Path(templates_dir)
+    return ordered_templates(path.name[: -len(".json")] for path in folder.glob("*.json")) if folder.is_dir() else []
+
+
+def template_cards(templates_dir: str) -> list[dict]:
+    """The editor's cards of the templates in ``templates_dir``, in listing order."""
+    return [template_card(json_limits.loads((Path(templates_dir) / f"{name}.json").read_text(encoding="utf-8")),
+                          name) for name in served_template_names(templates_dir)]
 
 
 def prepare_example_assets(workflows_dir: str, models_root: str, input_dir: str,

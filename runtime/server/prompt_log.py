@@ -9,10 +9,12 @@ import logging
 log = logging.getLogger("lorabind.server")
 
 
-def queued(prompt_id: str, number, node_count: int, client_id: str | None) -> None:
+def queued(prompt_id: str, number, node_count: int, client_id: str | None, behind: str | None = None) -> None:
+    """``behind``: the server's background work the prompt waits for (``PromptQueue.background``)."""
     client = f", client {client_id}" if client_id else ""
-    log.info("prompt %s queued (#%g, %d node%s%s)", prompt_id, number, node_count, "" if node_count == 1 else "s",
-             client)
+    waits = f"; it runs when the {behind} in progress is done (a few seconds)" if behind else ""
+    log.info("prompt %s queued (#%g, %d node%s%s)%s", prompt_id, number, node_count, "" if node_count == 1 else "s",
+             client, waits)
 
 
 MAX_REFUSAL_NODES = 3  # a refusal line names this many nodes' errors, then how many more there are
@@ -22,11 +24,16 @@ def refused(prompt_id: str | None, error: dict, node_errors: dict | None = None,
     """A prompt answered 400 (not queued): ComfyUI's error and each refused node's first error, on one line, so
     the log has a line for every prompt sent, not only for those that ran."""
     client = f" (client {client_id})" if client_id else ""
-    words = [f"prompt {prompt_id or '(no id)'} refused{client}: {_one_line(error)}"]
+    summary = _one_line(error)
+    words = [f"prompt {prompt_id or '(no id)'} refused{client}: {summary}"]
     nodes = list((node_errors or {}).items())
     for node_id, entry in nodes[:MAX_REFUSAL_NODES]:
         first = (entry.get("errors") or [{}])[0] if isinstance(entry, dict) else {}
-        words.append(f"node {node_id} ({entry.get('class_type', '?')}): {_one_line(first)}")
+        details = " ".join(str(first.get("details") or "").split()) if isinstance(first, dict) else ""
+        # the early checks put each node's sentence in the error's details too: said once, with the node's class
+        said = f"node {node_id}: {details}" in summary if details else False
+        words.append(f"node {node_id} ({entry.get('class_type', '?')}): "
+                     + (str(first.get("message") or "") if said else _one_line(first)))
     if len(nodes) > MAX_REFUSAL_NODES:
         words.append(f"{len(nodes) - MAX_REFUSAL_NODES} more node(s)")
     log.warning("%s", "; ".join(words))

@@ -3,6 +3,11 @@
 Ordering is ComfyUI's: an item's priority is its ``number`` (lower runs first; ``front`` negates the counter,
 an explicit ``number`` is used as given), ties broken by arrival. Items are the 5-element lists ComfyUI
 clients read from ``GET /queue``: ``[number, prompt_id, prompt, extra_data, outputs_to_execute]``.
+
+Below every prompt there is the server's own background work (``while_idle``: the template thumbnails), which
+shares the worker's models and folders: it starts only when no prompt is pending, running or being validated,
+and while it runs the worker is not handed a prompt, so a user's prompt waits at most for one piece of it (a
+thumbnail on the tiny models: about a second). ``background`` says what runs, for the queue's readers.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class PromptQueue:
         self._claimed: set[str] = set()  # ids of prompts being validated, not queued yet
         self._cond = threading.Condition()
         self._closed = False
+        self._background: Optional[str] = None  # what ``while_idle`` runs now, if anything
         self.on_change = on_change
 
     def next_number(self, explicit: float | None = None, front: bool = False) -> float:
@@ -74,18 +80,20 @@ class PromptQueue:
         """Give back a claimed id whose prompt was refused."""
         with self._cond:
             self._claimed.discard(prompt_id)
+            self._cond.notify_all()
 
     def put(self, item: QueueItem) -> None:
         with self._cond:
             self._claimed.discard(item.prompt_id)
             heapq.heappush(self._heap, (item.number, next(self._arrival), item))
-            self._cond.notify()
+            self._cond.notify_all()  # the worker, or background work waiting for an idle queue
         self._changed()
 
     def get(self, timeout: float | None = None) -> Optional[QueueItem]:
         """Block until an item is pending (or ``close``/timeout), mark it running and return it."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._heap or self._closed, timeout=timeout):
+            if not self._cond.wait_for(lambda: (self._heap and self._background is None) or self._closed,
+                                       timeout=timeout):
                 return None
             if self._closed:
                 return None
@@ -101,12 +109,37 @@ class PromptQueue:
                 self._running.clear()
             else:
                 self._running = [running for running in self._running if running is not item]
+            self._cond.notify_all()
         self._changed()
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def while_idle(self, label: str, work: Callable[[], object]):
+        """Run ``work`` once nothing is pending, running or being validated, holding the next prompt back until
+        it returns; ``label`` ("template thumbnail wan21_i2v") is ``background`` meanwhile. Returns what ``work``
+        returns, or None without running it when the queue closed first."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or not (self._heap or self._running or self._claimed))
+            if self._closed:
+                return None
+            self._background = label
+        self._changed()
+        try:
+            return work()
+        finally:
+            with self._cond:
+                self._background = None
+                self._cond.notify_all()
+            self._changed()
+
+    @property
+    def background(self) -> Optional[str]:
+        """The background work running now (``while_idle``'s label), None when there is none."""
+        with self._cond:
+            return self._background
 
     @property
     def closed(self) -> bool:
@@ -139,6 +172,7 @@ class PromptQueue:
         with self._cond:
             removed = len(self._heap)
             self._heap.clear()
+            self._cond.notify_all()
         if removed:
             self._changed()
         return removed
@@ -152,6 +186,7 @@ class PromptQueue:
             if removed:
                 heapq.heapify(kept)
                 self._heap = kept
+                self._cond.notify_all()
         if removed:
             self._changed()
         return removed

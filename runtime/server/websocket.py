@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import secrets
+import struct
 import uuid
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -29,6 +30,7 @@ from typing import Callable, Optional
 from aiohttp import WSMsgType, web
 
 from ...loaders.io import json_limits
+from ..preview_options import PREVIEW_EVENT
 from . import identifiers
 
 log = logging.getLogger("lorabind.server")
@@ -45,10 +47,29 @@ def _message(event: str, data: dict) -> str:
     return json.dumps({"type": event, "data": data}, default=str)
 
 
+# ComfyUI's binary event types (its protocol.BinaryEventTypes) and PREVIEW_IMAGE's image types
+PREVIEW_IMAGE, PREVIEW_IMAGE_WITH_METADATA, JPEG = 1, 4, 1
+
+
+def preview_frame(preview: dict, with_metadata: bool) -> bytes:
+    """A live preview (the executor's ``PREVIEW_EVENT`` data) in ComfyUI's byte layout: the 4-byte big-endian event
+    type, then PREVIEW_IMAGE's 4-byte image type and the JPEG, or, for a client that announced
+    ``supports_preview_metadata``, the 4-byte length of a JSON object naming the node and prompt, that JSON and the
+    JPEG (the frontend shows it on that node)."""
+    if not with_metadata:
+        return struct.pack(">II", PREVIEW_IMAGE, JPEG) + preview["image"]
+    node = preview["node"]
+    metadata = json.dumps({"node_id": node, "prompt_id": preview["prompt_id"], "display_node_id": node,
+                           "parent_node_id": None, "real_node_id": node,
+                           "image_type": preview["image_type"]}).encode()
+    return struct.pack(">II", PREVIEW_IMAGE_WITH_METADATA, len(metadata)) + metadata + preview["image"]
+
+
 class _Client:
     def __init__(self, ws: web.WebSocketResponse):
         self.ws = ws
         self.outbox: asyncio.Queue = asyncio.Queue()
+        self.preview_metadata = False  # the client announced supports_preview_metadata
 
 
 class ClientRegistry:
@@ -77,17 +98,26 @@ class ClientRegistry:
         if self._loop is None or self._loop.is_closed():
             return
         try:
-            self._loop.call_soon_threadsafe(self._enqueue, _message(event, data), sid)
+            if event == PREVIEW_EVENT:  # binary, and its form depends on what each client announced
+                self._loop.call_soon_threadsafe(self._enqueue_preview, data, sid)
+            else:
+                self._loop.call_soon_threadsafe(self._enqueue, _message(event, data), sid)
         except RuntimeError:  # loop shut down between the check and the call (server stopping)
             pass
 
     def broadcast_status(self) -> None:
         self.send("status", {"status": self._status_payload()}, None)
 
+    def _targets(self, sid: Optional[str]) -> list:
+        return list(self._clients.values() if sid is None else filter(None, [self._clients.get(sid)]))
+
     def _enqueue(self, message: str, sid: Optional[str]) -> None:
-        targets = self._clients.values() if sid is None else filter(None, [self._clients.get(sid)])
-        for client in list(targets):
+        for client in self._targets(sid):
             client.outbox.put_nowait(message)
+
+    def _enqueue_preview(self, preview: dict, sid: Optional[str]) -> None:
+        for client in self._targets(sid):
+            client.outbox.put_nowait(preview_frame(preview, client.preview_metadata))
 
     # -- the /ws handler (event loop) -----------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
@@ -148,6 +178,8 @@ class ClientRegistry:
         except ValueError:
             return
         if isinstance(message, dict) and message.get("type") == "feature_flags":
+            flags = message.get("data")
+            client.preview_metadata = isinstance(flags, dict) and flags.get("supports_preview_metadata") is True
             client.outbox.put_nowait(_message("feature_flags", self._feature_flags()))
 
     async def _write_loop(self, client: _Client) -> None:
@@ -158,7 +190,10 @@ class ClientRegistry:
             if client.ws.closed:
                 continue
             try:
-                await client.ws.send_str(message)
+                if isinstance(message, bytes):
+                    await client.ws.send_bytes(message)
+                else:
+                    await client.ws.send_str(message)
             except (ConnectionError, RuntimeError) as exc:  # peer vanished mid-send: drop, keep serving
                 log.debug("websocket send failed: %s", exc)
         if not client.ws.closed:

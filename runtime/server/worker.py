@@ -22,6 +22,7 @@ from typing import Optional
 
 from ...loaders.models import store as model_store
 from ..executor.definitions import full_type_name
+from ..preview_options import EXTRA_DATA_KEY, NO_PREVIEWS, PreviewOptions
 from . import prompt_log
 from .history import HistoryStore, history_entry
 from .queue import PromptQueue, QueueItem
@@ -42,8 +43,9 @@ class _Run:
 
 class PromptWorker:
     def __init__(self, queue: PromptQueue, history: HistoryStore, clients: ClientRegistry, executor,
-                 concurrency: int = 1, unload_models=None):
+                 concurrency: int = 1, unload_models=None, previews: Optional[PreviewOptions] = None):
         self.queue = queue
+        self.previews = previews or NO_PREVIEWS  # the server's preview settings (a prompt may name its own method)
         self.history = history
         self.clients = clients
         self.executor = executor
@@ -120,7 +122,7 @@ class PromptWorker:
 
     def _apply_free_requests(self) -> None:
         with self._lock:
-            if self._runs:  # another worker thread is running a prompt: free after it
+            if self._runs or self.queue.background:  # a prompt or the thumbnails use the models: free after
                 return
             unload, free = self._unload_models, self._free_memory
             self._unload_models = self._free_memory = False
@@ -150,7 +152,9 @@ class PromptWorker:
             elif name == "execution_interrupted":
                 self.clients.send(name, data, None)
 
-        extra_data = {**item.extra_data, **item.sensitive}
+        # the preview settings go to this run only (not the history): a prompt without a client gets none
+        previews = self.previews.for_prompt(item.extra_data) if item.client_id else NO_PREVIEWS.for_prompt({})
+        extra_data = {**item.extra_data, **item.sensitive, EXTRA_DATA_KEY: previews}
         prompt_log.started(item.prompt_id)
         started = time.monotonic()
         try:

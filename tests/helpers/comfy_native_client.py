@@ -2,8 +2,8 @@
 
 ``python comfy_native_client.py URL PROMPTS.json RESULTS.json``: PROMPTS maps a label to an API prompt; RESULTS
 maps the label to ``{"status": "success" | "error", "error": <execution_error payload or None>, "outputs":
-{node id: ui output}}``, and under ``OBJECT_INFO`` ComfyUI's ``/object_info`` (the node definitions a UI workflow
-is converted with). Prompts run one after another, each followed on the WebSocket until ComfyUI says done.
+{node id: ui output}, "progress_events": how many step-progress messages it sent}``, and under ``OBJECT_INFO``
+ComfyUI's ``/object_info`` (the node definitions a UI workflow is converted with). Prompts run one after another, each followed on the WebSocket until ComfyUI says done.
 """
 
 import asyncio
@@ -23,7 +23,7 @@ async def _run_one(session, url: str, prompt: dict) -> dict:
             body = await reply.json()
         if reply.status != 200:
             return {"status": "rejected", "error": body, "outputs": {}}
-        prompt_id, error = body["prompt_id"], None
+        prompt_id, error, steps = body["prompt_id"], None, 0
         while True:
             message = await socket.receive(timeout=600)
             if message.type != aiohttp.WSMsgType.TEXT:
@@ -34,11 +34,13 @@ async def _run_one(session, url: str, prompt: dict) -> dict:
                 continue
             if event["type"] == "execution_error":
                 error = data
+            steps += event["type"] == "progress"  # a sampler step (ComfyUI's ProgressBar), of any node
             if event["type"] in ("execution_error", "execution_success") or (
                     event["type"] == "executing" and data.get("node") is None):
                 break
     entry = await _history_entry(session, url, prompt_id)
-    return {"status": "error" if error else "success", "error": error, "outputs": entry.get("outputs", {})}
+    return {"status": "error" if error else "success", "error": error, "outputs": entry.get("outputs", {}),
+            "progress_events": steps}
 
 
 async def _history_entry(session, url: str, prompt_id: str) -> dict:

@@ -92,6 +92,14 @@ def run_native_prompts(version: str, work: Path, models: Path, prompts: dict, no
     return json.loads(results.read_text()), work / "output", (work / "comfyui.log").read_text()
 
 
+def build_tiny_for_comfyui(models: Path) -> Path:
+    """``lorabind models build-tiny --models MODELS --comfyui``: the tiny files ComfyUI's own loaders detect."""
+    built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
+                            str(models), "--comfyui"], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return models
+
+
 def require_harness() -> Path:
     script = harness_script()
     if script is None:
@@ -211,6 +219,20 @@ async def _follow(socket, prompt_id: str, messages: list, deadline: float) -> No
         messages.append(data)
         if data.get("type") == "executing" and data["data"].get("node") is None:
             return
+
+
+def classes_from_object_info(object_info: dict) -> dict:
+    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
+    UI -> API conversion (``runtime.workflow_format.to_api_prompt``): the definitions the frontend converts with."""
+    classes = {}
+    for name, info in object_info.items():
+        inputs = {section: {key: info["input"][section][key] for key in order}
+                  for section, order in info["input_order"].items()}
+        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
+                                        "RETURN_TYPES": tuple(info["output"]),
+                                        "RETURN_NAMES": tuple(info["output_name"]),
+                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
+    return classes
 
 
 def strings_in(value):

@@ -35,6 +35,7 @@ class Client:
         self.session = aiohttp.ClientSession()
         self.ws = None
         self.messages: list[dict] = []
+        self.binary: list[bytes] = []  # binary frames (live previews), in the order they came
 
     async def connect(self, token: str | None = None) -> dict:
         """Open the WebSocket; ``token`` (the first connection's ``client_token``) takes over a registered id."""
@@ -43,10 +44,19 @@ class Client:
         return await self.receive()
 
     async def receive(self, timeout: float = 30.0) -> dict:
-        msg = await self.ws.receive_str(timeout=timeout)
-        message = json.loads(msg)
-        self.messages.append(message)
-        return message
+        """The next text message; binary frames on the way (live previews) are kept in ``binary``, as ComfyUI's
+        clients set them aside."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await self.ws.receive(timeout=max(deadline - time.monotonic(), 0.01))
+            if msg.type == aiohttp.WSMsgType.BINARY:
+                self.binary.append(msg.data)
+                continue
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                raise TypeError(f"WebSocket message {msg.type.name} is not text ({msg.data!r})")
+            message = json.loads(msg.data)
+            self.messages.append(message)
+            return message
 
     async def post(self, path: str, body, **kwargs):
         data = body if isinstance(body, (bytes, str, aiohttp.FormData)) else json.dumps(body)
@@ -72,6 +82,19 @@ class Client:
         status, body = await self.post("/prompt", {"prompt": prompt, "client_id": self.client_id, **extra})
         assert status == 200, body
         return body
+
+    async def run_and_view(self, prompt: dict, timeout: float = 300.0) -> list[tuple[str, bytes]]:
+        """Queue ``prompt`` (connected), wait for its end; (file name, bytes via /view) of each image it names."""
+        prompt_id = (await self.queue_prompt(prompt))["prompt_id"]
+        await self.wait_done(prompt_id, timeout=timeout)
+        _, history = await self.get(f"/history/{prompt_id}")
+        files = []
+        for image in (i for o in history[prompt_id]["outputs"].values() for i in o.get("images", [])):
+            status, data = await self.get("/view", params={k: image[k] for k in ("filename", "subfolder", "type")})
+            assert status == 200, data
+            files.append((image["filename"], data))
+        assert files, history[prompt_id]
+        return files
 
     async def wait_done(self, prompt_id: str, timeout: float = 60.0) -> list[dict]:
         """Messages for ``prompt_id`` up to and including the final ``executing {node: null}``."""

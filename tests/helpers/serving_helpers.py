@@ -15,7 +15,7 @@ from PIL import Image
 import lorabind
 from engine_helpers import style_lora
 
-EXAMPLE = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+EXAMPLE = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 STYLE_NAMES = {seed: tuple(f"styles/s{seed}_{c}.safetensors" for c in ("transformer", "transformer_2"))
                for seed in (51, 61)}
 

@@ -45,7 +45,7 @@ def test_build_tiny_writes_the_minimax_fixture_loras_even_where_the_models_canno
     from lorabind.tiny_models import minimax_h3
 
     built = []  # the model builds are recorded, not run: only the MiniMax-H3 part of the build matters here
-    monkeypatch.setattr(tiny_models, "_build_recipes", lambda names, root: built.extend(names) or [])
+    monkeypatch.setattr(tiny_models, "_build_recipes", lambda names, root, force=False: built.extend(names) or [])
     monkeypatch.setattr(tiny_models.single_files, "write_tiny_single_files", lambda root: [])
     tiny_models.build_tiny(tmp_path)
     assert built and not [name for name in built if name.startswith("tiny-minimax-h3")]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches",
             "minimax_h3_native"]
 OFFLOAD_PLANS = ["swap_experts", "offload_model", "offload_blocks"]

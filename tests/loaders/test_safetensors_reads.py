@@ -92,3 +92,39 @@ def test_a_part_outside_the_stored_tensor_is_not_read(model_file):
         assert ReadBuffer().read(path, identity, "big.weight", part) is None
         with pytest.raises(KeyError):
             read_tensor(WeightSource(path, "big.weight", part=part), torch.bfloat16)
+
+
+def test_owned_reads_give_the_files_bits_where_a_mapping_would_put_them_in_memory_of_their_own(model_file):
+    """A weight re-read for keeps (a staged upload, a LoRA's factors) is never a mapping of its file (a truncated
+    file would fault it, issue 52) and sits at the address modulo 64 a mapping gives it (the CPU kernels round by
+    alignment, so a re-read weight computes what the loaded one did)."""
+    from safetensors import safe_open
+
+    from lorabind.loaders.placement.file_pages import file_mapped_ranges
+
+    path, tensors = model_file
+    identity = FileIdentity.of(path)
+    together = safetensors_reads.read_all_owned(path, identity, list(tensors))
+    with safe_open(path, framework="pt") as handle:
+        for key, expected in tensors.items():
+            alone = read_tensor(WeightSource(path, key), expected.dtype)
+            mapped = handle.get_tensor(key)
+            for value in (alone, together[key]):
+                assert value.dtype == expected.dtype and value.shape == expected.shape
+                assert torch.equal(_bits(value), _bits(expected))
+                if value.numel():
+                    assert value.data_ptr() % 64 == mapped.data_ptr() % 64
+                    assert not file_mapped_ranges().holds(value.data_ptr())
+    assert safetensors_reads.read_all_owned(path, identity, ["big.weight", "absent"]) is None
+
+
+def test_a_table_is_never_remembered_under_a_version_the_file_no_longer_has(model_file):
+    """Issue 54's audit: a file that changes between the caller's check and the read must not have its new table
+    cached under the old version (a later read "of the old version" would use it)."""
+    path, tensors = model_file
+    old = FileIdentity.of(path)
+    save_file({key: t.clone() for key, t in tensors.items() if key != "small.weight"}, path)  # a new version
+    assert safetensors_reads.read_owned(path, old, "big.weight") is None
+    assert safetensors_reads.tables.table(path, old) is None
+    new = FileIdentity.of(path)
+    assert torch.equal(_bits(safetensors_reads.read_owned(path, new, "big.weight")), _bits(tensors["big.weight"]))

@@ -25,7 +25,7 @@ def fake_comfyui(monkeypatch, tmp_path):
         def __init__(self, total):
             calls.append(("ProgressBar", total))
 
-        def update_absolute(self, value, total=None):
+        def update_absolute(self, value, total=None, preview=None):  # ComfyUI's signature
             calls.append(("update_absolute", value, total))
 
     folder_paths = types.SimpleNamespace(
@@ -212,3 +212,24 @@ def test_lora_symlinks_out_of_the_loras_folders_are_refused_and_not_listed(regis
             assert comfy_bridge.lora_full_path(name) is None
             with pytest.raises(LoraFileError, match=f"'{name}' is not in the loras folder .*symlink"):
                 resolve_lora(name, "lora_name", "FuseDistillLoRA")
+
+
+def test_inside_comfyui_a_queued_prompt_gets_the_builtin_files_it_names_built_before_validation(fake_comfyui,
+                                                                                                  monkeypatch):
+    """Issue 57: a template opened in a fresh ComfyUI named fixture LoRAs nothing had built, and ComfyUI's
+    validation refused them. The pack adds one on-prompt handler (ComfyUI runs those before it validates), which
+    builds what the prompt names into ComfyUI's models and input folders; registering twice adds it once."""
+    folder_paths, _ = fake_comfyui
+    folder_paths.models_dir, folder_paths.get_input_directory = "/comfy/models", lambda: "/comfy/input"
+    handlers, built = [], []
+    server = types.SimpleNamespace(on_prompt_handlers=handlers, add_on_prompt_handler=handlers.append)
+    monkeypatch.setitem(sys.modules, "server", types.SimpleNamespace(PromptServer=types.SimpleNamespace(
+        instance=server)))
+    monkeypatch.setattr(comfy_bridge, "ensure_builtins_for_prompt",
+                        lambda prompt, models, inputs, announce: built.append((prompt, models, inputs)))
+    assert comfy_bridge.build_builtins_on_prompt() and comfy_bridge.build_builtins_on_prompt()
+    (handler,) = handlers
+    body = {"prompt": {"1": {"class_type": "FuseDistillLoRA", "inputs": {"lora_name": "lorabind-tiny/x"}}}}
+    assert handler(body) is body  # handed back unchanged for ComfyUI to validate
+    assert built == [(body["prompt"], "/comfy/models", "/comfy/input")]
+    assert handler({"no prompt": 1}) == {"no prompt": 1} and len(built) == 1

@@ -16,7 +16,7 @@ from lorabind.nodes.comfy_native_nodes import (
     LoraBindPEFTAdapter,
 )
 
-SHIPPED = Path(__file__).resolve().parents[2] / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
+PACK = Path(__file__).resolve().parents[2]
 
 
 def test_the_native_nodes_are_registered_in_their_own_category():
@@ -37,8 +37,9 @@ def test_headless_each_native_node_says_it_needs_comfyui(call, node):
     assert str(refused.value).startswith(f"{node} works on ComfyUI's own MODEL and needs ComfyUI")
 
 
-@pytest.mark.parametrize("shipped", [SHIPPED.with_name(f"{name}{form}") for name in (
-    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning", "comfy_minimax_h3_turbo_4step_768p") for form in (".api.json", ".json")],
+@pytest.mark.parametrize("shipped", [PACK / folder / f"{name}{form}" for name in (
+    "comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning", "comfy_minimax_h3_turbo_4step_768p")
+    for folder, form in (("workflows/api", ".api.json"), ("workflows", ".json"))],
     ids=lambda path: path.name)
 def test_lorabind_run_refuses_the_comfyui_example_naming_comfyui(tmp_path, shipped):
     run = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "run", str(shipped), "--models",
@@ -61,10 +62,10 @@ def test_the_pair_returns_the_same_patched_expert_when_only_the_other_one_change
         return SimpleNamespace(base=model, lora=lora, strength=strength), [f"{lora} at {strength}"]
 
     monkeypatch.setattr(native.comfy_bridge, "require_comfyui", lambda where: None)
-    monkeypatch.setattr(native.comfy_bridge, "model_shapes", lambda model: {})
+    monkeypatch.setattr(native.comfy_patches, "model_shapes", lambda model: {})
     monkeypatch.setattr(native, "host_family", lambda shapes, where: "wan")
     monkeypatch.setattr(native, "check_expert_pair", lambda *args: None)
-    monkeypatch.setattr(native, "prepare_lora", lambda *args: SimpleNamespace(contract=None, report={}))
+    monkeypatch.setattr(native, "prepare_lora", lambda *args, **kwargs: SimpleNamespace(contract=None, report={}))
     monkeypatch.setattr(native, "lora_inputs_identity", lambda name: f"identity of {name}")
     monkeypatch.setattr(native, "apply_lora", apply)
     node, high, low = LoraBindLoRAPair(), object(), object()

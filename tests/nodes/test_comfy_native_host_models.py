@@ -1,4 +1,4 @@
-"""``usecases/host_models.py`` without ComfyUI: the contract check a ComfyUI sampler run gets (whole table, an
+"""``usecases/host_models.py`` and ``host_sampling.py`` without ComfyUI: the contract check a ComfyUI sampler run gets (whole table, an
 expert's part, any contiguous part, cfg, enforce_contract off), the pair's switch step, and the refusal of a DoRA
 LoRA stacked after another LoRA on ComfyUI's MODEL."""
 
@@ -10,10 +10,16 @@ from lorabind.loaders.contract_types import ScheduleContract
 from lorabind.loaders.contracts.sigmas import shifted_sigmas
 from lorabind.loaders.errors import ContractError, LoraBindError
 from lorabind.usecases import host_models as hm
+from lorabind.usecases import host_sampling as hs
 
 LIGHTX2V = ScheduleContract(source="wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors",
                             kind="distill", family="wan2.2_moe", steps=4, shift=5.0, cfg=1.0)
 TABLE = shifted_sigmas(4, 5.0)  # [1, 0.9375, 0.8333, 0.625, 0]
+
+
+def _run(sigmas, cfg: float) -> hs.HostRun:
+    """A KSampler-style run: plain cfg, no step rule named."""
+    return hs.HostRun(tuple(sigmas), hs.plain_cfg(cfg))
 
 
 def test_the_table_is_the_shifted_published_points_and_the_pair_switches_below_the_boundary():
@@ -26,10 +32,10 @@ def test_the_table_is_the_shifted_published_points_and_the_pair_switches_below_t
 def test_each_expert_must_sample_its_part_of_the_table():
     high = hm.HostContract(LIGHTX2V, hm.PART_HIGH, switch_step=2)
     low = hm.HostContract(LIGHTX2V, hm.PART_LOW, switch_step=2)
-    assert hm.check_sampling([high], TABLE[:3], 1.0) == []
-    assert hm.check_sampling([low], TABLE[2:], 1.0) == []
+    assert hs.check_sampling([high], _run(TABLE[:3], 1.0)) == []
+    assert hs.check_sampling([low], _run(TABLE[2:], 1.0)) == []
     with pytest.raises(ContractError) as wrong_part:
-        hm.check_sampling([high], TABLE[2:], 1.0)
+        hs.check_sampling([high], _run(TABLE[2:], 1.0))
     message = str(wrong_part.value)
     assert LIGHTX2V.source in message and "steps/sigmas" in message and "high-noise part" in message
 
@@ -41,20 +47,20 @@ def test_each_expert_must_sample_its_part_of_the_table():
 ])
 def test_a_run_off_the_contract_is_refused_naming_the_file_and_the_field(sigmas, cfg, field):
     with pytest.raises(ContractError) as refused:
-        hm.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], sigmas, cfg)
+        hs.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], _run(sigmas, cfg))
     assert LIGHTX2V.source in str(refused.value) and field in str(refused.value)
 
 
 def test_a_single_lora_accepts_any_contiguous_part_and_float32_noise():
     record = hm.HostContract(LIGHTX2V)  # PART_ANY: LoraBindLoRA on one model
-    assert hm.check_sampling([record], [s + 5e-5 for s in TABLE[1:4]], 1.0) == []
+    assert hs.check_sampling([record], _run([s + 5e-5 for s in TABLE[1:4]], 1.0)) == []
     with pytest.raises(ContractError, match="no part of its 4-step table"):
-        hm.check_sampling([record], [1.0, 0.5, 0.0], 1.0)
+        hs.check_sampling([record], _run([1.0, 0.5, 0.0], 1.0))
 
 
 def test_enforce_contract_off_samples_anyway_and_returns_the_override_line():
     record = hm.HostContract(LIGHTX2V, hm.PART_ALL, enforced=False)
-    (line,) = hm.check_sampling([record], TABLE, 5.0)
+    (line,) = hs.check_sampling([record], _run(TABLE, 5.0))
     assert LIGHTX2V.source in line and "not enforced" in line and "cfg must be 1" in line
     assert "NOT enforced" in record.describe()
 
@@ -103,7 +109,7 @@ def test_a_peft_folder_on_a_host_model_gets_every_peft_scale_rule_and_says_which
 def test_a_host_samplers_long_sigmas_are_quoted_by_their_ends():
     """A ComfyUI sampler may run 10,000 steps: the refusal quotes a few values and the length, not the list."""
     with pytest.raises(ContractError) as refused:
-        hm.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], shifted_sigmas(10_000, 5.0), 1.0)
+        hs.check_sampling([hm.HostContract(LIGHTX2V, hm.PART_ALL)], _run(shifted_sigmas(10_000, 5.0), 1.0))
     message = str(refused.value)
     assert "(10001 points)" in message and len(message) < 600
 

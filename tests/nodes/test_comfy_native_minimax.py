@@ -16,6 +16,7 @@ from lorabind.loaders.families.minimax_h3.key_layouts import MINIMAX_H3_TRANSFOR
 from lorabind.loaders.handles import FuseSpec
 from lorabind.loaders.models.store import load_model
 from lorabind.usecases import host_models as hm
+from lorabind.usecases import host_sampling as hs
 
 PREFIX = "diffusion_model."
 TURBO_768P = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
@@ -89,16 +90,48 @@ def _record(name, part=hm.PART_ANY):
 SHIFT_VIDEO, SHIFT_AUDIO = "minimax_h3_sigma_shift_video", "minimax_h3_sigma_shift_audio"
 
 
+def _check(records, sigmas, options, condition_keys=frozenset()) -> list:
+    """A ComfyUI sampler run at cfg 1 with these transformer options and positive-conditioning keys."""
+    run = hs.HostRun(tuple(sigmas), hs.plain_cfg(1.0), "euler", options, frozenset(condition_keys))
+    return hs.check_sampling(records, run)
+
+
+REF2V_8STEP_768P = "minimax_h3_ref2v_turbo_8step_v1.0_768p_bf16.safetensors"
+
+
+@pytest.mark.parametrize("keys, refused", [
+    ((), "task 't2va' (no references or keyframes)"),  # EmptyMiniMaxH3LatentAV / MiniMaxH3ImageToVideo, no frame
+    (("minimax_keyframes",), "task 'fl2va' (MiniMaxH3ImageToVideo with a frame)"),
+    (("minimax_refs",), None),  # MiniMaxH3ReferenceToVideo with references: what the file is for
+])
+def test_a_ref2v_turbo_file_is_refused_on_a_conditioning_of_another_task(keys, refused):
+    """Issue 57: in native mode a ref2v Turbo file ran on a plain text-to-video latent ("contract enforced:
+    tasks=ref2va"), where ``lorabind run`` refuses the same; the task is the positive conditioning's."""
+    record = _record(REF2V_8STEP_768P)
+    sigmas, options = record.contract.sigmas, {SHIFT_VIDEO: 6.0}
+    if refused is None:
+        assert _check([record], sigmas, options, keys) == []
+        return
+    with pytest.raises(ContractError) as caught:
+        _check([record], sigmas, options, keys)
+    message = str(caught.value)
+    assert REF2V_8STEP_768P in message and "task: it serves tasks ['ref2va']" in message and refused in message
+    assert "condition it with MiniMaxH3ReferenceToVideo with references" in message
+    off = hm.HostContract(record.contract, enforced=False)
+    (line,) = _check([off], sigmas, options, keys)
+    assert "not enforced" in line and "task:" in line
+
+
 def test_a_544p_turbo_file_runs_on_comfyui_defaults_and_a_768p_one_needs_minimax_sigma_shift_at_6():
-    assert hm.check_sampling([_record(TURBO_544P)], shifted_sigmas(8, 12.0), 1.0, {}) == []
+    assert _check([_record(TURBO_544P)], shifted_sigmas(8, 12.0), {}) == []
     both = {SHIFT_VIDEO: 6.0, SHIFT_AUDIO: 3.0}
-    assert hm.check_sampling([_record(TURBO_768P)], shifted_sigmas(4, 6.0), 1.0, both) == []
+    assert _check([_record(TURBO_768P)], shifted_sigmas(4, 6.0), both) == []
     with pytest.raises(ContractError) as audio:  # ModelSamplingSD3 at 6 alone: the DiT still assumes 12
-        hm.check_sampling([_record(TURBO_768P)], shifted_sigmas(4, 6.0), 1.0, {})
+        _check([_record(TURBO_768P)], shifted_sigmas(4, 6.0), {})
     message = str(audio.value)
     assert TURBO_768P in message and "audio_flow_shift" in message and "shift_video=6, shift_audio=3" in message
     with pytest.raises(ContractError, match="audio_flow_shift"):
-        hm.check_sampling([_record(TURBO_544P)], shifted_sigmas(8, 12.0), 1.0, {SHIFT_AUDIO: 5.0})
+        _check([_record(TURBO_544P)], shifted_sigmas(8, 12.0), {SHIFT_AUDIO: 5.0})
 
 
 @pytest.mark.parametrize("name, sigmas, field", [
@@ -108,7 +141,7 @@ def test_a_544p_turbo_file_runs_on_comfyui_defaults_and_a_768p_one_needs_minimax
 ])
 def test_the_wrong_shift_or_step_count_is_refused_naming_the_file_and_the_field(name, sigmas, field):
     with pytest.raises(ContractError) as refused:
-        hm.check_sampling([_record(name)], sigmas, 1.0, {SHIFT_VIDEO: 6.0})
+        _check([_record(name)], sigmas, {SHIFT_VIDEO: 6.0})
     assert name in str(refused.value) and field in str(refused.value)
 
 
@@ -120,9 +153,9 @@ def test_a_native_adapter_pins_its_base_schedule_shifted_as_the_host_model_shift
     contract = on_host(declared_contract(NATIVE, metadata, 4))
     assert contract.shift == 12.0 and contract.audio_shift == 3.0
     record = hm.HostContract(contract)
-    assert hm.check_sampling([record], list(contract.sigmas), 1.0, {}) == []
+    assert _check([record], list(contract.sigmas), {}) == []
     with pytest.raises(ContractError, match="steps/sigmas"):
-        hm.check_sampling([record], shifted_sigmas(4, 12.0), 1.0, {})
+        _check([record], shifted_sigmas(4, 12.0), {})
 
 
 def test_a_lora_in_comfyui_own_native_names_lands_on_the_fused_tensors_row_for_row(mm_root, bf16_model, tmp_path):

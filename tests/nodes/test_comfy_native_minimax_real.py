@@ -19,13 +19,13 @@ from types import SimpleNamespace
 import pytest
 from safetensors.torch import load_file
 
-from real_comfyui import require_harness, run_native_prompts, version_tuple
+from real_comfyui import classes_from_object_info, require_harness, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_minimax_h3_turbo.tiny.api.json"
-SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_minimax_h3_turbo_4step_768p.api.json"
+SHIPPED_WORKFLOW = REPO / "workflows" / "api" / "comfy_minimax_h3_turbo_4step_768p.api.json"
 FIRST_WITH_MINIMAX = (0, 30, 0)  # MiniMax-H3 arrived in ComfyUI between the snapshots (comfy/ldm/minimax)
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.2_768p_bf16.safetensors"
 NATIVE = "minimax_h3_t2va_flashgen_4step_v1.0_768p_bf16.safetensors"
@@ -205,16 +205,9 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_comfyui_0_30_
     from comfy_native_client import OBJECT_INFO
     from lorabind.runtime.workflow_format import to_api_prompt
 
-    classes = {}
-    for name, info in comfy_results[0][OBJECT_INFO].items():  # what /object_info declares, as node classes
-        inputs = {section: {key: info["input"][section][key] for key in order}
-                  for section, order in info["input_order"].items()}
-        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
-                                        "RETURN_TYPES": tuple(info["output"]),
-                                        "RETURN_NAMES": tuple(info["output_name"]),
-                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
-    converted, kind = to_api_prompt(json.loads(SHIPPED_WORKFLOW.with_suffix("").with_suffix(".json").read_text()),
-                                    classes)
+    classes = classes_from_object_info(comfy_results[0][OBJECT_INFO])
+    ui = REPO / "workflows" / SHIPPED_WORKFLOW.name.replace(".api.json", ".json")
+    converted, kind = to_api_prompt(json.loads(ui.read_text()), classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}
                       for node_id, node in converted.items()}
     assert kind == "ui" and without_titles == json.loads(SHIPPED_WORKFLOW.read_text())

@@ -13,8 +13,6 @@ One ComfyUI start per version serves every prompt: ``comfy_native_client.py`` qu
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,13 +29,13 @@ from comfy_patcher_cases import (
     write_edit_2511_file,
     write_peft_scaling_folder,
 )
-from real_comfyui import run_native_prompts, version_tuple
+from real_comfyui import build_tiny_for_comfyui, classes_from_object_info, run_native_prompts, version_tuple
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_wan22_lightx2v_4step.tiny.api.json"
-SHIPPED_WORKFLOW = REPO / "workflows" / "comfy_wan22_lightx2v_4step.api.json"
+SHIPPED_WORKFLOW = REPO / "workflows" / "api" / "comfy_wan22_lightx2v_4step.api.json"
 QWEN_TINY_WORKFLOW = REPO / "tests" / "data" / "comfy_qwen_image_lightning.tiny.api.json"
 HIGH_LORA = "wan2.2_t2v_A14b_high_noise_lora_rank64_lightx2v_4step_1217.safetensors"
 STAND_INS = {"LoraBindTestWanConditioning", "LoraBindTestQwenImageConditioning"}
@@ -78,10 +76,7 @@ def _custom_sampler_prompt(cfg: float) -> dict:
 @pytest.fixture(scope="module")
 def native_models(tmp_path_factory) -> Path:
     """``build-tiny --comfyui``'s files (and the PEFT scaling folder), once for every ComfyUI version."""
-    models = tmp_path_factory.mktemp("comfy_native_models")
-    built = subprocess.run([sys.executable, "-m", "lorabind.runtime.cli", "models", "build-tiny", "--models",
-                            str(models), "--comfyui"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    models = build_tiny_for_comfyui(tmp_path_factory.mktemp("comfy_native_models"))
     write_peft_scaling_folder(models)
     write_edit_2511_file(models)
     return models
@@ -217,20 +212,6 @@ def test_the_shipped_workflow_differs_from_the_tiny_one_only_in_file_names_and_t
         assert tiny[node_id]["inputs"]["text"] == shipped[node_id]["inputs"]["text"]
 
 
-def _classes_from_object_info(object_info: dict) -> dict:
-    """Node classes declaring what real ComfyUI's ``/object_info`` says (inputs, their order, outputs), for our
-    UI -> API conversion: the definitions the frontend converts with."""
-    classes = {}
-    for name, info in object_info.items():
-        inputs = {section: {key: info["input"][section][key] for key in order}
-                  for section, order in info["input_order"].items()}
-        classes[name] = type(name, (), {"INPUT_TYPES": classmethod(lambda cls, inputs=inputs: inputs),
-                                        "RETURN_TYPES": tuple(info["output"]),
-                                        "RETURN_NAMES": tuple(info["output_name"]),
-                                        "OUTPUT_IS_LIST": tuple(info["output_is_list"])})
-    return classes
-
-
 @pytest.mark.parametrize("example", ["comfy_wan22_lightx2v_4step", "comfy_qwen_image_lightning"])
 def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_definitions(comfy_results, example):
     """The UI workflow a user opens gives, through our frontend-compatible conversion with the node definitions of
@@ -239,8 +220,8 @@ def test_the_shipped_ui_form_converts_to_the_shipped_api_form_with_real_comfyui_
     from comfy_native_client import OBJECT_INFO
     from lorabind.runtime.workflow_format import to_api_prompt
 
-    classes = _classes_from_object_info(comfy_results[0][OBJECT_INFO])
-    ui = json.loads((SHIPPED_WORKFLOW.parent / f"{example}.json").read_text())
+    classes = classes_from_object_info(comfy_results[0][OBJECT_INFO])
+    ui = json.loads((REPO / "workflows" / f"{example}.json").read_text())
     converted, kind = to_api_prompt(ui, classes)
     without_titles = {node_id: {"class_type": node["class_type"], "inputs": node["inputs"]}  # _meta: UI titles
                       for node_id, node in converted.items()}

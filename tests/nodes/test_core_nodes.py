@@ -41,8 +41,9 @@ def test_loader_lists_built_models_and_refuses_escaping_names(models_configured,
     with pytest.raises(FileNotFoundError, match="not-a-model"):
         model_nodes.resolve_model_folder("not-a-model")
     changed = LoraBindModelLoader.IS_CHANGED("tiny-wan21-t2v", "auto")
-    index = models_configured / "diffusers" / "tiny-wan21-t2v" / "model_index.json"
-    assert changed.endswith(f"{index.stat().st_mtime_ns}:auto")
+    assert changed.startswith("tiny-wan21-t2v:") and changed.endswith(":auto") and changed != "tiny-wan21-t2v:missing:auto"
+    assert str(models_configured) not in changed  # embedded in outputs: no local path
+    assert LoraBindModelLoader.IS_CHANGED("tiny-wan21-t2v", "auto") == changed  # nothing changed: the same value
 
 
 def test_loader_builds_a_missing_builtin_model_on_first_use(tmp_path):
@@ -93,6 +94,34 @@ def test_build_tiny_command_prints_what_it_wrote(tmp_path, capsys):
     assert f"wrote {tmp_path / 'diffusers' / 'tiny-wan21-t2v'}" in printed
     assert cli_main(["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-nope"]) == 2
     assert "tiny-nope" in capsys.readouterr().err
+
+
+def test_build_tiny_keeps_what_is_current_and_force_rebuilds_it(tmp_path, capsys):
+    """Issue 54: build-tiny rewrote everything even when it was current (deterministic builds: the same bytes)."""
+    folder = tmp_path / "diffusers" / "tiny-wan21-t2v"
+    arguments = ["models", "build-tiny", "--models", str(tmp_path), "--only", "tiny-wan21-t2v"]
+    assert cli_main(arguments) == 0 and f"wrote {folder}" in capsys.readouterr().out
+    weights = sorted(folder.rglob("*.safetensors"))
+    stamps = {path: path.stat().st_mtime_ns for path in weights}
+    assert cli_main(arguments) == 0
+    printed = capsys.readouterr().out
+    assert "wrote" not in printed and "0 item(s) written" in printed and "--force rebuilds it" in printed
+    assert weights and {path: path.stat().st_mtime_ns for path in weights} == stamps  # not touched
+    assert cli_main([*arguments, "--force"]) == 0 and f"wrote {folder}" in capsys.readouterr().out
+    assert any(path.stat().st_mtime_ns != stamps[path] for path in weights)
+
+
+@pytest.mark.slow  # builds every tiny model once
+def test_a_second_build_tiny_writes_nothing_and_a_missing_fixture_is_written_again(tmp_path, capsys):
+    from lorabind.tiny_models import build_tiny
+    from lorabind.tiny_models.lora_fixtures import WAN22_HIGH
+
+    first = build_tiny(tmp_path / "models", input_dir=tmp_path / "input")
+    assert first and build_tiny(tmp_path / "models", input_dir=tmp_path / "input") == []
+    (tmp_path / "models" / "loras" / WAN22_HIGH).unlink()
+    again = build_tiny(tmp_path / "models", input_dir=tmp_path / "input")
+    assert tmp_path / "models" / "loras" / WAN22_HIGH in again and not any(p.name == "model_index.json" or
+                                                                           p.parent.name == "diffusers" for p in again)
 
 
 def test_an_oversized_latent_is_refused_at_validation_with_its_size():

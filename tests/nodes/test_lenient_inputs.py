@@ -53,9 +53,25 @@ def test_the_refusal_names_the_options_that_exist(model):
         FuseDistillLoRA().fuse(model, "high_noise_with_unknown.safetensors", 1.0, "transformer")
     message = str(caught.value)
     assert "6 key(s) match nothing in the transformer (wan2.2_moe)" in message
-    assert message.endswith("skip these keys explicitly: the fuse and adapter nodes' 'lenient' input, "
-                            "'lorabind merge --lenient', 'lorabind inspect --lenient'")
+    # the input of the node that refused it, not another node's (issue 57)
+    assert message.endswith("skip these keys explicitly: FuseDistillLoRA's 'lenient' input")
     assert "leniently" not in message
+
+
+def test_a_file_none_of_whose_keys_applies_is_not_told_to_go_lenient(model, models_root, tiny_models_root):
+    """Issue 54: a Qwen-Image LoRA on the Wan2.2 model matches none of its keys; 'lenient' would drop all of them
+    and apply nothing, so the refusal does not offer it."""
+    import shutil
+
+    from lorabind.nodes.adapter_nodes import FuseDistillLoRA
+
+    shutil.copy(tiny_models_root / "loras" / F.QWEN_LIGHTNING, models_root / "loras" / F.QWEN_LIGHTNING)
+    with pytest.raises(KeyMatchError) as caught:
+        FuseDistillLoRA().fuse(model, F.QWEN_LIGHTNING, 1.0, "transformer")
+    message = str(caught.value)
+    assert "key(s) match nothing in the transformer (wan2.2_moe)" in message and "qwen_image LoRA" in message
+    assert message.endswith("Pick a LoRA made for this model")  # another family's file: nothing to skip to
+    assert "lenient" not in message
 
 
 def test_a_lenient_fuse_skips_only_the_unmatched_keys_and_binds(model):

@@ -80,7 +80,7 @@ def test_run_command_device_and_memory_reach_every_loader(monkeypatch, tmp_path)
     import lorabind
     from lorabind.runtime.cli import main
 
-    workflow = Path(lorabind.__file__).parent / "workflows" / "wan21_distill.api.json"
+    workflow = Path(lorabind.__file__).parent / "workflows" / "api" / "wan21_distill.api.json"
     assert json.loads(workflow.read_text())["1"]["inputs"].get("memory", "auto") == "auto"
     printed = []
     monkeypatch.setattr("builtins.print", lambda *a, **k: printed.append(" ".join(map(str, a))))

@@ -22,7 +22,7 @@ from real_comfyui import RealComfyUI, strings_in
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 LORA_NODES = ("LoadPEFTAdapter", "FuseDistillLoRA", "MiniMaxTurboSchedule")
 
 

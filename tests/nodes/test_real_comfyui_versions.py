@@ -67,7 +67,7 @@ def test_the_old_environment_is_what_it_claims(old_comfy):
 
 @pytest.mark.parametrize("workflow", ["minimax_h3_turbo_8step", "minimax_h3_native", "minimax_h3_pinned"])
 def test_a_minimax_prompt_fails_with_our_version_message(old_comfy, workflow):
-    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / f"{workflow}.api.json").read_text())
+    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "api" / f"{workflow}.api.json").read_text())
     run = old_comfy.run(prompt)
     assert run.status == 200 and run.body["node_errors"] == {}, run.body  # listed, so it passes validation
     error = run.error

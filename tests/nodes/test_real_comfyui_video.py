@@ -16,7 +16,8 @@ from real_comfyui import RealComfyUI
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 NAME = "minimax_h3_turbo_mp4"
 
 
@@ -51,7 +52,7 @@ def decoded(path: Path) -> tuple[int, int, int, dict]:
 
 def test_our_mp4_and_comfyuis_savevideo_report_and_embed_alike(comfy):
     prompt = json.loads((WORKFLOWS / f"{NAME}.api.json").read_text(encoding="utf-8"))
-    workflow = json.loads((WORKFLOWS / f"{NAME}.json").read_text(encoding="utf-8"))
+    workflow = json.loads((TEMPLATES / f"{NAME}.json").read_text(encoding="utf-8"))
     prompt["20"] = {"class_type": "CreateVideo", "inputs": {"images": ["7", 0], "fps": 24.0}}
     prompt["21"] = {"class_type": "SaveVideo", "inputs": {"video": ["20", 0], "filename_prefix": "comfy/video",
                                                           "format": "auto", "codec": "auto"}}

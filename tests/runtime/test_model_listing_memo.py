@@ -145,19 +145,32 @@ class _Out:
         return {}
 
 
-def test_the_loader_is_changed_follows_a_rebuilt_or_deleted_model(tmp_path, registry_at):
-    """One stat per root now (``model_index_stat``): a rebuilt model_index.json changes the value, a deleted one
+def test_the_loader_is_changed_follows_a_rebuilt_replaced_rewritten_or_deleted_model(tmp_path, registry_at):
+    """``model_version``: a rebuilt model_index.json, a component file rewritten in place with its size and mtime
+    (issue 61: a rewritten VAE changed the next output silently) or replaced each change the value; a deleted one
     says missing, and a name leaving the roots is never looked up."""
     from lorabind.nodes.model_nodes import LoraBindModelLoader
 
     models = tmp_path / "models"
     folder = _model(models / "diffusers", "mine")
+    (folder / "vae").mkdir()
+    weights = folder / "vae" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(b"a" * 64)
     registry_at(models)
-    first = LoraBindModelLoader.IS_CHANGED("mine", "auto")
-    assert first.startswith("mine:2:") and first.endswith(":auto")  # the size of "{}"
+    seen = [LoraBindModelLoader.IS_CHANGED("mine", "auto")]
+    assert seen[0].startswith("mine:") and seen[0].endswith(":auto") and str(tmp_path) not in seen[0]
+    assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == seen[0]  # nothing changed: the same value
     (folder / "model_index.json").write_text('{"_class_name": "WanPipeline"}')
-    second = LoraBindModelLoader.IS_CHANGED("mine", "auto")
-    assert second != first and second.startswith("mine:30:")
+    seen.append(LoraBindModelLoader.IS_CHANGED("mine", "auto"))
+    before = os.stat(weights)
+    with open(weights, "r+b") as handle:  # in place: same inode and size, the mtime set back
+        handle.write(b"b")
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))
+    seen.append(LoraBindModelLoader.IS_CHANGED("mine", "auto"))
+    weights.with_suffix(".new").write_bytes(b"c" * 64)
+    os.replace(weights.with_suffix(".new"), weights)  # replaced, as a download does
+    seen.append(LoraBindModelLoader.IS_CHANGED("mine", "auto"))
+    assert len(set(seen)) == 4, seen
     (folder / "model_index.json").unlink()
     assert LoraBindModelLoader.IS_CHANGED("mine", "auto") == "mine:missing:auto"
     (folder / "model_index.json").mkdir()  # not a file: not a model

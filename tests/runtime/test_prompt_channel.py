@@ -11,11 +11,14 @@ import time
 import pytest
 import torch.distributed as dist
 
+from lorabind.runtime.parallel.job_store import JobStore
 from lorabind.runtime.parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
+
+SECRET = b"a test job's secret, 32 bytes.."
 
 
 def _channels(timeout_s: float = 5.0, world_size: int = 2) -> list[PromptChannel]:
-    store = dist.HashStore()
+    store = JobStore(dist.HashStore(), SECRET)
     return [PromptChannel(store, rank, world_size, timeout_s) for rank in range(world_size)]
 
 

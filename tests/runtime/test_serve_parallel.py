@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import shutil
 import time
 import urllib.request
@@ -26,61 +25,25 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from PIL import Image
-from safetensors.torch import load_file, save_file
 
 import lorabind
 from gloo_ranks import RANK_TIMEOUT_S
 from lorabind.loaders.models.store import clear_cache
 from lorabind.runtime.cli import main
 from lorabind.runtime.parallel.launch import free_port
+from optional_extras import deferred, requires
 from saver_capture import capturing_savers
+from served_jobs import ServedJob, served_job
 from server_client import Client, run_async
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 TEMPLATE = WORKFLOWS / "qwen_image_lightning.api.json"
 LIGHTNING = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
 TOLERANCE = 1e-6
-
-
-def _serve_rank(rank: int, world_size: int, master_port: int, captures: str, argv: list, lora_dirs: list) -> None:
-    """One rank of the served job (a spawned process): the CLI's serve command, its savers' tensors written to
-    ``captures/r<rank>/<n>.safetensors`` in the order they come."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    folder = Path(captures) / f"r{rank}"
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def keep(key: str, tensor) -> None:
-        save_file({"output": tensor.contiguous()}, str(folder / f"{len(list(folder.iterdir())):03d}.safetensors"))
-
-    with capturing_savers(keep):
-        main([*argv, "--allow-lora-dir", lora_dirs[rank]])
-
-
-class ServedJob:
-    def __init__(self, url: str, captures: Path, processes):
-        self.url, self.captures, self.processes = url, captures, processes
-
-    def captured(self, rank: int) -> list[torch.Tensor]:
-        return [load_file(str(p))["output"] for p in sorted((self.captures / f"r{rank}").glob("*.safetensors"))]
-
-
-def _wait_until_up(url: str, processes, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert all(p.is_alive() for p in processes), "a rank of the served job exited"
-        try:
-            urllib.request.urlopen(url + "/system_stats", timeout=2).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"serve --parallel did not answer within {timeout} s")
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +60,12 @@ def root(tiny_models_root, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(tiny_models_root, root):
-    port, context = free_port(), None
+    port = free_port()
     argv = ["serve", "--port", str(port), "--models", str(tiny_models_root), "--output", str(root / "output"),
             "--input", str(root / "input"), "--temp", str(root / "temp"), "--state-dir", str(root / "state"),
             "--openai-model", f"qwen-image={TEMPLATE}", "--parallel", "ulysses=2"]
-    context = mp.start_processes(_serve_rank, args=(2, free_port(), str(root / "captures"), argv,
-                                                    [str(root / f"loras_r{r}") for r in range(2)]),
-                                 nprocs=2, join=False, start_method="spawn")
-    try:
-        _wait_until_up(f"http://127.0.0.1:{port}", context.processes)
-        yield ServedJob(f"http://127.0.0.1:{port}", root / "captures", context.processes)
-    finally:
-        for process in context.processes:
-            process.terminate()
-        for process in context.processes:
-            process.join(30)
+    with served_job(port, argv, root / "captures", [str(root / f"loras_r{r}") for r in range(2)]) as job:
+        yield job
 
 
 @pytest.fixture(scope="module")

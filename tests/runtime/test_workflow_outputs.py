@@ -37,7 +37,7 @@ from lorabind.runtime.cli import main
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 REFERENCES_FILE = Path(__file__).with_name("workflow_output_references.json")
 RECORD = os.environ.get("LORABIND_RECORD_OUTPUT_REFERENCES") == "1"
 # comfy_*: ComfyUI-native examples (core loaders and samplers): they run in real ComfyUI only

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ...contract_types import MAX_STEPS, ScheduleContract
+from ...contracts.distill_names import quoted_words
 from ...contracts.sigmas import shift_schedule, shifted_sigmas, validate_schedule
 from ...errors import ContractError
 
@@ -84,9 +85,9 @@ def _positive_number(raw, file_name: str, field: str) -> float:
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise ContractError(f"{file_name}: metadata {field}={raw!r} must be numeric") from None
+        raise ContractError(f"{file_name}: metadata {field}={quoted_words(str(raw))} must be numeric") from None
     if not math.isfinite(value) or value <= 0:
-        raise ContractError(f"{file_name}: metadata {field}={raw!r} must be a positive number")
+        raise ContractError(f"{file_name}: metadata {field}={quoted_words(str(raw))} must be a positive number")
     return value
 
 

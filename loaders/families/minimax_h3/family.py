@@ -12,6 +12,7 @@ from ..roles import ROLE_ALTERNATE, ROLE_DENOISER, ROLE_VAE, SHARED_INDEX_ROLES
 from . import contracts, host, pipeline, references, sampling
 from .key_layouts import HOST_DENOISERS, REFUSED_FILES
 from .keymap import KEYMAP
+from .latent_rgb import MINIMAX_H3_VIDEO_RGB
 from .resolve import resolve
 
 
@@ -69,6 +70,7 @@ class MiniMaxH3Sampling(FamilySampling):
     """Its modular pipeline, the two-schedule loop, and the soundtrack, first frame and references only it has."""
 
     max_references = references.MAX_IMAGE_REFERENCES  # reference images one ref2va run takes
+    latent_rgb_maps = (MINIMAX_H3_VIDEO_RGB,)
 
     def load_pipeline(self, source: PipelineSource):
         if source.kind == SOURCE_SINGLE_FILE:
@@ -91,10 +93,10 @@ class MiniMaxH3Sampling(FamilySampling):
     def check_inputs(self, model, positive, negative, latent, schedule) -> None:
         sampling.check_inputs(model, positive, negative, latent, schedule)
 
-    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None,
+    def denoise(self, model, positive, negative, latent, schedule, seed: int, *, on_step=None, on_latent=None,
                 check_interrupt=None):
         return sampling.denoise(self.forward, model, positive, negative, latent, schedule, seed,
-                                on_step=on_step, check_interrupt=check_interrupt)
+                                on_step=on_step, on_latent=on_latent, check_interrupt=check_interrupt)
 
     def batch_rule(self, model, component: str):
         return sampling.NOT_BATCHED

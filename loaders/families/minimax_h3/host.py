@@ -8,7 +8,8 @@ closed form: it inverts the video shift to the shared base grid and applies the 
 writes) or its own defaults 12 and 3, and scales the audio velocity by that map's slope. So the soundtrack runs
 the contract's audio schedule only when the video shift the DiT is told equals the one the sampler's sigmas were
 made with, and its audio shift is the contract's: ``ModelSamplingSD3`` at 6 alone gives a 768p Turbo file the
-right video sigmas but an audio schedule derived as if they were shift 12's.
+right video sigmas but an audio schedule derived as if they were shift 12's. The task is the conditioning's: ComfyUI's
+reference node puts its references there, its image-to-video node its keyframes.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from __future__ import annotations
 from typing import Optional
 
 from ...contracts.sigmas import TABLE_TOLERANCE, shift_schedule, sigmas_close, slice_offset
-from .contracts import TURBO_VIDEO_SHIFT_768P, on_checkpoint
+from .contracts import DEFAULT_TASK, TURBO_VIDEO_SHIFT_768P, on_checkpoint
 
 # the transformer_options keys MiniMaxH3SigmaShift writes, and MiniMaxH3Model's defaults when none is set
 HOST_VIDEO_SHIFT_OPTION = "minimax_h3_sigma_shift_video"
 HOST_AUDIO_SHIFT_OPTION = "minimax_h3_sigma_shift_audio"
 HOST_DEFAULT_SHIFTS = (12.0, 3.0)
+# the conditioning keys ComfyUI's MiniMax-H3 nodes set, and the task each makes (nodes_minimax_h3.py, 0.30.0)
+HOST_TASK_KEYS = (("minimax_refs", "ref2va"), ("minimax_keyframes", "fl2va"))
 
 
 def on_host(contract):
@@ -66,9 +69,33 @@ def _derived_audio(sigma: float, video_shift: float, audio_shift: float) -> floa
     return audio_shift * base / (1.0 + (audio_shift - 1.0) * base)
 
 
-def host_sampling_problem(contract, sigmas: list, host_options: dict) -> Optional[str]:
-    """"audio_flow_shift: ..." when the audio sigmas ComfyUI's model derives from these (right) video sigmas are
-    not the contract's audio schedule; None when they are, or the contract pins no audio schedule."""
+def host_task(condition_keys) -> str:
+    """The task a ComfyUI MiniMax-H3 conditioning is for: its references (``MiniMaxH3ReferenceToVideo``) make it
+    ref2va, its keyframes (``MiniMaxH3ImageToVideo`` with a first or last frame) fl2va, neither t2va."""
+    return next((task for key, task in HOST_TASK_KEYS if key in condition_keys), DEFAULT_TASK)
+
+
+def _task_problem(contract, condition_keys) -> Optional[str]:
+    """"task: ..." when the conditioning's task is not one the artifact serves (as ``lorabind run`` refuses a
+    ref2v Turbo file on a text-to-video latent)."""
+    task = host_task(condition_keys)
+    if not contract.tasks or task in contract.tasks:
+        return None
+    made_by = {"ref2va": "MiniMaxH3ReferenceToVideo with references", "fl2va": "MiniMaxH3ImageToVideo with a frame",
+               "t2va": "no references or keyframes"}
+    wanted = " or ".join(made_by[t] for t in contract.tasks if t in made_by)
+    return (f"task: it serves tasks {list(contract.tasks)}, and the sampler's positive conditioning is for task "
+            f"{task!r} ({made_by[task]}); condition it with {wanted}")
+
+
+def host_sampling_problem(contract, sigmas: list, host_options: dict,
+                          condition_keys: frozenset = frozenset()) -> Optional[str]:
+    """"task: ..." when the conditioning is for another task than the artifact serves; "audio_flow_shift: ..."
+    when the audio sigmas ComfyUI's model derives from these (right) video sigmas are not the contract's audio
+    schedule; None when neither."""
+    task_problem = _task_problem(contract, condition_keys)
+    if task_problem is not None:
+        return task_problem
     if contract.audio_sigmas is None or contract.sigmas is None:
         return None
     offset = slice_offset(contract.sigmas, sigmas)

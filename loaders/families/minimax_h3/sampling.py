@@ -73,12 +73,13 @@ def _check_task(model, task: str, latent: LatentHandle) -> None:
 
 
 def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, schedule, seed: int, *,
-            on_step: Optional[Callable[[int, int], None]] = None,
+            on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[Callable] = None,
             check_interrupt: Optional[Callable[[], None]] = None) -> LatentHandle:
     """Euler over the EXPLICIT ``schedule.sigmas`` (video) and ``schedule.audio_sigmas`` (audio), one forward per
     step (two with cfg != 1 and a negative prompt); T2VA/FL2VA on ``transformer``, Ref2VA on ``transformer_ref``
     (its reference rows noised first, from the same generator, as diffusers' pipeline draws them).
-    ``forward(model, partition, **inputs)`` is the family's one denoiser forward."""
+    ``forward(model, partition, **inputs)`` is the family's one denoiser forward; ``on_latent`` sees each step's
+    clean video estimate ``x + σ·v`` (this velocity points data-ward)."""
     import torch
 
     check_inputs(model, positive, negative, latent, schedule)
@@ -120,6 +121,8 @@ def denoise(forward: Callable, model, positive, negative, latent: LatentHandle, 
             audio_v = outs[1][1] + schedule.cfg * (audio_v - outs[1][1])
         video_v = unpack_video(video_v[:, n_cond:], video_shape, patch)
         audio_v = audio_v.reshape(batch, channels, audio_len, audio_dim).permute(0, 1, 3, 2)
+        if on_latent is not None:
+            on_latent(i + 1, total, video + sigmas[i] * video_v)
         video = video + (sigmas[i] - sigmas[i + 1]) * video_v
         audio = audio + (audio_sigmas[i] - audio_sigmas[i + 1]) * audio_v
         if on_step is not None:

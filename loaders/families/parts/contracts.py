@@ -37,6 +37,13 @@ class FamilyContracts(FamilyPart):
         """The ResolvedSchedule for a SamplingRequest under ``contracts``; ContractError before any weight moves."""
         raise NotImplementedError
 
+    def refusal_before_loading(self, model_name: str, model_index: dict, contracts: tuple, request) -> Optional[str]:
+        """What ``resolve_schedule`` would refuse for certain, told from the model folder's ``model_index.json``
+        alone (no weights: a prompt's check before it is queued), or None. None by default: a family whose
+        resolution needs the loaded model (MiniMax-H3: its partitions, the task its latent implies) decides when
+        it runs."""
+        return None
+
     def on_host(self, contract):
         """The contract as it applies to this family's model held by a host (ComfyUI's own MODEL), which has no
         ``model_index.json``: a contract completed from the host model's defaults. As declared by default."""
@@ -47,10 +54,12 @@ class FamilyContracts(FamilyPart):
         the right step count on another flow_shift), or None to keep the general one."""
         return None
 
-    def host_sampling_problem(self, contract, sigmas: list, host_options: dict) -> Optional[str]:
+    def host_sampling_problem(self, contract, sigmas: list, host_options: dict,
+                              condition_keys: frozenset = frozenset()) -> Optional[str]:
         """What else is off the contract in a host sampler run whose sigmas and cfg are right, from the host
-        model's own options (ComfyUI's ``transformer_options``), or None (MiniMax-H3: the audio schedule its
-        model derives from the video sigmas)."""
+        model's own options (ComfyUI's ``transformer_options``) and the keys of its positive conditioning, or None
+        (MiniMax-H3: the task the conditioning is for, and the audio schedule its model derives from the video
+        sigmas)."""
         return None
 
     def check_stage(self, model_handle, schedule, enforce: bool) -> list:

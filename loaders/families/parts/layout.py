@@ -47,6 +47,9 @@ class FamilyLayout(FamilyPart):
     # ``featured_examples`` are listed before every family's other examples (``families.example_order``)
     example_templates: tuple = ()
     featured_examples: int = 0
+    # the model family id of a model whose denoisers are experts of this family (Wan: "wan2.2_moe"): a host's
+    # denoiser known to be one of them (its file name, a pair node) is called so, not by its shape's family
+    expert_model_family: str = ""
 
     def detect(self, model_index: dict) -> Optional[str]:
         """The model family id a ``model_index.json`` describes when it is this family's, else None."""

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 from ...errors import ModelLoadError
 from ...generation.batch_rules import NoBatching
 from ...generation.forward_route import route_forward
+from ...generation.latent_rgb import LatentRGB, spread_over_rgb
 from .bound import FamilyPart
 from .tensor_parallel import TensorParallelPlan
 
@@ -19,6 +20,10 @@ from .tensor_parallel import TensorParallelPlan
 class FamilySampling(FamilyPart):
     """``model`` arguments are ``loaders.models.store.LoadedModel`` objects (``model.family`` is one of this
     family's ``model_families``)."""
+
+    # the step count the family's reference pipeline runs when a caller gives none (diffusers' WanPipeline and
+    # QwenImagePipeline: 50); ``Generator.generate`` uses it when nothing bound declares a step count
+    reference_steps = 50
 
     def load_pipeline(self, source):
         """The pipeline object (``LoadedModel.pipeline``) for a ``PipelineSource``; raises on an unsupported source.
@@ -89,10 +94,19 @@ class FamilySampling(FamilyPart):
         return []
 
     def denoise(self, model, positive, negative, latent, schedule, seed: int, *,
-                on_step: Optional[Callable[[int, int], None]] = None,
+                on_step: Optional[Callable[[int, int], None]] = None, on_latent: Optional[Callable] = None,
                 check_interrupt: Optional[Callable[[], None]] = None):
-        """Sample ``latent`` over the resolved ``schedule`` exactly -> a new LatentHandle."""
+        """Sample ``latent`` over the resolved ``schedule`` exactly -> a new LatentHandle. ``on_latent(done, total,
+        denoised)``, when given, sees each step's clean-latent estimate in the shape of ``latent.samples``."""
         raise NotImplementedError
+
+    # The linear latent->RGB maps of the latent spaces of this family's VAEs (``generation.latent_preview``).
+    latent_rgb_maps: tuple = ()
+
+    def latent_rgb(self, channels: int) -> LatentRGB:
+        """The map for a latent of ``channels`` channels: the family's own for that VAE, else an even spread (a
+        tiny model's VAE, which nobody has fitted)."""
+        return next((rgb for rgb in self.latent_rgb_maps if rgb.channels == channels), spread_over_rgb(channels))
 
     def decode(self, model, latent):
         """Latent -> ComfyUI IMAGE, float [frames, H, W, 3] in 0..1."""

@@ -84,8 +84,7 @@ def needs_zero_cond_t(folder: Path) -> bool:
     config = Path(folder) / "transformer" / "config.json"
     if not config.is_file():
         return False
-    with open(config, encoding="utf-8") as handle:
-        return bool(json_limits.load(handle).get("zero_cond_t"))
+    return bool(json_limits.load_file(config).get("zero_cond_t"))
 
 
 def area_size(area: int, width: int, height: int) -> tuple:

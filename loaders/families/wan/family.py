@@ -10,11 +10,18 @@ from typing import Optional
 import torch
 
 from ...handles import ConditioningHandle, LatentHandle
-from ..diffusers_flow import DiffusersFlowSampling, OneScheduleContracts, check_multiple, text_device
+from ..diffusers_flow import (
+    WAN21_VAE_RGB,
+    DiffusersFlowSampling,
+    OneScheduleContracts,
+    check_multiple,
+    text_device,
+)
 from ..interface import ModelFamily
 from . import contracts, stages
 from .image_conditioning import LATENT_KEY, VARIANT_NAMES, encode_image_condition, image_variant
 from .keymap import KEYMAP
+from .latent_rgb import WAN22_VAE_RGB
 from .layout import WanLayout
 from .prediction import BATCH_RULE, WanPrediction
 from .single_files import assemble_wan_pipeline
@@ -58,6 +65,8 @@ class WanContracts(OneScheduleContracts):
 class WanSampling(DiffusersFlowSampling):
     """One schedule, switching from the high-noise to the low-noise expert at the boundary; start images (I2V,
     TI2V) and VACE control inputs travel in the latent."""
+
+    latent_rgb_maps = (WAN21_VAE_RGB, WAN22_VAE_RGB)
 
     def assemble_single_files(self, source):
         return assemble_wan_pipeline(source, i2v_boundary=DEFAULT_I2V_BOUNDARY, t2v_boundary=DEFAULT_T2V_BOUNDARY)

@@ -54,6 +54,7 @@ class WanLayout(FamilyLayout):
                          "wan21_unipc_reference", "wan21_i2v", "wan22_ti2v", "wan21_vace_control", "wan22_tiny_t2v",
                          "peft_two_branches", "wan22_single_files_fp8", "wan22_gguf_lightx2v")
     featured_examples = 10
+    expert_model_family = contracts.MOE_FAMILY
 
     def detect(self, model_index: dict) -> Optional[str]:
         if not str(model_index.get("_class_name", "")).startswith("Wan"):

@@ -21,10 +21,12 @@ from ...errors import ModelLoadError
 from ...families import family_by_id
 from ...io import json_limits
 from ...io.gguf_header import QUANTIZED_TYPES, is_gguf_path, read_gguf_header
+from ...io.regular_files import open_regular
 from ...io.single_file_kinds import ComponentKind, KnownModel
 from ...lora.safetensors_header import check_header_budget
 from . import catalog
 from .key_prefixes import DIFFUSION_PREFIXES, strip_prefix
+from .shard_folders import read_folder_shapes
 
 _EXPERT = re.compile(r"(high|low)[-_ ]?noise", re.IGNORECASE)
 _WAN22 = re.compile(r"wan[-_ .]?2[._]?2", re.IGNORECASE)
@@ -88,12 +90,14 @@ def read_shapes(path: str, name: str, *, want_metadata: bool = False):
     refused here, naming the file, not surface later as a raw ``RecursionError``/``OverflowError`` or a bare
     ``SafetensorError`` from the loader. ``want_metadata``: return the ``__metadata__`` dict instead.
     """
+    if os.path.isdir(path):  # a folder of shards (LightX2V's native high_noise_model/): one file in parts
+        return read_folder_shapes(str(path), name, read_shapes, want_metadata)
     if not str(path).endswith((".safetensors", ".sft")):
         raise ModelLoadError(f"{name}: only .safetensors single files and .gguf denoisers are read (pickle formats "
                              "are refused); convert the file first")
     try:
-        file_size = os.path.getsize(path)
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
+            file_size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             (length,) = struct.unpack("<Q", prefix) if len(prefix) == 8 else (0,)
             if not 0 < length <= file_size - 8:

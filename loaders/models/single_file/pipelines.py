@@ -18,6 +18,7 @@ from ... import fp8
 from ...errors import ModelLoadError
 from ...families import family_by_id
 from ...families.interface import SOURCE_SINGLE_FILE, PipelineSource, pipeline_index
+from ...io.file_identity import file_identity
 from ...io.weight_sources import WeightSource
 from ...placement.sizes import measure_module
 from .. import compat
@@ -85,7 +86,7 @@ class SingleFileSet(ModelSource):
         return torch.bfloat16
 
     def cache_identity(self) -> tuple:
-        return tuple(str(Path(p).resolve()) for p in self.paths), tuple(os.stat(p).st_mtime_ns for p in self.paths)
+        return tuple(str(Path(p).resolve()) for p in self.paths), tuple(file_identity(p) for p in self.paths)
 
     def cache_options(self) -> tuple:
         return (self.fp8_rounding,)
@@ -100,6 +101,11 @@ class SingleFileSet(ModelSource):
 
     def component_roles(self) -> dict:
         return self.family.layout.component_roles(_parts_index(self.named))
+
+    def denoiser_heads(self) -> dict:
+        return {name: detected.config["num_attention_heads"] for name, detected in self.named.items()
+                if any(detected is d for d in self.files.denoisers)
+                and isinstance(detected.config.get("num_attention_heads"), int)}
 
     def component_sizes(self, dtype) -> list:
         """Sized from the modules built on the meta device from the shipped configs and the files' headers (no

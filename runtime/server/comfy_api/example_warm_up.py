@@ -5,17 +5,18 @@ takes minutes, and the server used to do it before listening, so the URL it prin
 Now the server listens first: ``/system_stats``, the editor and the queue answer at once, and the log (stderr and
 the editor's Logs panel) says what is being built, then "ready".
 
-Two waits keep this safe. A prompt's validation builds the models it names (``prompt_service``), which must not
-race the build here, so it waits for ``models_built`` (a prompt is queued late, never refused for a model still
-being built). The worker starts only when the thumbnails are done: a thumbnail run points the shared
-``folder_paths`` output folder at a scratch folder and uses the same models, so prompts queued meanwhile run after.
+A prompt's validation builds the models it names (``prompt_service``), which must not race the build here, so it
+waits for ``models_built`` (a prompt is queued late, never refused for a model still being built). The worker
+starts as soon as the models are built; the thumbnails come after, one at a time below the user's prompts
+(issue 54: the editor's first Run waited minutes for 21 of them): each runs only while the queue is idle
+(``PromptQueue.while_idle``), because a thumbnail run points the shared ``folder_paths`` output folder at a scratch
+folder and uses the same models.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 
 from aiohttp import web
@@ -44,8 +45,9 @@ def warm_up_in_background(app: web.Application, config: ServerConfig, render_thu
 
 def _warm_up(state: ServerState, config: ServerConfig, render_thumbnails: bool) -> None:
     started = time.monotonic()
+    config = config.resolved()
     try:
-        _prepare_examples(config, render_thumbnails, state.models_built)
+        prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=_announce)
     except Exception as exc:  # the server still serves; prompts build what they name themselves
         log.warning("examples: preparing the example templates failed (%s: %s); prompts build what they need",
                     type(exc).__name__, exc)
@@ -53,15 +55,14 @@ def _warm_up(state: ServerState, config: ServerConfig, render_thumbnails: bool) 
         state.models_built.set()
         state.worker.start()
     log.info("ready (examples prepared in %.0f s)", time.monotonic() - started)
+    if not render_thumbnails:
+        return
+    try:
+        render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], _announce,
+                                   when_idle=state.queue.while_idle)
+    except Exception as exc:  # a card without its picture shows the placeholder
+        log.warning("examples: rendering the template thumbnails failed (%s: %s)", type(exc).__name__, exc)
 
 
-def _prepare_examples(config: ServerConfig, render_thumbnails: bool, models_built: threading.Event) -> None:
-    """What the templates name (models, fixture LoRAs, start images), then each template's thumbnail."""
-    def announce(line: str) -> None:
-        log.info("examples: %s", line)
-
-    config = config.resolved()
-    prepare_example_assets(config.workflows_dir, config.models_root, config.input_dir, announce=announce)
-    models_built.set()
-    if render_thumbnails:
-        render_template_thumbnails(config.workflows_dir, config.state_dir, runtime_node_classes()[0], announce)
+def _announce(line: str) -> None:
+    log.info("examples: %s", line)

@@ -8,7 +8,7 @@ should depend on this service, not on another API's route module.
 from __future__ import annotations
 
 from ....tiny_models import ensure_builtin_models
-from ....usecases.prompt_contracts import early_contract_refusals, unreadable_lora_refusals
+from ....usecases.prompt_contracts import early_refusals_by_input, unreadable_lora_refusals, wrong_family_refusals
 from ... import folder_paths
 from ...executor.graph import upstream_closure
 from ...executor.validation import ValidationResult
@@ -27,17 +27,21 @@ def validate_prompt(state: ServerState, prompt: dict, targets):
 
 
 def _refuse_contract_mismatches(state: ServerState, result):
-    """The valid prompt, or a failed validation naming each sampler whose literal steps a file upstream of it
-    contradicts: the check ``lorabind run`` makes before anything runs (the LoRA files, read once and cached
-    for the run, and the folders' ``model_index.json``; no model), so a mismatched prompt is a 400 now rather
-    than an error minutes into the run, after the model load. A LoRA input naming a file that cannot be a
-    safetensors file (0 bytes) is refused here too, for the same reason."""
-    errors = [(node_id, "steps", refusal_error(CONTRACT_MISMATCH, "Value breaks a file's sampling contract", message,
-                                               "steps", result.prompt[node_id]["inputs"]["steps"]))
-              for node_id, message in early_contract_refusals(result.prompt, state.node_classes, folder_paths)]
+    """The valid prompt, or a failed validation naming each sampler whose literal inputs (steps, scheduler, shift,
+    cfg, boundary) a file upstream of it contradicts: the check ``lorabind run`` makes before anything runs (the
+    LoRA files, read once and cached for the run, and the folders' ``model_index.json``; no model), so a
+    mismatched prompt is a 400 now rather than an error minutes into the run, after the model load. A LoRA input
+    naming a file that cannot be a safetensors file (0 bytes), or a LoRA of another model family than its model,
+    is refused here too, for the same reason."""
+    errors = [(node_id, name, refusal_error(CONTRACT_MISMATCH, "Value breaks a file's sampling contract", message,
+                                            name, result.prompt[node_id]["inputs"].get(name)))
+              for node_id, name, message in early_refusals_by_input(result.prompt, state.node_classes, folder_paths)]
     errors += [(node_id, name, refusal_error(INVALID_LORA_FILE, "Value is not a safetensors file", message, name,
                                              result.prompt[node_id]["inputs"][name]))
                for node_id, name, message in unreadable_lora_refusals(result.prompt, folder_paths)]
+    errors += [(node_id, name, refusal_error(WRONG_FAMILY, "Value is a LoRA for another model", message, name,
+                                             result.prompt[node_id]["inputs"][name]))
+               for node_id, name, message in wrong_family_refusals(result.prompt, state.node_classes, folder_paths)]
     if not errors:
         return result
     node_errors: dict = {}
@@ -66,3 +70,4 @@ def refusal_error(kind: str, message: str, details: str, input_name: str, value)
 REFUSAL_KEY = "lorabind_refusal"
 CONTRACT_MISMATCH = "contract_mismatch"
 INVALID_LORA_FILE = "invalid_lora_file"
+WRONG_FAMILY = "lora_for_another_family"

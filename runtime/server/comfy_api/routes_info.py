@@ -15,10 +15,9 @@ from aiohttp import web
 from ....loaders.placement.devices import host_memory
 from ....nodes.editor_routes import ROUTES as EDITOR_ROUTES
 from ... import folder_paths
-from ...node_info import node_info, object_info
+from ...node_info import object_info
 from ..composition_root import STATE_KEY, ServerState
 from ..config import PACK_NAME
-from ..example_assets import ordered_templates
 from ..http_json import dumps
 from .template_thumbnails import thumbnail_folder
 
@@ -47,17 +46,20 @@ def add_static_routes(app: web.Application, state: ServerState) -> None:
     for name, directory in state.config.web_extensions.items():
         if Path(directory).is_dir():
             app.router.add_static(f"/extensions/{name}", directory, append_version=False)
-    workflows = Path(state.config.workflows_dir)
-    if workflows.is_dir():
+    templates = Path(state.config.templates_dir)
+    if templates.is_dir():
         # before the folder: the thumbnails are rendered into the state folder, not beside the templates
         app.router.add_get(f"/api/workflow_templates/{PACK_NAME}/{{name}}.jpg", get_template_thumbnail)
-        app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", workflows)
+        app.router.add_static(f"/api/workflow_templates/{PACK_NAME}", templates)
 
 
 async def get_template_thumbnail(request: web.Request) -> web.StreamResponse:
+    return template_thumbnail(request.app[STATE_KEY].config.state_dir, request.match_info["name"])
+
+
+def template_thumbnail(state_dir: str, name: str) -> web.StreamResponse:
     """A template's card picture (``template_thumbnails``); 404 for one not rendered (the card's placeholder)."""
-    name = request.match_info["name"]
-    path = thumbnail_folder(request.app[STATE_KEY].config.state_dir) / f"{name}.jpg"
+    path = thumbnail_folder(state_dir) / f"{name}.jpg"
     if "/" in name or name.startswith(".") or not path.is_file():
         raise web.HTTPNotFound(text=f"no thumbnail for template {name!r}")
     return web.FileResponse(path, headers={"Cache-Control": "no-cache"})
@@ -79,9 +81,10 @@ async def get_object_info_one(request: web.Request) -> web.Response:
     name = request.match_info["node_class"]
     if name not in state.node_classes:
         return web.json_response({})
-    info = await asyncio.to_thread(node_info, name, state.node_classes[name], state.display_names.get(name),
+    # object_info's rules for one class (a ComfyUI-only node is not offered here either)
+    info = await asyncio.to_thread(object_info, {name: state.node_classes[name]}, state.display_names,
                                    state.python_module)
-    return web.json_response({name: info}, dumps=dumps)
+    return web.json_response(info, dumps=dumps)
 
 
 def _package_version(name: str) -> str:
@@ -190,9 +193,7 @@ async def get_global_subgraphs(request: web.Request) -> web.Response:
 
 
 async def get_workflow_templates(request: web.Request) -> web.Response:
-    """``{pack: [names]}`` of the UI-format workflows, main example first; the ``*.api.json`` twins are for
-    scripts, not the browser."""
-    workflows = Path(request.app[STATE_KEY].config.workflows_dir)
-    names = ordered_templates(p.name[:-len(".json")] for p in workflows.glob("*.json")
-                              if not p.name.endswith(".api.json")) if workflows.is_dir() else []
-    return web.json_response({PACK_NAME: names} if names else {})
+    """No pack templates: the examples (``workflows/``) are the editor's template index
+    (``routes_frontend.get_core_templates``), where a card has a title and a description; listed here too, they
+    would show twice, by file name. Each stays at ``/api/workflow_templates/lorabind/<name>.json``."""
+    return web.json_response({})

@@ -95,7 +95,7 @@ async def _post_prompt(request: web.Request) -> web.Response:
             return web.json_response({"error": result.error, "node_errors": result.node_errors}, status=400)
         sensitive = {key: extra_data.pop(key) for key in SENSITIVE_EXTRA_DATA_KEYS if key in extra_data}
         # logged before it is queued: the worker may start it at once, and "started" must follow "queued"
-        prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"))
+        prompt_log.queued(prompt_id, number, len(prompt), extra_data.get("client_id"), state.queue.background)
         state.queue.put(QueueItem(number, prompt_id, prompt, extra_data, list(result.outputs), sensitive))
     finally:
         state.queue.release(prompt_id)  # a no-op once queued; frees the id of a refused prompt
@@ -169,8 +169,11 @@ async def get_prompt(request: web.Request) -> web.Response:
 
 
 async def get_queue(request: web.Request) -> web.Response:
-    running, pending = _state(request).queue.snapshot()
-    return web.json_response({"queue_running": running, "queue_pending": pending})
+    queue = _state(request).queue
+    running, pending = queue.snapshot()
+    # ComfyUI's two lists, and what holds the pending prompts back when no prompt runs (a template thumbnail)
+    return web.json_response({"queue_running": running, "queue_pending": pending,
+                              "lorabind_background": queue.background})
 
 
 async def post_queue(request: web.Request) -> web.Response:

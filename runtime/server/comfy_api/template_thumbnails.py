@@ -1,13 +1,18 @@
-"""One thumbnail per example template: the first frame of its own output on the tiny model, rendered when
+"""One thumbnail per example template: the first frame of its own output on the tiny model, rendered after
 ``lorabind serve`` starts and kept in the state folder.
 
 Why rendered and not committed (issue 30): the template browser showed the same placeholder for every template
 (and logged a 404 per card); a picture of what each example makes tells them apart, and a set of images in the
-repository would be large binaries that drift from the examples. Each template runs once, before the server
-accepts requests (so nothing races the worker for the shared models), with its outputs in a temporary folder,
-never the user's output folder. A template is rendered again only when its API prompt changes (``index.json``
-keeps each prompt's sha256 and what came of it). A template that cannot run (the mismatched-contract example is
-refused on purpose) gets none, and the log says so once: the browser shows its placeholder.
+repository would be large binaries that drift from the examples. Each template runs once, with its outputs in a
+temporary folder, never the user's output folder. A template is rendered again only when its API prompt changes
+(``index.json`` keeps each prompt's sha256 and what came of it, written after each one). A template that cannot
+run (the mismatched-contract example is refused on purpose) gets none, and the log says so once: the browser
+shows its placeholder.
+
+Why one at a time below the user's prompts (issue 54): rendered all at once before the worker started, 21
+thumbnails held the editor's first Run for minutes on a loaded machine. Each thumbnail is now its own piece of
+background work (``PromptQueue.while_idle``): it starts only when no prompt is queued or running, and a prompt
+queued meanwhile waits for that one thumbnail only, its log line saying so.
 """
 
 from __future__ import annotations
@@ -35,12 +40,39 @@ def thumbnail_folder(state_dir: str) -> Path:
 
 
 def render_template_thumbnails(workflows_dir: str, state_dir: str, node_classes: dict,
-                               announce: Callable[[str], None]) -> dict[str, str]:
+                               announce: Callable[[str], None], when_idle=None) -> dict[str, str]:
     """Render what is missing or stale; {template: "rendered" | why not}. The runtime's folder_paths must be
-    configured on the models and input folders; its output and temp folders are pointed elsewhere meanwhile."""
+    configured on the models and input folders; its output and temp folders are pointed elsewhere meanwhile.
+    ``when_idle(label, work)``: runs each thumbnail's ``work`` when the server's queue is idle (``PromptQueue
+    .while_idle``; None when the server stops first, which ends the rendering); default: at once."""
     folder = thumbnail_folder(state_dir)
     index_path = folder / INDEX
     index = json.loads(index_path.read_text(encoding="utf-8")) if index_path.is_file() else {}
+    todo = _stale(workflows_dir, folder, index)
+    if not todo:
+        return {}
+    announce(f"rendering {len(todo)} template thumbnail(s) on the tiny models, one at a time while no prompt is "
+             f"queued (once; kept in {folder})")
+    folder.mkdir(parents=True, exist_ok=True)
+    run = when_idle or (lambda label, work: work())
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="lorabind-thumbnails-") as scratch:
+        for count, (name, (api_path, digest)) in enumerate(todo.items(), 1):
+            result = run(f"template thumbnail {name}",
+                         lambda api_path=api_path, name=name: _render_one(api_path, folder / f"{name}.jpg",
+                                                                          node_classes, scratch))
+            if result is None:  # the server stopped
+                break
+            results[name] = result
+            index[name] = {"sha256": digest, "result": result}
+            index_path.write_text(json.dumps(index, indent=1, sort_keys=True), encoding="utf-8")
+            announce(f"thumbnail {count}/{len(todo)} {name}" if result == RENDERED
+                     else f"no thumbnail for {name} ({count}/{len(todo)}): {result}")
+    return results
+
+
+def _stale(workflows_dir: str, folder: Path, index: dict) -> dict:
+    """{template: (its API file, its sha256)} of the templates whose thumbnail is missing or older than it."""
     todo = {}
     for api_path in sorted(Path(workflows_dir).glob("*.api.json")):
         name = api_path.name[:-len(".api.json")]
@@ -51,19 +83,7 @@ def render_template_thumbnails(workflows_dir: str, state_dir: str, node_classes:
         if known.get("sha256") != digest or (known.get("result") == RENDERED
                                              and not (folder / f"{name}.jpg").is_file()):
             todo[name] = (api_path, digest)
-    if not todo:
-        return {}
-    announce(f"rendering {len(todo)} template thumbnail(s) on the tiny models (once; kept in {folder})")
-    folder.mkdir(parents=True, exist_ok=True)
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="lorabind-thumbnails-") as scratch:
-        for count, (name, (api_path, digest)) in enumerate(todo.items(), 1):
-            results[name] = _render_one(api_path, folder / f"{name}.jpg", node_classes, scratch)
-            index[name] = {"sha256": digest, "result": results[name]}
-            announce(f"thumbnail {count}/{len(todo)} {name}" if results[name] == RENDERED
-                     else f"no thumbnail for {name} ({count}/{len(todo)}): {results[name]}")
-    index_path.write_text(json.dumps(index, indent=1, sort_keys=True), encoding="utf-8")
-    return results
+    return todo
 
 
 def _render_one(api_path: Path, target: Path, node_classes: dict, scratch: str) -> str:

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Optional
 
+from ...preview_options import PREVIEW_EVENT
 from .. import prompt_log
 from ..comfy_api.prompt_service import CONTRACT_MISMATCH, REFUSAL_KEY, validate_prompt
 from ..composition_root import ServerState
@@ -23,16 +24,19 @@ from .templates import ADAPTER_NODE, Template
 
 OPENAI_EXTRA_KEY = "lorabind_openai"  # extra_data entry describing the request (kept in /queue and /history)
 _MAX_TRACKED = 10000  # progress entries kept for jobs nobody asked about (bounded like the history)
+_MAX_PREVIEWS = 64  # latest previews kept (one per running prompt; each at most --preview-size pixels)
 
 
 class JobWatcher:
-    """Futures resolved when a prompt's history entry is written, and each running prompt's progress."""
+    """Futures resolved when a prompt's history entry is written, and each running prompt's progress: the step of
+    its running sampler and, when the server previews steps, that step's latest preview."""
 
     def __init__(self, state: ServerState):
         self.state = state
         self._lock = threading.Lock()
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
-        self._progress: dict[str, int] = {}
+        self._progress: dict[str, tuple] = {}  # prompt id -> (step, steps)
+        self._previews: dict[str, tuple] = {}  # prompt id -> (JPEG bytes, step, media type)
         state.history.listeners.append(self._finished)
         state.clients.observers.append(self._event)
 
@@ -44,25 +48,34 @@ class JobWatcher:
             self._waiters.setdefault(prompt_id, []).append((loop, future))
         return future
 
-    def progress(self, prompt_id: str) -> int:
+    def progress(self, prompt_id: str) -> tuple:
+        """(step, steps) of the prompt's running sampler, (0, 0) before its first step."""
         with self._lock:
-            return self._progress.get(prompt_id, 0)
+            return self._progress.get(prompt_id, (0, 0))
+
+    def preview(self, prompt_id: str) -> Optional[tuple]:
+        """(JPEG bytes, step, media type) of the prompt's latest step preview, or None."""
+        with self._lock:
+            return self._previews.get(prompt_id)
 
     def _finished(self, prompt_id: str, entry: dict) -> None:  # worker thread
         with self._lock:
             waiters = self._waiters.pop(prompt_id, [])
             self._progress.pop(prompt_id, None)
+            self._previews.pop(prompt_id, None)
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future, entry)
 
     def _event(self, event: str, data: dict) -> None:  # worker thread
-        """Sampling steps give the percentage (``progress`` carries value/max for the sampler's steps)."""
-        if event != "progress" or not data.get("prompt_id") or not data.get("max"):
+        """Sampling steps (``progress`` carries value/max for the sampler's steps) and their previews."""
+        if event not in ("progress", PREVIEW_EVENT) or not data.get("prompt_id") or not data.get("max"):
             return
         with self._lock:
-            if len(self._progress) >= _MAX_TRACKED:
-                self._progress.pop(next(iter(self._progress)))
-            self._progress[data["prompt_id"]] = min(99, int(100 * data["value"] / data["max"]))
+            table, bound = (self._progress, _MAX_TRACKED) if event == "progress" else (self._previews, _MAX_PREVIEWS)
+            if data["prompt_id"] not in table and len(table) >= bound:
+                table.pop(next(iter(table)))
+            table[data["prompt_id"]] = ((data["value"], data["max"]) if event == "progress"
+                                        else (data["image"], data["value"], data["image_type"]))
 
 
 def _resolve(future: asyncio.Future, entry: dict) -> None:

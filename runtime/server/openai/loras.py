@@ -89,12 +89,12 @@ def confined_lora_name(path: str) -> str:
 
 
 def attach_distill(templates: list[Template], files: tuple, models_root: str,
-                   input_dir: str) -> list[tuple[Template, list[str]]]:
+                   input_dir: str) -> list[tuple[Template, list[str], list[str]]]:
     """Chain the ``--lora-path`` files into every template whose model they fit (vllm-omni's distill backend: two
     files on a model with a high- and a low-noise expert go high then low), and make what the files declare
     (steps, shift, cfg) the defaults of the node they chain into, so a request that sends none of those runs.
-    Returns each template that got files, with their names; ValueError (at start) for a file that fits no
-    template or lies outside the LoRA folders."""
+    Returns each template that got files, with their names and the warnings to print; ValueError (at start) for a
+    file that fits no template, lies outside the LoRA folders, or that the template fuses already."""
     names = [_startup_lora_name(path) for path in files]
     ensure_builtin_models({"0": {"inputs": dict(enumerate(names))}}, models_root)
     facts = {name: _file_facts(name) for name in names}
@@ -105,9 +105,9 @@ def attach_distill(templates: list[Template], files: tuple, models_root: str,
         fitting = [name for name in names if facts[name][0] is None or facts[name][0] is model_family]
         if not fitting:
             continue
-        _chain_distill(template, fitting, [facts[name][1] for name in fitting])
+        warnings = _chain_distill(template, fitting, [facts[name][1] for name in fitting])
         used.update(fitting)
-        attached.append((template, fitting))
+        attached.append((template, fitting, warnings))
     unused = [name for name in names if name not in used]
     if unused:
         raise ValueError(f"--lora-path {unused[0]}: fits none of the served models "
@@ -175,11 +175,40 @@ def _check_pair_order(template: Template, structure, names: list[str]) -> None:
                          "file first") from None
 
 
-def _chain_distill(template: Template, names: list[str], contracts: list[dict]) -> None:
+def _check_not_fused_yet(template: Template, names: list[str]) -> None:
+    """Refuse (at start) a file the template already binds: chained again it would be fused twice into the same
+    weights (the guide's distill command on a Lightning template fused Lightning twice, silently)."""
+    for node_id, node in template.prompt.items():
+        for input_name, value in (node.get("inputs") or {}).items():
+            if isinstance(value, str) and value in names:
+                raise ValueError(f"--lora-path {value}: the template of {template.name} ({template.file_name}) binds "
+                                 f"this file already (node {node_id}, {input_name}); fused again it would count "
+                                 "twice. Serve a template without it (workflows/base/ holds one per model family) "
+                                 "or leave --lora-path out")
+
+
+def _single_file_warnings(template: Template, structure, names: list[str]) -> list[str]:
+    """One file on a model with two experts distills one of them only: said at start, never silently."""
+    if len(names) != 1 or not families.has_expert_pair(structure):
+        return []
+    layout = families.family_for(structure).layout
+    try:
+        expert = layout.component_for_file(structure.model_index, names[0])
+    except LoraBindError:
+        return []  # a name that says no expert: the fuse node refuses it at the warm-up, naming it
+    return [f"--lora-path {names[0]}: one file for the two experts of {template.name}; it is fused into {expert} "
+            "only, and the other expert runs undistilled. Give the high-noise and the low-noise file (high "
+            "first) to distill both"]
+
+
+def _chain_distill(template: Template, names: list[str], contracts: list[dict]) -> list[str]:
+    """Chain ``names`` into the template's distill hook; returns the warnings to print at start."""
+    _check_not_fused_yet(template, names)
     node_id, input_name = template.hooks[DISTILL_HOOK]
     prompt = template.prompt
     upstream = prompt[node_id]["inputs"][input_name]
     structure = _structure(_model_folder(template))
+    warnings = _single_file_warnings(template, structure, names)
     if len(names) == 2 and families.has_expert_pair(structure):
         _check_pair_order(template, structure, names)
         inputs = {"model": upstream, "high_noise_lora": names[0], "high_noise_strength": 1.0,
@@ -195,3 +224,4 @@ def _chain_distill(template: Template, names: list[str], contracts: list[dict]) 
         for key, value in contract.items():
             if key in hook_inputs and isinstance(value, (int, float)) and not isinstance(value, bool):
                 hook_inputs[key] = value
+    return warnings

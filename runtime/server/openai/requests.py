@@ -15,7 +15,7 @@ from typing import Optional
 from .. import identifiers
 from .errors import OpenAIRequestError
 from .loras import request_adapters
-from .sampling_fields import read_sampling_fields
+from .sampling_fields import check_shifts, read_sampling_fields
 from .templates import FIELDS, Template, check_values, typed_value
 
 MAX_IMAGES_PER_REQUEST = 10  # OpenAI's own limit for ``n``
@@ -123,6 +123,7 @@ def _request(template: Template, generation: dict, count: int = 1) -> Generation
     check_values(template, generation)
     renamed = read_sampling_fields(template, generation)
     values = {name: typed_value(renamed.get(name, name), value, FIELDS[name]) for name, value in generation.items()}
+    check_shifts(values, renamed)
     if count > 1 and "seed" not in template.bindings:
         raise OpenAIRequestError(f"n: model {template.name!r} maps no seed, so its {count} images would be the same",
                                  param="n")

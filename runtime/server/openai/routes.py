@@ -42,9 +42,12 @@ def register(app: web.Application, state: ServerState) -> None:
     if state.config.distill_loras:
         fused = attach_distill(list(models.values()), state.config.distill_loras, state.config.models_root,
                                state.config.input_dir)
-        lines += [f"  distill: {template.name} fuses {', '.join(names)} for the server's lifetime"
-                  for template, names in fused]
-        _queue_warm_ups(state, [template for template, _ in fused])
+        for template, names, warnings in fused:
+            lines.append(f"  distill: {template.name} fuses {', '.join(names)} for the server's lifetime")
+            lines += [f"  warning: {warning}" for warning in warnings]
+            for warning in warnings:
+                log.warning("%s", warning)
+        _queue_warm_ups(state, [template for template, _, _ in fused])
     app[OPENAI_KEY] = service
     for method, path, handler in (("GET", "/v1/models", list_models),
                                   ("POST", "/v1/chat/completions", chat_completions),

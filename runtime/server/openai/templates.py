@@ -168,18 +168,28 @@ def add_node(prompt: dict, class_type: str, inputs: dict, title: str) -> str:
 def typed_value(name: str, value, kind: type):
     """The value as the field's type (400 naming the field otherwise); multipart forms send every value as text,
     which is converted."""
+    sent = value
     if isinstance(value, str) and kind is not str:
         try:
             value = kind(value.strip())
         except ValueError:
             pass
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer of hundreds of digits: no float holds it
+            value = math.inf
     if kind is int and isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, kind) or (kind is float and not math.isfinite(value)):
-        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {value!r}", param=name)
+        raise OpenAIRequestError(f"{name}: expected {_KIND_WORDS[kind]}, got {_shown(sent)}", param=name)
     return value
+
+
+def _shown(value) -> str:
+    """A refused value in a message: its repr, or its start and length when long (a 400-digit number)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def check_values(template: Template, values: dict) -> None:

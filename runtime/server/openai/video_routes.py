@@ -9,6 +9,7 @@ prompt, size, seconds) is kept in the prompt's ``extra_data``, so it survives a 
 
 from __future__ import annotations
 
+import base64
 from typing import Optional
 
 from aiohttp import web
@@ -69,7 +70,8 @@ async def video_content(request: web.Request) -> web.Response:
 
 
 def _job(request: web.Request):
-    """The job object for ``video_id``, or a 404 response."""
+    """The job object for ``video_id``, or a 404 response. While it runs it carries the running sampler's step of
+    its steps and, with ``?preview=true``, that step's latest live preview (when the server previews steps)."""
     service, state = service_of(request)
     video_id = request.match_info["video_id"]
     running, pending = state.queue.snapshot()
@@ -77,8 +79,9 @@ def _job(request: web.Request):
         for item in items:
             description = _description(item[3])
             if item[1] == video_id and description is not None:
-                progress = service.watcher.progress(video_id) if status == "in_progress" else 0
-                return _video_object(video_id, description, status, progress)
+                if status == "queued":
+                    return _video_object(video_id, description, status, 0)
+                return _running(service.watcher, video_id, description, request.query.get("preview") == "true")
     entry = state.history.get(video_id).get(video_id)
     description = _description(entry["prompt"][3]) if entry else None
     if description is None:
@@ -91,6 +94,20 @@ def _job(request: web.Request):
              else OpenAIRequestError("the job failed"))
     return _video_object(video_id, description, "failed", 0, completed_at=_finished_at(entry),
                          error={"code": error.code or "failed", "message": error.message, "param": error.param})
+
+
+def _running(watcher, video_id: str, description: dict, with_preview: bool) -> dict:
+    """A running job: OpenAI's ``progress`` (percent), the sampler's ``step`` of ``num_inference_steps``
+    (vllm-omni's name for the step count), and on request the latest ``preview`` as vllm-omni's ``b64_json`` with
+    its ``media_type`` (null before the first)."""
+    step, steps = watcher.progress(video_id)
+    job = {**_video_object(video_id, description, "in_progress", min(99, 100 * step // steps) if steps else 0),
+           "step": step, "num_inference_steps": steps}
+    if with_preview:
+        latest = watcher.preview(video_id)
+        job["preview"] = None if latest is None else {"b64_json": base64.b64encode(latest[0]).decode("ascii"),
+                                                      "step": latest[1], "media_type": latest[2]}
+    return job
 
 
 def _description(extra_data) -> Optional[dict]:

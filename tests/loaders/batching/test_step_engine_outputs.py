@@ -119,6 +119,7 @@ def test_a_mixed_lora_batch_equals_each_requests_solo_fused_run(load_tiny, tiny_
         assert got[1]["batching"]["largest_batch"] == 3
     reports = [got[1]["batching"] for got, _ in results]
     assert reports[0]["row_applied"] == ["style300-transformer", "style300-transformer_2"]
+    assert reports[0]["fused_for_batch"] == ["high", "low"]  # the pair's norm and bias diffs have no row form
     assert reports[1]["row_applied"] == []
     assert reports[2]["row_applied"] == ["style310-transformer", "style310-transformer_2"]
     assert not any(hasattr(m, "_diffusers_hook") and m._diffusers_hook.get_hook("lorabind.row_lora")

@@ -34,6 +34,8 @@ def test_the_record_is_frozen_and_describes_itself():
     ("ulysses", "'ulysses' is not NAME=N"),
     ("pipeline=2", "'pipeline=2' is not NAME=N; the names are ulysses, ring, cfg, tp"),
     ("ulysses=two", "--parallel: ulysses='two' is not a whole number"),
+    ("ulysses=\u0662", "--parallel: ulysses='\u0662' is not a whole number (ASCII digits 0-9)"),  # Arabic-Indic 2
+    ("ulysses=1_0", "ulysses='1_0' is not a whole number"),
     ("ring=0", "--parallel: ring=0: a degree is 1 or more"),
     ("ulysses=2,ulysses=2", "ulysses is given twice"),
     ("cfg=3", "cfg=3: classifier-free guidance has 2 passes"),
@@ -85,8 +87,32 @@ def test_attention_backends_that_cannot_split_the_sequence_are_refused_by_name(t
 
     monkeypatch.setattr(context_parallel, "session_spec", lambda: parse_parallel(text))
     if refused is None:
-        context_parallel.check_attention(attention)
+        context_parallel.check_attention(attention, "cuda")
         return
     with pytest.raises(ModelLoadError) as error:
-        context_parallel.check_attention(attention)
+        context_parallel.check_attention(attention, "cuda")
     assert f"--parallel {text}: {refused}" in str(error.value)
+
+
+@pytest.mark.parametrize("attention", ["native", "flash", "cudnn", "sage"])
+def test_ring_on_the_cpu_is_refused_pointing_at_ulysses_whatever_the_backend(attention, monkeypatch):
+    """Issue 60, item 5: on main, ring=2 on the CPU refused native ("use one of flash, cudnn, sage") and the
+    backend check then refused flash ("needs a CUDA device; usable here: native"), a circle. Now every backend is
+    refused with the split itself, pointing at what runs on the CPU."""
+    from lorabind.loaders.distributed import context_parallel
+    from lorabind.loaders.errors import ModelLoadError
+
+    monkeypatch.setattr(context_parallel, "session_spec", lambda: parse_parallel("ring=2"))
+    with pytest.raises(ModelLoadError) as error:
+        context_parallel.check_attention(attention, "cpu")
+    assert str(error.value) == ("--parallel ring=2: ring= runs on CUDA devices only (its attention backends flash, "
+                                "cudnn, sage need CUDA), and this job runs on cpu; there, split the sequence with "
+                                "ulysses=2 instead (native attention)")
+    assert context_parallel.ring_device_refusal(parse_parallel("ulysses=2"), "cpu") is None
+
+
+def test_ring_on_the_cpu_is_refused_before_any_rank_starts(tmp_path, capsys):
+    from lorabind.runtime.cli import main
+
+    assert main(["run", str(tmp_path / "wf.json"), "--device", "cpu", "--parallel", "ring=2"]) == 2
+    assert "ring= runs on CUDA devices only" in capsys.readouterr().err

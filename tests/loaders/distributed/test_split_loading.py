@@ -8,6 +8,13 @@ What is measured on each of two gloo ranks: the bytes each rank read of every st
 own ``ShardReport`` (the split parameters' bytes as held, against whole), and every parameter's local part and the forward output against the same
 denoiser loaded whole and split in memory, bit for bit: both cut the same rows and columns and cast them the same
 way, so nothing may differ. fp8 and GGUF denoisers are refused by name before a weight is read.
+
+The forward output is equal bit for bit once every weight sits in memory of torch's allocator. As loaded it may
+differ in the last bit (issue 54: 3.6e-7 on the float32 Qwen-Image case, outputs of order 1, on a 2-core AVX-512
+machine): a weight read from a file is a view at its offset in the mapped file, and MKL's single-row product sums
+a row in an order that depends on its address (``split_loading_cases._rehome``). As loaded the outputs are held to
+``OUTPUT_TOLERANCE``, the tensor-parallel tests' (float32 1e-5 on outputs of order 1, bfloat16 2^-6): a wrong
+shard moves them by 1e-2 or more.
 """
 
 import pytest
@@ -16,6 +23,8 @@ from split_loading_cases import run_split_loads, save_sharded_qwen
 from gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.slow
+
+OUTPUT_TOLERANCE = {"torch.float32": 1e-5, "torch.bfloat16": 2.0 ** -6}  # as in test_tensor_parallel.py
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,8 @@ def measured(tmp_path_factory) -> list:
 def test_a_denoiser_read_split_equals_one_split_after_loading(measured, case):
     for ranked in (r[case] for r in measured):
         assert ranked["parameters_equal"] and all(ranked["parameters_equal"].values())
-        assert ranked["output_equal"]
+        assert ranked["output_equal"]  # with the weights re-homed: bit for bit
+        assert ranked["output_difference"] <= OUTPUT_TOLERANCE[ranked["output_dtype"]]  # as loaded
 
 
 @pytest.mark.parametrize("case", ["folder", "qwen", "single_file"])

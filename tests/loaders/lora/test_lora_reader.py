@@ -187,6 +187,18 @@ def test_tensors_that_are_not_lora_tensors_are_listed(tmp_path):
         read_lora(save(sd, tmp_path / "oft.safetensors"))
 
 
+def test_a_model_file_picked_as_a_lora_is_called_a_model(tmp_path):
+    """Issue 57: a denoiser file in the loras list got "N tensor(s) are not LoRA tensors" and all 37 suffixes."""
+    sd = {f"blocks.{i}.{name}": torch.randn(4, 4) for i in range(3)
+          for name in ("self_attn.q.weight", "norm3.weight", "ffn.0.bias")}
+    with pytest.raises(LoraFileError) as refused:
+        read_lora(save(sd, tmp_path / "wan2.1_t2v_14B_fp8_scaled.safetensors"))
+    message = str(refused.value)
+    assert message.startswith("wan2.1_t2v_14B_fp8_scaled.safetensors: this is a model, not a LoRA: none of its 9 "
+                              "tensors is a LoRA tensor")
+    assert "known suffixes" not in message and "UNETLoader" in message
+
+
 def test_two_dora_magnitudes_on_one_module_are_refused(tmp_path):
     sd = {**_to_q_pair(), "blocks.0.attn1.to_q.lora_magnitude_vector": torch.randn(24),
           "blocks.0.attn1.to_q.dora_scale": torch.randn(24)}

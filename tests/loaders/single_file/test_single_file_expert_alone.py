@@ -87,7 +87,7 @@ def test_lorabind_run_prints_the_warning_for_the_example_with_its_low_noise_expe
     from lorabind.runtime import folder_paths
     from lorabind.runtime.cli import main
 
-    workflow = Path(lorabind.__file__).parent / "workflows" / "wan22_single_files_fp8.api.json"
+    workflow = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_single_files_fp8.api.json"
     try:
         code = main(["run", str(workflow), "--models", str(single_file_root), "--output", str(tmp_path),
                      "--set", "1.denoiser_low_noise=none"])

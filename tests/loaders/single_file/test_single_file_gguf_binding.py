@@ -20,7 +20,8 @@ from lorabind.tiny_models.lora_fixtures import FIXTURE_ALPHA, FIXTURE_RANK, QWEN
 from single_file_helpers import call
 
 TINY = "lorabind-tiny/"
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 LORAS = {"transformer": WAN22_HIGH, LOW_NOISE_EXPERT: WAN22_LOW}
 
 
@@ -126,7 +127,7 @@ def test_the_examples_ui_form_converts_to_its_api_form(root):
     from lorabind.nodes import NODE_CLASS_MAPPINGS
     from lorabind.runtime.workflow_format import to_api_prompt
 
-    ui = json.loads((WORKFLOWS / f"{EXAMPLE}.json").read_text())
+    ui = json.loads((TEMPLATES / f"{EXAMPLE}.json").read_text())
     converted, detected = to_api_prompt(ui, NODE_CLASS_MAPPINGS)
     api = json.loads((WORKFLOWS / f"{EXAMPLE}.api.json").read_text())
     assert detected == "ui"

@@ -110,3 +110,31 @@ def test_a_wan21_file_is_refused_as_the_wan22_low_noise_expert_naming_both(singl
     message = str(refused.value)
     assert high.name in message and wan21.name in message and "Wan2.2 low-noise expert" in message
     assert json.dumps(message)  # one plain line of text
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_a_loaded_single_file_set_maps_no_page_of_its_files_and_a_rewrite_loads_it_afresh(single_file_root, tmp_path):
+    """Issues 52 and 61: bf16 single files loaded on the CPU stayed views of their files' mappings (a truncated
+    file killed the process at the next touch, a rewritten one changed the weights); the store keyed a set by the
+    files' mtimes only, so a rewrite that kept the mtime was not noticed."""
+    import os
+    import shutil
+
+    from lorabind.loaders.models.single_file.pipelines import detect_set, load_single_files
+
+    names = {"denoiser": f"{DENOISERS}/wan2.1_t2v_tiny_bf16.safetensors",
+             "vae": "vae/lorabind-tiny/wan_2.1_vae_tiny.safetensors",
+             "te": "text_encoders/lorabind-tiny/umt5_tiny_bf16.safetensors"}
+    copies = {role: shutil.copy(single_file_root / name, tmp_path / f"{role}.safetensors")
+              for role, name in names.items()}
+    files = detect_set([(copies["denoiser"], "denoiser.safetensors")], (copies["vae"], "vae.safetensors"),
+                       (copies["te"], "te.safetensors"))
+    first = load_single_files(files, device="cpu")
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        assert not [line for line in maps if str(tmp_path) in line]
+    stat = os.stat(copies["vae"])
+    with open(copies["vae"], "r+b") as handle:  # in place, same size, the mtime set back
+        handle.seek(stat.st_size - 2)
+        handle.write(b"\x11\x22")
+    os.utime(copies["vae"], ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert load_single_files(files, device="cpu") is not first

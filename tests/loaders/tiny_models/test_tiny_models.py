@@ -73,8 +73,20 @@ def test_ensure_builtin_models_writes_a_fixture_pair_for_single_files_alone(tmp_
                                                                          "denoiser_low_noise": files[1]}},
               "2": {"class_type": "WanMoELoRAPair", "inputs": {"high_noise_lora": WAN22_HIGH,
                                                               "low_noise_lora": WAN22_LOW}}}
-    assert ensure_builtin_models(prompt, tmp_path) == files + [WAN22_HIGH, WAN22_LOW]
+    # the pair's shapes come from tiny-wan22-t2v, built first (the single files would have built it anyway)
+    assert ensure_builtin_models(prompt, tmp_path) == ["tiny-wan22-t2v", *files, WAN22_HIGH, WAN22_LOW]
     assert all((tmp_path / "loras" / name).is_file() for name in (WAN22_HIGH, WAN22_LOW))
+
+
+def test_a_fixture_named_without_its_tiny_model_gets_that_model_built_first(tmp_path):
+    """Issue 57: the VACE example names the Wan2.1 T2V fixture LoRA but not tiny-wan21-t2v, whose shapes it takes;
+    on a fresh models folder (ComfyUI's first queue of the template) the LoRA was never written."""
+    from lorabind.tiny_models.lora_fixtures import WAN21_DISTILL
+
+    prompt = {"1": {"class_type": "LoraBindModelLoader", "inputs": {"model_name": "tiny-wan21-vace"}},
+              "2": {"class_type": "FuseDistillLoRA", "inputs": {"model": ["1", 0], "lora_name": WAN21_DISTILL}}}
+    assert ensure_builtin_models(prompt, tmp_path) == ["tiny-wan21-t2v", "tiny-wan21-vace", WAN21_DISTILL]
+    assert (tmp_path / "loras" / WAN21_DISTILL).is_file()
 
 
 def test_build_tiny_rejects_unknown_names(tmp_path):

@@ -23,11 +23,12 @@ def _sizes(data: dict) -> dict:
 
 
 def test_q4_k_plan_fits_8_gib_and_32_gib_from_the_quantized_block_bytes(capsys):
-    code, data = _plan(capsys, "wan2.2-t2v-a14b", "--weights", "q4_k", "--vram", "8", "--ram", "32")
+    code, data = _plan(capsys, "wan2.2-t2v-a14b", "--weights", "q4_k", "--text-encoder", "bf16", "--vram", "8",
+                       "--ram", "32")
     assert code == 0 and data["fits"] is True
     assert data["peak_device_bytes"] <= 8 * 1024**3 and data["peak_host_bytes"] <= 32 * 1024**3
     q4_k = _sizes(data)
-    bf16 = _sizes(_plan(capsys, "wan2.2-t2v-a14b", "--vram", "80")[1])
+    bf16 = _sizes(_plan(capsys, "wan2.2-t2v-a14b", "--vram", "80", "--text-encoder", "bf16")[1])
     fp8 = _sizes(_plan(capsys, "wan2.2-t2v-a14b", "--weights", "fp8", "--vram", "80")[1])
     # the fp8 plan stores exactly the block matrices at one byte, so bf16 - fp8 counts their values; every row of
     # the real A14B (5120 and 13824 wide) divides into Q4_K's 256-value super-blocks of 144 bytes

@@ -67,7 +67,17 @@ def test_serves_weight_load_flags_set_the_loading_threads(argv, workers, load_wo
 
 
 def test_serves_other_lora_scales_are_refused_in_one_line_naming_ours(tmp_path, capsys):
-    assert main(["serve", "--models", str(tmp_path), "--lora-scale", "0.5"]) == 2
+    assert main(["serve", "--models", str(tmp_path), "--lora-backend", "distill", "--lora-path", "x.safetensors",
+                 "--lora-scale", "0.5"]) == 2
     out = capsys.readouterr().out.strip()
     assert out == ("lorabind serve: --lora-scale 0.5: not supported; --lora-path distill files are fused at strength "
                    "1 (what their contract is trained for), and a request sets its adapter's scale with lora.scale")
+
+
+def test_a_lora_scale_on_the_peft_backend_is_answered_for_the_peft_backend(tmp_path, capsys):
+    """Issue 59 item 4: it was refused with the distill backend's message."""
+    assert main(["serve", "--models", str(tmp_path), "--lora-scale", "0.5"]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out == ("lorabind serve: --lora-scale 0.5: with --lora-backend peft the --lora-path files are adapters "
+                   "loaded for requests to use, each at the scale its request's lora.scale gives")
+    assert "distill" not in out

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import lorabind
+from lorabind.loaders.placement.published import known_sources
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 
@@ -75,7 +76,7 @@ def test_models_check_says_what_a_found_file_is(tiny_models_root, capsys):
     from lorabind.tiny_models.single_files import ensure_tiny_single_files, tiny_file_names
 
     ensure_tiny_single_files([n for names in tiny_file_names().values() for n in names], tiny_models_root)
-    assert _check(WORKFLOWS / "wan22_single_files_fp8.json", tiny_models_root) == 0
+    assert _check(WORKFLOWS.parent / "workflows" / "wan22_single_files_fp8.json", tiny_models_root) == 0
     out = capsys.readouterr().out
     assert ("found    node 1 denoiser: diffusion_models/lorabind-tiny/wan2.2_t2v_high_noise_tiny_fp8_scaled.safetensors"
             " — Wan2.2 T2V tiny high-noise expert (fp8_scaled)") in out
@@ -130,3 +131,28 @@ def test_empty_truncated_and_wrong_kind_files_are_broken_not_found(tmp_path, cap
     assert any(" denoiser_low_noise: " in line and "truncated" in line for line in broken), broken
     assert "found    " not in out
     assert "0 found, 0 missing, 6 broken" in out
+
+
+def test_every_missing_line_gives_a_source_and_a_file_in_another_folder_is_found_there(tmp_path, capsys):
+    """Issue 54: a MISSING line said only where it looked; a file put in checkpoints/ instead of
+    diffusion_models/ was reported missing without a word about where it was."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors").write_bytes(b"")
+    assert _check(WORKFLOWS / "real" / "wan22_t2v_a14b_lightx2v.json", tmp_path) == 1
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("MISSING")]
+    assert len(lines) == 6 and all("; source: " in line for line in lines)
+    by_input = {line.split(": ", 1)[0].split()[-1]: line for line in lines}
+    assert ("— found in checkpoints/, move it to diffusion_models/; searched "
+            in by_input["denoiser"]) and "found in" not in by_input["denoiser_low_noise"]
+    sources = known_sources()
+    assert by_input["denoiser"].endswith(
+        "source: " + sources["diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"])
+    assert by_input["high_noise_lora"].split("source: ")[1].startswith("https://")
+
+
+def test_a_source_is_the_files_address_in_the_published_table():
+    from lorabind.usecases import file_sources
+
+    assert file_sources.source_of("diffusion_models", "Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf") == \
+        known_sources()["diffusion_models/Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf"]
+    assert file_sources.source_of("vae", "mine.safetensors").startswith("not a published file lorabind lists")

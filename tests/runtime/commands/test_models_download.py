@@ -20,7 +20,8 @@ import pytest
 
 import lorabind
 from fake_hub import FakeHub
-from lorabind.loaders.placement.choices import rank_choices
+from lorabind.loaders.placement.choices import Machine, rank_choices
+from lorabind.loaders.placement.storages import decode_size
 from lorabind.runtime import cli, folder_paths
 from lorabind.runtime.cli import main
 from lorabind.usecases import model_downloads
@@ -29,7 +30,7 @@ from published_tiny import published_hub_files, served_bytes
 WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
 WAN22_FP8 = ["diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
              "diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
-             "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors", "vae/wan_2.1_vae.safetensors"]
+             "text_encoders/umt5_xxl_fp16.safetensors", "vae/wan_2.1_vae.safetensors"]  # plan pairs the bf16 encoder
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,12 @@ def _files_under(root: Path) -> list:
                   if p.is_file() and ".lorabind-downloads" not in p.parts)
 
 
-def _plan_files(model: str, **machine) -> list:
-    return sorted(rank_choices(model, **machine).fitting[0].files)
+def _plan_files(model: str, weights=None, **memory) -> list:
+    """The files of plan's first answer for ``model`` on a machine of ``memory`` (``vram_gib``, ``ram_gib``), at the
+    model's own decode size, as ``lorabind plan`` asks."""
+    decode, source = decode_size(model, None, None)
+    return sorted(rank_choices(model, Machine(vram_gib=memory["vram_gib"], ram_gib=memory["ram_gib"], decode=decode,
+                                              decode_source=source), weights=weights).fitting[0].files)
 
 
 @pytest.mark.parametrize("model, argv, expected", [
@@ -69,7 +74,7 @@ def _plan_files(model: str, **machine) -> list:
      ["diffusion_models/Wan2.2-T2V-A14B-HighNoise-Q4_K_M.gguf", "diffusion_models/Wan2.2-T2V-A14B-LowNoise-Q4_K_M.gguf",
       "text_encoders/umt5_xxl_fp16.safetensors", "vae/wan_2.1_vae.safetensors"]),
     ("qwen-image", ["--vram", "16", "--ram", "32"],
-     ["diffusion_models/qwen-image-Q4_0.gguf", "text_encoders/qwen_2.5_vl_7b.safetensors",
+     ["diffusion_models/qwen-image-Q4_0.gguf", "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors",
       "vae/qwen_image_vae.safetensors"]),
 ], ids=["wan22-fp8", "wan22-q4_k", "qwen-image-16gib"])
 def test_a_plan_answer_downloads_exactly_its_files_into_the_comfyui_folders(hub, repos, tmp_path, model, argv,
@@ -86,7 +91,7 @@ def test_a_plan_answer_downloads_exactly_its_files_into_the_comfyui_folders(hub,
 
 
 def test_plan_json_answer_and_the_repository_id_name_the_same_files(hub, tmp_path, capsys):
-    assert main(["plan", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "--vram", "16", "--ram", "32", "--json"]) == 0
+    assert main(["plan", "Wan-AI/Wan2.2-T2V-A14B-Diffusers", "--vram", "24", "--ram", "64", "--json"]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["model"] == "wan2.2-t2v-a14b" and answer["choices"][0]["weights"] == "fp8"
     saved = tmp_path / "plan.json"

@@ -62,3 +62,18 @@ def test_the_readme_commands_run_verbatim_in_a_clone(tiny_models_root, tmp_path,
     assert (clone / "merged" / "tiny-wan22-lightx2v-high" / "model_index.json").is_file()
     assert (clone / "extracted.safetensors").is_file()
     assert sorted(os.listdir(clone / "output" / "lorabind"))[:1] == ["wan22_lightx2v_4step_00001_.webp"]
+
+
+def test_what_the_runnable_commands_write_in_a_clone_is_git_ignored():
+    """Issue 54: the tour's outputs (``merged/``, ``extracted.safetensors``) showed as untracked files in the
+    clone; every ``--out``/``--output`` of a runnable command lands under a path ``.gitignore`` names."""
+    ignored = [line.strip() for line in (PACK / ".gitignore").read_text(encoding="utf-8").splitlines()
+               if line.startswith("/")]
+    outputs = []
+    for command in filter(runnable, readme_commands()):
+        words = shlex.split(command)
+        outputs += [words[i + 1] for i, word in enumerate(words[:-1]) if word in ("--out", "--output")]
+    assert {"merged/tiny-wan22-lightx2v-high", "extracted.safetensors"} <= set(outputs)
+    for output in outputs:
+        top = output.split("/")[0]
+        assert f"/{top}/" in ignored or f"/{top}" in ignored, (output, ignored)

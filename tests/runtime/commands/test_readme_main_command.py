@@ -77,7 +77,7 @@ def test_the_quick_start_sample_is_exactly_what_a_first_run_prints(tmp_path, cap
 
 
 def test_a_missing_published_lora_is_a_validation_error_and_no_file_is_written(tmp_path, capsys):
-    prompt = json.loads((PACK / "workflows" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
+    prompt = json.loads((PACK / "workflows" / "api" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
     text = json.dumps(prompt).replace("lorabind-tiny/", "")  # the real published names, not the fixtures
     workflow = tmp_path / "published.api.json"
     workflow.write_text(text, encoding="utf-8")

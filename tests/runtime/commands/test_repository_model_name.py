@@ -18,7 +18,7 @@ from lorabind.runtime.cli import main
 from published_tiny import published_hub_files
 
 REPO = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
-TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 def _main(*argv) -> int:
@@ -57,7 +57,7 @@ def test_a_loader_names_a_repository_and_runs_once_its_files_are_downloaded(tiny
     assert _main("models", "check", str(workflow), "--models", str(models)) == 0
     assert (f"found    node 1 model_name: diffusers/{REPO} — published single files: "
             "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors, wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors, "
-            "umt5_xxl_fp8_e4m3fn_scaled.safetensors, wan_2.1_vae.safetensors") in capsys.readouterr().out
+            "umt5_xxl_fp16.safetensors, wan_2.1_vae.safetensors") in capsys.readouterr().out
 
     assert _main("run", str(workflow), "--models", str(models), "--output", str(output)) == 0
     assert list((output / "lorabind").glob("wan22_tiny_t2v_*.webp"))

@@ -10,6 +10,7 @@ import pytest
 from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 from lorabind.runtime.commands import run as run_command
+from lorabind.runtime.commands import run_messages
 from runtime_fake_nodes import FAKE_NODES
 
 
@@ -123,6 +124,6 @@ def test_a_saved_video_reads_as_a_video_though_comfyui_reports_it_under_images()
     outputs = {"8": {"images": [{"filename": "clip_00001_.mp4", "subfolder": "lorabind", "type": "output"},
                                 {"filename": "frame_00001_.webp", "subfolder": "", "type": "output"}],
                      "animated": [True]}}
-    lines = run_command.describe_outputs(outputs, {"8": {"class_type": "LoraBindSaveVideo"}}, lambda kind: "/out")
+    lines = run_messages.describe_outputs(outputs, {"8": {"class_type": "LoraBindSaveVideo"}}, lambda kind: "/out")
     assert lines == [f"node 8 (LoraBindSaveVideo) wrote video: {os.path.join('/out', 'lorabind', 'clip_00001_.mp4')}",
                      f"node 8 (LoraBindSaveVideo) wrote images: {os.path.join('/out', '', 'frame_00001_.webp')}"]

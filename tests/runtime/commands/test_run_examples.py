@@ -12,7 +12,8 @@ from lorabind.runtime import folder_paths
 from lorabind.runtime.cli import main
 from lorabind.tiny_models import lora_fixtures as F
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def models_root(tiny_models_root):
 
 def run(models_root, tmp_path, name, *extra):
     try:
-        return main(["run", str(WORKFLOWS / f"{name}.json"), "--models", str(models_root),
+        return main(["run", str(TEMPLATES / f"{name}.json"), "--models", str(models_root),
                      "--output", str(tmp_path / "out"), *extra])
     finally:
         folder_paths.configure()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
+from optional_extras import deferred, requires
 
-from lorabind.runtime.scale_out.rank_group import settle  # noqa: E402
+pytestmark = requires("ray")
+rank_group = deferred("lorabind.runtime.scale_out.rank_group")  # imports Ray: only when a test runs
 
 
 def _success(fuses: int = 1) -> dict:
@@ -22,32 +23,32 @@ def _node_error(node: str, message: str) -> dict:
 
 def test_ranks_that_agree_answer_with_rank_0_and_keep_the_group():
     ok0, ok1 = _success(fuses=2), _success(fuses=2)
-    assert settle({0: ok0, 1: ok1}, 2, 60.0) == (ok0, True)
+    assert rank_group.settle({0: ok0, 1: ok1}, 2, 60.0) == (ok0, True)
     same0, same1 = _node_error("5", "no such LoRA"), _node_error("5", "no such LoRA")
-    assert settle({0: same0, 1: same1}, 2, 5.0) == (same0, True)  # every rank failed at the same node
+    assert rank_group.settle({0: same0, 1: same1}, 2, 5.0) == (same0, True)  # every rank failed at the same node
 
 
 def test_a_rank_failing_alone_fails_the_prompt_naming_it_and_the_group_is_restarted():
-    answer, keep = settle({0: _success(), 1: _node_error("5", "cannot read lora.safetensors")}, 2, 5.0)
+    answer, keep = rank_group.settle({0: _success(), 1: _node_error("5", "cannot read lora.safetensors")}, 2, 5.0)
     assert not keep and answer["failure"].startswith("rank 1 of 2: node 5 (LoraBindSampler) failed: RuntimeError: "
                                                      "cannot read lora.safetensors")
 
 
 def test_a_dead_rank_is_named_before_the_rank_whose_collective_it_cut_off():
     lost = {"failure": "its actor stopped (ActorDiedError: ...)", "lost": True}
-    answer, keep = settle({0: _node_error("6", "gloo: Connection reset by peer"), 1: lost}, 2, 5.0)
+    answer, keep = rank_group.settle({0: _node_error("6", "gloo: Connection reset by peer"), 1: lost}, 2, 5.0)
     assert not keep and answer["failure"].startswith("rank 1 of 2: its actor stopped")
 
 
 def test_a_rank_that_never_answers_is_named_with_the_bound_waited():
-    answer, keep = settle({0: _success(), 2: _success()}, 4, 60.0)
+    answer, keep = rank_group.settle({0: _success(), 2: _success()}, 4, 60.0)
     assert not keep and answer["failure"].startswith("rank 1 of 4: did not finish within 60 s of the other ranks")
 
 
 def test_an_interrupt_that_stopped_the_ranks_at_different_steps_stays_an_interrupt():
     interrupted = {"success": False, "interrupted": True, "error": None, "fuses": 0}
-    assert settle({0: interrupted}, 2, 5.0) == (interrupted, False)
-    assert settle({0: interrupted, 1: dict(interrupted)}, 2, 5.0) == (interrupted, True)
+    assert rank_group.settle({0: interrupted}, 2, 5.0) == (interrupted, False)
+    assert rank_group.settle({0: interrupted, 1: dict(interrupted)}, 2, 5.0) == (interrupted, True)
 
 
 @pytest.mark.parametrize("argv, says", [

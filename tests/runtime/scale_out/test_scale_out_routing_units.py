@@ -12,13 +12,13 @@ import pytest
 
 import lorabind
 from lorabind.runtime.scale_out.fingerprint import binding_fingerprint
-from lorabind.runtime.scale_out.outputs import place_files, rename_in_ui, take_files
+from lorabind.runtime.scale_out.outputs import keep_only, place_files, rename_in_ui, take_files
 
 PACK_DIR = Path(lorabind.__file__).parent
 
 
 def _pair_prompt() -> dict:
-    return json.loads((PACK_DIR / "workflows" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
+    return json.loads((PACK_DIR / "workflows" / "api" / "wan22_lightx2v_4step.api.json").read_text(encoding="utf-8"))
 
 
 def _node_classes() -> dict:
@@ -61,13 +61,36 @@ def test_files_carried_from_a_replica_get_free_names_in_the_front_folder(tmp_pat
 
     files = take_files(ui, replica)
     assert [f["data"] for f in files] == [b"new frames"]
-    assert not (tmp_path / "replica" / "sub" / "clip_00001_.webp").exists()  # the replica keeps no copy
     renamed = place_files(files, front)
     assert renamed == {("output", "sub", "clip_00001_.webp"): "clip_00002_.webp"}
     assert (tmp_path / "front" / "sub" / "clip_00001_.webp").read_bytes() == b"an earlier prompt's file"
     assert (tmp_path / "front" / "sub" / "clip_00002_.webp").read_bytes() == b"new frames"
     assert rename_in_ui(ui, renamed)["images"][0]["filename"] == "clip_00002_.webp"
     assert ui["images"][0]["filename"] == "clip_00001_.webp"  # the original payload is not modified
+
+
+def test_a_cached_answer_carries_its_own_bytes_again_under_a_fresh_name(tmp_path):
+    """Issue 60, item 1: the same prompt again is answered from the replica's output cache, naming the file its
+    first run wrote. On main the replica had deleted it after carrying it, so nothing was carried and the answer
+    named whatever the front held under that name: here, another prompt's file."""
+    replica = {"output": str(tmp_path / "replica"), "temp": str(tmp_path / "replica-temp")}
+    front = {"output": str(tmp_path / "front"), "temp": str(tmp_path / "front-temp")}
+    (tmp_path / "replica").mkdir()
+    (tmp_path / "replica" / "a_00001_.png").write_bytes(b"prompt A's image")
+    (tmp_path / "replica" / "stale_00001_.png").write_bytes(b"an evicted entry's image")
+    take_files({"images": [{"filename": "stale_00001_.png", "subfolder": "", "type": "output"}]}, replica)  # its run
+    (tmp_path / "replica" / "b_00001_.png.part").write_bytes(b"a prompt running beside it, still writing")
+    ui = {"images": [{"filename": "a_00001_.png", "subfolder": "", "type": "output"}]}
+    first = place_files(take_files(ui, replica), front)  # the first run
+    keep_only([ui], replica)  # after it: the cache still holds prompt A's entry, not the stale one
+    assert not (tmp_path / "replica" / "stale_00001_.png").exists()
+    (tmp_path / "front" / "a_00001_.png").write_bytes(b"prompt B's image, written since")  # the name is reused
+    again = place_files(take_files(ui, replica), front)  # the replay of the cached entry
+    name = rename_in_ui(ui, again)["images"][0]["filename"]
+    assert first == {("output", "", "a_00001_.png"): "a_00001_.png"} and name != "a_00001_.png"
+    assert (tmp_path / "front" / name).read_bytes() == b"prompt A's image"
+    keep_only([], replica)  # the cache dropped the entry: so does the replica
+    assert [p.name for p in (tmp_path / "replica").iterdir()] == ["b_00001_.png.part"]  # never carried: not ours
 
 
 def test_a_carried_file_cannot_leave_the_front_folder(tmp_path):

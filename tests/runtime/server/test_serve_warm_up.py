@@ -19,7 +19,7 @@ import pytest
 from lorabind.runtime.server.config import PACK_DIR
 
 FIRST_ANSWER_S = 10.0
-MAIN_EXAMPLE = PACK_DIR / "workflows" / "wan22_lightx2v_4step.api.json"
+MAIN_EXAMPLE = PACK_DIR / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 
 
 def _free_port() -> int:

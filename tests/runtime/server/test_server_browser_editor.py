@@ -98,7 +98,7 @@ def test_every_example_opens_without_a_warning_except_the_mismatched_one(tmp_pat
     here is a rule the page checks differently from the sampler."""
     result = _page_result(build_tiny_root, tmp_path_factory.mktemp("examples"), "drive_examples.js")
     examples = result["examples"]
-    assert len(examples) == len([p for p in (PACK_DIR / "workflows").glob("*.api.json")
+    assert len(examples) == len([p for p in (PACK_DIR / "workflows" / "api").glob("*.api.json")
                                  if not p.name.startswith("comfy_")])  # ComfyUI-native examples have no UI twin
     warnings = {name: {node: [line for line in lines if line.startswith("lorabind-warning")]
                        for node, lines in badges.items()} for name, badges in examples.items()}

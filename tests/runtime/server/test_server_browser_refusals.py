@@ -10,10 +10,9 @@ shows our message. Screenshots go to ``tmp_path`` and the git-ignored ``test-art
 from __future__ import annotations
 
 import test_server_frontend_browser
-from test_server_frontend_browser import APP_READY, CHROMIUM, TIMEOUT_MS, _keep_screenshot, _load, sync_playwright
+from test_server_frontend_browser import TIMEOUT_MS, _keep_screenshot, _load
 
-from lorabind.runtime.server import ServerConfig
-from lorabind.runtime.server.in_process_server import BackgroundServer
+from served_frontend import served_editor
 
 pytestmark = test_server_frontend_browser.pytestmark  # the browser tests' marks: slow, skipped without chromium
 
@@ -40,42 +39,31 @@ def _run_and_read_toast(page) -> str:
 def test_run_on_a_refused_workflow_shows_the_reason_in_the_toast_and_the_issues_panel(tiny_models_root, tmp_path,
                                                                                      pytestconfig):
     artifacts = pytestconfig.rootpath / "test-artifacts"
-    config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
-                          input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"))
-    server = BackgroundServer(config).start()
-    try:
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.goto(server.url + "/")
-            page.wait_for_function(APP_READY, timeout=TIMEOUT_MS)
-            _load(page, "wan22_mismatched_contract")
+    with served_editor(tiny_models_root, tmp_path, {"width": 1600, "height": 1000}, TIMEOUT_MS) as (_, page):
+        _load(page, "wan22_mismatched_contract")
 
-            toast = _run_and_read_toast(page)
-            _keep_screenshot(page, tmp_path, artifacts, "refused_contract_toast.png")
-            assert CONTRACT_TEXT in " ".join(toast.split()), toast  # the toast wraps and may cut it short
-            page.click('[data-testid="error-overlay-see-errors"]')  # the Issues panel
-            page.wait_for_selector('[data-testid="error-group-execution"]', timeout=TIMEOUT_MS)
-            page.click('button[aria-controls][aria-label$=" - steps"]')  # the card's details
-            details = page.locator(f"p:has-text('{CONTRACT_TEXT}')")
-            details.wait_for(timeout=TIMEOUT_MS)
-            page.wait_for_timeout(500)  # the details open with a transition
-            page.screenshot(path=str(tmp_path / "refused_contract_issues_panel.png"))
-            assert "high_noise_lora_rank64_lightx2v_4step_1217.safetensors" in details.inner_text()
-            panel = page.locator('[data-testid="error-group-execution"]').inner_text()
-            assert "does not recognize" not in panel and "unrecognized" not in panel, panel
+        toast = _run_and_read_toast(page)
+        _keep_screenshot(page, tmp_path, artifacts, "refused_contract_toast.png")
+        assert CONTRACT_TEXT in " ".join(toast.split()), toast  # the toast wraps and may cut it short
+        page.click('[data-testid="error-overlay-see-errors"]')  # the Issues panel
+        page.wait_for_selector('[data-testid="error-group-execution"]', timeout=TIMEOUT_MS)
+        page.click('button[aria-controls][aria-label$=" - steps"]')  # the card's details
+        details = page.locator(f"p:has-text('{CONTRACT_TEXT}')")
+        details.wait_for(timeout=TIMEOUT_MS)
+        page.wait_for_timeout(500)  # the details open with a transition
+        page.screenshot(path=str(tmp_path / "refused_contract_issues_panel.png"))
+        assert "high_noise_lora_rank64_lightx2v_4step_1217.safetensors" in details.inner_text()
+        panel = page.locator('[data-testid="error-group-execution"]').inner_text()
+        assert "does not recognize" not in panel and "unrecognized" not in panel, panel
 
-            page.evaluate(SET_MODEL, MISSING_MODEL)
-            toast = _run_and_read_toast(page)
-            page.screenshot(path=str(tmp_path / "refused_missing_model_toast.png"))
-            assert MISSING_MODEL in toast, toast
+        page.evaluate(SET_MODEL, MISSING_MODEL)
+        toast = _run_and_read_toast(page)
+        page.screenshot(path=str(tmp_path / "refused_missing_model_toast.png"))
+        assert MISSING_MODEL in toast, toast
 
-            _load(page, "wan22_lightx2v_4step")
-            page.evaluate(SWAP_PAIR)
-            _run_and_read_toast(page)
-            page.click('[data-testid="error-overlay-see-errors"]')
-            page.wait_for_selector("text=the pair is swapped", timeout=TIMEOUT_MS)
-            page.screenshot(path=str(tmp_path / "refused_swapped_pair_issues_panel.png"))
-            browser.close()
-    finally:
-        server.stop()
+        _load(page, "wan22_lightx2v_4step")
+        page.evaluate(SWAP_PAIR)
+        _run_and_read_toast(page)
+        page.click('[data-testid="error-overlay-see-errors"]')
+        page.wait_for_selector("text=the pair is swapped", timeout=TIMEOUT_MS)
+        page.screenshot(path=str(tmp_path / "refused_swapped_pair_issues_panel.png"))

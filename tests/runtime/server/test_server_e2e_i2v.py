@@ -19,7 +19,8 @@ from server_client import Client, run_async
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
-WORKFLOWS = PACK_DIR / "workflows"
+WORKFLOWS = PACK_DIR / "workflows" / "api"
+TEMPLATES = PACK_DIR / "workflows"
 # the examples that start from input images (ComfyUI's LoadImage): image-to-video, VACE, and Qwen-Image-Edit
 I2V_EXAMPLES = ("wan22_i2v_lightx2v_4step", "wan21_i2v", "wan22_ti2v", "wan21_vace_control",
                 "qwen_image_edit_lightning")
@@ -36,7 +37,7 @@ def test_ui_form_converts_to_the_api_form_with_comfyuis_load_image(name):
     from lorabind.runtime.workflow_format import to_api_prompt
 
     classes, names = runtime_node_classes()
-    converted, kind = to_api_prompt(json.loads((WORKFLOWS / f"{name}.json").read_text()), classes, names)
+    converted, kind = to_api_prompt(json.loads((TEMPLATES / f"{name}.json").read_text()), classes, names)
     api = json.loads((WORKFLOWS / f"{name}.api.json").read_text())
     assert kind == "ui"
     assert {k: (v["class_type"], v["inputs"]) for k, v in converted.items()} == {

@@ -19,7 +19,7 @@ from server_client import Client, run_async
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
 # A committed file: a missing one fails the tests that read it, it is never a reason to skip.
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 @pytest.fixture(scope="module")

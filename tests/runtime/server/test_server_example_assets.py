@@ -11,7 +11,8 @@ import pytest
 import lorabind
 from lorabind.runtime.server.example_assets import prepare_example_assets
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 
 
 @pytest.mark.slow  # builds tiny models / imports diffusers in a fresh process
@@ -20,7 +21,7 @@ def test_the_templates_files_are_built_once_and_announced(tmp_path):
     served.mkdir()
     for name in ("wan22_lightx2v_4step", "wan22_i2v_lightx2v_4step"):
         shutil.copy(WORKFLOWS / f"{name}.api.json", served)
-        shutil.copy(WORKFLOWS / f"{name}.json", served)
+        shutil.copy(TEMPLATES / f"{name}.json", served)
     models, inputs, said = tmp_path / "models", tmp_path / "input", []
     built = prepare_example_assets(str(served), str(models), str(inputs), announce=said.append)
     assert {"tiny-wan22-t2v", "tiny-wan22-i2v", "lorabind-tiny/start.png"} <= set(built)

@@ -70,13 +70,32 @@ def test_frontend_index_and_assets_are_served_beside_the_api(server):
             assert (await client.get("/extensions/lorabind/lorabind.js"))[0] == 200
             assert (await client.get("/assets/../../pyproject.toml"))[0] == 404
             assert (await client.get("/no-such-file.js"))[0] == 404
-            # ComfyUI's own templates are not ours to serve: an empty index, not a 404
-            assert (await client.get("/templates/index.json"))[1] == []
-            assert (await client.get("/templates/index.fr.json"))[1] == []
+            # ComfyUI's own templates are not ours to serve: the index is our examples (for every locale), no logos
+            (examples,) = (await client.get("/templates/index.json"))[1]
+            assert examples["category"] == "lorabind" and examples["templates"][0]["name"] == "wan22_lightx2v_4step"
+            assert (await client.get("/templates/index.fr.json"))[1] == [examples]
             assert (await client.get("/templates/index_logo.json"))[1] == {}
             assert (await client.get("/templates/other.json"))[0] == 404
         finally:
             await client.close()
+
+    run_async(body)
+
+
+@needs_frontend
+def test_the_editor_page_lets_the_browser_ask_only_this_server(server):
+    """Issue 54: the Issues panel asked https://api.comfy.org/nodes for each node's pack; the page's policy
+    (every fetch, XHR and WebSocket to this server only) makes the browser refuse it before it is sent
+    (``test_server_browser_offline.py`` records it in Chromium)."""
+    async def body():
+        client = Client(server.url)
+        try:
+            async with client.session.get(f"{server.url}/") as resp:
+                policy = resp.headers.get("Content-Security-Policy", "")
+        finally:
+            await client.close()
+        assert policy.startswith("default-src 'self' ") and "http" not in policy and "*" not in policy
+        assert "connect-src" not in policy  # fetch, XHR and WebSocket fall back to default-src: 'self'
 
     run_async(body)
 

@@ -25,7 +25,7 @@ from lorabind.runtime.server.in_process_server import BackgroundServer
 from served_frontend import APP_READY, CHROMIUM, FRONTEND_MARKS, sync_playwright
 
 pytestmark = FRONTEND_MARKS
-WORKFLOWS = PACK_DIR / "workflows"
+TEMPLATES = PACK_DIR / "workflows"
 SAVED_NAME = "my edited wan22"
 TIMEOUT_MS = 120_000  # page start and a run on a loaded 2-core machine; both take seconds when it is idle
 
@@ -59,7 +59,7 @@ def _open(browser, url: str):
 
 
 def _load(page, name: str) -> None:
-    workflow = json.loads((WORKFLOWS / f"{name}.json").read_text(encoding="utf-8"))
+    workflow = json.loads((TEMPLATES / f"{name}.json").read_text(encoding="utf-8"))
     page.evaluate("([wf, name]) => app.loadGraphData(wf, true, true, name)", [workflow, name])
 
 

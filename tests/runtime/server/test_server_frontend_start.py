@@ -14,8 +14,8 @@ from test_server_frontend_browser import (
     APP_READY,
     CHROMIUM,
     RECORD_TOASTS_AND_DIALOGS,
+    TEMPLATES,
     TIMEOUT_MS,
-    WORKFLOWS,
     _bad_toasts,
     _keep_screenshot,
     sync_playwright,
@@ -56,7 +56,7 @@ def _open_and_check(context, url: str, tmp_path, artifacts, shot: str) -> dict:
 def test_every_visit_opens_the_main_example_not_comfyuis_default_graph(tiny_models_root, tmp_path, pytestconfig):
     artifacts = pytestconfig.rootpath / "test-artifacts"
     expected = sorted(node["type"] for node in
-                      json.loads((WORKFLOWS / f"{MAIN_EXAMPLE}.json").read_text(encoding="utf-8"))["nodes"])
+                      json.loads((TEMPLATES / f"{MAIN_EXAMPLE}.json").read_text(encoding="utf-8"))["nodes"])
     config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
                           input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"),
                           state_dir=str(tmp_path / "fresh-state"))

@@ -41,8 +41,8 @@ def test_every_template_opens_at_a_readable_zoom_with_its_top_left_in_view(tiny_
     config = ServerConfig(port=0, models_root=str(tiny_models_root), output_dir=str(tmp_path / "output"),
                           input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"))
     with BackgroundServer(config) as server:
-        with urllib.request.urlopen(f"{server.url}/api/workflow_templates") as reply:
-            templates = json.load(reply)["lorabind"]
+        with urllib.request.urlopen(f"{server.url}/templates/index.json") as reply:
+            templates = [card["name"] for card in json.load(reply)[0]["templates"]]
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport=WINDOW)

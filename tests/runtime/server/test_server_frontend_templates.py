@@ -77,8 +77,8 @@ RECORD_RUN_ENDS = """() => {
 
 
 def _templates(server) -> list[str]:
-    with urllib.request.urlopen(f"{server.url}/api/workflow_templates") as reply:
-        return json.load(reply)["lorabind"]
+    with urllib.request.urlopen(f"{server.url}/templates/index.json") as reply:
+        return [card["name"] for card in json.load(reply)[0]["templates"]]
 
 
 def _open_template(page, name: str) -> None:

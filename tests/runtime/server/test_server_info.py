@@ -58,7 +58,7 @@ def test_system_info_routes(server):
             assert [(f["name"], f["pathIndex"], f["size"]) for f in files] == [("mine.safetensors", 0, 5)]
             assert (await client.get("/api/experiment/models/not-a-kind"))[0] == 404
             _, features = await client.get("/api/features")
-            assert features == {"supports_preview_metadata": False, "max_upload_size": 100 * 1024 * 1024}
+            assert features == {"supports_preview_metadata": True, "max_upload_size": 100 * 1024 * 1024}
         finally:
             await client.close()
 
@@ -89,20 +89,31 @@ def test_extension_files_listed_and_served(server):
     run_async(body)
 
 
-def test_workflow_templates_list_ui_workflows_only(server):
+def test_the_template_index_lists_ui_templates_only_each_with_a_title_and_a_description(server):
+    """Issue 54: the editor's cards showed the file stem only (a pack's /workflow_templates carries names alone);
+    the index carries each template's title and description, from its first note, and nothing is listed twice."""
     from lorabind.runtime.server.config import PACK_DIR
 
     expected = sorted(p.name[:-5] for p in (PACK_DIR / "workflows").glob("*.json")
-                      if not p.name.endswith(".api.json") and not p.name.startswith("comfy_"))  # ComfyUI only
+                      if not p.name.startswith("comfy_"))  # ComfyUI-native ones run inside ComfyUI only
 
     async def body():
         client = Client(server.url)
         try:
-            _, templates = await client.get("/workflow_templates")
-            assert sorted(templates["lorabind"]) == expected  # ordered by importance: test_server_template_thumbnails
+            _, index = await client.get("/templates/index.json")
+            (category,) = index
+            cards = {card["name"]: card for card in category["templates"]}
+            assert sorted(cards) == expected  # ordered by importance: test_server_template_thumbnails
+            assert cards["wan22_lightx2v_4step"]["title"] == "Wan2.2 lightx2v 4 steps (start here)"
+            assert all(card["title"] != card["name"] and 20 < len(card["description"]) <= 160
+                       for card in cards.values()), cards
+            assert (await client.get("/workflow_templates"))[1] == {}  # not a second time, by file name
             for name in expected:
-                status, workflow = await client.get(f"/api/workflow_templates/lorabind/{name}.json")
-                assert status == 200 and isinstance(workflow["nodes"], list)
+                for url in (f"/templates/{name}.json", f"/api/workflow_templates/lorabind/{name}.json"):
+                    status, workflow = await client.get(url)
+                    assert status == 200 and isinstance(workflow["nodes"], list)
+            assert (await client.get("/templates/..%2Fconfig.json"))[0] == 404
+            assert (await client.get("/templates/comfy_wan22_lightx2v_4step.json"))[0] == 404
         finally:
             await client.close()
 
@@ -147,7 +158,7 @@ def test_websocket_feature_flags_and_reconnect_status(server):
             await client.ws.send_json({"type": "feature_flags", "data": {"supports_preview_metadata": True}})
             reply = await client.receive()
             assert reply == {"type": "feature_flags",
-                             "data": {"supports_preview_metadata": False, "max_upload_size": 100 * 1024 * 1024}}
+                             "data": {"supports_preview_metadata": True, "max_upload_size": 100 * 1024 * 1024}}
             pid = (await client.queue_prompt(count_and_save(steps=300, delay=0.01)))["prompt_id"]
             while (await client.receive())["type"] != "progress":
                 pass

@@ -176,3 +176,22 @@ def test_every_prompt_gets_one_line_in_order_refusals_included_and_queued_before
     for prompt_id in (first, last):
         assert lines.index(f"prompt {prompt_id} started") > next(
             i for i, line in enumerate(lines) if line.startswith(f"prompt {prompt_id} queued ("))
+
+
+def test_a_contract_refusal_says_its_sentence_once(tiny_models_root, caplog):
+    """Issue 54: the refusal line said the contract sentence twice (the error's details, then the node's)."""
+    import json
+
+    import lorabind
+    from lorabind.runtime.server import prompt_log
+    from prompt_refusals import refused_early
+
+    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_mismatched_contract.api.json")
+                        .read_text())
+    result = refused_early(prompt, tiny_models_root)
+    caplog.set_level(logging.INFO, logger="lorabind.server")
+    prompt_log.refused("p1", result.error, result.node_errors, "c1")
+    [line] = server_lines(caplog)
+    sentence = "is a 4-step distill LoRA: steps must be 4, got 20"
+    assert line.count(sentence) == 1, line
+    assert line.endswith("; node 6 (LoraBindSampler): Value breaks a file's sampling contract"), line

@@ -35,3 +35,26 @@ def test_a_zero_byte_lora_is_refused_at_validation_naming_the_node_and_input(reg
     assert (error["extra_info"]["lorabind_refusal"], error["extra_info"]["input_name"]) == ("invalid_lora_file", "lora_name")
     assert error["type"] == "exception_during_inner_validation"  # a type the editor shows with its text
     assert "not a safetensors file" in error["details"] and result.node_errors["5"]["dependent_outputs"] == ["5"]
+
+
+def test_another_familys_lora_is_refused_at_validation_before_any_model_loads(tiny_models_root, monkeypatch):
+    """Issue 54: Qwen-Image Lightning in the Wan2.2 pair is refused with the prompt's validation (a 400 naming the
+    node and input, in the editor's toast and Issues panel), read from the files: no model is loaded for it."""
+    import json
+    from pathlib import Path
+
+    import lorabind
+    import lorabind.usecases.models as models
+    from prompt_refusals import refused_early
+
+    monkeypatch.setattr(models, "load_folder", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    prompt = json.loads((Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json").read_text())
+    prompt["5"]["inputs"]["high_noise_lora"] = "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"
+    result = refused_early(prompt, tiny_models_root)
+    assert not result.ok
+    error, = result.node_errors["5"]["errors"]
+    assert error["extra_info"] == {"input_name": "high_noise_lora", "lorabind_refusal": "lora_for_another_family",
+                                   "received_value": "lorabind-tiny/Qwen-Image-Lightning-4steps-V1.0.safetensors"}
+    assert error["type"] == "exception_during_inner_validation" and error["message"] == \
+        "Value is a LoRA for another model"
+    assert "is a qwen_image LoRA" in error["details"] and "lenient" not in error["details"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 from lorabind.runtime.server.history import HistoryStore
 from lorabind.runtime.server.queue import PromptQueue, QueueItem
@@ -35,6 +37,52 @@ def test_queue_runs_by_number_front_first_ties_by_arrival():
     queue.put(_item(queue, "late"))
     queue.close()
     assert queue.get(timeout=1) is None and queue.closed
+
+
+def test_background_work_waits_for_an_idle_queue_and_holds_the_next_prompt_back_while_it_runs():
+    """Issue 54: the template thumbnails render below the user's prompts. ``while_idle`` starts only when nothing is
+    pending, running or being validated; a prompt queued while it runs waits for that one piece only, and the
+    queue says what it waits for."""
+    queue = PromptQueue()
+    order, started, release = [], threading.Event(), threading.Event()
+
+    def thumbnail(name: str):
+        def work():
+            order.append(f"{name} started")
+            started.set()
+            assert release.wait(5)
+            order.append(f"{name} done")
+            return "rendered"
+        return lambda: queue.while_idle(f"template thumbnail {name}", work)
+
+    queue.put(_item(queue, "user-1"))
+    first = threading.Thread(target=thumbnail("a"))
+    first.start()
+    time.sleep(0.2)
+    assert not started.is_set() and queue.background is None  # a prompt is pending: the thumbnail waits
+    running = queue.get(timeout=1)
+    time.sleep(0.2)
+    assert running.prompt_id == "user-1" and not started.is_set()  # ... and while it runs
+    order.append("user-1 done")
+    queue.task_done(running)
+    assert started.wait(5) and queue.background == "template thumbnail a"
+    queue.put(_item(queue, "user-2"))  # queued while the thumbnail renders: held back until it returns
+    assert queue.get(timeout=0.3) is None and queue.snapshot()[1][0][1] == "user-2"
+    assert queue.claim("user-3")  # a prompt being validated also keeps the next thumbnail from starting
+    release.set()
+    first.join(5)
+    second = threading.Thread(target=thumbnail("b"))
+    second.start()
+    assert queue.get(timeout=5).prompt_id == "user-2" and queue.background is None
+    order.append("user-2 done")
+    queue.task_done()
+    time.sleep(0.2)
+    assert "b started" not in order  # user-3 is still being validated
+    queue.release("user-3")
+    second.join(5)
+    assert order == ["user-1 done", "a started", "a done", "user-2 done", "b started", "b done"]
+    queue.close()
+    assert queue.while_idle("template thumbnail c", lambda: order.append("c")) is None and "c" not in order
 
 
 def _entry(n: int) -> dict:

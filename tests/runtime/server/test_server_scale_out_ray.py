@@ -15,17 +15,15 @@ from pathlib import Path
 import pytest
 
 import lorabind
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
+from server_client import Client, run_async
 
-pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
+openai = deferred("openai")
+pytestmark = [requires("ray"), requires("openai"), pytest.mark.slow]  # runs whole workflows / servers end to end
 
-from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
-from server_client import Client, run_async  # noqa: E402
-
-pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
-
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +73,10 @@ def test_prompts_end_to_end_and_fused_once_per_replica(ray_server):
             await client.connect()
             # Two LoRA sets alternating over 8 prompts, each run to completion before the next.
             for i in range(8):
+                previews = len(client.binary)
                 prompt_id = (await client.queue_prompt(_prompt(1.0 if i % 2 == 0 else 0.5, seed=i)))["prompt_id"]
                 seen = await client.wait_done(prompt_id, timeout=300)
+                assert len(client.binary) - previews >= 2  # the replica's live previews: the first and last step
                 kinds = [m["type"] for m in seen]
                 assert kinds[0] == "execution_start" and kinds[-2:] == ["execution_success", "executing"], kinds
                 executed = [m["data"] for m in seen if m["type"] == "executed" and "images" in m["data"]["output"]]
@@ -100,6 +100,26 @@ def test_prompts_end_to_end_and_fused_once_per_replica(ray_server):
             names = {o["images"][0]["filename"] for entry in history.values() for o in entry["outputs"].values()
                      if "images" in o}
             assert len(names) == 8
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
+def test_the_same_prompt_twice_returns_its_own_bytes_both_times(ray_server):
+    """Issue 60, item 1: the second answer comes from the replica's output cache. On main it named the first
+    run's file, which the replica had deleted after carrying it, so the front answered with whatever it held under
+    that name: here the file of the prompt queued between the two (same binding, so the same replica)."""
+    async def body():
+        client = Client(ray_server.url, client_id="same-twice")
+        try:
+            await client.connect()
+            other = await client.run_and_view(_prompt(1.0, seed=301))
+            first = await client.run_and_view(_prompt(1.0, seed=302))
+            second = await client.run_and_view(_prompt(1.0, seed=302))
+            assert [data for _, data in first] != [data for _, data in other]  # two seeds: a wrong answer shows
+            assert [data for _, data in second] == [data for _, data in first]  # its own bytes
+            assert not {name for name, _ in second} & {name for name, _ in first}  # under names of its own
         finally:
             await client.close()
 

@@ -18,18 +18,16 @@ import pytest
 from PIL import Image
 
 import lorabind
+from lorabind.loaders.distributed.spec import ParallelSpec
+from lorabind.runtime.cli import main
+from lorabind.runtime.server import ServerConfig
+from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import requires
+from server_client import Client, run_async
 
-pytest.importorskip("ray.serve", reason='the scale-out extra is not installed (pip install "lorabind[ray]")')
+pytestmark = [requires("ray"), pytest.mark.slow]  # a Ray cluster, a replica of two ranks
 
-from lorabind.loaders.distributed.spec import ParallelSpec  # noqa: E402
-from lorabind.runtime.cli import main  # noqa: E402
-from lorabind.runtime.server import ServerConfig  # noqa: E402
-from lorabind.runtime.server.in_process_server import BackgroundServer  # noqa: E402
-from server_client import Client, run_async  # noqa: E402
-
-pytestmark = pytest.mark.slow  # a Ray cluster, a replica of two ranks
-
-WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "wan22_lightx2v_4step.api.json"
+WORKFLOW = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_lightx2v_4step.api.json"
 # tests/runtime/test_run_parallel.py bounds tp=2's decoded frames at 1e-4 (the all-reduce reorders float32 sums);
 # written as 8-bit PNGs, a value that close can round to the neighbouring level and no further.
 LEVELS = 1
@@ -143,6 +141,25 @@ def test_one_replica_of_two_ranks_answers_with_the_single_process_output(ray_ser
     run_async(body)
 
 
+def test_the_same_prompt_twice_returns_its_own_bytes_both_times(ray_server):
+    """Issue 60, item 1 under --parallel: rank 0's cached answer carries its own bytes again (on main it named a
+    file the replica had deleted, which in the front's folder belonged to another prompt)."""
+    async def body():
+        client = Client(ray_server.url, client_id="same-twice")
+        try:
+            await client.connect()
+            other = await client.run_and_view(_prompt(seed=301))
+            first = await client.run_and_view(_prompt(seed=302))
+            second = await client.run_and_view(_prompt(seed=302))
+            assert [data for _, data in first] != [data for _, data in other]
+            assert [data for _, data in second] == [data for _, data in first]
+            assert not {name for name, _ in second} & {name for name, _ in first}
+        finally:
+            await client.close()
+
+    run_async(body)
+
+
 def test_a_rank_killed_mid_prompt_fails_it_naming_the_rank_and_the_group_restarts(ray_server, single_frames):
     import ray
 
@@ -171,11 +188,24 @@ def test_a_rank_killed_mid_prompt_fails_it_naming_the_rank_and_the_group_restart
     run_async(body)
 
 
-def test_an_interrupt_reaches_every_rank_and_the_replica_serves_on(ray_server):
+def _rank_actors() -> set:
+    """The names of the replica's live rank actors (``<replica>#g<generation>#rank<r>``)."""
+    import ray
+
+    return {actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True) if "#rank" in actor["name"]}
+
+
+def test_an_interrupt_reaches_every_rank_and_the_group_serves_on(ray_server):
+    """The one rank protocol: rank 0 stops at its next forward and every other rank where it did, so the ranks end
+    the prompt alike and the group is kept (before, each rank got the interrupt on its own and the group was torn
+    down and started again)."""
     async def body():
         client = Client(ray_server.url, client_id="interrupter")
         try:
             await client.connect()
+            warm = (await client.queue_prompt(_prompt(seed=6)))["prompt_id"]
+            assert "execution_success" in [m["type"] for m in await client.wait_done(warm, timeout=600)]
+            before = _rank_actors()
             prompt_id = (await client.queue_prompt(_prompt(steps=400, seed=7)))["prompt_id"]
             await _wait_for(client, prompt_id, "progress")
             status, _ = await client.post("/interrupt", {"prompt_id": prompt_id})
@@ -186,6 +216,7 @@ def test_an_interrupt_reaches_every_rank_and_the_replica_serves_on(ray_server):
             assert max(m["data"]["value"] for m in seen if m["type"] == "progress") < 400
             next_id = (await client.queue_prompt(_prompt(seed=8)))["prompt_id"]
             assert "execution_success" in [m["type"] for m in await client.wait_done(next_id, timeout=600)]
+            assert _rank_actors() == before and len(before) == 2  # the same group: not torn down
         finally:
             await client.close()
 

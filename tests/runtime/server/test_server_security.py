@@ -235,7 +235,8 @@ def test_malformed_and_invalid_prompts_get_comfyui_400_shapes(server):
                 assert status == 400 and "Field 'number' must be a finite number" in reply["error"]["message"]
             status, reply = await client.post("/queue", b"{{")
             assert status == 400 and reply["error"]["type"] == "invalid_json"
-            assert (await client.get("/queue"))[1] == {"queue_running": [], "queue_pending": []}
+            assert (await client.get("/queue"))[1] == {"queue_running": [], "queue_pending": [],
+                                                       "lorabind_background": None}
             await _still_serving(client)
         finally:
             await client.close()

@@ -20,7 +20,8 @@ from lorabind.tiny_models import lora_fixtures as F
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 RUNNABLE = ["wan22_lightx2v_4step", "wan21_distill", "qwen_image_lightning", "peft_two_branches",
             "wan22_strength_schedule"]
 PUBLISHED_4STEP = [1.0, 0.9375, 0.833333, 0.625, 0.0]  # reference §5.2 (k=5, N=4)
@@ -60,7 +61,7 @@ def executor(registry):
 
 @pytest.mark.parametrize("name", RUNNABLE + ["wan22_mismatched_contract"])
 def test_ui_form_converts_to_the_api_form(name, registry):
-    ui = json.loads((WORKFLOWS / f"{name}.json").read_text())
+    ui = json.loads((TEMPLATES / f"{name}.json").read_text())
     converted, detected = to_api_prompt(ui, NODE_CLASS_MAPPINGS)
     api = load(name)
     assert detected == "ui"
@@ -109,7 +110,7 @@ def test_mismatched_contract_fails_naming_the_file_before_any_weight_changes(exe
     assert result.error["exception_message"].startswith(MISMATCH_MESSAGE)
     assert binding_state(model).stats.bind_calls == binds_before
     assert_same_state(before, model)
-    note = next(n for n in json.loads((WORKFLOWS / "wan22_mismatched_contract.json").read_text())["nodes"]
+    note = next(n for n in json.loads((TEMPLATES / "wan22_mismatched_contract.json").read_text())["nodes"]
                 if n["type"] == "Note")
     assert MISMATCH_MESSAGE in note["widgets_values"][0]
 

@@ -15,9 +15,10 @@ from lorabind.runtime.workflow_format import to_api_prompt
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 API_PROMPT = json.loads((WORKFLOWS / "wan22_tiny_t2v.api.json").read_text())
-UI_WORKFLOW = json.loads((WORKFLOWS / "wan22_tiny_t2v.json").read_text())
+UI_WORKFLOW = json.loads((TEMPLATES / "wan22_tiny_t2v.json").read_text())
 EXIF_PROMPT_TAG, EXIF_FIRST_EXTRA_TAG = 0x0110, 0x010F
 
 

@@ -10,8 +10,9 @@ import pytest
 
 import lorabind
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
-UI_FILES = sorted(p for p in WORKFLOWS.glob("*.json") if not p.name.endswith(".api.json"))
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
+UI_FILES = sorted(p for p in TEMPLATES.glob("*.json") if not p.name.endswith(".api.json"))
 NODE_TITLE_HEIGHT = 30  # LiteGraph.NODE_TITLE_HEIGHT in the ComfyUI frontend
 SLOT_HEIGHT, WIDGET_HEIGHT = 20, 24  # LiteGraph.NODE_SLOT_HEIGHT and a widget row incl. its margin
 

@@ -21,7 +21,8 @@ from lorabind.runtime.workflow_format import to_api_prompt
 
 pytestmark = pytest.mark.slow  # runs whole workflows / servers end to end
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 BASE = (1.0, 0.7, 0.4, 0.15, 0.0)
 # mode -> (model key, expected video sigmas, expected audio sigmas)
 MODES = {
@@ -51,7 +52,7 @@ def executor(mm_registry):
 
 @pytest.mark.parametrize("name", sorted(MODES))
 def test_ui_form_converts_to_the_api_form(name, mm_registry):
-    converted, detected = to_api_prompt(json.loads((WORKFLOWS / f"{name}.json").read_text()), NODE_CLASS_MAPPINGS)
+    converted, detected = to_api_prompt(json.loads((TEMPLATES / f"{name}.json").read_text()), NODE_CLASS_MAPPINGS)
     assert detected == "ui"
     assert {k: (v["class_type"], v["inputs"]) for k, v in converted.items()} == {
         k: (v["class_type"], v["inputs"]) for k, v in load(name).items()}

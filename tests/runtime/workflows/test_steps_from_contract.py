@@ -13,7 +13,7 @@ from lorabind.runtime.cli import main
 
 pytestmark = pytest.mark.slow  # runs whole workflows end to end
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 
 
 def test_steps_zero_is_a_valid_sampler_input():

@@ -26,7 +26,8 @@ from lorabind.runtime.workflow_format import to_api_prompt
 
 pytestmark = pytest.mark.slow  # runs whole workflows and a server end to end
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
+TEMPLATES = Path(lorabind.__file__).parent / "workflows"
 NAME, WEBP_TWIN = "minimax_h3_turbo_mp4", "minimax_h3_turbo_8step"
 FPS = 24.0
 
@@ -52,7 +53,7 @@ def audio_end_seconds(container) -> float:
 
 
 def test_ui_form_converts_to_the_api_form(mm_registry):
-    converted, detected = to_api_prompt(json.loads((WORKFLOWS / f"{NAME}.json").read_text()), NODE_CLASS_MAPPINGS)
+    converted, detected = to_api_prompt(json.loads((TEMPLATES / f"{NAME}.json").read_text()), NODE_CLASS_MAPPINGS)
     assert detected == "ui"
     assert {k: (v["class_type"], v["inputs"]) for k, v in converted.items()} == {
         k: (v["class_type"], v["inputs"]) for k, v in load(NAME).items()}
@@ -100,7 +101,7 @@ def test_serve_reports_views_and_previews_the_mp4(mm_root, tmp_path):
     from lorabind.runtime.server import ServerConfig
     from lorabind.runtime.server.in_process_server import BackgroundServer
 
-    workflow = json.loads((WORKFLOWS / f"{NAME}.json").read_text(encoding="utf-8"))
+    workflow = json.loads((TEMPLATES / f"{NAME}.json").read_text(encoding="utf-8"))
     server = BackgroundServer(ServerConfig(port=0, models_root=str(mm_root), output_dir=str(tmp_path / "output"),
                                            input_dir=str(tmp_path / "input"), temp_dir=str(tmp_path / "temp"))).start()
     try:

@@ -8,8 +8,8 @@ const badge = (node) => [...node.lorabindBadge.children].map((e) => `${e.classNa
 try {
     const lorabind = await loadExtension(app, result);
     const objectInfo = await (await fetch("/api/object_info")).json();
-    const templates = await (await fetch("/api/workflow_templates")).json();
-    for (const name of templates.lorabind) {
+    const index = await (await fetch("/templates/index.json")).json();
+    for (const name of index.flatMap((category) => category.templates.map((card) => card.name))) {
         const workflow = await (await fetch(`/api/workflow_templates/lorabind/${name}.json`)).json();
         app.graph = new StubGraph();
         document.getElementById("canvas").replaceChildren();

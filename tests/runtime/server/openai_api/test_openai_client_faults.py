@@ -19,7 +19,7 @@ from lorabind.runtime.server.openai.requests import parse_images
 from lorabind.runtime.server.openai.templates import load_template
 from server_client import Client, run_async
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 
 
 @pytest.fixture

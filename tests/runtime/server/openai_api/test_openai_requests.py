@@ -21,7 +21,7 @@ from lorabind.runtime.server.openai.requests import parse_chat, parse_images, pa
 from lorabind.runtime.server.openai.results import failure
 from lorabind.runtime.server.openai.templates import fill_in, load_template
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 # the vllm-omni LoRA guide's distill request body (prompt shortened)
 GUIDE_BODY = {"messages": [{"role": "user", "content": "A Chinese female college student"}],

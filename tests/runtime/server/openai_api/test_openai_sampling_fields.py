@@ -19,7 +19,7 @@ from lorabind.runtime.server.openai.requests import parse_chat, parse_video
 from lorabind.runtime.server.openai.results import failure
 from lorabind.runtime.server.openai.templates import fill_in, load_template
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 NODE_CLASSES = runtime_node_classes()[0]
 I2V_PAIR = "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
 # the guide's I2V recipe: --flow-shift 12 --sample-solver euler --guidance-scale 1.0 --guidance-scale-high 1.0
@@ -52,14 +52,25 @@ def test_the_guides_i2v_request_sets_the_sampler_inputs():
         "seed": 7}
 
 
-def test_guidance_scale_high_guides_the_high_noise_expert_and_guidance_scale_the_low_noise_one():
+def _experts_guidance(template, **fields) -> tuple:
+    """(high-noise expert's guidance, low-noise expert's) the filled-in sampler runs: cfg, and cfg_low_noise
+    unless it is 0 (then the low-noise expert follows cfg)."""
+    inputs = fill_in(template, _chat(template, **fields).values, [])["6"]["inputs"]
+    return inputs["cfg"], inputs["cfg_low_noise"] or inputs["cfg"]
+
+
+@pytest.mark.parametrize("high", ["guidance_scale_high", "guidance_scale_2"])
+def test_the_high_noise_fields_guide_the_high_noise_expert_and_guidance_scale_the_low_noise_one(high):
+    """vllm-omni: ``guidance_scale_2 = args.guidance_scale_high``, the high-noise expert's guidance."""
     template = _template("wan22_lightx2v_4step")
-    sampler = fill_in(template, _chat(template, guidance_scale=3.0, guidance_scale_high=4.0).values, [])["6"]
-    assert (sampler["inputs"]["cfg"], sampler["inputs"]["cfg_low_noise"]) == (4.0, 3.0)
-    alone = fill_in(template, _chat(template, guidance_scale_high=4.0).values, [])["6"]["inputs"]
-    assert (alone["cfg"], alone["cfg_low_noise"]) == (4.0, 0.0)  # 0: the low-noise expert follows cfg
-    error = _refusal(_chat, template, guidance_scale=3.0, guidance_scale_high=4.0, guidance_scale_2=2.0)
-    assert error.param == "guidance_scale" and "guidance_scale_2" in error.message
+    assert _experts_guidance(template, guidance_scale=3.0, **{high: 4.0}) == (4.0, 3.0)
+    assert _experts_guidance(template, **{high: 4.0}) == (4.0, 1.0)  # the low-noise expert keeps the template's
+    assert _experts_guidance(template, guidance_scale=3.0) == (3.0, 3.0)  # alone: both experts
+
+
+def test_both_spellings_of_the_high_noise_guidance_are_refused_together():
+    error = _refusal(_chat, _template("wan22_lightx2v_4step"), guidance_scale_high=4.0, guidance_scale_2=2.0)
+    assert error.param == "guidance_scale_high" and "guidance_scale_2" in error.message
 
 
 def _refusal(call, *args, **kwargs) -> OpenAIRequestError:
@@ -124,7 +135,9 @@ def test_a_contract_refusal_names_the_field_the_request_sent(message, field):
     assert (error.status, error.param, error.code) == (400, field, "contract_mismatch")
     assert I2V_PAIR in error.message and "wan22_i2v_lightx2v_4step.api.json" in error.message
     if field == "guidance_scale_high":  # guidance_scale alone sets cfg too, and is then the field named
-        assert failure(template, entry, {"guidance_scale": "guidance_scale"}).param == "guidance_scale"
+        sent = {key: value for key, value in GUIDE_I2V.items() if key != "guidance_scale_high"}
+        alone = _chat(template, **{**sent, "guidance_scale": 3.5})
+        assert failure(template, entry, alone.sent).param == "guidance_scale"
 
 
 def test_a_validation_refusal_of_the_minimax_task_names_the_task_field():

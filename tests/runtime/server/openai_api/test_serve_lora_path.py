@@ -12,7 +12,7 @@ from lorabind.loaders.binding import bind as binding
 from lorabind.runtime.commands import serve
 from lorabind.tiny_models.lora_fixtures import PEFT_FOLDER, WAN22_HIGH, WAN22_LOW
 
-WAN22_TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "wan22_tiny_t2v.api.json"
+WAN22_TEMPLATE = Path(lorabind.__file__).parent / "workflows" / "api" / "wan22_tiny_t2v.api.json"
 
 
 def test_an_absolute_peft_folder_is_preloaded_and_said(tiny_models_root, cache_defaults_restored, capsys, serve_args):

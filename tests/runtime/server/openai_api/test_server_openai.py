@@ -20,12 +20,13 @@ from PIL import Image
 import lorabind
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
 from server_client import Client, run_async
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 LIGHTNING = "Qwen-Image-Lightning-4steps-V1.0.safetensors"
 # vllm-omni's LoRA guide, distill backend: its curl body (prompt shortened; 64x64 instead of 1024x1024, which
 # takes the tiny model over a minute on a CPU)
@@ -43,7 +44,7 @@ def _serve(models_root, root, name: str, workflow: str) -> BackgroundServer:
 
 @pytest.fixture(scope="module")
 def server(tiny_models_root, tmp_path_factory):
-    """``lorabind serve --openai-model qwen-image=workflows/qwen_image_lightning.api.json``"""
+    """``lorabind serve --openai-model qwen-image=workflows/api/qwen_image_lightning.api.json``"""
     srv = _serve(tiny_models_root, tmp_path_factory.mktemp("openai"), "qwen-image", "qwen_image_lightning.api.json")
     yield srv
     srv.stop()

@@ -16,11 +16,12 @@ import lorabind
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
 from lorabind.tiny_models.lora_fixtures import WAN22_HIGH, WAN22_LOW, _config, _save_peft_folder
+from optional_extras import deferred, requires
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = pytest.mark.slow
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow]
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The guide's Wan2.2 I2V request (``--flow-shift 12 --sample-solver euler --guidance-scale 1.0
 --guidance-scale-high 1.0 --boundary-ratio 0.875``, 4 steps) sent through the official ``openai`` client to
-``lorabind serve --openai-model wan-i2v=workflows/wan22_i2v_lightx2v_4step.api.json``, whose template binds the
+``lorabind serve --openai-model wan-i2v=workflows/api/wan22_i2v_lightx2v_4step.api.json``, whose template binds the
 lightx2v ``_1022`` pair: it runs as sent, and a field the pair's contract refuses is a 400 naming the file and
 the field. Whole workflows through the server's queue: slow.
 """
@@ -16,11 +16,12 @@ import pytest
 import lorabind
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-WORKFLOWS = Path(lorabind.__file__).parent / "workflows"
+WORKFLOWS = Path(lorabind.__file__).parent / "workflows" / "api"
 HIGH = "wan2.2_i2v_A14b_high_noise_lora_rank64_lightx2v_4step_1022.safetensors"
 TEMPLATE = "wan22_i2v_lightx2v_4step.api.json"
 GUIDE_I2V = {"num_inference_steps": 4, "flow_shift": 12.0, "sample_solver": "euler", "guidance_scale": 1.0,

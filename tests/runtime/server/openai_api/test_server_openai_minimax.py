@@ -13,9 +13,10 @@ import pytest
 import lorabind
 from lorabind.runtime.server import ServerConfig
 from lorabind.runtime.server.in_process_server import BackgroundServer
+from optional_extras import deferred, requires
 
-openai = pytest.importorskip("openai", reason='the test extra is not installed (pip install "lorabind[test]")')
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+openai = deferred("openai")
+pytestmark = [requires("openai"), pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 TEMPLATE = "minimax_h3_turbo_4step_768p.api.json"
 TURBO = "minimax_h3_fl2v_turbo_4step_v1.0_768p_bf16.safetensors"
