@@ -1,7 +1,9 @@
-"""Sequence parallelism's price and gain: one denoiser step split by Ulysses against the same step unsplit.
+"""Parallelism's price and gain: one denoiser step split by Ulysses against the same step unsplit, and what one
+tensor-parallel rank holds against one whole process.
 
     python bench/bench_parallel.py [--quick]            # CPU: ulysses_2rank_vs_1rank
     python bench/bench_parallel.py --device cuda         # GPUs: ulysses_speedup_<N>gpu for every usable N >= 2
+    python bench/bench_parallel.py --memory [--quick]    # CPU: tp2_rank_peak_vs_one_process (cuda: 2 GPUs)
 
 **CPU** (``ulysses_2rank_vs_1rank``): one forward of a tiny-config Wan transformer sized so attention dominates (many
 tokens, few blocks, a narrow FFN), split by ``ulysses=2`` over two gloo ranks of 1 thread each, through the engine's
@@ -26,6 +28,19 @@ forward on 1 thread (``one_rank_one_thread_ms``): on a loaded 2-core machine one
 forward slower, not faster (its OpenMP barriers wait on a preempted thread), and the figure then reads far below 1;
 the 1-thread time shows whether that happened (ideal: two_ranks_ms about half of it). The job also reports the
 largest difference between the split and unsplit outputs (0.0 expected: Ulysses moves heads, never reorders a sum).
+
+**Tensor parallelism's memory** (``--memory``, issue 58; ``tp2_rank_peak_vs_one_process``, goal <= 0.65): a Wan
+pipeline written at bench time with every file bf16 (nothing cast on either side): the transformer at Wan2.1-1.3B
+(30 blocks) and at one Wan2.2 A14B expert's width with 4 of its 40 blocks, the real Wan2.1 VAE and a small UMT5 at
+the transformer's text width (the point is the denoiser), and a rank-64 LoRA in the published layout. One whole
+process and each rank of a tp=2 job (fresh processes, 1 thread each: the figure is memory, not speed) run the
+same phases through the use cases: load, encode, fuse the LoRA, one denoiser step, decode one 64x64 frame. Each
+phase's peak is VmHWM (reset at its start through /proc/self/clear_refs), with the private RssAnon after it; on a GPU
+``max_memory_allocated``. The figure is the largest rank's peak over every phase / one process's. Beside it: the
+runtime before any weight (Python, torch, diffusers, the engine; the same in every process), what stays whole on every
+rank (``plan --parallel``'s ``whole_on_every_rank``), and plan's per-rank weights against what the rank held above
+the runtime (planned for this run's frame size; its working-memory reserve, sized for real resolutions, is shown
+apart: a 64x64 frame needs little of it).
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +61,8 @@ import torch.multiprocessing as mp
 
 if __package__ in (None, ""):  # run as a script: import this file as `bench.bench_parallel`, so spawned ranks can
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # unpickle its functions
+
+from bench.workload import QUICK, WorkloadSize  # noqa: E402  (after the path above)
 
 RANK_TIMEOUT_S = 300  # a collective that waits longer fails the rank instead of hanging the bench
 # Tiny Wan blocks: 4 heads of 32 (dim 128), FFN 256, so attention over the latent's tokens is most of the work.
@@ -185,12 +203,264 @@ def run_device(reps: int = 5) -> dict:
     return figures
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Tensor parallelism's memory (issue 58): what one tp=2 rank holds against one whole process, phase by phase.
+
+TP_LORA = "bench_tp_rank64.safetensors"  # no step count in the name: no contract, so one step may run
+A14B_BLOCKS = 4  # of an A14B expert's 40: each block is 0.65 GiB of split linears, the rest stays the same
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    """A Wan pipeline written at bench time: the transformer at ``size`` (``bench.workload``, random bf16), the
+    real Wan2.1 VAE (``real_vae``, bf16 as ComfyUI publishes it; else the tiny one) and a small UMT5 at the
+    transformer's text width (one layer, 4 heads, FFN 256: the point is the denoiser); one ``width`` x ``height``
+    frame, one step."""
+
+    label: str
+    size: WorkloadSize
+    real_vae: bool
+    width: int = 64
+    height: int = 64
+
+
+def tp_cases(quick: bool) -> dict:
+    """{name: MemoryCase}: Wan2.1-1.3B at its real depth, and one Wan2.2 A14B expert's width with a few of its
+    40 blocks (``--quick``: the bench's tiny width alone)."""
+    from .bench_real_size import WAN21_1_3B
+
+    if quick:
+        return {"quick": MemoryCase("quick width, 2 blocks", QUICK, real_vae=False, width=32, height=32)}
+    a14b = WorkloadSize(dim=5120, heads=40, ffn=13824, text_dim=4096, layers=A14B_BLOCKS, rank=64)
+    return {"1.3b": MemoryCase("Wan2.1-1.3B, 30 blocks", WAN21_1_3B, real_vae=True),
+            "a14b_expert": MemoryCase(f"a Wan2.2 A14B expert's width, {A14B_BLOCKS} of 40 blocks", a14b,
+                                      real_vae=True)}
+
+
+def write_memory_model(directory: str, case: MemoryCase) -> tuple[str, str]:
+    """(diffusers folder, LoRA file) of ``case`` under ``directory``: every file bf16, so nothing is cast on
+    either side and the plan (``--dtype bfloat16``) sizes what is stored."""
+    from diffusers import AutoencoderKLWan, WanPipeline
+
+    from lorabind.loaders.models.store import quiet_library_progress
+    from lorabind.tiny_models.tokenizers import build_umt5_style_tokenizer
+    from lorabind.tiny_models.wan import tiny_vae, unipc_scheduler
+
+    from .bench_text_encoding import UMT5_XXL, build_umt5
+    from .workload import build_transformer, building_in, write_published_lora
+
+    tokenizer = build_umt5_style_tokenizer()
+    torch.manual_seed(0)
+    encoder = build_umt5(len(tokenizer), num_layers=1, **{**UMT5_XXL, "d_model": case.size.text_dim, "d_ff": 256,
+                                                          "num_heads": 4})
+    with building_in(torch.bfloat16):
+        vae = AutoencoderKLWan() if case.real_vae else tiny_vae()
+    pipeline = WanPipeline(tokenizer=tokenizer, text_encoder=encoder, vae=vae, scheduler=unipc_scheduler(),
+                           transformer=build_transformer(case.size, seed=1))
+    folder = os.path.join(directory, "model")
+    with quiet_library_progress():
+        pipeline.save_pretrained(folder, safe_serialization=True)
+    del pipeline, encoder, vae
+    return folder, write_published_lora(os.path.join(directory, TP_LORA), case.size, seed=11)
+
+
+def _memory_now() -> dict:
+    """This process's resident memory now (``VmRSS``, of it ``RssAnon``: private, not a file's pages) and its
+    peak since the last ``_reset_peak`` (``VmHWM``), in bytes, from /proc/self/status."""
+    fields = {"VmHWM": "peak", "VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    found = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            name, _, value = line.partition(":")
+            if name in fields:
+                found[fields[name]] = int(value.split()[0]) * 1024
+    return found
+
+
+def _reset_peak() -> None:
+    """Start a new high-water mark (``VmHWM`` := ``VmRSS``), so each phase's peak is its own."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+class _Phases:
+    """Each phase's peak and what stays after it: ``mark(name)`` closes the phase running since the last mark."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.phases = device, {}
+        self.mark("runtime")  # Python, torch, diffusers and the engine imported; no weight read yet
+
+    def mark(self, name: str) -> None:
+        entry = _memory_now()
+        if self.device.type == "cuda":
+            entry["cuda_peak"] = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.phases[name] = entry
+        _reset_peak()
+
+
+def _memory_job(rank: int, world_size: int, folder: str, lora: str, case: MemoryCase, device_type: str) -> dict:
+    """One process of the comparison: load the model, encode, bind the LoRA (rank 64, published layout: every
+    block linear), one denoiser step, decode; each phase's peak. Under ``world_size`` 2 it is a tp=2 rank."""
+    from lorabind.usecases.verbs import attach_fuse, decode, empty_latent, encode_text, load_model, sample
+    from lorabind.usecases.vocabulary import SampleOptions
+
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    phases = _Phases(device)
+    handle = load_model(Path(folder), name="bench-tp-memory", dtype="bfloat16", device=str(device))
+    phases.mark("load")
+    loaded = handle.model
+    positive, negative = encode_text(loaded, "a cat dancing on a street, video"), encode_text(loaded, "")
+    phases.mark("encode")
+    bound = attach_fuse(handle, TP_LORA, lora, 1.0, where="bench_parallel").handle
+    latent = empty_latent(loaded, case.width, case.height, 1)
+    done = {}
+
+    def bind_progress(index: int, total: int) -> None:
+        if index == total:
+            phases.mark("bind")
+            done["bind"] = True
+
+    samples, _, report = sample(bound, positive, negative, latent,
+                                SampleOptions(seed=1, steps=1, cfg=1.0, shift=5.0), on_bind=bind_progress)
+    phases.mark("first step")
+    decode(loaded, samples)
+    phases.mark("decode")
+    return {"phases": phases.phases, "restore_sources": report["bind"]["restore_sources"],
+            "tensor_parallel": report["tensor_parallel"], "bound_in_phase": bool(done)}
+
+
+def _memory_rank_main(rank: int, world_size: int, port: int, out_dir: str, args: tuple) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)  # both sides alike: the figure is memory, not speed
+    # the runtime's share, imported before the first mark: the engine, and the library classes it builds
+    from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel  # noqa: F401
+    from transformers import UMT5EncoderModel  # noqa: F401
+
+    from lorabind.loaders.distributed import process_group
+    from lorabind.loaders.distributed.spec import parse_parallel
+    from lorabind.usecases import verbs  # noqa: F401
+
+    if world_size > 1:
+        device_type = args[-1]
+        if device_type == "cuda":
+            torch.cuda.set_device(rank)
+        process_group.join_job(parse_parallel(f"tp={world_size}"), device_type, timeout_s=RANK_TIMEOUT_S)
+    result = _memory_job(rank, world_size, *args)
+    if world_size > 1:
+        process_group.finish_job()
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def measure_processes(world_size: int, folder: str, lora: str, case: MemoryCase, device_type: str = "cpu") -> list:
+    """``_memory_job`` in ``world_size`` fresh processes (1: one whole process; 2: a tp=2 job), each rank's result."""
+    from lorabind.runtime.parallel.launch import free_port
+
+    with tempfile.TemporaryDirectory(prefix="lorabind-bench-tp-memory-") as out_dir:
+        mp.start_processes(_memory_rank_main, args=(world_size, free_port(), out_dir,
+                                                    (folder, lora, case, device_type)),
+                           nprocs=world_size, join=True, start_method="spawn")
+        return [json.loads((Path(out_dir) / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def peak(result: dict, key: str = "peak") -> int:
+    """A process's largest phase peak (``peak``: VmHWM; ``cuda_peak``: max_memory_allocated)."""
+    return max(entry.get(key, 0) for name, entry in result["phases"].items() if name != "runtime")
+
+
+def _plan_figures(folder: str, case: MemoryCase, device_type: str) -> dict:
+    """``plan --parallel``'s per-rank figure for tp=2 and for one process, for this run's frame size: on the CPU
+    the RAM a rank needs (``plan --device cpu``), on a GPU its device memory."""
+    from lorabind.loaders.distributed.spec import ParallelSpec
+    from lorabind.loaders.models.parallel_plan import plan_ranks, whole_on_every_rank
+
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    vram = torch.cuda.get_device_properties(0).total_memory / 2**30 if device_type == "cuda" else None
+    plans = {degree: plan_ranks(folder, ParallelSpec(tp=degree), vram_gib=vram,
+                                ram_gib=ram, device=device_type, dtype="bfloat16",
+                                decode_size=(case.width, case.height)) for degree in (1, 2)}
+    return {"plan_rank_bytes": plans[2].plan.peak_device_bytes, "plan_one_bytes": plans[1].plan.peak_device_bytes,
+            "plan_rank_weights_bytes": sum(size.bytes for size in plans[2].sizes),
+            "plan_one_weights_bytes": sum(size.bytes for size in plans[1].sizes),
+            "whole_on_every_rank_bytes": whole_on_every_rank(plans[2]),
+            "split_bytes": sum(share.sharded_bytes for share in plans[2].shares)}
+
+
+def memory_case(case: MemoryCase, device_type: str = "cpu") -> dict:
+    """One case: the model written, one whole process and a tp=2 job measured, plan's figures beside them."""
+    with tempfile.TemporaryDirectory(prefix="lorabind-bench-tp-model-") as directory:
+        folder, lora = write_memory_model(directory, case)
+        one = measure_processes(1, folder, lora, case, device_type)[0]
+        ranks = measure_processes(2, folder, lora, case, device_type)
+        planned = _plan_figures(folder, case, device_type)
+    key = "cuda_peak" if device_type == "cuda" else "peak"
+    rank_peak, one_peak = max(peak(r, key) for r in ranks), peak(one, key)
+    result = {"label": case.label, "one_process": one, "ranks": ranks, "rank_peak_bytes": rank_peak,
+              "one_process_peak_bytes": one_peak, "rank_peak_vs_one_process": rank_peak / one_peak,
+              "rank_anon_vs_one_process": max(peak(r, "anon") for r in ranks) / peak(one, "anon"),
+              "runtime_bytes": one["phases"]["runtime"]["rss"], **planned}
+    held = max(peak(r, key) - r["phases"]["runtime"]["rss"] for r in ranks)  # above the runtime, every rank alike
+    result["rank_held_bytes"] = held
+    result["plan_vs_measured"] = result["plan_rank_weights_bytes"] / held
+    return result
+
+
+def run_memory(quick: bool, device_type: str = "cpu") -> dict:
+    """``tp2_rank_peak_vs_one_process`` (the first case's) and every case's figures."""
+    cases = {name: memory_case(case, device_type) for name, case in tp_cases(quick).items()}
+    return {"tp2_rank_peak_vs_one_process": next(iter(cases.values()))["rank_peak_vs_one_process"], "cases": cases}
+
+
+def memory_summary(result: dict) -> dict:
+    """Each case's figures for ``run_all --json`` (the phases per process, without the per-tensor details)."""
+    keep = ("label", "rank_peak_bytes", "one_process_peak_bytes", "rank_peak_vs_one_process", "rank_anon_vs_one_process",
+            "runtime_bytes", "rank_held_bytes", "plan_rank_bytes", "plan_one_bytes", "plan_rank_weights_bytes",
+            "plan_vs_measured", "whole_on_every_rank_bytes", "split_bytes")
+    return {name: {**{k: case[k] for k in keep}, "phases": {"one_process": case["one_process"]["phases"],
+                                                             **{f"rank{r}": v["phases"] for r, v in
+                                                                enumerate(case["ranks"])}},
+                   "restore_sources": [r["restore_sources"] for r in case["ranks"]]}
+            for name, case in result["cases"].items()}
+
+
+def print_memory(result: dict) -> None:
+    """Each case's phases, per process, then the figures."""
+    gib = 2**30
+    for case in result["cases"].values():
+        print(f"\ntensor parallelism's memory, {case['label']} (GiB; peak VmHWM per phase, private RssAnon after it)")
+        processes = [("one process", case["one_process"])] + [(f"tp=2 rank {r}", v) for r, v in
+                                                                enumerate(case["ranks"])]
+        phases = list(case["one_process"]["phases"])
+        print(f"  {'':14}" + "".join(f"{p:>18}" for p in phases))
+        for label, measured in processes:
+            print(f"  {label:14}" + "".join(f"{e['peak'] / gib:>9.2f} ({e['anon'] / gib:5.2f})"
+                                            for e in measured["phases"].values()))
+        whole = ", ".join(f"{k} {v / gib:.2f}" for k, v in case["whole_on_every_rank_bytes"].items())
+        print(f"  rank peak / one process: {case['rank_peak_vs_one_process']:.3f} (private memory: "
+              f"{case['rank_anon_vs_one_process']:.3f}); the runtime before any weight: "
+              f"{case['runtime_bytes'] / gib:.2f}")
+        print(f"  plan per rank: {case['plan_rank_weights_bytes'] / gib:.2f} of weights against "
+              f"{case['rank_held_bytes'] / gib:.2f} held above the runtime ({case['plan_vs_measured']:.2f}x); with "
+              f"its working-memory reserve {case['plan_rank_bytes'] / gib:.2f}; whole on every rank: {whole}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions (smoke mode)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda: the speed-up per GPU count")
+    parser.add_argument("--memory", action="store_true", help="only tensor parallelism's memory: a tp=2 rank's "
+                        "peak against one process's, phase by phase (on cuda: max_memory_allocated, 2 GPUs)")
     args = parser.parse_args(argv)
     reps = 2 if args.quick else 5
+    if args.memory:
+        if args.device != "cpu" and torch.cuda.device_count() < 2:
+            print(f"bench_parallel --memory: tp=2 needs 2 CUDA devices, this machine has {torch.cuda.device_count()}")
+            return 0
+        result = run_memory(args.quick, "cuda" if args.device != "cpu" else "cpu")
+        print_memory(result)
+        print(json.dumps({"tp2_rank_peak_vs_one_process": result["tp2_rank_peak_vs_one_process"]}))
+        return 0
     if args.device != "cpu":
         print(json.dumps(run_device(reps)))
         return 0

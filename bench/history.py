@@ -33,6 +33,8 @@ The three real-size re-bind figures (issue 47, ``bench_rebind``) have no quiet r
 real-size 25% until quiet runs say otherwise.
 ``ulysses_2rank_vs_1rank`` (issue 42) has no quiet run yet: two full runs back to back under load 1.9-2.6 read 0.46
 and 0.30, so its noise is set at 50% until quiet runs say otherwise.
+``tp2_rank_peak_vs_one_process`` (issue 58) is a memory figure (peak RSS of fresh processes): like the other memory
+figures it holds within a few percent run to run, whatever the load; its noise is set at 5%.
 The four ``e2e_*_vs_diffusers`` figures (issue 47) are one run of each scenario per side (a full pass takes minutes)
 and have no quiet run yet: their noise is set at 50% until quiet runs say otherwise.
 The four ``serving_*`` figures (issue 53, ``bench_serving``) are one load run per server setting and have no quiet
@@ -93,6 +95,9 @@ METRICS = {
                                    "per forward", None),
     "ulysses_2rank_vs_1rank": ("lower", 0.5, "sequence parallelism on CPU: one tiny Wan forward split by ulysses=2 "
                                "over 2 gloo ranks x 1 thread / unsplit in 1 rank x 2 threads", None),
+    "tp2_rank_peak_vs_one_process": ("lower", 0.05, "tensor parallelism's memory, Wan2.1-1.3B (30 blocks, rank-64 "
+                                     "LoRA fused, one step, decode): a tp=2 rank's peak RSS / one whole process's",
+                                     ("<=", 0.65)),
     "text_encode_20_tokens_vs_diffusers": ("higher", 0.3, "text encoding, 20-token prompt, UMT5-XXL width: "
                                            "diffusers encode_prompt (512 positions) / lorabind (real tokens)",
                                            (">=", 10.0)),

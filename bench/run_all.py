@@ -99,6 +99,7 @@ def main(argv=None) -> int:
     gguf = bench_gguf_patches.run(size, reps)
     startup = bench_startup.run(reps)
     sequence_split = bench_parallel.run(args.quick, reps)
+    tp_memory = bench_parallel.run_memory(args.quick)
     text_encoding = bench_text_encoding.run(args.quick, reps)
 
     summary = {
@@ -126,6 +127,7 @@ def main(argv=None) -> int:
         "gguf_patched_vs_gguf": gguf["gguf_patched_vs_gguf"],
         "gguf_patched_vs_bf16_fused": gguf["gguf_patched_vs_bf16_fused"],
         "ulysses_2rank_vs_1rank": sequence_split["ulysses_2rank_vs_1rank"],
+        "tp2_rank_peak_vs_one_process": tp_memory["tp2_rank_peak_vs_one_process"],
         "text_encode_20_tokens_vs_diffusers": text_encoding["text_encode_20_tokens_vs_diffusers"],
         **{f"e2e_{scenario}_vs_diffusers": end_to_end[f"e2e_{scenario}_vs_diffusers"]
            for scenario in bench_end_to_end.SCENARIOS},
@@ -180,6 +182,7 @@ def main(argv=None) -> int:
     print_table(f"Sequence parallelism on CPU: one tiny Wan forward ({sequence_split['tokens']} tokens, "
                 f"{sequence_split['blocks']} blocks), ulysses=2 on 2 gloo ranks x 1 thread vs 1 rank x 2 threads "
                 "(rank 0's median ms)", [(k, f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in sequence_split.items()])
+    bench_parallel.print_memory(tp_memory)
     encode_pair = text_encoding["pair"]
     print_table(f"Text encoding, a {bench_text_encoding.PROMPT_TOKENS}-token prompt, UMT5-XXL width "
                 f"({text_encoding['width']}, {text_encoding['layers']} of 24 layers, bf16; median ms)",
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
             peft_switch_ms_by_size={k: v for k, v in peft.items() if k.startswith("switch_ms_")},
             parallel_load_workers=loading["workers"], parallel_load_shards=loading["shards"],
             parallel_load_same_path=loading["same_path"],
-            parallel_load_same_weights=loading["same_weights"], sequence_parallel=sequence_split, machine=machine_description(), size=size_name,
+            parallel_load_same_weights=loading["same_weights"], sequence_parallel=sequence_split,
+            tensor_parallel_memory=bench_parallel.memory_summary(tp_memory), machine=machine_description(), size=size_name,
             commit=history.commit(), load_average=list(os.getloadavg()),
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             torch_threads=torch.get_num_threads())

@@ -25,6 +25,7 @@ SUMMARY_KEYS = {
     "e2e_switch_vs_diffusers", "e2e_seed_only_vs_diffusers", "rebind_cached_vs_fuse_300",
     "strength_change_real_size_vs_diffusers", "switch_real_size_vs_diffusers",
     "serving_batched_vs_serial", "serving_mixed_lora_vs_serial", "serving_first_step_s", "serving_step_s",
+    "tp2_rank_peak_vs_one_process",
     "previews_step_vs_plain", "preview_share_of_step",
 }
 
@@ -48,6 +49,9 @@ def test_run_all_quick_writes_every_metric(tmp_path):
     assert result["parallel_load_same_weights"] is True and result["parallel_load_shards"] > 1
     assert result["parallel_load_same_path"] is (result["parallel_load_workers"] == 1)
     assert result["sequence_parallel"]["max_abs_diff"] == 0.0  # Ulysses moves heads between ranks, no sum reordered
+    # every tp=2 rank re-read its shards' originals from the file: no RAM copy (issue 60)
+    tp_memory = result["tensor_parallel_memory"]["quick"]
+    assert all(r["transformer"]["ram"] == 0 and r["transformer"]["file"] > 0 for r in tp_memory["restore_sources"])
     # both sides of the end-to-end case sampled the same seeded noise on the same sigmas: equal within bf16 rounding
     assert result["end_to_end"]["max_latent_difference"] < 0.1
     assert result["end_to_end"]["max_frame_difference"] < 0.05

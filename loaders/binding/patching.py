@@ -282,9 +282,10 @@ class WeightPatcher:
     def _tensor(self, pid: str) -> torch.Tensor:
         return _param_or_none(*self._module_and_name(pid))
 
-    def _original(self, pid: str, tensor: torch.Tensor, *, from_file: bool = True) -> torch.Tensor:
+    def _original(self, pid: str, tensor: torch.Tensor, shard=None) -> torch.Tensor:
         """The exact unpatched value of ``pid``: its RAM backup, a verified re-read of its file, or — on first
-        touch, while ``tensor`` still holds it — registered as one of the two (a shard: always a RAM copy)."""
+        touch, while ``tensor`` still holds it — registered as one of the two. A tensor-parallel ``shard`` is
+        re-read as its rows or columns of the stored tensor: a rank keeps no RAM copy of its shards either."""
         original = self._originals.get(pid)
         if original is not None:
             return original
@@ -293,9 +294,10 @@ class WeightPatcher:
             owner, buffer = self._read_buffer or (None, None)  # used at once: the buffer's next read overwrites it
             return record.read(pid, buffer if owner == threading.get_ident() else None)
         component, module_path, name = self._locations[pid]
-        source = None
-        if self.weight_sources is not None and from_file:
-            source = self.weight_sources.lookup(component, f"{module_path}.{name}" if module_path else name)
+        key = f"{module_path}.{name}" if module_path else name
+        source = self.weight_sources.lookup(component, key) if self.weight_sources is not None else None
+        if source is not None and shard is not None:
+            source = source.shard(shard.dim, shard.start, shard.stop)
         record = FileBackedOriginal.register(source, tensor) if source is not None else None
         if record is not None:
             # the live tensor still IS the original here; ``write_patched`` reads each row chunk of its source
@@ -339,7 +341,7 @@ class WeightPatcher:
         first_touch = pid not in self._originals and pid not in self._file_backed
         if first_touch:
             prefault_for_write(local)  # a weight still mapped from its file: one call, not a fault per page
-        original = self._original(pid, local, from_file=local is tensor)
+        original = self._original(pid, local, shard)
         if not contributions:
             local.copy_(original)
             return

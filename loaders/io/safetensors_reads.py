@@ -39,6 +39,15 @@ _CHANGED = object()  # ``_read_table``: the file is not the version asked about
 ALIGNMENT = 64  # bytes: what the CPU kernels' rounding depends on (``aligned_bytes``)
 
 
+def stored_bytes(stored) -> int:
+    """Bytes of a tensor as a safetensors file stores it, from its slice's header fields (``get_dtype``,
+    ``get_shape``), without reading it; 0 for a dtype this module does not know."""
+    dtype = _DTYPES.get(stored.get_dtype())
+    if dtype is None:
+        return 0
+    return math.prod(int(d) for d in stored.get_shape()) * torch.empty((), dtype=dtype).element_size()
+
+
 class _Tables:
     """Process-wide: (path, file identity) -> {key: (dtype, shape, absolute offset, nbytes)}. A rewritten file has
     a new identity, so its old table is never used again."""
@@ -132,14 +141,35 @@ class ReadBuffer:
 
     def __init__(self):
         self._bytes: Optional[torch.Tensor] = None
+        self._part: Optional[torch.Tensor] = None  # a part of another dimension than the rows, made contiguous
 
-    def read(self, path: str, identity, key: str) -> Optional[torch.Tensor]:
-        """Tensor ``key`` of ``path`` (whose identity the caller has just checked), or None when this module does
-        not read it (the caller then uses ``safe_open``)."""
+    def read(self, path: str, identity, key: str, part: Optional[tuple] = None) -> Optional[torch.Tensor]:
+        """Tensor ``key`` of ``path`` (whose identity the caller has just checked), or only its ``part`` (dim,
+        start, stop: a tensor-parallel shard's rows or columns), or None when this module does not read it (the
+        caller then uses ``safe_open``). Rows are read alone; another dimension's part is cut from the whole
+        tensor read into the buffer, into a second buffer of the part's size."""
         found = tables.entry(path, identity, key)
         if found is None:
             return None
         dtype, shape, offset, nbytes = found
+        if part is None:
+            return self._read(path, offset, nbytes, dtype, shape)
+        dim, start, stop = part
+        if not (0 <= dim < len(shape) and 0 <= start < stop <= shape[dim]):
+            return None
+        if dim == 0:
+            row = nbytes // shape[0]
+            return self._read(path, offset + start * row, (stop - start) * row, dtype, (stop - start, *shape[1:]))
+        whole = self._read(path, offset, nbytes, dtype, shape)
+        if whole is None:
+            return None
+        cut = whole.narrow(dim, start, stop - start)
+        size = cut.numel() * cut.element_size()
+        if self._part is None or self._part.numel() < size:
+            self._part = torch.empty(size, dtype=torch.uint8)
+        return self._part[:size].view(dtype).view(cut.shape).copy_(cut)
+
+    def _read(self, path: str, offset: int, nbytes: int, dtype, shape) -> Optional[torch.Tensor]:
         if self._bytes is None or self._bytes.numel() < nbytes:
             self._bytes = torch.empty(nbytes, dtype=torch.uint8)
         raw = self._bytes[:nbytes]

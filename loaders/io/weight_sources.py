@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -53,6 +53,20 @@ class WeightSource:
     file: str  # absolute path of the .safetensors file
     key: str  # the tensor's name in that file
     load_dtype: Optional[torch.dtype] = None  # what the loader cast it to; None: the live parameter's dtype
+    # (dim, start, stop): the weight is rows or columns start:stop along dim of the stored tensor (a tensor-parallel
+    # rank's shard), re-read as that part alone; None: the whole tensor
+    part: Optional[tuple] = None
+
+    def shard(self, dim: int, start: int, stop: int) -> "WeightSource":
+        """This source narrowed to the part a tensor-parallel rank holds."""
+        return replace(self, part=(int(dim), int(start), int(stop)))
+
+    def describe(self) -> str:
+        """The tensor's name in messages, with its part: ``'blocks.0.ffn.2.weight' (columns 0:4480)``."""
+        if self.part is None:
+            return repr(self.key)
+        dim, start, stop = self.part
+        return f"{self.key!r} ({'rows' if dim == 0 else f'dimension {dim}'} {start}:{stop})"
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,13 @@ def checksum(tensor: torch.Tensor) -> bytes:
     data = tensor.detach()
     if data.device.type != "cpu":
         data = data.to("cpu")
+    if data.dim() == 2 and not data.is_contiguous() and data.stride(1) == 1:
+        # a tensor-parallel rank's columns of a stored weight: its rows' bytes in order are the digest of the
+        # contiguous tensor, hashed where they lie instead of copied out of the file first
+        hasher = xxhash.xxh3_128()
+        for row in data:
+            hasher.update(row.view(torch.uint8).numpy())
+        return hasher.digest()
     return xxhash.xxh3_128_digest(data.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
@@ -92,7 +113,7 @@ class _FileDigests:
         self._lock = threading.Lock()
 
     def get(self, source: "WeightSource", identity: "FileIdentity", dtype: torch.dtype) -> tuple:
-        key = (source.file, identity, source.key, dtype)
+        key = (source.file, identity, source.key, source.part, dtype)
         with self._lock:
             digest = self._digests.get(key)
             if digest is not None:
@@ -123,23 +144,40 @@ def read_tensor(source: WeightSource, dtype: torch.dtype, buffer: Optional[ReadB
 
     With a ``buffer`` (and the file's ``identity``, just checked), read by plain reads into it
     (``safetensors_reads``): the result may be a view of the buffer, valid until its next read. Otherwise into
-    memory of its own, at the alignment a mapping of the file would give it (``safetensors_reads.read_owned``);
-    a header that module does not read goes through ``safe_open``, copied out of its mapping at once.
+    memory of its own, at the alignment a mapping of the file would give it (``safetensors_reads.read_owned``; a
+    tensor-parallel shard, ``source.part``, as its rows or its columns); a header that module does not read goes
+    through ``safe_open``, copied out of its mapping at once.
     """
     if identity is None:
         identity = FileIdentity.of(source.file)
-    value = (buffer.read(source.file, identity, source.key) if buffer is not None
-             else read_owned(source.file, identity, source.key))
+    if buffer is not None:
+        value = buffer.read(source.file, identity, source.key, source.part)
+    elif source.part is None:
+        value = read_owned(source.file, identity, source.key)
+    else:  # a shard: its rows, or its columns cut from the whole, in a buffer of this read's own
+        value = ReadBuffer().read(source.file, identity, source.key, source.part)
     if value is not None:
         return value.to(dtype)
     from safetensors import safe_open
 
     with safe_open(source.file, framework="pt", device="cpu") as handle:
-        mapped = handle.get_tensor(source.key)
+        if source.part is None:
+            mapped = handle.get_tensor(source.key)
+        else:  # a view of the file's mapping, columns strided
+            stored = handle.get_slice(source.key)
+            mapped = stored[part_index(source.part, stored.get_shape())]
         value = aligned_bytes(mapped.numel() * mapped.element_size(), mapped.data_ptr() % ALIGNMENT)
         value = value.view(mapped.dtype).view(mapped.shape).copy_(mapped)
         del mapped
     return value.to(dtype)
+
+
+def part_index(part: tuple, shape) -> tuple:
+    """The index of ``part`` (dim, start, stop) in a tensor of ``shape``; ``KeyError`` when it lies outside."""
+    dim, start, stop = part
+    if not (0 <= dim < len(shape) and 0 <= start < stop <= int(shape[dim])):
+        raise KeyError(f"part {part} of a tensor of shape {list(shape)}")
+    return (slice(None),) * dim + (slice(start, stop),)
 
 
 @dataclass(frozen=True)
@@ -188,11 +226,12 @@ class FileBackedOriginal:
         value = read_tensor(self.source, self.dtype, buffer, self.identity)
         if checksum(value) != self.checksum:
             raise WeightSourceError(self._gone(label, "its bytes differ from those the weight was loaded with"))
-        return value
+        return value.contiguous()
 
     def _gone(self, label: str, why: str) -> str:
-        return (f"cannot restore {label} exactly from {shown_name(self.source.file)} (tensor {self.source.key!r}): "
-                f"{why}. lorabind keeps no RAM copy of weights it can re-read from their file; reload the model.")
+        return (f"cannot restore {label} exactly from {shown_name(self.source.file)} (tensor "
+                f"{self.source.describe()}): {why}. lorabind keeps no RAM copy of weights it can re-read from their "
+                "file; reload the model.")
 
 
 def shown_name(path: str) -> str:

@@ -10,12 +10,11 @@ from .sizes import ComponentSize, component_sizes
 
 
 def plan_model(model, *, vram_gib: float, ram_gib: float | None = None, memory: str = "auto",
-               dtype: str = "bfloat16", weights: str = "bf16",
-               sizes: list | None = None, sequence_split: int = 1,
+               dtype: str = "bfloat16", weights: str = "bf16", sizes: list | None = None, sequence_split: int = 1,
                decode_size: tuple = DEFAULT_DECODE_SIZE) -> tuple[MemoryPlan, list[ComponentSize]]:
     """The memory plan for ``model`` (a diffusers folder or a shipped configuration name; ``weights`` "bf16",
-    "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or for components the caller measured (``sizes``: single
-    files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
+    "fp8" as the published single files store them, or a GGUF type for GGUF denoisers, ``sizes.WEIGHTS``) or
+    for components the caller measured (``sizes``: single files' headers, ``single_file.pipelines.files_sizes``; ``model`` is then ignored) on a device with
     ``vram_gib`` GiB free (and ``ram_gib`` GiB of host memory, unchecked when None). Reads configs and headers
     only. A plan that does not fit says what would: the same model with fp8 weights, or the least memory the
     smallest plan needs. ``sequence_split``: ranks sharing each step's tokens (``--parallel ulysses/ring``), which
@@ -78,11 +77,13 @@ def plan_to_json(plan: MemoryPlan, sizes: list[ComponentSize]) -> dict:
     return data
 
 
-def format_plan(plan: MemoryPlan, sizes: list[ComponentSize]) -> str:
-    """A few readable lines: the decision, then where each component lives and how large it is."""
+def format_plan(plan: MemoryPlan, sizes: list[ComponentSize], cpu: bool = False) -> str:
+    """A few readable lines: the decision, then where each component lives and how large it is. ``cpu``: the
+    device is the host (its peak is the RAM's)."""
+    peaks = (f"peak RAM: {plan.peak_device_bytes / GIB:.1f} GiB" if cpu else
+             f"peak device: {plan.peak_device_bytes / GIB:.1f} GiB, peak host: {plan.peak_host_bytes / GIB:.1f} GiB")
     lines = [f"memory: {plan.memory}  ({'fits' if plan.fits else 'DOES NOT FIT'})", f"reason: {plan.reason}",
-             f"peak device: {plan.peak_device_bytes / GIB:.1f} GiB, peak host: {plan.peak_host_bytes / GIB:.1f} GiB"
-             f"{', tiled VAE decode' if plan.vae_tiling else ''}{', prefetch' if plan.prefetch else ''}",
+             f"{peaks}{', tiled VAE decode' if plan.vae_tiling else ''}{', prefetch' if plan.prefetch else ''}",
              "components:"]
     for s in sizes:
         lines.append(f"  {s.name:<16} {s.role:<18} {s.bytes / GIB:7.2f} GiB  {s.parameters / 1e9:6.2f}B params  "

@@ -173,8 +173,8 @@ def _usage_error(args) -> str:
     if args.device == "cpu":
         if args.ram is None or args.vram is not None:
             return "--device cpu plans RAM alone: give --ram GIB, not --vram"
-        if args.files or getattr(args, "parallel", None):
-            return "--device cpu plans a MODEL in one process (no --files, no --parallel)"
+        if args.files:
+            return "--device cpu plans a MODEL (no --files)"
     elif args.vram is None:
         return "give --vram GIB (free device memory), or --device cpu --ram GIB for a machine without a GPU"
     return ""
@@ -210,11 +210,12 @@ def _run_parallel(args, spec, measured, vram: float, ram, headroom: str) -> int:
     from ...loaders.placement.model_plan import format_plan, plan_to_json
 
     ranks = plan_ranks(args.model, spec, vram_gib=vram, ram_gib=ram, memory=args.memory,
-                       dtype=args.dtype, weights=args.weights or "bf16", sizes=measured)
+                       dtype=args.dtype, weights=args.weights or "bf16", sizes=measured, device=args.device)
     if args.json:
         data = plan_to_json(ranks.plan, ranks.sizes)
         data["parallel"] = rank_plan_to_json(ranks)
         print(json.dumps(data, indent=2))
     else:
-        print("\n".join([*format_rank_lines(ranks), headroom, format_plan(ranks.plan, ranks.sizes)]))
+        print("\n".join([*format_rank_lines(ranks), headroom,
+                          format_plan(ranks.plan, ranks.sizes, cpu=args.device == "cpu")]))
     return 0 if ranks.fits else EXIT_DOES_NOT_FIT

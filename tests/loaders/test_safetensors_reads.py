@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from lorabind.loaders.io import safetensors_reads
 from lorabind.loaders.io.safetensors_reads import ReadBuffer
-from lorabind.loaders.io.weight_sources import FileIdentity, WeightSource, read_tensor
+from lorabind.loaders.io.weight_sources import FileIdentity, WeightSource, checksum, read_tensor
 
 
 @pytest.fixture
@@ -66,6 +66,32 @@ def test_a_file_cut_short_after_its_table_was_read_answers_none(model_file):
         handle.truncate(8 + header_len + 10)  # every tensor but the first few bytes of data is cut off
     # the caller checks the identity before reading; here the stale table meets the short file
     assert buffer.read(path, identity, "big.weight") is None
+
+
+@pytest.mark.parametrize("part", [(0, 16, 48), (1, 0, 24), (1, 24, 48), (0, 0, 64)])
+def test_a_tensor_parallel_shard_is_read_as_its_own_rows_or_columns(model_file, part):
+    """A rank's shard (``WeightSource.part``: rows or columns of the stored tensor) reads the same bits through the
+    buffer as through safetensors' slices, contiguous, in the shard's shape (issue 60: a rank re-reads its shard's
+    original from the file instead of keeping a RAM copy)."""
+    path, tensors = model_file
+    dim, start, stop = part
+    expected = tensors["big.weight"].narrow(dim, start, stop - start)
+    source = WeightSource(path, "big.weight").shard(*part)
+    buffered = read_tensor(source, torch.bfloat16, ReadBuffer(), FileIdentity.of(path))
+    mapped = read_tensor(source, torch.bfloat16)
+    assert buffered.is_contiguous()  # cut into the buffer's second region
+    for value in (buffered, mapped):
+        assert value.shape == expected.shape and torch.equal(_bits(value), _bits(expected))
+    assert checksum(mapped) == checksum(expected.contiguous())  # the columns hashed where they lie, alike
+
+
+def test_a_part_outside_the_stored_tensor_is_not_read(model_file):
+    path, _ = model_file
+    identity = FileIdentity.of(path)
+    for part in ((0, 60, 70), (2, 0, 1), (1, 10, 10)):
+        assert ReadBuffer().read(path, identity, "big.weight", part) is None
+        with pytest.raises(KeyError):
+            read_tensor(WeightSource(path, "big.weight", part=part), torch.bfloat16)
 
 
 def test_owned_reads_give_the_files_bits_where_a_mapping_would_put_them_in_memory_of_their_own(model_file):

@@ -279,3 +279,19 @@ def test_cached_digest_still_refuses_a_file_changed_in_place(tmp_path, file_read
     _flip_in_place(_weights_file(folder), "blocks.0.attn1.to_v.weight")
     with pytest.raises(WeightSourceError, match="changed on disk since the weight was patched"):
         unbind(model)
+
+def test_a_shard_is_registered_against_its_part_of_the_file_and_refused_against_another(tmp_path):
+    """A tensor-parallel rank's shard is proven equal to its rows or columns of the stored tensor, so its original
+    is re-read from the file (no RAM copy); the same shard named as another part is not registered."""
+    from lorabind.loaders.io.weight_sources import FileBackedOriginal, WeightSource
+
+    weight = torch.randn(8, 6, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    path = tmp_path / "w.safetensors"
+    save_file({"w": weight}, str(path))
+    source = WeightSource(str(path), "w")
+    columns = weight[:, 3:].clone()
+    record = FileBackedOriginal.register(source.shard(1, 3, 6), columns)
+    assert record is not None and record.nbytes == columns.numel() * 2
+    assert torch.equal(record.read("w"), columns)
+    assert FileBackedOriginal.register(source.shard(1, 0, 3), columns) is None  # the other rank's columns
+    assert FileBackedOriginal.register(source, columns) is None  # the whole tensor: another shape

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from lorabind.loaders.placement.headroom import host_headroom_bytes
 from lorabind.runtime import cli
 
 GIB = 1024**3
@@ -146,3 +147,24 @@ def test_the_example_in_several_gpus_is_what_plan_prints(capsys):
     shown = page.split(command, 1)[1].split("\n```", 1)[0]
     assert cli.main(command.split()[2:]) == 0
     assert capsys.readouterr().out.rstrip("\n") == shown
+
+
+def test_a_cpu_rank_is_planned_in_its_share_of_the_ram_with_what_stays_whole_named(capsys):
+    """``--device cpu --parallel tp=2``: each rank's figure is RAM (its weights and working memory), in its share
+    of ``--ram``; what every rank holds whole is named with its size (issue 58)."""
+    code, data = plan_json(capsys, "wan2.1-t2v-1.3b", "--device", "cpu", "--ram", "64", "--parallel", "tp=2")
+    assert code == 0 and data["parallel"]["device"] == "cpu" and data["peak_host_bytes"] == 0
+    sizes = components(data)
+    [share] = data["parallel"]["tensor_parallel"]
+    whole = data["parallel"]["whole_on_every_rank_bytes"]
+    assert whole == {"text_encoder": sizes["text_encoder"], "transformer": share["whole_bytes"], "vae": sizes["vae"]}
+    assert 0.05 * GIB < share["whole_bytes"] < 0.07 * GIB  # Wan2.1-1.3B: embeddings, norms, modulation, biases
+    # the rank's RAM: its components and the largest phase's working memory (a 720p decode, by default)
+    assert data["peak_device_bytes"] > sum(sizes.values()) + GIB
+    share_of_ram = (64 * GIB - host_headroom_bytes(64)) // 2  # the usable RAM (less the OS's headroom) halved
+    assert abs(data["device_free_bytes"] - share_of_ram) <= 1 and "of RAM" in data["reason"]
+    cli.main(["plan", "wan2.1-t2v-1.3b", "--device", "cpu", "--ram", "64", "--parallel", "tp=2"])
+    text = capsys.readouterr().out
+    assert f"each with {share_of_ram / GIB:.1f} GiB of the machine's --ram usable" in text and "peak RAM: " in text
+    assert "  whole on every rank: 10.87 GiB (text_encoder 10.58, transformer 0.06, vae 0.24)" in text
+    assert "give --ram GIB" in refusal(capsys, "wan2.1-t2v-1.3b", "--device", "cpu", "--parallel", "tp=2")

@@ -23,12 +23,18 @@ from typing import Optional
 
 from ... import fp8
 from ...errors import ModelLoadError
+from ...io.safetensors_reads import stored_bytes
 from ...meta_modules import build_on_meta
 from . import catalog
 from .detect import Detected
 from .native_files import keeps_fp32
 
 _BATCH_BYTES = 256 * 1024 * 1024
+# A denoiser read split (tensor parallelism) keeps no view of its split tensors' reads (``split_loading.owned``),
+# so each batch's mapping goes when it closes; while it is open it holds every page read through it, the other
+# ranks' columns of each rowwise weight included. Smaller batches bound that to about one large tensor, for a
+# header read per batch.
+SPLIT_BATCH_BYTES = 64 * 1024 * 1024
 _IGNORED_KEYS = (fp8.SCALED_MARKER, "spiece_model")
 
 
@@ -54,13 +60,13 @@ def _assign(root, key: str, tensor) -> None:
         raise KeyError(key)
 
 
-def batches(sizes: dict):
-    """Keys in groups of about ``_BATCH_BYTES`` ({key: bytes} in reading order): one file mapping per group."""
+def batches(sizes: dict, limit: int = _BATCH_BYTES):
+    """Keys in groups of about ``limit`` bytes ({key: bytes} in reading order): one file mapping per group."""
     batch, total = [], 0
     for key, size in sizes.items():
         batch.append(key)
         total += size
-        if total >= _BATCH_BYTES:
+        if total >= limit:
             yield batch
             batch, total = [], 0
     if batch:
@@ -91,11 +97,11 @@ def load_component(detected: Detected, *, dtype=None, fp8_rounding: str = "neare
     never_fp8 = tuple(getattr(type(model), "_keep_in_fp32_modules", None) or ())
     with _reading(detected), safe_open(detected.path, framework="pt") as handle:
         file_keys = set(handle.keys())
-        sizes = {k: handle.get_slice(k).get_shape() for k in file_keys}
+        sizes = {k: stored_bytes(handle.get_slice(k)) for k in file_keys}
     prefix = detected.prefix
     native_keys = check_file_keys(detected, file_keys, plan, layout)
-    order = {k: _numel(sizes[prefix + k]) for k in plan if k in native_keys}
-    for batch in batches(order):
+    order = {k: sizes[prefix + k] for k in plan if k in native_keys}
+    for batch in batches(order) if splitting is None else splitting.read_groups(order, plan.__getitem__):
         with _reading(detected), safe_open(detected.path, framework="pt") as handle:
             for native_key in batch:
                 if splitting is not None:
@@ -215,13 +221,6 @@ def fp32_modules(cls, detected: Detected, compute) -> tuple:
         return keep
     strict = tuple(getattr(cls, "_keep_in_fp32_modules_strict", None) or ())
     return strict + (keep if compute == torch.float16 else ())
-
-
-def _numel(shape) -> int:
-    count = 1
-    for dim in shape:
-        count *= int(dim)
-    return count
 
 
 def ignored_key(native_key: str, layout) -> bool:

@@ -45,7 +45,8 @@ def run_loaded(rank: int, world_size: int, models_root: str) -> dict:
     except Exception as exc:
         peft_message = f"{type(exc).__name__}: {exc}"
     return {"fused_equal": fused_equal, "placements": placements, "restored": restored, "peft": peft_message,
-            "accounting": (whole_report.fuses[0]["accounting"], split_report.fuses[0]["accounting"])}
+            "accounting": (whole_report.fuses[0]["accounting"], split_report.fuses[0]["accounting"]),
+            "restore_sources": (whole_report.restore_sources, split_report.restore_sources)}
 
 
 def _local(param) -> torch.Tensor:

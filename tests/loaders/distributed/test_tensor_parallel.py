@@ -126,6 +126,16 @@ def test_a_loaded_model_bound_through_bind_fuses_each_shard_as_the_whole_fuse(lo
     assert loaded[0]["placements"]["blocks.0.attn1.norm_q.weight"] == "(Shard(dim=0),)"
 
 
+def test_each_rank_restores_its_shards_from_the_file_as_one_process_does(loaded):
+    """Issue 60: each rank kept a RAM copy of every patched shard's original (its peak above one whole process's);
+    a shard's original is now re-read as its rows or columns of the model's file, as an unsplit weight is."""
+    for ranked in loaded:
+        whole, split = (sources["transformer"] for sources in ranked["restore_sources"])
+        assert whole["ram"] == split["ram"] == 0 and split["file"] == whole["file"] > 0
+        assert 0 < split["file_bytes"] < whole["file_bytes"]  # the shards' bytes: about half
+        assert ranked["restored"]  # bit for bit, through those re-reads
+
+
 def test_accounting_is_of_the_whole_model_on_every_rank(loaded):
     for ranked in loaded:
         whole, split = ranked["accounting"]
