@@ -146,23 +146,21 @@ def _run_as_rank(args, spec, job) -> int:
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from ...loaders.distributed.process_group import ParallelRunError
     from ..parallel.ranks import rank_of_job, rank_zero_builds_first, unseen_rank
+    from ..parallel.run_ranks import RankRun, quiet_interrupt_until_running
 
-    rank, world_size = (job.rank, job.world_size) if job is not None else ("?", spec.world_size)
+    rank = job.rank if job is not None else "?"
     try:
-        with rank_of_job(spec, job) as joined:
+        with quiet_interrupt_until_running(), rank_of_job(spec, job) as joined:
             rank = joined.rank
-            if joined.seen:
-                code = _run_here(args, models_turn=rank_zero_builds_first)
-            else:
+            with RankRun(joined).running() as rank_run:
+                if joined.seen:
+                    return _run_here(args, models_turn=rank_zero_builds_first, rank_run=rank_run)
                 with unseen_rank() as (scratch, null):
-                    code = _run_here(args, output_dir=scratch, progress_stream=null,
-                                     models_turn=rank_zero_builds_first)
+                    return _run_here(args, output_dir=scratch, progress_stream=null,
+                                     models_turn=rank_zero_builds_first, rank_run=rank_run)
     except ParallelRunError as exc:
         print(f"lorabind run: rank {rank}: {exc}", file=sys.stderr)
         return 2
-    if code:
-        print(f"lorabind run: rank {rank} of {world_size} failed", file=sys.stderr)
-    return code
 
 
 def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcontext):
@@ -200,8 +198,10 @@ def _prepare(args, output_dir: str | None = None, models_turn=contextlib.nullcon
     return prompt, kind, workflow, changed, node_classes, executor, validation
 
 
-def _run_here(args, output_dir: str | None = None, progress_stream=None, models_turn=contextlib.nullcontext) -> int:
-    """Run the prompt in this process (alone, or as one rank of a job)."""
+def _run_here(args, output_dir: str | None = None, progress_stream=None, models_turn=contextlib.nullcontext,
+              rank_run=None) -> int:
+    """Run the prompt in this process, alone or as one rank of a job (``rank_run``: its ``RankRun``, which runs
+    the prompt on the job's protocol and says whether this rank reports the result)."""
     # lazy: the CLI's parser imports every command module; the engine loads when it runs
     from .. import folder_paths
     from ..executor.graph import upstream_closure
@@ -217,16 +217,18 @@ def _run_here(args, output_dir: str | None = None, progress_stream=None, models_
     if getattr(args, "preview", None) and output_dir is None:  # an unseen rank of a job writes none
         extra_data, on_event = _with_previews(args.preview, extra_data, on_event)
     try:
-        result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=on_event,
-                                  execute_outputs=validation.outputs)
+        if rank_run is None:
+            result = executor.execute(prompt, uuid.uuid4().hex, extra_data=extra_data, on_event=on_event,
+                                      execute_outputs=validation.outputs)
+        else:
+            result = rank_run.execute(executor, prompt, extra_data, on_event, validation.outputs)
     finally:
         display.close()
-    if result.interrupted:
-        print("lorabind run: interrupted", file=sys.stderr)
-        return 130
-    if not result.success:
-        print(format_execution_error(result.error, prompt, changed), file=sys.stderr)
-        return 1
+    if result.interrupted or not result.success:
+        if rank_run is None or rank_run.reports(result):
+            print("lorabind run: interrupted" if result.interrupted else
+                  format_execution_error(result.error, prompt, changed), file=sys.stderr)
+        return 130 if result.interrupted else 1
     for line in describe_outputs(result.outputs, prompt, folder_paths.get_directory_by_type):
         print(line)
     return 0

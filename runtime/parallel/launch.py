@@ -6,9 +6,11 @@ give it (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so a rank beha
 plus what torchrun does not give: the job's secret (in the environment, never on a command line), and where the
 job's store is, which the starting process hosts on loopback before any rank starts (``job_store.py``). Each rank
 runs with its share of the cores (OMP threads = cores / ranks: N ranks of all cores each would fight over them)
-and in a session of its own, so a Ctrl-C in the terminal reaches the starting process alone, which stops the
-ranks in order. Only rank 0's stdout is shown. When one rank fails, the others are stopped at once (they would
-otherwise wait in a collective until the group's timeout) and the run fails naming the rank.
+and in a session of its own, so a Ctrl-C in the terminal reaches the starting process alone, which hands it to the
+ranks (the job's protocol stops the prompt on every rank where rank 0 stopped it: ``run_ranks``). Only rank 0's
+stdout is shown. When one rank fails, rank 0 reports it (naming the rank and node) and the run fails; a rank 0
+blocked in a collective its failed peer never joins is stopped after a short grace rather than at the group's
+timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .job_store import STORE_TIMEOUT_S, JobStore
 from .liveness import describe_exit
 
 STOP_GRACE_S = 10.0  # a stopped rank gets this long to exit before it is killed
+FAILURE_GRACE_S = 5.0  # after a rank failed: rank 0 meets the failure at its next node (or is blocked for good)
 POLL_S = 0.1
 ORPHAN_POLL_S = 1.0
 
@@ -88,9 +91,26 @@ def launch_ranks(world_size: int, argv: list[str], command: str = "run", interfa
             ranks.extend(start_rank(rank, world_size, argv, store, secret, address) for rank in range(world_size))
             return _wait_for(ranks, command)
     except LaunchStopped as stopped:
+        if stopped.exit_code == 128 + signal.SIGINT:  # every rank stops where rank 0 did (run_ranks)
+            _forward_interrupt(ranks)
         return stopped.exit_code
     finally:
         stop_processes(ranks)
+
+
+def _forward_interrupt(ranks: list) -> None:
+    """Ctrl-C: each rank gets the SIGINT (rank 0 stops its prompt at the next forward, the others where it did;
+    a rank still meeting or loading ends at once), and gets ``STOP_GRACE_S`` to end before it is terminated."""
+    try:
+        with stopped_by_signals():  # a second Ctrl-C: they are terminated at once
+            for process in ranks:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while any(process.poll() is None for process in ranks) and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+    except LaunchStopped:
+        pass
 
 
 class stopped_by_signals:
@@ -115,10 +135,18 @@ def _raise_stopped(signum, _frame):
 
 
 def _wait_for(ranks: list, command: str) -> int:
+    """0 when every rank ends with 0. When one fails, rank 0 gets ``FAILURE_GRACE_S`` to end too: on the job's
+    protocol it has then said what failed, naming the rank and node, and its exit code is the job's; a rank 0
+    that does not end (blocked in a collective its failed peer never joins) is stopped, and this names the rank."""
+    failed_at = None
     while True:
         codes = [process.poll() for process in ranks]
         failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-        if failed:
+        if codes[0] not in (None, 0):
+            return codes[0]
+        if failed and codes[0] is None:
+            failed_at = failed_at or time.monotonic()
+        if failed and (codes[0] == 0 or time.monotonic() - failed_at > FAILURE_GRACE_S):
             rank, code = failed[0]
             others = [str(r) for r, c in enumerate(codes) if c is None]
             stopped = f"; ranks {', '.join(others)} stopped" if others else ""

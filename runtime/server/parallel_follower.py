@@ -21,6 +21,7 @@ from ..executor.definitions import full_type_name
 from ..executor.engine_executors import EngineExecutors
 from ..executor.execution import ExecutionResult
 from ..parallel.liveness import Heartbeat
+from ..parallel.outcomes import outcome
 from ..parallel.plan_stream import StorePlans
 from ..parallel.prompt_channel import Lockstep, PromptChannel, RankFailed
 from ..parallel.ranks import bound_alike, rank_of_job, unseen_rank
@@ -94,14 +95,3 @@ def _run_followed(executor, lockstep: Lockstep, command: dict) -> None:
         lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
         result.error = {"exception_message": f"{full_type_name(type(exc))}: {exc}"}
     lockstep.finish(outcome(result, lockstep.channel))
-
-
-def outcome(result: ExecutionResult, channel: PromptChannel | None = None) -> dict:
-    """What a rank tells rank 0 of its run: success, interrupted, and the error naming the rank and node."""
-    error = result.error or {}
-    message = str(error.get("exception_message", "")).strip()
-    if channel is not None and message:
-        where = f" at node {error.get('node_id')} ({error.get('node_type')})" if error.get("node_id") else ""
-        message = f"rank {channel.rank} of {channel.world_size} failed{where}: {message}"
-    return {"success": result.success, "interrupted": result.interrupted, "error": message or None,
-            "node_id": error.get("node_id"), "node_type": error.get("node_type")}

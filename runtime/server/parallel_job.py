@@ -30,12 +30,13 @@ from ..executor.engine_executors import EngineExecutors
 from ..executor.execution import ExecutionResult
 from ..parallel.job_environment import job_environment
 from ..parallel.launch import LaunchStopped, stopped_by_signals
+from ..parallel.outcomes import fail_as, outcome
 from ..parallel.prompt_channel import Lockstep, RankFailed
 from ..parallel.ranks import bound_alike
 from ..parallel.served_ranks import ServedRanks, supervising
 from .app import run_server
 from .history import SENSITIVE_EXTRA_DATA_KEYS
-from .parallel_follower import follow, outcome
+from .parallel_follower import follow
 from .parallel_validation import ParallelValidator
 
 RECORD_GRACE_S = 1.0  # after the last prompt's execute: the worker writes its history entry and tells its client
@@ -123,7 +124,7 @@ class RankZeroExecutor:
         result = ExecutionResult(success=False)
         not_ready = self._ready()
         if not_ready:
-            _fail(result, prompt_id, {"error": not_ready}, on_event)
+            fail_as(result, prompt_id, {"error": not_ready}, on_event)
             return result
         requested = interrupt_event if interrupt_event is not None else threading.Event()
         requested.clear()  # as the executor does: an interrupt sent before the prompt starts is not for it
@@ -137,7 +138,7 @@ class RankZeroExecutor:
             result = self.local.execute(prompt, prompt_id, extra_data, self._naming_lost(on_event),
                                         lockstep.interrupt, execute_outputs, sync=lockstep, slot=slot)
         except RankFailed as exc:  # another rank failed before this one started a node: fail where it failed
-            _fail(result, prompt_id, {"error": str(exc), "node_id": exc.node_id, "node_type": exc.node_type},
+            fail_as(result, prompt_id, {"error": str(exc), "node_id": exc.node_id, "node_type": exc.node_type},
                   on_event)
         except Exception as exc:  # e.g. the prompt no longer validates: the others stop at their next sync point
             lockstep.report_failure(None, None, f"{full_type_name(type(exc))}: {exc}")
@@ -153,7 +154,7 @@ class RankZeroExecutor:
             raise raised
         late = [o for o in others.values() if not (o["success"] or o["interrupted"])]
         if result.success and late:  # a rank failed after the last sync point (a decode, a saver)
-            _fail(result, prompt_id, late[0], on_event)
+            fail_as(result, prompt_id, late[0], on_event)
         return result
 
     def _ready(self) -> str | None:
@@ -196,7 +197,7 @@ class RankZeroExecutor:
         """The prompt's result when a rank was lost during it: failed, naming the rank (the client has had its
         execution_error already when the failure surfaced here as one)."""
         failed = ExecutionResult(success=False, executed=list(result.executed))
-        _fail(failed, prompt_id, {"error": self._loss_text(self.ranks.lost()), "node_id": (result.error or {}).get(
+        fail_as(failed, prompt_id, {"error": self._loss_text(self.ranks.lost()), "node_id": (result.error or {}).get(
             "node_id"), "node_type": (result.error or {}).get("node_type")}, on_event if result.error is None else None)
         self.local.reset_cache()
         if not self.ranks.can_restart:
@@ -226,15 +227,3 @@ def for_other_ranks(extra_data: dict | None) -> dict:
     """What the other ranks get of a prompt's ``extra_data``: all but the comfy.org tokens (the queue item's
     sensitive part), which stay on rank 0."""
     return {key: value for key, value in (extra_data or {}).items() if key not in SENSITIVE_EXTRA_DATA_KEYS}
-
-
-def _fail(result: ExecutionResult, prompt_id: str, failure: dict, on_event) -> None:
-    """Turn ``result`` into the failure another rank had, as ComfyUI's execution_error (sent to the client)."""
-    error = {"prompt_id": prompt_id, "node_id": failure.get("node_id"), "node_type": failure.get("node_type"),
-             "executed": list(result.executed), "exception_message": f"{failure['error'] or 'a rank failed'}\n",
-             "exception_type": full_type_name(RankFailed), "traceback": [], "current_inputs": {},
-             "current_outputs": [], "timestamp": int(time.time() * 1000)}
-    if on_event is not None:
-        on_event("execution_error", error)
-    result.success, result.error = False, error
-    result.messages.append(["execution_error", error])
