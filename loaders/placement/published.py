@@ -34,7 +34,12 @@ def _table(model) -> Optional[dict]:
     folder = shipped_model_folder(str(model))  # found by path: a plan answered from the sizes cache imports no torch
     if folder is None:
         return None
-    path = folder / "files.json"
+    return read_table(folder / "files.json")
+
+
+def read_table(path) -> Optional[dict]:
+    """A shipped configuration's JSON table (package data): None when the file is missing or not an object; a
+    file that cannot be read or parsed is refused naming it."""
     try:
         table = json_limits.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

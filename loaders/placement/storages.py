@@ -8,16 +8,13 @@ with the bf16 encoder excluded q6_k on 12 GiB + 32 GiB and sent a 12 GiB user to
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelLoadError
 from ..families.roles import ROLE_TEXT_ENCODER
-from ..io import json_limits
 from ..io.shipped_configs import shipped_model_folder
 from .planner import DEFAULT_DECODE_SIZE
-from .published import GGUF_FILE_TYPES, QUANT, published_files
+from .published import GGUF_FILE_TYPES, QUANT, published_files, read_table
 from .sizes import GGUF_WEIGHTS, WEIGHTS, component_sizes, stored_as
 
 TEXT_ENCODER_WEIGHTS = ("bf16", "fp8")  # as ComfyUI publishes the encoders (GGUF encoders are not searched)
@@ -78,7 +75,7 @@ def native_size(model) -> tuple | None:
     (``_lorabind_native_size``: Wan2.1 1.3B 832x480, the 14B models 1280x720, Qwen-Image 1328x1328 and one
     frame); None when it does not say (the planner's ``DEFAULT_DECODE_SIZE`` is used and the answer says so)."""
     folder = shipped_model_folder(str(model)) or Path(model).expanduser()
-    index = _read_json(folder / "model_index.json") or {}
+    index = read_table(folder / "model_index.json") or {}
     size = index.get(NATIVE_SIZE_KEY)
     if not isinstance(size, dict):
         return None
@@ -98,13 +95,3 @@ def decode_size(model, width: int | None, height: int | None) -> tuple[tuple, st
     if native:
         return native, "the model's native size"
     return (*DEFAULT_DECODE_SIZE, 81), "the model does not say its size: 720p assumed, --width/--height to change"
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        table = json_limits.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot be read: {exc}") from exc
-    return table if isinstance(table, dict) else None
